@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The whole test suite from a fresh Debian 12 machine: dependencies, the normal build and its
+# tests, the unit suite again under ASan+UBSan, and every libFuzzer target for a bounded time.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+jobs=$(nproc 2>/dev/null || echo 2)
+fuzz_seconds=${BT_FUZZ_SECONDS:-20}
+
+bash scripts/install-deps.sh
+
+echo "== build (RelWithDebInfo)"
+cmake -S . -B build -DBT_CUDA=AUTO >/dev/null
+cmake --build build -j"$jobs"
+echo "== tests"
+(cd build && ctest --output-on-failure -j"$jobs")
+
+echo "== unit tests under ASan+UBSan"
+cmake -S . -B build-asan -DBT_CUDA=OFF -DBT_ASAN=ON -DBT_UBSAN=ON -DCMAKE_BUILD_TYPE=Debug >/dev/null
+cmake --build build-asan -j"$jobs"
+(cd build-asan && ctest --output-on-failure -j"$jobs" -L unit)
+
+echo "== fuzzers (${fuzz_seconds}s each)"
+CC=clang cmake -S . -B build-fuzz -DBT_CUDA=OFF -DBT_FUZZ=ON -DCMAKE_BUILD_TYPE=Debug >/dev/null
+cmake --build build-fuzz -j"$jobs"
+shopt -s nullglob
+fuzzers=(build-fuzz/bin/fuzz_*)
+for f in "${fuzzers[@]}"; do
+  name=$(basename "$f")
+  corpus="tests/fuzz/corpus/${name#fuzz_}"
+  mkdir -p "build-fuzz/corpus-$name"
+  args=("build-fuzz/corpus-$name")
+  [ -d "$corpus" ] && args+=("$corpus")
+  echo "-- $name"
+  "$f" -max_total_time="$fuzz_seconds" -rss_limit_mb=2048 -print_final_stats=0 "${args[@]}" \
+    >"build-fuzz/$name.log" 2>&1 || { tail -40 "build-fuzz/$name.log"; exit 1; }
+done
+echo "fuzz: ${#fuzzers[@]} targets clean"
