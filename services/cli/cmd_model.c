@@ -1,22 +1,348 @@
-/* baton generate / logits / make-demo-model (engine in one process). */
+/* baton generate / logits / make-demo-model: the engine in one process, no services. */
 #include "services/cli/cli.h"
 
-#include <stdio.h>
+#include "common/alloc.h"
+#include "common/flags.h"
+#include "common/log.h"
+#include "common/text/tokenizer.h"
+#include "services/engine/demo_model.h"
+#include "services/engine/model.h"
 
-int bt_cli_generate(int argc, char **argv)
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    const char *model_path;
+    const char *input_ids;
+    int64_t chunk;
+    int64_t threads;
+    int64_t context;
+} common_args_t;
+
+/* Loads the model of args (the demo model when none is given) with the tokenizer's engram
+ * token map; prints why on failure. */
+static bt_model_t *open_model(const common_args_t *a, int64_t max_ctx, int max_batch,
+                              const char *cmd)
 {
-    fprintf(stderr, "baton generate: engine in progress\n");
-    return 1;
+    char err[1024], demo[4096];
+    const char *dir = a->model_path;
+    if (!dir) {
+        bt_demo_model_default_dir(demo, sizeof demo);
+        if (bt_demo_model_ensure(demo, err, sizeof err) != BT_OK) {
+            fprintf(stderr, "baton %s: demo model: %s\n", cmd, err);
+            return NULL;
+        }
+        dir = demo;
+        fprintf(stderr, "baton %s: using the built-in demo model (tiny, untrained) in %s\n", cmd, dir);
+    }
+    bt_model_config_t cfg;
+    if (bt_model_config_load(dir, &cfg, err, sizeof err) != BT_OK) {
+        fprintf(stderr, "baton %s: %s\n", cmd, err);
+        return NULL;
+    }
+    int32_t *map = NULL;
+    int classes = 0;
+    if (cfg.n_engram > 0) {
+        bt_tokenizer_t *tok = NULL;
+        if (bt_tokenizer_load(dir, &tok, err, sizeof err) != BT_OK ||
+            bt_tokenizer_engram_token_map(tok, &map, &classes) != BT_OK) {
+            fprintf(stderr, "baton %s: the engram layers need the tokenizer: %s\n", cmd, err);
+            bt_tokenizer_destroy(tok);
+            return NULL;
+        }
+        if (bt_tokenizer_vocab_size(tok) < cfg.vocab) {
+            /* ids past the tokenizer (padding rows of the embedding) hash as their own class */
+            map = bt_realloc_or_die(map, (size_t)cfg.vocab * sizeof *map);
+            for (int i = bt_tokenizer_vocab_size(tok); i < cfg.vocab; i++) map[i] = classes - 1;
+        }
+        bt_tokenizer_destroy(tok);
+    }
+    bt_model_options_t opt = bt_model_options_default();
+    opt.engram_token_map = map;
+    opt.engram_classes = classes;
+    opt.n_threads = (int)a->threads;
+    opt.max_ctx = max_ctx;
+    opt.max_batch_tokens = max_batch;
+    opt.max_batch_seqs = 1;
+    bt_model_t *m = NULL;
+    if (bt_model_load(dir, &opt, &m, err, sizeof err) != BT_OK) {
+        fprintf(stderr, "baton %s: %s\n", cmd, err);
+        m = NULL;
+    }
+    free(map);
+    return m;
+}
+
+static int parse_ids(const char *s, int32_t **ids_p, int *n_p, const char *cmd)
+{
+    char err[256];
+    if (!s) {
+        fprintf(stderr, "baton %s: --input-ids is required (comma-separated token ids)\n", cmd);
+        return 2;
+    }
+    if (bt_flags_parse_int_list(s, ids_p, n_p, err, sizeof err) != BT_OK) {
+        fprintf(stderr, "baton %s: --input-ids: %s\n", cmd, err);
+        return 2;
+    }
+    if (*n_p == 0) {
+        fprintf(stderr, "baton %s: --input-ids is empty\n", cmd);
+        free(*ids_p);
+        return 2;
+    }
+    return 0;
+}
+
+/* Prefills ids into state chunk by chunk; logits (when not NULL) receives all rows. */
+static int prefill(bt_model_t *m, const bt_kv_layout_t *lay, uint8_t *state, const int32_t *ids,
+                   int n, int chunk, bool all_logits, float *logits, const char *cmd)
+{
+    char err[512];
+    int V = bt_model_config(m)->vocab;
+    for (int i = 0; i < n; i += chunk) {
+        int len = n - i < chunk ? n - i : chunk;
+        bool last = i + len == n;
+        bt_forward_seq_t seq = {state, ids + i, len, all_logits};
+        float *out = NULL;
+        if (all_logits)
+            out = logits + (size_t)i * V;
+        else if (last)
+            out = logits;
+        if (bt_model_forward(m, lay, &seq, 1, out, err, sizeof err) != BT_OK) {
+            fprintf(stderr, "baton %s: %s\n", cmd, err);
+            return 1;
+        }
+    }
+    return 0;
 }
 
 int bt_cli_logits(int argc, char **argv)
 {
-    fprintf(stderr, "baton logits: engine in progress\n");
-    return 1;
+    common_args_t a = {NULL, NULL, 4096, 0, 0};
+    const char *output = NULL;
+    bt_flag_t spec[] = {
+        BT_FLAG_STR("model-path", &a.model_path, "checkpoint directory (default: the demo model)"),
+        BT_FLAG_STR("input-ids", &a.input_ids, "comma-separated prompt token ids"),
+        BT_FLAG_INT("chunked-prefill-size", &a.chunk, "tokens per prefill chunk (default 4096)"),
+        BT_FLAG_INT("threads", &a.threads, "CPU threads (default: one per core)"),
+        BT_FLAG_STR("output", &output, "file for float32 little-endian logits [T, vocab]"),
+    };
+    char err[256];
+    bt_status_t st = bt_flags_parse(spec, BT_COUNTOF(spec), argc, argv, NULL, err, sizeof err);
+    if (st == BT_ERR_NOT_FOUND) return 0;
+    if (st != BT_OK) {
+        fprintf(stderr, "baton logits: %s\n", err);
+        return 2;
+    }
+    if (!output) {
+        fprintf(stderr, "baton logits: --output FILE is required\n");
+        return 2;
+    }
+    if (a.chunk < 1) {
+        fprintf(stderr, "baton logits: --chunked-prefill-size must be at least 1\n");
+        return 2;
+    }
+    int32_t *ids;
+    int n;
+    int rc = parse_ids(a.input_ids, &ids, &n, "logits");
+    if (rc) return rc;
+    int chunk = a.chunk < n ? (int)a.chunk : n;
+    bt_model_t *m = open_model(&a, n, chunk, "logits");
+    if (!m) {
+        free(ids);
+        return 1;
+    }
+    const bt_model_config_t *c = bt_model_config(m);
+    bt_kv_layout_t lay;
+    bt_kv_layout_init(&lay, c, n);
+    uint8_t *state = bt_aligned_alloc(64, lay.slot_bytes);
+    float *logits = bt_aligned_alloc(64, (size_t)n * c->vocab * sizeof(float));
+    if (!state || !logits) {
+        fprintf(stderr, "baton logits: out of memory\n");
+        rc = 1;
+        goto out;
+    }
+    bt_kv_state_reset(state);
+    rc = prefill(m, &lay, state, ids, n, chunk, true, logits, "logits");
+    if (rc == 0) {
+        FILE *f = fopen(output, "wb");
+        size_t want = (size_t)n * c->vocab;
+        if (!f || fwrite(logits, sizeof(float), want, f) != want || fclose(f) != 0) {
+            fprintf(stderr, "baton logits: %s: %s\n", output, strerror(errno));
+            rc = 1;
+        } else {
+            fprintf(stderr, "baton logits: wrote [%d, %d] float32 to %s\n", n, c->vocab, output);
+        }
+    }
+out:
+    bt_aligned_free(state);
+    bt_aligned_free(logits);
+    bt_model_destroy(m);
+    free(ids);
+    return rc;
+}
+
+/* Sampling for the one-process path: greedy at temperature 0 (lowest id on ties), else
+ * softmax with temperature, top-k, top-p and min-p, drawn from a seeded generator. */
+static uint64_t splitmix(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+typedef struct {
+    double temperature, top_p, min_p;
+    int64_t top_k;
+    uint64_t rng;
+} sampler_t;
+
+static int cmp_desc(const void *a, const void *b, void *ctx)
+{
+    const float *v = ctx;
+    int x = *(const int *)a, y = *(const int *)b;
+    if (v[x] != v[y]) return v[x] < v[y] ? 1 : -1;
+    return (x > y) - (x < y);
+}
+
+static int sample(sampler_t *s, float *logits, int V, int *order)
+{
+    int best = 0;
+    for (int i = 1; i < V; i++)
+        if (logits[i] > logits[best]) best = i;
+    if (s->temperature <= 0.0) return best;
+    for (int i = 0; i < V; i++) order[i] = i;
+    qsort_r(order, (size_t)V, sizeof *order, cmp_desc, logits);
+    int keep = V;
+    if (s->top_k > 0 && s->top_k < keep) keep = (int)s->top_k;
+    double mx = logits[order[0]], sum = 0.0;
+    for (int i = 0; i < keep; i++) sum += exp((logits[order[i]] - mx) / s->temperature);
+    double cum = 0.0, pmax = 1.0 / sum;
+    int cut = keep;
+    for (int i = 0; i < keep; i++) {
+        double p = exp((logits[order[i]] - mx) / s->temperature) / sum;
+        if (s->min_p > 0 && p < s->min_p * pmax) {
+            cut = i;
+            break;
+        }
+        cum += p;
+        if (cum >= s->top_p) {
+            cut = i + 1;
+            break;
+        }
+    }
+    if (cut < 1) cut = 1;
+    double total = 0.0;
+    for (int i = 0; i < cut; i++) total += exp((logits[order[i]] - mx) / s->temperature);
+    double u = ((double)(splitmix(&s->rng) >> 11) * 0x1p-53) * total;
+    for (int i = 0; i < cut; i++) {
+        u -= exp((logits[order[i]] - mx) / s->temperature);
+        if (u <= 0) return order[i];
+    }
+    return order[cut - 1];
+}
+
+int bt_cli_generate(int argc, char **argv)
+{
+    common_args_t a = {NULL, NULL, 4096, 0, 0};
+    int64_t max_new = 16, seed = 0;
+    double temperature = 1.0, top_p = 1.0, min_p = 0.0;
+    int64_t top_k = -1;
+    bool ignore_eos = false;
+    bt_flag_t spec[] = {
+        BT_FLAG_STR("model-path", &a.model_path, "checkpoint directory (default: the demo model)"),
+        BT_FLAG_STR("input-ids", &a.input_ids, "comma-separated prompt token ids"),
+        BT_FLAG_INT("chunked-prefill-size", &a.chunk, "tokens per prefill chunk (default 4096)"),
+        BT_FLAG_INT("threads", &a.threads, "CPU threads (default: one per core)"),
+        BT_FLAG_INT("max-new-tokens", &max_new, "tokens to generate (default 16)"),
+        BT_FLAG_FLOAT("temperature", &temperature, "0 = greedy (default 1.0)"),
+        BT_FLAG_FLOAT("top-p", &top_p, "nucleus mass (default 1.0)"),
+        BT_FLAG_INT("top-k", &top_k, "keep the k most likely (default: all)"),
+        BT_FLAG_FLOAT("min-p", &min_p, "drop tokens below min-p x the top probability"),
+        BT_FLAG_INT("seed", &seed, "sampling seed (default 0)"),
+        BT_FLAG_BOOL("ignore-eos", &ignore_eos, "keep generating past the end-of-sequence token"),
+    };
+    char err[256];
+    bt_status_t st = bt_flags_parse(spec, BT_COUNTOF(spec), argc, argv, NULL, err, sizeof err);
+    if (st == BT_ERR_NOT_FOUND) return 0;
+    if (st != BT_OK) {
+        fprintf(stderr, "baton generate: %s\n", err);
+        return 2;
+    }
+    if (max_new < 0 || max_new > (1 << 24) || a.chunk < 1 || temperature < 0 || top_p <= 0 ||
+        top_p > 1 || min_p < 0 || min_p > 1) {
+        fprintf(stderr, "baton generate: a flag is out of range (--max-new-tokens >= 0, "
+                        "--chunked-prefill-size >= 1, --temperature >= 0, 0 < --top-p <= 1, "
+                        "0 <= --min-p <= 1)\n");
+        return 2;
+    }
+    int32_t *ids;
+    int n;
+    int rc = parse_ids(a.input_ids, &ids, &n, "generate");
+    if (rc) return rc;
+    int chunk = a.chunk < n ? (int)a.chunk : n;
+    int64_t ctx = n + max_new;
+    bt_model_t *m = open_model(&a, ctx, chunk, "generate");
+    if (!m) {
+        free(ids);
+        return 1;
+    }
+    const bt_model_config_t *c = bt_model_config(m);
+    bt_kv_layout_t lay;
+    bt_kv_layout_init(&lay, c, ctx);
+    uint8_t *state = bt_aligned_alloc(64, lay.slot_bytes);
+    float *logits = bt_aligned_alloc(64, (size_t)c->vocab * sizeof(float));
+    int *order = bt_malloc_or_die((size_t)c->vocab * sizeof(int));
+    int32_t *out = bt_malloc_or_die((size_t)(max_new ? max_new : 1) * sizeof(int32_t));
+    sampler_t s = {temperature, top_p, min_p, top_k, (uint64_t)seed};
+    bt_kv_state_reset(state);
+    int produced = 0;
+    rc = max_new > 0 ? prefill(m, &lay, state, ids, n, chunk, false, logits, "generate") : 0;
+    while (rc == 0 && produced < max_new) {
+        int32_t tok = sample(&s, logits, c->vocab, order);
+        out[produced++] = tok;
+        if (tok == c->eos_id && !ignore_eos) break;
+        if (produced == max_new) break;
+        bt_forward_seq_t seq = {state, &tok, 1, false};
+        if (bt_model_forward(m, &lay, &seq, 1, logits, err, sizeof err) != BT_OK) {
+            fprintf(stderr, "baton generate: %s\n", err);
+            rc = 1;
+        }
+    }
+    if (rc == 0) {
+        for (int i = 0; i < produced; i++) printf(i ? ",%d" : "%d", out[i]);
+        printf("\n");
+    }
+    free(out);
+    free(order);
+    bt_aligned_free(state);
+    bt_aligned_free(logits);
+    bt_model_destroy(m);
+    free(ids);
+    return rc;
 }
 
 int bt_cli_make_demo_model(int argc, char **argv)
 {
-    fprintf(stderr, "baton make-demo-model: engine in progress\n");
-    return 1;
+    const char *output = NULL, *variant = "demo";
+    bt_flag_t spec[] = {
+        BT_FLAG_STR("output", &output, "directory to write the checkpoint into"),
+        BT_FLAG_STR("variant", &variant, "demo (quantized storage) or demo2 (float32, odd shapes)"),
+    };
+    char err[512];
+    bt_status_t st = bt_flags_parse(spec, BT_COUNTOF(spec), argc, argv, NULL, err, sizeof err);
+    if (st == BT_ERR_NOT_FOUND) return 0;
+    if (st != BT_OK || !output) {
+        fprintf(stderr, "baton make-demo-model: %s\n", st != BT_OK ? err : "--output DIR is required");
+        return 2;
+    }
+    if (bt_demo_model_write(output, variant, err, sizeof err) != BT_OK) {
+        fprintf(stderr, "baton make-demo-model: %s\n", err);
+        return 1;
+    }
+    fprintf(stderr, "baton make-demo-model: wrote the %s model (tiny, untrained) to %s\n", variant, output);
+    return 0;
 }

@@ -1,0 +1,1280 @@
+/* DeepSeek-V4.1 forward pass on the CPU backend. The maths follows the transformers port
+ * (src/transformers/models/deepseek_v41, cached path), which the golden fixtures come from;
+ * MODEL-DS41.md summarises it. Where the official reference and transformers differ, this
+ * follows transformers and says so. */
+#include "services/engine/model.h"
+
+#include "common/alloc.h"
+#include "common/log.h"
+#include "common/threads.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/quant.h"
+#include "services/engine/engram_hash.h"
+#include "services/engine/safetensors.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_HC 16
+#define MAX_MIX ((2 + MAX_HC) * MAX_HC)
+#define BT_MAX_HIDDEN 8192 /* stack rows of the MoE; the released model has 5120 */
+#define MAX_ACTIVE 64
+#define MAX_HEAD_DIM 4096
+
+typedef struct {
+    float *attn_norm, *ffn_norm;
+    float *hc_attn_fn, *hc_attn_base, *hc_attn_scale;
+    float *hc_ffn_fn, *hc_ffn_base, *hc_ffn_scale;
+    /* attention */
+    float *wq_a, *q_norm, *wq_b, *wkv, *kv_norm, *wo_a, *wo_b, *attn_sink;
+    /* compressor (kv sources) */
+    float *c_wkv, *c_wgate, *c_norm;
+    /* indexer (index sources; wk/k_norm only on key owners) */
+    float *i_wq_b, *i_weights_proj, *i_wk, *i_k_norm;
+    /* MoE */
+    float *gate_w, *gate_bias;
+    float *w1, *w2, *w3; /* [E][inter][hidden], [E][hidden][inter], [E][inter][hidden] */
+    float *sw1, *sw2, *sw3;
+    /* engram */
+    float *e_embed, *e_wkv, *e_qk;
+} layer_weights_t;
+
+typedef struct {
+    /* per token */
+    int *tok_seq;
+    int64_t *tok_pos;
+    float *x;          /* [N][hc][D] streams */
+    float *pre_mix;    /* [N][hc] the collapse weights carried to the next site */
+    float *attn_pre;   /* [N][hc] */
+    float *post;       /* [N][hc] */
+    float *comb;       /* [N][hc][hc] */
+    float *xin;        /* [N][D] sublayer input */
+    float *out;        /* [N][D] sublayer output */
+    float *q_res;      /* [N][q_lora] */
+    float *q;          /* [N][H*hd] */
+    float *kv;         /* [N][hd] */
+    float *ckv, *cgate;/* [N][hd] compressor projections */
+    float *attn;       /* [N][H*hd] */
+    float *oa;         /* [N][G*R] */
+    float *qi;         /* [N][IH*ihd] */
+    float *iw;         /* [N][IH] */
+    float *cos_main, *sin_main, *cos_comp, *sin_comp; /* [N][half] */
+    int32_t *topk;     /* [N][index_topk] selected entries, ascending */
+    int *topk_n;
+    unsigned char *topk_set;
+    int32_t *cand;     /* [N][candidate_topk_blocks] kept blocks, ascending */
+    int *cand_n;
+    unsigned char *cand_set;
+    int64_t *hash;     /* [N][n_engram][cols] */
+    int64_t *cid;      /* [N] compressed engram ids */
+    float *probs;      /* [N][window + index_topk] attention weights */
+    float *hidden;     /* [N][D] final hidden */
+    /* per task (strided over tokens) */
+    int n_tasks;
+    float *task_scores;  /* [tasks][max(comp_cap, blocks)] */
+    float *task_moe;     /* [tasks][2*inter + E + hidden] */
+    float *task_engram;  /* [tasks][cols*ehd + (hc+1)*D] */
+    int32_t *task_idx;   /* [tasks][max(topk, blocks)] heap */
+    float *task_bscore;  /* [tasks][max(topk, blocks)] heap scores */
+} scratch_t;
+
+struct bt_model {
+    bt_model_config_t cfg;
+    bt_model_options_t opt;
+    bt_threads_t *pool;
+    float *embed, *head, *norm;
+    layer_weights_t layer[BT_MAX_LAYERS];
+    float *inv_freq_main, *inv_freq_comp;
+    int half_main, half_comp;
+    /* engram hashing */
+    int32_t *token_map;
+    int64_t pad_cid;
+    int64_t *primes, *offsets, *multipliers;
+    int engram_cols;
+    /* bookkeeping */
+    void **allocs;
+    int n_allocs, cap_allocs;
+    scratch_t s;
+    bt_tap_fn tap;
+    void *tap_ctx;
+};
+
+bt_model_options_t bt_model_options_default(void)
+{
+    bt_model_options_t o;
+    memset(&o, 0, sizeof o);
+    o.max_batch_tokens = 4096;
+    o.max_ctx = 8192;
+    o.max_batch_seqs = 16;
+    return o;
+}
+
+const bt_model_config_t *bt_model_config(const bt_model_t *m)
+{
+    return &m->cfg;
+}
+
+void bt_model_set_tap(bt_model_t *m, bt_tap_fn fn, void *ctx)
+{
+    m->tap = fn;
+    m->tap_ctx = ctx;
+}
+
+static void *track(bt_model_t *m, void *p)
+{
+    if (m->n_allocs == m->cap_allocs) {
+        m->cap_allocs = m->cap_allocs ? 2 * m->cap_allocs : 256;
+        m->allocs = bt_realloc_or_die(m->allocs, (size_t)m->cap_allocs * sizeof(void *));
+    }
+    m->allocs[m->n_allocs++] = p;
+    return p;
+}
+
+static void *alloc_floats(bt_model_t *m, size_t n)
+{
+    void *p = bt_aligned_alloc(64, n * sizeof(float));
+    if (!p) {
+        BT_LOG_ERROR("out of memory (%zu floats)", n);
+        abort();
+    }
+    return track(m, p);
+}
+
+/* ---- loading ------------------------------------------------------------------------ */
+
+typedef struct {
+    bt_model_t *m;
+    const bt_safetensors_t *st;
+    char *err;
+    size_t errlen;
+    bt_status_t st_code;
+} loader_t;
+
+static float *load(loader_t *ld, const char *name, int ndim, int64_t d0, int64_t d1, float *into)
+{
+    if (ld->st_code != BT_OK) return NULL;
+    int64_t shape[2] = {d0, d1};
+    size_t n = (size_t)d0 * (size_t)(ndim == 2 ? d1 : 1);
+    float *dst = into ? into : alloc_floats(ld->m, n);
+    bt_status_t st = bt_safetensors_read_f32(ld->st, name, ndim, shape, dst, ld->err, ld->errlen);
+    if (st != BT_OK) {
+        ld->st_code = st;
+        return NULL;
+    }
+    return dst;
+}
+
+static float *loadf(loader_t *ld, int ndim, int64_t d0, int64_t d1, const char *fmt, int a, int b)
+{
+    char name[256];
+    snprintf(name, sizeof name, fmt, a, b);
+    return load(ld, name, ndim, d0, d1, NULL);
+}
+
+static void load_layer(loader_t *ld, int l)
+{
+    bt_model_t *m = ld->m;
+    const bt_model_config_t *c = &m->cfg;
+    const bt_layer_config_t *L = &c->layer[l];
+    layer_weights_t *w = &m->layer[l];
+    int D = c->hidden, hd = c->head_dim, H = c->n_heads, hc = c->hc_mult;
+    int mix = (2 + hc) * hc;
+
+    w->attn_norm = loadf(ld, 1, D, 0, "layers.%d.attn_norm.weight", l, 0);
+    w->ffn_norm = loadf(ld, 1, D, 0, "layers.%d.ffn_norm.weight", l, 0);
+    w->hc_attn_fn = loadf(ld, 2, mix, (int64_t)hc * D, "layers.%d.hc_attn_fn", l, 0);
+    w->hc_attn_base = loadf(ld, 1, mix, 0, "layers.%d.hc_attn_base", l, 0);
+    w->hc_attn_scale = loadf(ld, 1, 3, 0, "layers.%d.hc_attn_scale", l, 0);
+    w->hc_ffn_fn = loadf(ld, 2, mix, (int64_t)hc * D, "layers.%d.hc_ffn_fn", l, 0);
+    w->hc_ffn_base = loadf(ld, 1, mix, 0, "layers.%d.hc_ffn_base", l, 0);
+    w->hc_ffn_scale = loadf(ld, 1, 3, 0, "layers.%d.hc_ffn_scale", l, 0);
+
+    w->wq_a = loadf(ld, 2, c->q_lora_rank, D, "layers.%d.attn.wq_a.weight", l, 0);
+    w->q_norm = loadf(ld, 1, c->q_lora_rank, 0, "layers.%d.attn.q_norm.weight", l, 0);
+    w->wq_b = loadf(ld, 2, (int64_t)H * hd, c->q_lora_rank, "layers.%d.attn.wq_b.weight", l, 0);
+    w->wkv = loadf(ld, 2, hd, D, "layers.%d.attn.wkv.weight", l, 0);
+    w->kv_norm = loadf(ld, 1, hd, 0, "layers.%d.attn.kv_norm.weight", l, 0);
+    w->wo_a = loadf(ld, 2, (int64_t)c->o_groups * c->o_lora_rank, (int64_t)H * hd / c->o_groups,
+                    "layers.%d.attn.wo_a.weight", l, 0);
+    w->wo_b = loadf(ld, 2, D, (int64_t)c->o_groups * c->o_lora_rank, "layers.%d.attn.wo_b.weight",
+                    l, 0);
+    w->attn_sink = loadf(ld, 1, H, 0, "layers.%d.attn.attn_sink", l, 0);
+
+    if (L->is_kv_source) {
+        w->c_wkv = loadf(ld, 2, hd, D, "layers.%d.attn.compressor.wkv.weight", l, 0);
+        if (L->compress_ratio > 1)
+            w->c_wgate = loadf(ld, 2, hd, D, "layers.%d.attn.compressor.wgate.weight", l, 0);
+        w->c_norm = loadf(ld, 1, hd, 0, "layers.%d.attn.compressor.norm.weight", l, 0);
+    }
+    if (L->is_index_source) {
+        int ih = c->index_heads, ihd = c->index_head_dim;
+        w->i_wq_b = loadf(ld, 2, (int64_t)ih * ihd, c->q_lora_rank,
+                          "layers.%d.attn.indexer.wq_b.weight", l, 0);
+        w->i_weights_proj = loadf(ld, 2, ih, D, "layers.%d.attn.indexer.weights_proj.weight", l, 0);
+        if (L->is_kv_source) {
+            w->i_wk = loadf(ld, 2, ihd, hd, "layers.%d.attn.indexer.wk.weight", l, 0);
+            w->i_k_norm = loadf(ld, 1, ihd, 0, "layers.%d.attn.indexer.k_norm.weight", l, 0);
+        }
+    }
+
+    int E = c->n_experts, I = c->moe_inter;
+    w->gate_w = loadf(ld, 2, E, D, "layers.%d.ffn.gate.weight", l, 0);
+    w->gate_bias = loadf(ld, 1, E, 0, "layers.%d.ffn.gate.bias", l, 0);
+    if (ld->st_code != BT_OK) return;
+    w->w1 = alloc_floats(m, (size_t)E * I * D);
+    w->w2 = alloc_floats(m, (size_t)E * I * D);
+    w->w3 = alloc_floats(m, (size_t)E * I * D);
+    for (int e = 0; e < E && ld->st_code == BT_OK; e++) {
+        char name[256];
+        snprintf(name, sizeof name, "layers.%d.ffn.experts.%d.w1.weight", l, e);
+        load(ld, name, 2, I, D, w->w1 + (size_t)e * I * D);
+        snprintf(name, sizeof name, "layers.%d.ffn.experts.%d.w2.weight", l, e);
+        load(ld, name, 2, D, I, w->w2 + (size_t)e * I * D);
+        snprintf(name, sizeof name, "layers.%d.ffn.experts.%d.w3.weight", l, e);
+        load(ld, name, 2, I, D, w->w3 + (size_t)e * I * D);
+    }
+    if (c->n_shared) {
+        w->sw1 = loadf(ld, 2, I, D, "layers.%d.ffn.shared_experts.w1.weight", l, 0);
+        w->sw2 = loadf(ld, 2, D, I, "layers.%d.ffn.shared_experts.w2.weight", l, 0);
+        w->sw3 = loadf(ld, 2, I, D, "layers.%d.ffn.shared_experts.w3.weight", l, 0);
+    }
+
+    if (L->engram_index >= 0) {
+        int ei = L->engram_index, ehd = c->engram_head_dim;
+        int cols = m->engram_cols;
+        w->e_embed = loadf(ld, 2, c->engram_rows[ei], ehd, "layers.%d.engram.embed.weight", l, 0);
+        w->e_wkv = loadf(ld, 2, (int64_t)(hc + 1) * D, (int64_t)cols * ehd,
+                         "layers.%d.engram.wkv.weight", l, 0);
+        float *qw = loadf(ld, 2, hc, D, "layers.%d.engram.q_weight", l, 0);
+        float *kw = loadf(ld, 2, hc, D, "layers.%d.engram.k_weight", l, 0);
+        if (ld->st_code == BT_OK) {
+            /* the reference only ever uses q_weight * k_weight */
+            w->e_qk = alloc_floats(m, (size_t)hc * D);
+            for (int i = 0; i < hc * D; i++) w->e_qk[i] = qw[i] * kw[i];
+        }
+    }
+}
+
+static void alloc_scratch(bt_model_t *m)
+{
+    const bt_model_config_t *c = &m->cfg;
+    scratch_t *s = &m->s;
+    size_t N = (size_t)m->opt.max_batch_tokens;
+    size_t D = (size_t)c->hidden, hc = (size_t)c->hc_mult, hd = (size_t)c->head_dim;
+    size_t H = (size_t)c->n_heads;
+    s->tok_seq = track(m, bt_calloc_or_die(N, sizeof(int)));
+    s->tok_pos = track(m, bt_calloc_or_die(N, sizeof(int64_t)));
+    s->x = alloc_floats(m, N * hc * D);
+    s->pre_mix = alloc_floats(m, N * hc);
+    s->attn_pre = alloc_floats(m, N * hc);
+    s->post = alloc_floats(m, N * hc);
+    s->comb = alloc_floats(m, N * hc * hc);
+    s->xin = alloc_floats(m, N * D);
+    s->out = alloc_floats(m, N * D);
+    s->q_res = alloc_floats(m, N * (size_t)c->q_lora_rank);
+    s->q = alloc_floats(m, N * H * hd);
+    s->kv = alloc_floats(m, N * hd);
+    s->ckv = alloc_floats(m, N * hd);
+    s->cgate = alloc_floats(m, N * hd);
+    s->attn = alloc_floats(m, N * H * hd);
+    s->oa = alloc_floats(m, N * (size_t)c->o_groups * (size_t)c->o_lora_rank);
+    s->qi = alloc_floats(m, N * (size_t)c->index_heads * (size_t)c->index_head_dim);
+    s->iw = alloc_floats(m, N * (size_t)c->index_heads);
+    s->cos_main = alloc_floats(m, N * (size_t)m->half_main);
+    s->sin_main = alloc_floats(m, N * (size_t)m->half_main);
+    s->cos_comp = alloc_floats(m, N * (size_t)m->half_comp);
+    s->sin_comp = alloc_floats(m, N * (size_t)m->half_comp);
+    size_t topk = (size_t)c->index_topk, blocks = (size_t)(c->candidate_topk_blocks > 0 ? c->candidate_topk_blocks : 1);
+    s->topk = track(m, bt_calloc_or_die(N * topk, sizeof(int32_t)));
+    s->topk_n = track(m, bt_calloc_or_die(N, sizeof(int)));
+    s->topk_set = track(m, bt_calloc_or_die(N, 1));
+    s->cand = track(m, bt_calloc_or_die(N * blocks, sizeof(int32_t)));
+    s->cand_n = track(m, bt_calloc_or_die(N, sizeof(int)));
+    s->cand_set = track(m, bt_calloc_or_die(N, 1));
+    size_t cols = (size_t)(m->engram_cols ? m->engram_cols : 1);
+    s->hash = track(m, bt_calloc_or_die(N * (size_t)(c->n_engram ? c->n_engram : 1) * cols, sizeof(int64_t)));
+    s->cid = track(m, bt_calloc_or_die(N, sizeof(int64_t)));
+    s->probs = alloc_floats(m, N * ((size_t)c->window + topk));
+    s->hidden = alloc_floats(m, N * D);
+
+    s->n_tasks = bt_threads_count(m->pool);
+    size_t entries = (size_t)m->opt.max_ctx; /* ratio >= 1: at most one entry per position */
+    size_t nblocks = entries / (size_t)c->candidate_block_size + 1;
+    size_t per_scores = entries > nblocks ? entries : nblocks;
+    s->task_scores = alloc_floats(m, (size_t)s->n_tasks * (per_scores + 1));
+    size_t heap = topk > blocks ? topk : blocks;
+    if ((size_t)c->n_active > heap) heap = (size_t)c->n_active;
+    s->task_idx = track(m, bt_calloc_or_die((size_t)s->n_tasks * heap, sizeof(int32_t)));
+    s->task_bscore = alloc_floats(m, (size_t)s->n_tasks * heap);
+    s->task_moe = alloc_floats(m, (size_t)s->n_tasks * (2 * (size_t)c->moe_inter + (size_t)c->n_experts + D));
+    size_t eng = cols * (size_t)c->engram_head_dim + (hc + 1) * D;
+    s->task_engram = alloc_floats(m, (size_t)s->n_tasks * eng);
+}
+
+bt_status_t bt_model_load(const char *dir, const bt_model_options_t *opt, bt_model_t **model_p,
+                          char *err, size_t errlen)
+{
+    bt_model_t *m = bt_calloc_or_die(1, sizeof *m);
+    bt_safetensors_t *st = NULL;
+    bt_status_t rc = bt_model_config_load(dir, &m->cfg, err, errlen);
+    if (rc != BT_OK) goto fail;
+    m->opt = opt ? *opt : bt_model_options_default();
+    if (m->opt.max_batch_tokens < 1) m->opt.max_batch_tokens = 1;
+    if (m->opt.max_ctx < 1) m->opt.max_ctx = 1;
+    if (m->opt.max_batch_seqs < 1) m->opt.max_batch_seqs = 1;
+    const bt_model_config_t *c = &m->cfg;
+    if (c->hc_mult > MAX_HC || c->hidden > BT_MAX_HIDDEN || c->n_active > MAX_ACTIVE ||
+        c->head_dim > MAX_HEAD_DIM || c->rope_compress.rope_dim > 1024) {
+        snprintf(err, errlen, "%s/config.json: a dimension exceeds what the CPU backend supports "
+                 "(hc_mult <= %d, hidden <= %d, experts per token <= %d, head_dim <= %d)",
+                 dir, MAX_HC, BT_MAX_HIDDEN, MAX_ACTIVE, MAX_HEAD_DIM);
+        rc = BT_ERR_UNSUPPORTED;
+        goto fail;
+    }
+
+    /* engram hash state: the token map comes from the tokenizer (common/text) */
+    if (c->n_engram > 0) {
+        if (!m->opt.engram_token_map) {
+            snprintf(err, errlen, "%s: the model has engram layers; its tokenizer's token map is required", dir);
+            rc = BT_ERR_INVALID_ARG;
+            goto fail;
+        }
+        if (m->opt.engram_classes != c->engram_compressed_vocab) {
+            snprintf(err, errlen,
+                     "%s: the tokenizer-derived compressed vocabulary (%d classes) does not match "
+                     "engram_compressed_vocab_size (%lld); the engram hashes would be garbage",
+                     dir, m->opt.engram_classes, (long long)c->engram_compressed_vocab);
+            rc = BT_ERR_BAD_CONFIG;
+            goto fail;
+        }
+        m->token_map = track(m, bt_malloc_or_die((size_t)c->vocab * sizeof(int32_t)));
+        memcpy(m->token_map, m->opt.engram_token_map, (size_t)c->vocab * sizeof(int32_t));
+        m->opt.engram_token_map = NULL;
+        if (c->engram_pad_id < 0 || c->engram_pad_id >= c->vocab) {
+            snprintf(err, errlen, "%s/config.json: engram pad id %d outside the vocabulary", dir, c->engram_pad_id);
+            rc = BT_ERR_BAD_CONFIG;
+            goto fail;
+        }
+        m->pad_cid = m->token_map[c->engram_pad_id];
+        int ng = c->engram_max_ngram - 1, nh = c->engram_heads;
+        m->engram_cols = ng * nh;
+        int layer_ids[BT_MAX_ENGRAM_LAYERS];
+        for (int i = 0; i < c->n_engram; i++) layer_ids[i] = c->engram_layers[i];
+        m->primes = track(m, bt_calloc_or_die((size_t)c->n_engram * (size_t)m->engram_cols, sizeof(int64_t)));
+        m->offsets = track(m, bt_calloc_or_die((size_t)c->n_engram * (size_t)m->engram_cols, sizeof(int64_t)));
+        m->multipliers = track(m, bt_calloc_or_die((size_t)c->n_engram * (size_t)c->engram_max_ngram, sizeof(int64_t)));
+        rc = bt_engram_constants(layer_ids, c->n_engram, c->engram_max_ngram, nh, c->engram_vocab,
+                                 c->engram_compressed_vocab, m->primes, m->offsets, m->multipliers);
+        if (rc != BT_OK) {
+            snprintf(err, errlen, "%s: cannot derive the engram hash constants", dir);
+            goto fail;
+        }
+        for (int i = 0; i < c->n_engram; i++) {
+            int64_t last = m->offsets[i * m->engram_cols + m->engram_cols - 1] +
+                           m->primes[i * m->engram_cols + m->engram_cols - 1];
+            if (last > c->engram_rows[i]) {
+                snprintf(err, errlen, "%s/config.json: engram layer %d needs %lld table rows, engram_num_embeddings says %lld",
+                         dir, c->engram_layers[i], (long long)last, (long long)c->engram_rows[i]);
+                rc = BT_ERR_BAD_CONFIG;
+                goto fail;
+            }
+        }
+    }
+
+    m->half_main = c->rope_main.rope_dim / 2;
+    m->half_comp = c->rope_compress.rope_dim / 2;
+    m->inv_freq_main = alloc_floats(m, (size_t)m->half_main);
+    m->inv_freq_comp = alloc_floats(m, (size_t)m->half_comp);
+    bt_rope_inv_freq(&c->rope_main, m->inv_freq_main);
+    bt_rope_inv_freq(&c->rope_compress, m->inv_freq_comp);
+
+    rc = bt_safetensors_open_dir(dir, &st, err, errlen);
+    if (rc != BT_OK) goto fail;
+    loader_t ld = {m, st, err, errlen, BT_OK};
+    m->embed = load(&ld, "embed.weight", 2, c->vocab, c->hidden, NULL);
+    m->head = load(&ld, "head.weight", 2, c->vocab, c->hidden, NULL);
+    m->norm = load(&ld, "norm.weight", 1, c->hidden, 0, NULL);
+    for (int l = 0; l < c->n_layers && ld.st_code == BT_OK; l++) load_layer(&ld, l);
+    rc = ld.st_code;
+    if (rc != BT_OK) goto fail;
+    bt_safetensors_close(st);
+    st = NULL;
+
+    m->pool = bt_threads_create(m->opt.n_threads);
+    alloc_scratch(m);
+    *model_p = m;
+    return BT_OK;
+fail:
+    bt_safetensors_close(st);
+    bt_model_destroy(m);
+    return rc;
+}
+
+void bt_model_destroy(bt_model_t *m)
+{
+    if (!m) return;
+    bt_threads_destroy(m->pool);
+    for (int i = 0; i < m->n_allocs; i++) free(m->allocs[i]);
+    free(m->allocs);
+    free(m);
+}
+
+/* ---- forward helpers --------------------------------------------------------------- */
+
+typedef struct {
+    bt_model_t *m;
+    const bt_kv_layout_t *lay;
+    const bt_forward_seq_t *seqs;
+    int n_seqs, N, l;
+    int seq_first[64]; /* first token index of each sequence (bounded by max_batch_seqs) */
+} fwd_t;
+
+/* Runs fn(f, token, task) for every token, tokens strided over tasks so that each task owns
+ * one slice of per-task scratch. */
+typedef void (*token_fn)(fwd_t *f, int token, int task);
+typedef struct {
+    fwd_t *f;
+    token_fn fn;
+    int tasks;
+} strided_t;
+
+static void strided_task(void *p, size_t task)
+{
+    strided_t *s = p;
+    for (int t = (int)task; t < s->f->N; t += s->tasks) s->fn(s->f, t, (int)task);
+}
+
+static void for_tokens(fwd_t *f, token_fn fn)
+{
+    int tasks = f->m->s.n_tasks < f->N ? f->m->s.n_tasks : f->N;
+    strided_t s = {f, fn, tasks};
+    bt_threads_for(tasks > 1 ? f->m->pool : NULL, (size_t)tasks, strided_task, &s);
+}
+
+static inline uint8_t *tok_state(fwd_t *f, int t)
+{
+    return f->seqs[f->m->s.tok_seq[t]].state;
+}
+
+/* One mHC mapping: (pre, post, comb) from the normalized flattened streams. */
+static void hc_mix(const bt_model_config_t *c, const float *x, const float *fn, const float *base,
+                   const float *scale, float *pre, float *post, float *comb)
+{
+    int hc = c->hc_mult, D = c->hidden, n = hc * D, mix = (2 + hc) * hc;
+    float eps = (float)c->rms_eps, hc_eps = (float)c->hc_eps;
+    float ss = 0.0f;
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    float r = 1.0f / sqrtf(ss / (float)n + eps);
+    float m[MAX_MIX];
+    for (int k = 0; k < mix; k++) {
+        /* fn . (x * r), with x * r rounded per element as the reference does */
+        const float *row = fn + (size_t)k * n;
+        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        int i = 0;
+        for (; i + 8 <= n; i += 8)
+            for (int j = 0; j < 8; j++) acc[j] += row[i + j] * (x[i + j] * r);
+        for (int j = 0; i < n; i++, j++) acc[j] += row[i] * (x[i] * r);
+        m[k] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    }
+    for (int k = 0; k < hc; k++) {
+        pre[k] = bt_sigmoidf(m[k] * scale[0] + base[k]) + hc_eps;
+        post[k] = 2.0f * bt_sigmoidf(m[hc + k] * scale[1] + base[hc + k]);
+    }
+    /* comb[j][k]: softmax over k, then Sinkhorn: columns, then (rows, columns) x (iters-1) */
+    for (int j = 0; j < hc; j++) {
+        float *row = comb + j * hc;
+        float mx = -INFINITY;
+        for (int k = 0; k < hc; k++) {
+            row[k] = m[2 * hc + j * hc + k] * scale[2] + base[2 * hc + j * hc + k];
+            mx = fmaxf(mx, row[k]);
+        }
+        float sum = 0.0f;
+        for (int k = 0; k < hc; k++) {
+            row[k] = expf(row[k] - mx);
+            sum += row[k];
+        }
+        for (int k = 0; k < hc; k++) row[k] = row[k] / sum + hc_eps;
+    }
+    for (int it = 0; it < c->sinkhorn_iters; it++) {
+        if (it > 0) {
+            for (int j = 0; j < hc; j++) {
+                float sum = 0.0f;
+                for (int k = 0; k < hc; k++) sum += comb[j * hc + k];
+                for (int k = 0; k < hc; k++) comb[j * hc + k] /= sum + hc_eps;
+            }
+        }
+        for (int k = 0; k < hc; k++) {
+            float sum = 0.0f;
+            for (int j = 0; j < hc; j++) sum += comb[j * hc + k];
+            for (int j = 0; j < hc; j++) comb[j * hc + k] /= sum + hc_eps;
+        }
+    }
+}
+
+/* out = sum_s w_s X_s, then RMSNorm with weight */
+static void hc_collapse_norm(const bt_model_config_t *c, const float *x, const float *w,
+                             const float *norm_w, float *out)
+{
+    int hc = c->hc_mult, D = c->hidden;
+    for (int d = 0; d < D; d++) {
+        float acc = 0.0f;
+        for (int s = 0; s < hc; s++) acc += w[s] * x[s * D + d];
+        out[d] = acc;
+    }
+    bt_cpu_rmsnorm(out, out, norm_w, D, (float)c->rms_eps);
+}
+
+/* X_k <- post_k * o + sum_j comb[j][k] X_j */
+static void hc_expand(const bt_model_config_t *c, float *x, const float *o, const float *post,
+                      const float *comb)
+{
+    int hc = c->hc_mult, D = c->hidden;
+    float res[MAX_HC];
+    for (int d = 0; d < D; d++) {
+        for (int j = 0; j < hc; j++) res[j] = x[j * D + d];
+        for (int k = 0; k < hc; k++) {
+            float acc = 0.0f;
+            for (int j = 0; j < hc; j++) acc += comb[j * hc + k] * res[j];
+            x[k * D + d] = post[k] * o[d] + acc;
+        }
+    }
+}
+
+/* Keeps the k best (score, lower index wins ties) of a stream; heap of the current worst. */
+typedef struct {
+    float *score;
+    int32_t *idx;
+    int n, k;
+} topk_t;
+
+static inline int worse(const topk_t *h, int a, int b) /* is a worse than b */
+{
+    if (h->score[a] != h->score[b]) return h->score[a] < h->score[b];
+    return h->idx[a] > h->idx[b];
+}
+
+static void heap_sift_down(topk_t *h, int i)
+{
+    for (;;) {
+        int l = 2 * i + 1, r = l + 1, w = i;
+        if (l < h->n && worse(h, l, w)) w = l;
+        if (r < h->n && worse(h, r, w)) w = r;
+        if (w == i) return;
+        float ts = h->score[i];
+        int32_t ti = h->idx[i];
+        h->score[i] = h->score[w];
+        h->idx[i] = h->idx[w];
+        h->score[w] = ts;
+        h->idx[w] = ti;
+        i = w;
+    }
+}
+
+static void topk_push(topk_t *h, float score, int32_t idx)
+{
+    if (h->n < h->k) {
+        int i = h->n++;
+        h->score[i] = score;
+        h->idx[i] = idx;
+        while (i > 0) {
+            int p = (i - 1) / 2;
+            if (!worse(h, i, p)) break;
+            float ts = h->score[i];
+            int32_t ti = h->idx[i];
+            h->score[i] = h->score[p];
+            h->idx[i] = h->idx[p];
+            h->score[p] = ts;
+            h->idx[p] = ti;
+            i = p;
+        }
+        return;
+    }
+    /* indices arrive in increasing order, so an equal score never displaces */
+    if (score > h->score[0]) {
+        h->score[0] = score;
+        h->idx[0] = idx;
+        heap_sift_down(h, 0);
+    }
+}
+
+/* In-place heapsort: qsort may allocate, and a decode step must not. */
+static void sort_i32(int32_t *v, int n)
+{
+    for (int start = n / 2 - 1, end = n;; ) {
+        int root;
+        if (start >= 0) {
+            root = start--;
+        } else {
+            if (--end <= 0) return;
+            int32_t t = v[0];
+            v[0] = v[end];
+            v[end] = t;
+            root = 0;
+        }
+        for (;;) {
+            int child = 2 * root + 1;
+            if (child >= end) break;
+            if (child + 1 < end && v[child + 1] > v[child]) child++;
+            if (v[root] >= v[child]) break;
+            int32_t t = v[root];
+            v[root] = v[child];
+            v[child] = t;
+            root = child;
+        }
+    }
+}
+
+/* Writes the selected indices whose score is finite, ascending; returns their count. */
+static int topk_finish(topk_t *h, int32_t *out)
+{
+    int n = 0;
+    for (int i = 0; i < h->n; i++)
+        if (h->score[i] > -INFINITY) out[n++] = h->idx[i];
+    sort_i32(out, n);
+    return n;
+}
+
+/* ---- engram -------------------------------------------------------------------------- */
+
+/* Compressed ids and hash ids of every token (sequentially per sequence: cheap). */
+static void engram_hashes(fwd_t *f)
+{
+    bt_model_t *m = f->m;
+    const bt_model_config_t *c = &m->cfg;
+    scratch_t *s = &m->s;
+    int ng = c->engram_max_ngram, cols = m->engram_cols, nh = c->engram_heads;
+    for (int q = 0; q < f->n_seqs; q++) {
+        const bt_forward_seq_t *seq = &f->seqs[q];
+        bt_kv_header_t *h = bt_kv_header(seq->state);
+        int first = f->seq_first[q];
+        int64_t start = h->n_tokens;
+        for (int i = 0; i < seq->n; i++) s->cid[first + i] = m->token_map[seq->ids[i]];
+        for (int i = 0; i < seq->n; i++) {
+            int64_t pos = start + i;
+            int64_t tokens[8];
+            for (int k = 0; k < ng; k++) {
+                int64_t p = pos - k;
+                if (p < 0)
+                    tokens[k] = m->pad_cid; /* before the start: the pad class, and stays blocked */
+                else if (p >= start)
+                    tokens[k] = s->cid[first + (p - start)];
+                else
+                    tokens[k] = h->engram_hist[p % BT_KV_ENGRAM_HISTORY];
+            }
+            for (int e = 0; e < c->n_engram; e++) {
+                const int64_t *mult = m->multipliers + (size_t)e * ng;
+                const int64_t *primes = m->primes + (size_t)e * cols;
+                const int64_t *offs = m->offsets + (size_t)e * cols;
+                int64_t *out = s->hash + ((size_t)(first + i) * c->n_engram + e) * cols;
+                uint64_t rolling = (uint64_t)(tokens[0] * mult[0]);
+                for (int k = 1; k < ng; k++) {
+                    rolling ^= (uint64_t)(tokens[k] * mult[k]);
+                    for (int hh = 0; hh < nh; hh++) {
+                        int col = (k - 1) * nh + hh;
+                        out[col] = (int64_t)(rolling % (uint64_t)primes[col]) + offs[col];
+                    }
+                }
+            }
+        }
+    }
+}
+
+static void engram_token(fwd_t *f, int t, int task)
+{
+    bt_model_t *m = f->m;
+    const bt_model_config_t *c = &m->cfg;
+    const layer_weights_t *w = &m->layer[f->l];
+    int ei = c->layer[f->l].engram_index;
+    int cols = m->engram_cols, ehd = c->engram_head_dim, hc = c->hc_mult, D = c->hidden;
+    float *e = m->s.task_engram + (size_t)task * ((size_t)cols * ehd + (size_t)(hc + 1) * D);
+    float *kv = e + (size_t)cols * ehd;
+    const int64_t *ids = m->s.hash + ((size_t)t * c->n_engram + ei) * cols;
+    for (int j = 0; j < cols; j++)
+        memcpy(e + (size_t)j * ehd, w->e_embed + (size_t)ids[j] * ehd, (size_t)ehd * sizeof(float));
+    for (int o = 0; o < (hc + 1) * D; o++)
+        kv[o] = bt_cpu_dot(w->e_wkv + (size_t)o * cols * ehd, e, cols * ehd);
+    const float *value = kv + (size_t)hc * D;
+    float *x = m->s.x + (size_t)t * hc * D;
+    float eps = (float)c->rms_eps;
+    for (int s = 0; s < hc; s++) {
+        float *h = x + (size_t)s * D;
+        const float *key = kv + (size_t)s * D;
+        const float *qk = w->e_qk + (size_t)s * D;
+        float hh = 0.0f, kk = 0.0f, dot = 0.0f;
+        for (int d = 0; d < D; d++) {
+            hh += h[d] * h[d];
+            kk += key[d] * key[d];
+            dot += (h[d] * qk[d]) * key[d];
+        }
+        float rstd = (1.0f / sqrtf(hh / (float)D + eps)) * (1.0f / sqrtf(kk / (float)D + eps));
+        dot = dot * rstd * (1.0f / sqrtf((float)D));
+        float g = bt_sigmoidf(copysignf(sqrtf(fmaxf(fabsf(dot), 1e-6f)), dot));
+        for (int d = 0; d < D; d++) h[d] = h[d] + g * value[d];
+    }
+}
+
+/* ---- attention ----------------------------------------------------------------------- */
+
+static void attn_mix_token(fwd_t *f, int t, int task)
+{
+    bt_model_t *m = f->m;
+    const bt_model_config_t *c = &m->cfg;
+    const layer_weights_t *w = &m->layer[f->l];
+    scratch_t *s = &m->s;
+    int hc = c->hc_mult, D = c->hidden;
+    const float *x = s->x + (size_t)t * hc * D;
+    hc_mix(c, x, w->hc_attn_fn, w->hc_attn_base, w->hc_attn_scale, s->attn_pre + t * hc,
+           s->post + t * hc, s->comb + (size_t)t * hc * hc);
+    hc_collapse_norm(c, x, s->pre_mix + t * hc, w->attn_norm, s->xin + (size_t)t * D);
+}
+
+static void ffn_mix_token(fwd_t *f, int t, int task)
+{
+    bt_model_t *m = f->m;
+    const bt_model_config_t *c = &m->cfg;
+    const layer_weights_t *w = &m->layer[f->l];
+    scratch_t *s = &m->s;
+    int hc = c->hc_mult, D = c->hidden;
+    const float *x = s->x + (size_t)t * hc * D;
+    /* the FFN collapses with the attention site's pre; its own pre goes to the next layer */
+    hc_mix(c, x, w->hc_ffn_fn, w->hc_ffn_base, w->hc_ffn_scale, s->pre_mix + t * hc,
+           s->post + t * hc, s->comb + (size_t)t * hc * hc);
+    hc_collapse_norm(c, x, s->attn_pre + t * hc, w->ffn_norm, s->xin + (size_t)t * D);
+}
+
+static void expand_token(fwd_t *f, int t, int task)
+{
+    bt_model_t *m = f->m;
+    const bt_model_config_t *c = &m->cfg;
+    scratch_t *s = &m->s;
+    int hc = c->hc_mult, D = c->hidden;
+    hc_expand(c, s->x + (size_t)t * hc * D, s->out + (size_t)t * D, s->post + t * hc,
+              s->comb + (size_t)t * hc * hc);
+}
+
+/* q_norm, rope on q and kv, kv_norm, FP8 rounding of the window KV */
+static void qkv_token(fwd_t *f, int t, int task)
+{
+    bt_model_t *m = f->m;
+    const bt_model_config_t *c = &m->cfg;
+    const layer_weights_t *w = &m->layer[f->l];
+    scratch_t *s = &m->s;
+    int hd = c->head_dim;
+    bool comp = c->layer[f->l].compress_ratio > 0;
+    int half = comp ? m->half_comp : m->half_main;
+    const float *cs = (comp ? s->cos_comp : s->cos_main) + (size_t)t * half;
+    const float *sn = (comp ? s->sin_comp : s->sin_main) + (size_t)t * half;
+    float *q = s->q + (size_t)t * c->n_heads * hd;
+    for (int h = 0; h < c->n_heads; h++) bt_cpu_rope(q + (size_t)h * hd, hd, cs, sn, half, 0);
+    float *kv = s->kv + (size_t)t * hd;
+    bt_cpu_rmsnorm(kv, kv, w->kv_norm, hd, (float)c->rms_eps);
+    bt_cpu_rope(kv, hd, cs, sn, half, 0);
+    bt_fake_quant_fp8_ue8m0(kv, hd, 32);
+}
+
+static void q_norm_token(fwd_t *f, int t, int task)
+{
+    bt_model_t *m = f->m;
+    const bt_model_config_t *c = &m->cfg;
+    float *qr = m->s.q_res + (size_t)t * c->q_lora_rank;
+    bt_cpu_rmsnorm(qr, qr, m->layer[f->l].q_norm, c->q_lora_rank, (float)c->rms_eps);
+}
+
+/* Closes one compressor group into entry e: the pre-rope latent gives the index key (on
+ * key owners), the rotated and FP4-rounded latent is the attention entry. */
+static void emit_entry(bt_model_t *m, int l, uint8_t *state, const bt_kv_layout_t *lay,
+                       float *latent, int64_t e)
+{
+    const bt_model_config_t *c = &m->cfg;
+    const bt_layer_config_t *L = &c->layer[l];
+    const layer_weights_t *w = &m->layer[l];
+    int hd = c->head_dim, ihd = c->index_head_dim, half = m->half_comp;
+    float cs[512], sn[512];
+    bt_cpu_rmsnorm(latent, latent, w->c_norm, hd, (float)c->rms_eps);
+    bt_cpu_rope_angles(cs, sn, m->inv_freq_comp, half, e * L->compress_ratio);
+    if (L->is_index_source) {
+        float *k = bt_kv_region(state, lay->ikey_off[l]) + (size_t)e * ihd;
+        for (int o = 0; o < ihd; o++) k[o] = bt_cpu_dot(w->i_wk + (size_t)o * hd, latent, hd);
+        bt_cpu_rmsnorm(k, k, w->i_k_norm, ihd, (float)c->rms_eps);
+        bt_cpu_rope(k, ihd, cs, sn, half, 0);
+        bt_fake_quant_fp4_ue8m0(k, ihd, 32);
+    }
+    float *dst = bt_kv_region(state, lay->comp_off[l]) + (size_t)e * hd;
+    memcpy(dst, latent, (size_t)hd * sizeof(float));
+    bt_cpu_rope(dst, hd, cs, sn, half, 0);
+    bt_fake_quant_fp4_e4m3(dst, hd, 16);
+}
+
+/* The compressor of a kv-source layer, sequence by sequence in token order. */
+static void compress_seq(void *p, size_t q)
+{
+    fwd_t *f = p;
+    bt_model_t *m = f->m;
+    const bt_model_config_t *c = &m->cfg;
+    int l = f->l, hd = c->head_dim, r = c->layer[l].compress_ratio;
+    const bt_forward_seq_t *seq = &f->seqs[q];
+    bt_kv_header_t *h = bt_kv_header(seq->state);
+    float *pkv = bt_kv_region(seq->state, f->lay->pend_kv_off[l]);
+    float *pgate = bt_kv_region(seq->state, f->lay->pend_gate_off[l]);
+    float latent[MAX_HEAD_DIM];
+    for (int i = 0; i < seq->n; i++) {
+        int t = f->seq_first[q] + i;
+        int64_t p = h->pending[l];
+        memcpy(pkv + p * hd, m->s.ckv + (size_t)t * hd, (size_t)hd * sizeof(float));
+        if (r > 1) memcpy(pgate + p * hd, m->s.cgate + (size_t)t * hd, (size_t)hd * sizeof(float));
+        if (++p < r) {
+            h->pending[l] = p;
+            continue;
+        }
+        h->pending[l] = 0;
+        if (r == 1) {
+            memcpy(latent, pkv, (size_t)hd * sizeof(float));
+        } else {
+            /* softmax over the group's tokens, per channel, then the weighted sum */
+            for (int d = 0; d < hd; d++) {
+                float mx = -INFINITY;
+                for (int j = 0; j < r; j++) mx = fmaxf(mx, pgate[j * hd + d]);
+                float ex[16], sum = 0.0f;
+                for (int j = 0; j < r; j++) {
+                    ex[j] = expf(pgate[j * hd + d] - mx);
+                    sum += ex[j];
+                }
+                float acc = 0.0f;
+                for (int j = 0; j < r; j++) acc += pkv[j * hd + d] * (ex[j] / sum);
+                latent[d] = acc;
+            }
+        }
+        emit_entry(m, l, seq->state, f->lay, latent, h->entries[l]);
+        h->entries[l]++;
+    }
+}
+
+static void index_q_token(fwd_t *f, int t, int task)
+{
+    bt_model_t *m = f->m;
+    const bt_model_config_t *c = &m->cfg;
+    int ihd = c->index_head_dim, half = m->half_comp;
+    float *q = m->s.qi + (size_t)t * c->index_heads * ihd;
+    const float *cs = m->s.cos_comp + (size_t)t * half, *sn = m->s.sin_comp + (size_t)t * half;
+    for (int h = 0; h < c->index_heads; h++) {
+        bt_cpu_rope(q + (size_t)h * ihd, ihd, cs, sn, half, 0);
+        bt_fake_quant_fp4_ue8m0(q + (size_t)h * ihd, ihd, 32);
+    }
+    float scale = 1.0f / sqrtf((float)c->index_heads);
+    float *w = m->s.iw + (size_t)t * c->index_heads;
+    for (int h = 0; h < c->index_heads; h++) w[h] *= scale;
+}
+
+/* Scores one query against the owner's index keys, applies visibility, the candidate
+ * blocks (two-level top-k) and keeps the top index_topk entries. */
+static void index_token(fwd_t *f, int t, int task)
+{
+    bt_model_t *m = f->m;
+    const bt_model_config_t *c = &m->cfg;
+    scratch_t *s = &m->s;
+    int l = f->l;
+    const bt_layer_config_t *L = &c->layer[l];
+    int owner = L->index_key_owner;
+    uint8_t *state = tok_state(f, t);
+    int64_t n_entries = bt_kv_header(state)->entries[owner];
+    if (n_entries == 0) return; /* the reference returns early and publishes nothing */
+    int ihd = c->index_head_dim, ih = c->index_heads;
+    const float *keys = bt_kv_region(state, f->lay->ikey_off[owner]);
+    const float *q = s->qi + (size_t)t * ih * ihd;
+    const float *w = s->iw + (size_t)t * ih;
+    float softmax_scale = 1.0f / sqrtf((float)ihd);
+    int64_t visible = (s->tok_pos[t] + 1) / L->compress_ratio;
+    size_t per_scores = (size_t)m->opt.max_ctx;
+    size_t nblk_cap = per_scores / (size_t)c->candidate_block_size + 1;
+    if (nblk_cap > per_scores) per_scores = nblk_cap;
+    float *scores = s->task_scores + (size_t)task * (per_scores + 1);
+
+    bool use_cand = c->candidate_source >= 0 && c->candidate_source < l && s->cand_set[t];
+    int bs = c->candidate_block_size;
+    const int32_t *cand = s->cand + (size_t)t * (c->candidate_topk_blocks > 0 ? c->candidate_topk_blocks : 1);
+    int ci = 0;
+    for (int64_t j = 0; j < n_entries; j++) {
+        if (j >= visible) {
+            scores[j] = -INFINITY;
+            continue;
+        }
+        if (use_cand) {
+            int64_t blk = j / bs;
+            while (ci < s->cand_n[t] && cand[ci] < blk) ci++;
+            if (ci >= s->cand_n[t] || cand[ci] != blk) {
+                scores[j] = -INFINITY;
+                continue;
+            }
+        }
+        const float *k = keys + (size_t)j * ihd;
+        float acc = 0.0f;
+        for (int h = 0; h < ih; h++) {
+            float d = bt_cpu_dot(q + (size_t)h * ihd, k, ihd);
+            acc += (fmaxf(d, 0.0f) * softmax_scale) * w[h];
+        }
+        scores[j] = acc;
+    }
+    size_t heap = (size_t)(c->index_topk > c->candidate_topk_blocks ? c->index_topk : c->candidate_topk_blocks);
+    if ((size_t)c->n_active > heap) heap = (size_t)c->n_active;
+    topk_t hp = {s->task_bscore + (size_t)task * heap, s->task_idx + (size_t)task * heap, 0, 0};
+
+    if (l == c->candidate_source) {
+        /* level one: block maxima, the block of the newest visible entry pinned */
+        int64_t nblocks = (n_entries + bs - 1) / bs;
+        int64_t last = visible > 0 ? (visible - 1) / bs : -1;
+        hp.k = (int)(c->candidate_topk_blocks < nblocks ? c->candidate_topk_blocks : nblocks);
+        for (int64_t b = 0; b < nblocks; b++) {
+            float mx = -INFINITY;
+            for (int64_t j = b * bs; j < (b + 1) * bs && j < n_entries; j++) mx = fmaxf(mx, scores[j]);
+            if (b == last) mx = INFINITY;
+            topk_push(&hp, mx, (int32_t)b);
+        }
+        int32_t *out = s->cand + (size_t)t * c->candidate_topk_blocks;
+        s->cand_n[t] = topk_finish(&hp, out);
+        s->cand_set[t] = 1;
+        hp.n = 0;
+    }
+    hp.k = (int)(c->index_topk < n_entries ? c->index_topk : n_entries);
+    for (int64_t j = 0; j < n_entries; j++) topk_push(&hp, scores[j], (int32_t)j);
+    s->topk_n[t] = topk_finish(&hp, s->topk + (size_t)t * c->index_topk);
+    s->topk_set[t] = 1;
+}
+
+static void attend_token(fwd_t *f, int t, int task)
+{
+    bt_model_t *m = f->m;
+    const bt_model_config_t *c = &m->cfg;
+    const layer_weights_t *w = &m->layer[f->l];
+    const bt_layer_config_t *L = &c->layer[f->l];
+    scratch_t *s = &m->s;
+    int hd = c->head_dim, H = c->n_heads, W = c->window;
+    int q_seq = s->tok_seq[t];
+    uint8_t *state = f->seqs[q_seq].state;
+    int64_t start = bt_kv_header(state)->n_tokens; /* position of the chunk's first token */
+    int first = f->seq_first[q_seq];
+    int64_t pos = s->tok_pos[t];
+    int64_t lo = pos - W + 1 > 0 ? pos - W + 1 : 0;
+    const float *ring = bt_kv_region(state, f->lay->window_off[f->l]);
+
+    /* the compressed entries this query attends: the published top-k of the latest index
+     * source, over the latest kv source's cache */
+    const float *comp = NULL;
+    int n_sel = 0;
+    const int32_t *sel = NULL;
+    if (L->compress_ratio && L->kv_source >= 0 && s->topk_set[t]) {
+        int64_t n_entries = bt_kv_header(state)->entries[L->kv_source];
+        comp = bt_kv_region(state, f->lay->comp_off[L->kv_source]);
+        sel = s->topk + (size_t)t * c->index_topk;
+        n_sel = s->topk_n[t];
+        while (n_sel > 0 && sel[n_sel - 1] >= n_entries) n_sel--;
+    }
+    int n_win = (int)(pos - lo + 1);
+    float *p = s->probs + (size_t)t * ((size_t)W + (size_t)c->index_topk);
+    float scale = 1.0f / sqrtf((float)hd);
+    for (int h = 0; h < H; h++) {
+        const float *q = s->q + ((size_t)t * H + h) * hd;
+        float mx = w->attn_sink[h];
+        for (int j = 0; j < n_win; j++) {
+            int64_t kp = lo + j;
+            const float *k = kp >= start ? s->kv + (size_t)(first + (kp - start)) * hd
+                                         : ring + (size_t)(kp % W) * hd;
+            p[j] = bt_cpu_dot(q, k, hd) * scale;
+            mx = fmaxf(mx, p[j]);
+        }
+        for (int j = 0; j < n_sel; j++) {
+            p[n_win + j] = bt_cpu_dot(q, comp + (size_t)sel[j] * hd, hd) * scale;
+            mx = fmaxf(mx, p[n_win + j]);
+        }
+        float sum = 0.0f;
+        for (int j = 0; j < n_win + n_sel; j++) {
+            p[j] = expf(p[j] - mx);
+            sum += p[j];
+        }
+        sum += expf(w->attn_sink[h] - mx); /* the sink only grows the denominator */
+        float *o = s->attn + ((size_t)t * H + h) * hd;
+        for (int d = 0; d < hd; d++) o[d] = 0.0f;
+        for (int j = 0; j < n_win + n_sel; j++) {
+            float pj = p[j] / sum;
+            const float *k;
+            if (j < n_win) {
+                int64_t kp = lo + j;
+                k = kp >= start ? s->kv + (size_t)(first + (kp - start)) * hd
+                                : ring + (size_t)(kp % W) * hd;
+            } else {
+                k = comp + (size_t)sel[j - n_win] * hd;
+            }
+            for (int d = 0; d < hd; d++) o[d] += pj * k[d];
+        }
+        bool compl = L->compress_ratio > 0;
+        int half = compl ? m->half_comp : m->half_main;
+        const float *cs = (compl ? s->cos_comp : s->cos_main) + (size_t)t * half;
+        const float *sn = (compl ? s->sin_comp : s->sin_main) + (size_t)t * half;
+        bt_cpu_rope(o, hd, cs, sn, half, 1);
+    }
+    /* grouped low-rank output: wo_a per group, then wo_b */
+    int G = c->o_groups, R = c->o_lora_rank, gin = H * hd / G;
+    const float *a = s->attn + (size_t)t * H * hd;
+    float *oa = s->oa + (size_t)t * G * R;
+    for (int g = 0; g < G; g++)
+        for (int r = 0; r < R; r++)
+            oa[g * R + r] = bt_cpu_dot(w->wo_a + ((size_t)g * R + r) * gin, a + (size_t)g * gin, gin);
+}
+
+static void attention(fwd_t *f)
+{
+    bt_model_t *m = f->m;
+    const bt_model_config_t *c = &m->cfg;
+    const layer_weights_t *w = &m->layer[f->l];
+    const bt_layer_config_t *L = &c->layer[f->l];
+    scratch_t *s = &m->s;
+    int N = f->N, D = c->hidden, hd = c->head_dim;
+
+    bt_cpu_matmul(m->pool, s->q_res, s->xin, w->wq_a, N, c->q_lora_rank, D);
+    for_tokens(f, q_norm_token);
+    bt_cpu_matmul(m->pool, s->q, s->q_res, w->wq_b, N, c->n_heads * hd, c->q_lora_rank);
+    bt_cpu_matmul(m->pool, s->kv, s->xin, w->wkv, N, hd, D);
+    for_tokens(f, qkv_token);
+
+    if (L->compress_ratio) {
+        if (L->is_kv_source) {
+            bt_cpu_matmul(m->pool, s->ckv, s->xin, w->c_wkv, N, hd, D);
+            if (w->c_wgate) bt_cpu_matmul(m->pool, s->cgate, s->xin, w->c_wgate, N, hd, D);
+            bt_threads_for(f->n_seqs > 1 ? m->pool : NULL, (size_t)f->n_seqs, compress_seq, f);
+        }
+        if (L->is_index_source && L->index_key_owner >= 0) {
+            bt_cpu_matmul(m->pool, s->qi, s->q_res, w->i_wq_b, N, c->index_heads * c->index_head_dim,
+                          c->q_lora_rank);
+            bt_cpu_matmul(m->pool, s->iw, s->xin, w->i_weights_proj, N, c->index_heads, D);
+            for_tokens(f, index_q_token);
+            for_tokens(f, index_token);
+        }
+    }
+    for_tokens(f, attend_token);
+    bt_cpu_matmul(m->pool, s->out, s->oa, w->wo_b, N, D, c->o_groups * c->o_lora_rank);
+
+    /* the window rings take the chunk's KV only now: earlier queries read older slots */
+    for (int q = 0; q < f->n_seqs; q++) {
+        const bt_forward_seq_t *seq = &f->seqs[q];
+        int64_t start = bt_kv_header(seq->state)->n_tokens;
+        float *ring = bt_kv_region(seq->state, f->lay->window_off[f->l]);
+        int from = seq->n > c->window ? seq->n - c->window : 0;
+        for (int i = from; i < seq->n; i++)
+            memcpy(ring + (size_t)((start + i) % c->window) * hd,
+                   s->kv + (size_t)(f->seq_first[q] + i) * hd, (size_t)hd * sizeof(float));
+    }
+}
+
+/* ---- MoE ----------------------------------------------------------------------------- */
+
+static void expert(const float *x, const float *w1, const float *w2, const float *w3, int D,
+                   int I, float limit, float weight, bool weighted, float *hbuf, float *acc)
+{
+    for (int i = 0; i < I; i++) {
+        float g = bt_cpu_dot(w1 + (size_t)i * D, x, D);
+        float u = bt_cpu_dot(w3 + (size_t)i * D, x, D);
+        if (limit > 0) {
+            u = fminf(fmaxf(u, -limit), limit);
+            g = fminf(g, limit);
+        }
+        float y = bt_siluf(g) * u;
+        hbuf[i] = weighted ? weight * y : y;
+    }
+    for (int d = 0; d < D; d++) acc[d] += bt_cpu_dot(w2 + (size_t)d * I, hbuf, I);
+}
+
+static void moe_token(fwd_t *f, int t, int task)
+{
+    bt_model_t *m = f->m;
+    const bt_model_config_t *c = &m->cfg;
+    const layer_weights_t *w = &m->layer[f->l];
+    scratch_t *s = &m->s;
+    int D = c->hidden, I = c->moe_inter, E = c->n_experts, K = c->n_active;
+    float *buf = s->task_moe + (size_t)task * (2 * (size_t)I + (size_t)E + (size_t)D);
+    float *hbuf = buf, *scores = buf + 2 * I, *acc = scores + E;
+    const float *x = s->xin + (size_t)t * D;
+
+    size_t heap = (size_t)(c->index_topk > c->candidate_topk_blocks ? c->index_topk : c->candidate_topk_blocks);
+    if ((size_t)K > heap) heap = (size_t)K;
+    topk_t hp = {s->task_bscore + (size_t)task * heap, s->task_idx + (size_t)task * heap, 0, K};
+    for (int e = 0; e < E; e++) {
+        float logit = bt_cpu_dot(w->gate_w + (size_t)e * D, x, D) / (float)c->gate_temp;
+        scores[e] = sqrtf(bt_softplusf(logit));
+        topk_push(&hp, scores[e] + w->gate_bias[e], e); /* the bias steers selection only */
+    }
+    /* selection in descending biased order, as topk returns it */
+    int32_t sel[MAX_ACTIVE];
+    float sb[MAX_ACTIVE];
+    int n = hp.n;
+    for (int i = 0; i < n; i++) {
+        sel[i] = hp.idx[i];
+        sb[i] = hp.score[i];
+    }
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && (sb[j] > sb[j - 1] || (sb[j] == sb[j - 1] && sel[j] < sel[j - 1])); j--) {
+            float ts = sb[j];
+            sb[j] = sb[j - 1];
+            sb[j - 1] = ts;
+            int32_t ti = sel[j];
+            sel[j] = sel[j - 1];
+            sel[j - 1] = ti;
+        }
+    float wts[MAX_ACTIVE], sum = 0.0f;
+    for (int i = 0; i < n; i++) {
+        wts[i] = scores[sel[i]];
+        sum += wts[i];
+    }
+    for (int i = 0; i < n; i++) {
+        if (c->norm_topk_prob && K > 1) wts[i] = wts[i] / (sum + 1e-20f);
+        wts[i] *= (float)c->route_scale;
+    }
+    for (int d = 0; d < D; d++) acc[d] = 0.0f;
+    float limit = (float)c->swiglu_limit;
+    /* routed experts summed in expert order, then the shared expert (no weight) */
+    for (int e = 0; e < E; e++) {
+        for (int i = 0; i < n; i++) {
+            if (sel[i] != e) continue;
+            size_t off = (size_t)e * I * D;
+            expert(x, w->w1 + off, w->w2 + off, w->w3 + off, D, I, limit, wts[i], true, hbuf, acc);
+        }
+    }
+    float *out = s->out + (size_t)t * D;
+    if (w->sw1) {
+        float sh[BT_MAX_HIDDEN];
+        for (int d = 0; d < D; d++) sh[d] = 0.0f;
+        expert(x, w->sw1, w->sw2, w->sw3, D, I, limit, 1.0f, false, hbuf, sh);
+        for (int d = 0; d < D; d++) out[d] = acc[d] + sh[d];
+    } else {
+        for (int d = 0; d < D; d++) out[d] = acc[d];
+    }
+}
+
+/* ---- the whole forward ------------------------------------------------------------------ */
+
+static void angles_token(fwd_t *f, int t, int task)
+{
+    bt_model_t *m = f->m;
+    scratch_t *s = &m->s;
+    bt_cpu_rope_angles(s->cos_main + (size_t)t * m->half_main, s->sin_main + (size_t)t * m->half_main,
+                       m->inv_freq_main, m->half_main, s->tok_pos[t]);
+    bt_cpu_rope_angles(s->cos_comp + (size_t)t * m->half_comp, s->sin_comp + (size_t)t * m->half_comp,
+                       m->inv_freq_comp, m->half_comp, s->tok_pos[t]);
+}
+
+static void final_token(fwd_t *f, int t, int task)
+{
+    bt_model_t *m = f->m;
+    const bt_model_config_t *c = &m->cfg;
+    scratch_t *s = &m->s;
+    hc_collapse_norm(c, s->x + (size_t)t * c->hc_mult * c->hidden, s->pre_mix + t * c->hc_mult,
+                     m->norm, s->hidden + (size_t)t * c->hidden);
+}
+
+bt_status_t bt_model_forward(bt_model_t *m, const bt_kv_layout_t *lay, const bt_forward_seq_t *seqs,
+                             int n_seqs, float *logits, char *err, size_t errlen)
+{
+    const bt_model_config_t *c = &m->cfg;
+    scratch_t *s = &m->s;
+    if (n_seqs < 1 || n_seqs > m->opt.max_batch_seqs || n_seqs > 64) {
+        snprintf(err, errlen, "batch of %d sequences outside 1..%d", n_seqs, m->opt.max_batch_seqs);
+        return BT_ERR_INVALID_ARG;
+    }
+    if (lay->n_layers != c->n_layers || lay->head_dim != c->head_dim || lay->window != c->window) {
+        snprintf(err, errlen, "kv layout does not belong to this model");
+        return BT_ERR_INVALID_ARG;
+    }
+    fwd_t f;
+    memset(&f, 0, sizeof f);
+    f.m = m;
+    f.lay = lay;
+    f.seqs = seqs;
+    f.n_seqs = n_seqs;
+    int N = 0;
+    for (int q = 0; q < n_seqs; q++) {
+        const bt_forward_seq_t *seq = &seqs[q];
+        int64_t start = bt_kv_header(seq->state)->n_tokens;
+        if (seq->n < 1) {
+            snprintf(err, errlen, "sequence %d has no tokens", q);
+            return BT_ERR_INVALID_ARG;
+        }
+        if (start + seq->n > lay->max_ctx || start + seq->n > m->opt.max_ctx) {
+            snprintf(err, errlen, "sequence %d: %lld + %d tokens exceed the context capacity %lld", q,
+                     (long long)start, seq->n, (long long)(lay->max_ctx < m->opt.max_ctx ? lay->max_ctx : m->opt.max_ctx));
+            return BT_ERR_TOO_LONG;
+        }
+        if (N + seq->n > m->opt.max_batch_tokens) {
+            snprintf(err, errlen, "batch of more than %d tokens", m->opt.max_batch_tokens);
+            return BT_ERR_TOO_LONG;
+        }
+        for (int i = 0; i < seq->n; i++) {
+            if (seq->ids[i] < 0 || seq->ids[i] >= c->vocab) {
+                snprintf(err, errlen, "sequence %d: token id %d at %d outside the vocabulary (0..%d)", q,
+                         seq->ids[i], i, c->vocab - 1);
+                return BT_ERR_BAD_REQUEST;
+            }
+        }
+        f.seq_first[q] = N;
+        for (int i = 0; i < seq->n; i++) {
+            s->tok_seq[N + i] = q;
+            s->tok_pos[N + i] = start + i;
+        }
+        N += seq->n;
+    }
+    f.N = N;
+    int hc = c->hc_mult, D = c->hidden;
+
+    /* embeddings into every stream; the first site collapses stream 0 only */
+    for (int t = 0; t < N; t++) {
+        const float *e = m->embed + (size_t)seqs[s->tok_seq[t]].ids[t - f.seq_first[s->tok_seq[t]]] * D;
+        for (int k = 0; k < hc; k++) memcpy(s->x + ((size_t)t * hc + k) * D, e, (size_t)D * sizeof(float));
+        for (int k = 0; k < hc; k++) s->pre_mix[t * hc + k] = k == 0 ? 1.0f : 0.0f;
+        s->topk_set[t] = 0;
+        s->cand_set[t] = 0;
+    }
+    for_tokens(&f, angles_token);
+    if (c->n_engram > 0) {
+        engram_hashes(&f);
+        if (m->tap) m->tap(m->tap_ctx, BT_TAP_ENGRAM_HASH, -1, s->hash, N);
+    }
+
+    for (int l = 0; l < c->n_layers; l++) {
+        f.l = l;
+        if (c->layer[l].engram_index >= 0) for_tokens(&f, engram_token);
+        for_tokens(&f, attn_mix_token);
+        attention(&f);
+        if (m->tap) m->tap(m->tap_ctx, BT_TAP_ATTN_OUT, l, s->out, N);
+        for_tokens(&f, expand_token);
+        for_tokens(&f, ffn_mix_token);
+        for_tokens(&f, moe_token);
+        if (m->tap) m->tap(m->tap_ctx, BT_TAP_FFN_OUT, l, s->out, N);
+        for_tokens(&f, expand_token);
+        if (m->tap) m->tap(m->tap_ctx, BT_TAP_LAYER_OUT, l, s->x, N);
+    }
+    for_tokens(&f, final_token);
+    if (m->tap) m->tap(m->tap_ctx, BT_TAP_FINAL_HIDDEN, -1, s->hidden, N);
+
+    if (logits) {
+        float *row = logits;
+        for (int q = 0; q < n_seqs; q++) {
+            const bt_forward_seq_t *seq = &seqs[q];
+            int first = f.seq_first[q];
+            int from = seq->all_logits ? 0 : seq->n - 1;
+            int rows = seq->n - from;
+            bt_cpu_matmul(m->pool, row, s->hidden + (size_t)(first + from) * D, m->head, rows, c->vocab, D);
+            row += (size_t)rows * c->vocab;
+        }
+    }
+
+    /* advance the sequences: engram history, then the position counter */
+    for (int q = 0; q < n_seqs; q++) {
+        const bt_forward_seq_t *seq = &seqs[q];
+        bt_kv_header_t *h = bt_kv_header(seq->state);
+        if (c->n_engram > 0)
+            for (int i = 0; i < seq->n; i++)
+                h->engram_hist[(h->n_tokens + i) % BT_KV_ENGRAM_HISTORY] = s->cid[f.seq_first[q] + i];
+        h->n_tokens += seq->n;
+    }
+    return BT_OK;
+}

@@ -1,0 +1,70 @@
+/* The DeepSeek-V4.1 text model on the CPU backend: weights (dequantized to float32 at load)
+ * and the forward pass over a batch of sequences, each advancing by a chunk of tokens
+ * against its own KV state (services/engine/kv_state.h).
+ *
+ *   bt_model_options_t opt = bt_model_options_default();
+ *   opt.engram_token_map = map; opt.engram_classes = n;   // when the model has engram layers
+ *   bt_model_t *m;
+ *   if (bt_model_load(dir, &opt, &m, err, sizeof err) != BT_OK) ...
+ *   bt_kv_layout_t lay; bt_kv_layout_init(&lay, bt_model_config(m), max_ctx);
+ *   bt_forward_seq_t seq = {.state = slot_mem, .ids = ids, .n = n, .all_logits = true};
+ *   bt_model_forward(m, &lay, &seq, 1, logits, err, sizeof err);   // logits [n, vocab]
+ *   bt_model_destroy(m);
+ *
+ * A forward never allocates: scratch is sized at load for opt.max_batch_tokens tokens and
+ * opt.max_ctx positions per sequence. Results are bit-identical whatever the chunking, the
+ * thread count or the other sequences in the batch. */
+#ifndef BT_ENGINE_MODEL_H
+#define BT_ENGINE_MODEL_H
+
+#include "common/status.h"
+#include "services/engine/config.h"
+#include "services/engine/kv_state.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct bt_model bt_model_t;
+
+typedef struct {
+    const int32_t *engram_token_map; /* [vocab] token -> class; copied at load */
+    int engram_classes;
+    int n_threads;                   /* 0 = one per core */
+    int max_batch_tokens;            /* most tokens in one forward, all sequences together */
+    int64_t max_ctx;                 /* most positions per sequence */
+    int max_batch_seqs;
+} bt_model_options_t;
+
+bt_model_options_t bt_model_options_default(void);
+
+bt_status_t bt_model_load(const char *dir, const bt_model_options_t *opt, bt_model_t **model_p,
+                          char *err, size_t errlen);
+void bt_model_destroy(bt_model_t *model);
+const bt_model_config_t *bt_model_config(const bt_model_t *model);
+
+typedef struct {
+    uint8_t *state;      /* the sequence's KV slot */
+    const int32_t *ids;  /* new tokens */
+    int n;
+    bool all_logits;     /* a logits row per new token, else only for the last */
+} bt_forward_seq_t;
+
+/* Advances every sequence by its tokens. logits receives, sequence after sequence, n rows
+ * (all_logits) or one row of vocab floats; may be NULL when no logits are wanted. */
+bt_status_t bt_model_forward(bt_model_t *model, const bt_kv_layout_t *layout,
+                             const bt_forward_seq_t *seqs, int n_seqs, float *logits, char *err,
+                             size_t errlen);
+
+/* Debug taps for tests against the reference's intermediate tensors. */
+typedef enum {
+    BT_TAP_ATTN_OUT,     /* [n, hidden] attention output after wo_b */
+    BT_TAP_FFN_OUT,      /* [n, hidden] MoE output */
+    BT_TAP_LAYER_OUT,    /* [n, hc, hidden] streams leaving the layer */
+    BT_TAP_FINAL_HIDDEN, /* [n, hidden] after the final collapse and norm (layer = -1) */
+    BT_TAP_ENGRAM_HASH,  /* int64 [n, n_engram, cols] hash ids (layer = -1) */
+} bt_tap_t;
+typedef void (*bt_tap_fn)(void *ctx, bt_tap_t tap, int layer, const void *data, int n_tokens);
+void bt_model_set_tap(bt_model_t *model, bt_tap_fn fn, void *ctx);
+
+#endif

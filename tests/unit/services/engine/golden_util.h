@@ -1,0 +1,75 @@
+/* Helpers shared by the engine's golden tests: read fixture tensors from golden.safetensors
+ * and load a fixture model with the reference's engram token map. */
+#ifndef BT_TEST_GOLDEN_UTIL_H
+#define BT_TEST_GOLDEN_UTIL_H
+
+#include "services/engine/model.h"
+#include "services/engine/safetensors.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Copies a tensor out as float32/int64 (malloc'd), with its element count; NULL if absent. */
+static inline float *golden_f32(const bt_safetensors_t *st, const char *name, size_t *n_p)
+{
+    const bt_tensor_view_t *t = bt_safetensors_find(st, name);
+    if (!t || t->dtype != BT_DTYPE_F32) return NULL;
+    float *v = malloc(t->nbytes ? t->nbytes : 4);
+    memcpy(v, t->data, t->nbytes);
+    if (n_p) *n_p = t->nbytes / 4;
+    return v;
+}
+
+static inline int64_t *golden_i64(const bt_safetensors_t *st, const char *name, size_t *n_p)
+{
+    const bt_tensor_view_t *t = bt_safetensors_find(st, name);
+    if (!t || t->dtype != BT_DTYPE_I64) return NULL;
+    int64_t *v = malloc(t->nbytes ? t->nbytes : 8);
+    memcpy(v, t->data, t->nbytes);
+    if (n_p) *n_p = t->nbytes / 8;
+    return v;
+}
+
+static inline uint8_t *golden_u8(const bt_safetensors_t *st, const char *name, size_t *n_p)
+{
+    const bt_tensor_view_t *t = bt_safetensors_find(st, name);
+    if (!t) return NULL;
+    uint8_t *v = malloc(t->nbytes ? t->nbytes : 1);
+    memcpy(v, t->data, t->nbytes);
+    if (n_p) *n_p = t->nbytes;
+    return v;
+}
+
+/* Loads fixture `name` (a directory under BT_GOLDEN_DIR) with the token map the reference
+ * stored in golden.safetensors. */
+static inline bt_model_t *golden_model(const char *name, const bt_safetensors_t *gold,
+                                       int n_threads, int64_t max_ctx)
+{
+    char dir[1024], err[512];
+    snprintf(dir, sizeof dir, "%s/%s", BT_GOLDEN_DIR, name);
+    size_t n = 0;
+    int64_t *map64 = golden_i64(gold, "engram.token_map", &n);
+    int32_t *map = calloc(n ? n : 1, sizeof *map);
+    int classes = 0;
+    for (size_t i = 0; i < n; i++) {
+        map[i] = (int32_t)map64[i];
+        if (map[i] + 1 > classes) classes = map[i] + 1;
+    }
+    bt_model_options_t opt = bt_model_options_default();
+    opt.engram_token_map = map;
+    opt.engram_classes = classes;
+    opt.n_threads = n_threads;
+    opt.max_ctx = max_ctx;
+    opt.max_batch_tokens = (int)max_ctx;
+    bt_model_t *m = NULL;
+    if (bt_model_load(dir, &opt, &m, err, sizeof err) != BT_OK) {
+        fprintf(stderr, "load %s: %s\n", name, err);
+        m = NULL;
+    }
+    free(map64);
+    free(map);
+    return m;
+}
+
+#endif
