@@ -752,7 +752,7 @@ static void bpe_long(enc_t *e, const uint8_t *s, size_t n)
     }
     if (!m) return;
     next[m - 1] = -1;
-    int32_t res;
+    int32_t res = -1; /* set by merge_lookup; -1 quiets -O2 maybe-uninitialized */
     for (size_t i = 0; i + 1 < m; i++) {
         int r = merge_lookup(t, sym[i], sym[i + 1], &res);
         if (r >= 0) heap_push(heap, &hn, (heap_ent_t){r, (int32_t)i, sym[i], sym[i + 1]});

@@ -200,22 +200,28 @@ typedef struct {
     uint64_t rng;
 } sampler_t;
 
-static int cmp_desc(const void *a, const void *b, void *ctx)
+typedef struct {
+    float v;
+    int id;
+} scored_t;
+
+/* descending by logit, ascending id on ties */
+static int cmp_desc(const void *a, const void *b)
 {
-    const float *v = ctx;
-    int x = *(const int *)a, y = *(const int *)b;
-    if (v[x] != v[y]) return v[x] < v[y] ? 1 : -1;
-    return (x > y) - (x < y);
+    const scored_t *x = a, *y = b;
+    if (x->v != y->v) return x->v < y->v ? 1 : -1;
+    return (x->id > y->id) - (x->id < y->id);
 }
 
-static int sample(sampler_t *s, float *logits, int V, int *order)
+static int sample(sampler_t *s, float *logits, int V, int *order, scored_t *sorted)
 {
     int best = 0;
     for (int i = 1; i < V; i++)
         if (logits[i] > logits[best]) best = i;
     if (s->temperature <= 0.0) return best;
-    for (int i = 0; i < V; i++) order[i] = i;
-    qsort_r(order, (size_t)V, sizeof *order, cmp_desc, logits);
+    for (int i = 0; i < V; i++) sorted[i] = (scored_t){logits[i], i};
+    qsort(sorted, (size_t)V, sizeof *sorted, cmp_desc);
+    for (int i = 0; i < V; i++) order[i] = sorted[i].id;
     int keep = V;
     if (s->top_k > 0 && s->top_k < keep) keep = (int)s->top_k;
     double mx = logits[order[0]], sum = 0.0;
@@ -296,13 +302,14 @@ int bt_cli_generate(int argc, char **argv)
     uint8_t *state = bt_aligned_alloc(64, lay.slot_bytes);
     float *logits = bt_aligned_alloc(64, (size_t)c->vocab * sizeof(float));
     int *order = bt_malloc_or_die((size_t)c->vocab * sizeof(int));
+    scored_t *sorted = bt_malloc_or_die((size_t)c->vocab * sizeof *sorted);
     int32_t *out = bt_malloc_or_die((size_t)(max_new ? max_new : 1) * sizeof(int32_t));
     sampler_t s = {temperature, top_p, min_p, top_k, (uint64_t)seed};
     bt_kv_state_reset(state);
     int produced = 0;
     rc = max_new > 0 ? prefill(m, &lay, state, ids, n, chunk, false, logits, "generate") : 0;
     while (rc == 0 && produced < max_new) {
-        int32_t tok = sample(&s, logits, c->vocab, order);
+        int32_t tok = sample(&s, logits, c->vocab, order, sorted);
         out[produced++] = tok;
         if (tok == c->eos_id && !ignore_eos) break;
         if (produced == max_new) break;
@@ -318,6 +325,7 @@ int bt_cli_generate(int argc, char **argv)
     }
     free(out);
     free(order);
+    free(sorted);
     bt_aligned_free(state);
     bt_aligned_free(logits);
     bt_model_destroy(m);

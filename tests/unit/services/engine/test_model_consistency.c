@@ -1,0 +1,213 @@
+/* The engine on Baton's own tiny configs (demo: QAT shapes and quantized storage; demo2: odd
+ * shapes, float32), which the golden fixtures do not cover: whole-prompt, chunked and
+ * token-by-token runs are bit-identical; the same across runs, thread counts and batch
+ * mates; no NaN; and a decode step allocates nothing. */
+#include "bt_test.h"
+#include "common/alloc.h"
+#include "common/text/tokenizer.h"
+#include "services/engine/demo_model.h"
+#include "services/engine/model.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Allocation counter: the test links with -Wl,--wrap=malloc,... (tests/CMakeLists.txt). */
+static atomic_long n_allocs;
+void *__real_malloc(size_t n);
+void *__real_calloc(size_t n, size_t s);
+void *__real_realloc(void *p, size_t n);
+void *__wrap_malloc(size_t n)
+{
+    atomic_fetch_add(&n_allocs, 1);
+    return __real_malloc(n);
+}
+void *__wrap_calloc(size_t n, size_t s)
+{
+    atomic_fetch_add(&n_allocs, 1);
+    return __real_calloc(n, s);
+}
+void *__wrap_realloc(void *p, size_t n)
+{
+    atomic_fetch_add(&n_allocs, 1);
+    return __real_realloc(p, n);
+}
+
+#define CTX 160
+#define PROMPT 150
+
+static bt_model_t *load(const char *dir, int threads, int max_seqs)
+{
+    char err[512];
+    bt_tokenizer_t *tok = NULL;
+    int32_t *map = NULL;
+    int classes = 0;
+    if (bt_tokenizer_load(dir, &tok, err, sizeof err) != BT_OK ||
+        bt_tokenizer_engram_token_map(tok, &map, &classes) != BT_OK) {
+        fprintf(stderr, "tokenizer: %s\n", err);
+        bt_tokenizer_destroy(tok);
+        return NULL;
+    }
+    bt_tokenizer_destroy(tok);
+    bt_model_options_t opt = bt_model_options_default();
+    opt.engram_token_map = map;
+    opt.engram_classes = classes;
+    opt.n_threads = threads;
+    opt.max_ctx = CTX;
+    opt.max_batch_tokens = 2 * CTX;
+    opt.max_batch_seqs = max_seqs;
+    bt_model_t *m = NULL;
+    if (bt_model_load(dir, &opt, &m, err, sizeof err) != BT_OK) fprintf(stderr, "load: %s\n", err);
+    free(map);
+    return m;
+}
+
+static void make_prompt(int32_t *ids, int n, int vocab, uint32_t seed)
+{
+    for (int i = 0; i < n; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        ids[i] = (int32_t)((seed >> 8) % (uint32_t)vocab);
+    }
+    ids[0] = 0;
+}
+
+/* All-position logits of ids, fed in chunks of `chunk`. */
+static int run(bt_model_t *m, const bt_kv_layout_t *lay, uint8_t *state, const int32_t *ids, int n,
+               int chunk, float *logits)
+{
+    char err[256];
+    int V = bt_model_config(m)->vocab;
+    bt_kv_state_reset(state);
+    for (int i = 0; i < n; i += chunk) {
+        int len = n - i < chunk ? n - i : chunk;
+        bt_forward_seq_t seq = {state, ids + i, len, true};
+        if (bt_model_forward(m, lay, &seq, 1, logits + (size_t)i * V, err, sizeof err) != BT_OK) {
+            fprintf(stderr, "forward: %s\n", err);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int all_finite(const float *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(v[i])) return 0;
+    return 1;
+}
+
+static void check_variant(const char *variant)
+{
+    char dir[256], err[512];
+    snprintf(dir, sizeof dir, "/tmp/bt-test-%s-%d", variant, (int)getpid());
+    BT_CHECK_MSG(bt_demo_model_write(dir, variant, err, sizeof err) == BT_OK, "%s", err);
+    bt_model_t *m1 = load(dir, 1, 4), *m3 = load(dir, 3, 4);
+    BT_CHECK(m1 && m3);
+    if (!m1 || !m3) goto out;
+    const bt_model_config_t *c = bt_model_config(m1);
+    int V = c->vocab;
+    bt_kv_layout_t lay;
+    bt_kv_layout_init(&lay, c, CTX);
+    uint8_t *state = bt_aligned_alloc(64, lay.slot_bytes), *state2 = bt_aligned_alloc(64, lay.slot_bytes);
+    int32_t a[PROMPT], b[PROMPT];
+    make_prompt(a, PROMPT, V, 7);
+    make_prompt(b, PROMPT, V, 99);
+    size_t sz = (size_t)PROMPT * V * sizeof(float);
+    float *whole = malloc(sz), *other = malloc(sz), *other2 = malloc(sz);
+
+    BT_CHECK(run(m1, &lay, state, a, PROMPT, PROMPT, whole) == 0);
+    BT_CHECK_MSG(all_finite(whole, (size_t)PROMPT * V), "%s: non-finite logits", variant);
+    /* chunk sizes, incremental decoding */
+    int chunks[] = {1, 2, 3, 7, 32, 64, 149};
+    for (size_t k = 0; k < sizeof chunks / sizeof chunks[0]; k++) {
+        BT_CHECK(run(m1, &lay, state, a, PROMPT, chunks[k], other) == 0);
+        BT_CHECK_MSG(memcmp(whole, other, sz) == 0, "%s: chunk %d differs", variant, chunks[k]);
+    }
+    /* thread count, repeated runs */
+    BT_CHECK(run(m3, &lay, state, a, PROMPT, 13, other) == 0);
+    BT_CHECK_MSG(memcmp(whole, other, sz) == 0, "%s: 3 threads differ from 1", variant);
+    BT_CHECK(run(m3, &lay, state, a, PROMPT, 13, other) == 0);
+    BT_CHECK_MSG(memcmp(whole, other, sz) == 0, "%s: second run differs", variant);
+
+    /* batch mates: a and b advanced together, in uneven chunks, give their solo logits */
+    float *solo_b = malloc(sz);
+    BT_CHECK(run(m1, &lay, state2, b, PROMPT, PROMPT, solo_b) == 0);
+    bt_kv_state_reset(state);
+    bt_kv_state_reset(state2);
+    int ia = 0, ib = 0, step = 0;
+    while (ia < PROMPT || ib < PROMPT) {
+        int na = PROMPT - ia < 11 ? PROMPT - ia : 11, nb = PROMPT - ib < 5 + step % 3 ? PROMPT - ib : 5 + step % 3;
+        bt_forward_seq_t seqs[2];
+        int ns = 0;
+        float *rows = malloc((size_t)(na + nb) * V * sizeof(float));
+        if (na > 0) seqs[ns++] = (bt_forward_seq_t){state, a + ia, na, true};
+        if (nb > 0) seqs[ns++] = (bt_forward_seq_t){state2, b + ib, nb, true};
+        BT_CHECK(bt_model_forward(m3, &lay, seqs, ns, rows, err, sizeof err) == BT_OK);
+        if (na > 0) memcpy(other + (size_t)ia * V, rows, (size_t)na * V * sizeof(float));
+        if (nb > 0) memcpy(other2 + (size_t)ib * V, rows + (size_t)(na > 0 ? na : 0) * V, (size_t)nb * V * sizeof(float));
+        free(rows);
+        ia += na > 0 ? na : 0;
+        ib += nb > 0 ? nb : 0;
+        step++;
+    }
+    BT_CHECK_MSG(memcmp(whole, other, sz) == 0, "%s: batched a differs from solo", variant);
+    BT_CHECK_MSG(memcmp(solo_b, other2, sz) == 0, "%s: batched b differs from solo", variant);
+    free(solo_b);
+
+    /* a decode step allocates nothing */
+    {
+        float *row = malloc((size_t)V * sizeof(float));
+        bt_kv_state_reset(state);
+        bt_forward_seq_t seq = {state, a, 20, false};
+        BT_CHECK(bt_model_forward(m3, &lay, &seq, 1, row, err, sizeof err) == BT_OK);
+        long before = atomic_load(&n_allocs);
+        for (int i = 20; i < 40; i++) {
+            bt_forward_seq_t one = {state, a + i, 1, false};
+            BT_CHECK(bt_model_forward(m3, &lay, &one, 1, row, err, sizeof err) == BT_OK);
+        }
+        BT_CHECK_MSG(atomic_load(&n_allocs) == before, "%s: %ld allocations in 20 decode steps", variant,
+                     atomic_load(&n_allocs) - before);
+        free(row);
+    }
+
+    /* errors: a token outside the vocabulary, a context overflow */
+    {
+        int32_t bad = V;
+        bt_kv_state_reset(state);
+        bt_forward_seq_t seq = {state, &bad, 1, false};
+        BT_CHECK(bt_model_forward(m1, &lay, &seq, 1, NULL, err, sizeof err) == BT_ERR_BAD_REQUEST);
+        BT_CHECK(strstr(err, "vocabulary") != NULL);
+        bt_kv_header(state)->n_tokens = CTX;
+        seq.ids = a;
+        BT_CHECK(bt_model_forward(m1, &lay, &seq, 1, NULL, err, sizeof err) == BT_ERR_TOO_LONG);
+    }
+    free(whole);
+    free(other);
+    free(other2);
+    bt_aligned_free(state);
+    bt_aligned_free(state2);
+out:
+    bt_model_destroy(m1);
+    bt_model_destroy(m3);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    BT_CHECK(system(cmd) == 0);
+}
+
+static void test_demo(void)
+{
+    check_variant("demo");
+}
+
+static void test_demo2(void)
+{
+    check_variant("demo2");
+}
+
+int main(void)
+{
+    BT_RUN(test_demo);
+    BT_RUN(test_demo2);
+    return bt_test_summary();
+}
