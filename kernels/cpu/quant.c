@@ -138,17 +138,37 @@ float bt_pow2_ceil(float t)
     return ldexpf(1.0f, k);
 }
 
+/* The reference works on tensors, whose amax / clamp_min / clamp propagate NaN; fmaxf and
+ * fminf would drop it (a NaN or inf in a block must turn the whole block NaN, as there). */
+static float block_amax(const float *x, int n)
+{
+    float amax = 0.0f;
+    for (int i = 0; i < n; i++) {
+        float a = fabsf(x[i]);
+        if (isnan(a)) return a;
+        if (a > amax) amax = a;
+    }
+    return amax;
+}
+
+static inline float floor_at(float x, float lo)
+{
+    return x < lo ? lo : x; /* NaN stays NaN */
+}
+
+static inline float clamp_abs(float x, float m)
+{
+    return x < -m ? -m : (x > m ? m : x); /* NaN stays NaN */
+}
+
 void bt_fake_quant_fp8_ue8m0(float *x, int n, int block)
 {
     if (n % block) return;
     for (int b = 0; b < n; b += block) {
-        float amax = 0.0f;
-        for (int i = 0; i < block; i++) amax = fmaxf(amax, fabsf(x[b + i]));
-        amax = fmaxf(amax, 1e-4f);
+        float amax = floor_at(block_amax(x + b, block), 1e-4f);
         float scale = bt_pow2_ceil(amax * (1.0f / 448.0f));
         for (int i = 0; i < block; i++) {
-            float q = x[b + i] / scale;
-            q = fminf(fmaxf(q, -448.0f), 448.0f);
+            float q = clamp_abs(x[b + i] / scale, 448.0f);
             x[b + i] = bt_e4m3_to_f32(bt_f32_to_e4m3(q)) * scale;
         }
     }
@@ -158,16 +178,14 @@ static void fake_quant_fp4(float *x, int n, int block, int e4m3_scale)
 {
     if (n % block) return;
     for (int b = 0; b < n; b += block) {
-        float amax = 0.0f;
-        for (int i = 0; i < block; i++) amax = fmaxf(amax, fabsf(x[b + i]));
+        float amax = block_amax(x + b, block);
         float scale;
         if (e4m3_scale)
-            scale = bt_e4m3_to_f32(bt_f32_to_e4m3(fmaxf(amax, 6.0f * 0x1p-9f) / 6.0f));
+            scale = bt_e4m3_to_f32(bt_f32_to_e4m3(floor_at(amax, 6.0f * 0x1p-9f) / 6.0f));
         else
-            scale = bt_pow2_ceil(fmaxf(amax, 6.0f * 0x1p-126f) * (1.0f / 6.0f));
+            scale = bt_pow2_ceil(floor_at(amax, 6.0f * 0x1p-126f) * (1.0f / 6.0f));
         for (int i = 0; i < block; i++) {
-            float q = x[b + i] / scale;
-            q = fminf(fmaxf(q, -6.0f), 6.0f);
+            float q = clamp_abs(x[b + i] / scale, 6.0f);
             x[b + i] = bt_e2m1_to_f32(bt_f32_to_e2m1(q)) * scale;
         }
     }
