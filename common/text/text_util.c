@@ -19,6 +19,7 @@ void bt__buf_reserve(bt__buf_t *b, size_t extra)
     while (cap < need) cap *= 2;
     b->data = bt_realloc_or_die(b->data, cap);
     b->cap = cap;
+    b->data[b->len] = '\0';
 }
 
 void bt__buf_append(bt__buf_t *b, const void *p, size_t n)
