@@ -2,7 +2,8 @@
  *
  *   cmake -S . -B build-fuzz -DBT_FUZZ=ON -DCMAKE_C_COMPILER=clang
  *   cmake --build build-fuzz --target fuzz_safetensors
- *   build-fuzz/bin/fuzz_safetensors tests/fuzz/corpus/safetensors -max_total_time=60
+ *   mkdir -p scratch-corpus   # libFuzzer writes new inputs into the first directory
+ *   build-fuzz/bin/fuzz_safetensors -max_total_time=60 scratch-corpus tests/fuzz/corpus/safetensors
  *
  * Any input must either open or fail with a status; a tensor that opened must read as
  * float32 (or be refused) without touching memory outside the image. */
