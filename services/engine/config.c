@@ -28,6 +28,20 @@ static int64_t get_int(reader_t *r, const char *key, int64_t def, bool required)
     return def;
 }
 
+/* An integer that must lie in [lo, hi]; checked before narrowing to int. */
+static int get_int_in(reader_t *r, const char *key, int64_t def, bool required, int64_t lo, int64_t hi)
+{
+    int64_t v = get_int(r, key, def, required);
+    if (r->st != BT_OK) return (int)def;
+    if (v < lo || v > hi) {
+        snprintf(r->err, r->errlen, "config.json: field '%s' = %lld is out of range [%lld, %lld]", key,
+                 (long long)v, (long long)lo, (long long)hi);
+        r->st = BT_ERR_BAD_CONFIG;
+        return (int)def;
+    }
+    return (int)v;
+}
+
 static double get_double(reader_t *r, const char *key, double def, bool required)
 {
     if (r->st != BT_OK) return def;
@@ -171,58 +185,44 @@ bt_status_t bt_model_config_parse(const char *json, size_t len, bt_model_config_
     bt_model_config_t c;
     memset(&c, 0, sizeof c);
     reader_t r = {text, err, errlen, BT_OK};
-    c.vocab = (int)get_int(&r, "vocab_size", 0, true);
-    c.hidden = (int)get_int(&r, "hidden_size", 0, true);
-    c.n_layers = (int)get_int(&r, "num_hidden_layers", 0, true);
-    c.n_heads = (int)get_int(&r, "num_attention_heads", 0, true);
-    c.head_dim = (int)get_int(&r, "head_dim", 0, true);
-    c.q_lora_rank = (int)get_int(&r, "q_lora_rank", 0, true);
-    c.o_groups = (int)get_int(&r, "o_groups", 0, true);
-    c.o_lora_rank = (int)get_int(&r, "o_lora_rank", 0, true);
-    c.window = (int)get_int(&r, "sliding_window", 128, false);
-    c.index_heads = (int)get_int(&r, "index_n_heads", 0, true);
-    c.index_head_dim = (int)get_int(&r, "index_head_dim", 0, true);
-    c.index_topk = (int)get_int(&r, "index_topk", 0, true);
-    c.candidate_source = (int)get_int(&r, "candidate_source_layer_id", -1, false);
-    c.candidate_topk_blocks = (int)get_int(&r, "candidate_topk_blocks", 0, false);
-    c.candidate_block_size = (int)get_int(&r, "candidate_block_size", 1, false);
-    c.n_experts = (int)get_int(&r, "n_routed_experts", 0, true);
-    c.n_active = (int)get_int(&r, "num_experts_per_tok", 0, true);
-    c.moe_inter = (int)get_int(&r, "moe_intermediate_size", 0, true);
-    c.n_shared = (int)get_int(&r, "n_shared_experts", 1, false);
+    c.vocab = get_int_in(&r, "vocab_size", 0, true, 2, 1 << 24);
+    c.hidden = get_int_in(&r, "hidden_size", 0, true, 1, 1 << 16);
+    c.n_layers = get_int_in(&r, "num_hidden_layers", 0, true, 1, BT_MAX_LAYERS);
+    c.n_heads = get_int_in(&r, "num_attention_heads", 0, true, 1, 4096);
+    c.head_dim = get_int_in(&r, "head_dim", 0, true, 2, 1 << 14);
+    c.q_lora_rank = get_int_in(&r, "q_lora_rank", 0, true, 1, 1 << 16);
+    c.o_groups = get_int_in(&r, "o_groups", 1, true, 1, 4096);
+    c.o_lora_rank = get_int_in(&r, "o_lora_rank", 0, true, 1, 1 << 16);
+    c.window = get_int_in(&r, "sliding_window", 128, false, 1, 1 << 20);
+    c.index_heads = get_int_in(&r, "index_n_heads", 0, true, 1, 4096);
+    c.index_head_dim = get_int_in(&r, "index_head_dim", 0, true, 2, 1 << 14);
+    c.index_topk = get_int_in(&r, "index_topk", 0, true, 1, 1 << 20);
+    c.candidate_source = get_int_in(&r, "candidate_source_layer_id", -1, false, -1, 1 << 20);
+    c.candidate_topk_blocks = get_int_in(&r, "candidate_topk_blocks", 0, false, 0, 1 << 20);
+    c.candidate_block_size = get_int_in(&r, "candidate_block_size", 1, false, 1, 1 << 20);
+    c.n_experts = get_int_in(&r, "n_routed_experts", 0, true, 1, 1 << 16);
+    c.n_active = get_int_in(&r, "num_experts_per_tok", 0, true, 1, 1 << 16);
+    c.moe_inter = get_int_in(&r, "moe_intermediate_size", 0, true, 1, 1 << 20);
+    c.n_shared = get_int_in(&r, "n_shared_experts", 1, false, 0, 1);
     c.route_scale = get_double(&r, "routed_scaling_factor", 1.0, false);
     c.swiglu_limit = get_double(&r, "swiglu_limit", 0.0, false);
     c.gate_temp = get_double(&r, "gate_temp", 1.0, false);
     c.norm_topk_prob = get_bool(&r, "norm_topk_prob", true);
-    c.hc_mult = (int)get_int(&r, "hc_mult", 4, false);
-    c.sinkhorn_iters = (int)get_int(&r, "hc_sinkhorn_iters", 20, false);
+    c.hc_mult = get_int_in(&r, "hc_mult", 4, false, 1, 16);
+    c.sinkhorn_iters = get_int_in(&r, "hc_sinkhorn_iters", 20, false, 1, 1000);
     c.hc_eps = get_double(&r, "hc_eps", 1e-6, false);
     c.rms_eps = get_double(&r, "rms_norm_eps", 1e-6, false);
-    c.bos_id = (int)get_int(&r, "bos_token_id", 0, false);
-    c.eos_id = (int)get_int(&r, "eos_token_id", 1, false);
+    c.bos_id = get_int_in(&r, "bos_token_id", 0, false, 0, 1 << 24);
+    c.eos_id = get_int_in(&r, "eos_token_id", 1, false, 0, 1 << 24);
     c.max_position = get_int(&r, "max_position_embeddings", 1 << 20, false);
     if (r.st != BT_OK) goto out;
-
-    check_range(&r, "vocab_size", c.vocab, 2, 1 << 24);
-    check_range(&r, "hidden_size", c.hidden, 1, 1 << 16);
-    check_range(&r, "num_hidden_layers", c.n_layers, 1, BT_MAX_LAYERS);
-    check_range(&r, "num_attention_heads", c.n_heads, 1, 4096);
-    check_range(&r, "head_dim", c.head_dim, 2, 1 << 14);
-    check_range(&r, "q_lora_rank", c.q_lora_rank, 1, 1 << 16);
-    check_range(&r, "o_groups", c.o_groups, 1, c.n_heads);
-    check_range(&r, "o_lora_rank", c.o_lora_rank, 1, 1 << 16);
-    check_range(&r, "sliding_window", c.window, 1, 1 << 20);
-    check_range(&r, "index_n_heads", c.index_heads, 1, 4096);
-    check_range(&r, "index_head_dim", c.index_head_dim, 2, 1 << 14);
-    check_range(&r, "index_topk", c.index_topk, 1, 1 << 20);
-    check_range(&r, "n_routed_experts", c.n_experts, 1, 1 << 16);
-    check_range(&r, "num_experts_per_tok", c.n_active, 1, c.n_experts);
-    check_range(&r, "moe_intermediate_size", c.moe_inter, 1, 1 << 20);
-    check_range(&r, "n_shared_experts", c.n_shared, 0, 1);
-    check_range(&r, "hc_mult", c.hc_mult, 1, 16);
-    check_range(&r, "hc_sinkhorn_iters", c.sinkhorn_iters, 1, 1000);
-    check_range(&r, "candidate_block_size", c.candidate_block_size, 1, 1 << 20);
-    if (c.n_heads % c.o_groups) fail(&r, "field '%s' = %lld must divide the head count", "o_groups", c.o_groups);
+    if (c.n_active > c.n_experts)
+        fail(&r, "field '%s' = %lld exceeds n_routed_experts", "num_experts_per_tok", c.n_active);
+    if (c.n_heads % c.o_groups)
+        fail(&r, "field '%s' = %lld must divide the head count", "o_groups", c.o_groups);
+    if (!(c.gate_temp > 0) || !(c.rms_eps >= 0) || !(c.hc_eps >= 0) || !isfinite(c.route_scale) ||
+        !isfinite(c.swiglu_limit))
+        fail(&r, "%s%lld: gate_temp must be positive, eps values and scales finite", "", 0);
     if (r.st != BT_OK) goto out;
 
     /* layer roles */
@@ -267,21 +267,20 @@ bt_status_t bt_model_config_parse(const char *json, size_t len, bt_model_config_
     if (c.n_engram > 0) {
         int64_t rows[BT_MAX_ENGRAM_LAYERS];
         int n_rows = get_int_list(&r, "engram_num_embeddings", rows, BT_MAX_ENGRAM_LAYERS, true);
-        c.engram_max_ngram = (int)get_int(&r, "engram_max_ngram_size", 4, false);
-        c.engram_heads = (int)get_int(&r, "engram_n_heads", 0, true);
-        c.engram_head_dim = (int)get_int(&r, "engram_head_dim", 0, true);
+        c.engram_max_ngram = get_int_in(&r, "engram_max_ngram_size", 4, false, 2, 8);
+        c.engram_heads = get_int_in(&r, "engram_n_heads", 0, true, 1, 64);
+        c.engram_head_dim = get_int_in(&r, "engram_head_dim", 0, true, 1, 1 << 14);
         c.engram_vocab = get_int(&r, "engram_vocab_size", 0, true);
         c.engram_compressed_vocab = get_int(&r, "engram_compressed_vocab_size", 0, true);
         /* the released config says engram_pad_token_id, the code engram_pad_id */
-        c.engram_pad_id = (int)get_int(&r, "engram_pad_id", -1, false);
-        if (c.engram_pad_id < 0) c.engram_pad_id = (int)get_int(&r, "engram_pad_token_id", 2, false);
+        c.engram_pad_id = get_int_in(&r, "engram_pad_id", -1, false, -1, 1 << 24);
+        if (c.engram_pad_id < 0) c.engram_pad_id = get_int_in(&r, "engram_pad_token_id", 2, false, 0, 1 << 24);
         if (r.st != BT_OK) goto out;
         if (n_rows != c.n_engram)
             fail(&r, "field '%s' must have one entry per engram layer (%lld)", "engram_num_embeddings", c.n_engram);
-        check_range(&r, "engram_max_ngram_size", c.engram_max_ngram, 2, 8);
-        check_range(&r, "engram_n_heads", c.engram_heads, 1, 64);
-        check_range(&r, "engram_head_dim", c.engram_head_dim, 1, 1 << 14);
         check_range(&r, "engram_compressed_vocab_size", c.engram_compressed_vocab, 1, 1LL << 40);
+        check_range(&r, "engram_vocab_size", c.engram_vocab, 1, 1LL << 40);
+        for (int i = 0; i < n_rows; i++) check_range(&r, "engram_num_embeddings", rows[i], 1, 1LL << 40);
         for (int i = 0; i < c.n_engram && r.st == BT_OK; i++) {
             check_range(&r, "engram_layer_ids", eng[i], 0, c.n_layers - 1);
             if (r.st != BT_OK) break;
