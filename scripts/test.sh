@@ -27,10 +27,12 @@ shopt -s nullglob
 fuzzers=(build-fuzz/bin/fuzz_*)
 for f in "${fuzzers[@]}"; do
   name=$(basename "$f")
-  corpus="tests/fuzz/corpus/${name#fuzz_}"
+  # libFuzzer writes new inputs into its first directory: a scratch one, seeds after it
   mkdir -p "build-fuzz/corpus-$name"
   args=("build-fuzz/corpus-$name")
-  [ -d "$corpus" ] && args+=("$corpus")
+  for corpus in "tests/fuzz/corpus/${name#fuzz_}" "tests/fuzz/corpus/$name"; do
+    [ -d "$corpus" ] && args+=("$corpus")
+  done
   echo "-- $name"
   "$f" -max_total_time="$fuzz_seconds" -rss_limit_mb=2048 -print_final_stats=0 "${args[@]}" \
     >"build-fuzz/$name.log" 2>&1 || { tail -40 "build-fuzz/$name.log"; exit 1; }
