@@ -126,3 +126,87 @@ const bt_kv_layout_t *bt_kv_pool_layout(const bt_kv_pool_t *p)
 {
     return &p->layout;
 }
+
+static uint64_t fnv(uint64_t h, const void *data, size_t n)
+{
+    const uint8_t *p = data;
+    for (size_t i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+#define HASH_FIELD(h, x) ((h) = fnv((h), &(x), sizeof(x)))
+
+uint64_t bt_kv_compat_hash(const bt_model_config_t *c, const bt_kv_layout_t *lay, int tp)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    static const char tag[] = "baton-kv-v1/f32"; /* layout version and storage dtype */
+    h = fnv(h, tag, sizeof tag);
+    HASH_FIELD(h, tp);
+    int fields[] = {c->vocab, c->hidden, c->n_layers, c->n_heads, c->head_dim, c->q_lora_rank,
+                    c->o_groups, c->o_lora_rank, c->window, c->index_heads, c->index_head_dim,
+                    c->index_topk, c->n_experts, c->n_active, c->moe_inter, c->hc_mult,
+                    c->n_engram, c->engram_max_ngram, c->engram_heads, c->engram_head_dim};
+    h = fnv(h, fields, sizeof fields);
+    for (int l = 0; l < c->n_layers; l++) {
+        int role[4] = {c->layer[l].compress_ratio, c->layer[l].is_kv_source,
+                       c->layer[l].is_index_source, c->layer[l].kv_source};
+        h = fnv(h, role, sizeof role);
+    }
+    HASH_FIELD(h, lay->max_ctx);
+    uint64_t slot = lay->slot_bytes;
+    HASH_FIELD(h, slot);
+    for (int l = 0; l < lay->n_layers; l++) {
+        uint64_t offs[6] = {lay->window_off[l], lay->comp_off[l], lay->ikey_off[l],
+                            lay->pend_kv_off[l], lay->pend_gate_off[l], (uint64_t)lay->comp_cap[l]};
+        h = fnv(h, offs, sizeof offs);
+    }
+    return h;
+}
+
+static int add_range(bt_kv_range_t *out, int n, int max, size_t off, size_t len)
+{
+    if (len == 0) return n;
+    BT_ASSERT(n < max);
+    out[n].off = off;
+    out[n].len = len;
+    return n + 1;
+}
+
+int bt_kv_changed_ranges(const bt_model_config_t *cfg, const bt_kv_layout_t *lay,
+                         const bt_kv_header_t *before, const uint8_t *state, bt_kv_range_t *out,
+                         int max)
+{
+    const bt_kv_header_t *now = (const bt_kv_header_t *)state;
+    size_t hd = (size_t)lay->head_dim * sizeof(float);
+    size_t ihd = (size_t)lay->index_head_dim * sizeof(float);
+    int64_t b = before->n_tokens, e = now->n_tokens, W = lay->window;
+    int n = 0;
+    for (int l = 0; l < lay->n_layers; l++) {
+        if (e - b >= W) {
+            n = add_range(out, n, max, lay->window_off[l], (size_t)W * hd);
+        } else if (e > b) {
+            int64_t s = b % W, t = e % W;
+            if (s < t) {
+                n = add_range(out, n, max, lay->window_off[l] + (size_t)s * hd, (size_t)(t - s) * hd);
+            } else {
+                n = add_range(out, n, max, lay->window_off[l] + (size_t)s * hd, (size_t)(W - s) * hd);
+                n = add_range(out, n, max, lay->window_off[l], (size_t)t * hd);
+            }
+        }
+    }
+    for (int l = 0; l < cfg->n_layers; l++) {
+        if (!cfg->layer[l].is_kv_source) continue;
+        int64_t e0 = before->entries[l], e1 = now->entries[l];
+        n = add_range(out, n, max, lay->comp_off[l] + (size_t)e0 * hd, (size_t)(e1 - e0) * hd);
+        if (lay->ikey_off[l])
+            n = add_range(out, n, max, lay->ikey_off[l] + (size_t)e0 * ihd, (size_t)(e1 - e0) * ihd);
+        /* the open group: its buffered tokens (rewritten whole, it is small) */
+        size_t r = (size_t)cfg->layer[l].compress_ratio;
+        n = add_range(out, n, max, lay->pend_kv_off[l], r * hd);
+        n = add_range(out, n, max, lay->pend_gate_off[l], r * hd);
+    }
+    return add_range(out, n, max, 0, sizeof(bt_kv_header_t));
+}

@@ -72,4 +72,24 @@ int bt_kv_pool_used(const bt_kv_pool_t *pool);
 int bt_kv_pool_capacity(const bt_kv_pool_t *pool);
 const bt_kv_layout_t *bt_kv_pool_layout(const bt_kv_pool_t *pool);
 
+
+
+/* A hash of everything two groups must agree on to exchange KV slots: the model's shapes,
+ * the slot layout (offsets depend on the context length), the dtype and the TP size.
+ * Prefill and decode compare it when they first meet and refuse a mismatch. */
+uint64_t bt_kv_compat_hash(const bt_model_config_t *cfg, const bt_kv_layout_t *lay, int tp);
+
+/* A byte range of a slot. */
+typedef struct {
+    size_t off, len;
+} bt_kv_range_t;
+
+/* The ranges of a slot that advancing it from `before` (a copy of its header taken before)
+ * to its current state wrote: window-ring entries of the new positions, new compressed
+ * entries and index keys, the open compressor groups, and the header last. What a prefill
+ * group sends after each chunk. Returns the count (at most max; 4 * layers + 1 suffice). */
+int bt_kv_changed_ranges(const bt_model_config_t *cfg, const bt_kv_layout_t *lay,
+                         const bt_kv_header_t *before, const uint8_t *state, bt_kv_range_t *out,
+                         int max);
+
 #endif

@@ -1,0 +1,37 @@
+/* Token sampling shared by prefill (the first token) and decode (the rest): greedy at
+ * temperature 0 (lowest id on ties), else temperature, top-k, top-p and min-p. The random
+ * draw of step k depends only on (seed, k), so a request samples the same whichever process
+ * draws its token.
+ *
+ *   bt_sampler_t *s = bt_sampler_create(vocab);          // scratch for one thread
+ *   int tok = bt_sampler_sample(s, &params, logits, step, &logprob, top, n_top);
+ *   bt_sampler_destroy(s);
+ */
+#ifndef BT_SERVICES_SAMPLER_H
+#define BT_SERVICES_SAMPLER_H
+
+#include <stdint.h>
+
+typedef struct {
+    float temperature, top_p, min_p;
+    int top_k;
+    uint64_t seed;
+} bt_sampling_t;
+
+typedef struct bt_sampler bt_sampler_t;
+
+bt_sampler_t *bt_sampler_create(int vocab);
+void bt_sampler_destroy(bt_sampler_t *s);
+
+typedef struct {
+    int32_t id;
+    float logprob;
+} bt_top_logprob_t;
+
+/* Samples from logits[vocab] (not modified). logprob_p (may be NULL) gets the chosen token's
+ * log-probability under the unmodified distribution; top (may be NULL) the n_top most likely
+ * tokens and theirs. */
+int32_t bt_sampler_sample(bt_sampler_t *s, const bt_sampling_t *p, const float *logits,
+                          uint64_t step, float *logprob_p, bt_top_logprob_t *top, int n_top);
+
+#endif
