@@ -64,6 +64,8 @@ typedef struct {
 bt_status_t bt_rpc_create(uv_loop_t *loop, bt_rpc_t **rpc_p);
 /* All servers and channels must be destroyed first. */
 void bt_rpc_destroy(bt_rpc_t *rpc);
+/* The loop the rpc instance runs its callbacks on. */
+uv_loop_t *bt_rpc_loop(const bt_rpc_t *rpc);
 
 /* ---- server ------------------------------------------------------------------------ */
 
