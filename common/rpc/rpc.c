@@ -214,6 +214,11 @@ err_free:
     return BT_ERR_INTERNAL;
 }
 
+uv_loop_t *bt_rpc_loop(const bt_rpc_t *rpc)
+{
+    return rpc ? rpc->loop : NULL;
+}
+
 /* ---- server ----------------------------------------------------------------------------- */
 
 typedef struct {

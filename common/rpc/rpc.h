@@ -62,7 +62,9 @@ typedef struct {
 } bt_rpc_options_t;
 
 bt_status_t bt_rpc_create(uv_loop_t *loop, bt_rpc_t **rpc_p);
-/* All servers and channels must be destroyed first. */
+/* All servers and channels must be destroyed first (servers: on_down has run). Leftovers are
+ * a caller bug but never a hang: servers are cut off and channel calls cancelled (their final
+ * callbacks run inside this call). Run the loop once more afterwards to close its handle. */
 void bt_rpc_destroy(bt_rpc_t *rpc);
 /* The loop the rpc instance runs its callbacks on. */
 uv_loop_t *bt_rpc_loop(const bt_rpc_t *rpc);
@@ -88,11 +90,14 @@ int bt_rpc_server_port(const bt_rpc_server_t *srv);
 void bt_rpc_server_shutdown(bt_rpc_server_t *srv, int grace_ms, void (*on_down)(void *ctx),
                             void *ctx);
 
-/* Streams one message (server-streaming calls). Messages are sent in order; on_sent (may be
- * NULL) reports BT_OK or BT_ERR_CANCELLED when the client is gone. The bytes are copied. */
+/* Streams one message (server-streaming calls only: BT_ERR_INVALID_ARG on a unary call or
+ * after finish). Messages are sent in order; on_sent (may be NULL) reports BT_OK or
+ * BT_ERR_CANCELLED when the client is gone, always later from the loop (also for messages
+ * queued before a finish). The bytes are copied. */
 bt_status_t bt_rpc_call_send(bt_rpc_call_t *call, const uint8_t *msg, size_t len,
                              void (*on_sent)(void *ctx, bt_status_t st), void *ctx);
-/* Unary reply: message then OK status. */
+/* Unary reply: message then OK status. Ends the call like bt_rpc_call_finish (do not finish
+ * it again). */
 bt_status_t bt_rpc_call_reply(bt_rpc_call_t *call, const uint8_t *msg, size_t len);
 /* Ends the call with a status (after queued messages); the call is released afterwards and
  * must not be used again. message may be NULL. */
