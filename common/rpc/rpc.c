@@ -53,6 +53,7 @@ struct bt_rpc {
     size_t nevents, cap;
     rpc_event_t *batch; /* loop thread only: the events being dispatched */
     size_t batch_cap;
+    int dispatching; /* inside rpc_dispatch_once (bt_rpc_destroy is refused there) */
 
     bt_rpc_server_t *servers; /* live servers (not yet released) */
     bt_rpc_channel_t *channels;
@@ -87,7 +88,9 @@ static size_t rpc_dispatch_once(bt_rpc_t *rpc)
     uv_mutex_unlock(&rpc->mu);
     rpc->batch = ev;
     rpc->batch_cap = cap;
+    rpc->dispatching++;
     for (size_t i = 0; i < n; i++) ev[i].tag->fn(ev[i].tag, ev[i].ok);
+    rpc->dispatching--;
     return n;
 }
 
@@ -990,6 +993,7 @@ void bt_rpc_client_cancel(bt_rpc_client_call_t *call)
 void bt_rpc_destroy(bt_rpc_t *rpc)
 {
     if (!rpc) return;
+    BT_ASSERT(!rpc->dispatching && "bt_rpc_destroy from inside an rpc callback");
     /* What is left is a caller bug, but never a hang: servers are cut off, channels cancelled,
      * and the loop thread dispatches here until everything has drained. */
     for (bt_rpc_server_t *srv = rpc->servers; srv; srv = srv->next) {

@@ -64,7 +64,8 @@ typedef struct {
 bt_status_t bt_rpc_create(uv_loop_t *loop, bt_rpc_t **rpc_p);
 /* All servers and channels must be destroyed first (servers: on_down has run). Leftovers are
  * a caller bug but never a hang: servers are cut off and channel calls cancelled (their final
- * callbacks run inside this call). Run the loop once more afterwards to close its handle. */
+ * callbacks run inside this call). Not from inside an rpc callback (defer it, e.g. with a
+ * uv timer). Run the loop once more afterwards to close its handle. */
 void bt_rpc_destroy(bt_rpc_t *rpc);
 /* The loop the rpc instance runs its callbacks on. */
 uv_loop_t *bt_rpc_loop(const bt_rpc_t *rpc);

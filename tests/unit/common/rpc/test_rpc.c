@@ -320,6 +320,19 @@ static void test_unary_echo(void)
     env_down(&e);
 }
 
+static void test_keepalive_opts(void)
+{
+    bt_rpc_options_t ka = {.max_message_bytes = 0, .keepalive_ms = 1000};
+    env_t e;
+    env_up_opts(&e, &ka, &ka);
+    cres_t r;
+    cres_init(&r);
+    stream(&e, "/t.T/Tick", 10, 5000, &r);
+    BT_CHECK(RUN_UNTIL(&e, r.done, 5000));
+    BT_CHECK(r.code == BT_RPC_OK && r.nmsgs == 10);
+    env_down(&e);
+}
+
 static void test_stream_order(void)
 {
     env_t e;
@@ -347,6 +360,13 @@ static void test_stream_order(void)
     BT_CHECK(RUN_UNTIL(&e, r.done, 5000));
     BT_CHECK(r.code == BT_RPC_OK && r.nmsgs == 20 && r.order_ok);
     env_down(&e);
+}
+
+static int chains_done(const chain_t *c, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (c[i].left > 0) return 0;
+    return 1;
 }
 
 static int all_done(const cres_t *r, int n)
@@ -386,6 +406,22 @@ static void test_concurrent(void)
     BT_CHECK(ok);
     fprintf(stderr, "  concurrent: %d unary + %d streams x 50 in %.1f ms (%.0f unary calls/s)\n", NU,
             NS, dt, NU / (dt / 1000));
+
+    /* throughput with 32 calls in flight on one channel */
+    enum { CHAINS = 32, PER = 200 };
+    static chain_t chains[CHAINS];
+    t0 = now_ms();
+    for (int i = 0; i < CHAINS; i++) {
+        chains[i] = (chain_t){&e, PER, 0};
+        bt_rpc_unary(e.ch, "/t.T/Echo", (const uint8_t *)"12345678", 8, 5000, chain_reply, &chains[i], NULL);
+    }
+    BT_CHECK(RUN_UNTIL(&e, chains_done(chains, CHAINS), 30000));
+    dt = now_ms() - t0;
+    int okc = 0;
+    for (int i = 0; i < CHAINS; i++) okc += chains[i].ok;
+    BT_CHECK_EQ_INT(okc, CHAINS * PER);
+    fprintf(stderr, "  pipelined unary: %d calls, %d in flight, %.0f calls/s\n", CHAINS * PER, CHAINS,
+            CHAINS * PER / (dt / 1000));
     env_down(&e);
 }
 
@@ -705,6 +741,7 @@ int main(void)
 {
     BT_RUN(test_code_names);
     BT_RUN(test_unary_echo);
+    BT_RUN(test_keepalive_opts);
     BT_RUN(test_stream_order);
     BT_RUN(test_concurrent);
     BT_RUN(test_deadline);
