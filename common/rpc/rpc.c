@@ -656,7 +656,10 @@ bt_status_t bt_rpc_call_reply(bt_rpc_call_t *call, const uint8_t *msg, size_t le
 void bt_rpc_call_finish(bt_rpc_call_t *call, bt_rpc_code_t code, const char *message)
 {
     if (!call) return;
-    BT_ASSERT(!call->finished);
+    if (call->finished) { /* e.g. finish after reply: the call is still alive until the loop runs */
+        BT_LOG_ERROR("rpc: call finished twice (%s); ignored", bt_rpc_code_name(code));
+        return;
+    }
     call_end(call, NULL, (grpc_status_code)code, message);
 }
 
