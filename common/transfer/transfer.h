@@ -68,8 +68,13 @@ void bt_xfer_disconnect(bt_xfer_peer_t *p);
 /* Writes len bytes from local (which must stay valid until the next commit completes) to
  * offset of the remote region. BT_ERR_INVALID_ARG when out of the region's bounds. */
 bt_status_t bt_xfer_put(bt_xfer_peer_t *p, uint64_t remote_offset, const void *local, size_t len);
-/* Flushes every put so far to remote completion, then sends the notice (copied). on_done
- * reports BT_OK or the failure; it always runs once. */
+/* Flushes every put so far to remote completion, then sends the notice (copied, at most
+ * BT_XFER_NOTICE_MAX bytes). on_done (may be NULL) reports BT_OK or the failure (a failed
+ * peer: BT_ERR_PEER / BT_ERR_UNAVAILABLE; disconnected first: BT_ERR_CANCELLED); it always
+ * runs once, later on the loop, never inside commit. commit itself returns an error only for
+ * bad arguments (p NULL, notice NULL with len > 0, len too large), and then on_done is not
+ * called. */
+#define BT_XFER_NOTICE_MAX 65536
 bt_status_t bt_xfer_commit(bt_xfer_peer_t *p, const uint8_t *notice, size_t len,
                            void (*on_done)(void *ctx, bt_status_t st), void *ctx);
 
