@@ -9,5 +9,7 @@ int bt_cli_make_demo_model(int argc, char **argv);
 int bt_cli_tokenize(int argc, char **argv);
 int bt_cli_detokenize(int argc, char **argv);
 int bt_cli_chat_encode(int argc, char **argv);
+int bt_cli_up(int argc, char **argv);
+int bt_cli_complete(int argc, char **argv);
 
 #endif

@@ -12,6 +12,8 @@ static const struct {
     int (*run)(int argc, char **argv);
     const char *help;
 } commands[] = {
+    {"up", bt_cli_up, "start a local cluster: router, prefill, decode (and gateway)"},
+    {"complete", bt_cli_complete, "call the router's Generate over gRPC"},
     {"generate", bt_cli_generate, "greedy or sampled generation in one process (no services)"},
     {"logits", bt_cli_logits, "write float32 logits for every input position"},
     {"make-demo-model", bt_cli_make_demo_model, "write a tiny untrained demo checkpoint"},

@@ -1,0 +1,315 @@
+/* baton up: a whole local cluster in one command. Starts the router, the prefill and decode
+ * groups (and the gateway when it is built) as separate processes on loopback, prints where
+ * each listens, and stops them all on Ctrl-C or SIGTERM. A service that dies takes the
+ * cluster down with a message saying which. */
+#include "services/cli/cli.h"
+
+#include "common/alloc.h"
+#include "common/flags.h"
+#include "common/log.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_CHILDREN 64
+
+typedef struct {
+    pid_t pid;
+    char name[64];
+    char listen[256];
+} child_t;
+
+static child_t children[MAX_CHILDREN];
+static int n_children;
+static volatile sig_atomic_t stop_requested;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    stop_requested = 1;
+}
+
+static void bin_dir(char *buf, size_t len)
+{
+    ssize_t n = readlink("/proc/self/exe", buf, len - 1);
+    if (n <= 0) {
+        snprintf(buf, len, ".");
+        return;
+    }
+    buf[n] = 0;
+    char *slash = strrchr(buf, '/');
+    if (slash) *slash = 0;
+}
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Starts argv, waits (up to timeout_ms) for its "listening on ADDR" line on stdout; the
+ * rest of its output is passed through. Returns the child index or -1. */
+static int spawn(const char *name, char **argv, int timeout_ms)
+{
+    int fds[2];
+    if (pipe(fds) != 0) return -1;
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        dup2(fds[1], STDOUT_FILENO);
+        close(fds[0]);
+        close(fds[1]);
+        setpgid(0, 0); /* Ctrl-C reaches only `baton up`, which stops the children in order */
+        execv(argv[0], argv);
+        fprintf(stderr, "baton up: cannot start %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    close(fds[1]);
+    child_t *c = &children[n_children];
+    memset(c, 0, sizeof *c);
+    c->pid = pid;
+    snprintf(c->name, sizeof c->name, "%s", name);
+    char line[512];
+    size_t used = 0;
+    int64_t deadline = now_ms() + timeout_ms;
+    while (!c->listen[0]) {
+        int left = (int)(deadline - now_ms());
+        if (left <= 0 || stop_requested) break;
+        struct pollfd pfd = {fds[0], POLLIN, 0};
+        int pr = poll(&pfd, 1, left < 200 ? left : 200);
+        if (pr < 0 && errno != EINTR) break;
+        if (pr <= 0) continue;
+        ssize_t n = read(fds[0], line + used, sizeof line - 1 - used);
+        if (n <= 0) break;
+        used += (size_t)n;
+        line[used] = 0;
+        char *nl;
+        while ((nl = strchr(line, '\n'))) {
+            *nl = 0;
+            const char *at = strstr(line, "listening on ");
+            if (at) snprintf(c->listen, sizeof c->listen, "%s", at + strlen("listening on "));
+            size_t rest = used - (size_t)(nl + 1 - line);
+            memmove(line, nl + 1, rest);
+            used = rest;
+            line[used] = 0;
+        }
+        if (used == sizeof line - 1) used = 0;
+    }
+    close(fds[0]); /* later stdout lines go nowhere; services log to stderr */
+    if (!c->listen[0]) {
+        fprintf(stderr, "baton up: %s did not start within %d s\n", name, timeout_ms / 1000);
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        return -1;
+    }
+    return n_children++;
+}
+
+static void stop_all(void)
+{
+    for (int i = n_children - 1; i >= 0; i--)
+        if (children[i].pid > 0) kill(children[i].pid, SIGTERM);
+    int64_t deadline = now_ms() + 5000;
+    for (int i = 0; i < n_children; i++) {
+        while (children[i].pid > 0) {
+            int status;
+            pid_t r = waitpid(children[i].pid, &status, WNOHANG);
+            if (r == children[i].pid || r < 0) {
+                children[i].pid = 0;
+                break;
+            }
+            if (now_ms() > deadline) {
+                kill(children[i].pid, SIGKILL);
+                waitpid(children[i].pid, NULL, 0);
+                children[i].pid = 0;
+                break;
+            }
+            usleep(20000);
+        }
+    }
+}
+
+typedef struct {
+    char *v[64];
+    int n;
+} args_t;
+
+static void add(args_t *a, const char *s)
+{
+    BT_ASSERT(a->n < 63);
+    a->v[a->n++] = bt_strdup_or_die(s);
+    a->v[a->n] = NULL;
+}
+
+static void add_opt(args_t *a, const char *flag, const char *value)
+{
+    if (!value) return;
+    add(a, flag);
+    add(a, value);
+}
+
+static void add_int(args_t *a, const char *flag, int64_t v)
+{
+    char buf[32];
+    snprintf(buf, sizeof buf, "%lld", (long long)v);
+    add_opt(a, flag, buf);
+}
+
+static void free_args(args_t *a)
+{
+    for (int i = 0; i < a->n; i++) free(a->v[i]);
+    a->n = 0;
+}
+
+int bt_cli_up(int argc, char **argv)
+{
+    const char *model_path = NULL, *served = NULL, *host = "127.0.0.1", *log_level = "info";
+    const char *ucx_tls = "tcp", *reasoning = NULL, *tool = NULL, *api_key = NULL;
+    int64_t port = 8888, router_port = 50051, n_prefill = 1, n_decode = 1, chunk = 4096;
+    int64_t max_running = 16, max_queued = 256, context = 0, threads = 0, start_timeout = 120;
+    double watchdog = 300.0;
+    bt_flag_t spec[] = {
+        BT_FLAG_STR("model-path", &model_path, "checkpoint directory (default: the demo model)"),
+        BT_FLAG_STR("served-model-name", &served, "the model name clients use"),
+        BT_FLAG_STR("host", &host, "address every service listens on (default 127.0.0.1)"),
+        BT_FLAG_INT("port", &port, "gateway HTTP port (default 8888)"),
+        BT_FLAG_INT("router-port", &router_port, "router gRPC port (default 50051)"),
+        BT_FLAG_INT("prefill", &n_prefill, "prefill groups (default 1)"),
+        BT_FLAG_INT("decode", &n_decode, "decode groups (default 1)"),
+        BT_FLAG_INT("chunked-prefill-size", &chunk, "tokens per prefill chunk (default 4096)"),
+        BT_FLAG_INT("max-running-requests", &max_running, "per decode group (default 16)"),
+        BT_FLAG_INT("max-queued-requests", &max_queued, "router queue (default 256)"),
+        BT_FLAG_INT("context-length", &context, "tokens per sequence"),
+        BT_FLAG_FLOAT("watchdog-timeout", &watchdog, "seconds any wait may take (default 300)"),
+        BT_FLAG_INT("threads", &threads, "CPU threads per worker (default: one per core)"),
+        BT_FLAG_STR("ucx-tls", &ucx_tls, "UCX transports for the KV handoff: tcp (default), sm"),
+        BT_FLAG_STR("reasoning-parser", &reasoning, "deepseek-v41"),
+        BT_FLAG_STR("tool-call-parser", &tool, "deepseekv41"),
+        BT_FLAG_STR("api-key", &api_key, "bearer token the gateway requires"),
+        BT_FLAG_INT("start-timeout", &start_timeout, "seconds a service may take to start (default 120)"),
+        BT_FLAG_STR("log-level", &log_level, "debug, info, warn, error"),
+    };
+    char err[512];
+    bt_status_t st = bt_flags_parse(spec, BT_COUNTOF(spec), argc, argv, NULL, err, sizeof err);
+    if (st == BT_ERR_NOT_FOUND) return 0;
+    if (st != BT_OK) {
+        fprintf(stderr, "baton up: %s\n", err);
+        return 2;
+    }
+    if (n_prefill < 1 || n_decode < 1 || n_prefill + n_decode + 2 > MAX_CHILDREN) {
+        fprintf(stderr, "baton up: --prefill and --decode must be at least 1 (at most %d services)\n",
+                MAX_CHILDREN);
+        return 2;
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+
+    char dir[PATH_MAX], exe[PATH_MAX + 32];
+    bin_dir(dir, sizeof dir);
+    int timeout_ms = (int)(start_timeout * 1000);
+    args_t a = {0};
+    char wd[32];
+    snprintf(wd, sizeof wd, "%g", watchdog);
+
+    snprintf(exe, sizeof exe, "%s/baton-router", dir);
+    add(&a, exe);
+    add_opt(&a, "--model-path", model_path);
+    add_opt(&a, "--served-model-name", served);
+    add_opt(&a, "--host", host);
+    add_int(&a, "--port", router_port);
+    add_int(&a, "--max-running-requests", max_running);
+    add_int(&a, "--max-queued-requests", max_queued);
+    if (context) add_int(&a, "--context-length", context);
+    add_opt(&a, "--watchdog-timeout", wd);
+    add_opt(&a, "--reasoning-parser", reasoning);
+    add_opt(&a, "--tool-call-parser", tool);
+    add_opt(&a, "--log-level", log_level);
+    int ri = spawn("router", a.v, timeout_ms);
+    free_args(&a);
+    int rc = 0;
+    if (ri < 0) {
+        rc = 1;
+        goto out;
+    }
+    char router_addr[256];
+    snprintf(router_addr, sizeof router_addr, "%s", children[ri].listen);
+
+    for (int kind = 0; kind < 2; kind++) {
+        int64_t count = kind == 0 ? n_prefill : n_decode;
+        for (int64_t i = 0; i < count; i++) {
+            char name[64];
+            snprintf(name, sizeof name, "%s-%lld", kind == 0 ? "prefill" : "decode", (long long)i);
+            snprintf(exe, sizeof exe, "%s/baton-%s", dir, kind == 0 ? "prefill" : "decode");
+            add(&a, exe);
+            add_opt(&a, "--model-path", model_path);
+            add_opt(&a, "--served-model-name", served);
+            add_opt(&a, "--host", host);
+            add_int(&a, "--port", 0);
+            add_opt(&a, "--router", router_addr);
+            if (context) add_int(&a, "--context-length", context);
+            if (kind == 0) add_int(&a, "--chunked-prefill-size", chunk);
+            if (kind == 1) add_int(&a, "--max-running-requests", max_running);
+            if (threads) add_int(&a, "--threads", threads);
+            add_opt(&a, "--watchdog-timeout", wd);
+            add_opt(&a, "--ucx-tls", ucx_tls);
+            add_opt(&a, "--log-level", log_level);
+            int ci = spawn(name, a.v, timeout_ms);
+            free_args(&a);
+            if (ci < 0) {
+                rc = 1;
+                goto out;
+            }
+        }
+    }
+    snprintf(exe, sizeof exe, "%s/baton-gateway", dir);
+    if (access(exe, X_OK) == 0) {
+        add(&a, exe);
+        add_opt(&a, "--router", router_addr);
+        add_opt(&a, "--host", host);
+        add_int(&a, "--port", port);
+        add_opt(&a, "--api-key", api_key);
+        add_opt(&a, "--log-level", log_level);
+        int gi = spawn("gateway", a.v, timeout_ms);
+        free_args(&a);
+        if (gi < 0) {
+            rc = 1;
+            goto out;
+        }
+    }
+    printf("baton up: cluster running%s\n", model_path ? "" : " (demo model: tiny, untrained)");
+    for (int i = 0; i < n_children; i++) printf("  %-12s %s (pid %d)\n", children[i].name, children[i].listen, (int)children[i].pid);
+    printf("Ctrl-C stops it.\n");
+    fflush(stdout);
+    while (!stop_requested) {
+        int status;
+        pid_t pid = waitpid(-1, &status, WNOHANG);
+        if (pid > 0) {
+            for (int i = 0; i < n_children; i++)
+                if (children[i].pid == pid) {
+                    children[i].pid = 0;
+                    fprintf(stderr, "baton up: %s exited (%s %d); stopping the cluster\n", children[i].name,
+                            WIFEXITED(status) ? "status" : "signal",
+                            WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+                    rc = 1;
+                }
+            if (rc) break;
+        }
+        usleep(100000);
+    }
+out:
+    stop_all();
+    return rc;
+}

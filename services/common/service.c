@@ -1,0 +1,241 @@
+#include "services/common/service.h"
+
+#include "common/alloc.h"
+#include "common/log.h"
+#include "common/text/tokenizer.h"
+#include "services/engine/demo_model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+int64_t bt_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+bt_status_t bt_service_engine_open(const char *model_path, const char *served_name,
+                                   int64_t context_length, int max_batch_seqs,
+                                   int max_batch_tokens, int threads, bt_service_engine_t *eng,
+                                   char *err, size_t errlen)
+{
+    memset(eng, 0, sizeof *eng);
+    bt_status_t st;
+    if (!model_path) {
+        bt_demo_model_default_dir(eng->model_dir, sizeof eng->model_dir);
+        st = bt_demo_model_ensure(eng->model_dir, err, errlen);
+        if (st != BT_OK) return st;
+        BT_LOG_INFO("serving the built-in demo model (tiny, untrained) from %s", eng->model_dir);
+    } else {
+        snprintf(eng->model_dir, sizeof eng->model_dir, "%s", model_path);
+    }
+    snprintf(eng->served_name, sizeof eng->served_name, "%s",
+             served_name ? served_name : (model_path ? model_path : "baton-demo"));
+    bt_model_config_t cfg;
+    st = bt_model_config_load(eng->model_dir, &cfg, err, errlen);
+    if (st != BT_OK) return st;
+    if (context_length <= 0) context_length = cfg.max_position < 8192 ? cfg.max_position : 8192;
+    int32_t *map = NULL;
+    int classes = 0;
+    if (cfg.n_engram > 0) {
+        bt_tokenizer_t *tok = NULL;
+        st = bt_tokenizer_load(eng->model_dir, &tok, err, errlen);
+        if (st == BT_OK) st = bt_tokenizer_engram_token_map(tok, &map, &classes);
+        bt_tokenizer_destroy(tok);
+        if (st != BT_OK) return st;
+    }
+    bt_model_options_t opt = bt_model_options_default();
+    opt.engram_token_map = map;
+    opt.engram_classes = classes;
+    opt.n_threads = threads;
+    opt.max_ctx = context_length;
+    opt.max_batch_seqs = max_batch_seqs;
+    opt.max_batch_tokens = max_batch_tokens;
+    st = bt_model_load(eng->model_dir, &opt, &eng->model, err, errlen);
+    free(map);
+    if (st != BT_OK) return st;
+    eng->cfg = bt_model_config(eng->model);
+    bt_kv_layout_init(&eng->layout, eng->cfg, context_length);
+    eng->compat_hash = bt_kv_compat_hash(eng->cfg, &eng->layout, 1);
+    BT_LOG_INFO("model %s: %d layers, hidden %d, vocab %d; context %lld, KV slot %.1f KiB",
+                eng->model_dir, eng->cfg->n_layers, eng->cfg->hidden, eng->cfg->vocab,
+                (long long)context_length, (double)eng->layout.slot_bytes / 1024.0);
+    return BT_OK;
+}
+
+void bt_service_engine_close(bt_service_engine_t *eng)
+{
+    bt_model_destroy(eng->model);
+    eng->model = NULL;
+}
+
+/* ---- registration ------------------------------------------------------------------------ */
+
+struct bt_registration {
+    bt_rpc_t *rpc;
+    bt_rpc_channel_t *ch;
+    uv_timer_t timer;
+    Baton__V1__WorkerInfo info;
+    char *address, *model;
+    char worker_id[128];
+    int heartbeat_ms;
+    bool registered, in_flight, stopping;
+    bt_load_fn load;
+    void *ctx;
+};
+
+static void schedule(bt_registration_t *r, int ms);
+
+static void on_registered(void *ctx, bt_rpc_code_t code, const char *msg, const uint8_t *resp,
+                          size_t len)
+{
+    bt_registration_t *r = ctx;
+    r->in_flight = false;
+    if (r->stopping) return;
+    Baton__V1__RegisterResponse *rr = NULL;
+    if (code == BT_RPC_OK) rr = BT_PROTO_UNPACK(baton__v1__register_response, resp, len);
+    if (!rr) {
+        BT_LOG_WARN("registration with the router failed: %s %s (retrying)", bt_rpc_code_name(code),
+                    msg ? msg : "");
+        schedule(r, 500);
+        return;
+    }
+    snprintf(r->worker_id, sizeof r->worker_id, "%s", rr->worker_id);
+    r->heartbeat_ms = rr->heartbeat_ms > 0 ? rr->heartbeat_ms : 1000;
+    r->registered = true;
+    BT_LOG_INFO("registered with the router as %s", r->worker_id);
+    BT_PROTO_FREE(baton__v1__register_response, rr);
+    schedule(r, r->heartbeat_ms);
+}
+
+static void on_heartbeat(void *ctx, bt_rpc_code_t code, const char *msg, const uint8_t *resp,
+                         size_t len)
+{
+    bt_registration_t *r = ctx;
+    r->in_flight = false;
+    if (r->stopping) return;
+    Baton__V1__HeartbeatResponse *hr = NULL;
+    if (code == BT_RPC_OK) hr = BT_PROTO_UNPACK(baton__v1__heartbeat_response, resp, len);
+    if (!hr || !hr->known) {
+        if (r->registered)
+            BT_LOG_WARN("router %s this worker; registering again",
+                        hr ? "forgot" : "did not answer the heartbeat of");
+        r->registered = false;
+    }
+    if (hr) BT_PROTO_FREE(baton__v1__heartbeat_response, hr);
+    schedule(r, r->registered ? r->heartbeat_ms : 200);
+}
+
+static void tick(uv_timer_t *t)
+{
+    bt_registration_t *r = t->data;
+    if (r->in_flight || r->stopping) return;
+    uint8_t *buf;
+    size_t len;
+    r->in_flight = true;
+    if (!r->registered) {
+        Baton__V1__RegisterRequest req = BATON__V1__REGISTER_REQUEST__INIT;
+        req.info = &r->info;
+        bt_proto_pack(&req.base, &buf, &len);
+        if (bt_rpc_unary(r->ch, "/baton.v1.Registry/RegisterWorker", buf, len, 2000, on_registered,
+                         r, NULL) != BT_OK)
+            on_registered(r, BT_RPC_UNAVAILABLE, "cannot start the call", NULL, 0);
+    } else {
+        Baton__V1__HeartbeatRequest hb = BATON__V1__HEARTBEAT_REQUEST__INIT;
+        hb.worker_id = r->worker_id;
+        if (r->load) r->load(r->ctx, &hb);
+        bt_proto_pack(&hb.base, &buf, &len);
+        if (bt_rpc_unary(r->ch, "/baton.v1.Registry/Heartbeat", buf, len, 2000, on_heartbeat, r,
+                         NULL) != BT_OK)
+            on_heartbeat(r, BT_RPC_UNAVAILABLE, "cannot start the call", NULL, 0);
+    }
+    free(buf);
+}
+
+static void schedule(bt_registration_t *r, int ms)
+{
+    uv_timer_start(&r->timer, tick, (uint64_t)ms, 0);
+}
+
+bt_status_t bt_registration_start(bt_rpc_t *rpc, const char *router_addr,
+                                  const Baton__V1__WorkerInfo *info, bt_load_fn load, void *ctx,
+                                  bt_registration_t **reg_p)
+{
+    bt_registration_t *r = bt_calloc_or_die(1, sizeof *r);
+    r->rpc = rpc;
+    r->info = *info;
+    r->address = bt_strdup_or_die(info->address);
+    r->model = bt_strdup_or_die(info->model);
+    r->info.address = r->address;
+    r->info.model = r->model;
+    r->load = load;
+    r->ctx = ctx;
+    r->heartbeat_ms = 1000;
+    bt_status_t st = bt_rpc_channel_create(rpc, router_addr, NULL, &r->ch);
+    if (st != BT_OK) {
+        free(r->address);
+        free(r->model);
+        free(r);
+        return st;
+    }
+    uv_timer_init(bt_rpc_loop(rpc), &r->timer);
+    r->timer.data = r;
+    schedule(r, 0);
+    *reg_p = r;
+    return BT_OK;
+}
+
+static void free_registration(uv_handle_t *h)
+{
+    bt_registration_t *r = h->data;
+    free(r->address);
+    free(r->model);
+    free(r);
+}
+
+void bt_registration_stop(bt_registration_t *r)
+{
+    if (!r) return;
+    r->stopping = true;
+    uv_timer_stop(&r->timer);
+    bt_rpc_channel_destroy(r->ch);
+    uv_close((uv_handle_t *)&r->timer, free_registration);
+}
+
+/* ---- signals ------------------------------------------------------------------------------ */
+
+typedef struct {
+    uv_signal_t sigint, sigterm;
+    void (*fn)(void *);
+    void *ctx;
+    bool fired;
+} signals_t;
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+    signals_t *s = h->data;
+    if (s->fired) {
+        BT_LOG_WARN("second signal %d: exiting now", signum);
+        exit(1);
+    }
+    s->fired = true;
+    BT_LOG_INFO("signal %d: shutting down", signum);
+    s->fn(s->ctx);
+}
+
+void bt_service_on_signal(uv_loop_t *loop, void (*on_stop)(void *ctx), void *ctx)
+{
+    signals_t *s = bt_calloc_or_die(1, sizeof *s); /* lives as long as the process */
+    s->fn = on_stop;
+    s->ctx = ctx;
+    uv_signal_init(loop, &s->sigint);
+    uv_signal_init(loop, &s->sigterm);
+    s->sigint.data = s->sigterm.data = s;
+    uv_signal_start(&s->sigint, on_signal, SIGINT);
+    uv_signal_start(&s->sigterm, on_signal, SIGTERM);
+    uv_unref((uv_handle_t *)&s->sigint);
+    uv_unref((uv_handle_t *)&s->sigterm);
+}

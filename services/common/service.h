@@ -1,0 +1,55 @@
+/* What every Baton service process shares: the engine opened from flags (model, tokenizer
+ * token map, KV layout), registration with the router and heartbeats, signal handling.
+ *
+ *   bt_service_engine_t eng;
+ *   bt_service_engine_open(model_path, context_length, max_batch, threads, &eng, err, n);
+ *   bt_registration_t *reg;
+ *   bt_registration_start(rpc, router_addr, &info, stats_fn, ctx, &reg);   // heartbeats
+ *   bt_service_on_signal(loop, on_stop, ctx);                            // SIGINT/SIGTERM
+ */
+#ifndef BT_SERVICES_SERVICE_H
+#define BT_SERVICES_SERVICE_H
+
+#include "common/rpc/rpc.h"
+#include "services/common/proto_util.h"
+#include "services/engine/model.h"
+
+#include <stdbool.h>
+#include <uv.h>
+
+typedef struct {
+    bt_model_t *model;
+    bt_kv_layout_t layout;
+    const bt_model_config_t *cfg;
+    uint64_t compat_hash;
+    char model_dir[4096];
+    char served_name[256];
+} bt_service_engine_t;
+
+/* model_path NULL = the demo model (written on first use). max_batch_seqs bounds one
+ * forward's sequences, max_batch_tokens its tokens. */
+bt_status_t bt_service_engine_open(const char *model_path, const char *served_name,
+                                   int64_t context_length, int max_batch_seqs,
+                                   int max_batch_tokens, int threads, bt_service_engine_t *eng,
+                                   char *err, size_t errlen);
+void bt_service_engine_close(bt_service_engine_t *eng);
+
+/* Load figures a worker reports with each heartbeat. */
+typedef void (*bt_load_fn)(void *ctx, Baton__V1__HeartbeatRequest *hb);
+
+typedef struct bt_registration bt_registration_t;
+
+/* Registers `info` with the router at router_addr and heartbeats; re-registers when the
+ * router forgets the worker or was unreachable. Never blocks. */
+bt_status_t bt_registration_start(bt_rpc_t *rpc, const char *router_addr,
+                                  const Baton__V1__WorkerInfo *info, bt_load_fn load, void *ctx,
+                                  bt_registration_t **reg_p);
+void bt_registration_stop(bt_registration_t *reg);
+
+/* Calls on_stop once on SIGINT or SIGTERM. */
+void bt_service_on_signal(uv_loop_t *loop, void (*on_stop)(void *ctx), void *ctx);
+
+/* Milliseconds on the monotonic clock. */
+int64_t bt_now_ms(void);
+
+#endif

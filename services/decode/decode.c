@@ -1,0 +1,703 @@
+/* baton-decode: a decode group. Owns a request once admitted: allocates its KV slot, asks a
+ * prefill group to fill it (the KV bytes arrive over the transfer layer straight into the
+ * slot), then runs it in the continuous batch and streams tokens to the router.
+ *
+ * Threads: the uv loop runs gRPC, transfer notices and bookkeeping; each batch step runs on
+ * libuv's work pool (one step at a time), so the loop stays responsive during a step. */
+#include "common/alloc.h"
+#include "common/flags.h"
+#include "common/log.h"
+#include "common/rpc/rpc.h"
+#include "common/transfer/transfer.h"
+#include "services/common/proto_util.h"
+#include "services/common/sampler.h"
+#include "services/common/service.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct decode decode_t;
+
+typedef enum { SEQ_PREFILLING, SEQ_RUNNING, SEQ_DONE } seq_state_t;
+
+typedef struct prefill_peer prefill_peer_t;
+
+typedef struct seq {
+    decode_t *d;
+    struct seq *next;           /* in d->seqs */
+    struct seq *wait_next;      /* in a peer's hello wait list */
+    bt_rpc_call_t *call;        /* the router's stream; NULL once finished */
+    char request_id[96];
+    uint64_t epoch;
+    int slot;
+    int32_t *prompt;
+    int n_prompt;
+    bt_sampling_t sampling;
+    int max_new;
+    bool ignore_eos, logprobs;
+    int top_logprobs;
+    int32_t *stop_ids;
+    int n_stop_ids;
+    seq_state_t state;
+    prefill_peer_t *peer;
+    bt_rpc_client_call_t *prefill_call;
+    bool prefill_pending, last_notice, prefill_ok, in_step, cancelled;
+    int32_t first_token;
+    float first_logprob;
+    int32_t next_token;         /* fed at the next step */
+    int generated;
+    int64_t t_admit;
+} seq_t;
+
+struct prefill_peer {
+    prefill_peer_t *next;
+    char address[256];
+    bt_rpc_channel_t *ch;
+    enum { HELLO_NONE, HELLO_PENDING, HELLO_OK, HELLO_BAD } hello;
+    char hello_err[1024];
+    seq_t *waiting;
+};
+
+struct decode {
+    uv_loop_t *loop;
+    bt_rpc_t *rpc;
+    bt_rpc_server_t *server;
+    bt_xfer_t *xfer;
+    bt_xfer_region_t *region;
+    bt_service_engine_t eng;
+    bt_kv_pool_t *pool;
+    bt_registration_t *reg;
+    bt_sampler_t *sampler;
+    seq_t *seqs;
+    prefill_peer_t *peers;
+    int max_running, n_admitted, max_seen;
+    int64_t watchdog_ms;
+    int64_t requests_done;
+    /* the step in flight */
+    bool stepping, stopping;
+    uv_work_t work;
+    seq_t **batch;
+    bt_forward_seq_t *fwd;
+    int n_batch;
+    float *logits;
+    bt_status_t step_status;
+    char step_err[256];
+    char address[256];
+    uv_timer_t kick;
+};
+
+static void maybe_step(decode_t *d);
+
+/* ---- sequence lifetime --------------------------------------------------------------------- */
+
+static void seq_unlink(decode_t *d, seq_t *s)
+{
+    for (seq_t **p = &d->seqs; *p; p = &(*p)->next)
+        if (*p == s) {
+            *p = s->next;
+            return;
+        }
+}
+
+/* Frees the sequence once nothing refers to it any more. */
+static void seq_release(seq_t *s)
+{
+    decode_t *d = s->d;
+    if (s->call || s->prefill_pending || s->in_step) return;
+    if (s->slot >= 0) {
+        bt_kv_pool_free(d->pool, s->slot);
+        s->slot = -1;
+    }
+    seq_unlink(d, s);
+    d->n_admitted--;
+    free(s->prompt);
+    free(s->stop_ids);
+    free(s);
+}
+
+/* Ends the router's stream with a status (once). */
+static void seq_fail(seq_t *s, bt_rpc_code_t code, const char *msg)
+{
+    if (s->call) {
+        BT_LOG_WARN("request %s: %s: %s", s->request_id, bt_rpc_code_name(code), msg);
+        bt_rpc_call_finish(s->call, code, msg);
+        s->call = NULL;
+    }
+    s->state = SEQ_DONE;
+    if (s->prefill_call && s->prefill_pending) bt_rpc_client_cancel(s->prefill_call);
+    seq_release(s);
+}
+
+static void send_event(seq_t *s, const int32_t *ids, int n, const float *logprob,
+                       Baton__V1__FinishReason finish)
+{
+    if (!s->call) return;
+    Baton__V1__DecodeEvent ev = BATON__V1__DECODE_EVENT__INIT;
+    ev.n_token_ids = (size_t)n;
+    ev.token_ids = (int32_t *)ids;
+    Baton__V1__TokenLogprob lp = BATON__V1__TOKEN_LOGPROB__INIT, *lps[1] = {&lp};
+    if (logprob && s->logprobs && n == 1) {
+        lp.token_id = ids[0];
+        lp.logprob = *logprob;
+        ev.n_logprobs = 1;
+        ev.logprobs = lps;
+    }
+    ev.finish_reason = finish;
+    uint8_t *buf;
+    size_t len;
+    bt_proto_pack(&ev.base, &buf, &len);
+    bt_rpc_call_send(s->call, buf, len, NULL, NULL);
+    free(buf);
+}
+
+/* Finishes normally after the last token went out. */
+static void seq_finish(seq_t *s)
+{
+    decode_t *d = s->d;
+    if (s->call) {
+        bt_rpc_call_finish(s->call, BT_RPC_OK, NULL);
+        s->call = NULL;
+    }
+    s->state = SEQ_DONE;
+    d->requests_done++;
+    seq_release(s);
+}
+
+/* Is token t the end of the sequence? */
+static Baton__V1__FinishReason finish_reason(const seq_t *s, int32_t t)
+{
+    const bt_model_config_t *c = s->d->eng.cfg;
+    if (!s->ignore_eos && t == c->eos_id) return BATON__V1__FINISH_REASON__FINISH_STOP;
+    for (int i = 0; i < s->n_stop_ids; i++)
+        if (s->stop_ids[i] == t) return BATON__V1__FINISH_REASON__FINISH_STOP;
+    if (s->generated >= s->max_new) return BATON__V1__FINISH_REASON__FINISH_LENGTH;
+    if (s->n_prompt + s->generated >= s->d->eng.layout.max_ctx)
+        return BATON__V1__FINISH_REASON__FINISH_LENGTH;
+    return BATON__V1__FINISH_REASON__FINISH_NONE;
+}
+
+/* Emits token t (the first from prefill, or a step's) and decides whether to go on. */
+static void seq_emit(seq_t *s, int32_t t, float logprob)
+{
+    s->generated++;
+    Baton__V1__FinishReason fr = finish_reason(s, t);
+    send_event(s, &t, 1, &logprob, fr);
+    if (fr != BATON__V1__FINISH_REASON__FINISH_NONE) {
+        seq_finish(s);
+        return;
+    }
+    s->next_token = t;
+}
+
+/* Both the LAST notice (bytes visible) and the prefill reply (status) are in. */
+static void seq_maybe_ready(seq_t *s)
+{
+    if (s->state != SEQ_PREFILLING || !s->last_notice || !s->prefill_ok) return;
+    s->state = SEQ_RUNNING;
+    BT_LOG_DEBUG("request %s: prefilled, first token %d", s->request_id, s->first_token);
+    seq_emit(s, s->first_token, s->first_logprob);
+    maybe_step(s->d);
+}
+
+/* ---- prefill ------------------------------------------------------------------------------ */
+
+static void on_prefill_reply(void *ctx, bt_rpc_code_t code, const char *msg, const uint8_t *resp,
+                             size_t len)
+{
+    seq_t *s = ctx;
+    s->prefill_pending = false;
+    s->prefill_call = NULL;
+    if (s->state == SEQ_DONE) {
+        seq_release(s);
+        return;
+    }
+    Baton__V1__PrefillResponse *pr = NULL;
+    if (code == BT_RPC_OK) pr = BT_PROTO_UNPACK(baton__v1__prefill_response, resp, len);
+    if (!pr) {
+        char m[512];
+        snprintf(m, sizeof m, "prefill at %s failed: %s%s%s", s->peer->address,
+                 bt_rpc_code_name(code), msg ? ": " : "", msg ? msg : "");
+        /* the prefill process stopped writing: the call ended (or its process is gone) */
+        seq_fail(s, code == BT_RPC_DEADLINE_EXCEEDED ? BT_RPC_DEADLINE_EXCEEDED
+                    : code == BT_RPC_FAILED_PRECONDITION ? BT_RPC_FAILED_PRECONDITION
+                                                          : BT_RPC_UNAVAILABLE, m);
+        return;
+    }
+    s->prefill_ok = true;
+    s->first_token = pr->first_token;
+    if (pr->first_logprob) s->first_logprob = pr->first_logprob->logprob;
+    BT_PROTO_FREE(baton__v1__prefill_response, pr);
+    seq_maybe_ready(s);
+}
+
+static void start_prefill(seq_t *s)
+{
+    decode_t *d = s->d;
+    Baton__V1__PrefillRequest req = BATON__V1__PREFILL_REQUEST__INIT;
+    req.request_id = s->request_id;
+    req.epoch = s->epoch;
+    req.n_prompt_ids = (size_t)s->n_prompt;
+    req.prompt_ids = s->prompt;
+    Baton__V1__SamplingParams sp = BATON__V1__SAMPLING_PARAMS__INIT;
+    sp.temperature = s->sampling.temperature;
+    sp.top_p = s->sampling.top_p;
+    sp.top_k = s->sampling.top_k;
+    sp.min_p = s->sampling.min_p;
+    sp.has_seed = 1;
+    sp.seed = s->sampling.seed;
+    sp.logprobs = s->logprobs;
+    req.sampling = &sp;
+    Baton__V1__KvTarget target = BATON__V1__KV_TARGET__INIT;
+    const uint8_t *desc;
+    size_t desc_len;
+    bt_xfer_region_desc(d->region, &desc, &desc_len);
+    target.region.data = (uint8_t *)desc;
+    target.region.len = desc_len;
+    target.slot_offset = (uint64_t)(bt_kv_pool_slot(d->pool, s->slot) - bt_kv_pool_slot(d->pool, 0));
+    target.slot_bytes = d->eng.layout.slot_bytes;
+    req.target = &target;
+    req.compat_hash = d->eng.compat_hash;
+    uint8_t *buf;
+    size_t len;
+    bt_proto_pack(&req.base, &buf, &len);
+    s->prefill_pending = true;
+    bt_status_t st = bt_rpc_unary(s->peer->ch, "/baton.v1.Prefill/Prefill", buf, len,
+                                  d->watchdog_ms, on_prefill_reply, s, &s->prefill_call);
+    free(buf);
+    if (st != BT_OK) {
+        s->prefill_pending = false;
+        seq_fail(s, BT_RPC_UNAVAILABLE, "cannot call the prefill group");
+    }
+}
+
+static void on_hello(void *ctx, bt_rpc_code_t code, const char *msg, const uint8_t *resp,
+                     size_t len)
+{
+    prefill_peer_t *p = ctx;
+    decode_t *d = NULL;
+    Baton__V1__HelloResponse *hr = NULL;
+    if (code == BT_RPC_OK) hr = BT_PROTO_UNPACK(baton__v1__hello_response, resp, len);
+    seq_t *w = p->waiting;
+    p->waiting = NULL;
+    if (w) d = w->d;
+    if (!hr) {
+        p->hello = HELLO_NONE; /* try again with the next request */
+        snprintf(p->hello_err, sizeof p->hello_err, "prefill at %s unreachable: %s %s", p->address,
+                 bt_rpc_code_name(code), msg ? msg : "");
+    } else if (d && hr->compat_hash != d->eng.compat_hash) {
+        p->hello = HELLO_BAD;
+        snprintf(p->hello_err, sizeof p->hello_err,
+                 "prefill at %s is incompatible: compat hash %016" PRIx64 " (model %s, tp %d) vs "
+                 "decode %016" PRIx64 " (model %s, tp 1): model, dtype, KV layout (context length) "
+                 "or TP size differ",
+                 p->address, hr->compat_hash, hr->model, hr->tp, d->eng.compat_hash,
+                 d->eng.served_name);
+        BT_LOG_ERROR("%s", p->hello_err);
+    } else {
+        p->hello = HELLO_OK;
+    }
+    if (hr) BT_PROTO_FREE(baton__v1__hello_response, hr);
+    while (w) {
+        seq_t *next = w->wait_next;
+        w->wait_next = NULL;
+        w->prefill_pending = false; /* no longer held by the wait list */
+        if (w->state == SEQ_DONE)
+            seq_release(w);
+        else if (p->hello == HELLO_OK)
+            start_prefill(w);
+        else
+            seq_fail(w, p->hello == HELLO_BAD ? BT_RPC_FAILED_PRECONDITION : BT_RPC_UNAVAILABLE,
+                     p->hello_err);
+        w = next;
+    }
+}
+
+static prefill_peer_t *peer_get(decode_t *d, const char *address)
+{
+    for (prefill_peer_t *p = d->peers; p; p = p->next)
+        if (!strcmp(p->address, address)) return p;
+    prefill_peer_t *p = bt_calloc_or_die(1, sizeof *p);
+    snprintf(p->address, sizeof p->address, "%s", address);
+    if (bt_rpc_channel_create(d->rpc, address, NULL, &p->ch) != BT_OK) {
+        free(p);
+        return NULL;
+    }
+    p->next = d->peers;
+    d->peers = p;
+    return p;
+}
+
+static void seq_begin_prefill(seq_t *s)
+{
+    prefill_peer_t *p = s->peer;
+    if (p->hello == HELLO_OK) {
+        start_prefill(s);
+        return;
+    }
+    if (p->hello == HELLO_BAD) {
+        seq_fail(s, BT_RPC_FAILED_PRECONDITION, p->hello_err);
+        return;
+    }
+    s->wait_next = p->waiting;
+    p->waiting = s;
+    s->prefill_pending = true; /* held by the wait list */
+    if (p->hello == HELLO_PENDING) return;
+    p->hello = HELLO_PENDING;
+    Baton__V1__HelloRequest hq = BATON__V1__HELLO_REQUEST__INIT;
+    hq.compat_hash = s->d->eng.compat_hash;
+    uint8_t *buf;
+    size_t len;
+    bt_proto_pack(&hq.base, &buf, &len);
+    if (bt_rpc_unary(p->ch, "/baton.v1.Prefill/Hello", buf, len, 5000, on_hello, p, NULL) != BT_OK)
+        on_hello(p, BT_RPC_UNAVAILABLE, "cannot start the call", NULL, 0);
+    free(buf);
+}
+
+/* ---- KV notices from prefill groups -------------------------------------------------------- */
+
+static seq_t *find_seq(decode_t *d, const char *id, uint64_t epoch)
+{
+    for (seq_t *s = d->seqs; s; s = s->next)
+        if (s->epoch == epoch && !strcmp(s->request_id, id)) return s;
+    return NULL;
+}
+
+static void on_notice(void *ctx, const uint8_t *data, size_t len)
+{
+    decode_t *d = ctx;
+    Baton__V1__KvNotice *n = BT_PROTO_UNPACK(baton__v1__kv_notice, data, len);
+    if (!n) {
+        BT_LOG_WARN("dropping an unreadable KV notice (%zu bytes)", len);
+        return;
+    }
+    seq_t *s = find_seq(d, n->request_id, n->epoch);
+    if (!s || s->state != SEQ_PREFILLING) {
+        /* a late notice of a finished or unknown request (its epoch tells them apart) */
+        BT_LOG_DEBUG("dropping a late KV notice for %s epoch %" PRIu64, n->request_id, n->epoch);
+    } else if (n->kind == BATON__V1__KV_NOTICE__KIND__LAST) {
+        s->last_notice = true;
+        seq_maybe_ready(s);
+    } else if (n->kind == BATON__V1__KV_NOTICE__KIND__FAILED) {
+        seq_fail(s, BT_RPC_UNAVAILABLE, "the prefill group reported a failed transfer");
+    }
+    BT_PROTO_FREE(baton__v1__kv_notice, n);
+}
+
+/* ---- the continuous batch ------------------------------------------------------------------ */
+
+static void step_work(uv_work_t *w)
+{
+    decode_t *d = w->data;
+    d->step_status = bt_model_forward(d->eng.model, &d->eng.layout, d->fwd, d->n_batch, d->logits,
+                                      d->step_err, sizeof d->step_err);
+}
+
+static void step_done(uv_work_t *w, int status)
+{
+    decode_t *d = w->data;
+    int V = d->eng.cfg->vocab;
+    d->stepping = false;
+    for (int i = 0; i < d->n_batch; i++) {
+        seq_t *s = d->batch[i];
+        s->in_step = false;
+        if (d->step_status != BT_OK) {
+            seq_fail(s, BT_RPC_INTERNAL, d->step_err);
+            continue;
+        }
+        if (s->state != SEQ_RUNNING || !s->call) {
+            seq_release(s);
+            continue;
+        }
+        float lp = 0.0f;
+        int32_t t = bt_sampler_sample(d->sampler, &s->sampling, d->logits + (size_t)i * V,
+                                      (uint64_t)s->generated, &lp, NULL, 0);
+        seq_emit(s, t, lp);
+    }
+    d->n_batch = 0;
+    if (d->stopping) return;
+    maybe_step(d);
+}
+
+static void maybe_step(decode_t *d)
+{
+    if (d->stepping || d->stopping) return;
+    int n = 0;
+    for (seq_t *s = d->seqs; s && n < d->max_running; s = s->next) {
+        if (s->state != SEQ_RUNNING || !s->call) continue;
+        d->batch[n] = s;
+        d->fwd[n] = (bt_forward_seq_t){bt_kv_pool_slot(d->pool, s->slot), &s->next_token, 1, false};
+        s->in_step = true;
+        n++;
+    }
+    if (n == 0) return;
+    d->n_batch = n;
+    d->stepping = true;
+    d->work.data = d;
+    uv_queue_work(d->loop, &d->work, step_work, step_done);
+}
+
+/* ---- the Decode service --------------------------------------------------------------------- */
+
+static void on_cancel(void *ctx)
+{
+    seq_t *s = ctx;
+    BT_LOG_INFO("request %s cancelled by the router", s->request_id);
+    s->cancelled = true;
+    if (s->call) {
+        bt_rpc_call_finish(s->call, BT_RPC_CANCELLED, "cancelled");
+        s->call = NULL;
+    }
+    s->state = SEQ_DONE;
+    if (s->prefill_call && s->prefill_pending) bt_rpc_client_cancel(s->prefill_call);
+    seq_release(s);
+}
+
+static void on_generate(void *ctx, bt_rpc_call_t *call, const uint8_t *data, size_t len)
+{
+    decode_t *d = ctx;
+    Baton__V1__DecodeRequest *r = BT_PROTO_UNPACK(baton__v1__decode_request, data, len);
+    if (!r) {
+        bt_rpc_call_finish(call, BT_RPC_INVALID_ARGUMENT, "unreadable DecodeRequest");
+        return;
+    }
+    char msg[256];
+    bt_rpc_code_t code = BT_RPC_OK;
+    int slot = -1;
+    if (d->stopping) {
+        code = BT_RPC_UNAVAILABLE;
+        snprintf(msg, sizeof msg, "decode group is shutting down");
+    } else if (r->n_prompt_ids == 0) {
+        code = BT_RPC_INVALID_ARGUMENT;
+        snprintf(msg, sizeof msg, "empty prompt");
+    } else if ((int64_t)r->n_prompt_ids >= d->eng.layout.max_ctx) {
+        code = BT_RPC_INVALID_ARGUMENT;
+        snprintf(msg, sizeof msg, "prompt of %zu tokens leaves no room in the %lld-token context",
+                 r->n_prompt_ids, (long long)d->eng.layout.max_ctx);
+    } else if (!r->prefill_address || !*r->prefill_address) {
+        code = BT_RPC_INVALID_ARGUMENT;
+        snprintf(msg, sizeof msg, "no prefill_address");
+    } else if (d->n_admitted >= d->max_running || bt_kv_pool_alloc(d->pool, &slot) != BT_OK) {
+        code = BT_RPC_RESOURCE_EXHAUSTED;
+        snprintf(msg, sizeof msg, "decode group full: %d running, KV slots %d/%d", d->n_admitted,
+                 bt_kv_pool_used(d->pool), bt_kv_pool_capacity(d->pool));
+    }
+    for (size_t i = 0; code == BT_RPC_OK && i < r->n_prompt_ids; i++)
+        if (r->prompt_ids[i] < 0 || r->prompt_ids[i] >= d->eng.cfg->vocab) {
+            code = BT_RPC_INVALID_ARGUMENT;
+            snprintf(msg, sizeof msg, "prompt token %d at %zu outside the vocabulary", r->prompt_ids[i], i);
+        }
+    if (code != BT_RPC_OK) {
+        if (slot >= 0) bt_kv_pool_free(d->pool, slot);
+        bt_rpc_call_finish(call, code, msg);
+        BT_PROTO_FREE(baton__v1__decode_request, r);
+        return;
+    }
+    seq_t *s = bt_calloc_or_die(1, sizeof *s);
+    s->d = d;
+    s->call = call;
+    s->slot = slot;
+    snprintf(s->request_id, sizeof s->request_id, "%s", r->request_id);
+    s->epoch = r->epoch;
+    s->n_prompt = (int)r->n_prompt_ids;
+    s->prompt = bt_malloc_or_die((size_t)s->n_prompt * sizeof(int32_t));
+    memcpy(s->prompt, r->prompt_ids, (size_t)s->n_prompt * sizeof(int32_t));
+    Baton__V1__SamplingParams *sp = r->sampling;
+    s->sampling.temperature = sp ? sp->temperature : 0.0f;
+    s->sampling.top_p = sp && sp->top_p > 0 ? sp->top_p : 1.0f;
+    s->sampling.top_k = sp ? sp->top_k : 0;
+    s->sampling.min_p = sp ? sp->min_p : 0.0f;
+    s->sampling.seed = sp && sp->has_seed ? sp->seed : 0;
+    s->ignore_eos = sp ? sp->ignore_eos : false;
+    s->logprobs = sp ? sp->logprobs : false;
+    s->max_new = r->max_new_tokens > 0 ? r->max_new_tokens : 16;
+    if (sp && sp->n_stop_token_ids) {
+        s->n_stop_ids = (int)sp->n_stop_token_ids;
+        s->stop_ids = bt_malloc_or_die(sp->n_stop_token_ids * sizeof(int32_t));
+        memcpy(s->stop_ids, sp->stop_token_ids, sp->n_stop_token_ids * sizeof(int32_t));
+    }
+    s->state = SEQ_PREFILLING;
+    s->t_admit = bt_now_ms();
+    s->next = d->seqs;
+    d->seqs = s;
+    d->n_admitted++;
+    if (d->n_admitted > d->max_seen) d->max_seen = d->n_admitted;
+    bt_rpc_call_on_cancel(call, on_cancel, s);
+    s->peer = peer_get(d, r->prefill_address);
+    BT_PROTO_FREE(baton__v1__decode_request, r);
+    if (!s->peer) {
+        seq_fail(s, BT_RPC_UNAVAILABLE, "bad prefill address");
+        return;
+    }
+    seq_begin_prefill(s);
+}
+
+static void fill_stats(decode_t *d, Baton__V1__StatsResponse *st)
+{
+    st->running = d->n_admitted;
+    st->max_running_seen = d->max_seen;
+    st->kv_slots_used = bt_kv_pool_used(d->pool);
+    st->kv_slots_total = bt_kv_pool_capacity(d->pool);
+    st->requests_done = d->requests_done;
+}
+
+static void on_stats(void *ctx, bt_rpc_call_t *call, const uint8_t *data, size_t len)
+{
+    decode_t *d = ctx;
+    Baton__V1__StatsResponse st = BATON__V1__STATS_RESPONSE__INIT;
+    fill_stats(d, &st);
+    uint8_t *buf;
+    size_t n;
+    bt_proto_pack(&st.base, &buf, &n);
+    bt_rpc_call_reply(call, buf, n);
+    free(buf);
+}
+
+static void load_fn(void *ctx, Baton__V1__HeartbeatRequest *hb)
+{
+    decode_t *d = ctx;
+    hb->running = d->n_admitted;
+    hb->kv_slots_used = bt_kv_pool_used(d->pool);
+    hb->kv_slots_total = bt_kv_pool_capacity(d->pool);
+}
+
+/* ---- startup and shutdown ------------------------------------------------------------------ */
+
+static void on_server_down(void *ctx)
+{
+    decode_t *d = ctx;
+    d->server = NULL;
+    uv_stop(d->loop);
+}
+
+static void on_stop(void *ctx)
+{
+    decode_t *d = ctx;
+    d->stopping = true;
+    bt_registration_stop(d->reg);
+    d->reg = NULL;
+    for (seq_t *s = d->seqs; s;) {
+        seq_t *next = s->next;
+        if (s->call) seq_fail(s, BT_RPC_UNAVAILABLE, "decode group shutting down");
+        s = next;
+    }
+    bt_rpc_server_shutdown(d->server, 1000, on_server_down, d);
+}
+
+int main(int argc, char **argv)
+{
+    bt_log_set_tag("decode");
+    const char *model_path = NULL, *served = NULL, *host = "127.0.0.1", *router = NULL;
+    const char *ucx_tls = "tcp", *transfer = "ucx", *log_level = "info", *net_devices = NULL;
+    int64_t port = 0, context = 0, max_running = 16, max_total = 0, threads = 0, tp = 1, seed = 0;
+    double mem_fraction = 0.0, watchdog_s = 300.0;
+    bt_flag_t spec[] = {
+        BT_FLAG_STR("model-path", &model_path, "checkpoint directory (default: the demo model)"),
+        BT_FLAG_STR("served-model-name", &served, "model name reported to the router"),
+        BT_FLAG_STR("host", &host, "address to listen on (default 127.0.0.1)"),
+        BT_FLAG_INT("port", &port, "gRPC port (0 picks one)"),
+        BT_FLAG_STR("router", &router, "router address host:port to register with"),
+        BT_FLAG_INT("context-length", &context, "tokens per sequence (default: min(model, 8192))"),
+        BT_FLAG_INT("max-running-requests", &max_running, "requests in the batch (default 16)"),
+        BT_FLAG_INT("max-total-tokens", &max_total, "KV pool size in tokens (default: running x context)"),
+        BT_FLAG_FLOAT("mem-fraction-static", &mem_fraction, "fraction of memory for weights and KV (caps the pool)"),
+        BT_FLAG_FLOAT("watchdog-timeout", &watchdog_s, "seconds any wait may take (default 300)"),
+        BT_FLAG_INT("threads", &threads, "CPU threads for the model (default: one per core)"),
+        BT_FLAG_INT("tp", &tp, "tensor-parallel size (1 on the CPU backend for now)"),
+        BT_FLAG_INT("random-seed", &seed, "accepted for SGLang compatibility"),
+        BT_FLAG_STR("transfer", &transfer, "KV transport: ucx (default)"),
+        BT_FLAG_STR("ucx-tls", &ucx_tls, "UCX transports: tcp (default), sm, tcp,sm"),
+        BT_FLAG_STR("ucx-net-devices", &net_devices, "UCX_NET_DEVICES (e.g. lo, mlx5_0:1)"),
+        BT_FLAG_STR("log-level", &log_level, "debug, info, warn, error"),
+    };
+    char err[1024];
+    bt_status_t st = bt_flags_parse(spec, BT_COUNTOF(spec), argc - 1, argv + 1, NULL, err, sizeof err);
+    if (st == BT_ERR_NOT_FOUND) return 0;
+    if (st != BT_OK) {
+        fprintf(stderr, "baton-decode: %s\n", err);
+        return 2;
+    }
+    if (bt_log_level_parse(log_level) < 0 || max_running < 1 || max_running > 1024 || tp != 1 ||
+        watchdog_s <= 0 || strcmp(transfer, "ucx") != 0) {
+        fprintf(stderr, "baton-decode: bad flag value (--log-level, --max-running-requests 1..1024, "
+                        "--tp 1 (TP arrives with the tensor-parallel issue), --watchdog-timeout > 0, "
+                        "--transfer ucx)\n");
+        return 2;
+    }
+    bt_log_set_level((bt_log_level_t)bt_log_level_parse(log_level));
+
+    static decode_t dd;
+    decode_t *d = &dd;
+    d->loop = uv_default_loop();
+    d->max_running = (int)max_running;
+    d->watchdog_ms = (int64_t)(watchdog_s * 1000.0);
+    st = bt_service_engine_open(model_path, served, context, (int)max_running, (int)max_running,
+                                (int)threads, &d->eng, err, sizeof err);
+    if (st != BT_OK) {
+        fprintf(stderr, "baton-decode: %s\n", err);
+        return 1;
+    }
+    int64_t ctx_len = d->eng.layout.max_ctx;
+    int64_t slots = max_total > 0 ? max_total / ctx_len : max_running;
+    if (slots < 1) slots = 1;
+    if (mem_fraction > 0.0 && mem_fraction <= 1.0) {
+        long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+        double budget = mem_fraction * (double)pages * (double)page;
+        int64_t fit = (int64_t)(budget / (double)d->eng.layout.slot_bytes);
+        if (fit < slots) slots = fit > 0 ? fit : 1;
+    }
+    st = bt_kv_pool_create(&d->eng.layout, (int)slots, &d->pool);
+    if (st != BT_OK) {
+        fprintf(stderr, "baton-decode: cannot allocate the KV pool (%lld slots)\n", (long long)slots);
+        return 1;
+    }
+    BT_LOG_INFO("KV pool: %lld slots x %lld tokens = %.1f MiB", (long long)slots, (long long)ctx_len,
+                (double)slots * (double)d->eng.layout.slot_bytes / 1048576.0);
+    d->sampler = bt_sampler_create(d->eng.cfg->vocab);
+    d->batch = bt_calloc_or_die((size_t)max_running, sizeof *d->batch);
+    d->fwd = bt_calloc_or_die((size_t)max_running, sizeof *d->fwd);
+    d->logits = bt_malloc_or_die((size_t)max_running * d->eng.cfg->vocab * sizeof(float));
+
+    bt_xfer_options_t xo = {BT_XFER_UCX, ucx_tls, net_devices, 1000};
+    if ((st = bt_xfer_create(d->loop, &xo, &d->xfer)) != BT_OK ||
+        (st = bt_xfer_register(d->xfer, bt_kv_pool_slot(d->pool, 0),
+                               (size_t)slots * d->eng.layout.slot_bytes, &d->region)) != BT_OK) {
+        fprintf(stderr, "baton-decode: transfer layer: %s\n", bt_status_str(st));
+        return 1;
+    }
+    bt_xfer_on_notice(d->xfer, on_notice, d);
+
+    char addr[300];
+    snprintf(addr, sizeof addr, "%s:%lld", host, (long long)port);
+    if ((st = bt_rpc_create(d->loop, &d->rpc)) != BT_OK ||
+        (st = bt_rpc_server_create(d->rpc, addr, NULL, &d->server)) != BT_OK ||
+        (st = bt_rpc_server_method(d->server, "/baton.v1.Decode/Generate", BT_RPC_SERVER_STREAM,
+                                   on_generate, d)) != BT_OK ||
+        (st = bt_rpc_server_method(d->server, "/baton.v1.Decode/Stats", BT_RPC_UNARY, on_stats, d)) != BT_OK ||
+        (st = bt_rpc_server_start(d->server)) != BT_OK) {
+        fprintf(stderr, "baton-decode: cannot serve gRPC on %s: %s\n", addr, bt_status_str(st));
+        return 1;
+    }
+    snprintf(d->address, sizeof d->address, "%s:%d", host, bt_rpc_server_port(d->server));
+    printf("baton-decode listening on %s\n", d->address);
+    fflush(stdout);
+    BT_LOG_INFO("listening on %s (max %d running)", d->address, d->max_running);
+    if (router) {
+        Baton__V1__WorkerInfo info = BATON__V1__WORKER_INFO__INIT;
+        info.role = BATON__V1__WORKER_ROLE__ROLE_DECODE;
+        info.address = d->address;
+        info.model = d->eng.served_name;
+        info.compat_hash = d->eng.compat_hash;
+        info.tp = 1;
+        info.max_running = d->max_running;
+        info.context_length = ctx_len;
+        info.vocab_size = d->eng.cfg->vocab;
+        bt_registration_start(d->rpc, router, &info, load_fn, d, &d->reg);
+    }
+    bt_service_on_signal(d->loop, on_stop, d);
+    uv_run(d->loop, UV_RUN_DEFAULT);
+    BT_LOG_INFO("stopped");
+    return 0;
+}

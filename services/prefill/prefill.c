@@ -1,0 +1,433 @@
+/* baton-prefill: a prefill group. Runs a prompt chunk by chunk (--chunked-prefill-size) in
+ * a local KV slot and, after every chunk, puts the bytes that chunk changed straight into
+ * the decode group's slot, flushes, and sends a notice; the last notice carries the first
+ * sampled token. Jobs run one at a time, first come first served. */
+#include "common/alloc.h"
+#include "common/flags.h"
+#include "common/log.h"
+#include "common/rpc/rpc.h"
+#include "common/transfer/transfer.h"
+#include "services/common/proto_util.h"
+#include "services/common/sampler.h"
+#include "services/common/service.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct prefill prefill_t;
+
+typedef struct peer {
+    struct peer *next;
+    uint8_t *desc;
+    size_t desc_len;
+    bt_xfer_peer_t *xp;
+    bool failed;
+    prefill_t *p;
+} peer_t;
+
+typedef struct job {
+    struct job *next;
+    prefill_t *p;
+    bt_rpc_call_t *call;
+    Baton__V1__PrefillRequest *req;
+    peer_t *peer;
+    int done;          /* prompt tokens prefilled */
+    int chunk_index;
+    bool cancelled;
+    int64_t bytes;
+    int32_t first_token;
+    float first_logprob;
+    bt_kv_header_t before;
+} job_t;
+
+struct prefill {
+    uv_loop_t *loop;
+    bt_rpc_t *rpc;
+    bt_rpc_server_t *server;
+    bt_xfer_t *xfer;
+    bt_service_engine_t eng;
+    bt_registration_t *reg;
+    bt_sampler_t *sampler;
+    uint8_t *slot;     /* the local KV slot of the running job */
+    float *logits;
+    int chunk_size;
+    job_t *queue, *queue_tail, *active;
+    peer_t *peers;
+    bool busy, stopping;
+    uv_work_t work;
+    bt_forward_seq_t fwd;
+    bt_status_t step_status;
+    char step_err[256];
+    char address[256];
+    int64_t queued_tokens;
+};
+
+static void run_next(prefill_t *p);
+
+static void job_end(job_t *j, bt_rpc_code_t code, const char *msg)
+{
+    prefill_t *p = j->p;
+    if (j->call) {
+        if (code == BT_RPC_OK) {
+            Baton__V1__PrefillResponse resp = BATON__V1__PREFILL_RESPONSE__INIT;
+            Baton__V1__TokenLogprob lp = BATON__V1__TOKEN_LOGPROB__INIT;
+            resp.first_token = j->first_token;
+            lp.token_id = j->first_token;
+            lp.logprob = j->first_logprob;
+            resp.first_logprob = &lp;
+            resp.chunks = j->chunk_index;
+            resp.bytes = j->bytes;
+            uint8_t *buf;
+            size_t len;
+            bt_proto_pack(&resp.base, &buf, &len);
+            bt_rpc_call_reply(j->call, buf, len);
+            free(buf);
+        } else {
+            BT_LOG_WARN("prefill %s: %s: %s", j->req->request_id, bt_rpc_code_name(code), msg);
+            bt_rpc_call_finish(j->call, code, msg);
+        }
+        j->call = NULL;
+    }
+    if (p->active == j) p->active = NULL;
+    BT_PROTO_FREE(baton__v1__prefill_request, j->req);
+    free(j);
+    run_next(p);
+}
+
+static void on_peer_error(void *ctx, bt_status_t st)
+{
+    peer_t *pe = ctx;
+    BT_LOG_WARN("decode peer failed: %s", bt_status_str(st));
+    pe->failed = true;
+}
+
+static peer_t *peer_get(prefill_t *p, const uint8_t *desc, size_t len, char *err, size_t errlen)
+{
+    for (peer_t *pe = p->peers; pe; pe = pe->next)
+        if (!pe->failed && pe->desc_len == len && !memcmp(pe->desc, desc, len)) return pe;
+    peer_t *pe = bt_calloc_or_die(1, sizeof *pe);
+    pe->p = p;
+    bt_status_t st = bt_xfer_connect(p->xfer, desc, len, on_peer_error, pe, &pe->xp);
+    if (st != BT_OK) {
+        snprintf(err, errlen, "cannot connect to the decode group's KV pool: %s", bt_status_str(st));
+        free(pe);
+        return NULL;
+    }
+    pe->desc = bt_malloc_or_die(len);
+    memcpy(pe->desc, desc, len);
+    pe->desc_len = len;
+    pe->next = p->peers;
+    p->peers = pe;
+    return pe;
+}
+
+static void chunk_work(uv_work_t *w)
+{
+    prefill_t *p = w->data;
+    p->step_status = bt_model_forward(p->eng.model, &p->eng.layout, &p->fwd, 1, p->logits,
+                                      p->step_err, sizeof p->step_err);
+}
+
+static void start_chunk(prefill_t *p, job_t *j);
+
+static void on_committed(void *ctx, bt_status_t st)
+{
+    job_t *j = ctx;
+    prefill_t *p = j->p;
+    if (st != BT_OK) {
+        job_end(j, BT_RPC_UNAVAILABLE, "KV transfer to the decode group failed");
+        return;
+    }
+    if (j->cancelled) {
+        job_end(j, BT_RPC_CANCELLED, "cancelled by the decode group");
+        return;
+    }
+    if (j->done == (int)j->req->n_prompt_ids) {
+        job_end(j, BT_RPC_OK, NULL);
+        return;
+    }
+    start_chunk(p, j);
+}
+
+static void chunk_done(uv_work_t *w, int status)
+{
+    prefill_t *p = w->data;
+    job_t *j = p->active;
+    p->busy = false;
+    if (p->step_status != BT_OK) {
+        job_end(j, BT_RPC_INTERNAL, p->step_err);
+        return;
+    }
+    if (j->cancelled) {
+        job_end(j, BT_RPC_CANCELLED, "cancelled by the decode group");
+        return;
+    }
+    if (j->peer->failed) {
+        job_end(j, BT_RPC_UNAVAILABLE, "the decode group's KV pool is unreachable");
+        return;
+    }
+    j->done += p->fwd.n;
+    bool last = j->done == (int)j->req->n_prompt_ids;
+    /* the bytes this chunk changed go straight into decode's slot */
+    bt_kv_range_t ranges[4 * BT_MAX_LAYERS + 1];
+    int nr = bt_kv_changed_ranges(p->eng.cfg, &p->eng.layout, &j->before, p->slot, ranges,
+                                  (int)(sizeof ranges / sizeof ranges[0]));
+    uint64_t base = j->req->target->slot_offset;
+    for (int i = 0; i < nr; i++) {
+        bt_status_t st = bt_xfer_put(j->peer->xp, base + ranges[i].off, p->slot + ranges[i].off,
+                                     ranges[i].len);
+        if (st != BT_OK) {
+            job_end(j, BT_RPC_UNAVAILABLE, "KV put refused (target outside the decode pool?)");
+            return;
+        }
+        j->bytes += (int64_t)ranges[i].len;
+    }
+    Baton__V1__KvNotice n = BATON__V1__KV_NOTICE__INIT;
+    n.request_id = j->req->request_id;
+    n.epoch = j->req->epoch;
+    n.chunk_index = j->chunk_index++;
+    n.tokens_done = j->done;
+    if (last) {
+        Baton__V1__SamplingParams *sp = j->req->sampling;
+        bt_sampling_t s = {sp ? sp->temperature : 0.0f, sp && sp->top_p > 0 ? sp->top_p : 1.0f,
+                           sp ? sp->min_p : 0.0f, sp ? sp->top_k : 0, sp && sp->has_seed ? sp->seed : 0};
+        j->first_token = bt_sampler_sample(p->sampler, &s, p->logits, 0, &j->first_logprob, NULL, 0);
+        n.kind = BATON__V1__KV_NOTICE__KIND__LAST;
+        n.first_token = j->first_token;
+        n.first_logprob = j->first_logprob;
+    } else {
+        n.kind = BATON__V1__KV_NOTICE__KIND__CHUNK;
+    }
+    uint8_t *buf;
+    size_t len;
+    bt_proto_pack(&n.base, &buf, &len);
+    bt_status_t st = bt_xfer_commit(j->peer->xp, buf, len, on_committed, j);
+    free(buf);
+    if (st != BT_OK) job_end(j, BT_RPC_UNAVAILABLE, "cannot commit the KV transfer");
+}
+
+static void start_chunk(prefill_t *p, job_t *j)
+{
+    int total = (int)j->req->n_prompt_ids;
+    int n = total - j->done < p->chunk_size ? total - j->done : p->chunk_size;
+    j->before = *bt_kv_header(p->slot);
+    p->fwd = (bt_forward_seq_t){p->slot, j->req->prompt_ids + j->done, n, false};
+    p->busy = true;
+    p->work.data = p;
+    uv_queue_work(p->loop, &p->work, chunk_work, chunk_done);
+}
+
+static void run_next(prefill_t *p)
+{
+    if (p->active || p->busy || p->stopping) return;
+    while (p->queue) {
+        job_t *j = p->queue;
+        p->queue = j->next;
+        if (!p->queue) p->queue_tail = NULL;
+        p->queued_tokens -= (int64_t)j->req->n_prompt_ids;
+        if (j->cancelled) {
+            job_end(j, BT_RPC_CANCELLED, "cancelled before it started");
+            return; /* job_end calls run_next */
+        }
+        char err[256];
+        j->peer = peer_get(p, j->req->target->region.data, j->req->target->region.len, err, sizeof err);
+        if (!j->peer) {
+            job_end(j, BT_RPC_UNAVAILABLE, err);
+            return;
+        }
+        p->active = j;
+        bt_kv_state_reset(p->slot);
+        start_chunk(p, j);
+        return;
+    }
+}
+
+static void on_job_cancel(void *ctx)
+{
+    job_t *j = ctx;
+    j->cancelled = true;
+    BT_LOG_INFO("prefill %s cancelled", j->req->request_id);
+    if (j->call) {
+        bt_rpc_call_finish(j->call, BT_RPC_CANCELLED, "cancelled");
+        j->call = NULL;
+    }
+    /* an active job stops at its chunk boundary; a queued one when dequeued */
+}
+
+static void on_prefill(void *ctx, bt_rpc_call_t *call, const uint8_t *data, size_t len)
+{
+    prefill_t *p = ctx;
+    Baton__V1__PrefillRequest *r = BT_PROTO_UNPACK(baton__v1__prefill_request, data, len);
+    char msg[300];
+    if (!r) {
+        bt_rpc_call_finish(call, BT_RPC_INVALID_ARGUMENT, "unreadable PrefillRequest");
+        return;
+    }
+    bt_rpc_code_t code = BT_RPC_OK;
+    if (p->stopping) {
+        code = BT_RPC_UNAVAILABLE;
+        snprintf(msg, sizeof msg, "prefill group shutting down");
+    } else if (r->compat_hash != p->eng.compat_hash) {
+        code = BT_RPC_FAILED_PRECONDITION;
+        snprintf(msg, sizeof msg, "incompatible groups: decode compat hash %016" PRIx64 ", prefill %016" PRIx64
+                 " (model, dtype, KV layout or TP size differ)", r->compat_hash, p->eng.compat_hash);
+    } else if (!r->target || r->target->slot_bytes != p->eng.layout.slot_bytes) {
+        code = BT_RPC_INVALID_ARGUMENT;
+        snprintf(msg, sizeof msg, "KV target missing or of another slot size");
+    } else if (r->n_prompt_ids == 0 || (int64_t)r->n_prompt_ids > p->eng.layout.max_ctx) {
+        code = BT_RPC_INVALID_ARGUMENT;
+        snprintf(msg, sizeof msg, "prompt of %zu tokens outside 1..%lld", r->n_prompt_ids,
+                 (long long)p->eng.layout.max_ctx);
+    }
+    for (size_t i = 0; code == BT_RPC_OK && i < r->n_prompt_ids; i++)
+        if (r->prompt_ids[i] < 0 || r->prompt_ids[i] >= p->eng.cfg->vocab) {
+            code = BT_RPC_INVALID_ARGUMENT;
+            snprintf(msg, sizeof msg, "prompt token %d at %zu outside the vocabulary", r->prompt_ids[i], i);
+        }
+    if (code != BT_RPC_OK) {
+        BT_PROTO_FREE(baton__v1__prefill_request, r);
+        bt_rpc_call_finish(call, code, msg);
+        return;
+    }
+    job_t *j = bt_calloc_or_die(1, sizeof *j);
+    j->p = p;
+    j->call = call;
+    j->req = r;
+    bt_rpc_call_on_cancel(call, on_job_cancel, j);
+    if (p->queue_tail)
+        p->queue_tail->next = j;
+    else
+        p->queue = j;
+    p->queue_tail = j;
+    p->queued_tokens += (int64_t)r->n_prompt_ids;
+    run_next(p);
+}
+
+static void on_hello(void *ctx, bt_rpc_call_t *call, const uint8_t *data, size_t len)
+{
+    prefill_t *p = ctx;
+    Baton__V1__HelloResponse hr = BATON__V1__HELLO_RESPONSE__INIT;
+    hr.compat_hash = p->eng.compat_hash;
+    hr.model = p->eng.served_name;
+    hr.tp = 1;
+    uint8_t *buf;
+    size_t n;
+    bt_proto_pack(&hr.base, &buf, &n);
+    bt_rpc_call_reply(call, buf, n);
+    free(buf);
+}
+
+static void load_fn(void *ctx, Baton__V1__HeartbeatRequest *hb)
+{
+    prefill_t *p = ctx;
+    hb->running = p->active ? 1 : 0;
+    hb->queued_prefill_tokens = p->queued_tokens;
+}
+
+static void on_server_down(void *ctx)
+{
+    prefill_t *p = ctx;
+    uv_stop(p->loop);
+}
+
+static void on_stop(void *ctx)
+{
+    prefill_t *p = ctx;
+    p->stopping = true;
+    bt_registration_stop(p->reg);
+    p->reg = NULL;
+    bt_rpc_server_shutdown(p->server, 1000, on_server_down, p);
+}
+
+int main(int argc, char **argv)
+{
+    bt_log_set_tag("prefill");
+    const char *model_path = NULL, *served = NULL, *host = "127.0.0.1", *router = NULL;
+    const char *ucx_tls = "tcp", *transfer = "ucx", *log_level = "info", *net_devices = NULL;
+    int64_t port = 0, context = 0, chunk = 4096, threads = 0, tp = 1, seed = 0;
+    double watchdog_s = 300.0;
+    bt_flag_t spec[] = {
+        BT_FLAG_STR("model-path", &model_path, "checkpoint directory (default: the demo model)"),
+        BT_FLAG_STR("served-model-name", &served, "model name reported to the router"),
+        BT_FLAG_STR("host", &host, "address to listen on (default 127.0.0.1)"),
+        BT_FLAG_INT("port", &port, "gRPC port (0 picks one)"),
+        BT_FLAG_STR("router", &router, "router address host:port to register with"),
+        BT_FLAG_INT("context-length", &context, "tokens per sequence (must match the decode groups)"),
+        BT_FLAG_INT("chunked-prefill-size", &chunk, "tokens per prefill chunk (default 4096)"),
+        BT_FLAG_FLOAT("watchdog-timeout", &watchdog_s, "seconds any wait may take (default 300)"),
+        BT_FLAG_INT("threads", &threads, "CPU threads for the model (default: one per core)"),
+        BT_FLAG_INT("tp", &tp, "tensor-parallel size (1 on the CPU backend for now)"),
+        BT_FLAG_INT("random-seed", &seed, "accepted for SGLang compatibility"),
+        BT_FLAG_STR("transfer", &transfer, "KV transport: ucx (default)"),
+        BT_FLAG_STR("ucx-tls", &ucx_tls, "UCX transports: tcp (default), sm, tcp,sm"),
+        BT_FLAG_STR("ucx-net-devices", &net_devices, "UCX_NET_DEVICES (e.g. lo, mlx5_0:1)"),
+        BT_FLAG_STR("log-level", &log_level, "debug, info, warn, error"),
+    };
+    char err[1024];
+    bt_status_t st = bt_flags_parse(spec, BT_COUNTOF(spec), argc - 1, argv + 1, NULL, err, sizeof err);
+    if (st == BT_ERR_NOT_FOUND) return 0;
+    if (st != BT_OK) {
+        fprintf(stderr, "baton-prefill: %s\n", err);
+        return 2;
+    }
+    if (bt_log_level_parse(log_level) < 0 || chunk < 1 || chunk > (1 << 20) || tp != 1 ||
+        watchdog_s <= 0 || strcmp(transfer, "ucx") != 0) {
+        fprintf(stderr, "baton-prefill: bad flag value (--log-level, --chunked-prefill-size "
+                        "1..1048576, --tp 1, --watchdog-timeout > 0, --transfer ucx)\n");
+        return 2;
+    }
+    bt_log_set_level((bt_log_level_t)bt_log_level_parse(log_level));
+    static prefill_t pp;
+    prefill_t *p = &pp;
+    p->loop = uv_default_loop();
+    p->chunk_size = (int)chunk;
+    st = bt_service_engine_open(model_path, served, context, 1, (int)chunk, (int)threads, &p->eng,
+                                err, sizeof err);
+    if (st != BT_OK) {
+        fprintf(stderr, "baton-prefill: %s\n", err);
+        return 1;
+    }
+    p->slot = bt_aligned_alloc(64, p->eng.layout.slot_bytes);
+    p->logits = bt_malloc_or_die((size_t)p->eng.cfg->vocab * sizeof(float));
+    p->sampler = bt_sampler_create(p->eng.cfg->vocab);
+    if (!p->slot) {
+        fprintf(stderr, "baton-prefill: cannot allocate the KV slot\n");
+        return 1;
+    }
+    bt_xfer_options_t xo = {BT_XFER_UCX, ucx_tls, net_devices, 1000};
+    if ((st = bt_xfer_create(p->loop, &xo, &p->xfer)) != BT_OK) {
+        fprintf(stderr, "baton-prefill: transfer layer: %s\n", bt_status_str(st));
+        return 1;
+    }
+    char addr[300];
+    snprintf(addr, sizeof addr, "%s:%lld", host, (long long)port);
+    if ((st = bt_rpc_create(p->loop, &p->rpc)) != BT_OK ||
+        (st = bt_rpc_server_create(p->rpc, addr, NULL, &p->server)) != BT_OK ||
+        (st = bt_rpc_server_method(p->server, "/baton.v1.Prefill/Prefill", BT_RPC_UNARY, on_prefill, p)) != BT_OK ||
+        (st = bt_rpc_server_method(p->server, "/baton.v1.Prefill/Hello", BT_RPC_UNARY, on_hello, p)) != BT_OK ||
+        (st = bt_rpc_server_start(p->server)) != BT_OK) {
+        fprintf(stderr, "baton-prefill: cannot serve gRPC on %s: %s\n", addr, bt_status_str(st));
+        return 1;
+    }
+    snprintf(p->address, sizeof p->address, "%s:%d", host, bt_rpc_server_port(p->server));
+    printf("baton-prefill listening on %s\n", p->address);
+    fflush(stdout);
+    BT_LOG_INFO("listening on %s (chunks of %d tokens)", p->address, p->chunk_size);
+    if (router) {
+        Baton__V1__WorkerInfo info = BATON__V1__WORKER_INFO__INIT;
+        info.role = BATON__V1__WORKER_ROLE__ROLE_PREFILL;
+        info.address = p->address;
+        info.model = p->eng.served_name;
+        info.compat_hash = p->eng.compat_hash;
+        info.tp = 1;
+        info.context_length = p->eng.layout.max_ctx;
+        info.vocab_size = p->eng.cfg->vocab;
+        bt_registration_start(p->rpc, router, &info, load_fn, p, &p->reg);
+    }
+    bt_service_on_signal(p->loop, on_stop, p);
+    uv_run(p->loop, UV_RUN_DEFAULT);
+    BT_LOG_INFO("stopped");
+    return 0;
+}

@@ -1,0 +1,950 @@
+/* baton-router: the model front end and traffic control. Serves the public Baton API over
+ * gRPC; tokenizes and chat-encodes; admits at most --max-running-requests per decode group
+ * with a bounded FIFO queue behind (RESOURCE_EXHAUSTED past it); picks the (prefill, decode)
+ * pair; turns decode's token ids back into text, reasoning and tool calls; keeps the worker
+ * registry (workers that miss heartbeats are removed and their requests end UNAVAILABLE). */
+#include "common/alloc.h"
+#include "common/flags.h"
+#include "common/json.h"
+#include "common/log.h"
+#include "common/rpc/rpc.h"
+#include "common/text/chat.h"
+#include "common/text/parsers.h"
+#include "common/text/tokenizer.h"
+#include "services/common/proto_util.h"
+#include "services/common/service.h"
+#include "services/engine/demo_model.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct router router_t;
+
+typedef struct worker {
+    struct worker *next;
+    router_t *r;
+    char id[64];
+    Baton__V1__WorkerRole role;
+    char address[256];
+    char model[256];
+    bt_rpc_channel_t *ch;
+    int64_t last_seen_ms;
+    int running;            /* requests the router has on it */
+    int max_running;
+    int64_t context_length;
+    int64_t queued_prefill_tokens;
+    uint64_t compat_hash;
+} worker_t;
+
+typedef enum { REQ_QUEUED, REQ_RUNNING, REQ_DONE } req_state_t;
+
+typedef struct req {
+    struct req *next;        /* all requests */
+    struct req *qnext;       /* queue */
+    router_t *r;
+    bt_rpc_call_t *call;     /* the client's; NULL once finished */
+    char id[96];
+    uint64_t epoch;
+    req_state_t state;
+    int32_t *prompt;
+    int n_prompt;
+    Baton__V1__SamplingParams sampling; /* flat copy (stop strings and ids kept apart) */
+    char **stop;
+    int n_stop;
+    size_t max_stop_len;
+    int32_t *stop_ids;
+    int n_stop_ids;
+    int max_new;
+    worker_t *decode, *prefill;
+    bt_rpc_client_call_t *dcall;
+    bool dcall_live;
+    /* output */
+    bt_detok_t *detok;
+    bt_reasoning_parser_t *rp;
+    bt_tool_parser_t *tp;
+    char *text;              /* raw visible text so far (for stop strings) */
+    size_t text_len, text_cap, emitted;
+    int completion_tokens;
+    int n_tool_calls;
+    Baton__V1__FinishReason finish;
+    char matched_stop[256];
+    int64_t last_event_ms;
+    int64_t t_start;
+} req_t;
+
+struct router {
+    uv_loop_t *loop;
+    bt_rpc_t *rpc;
+    bt_rpc_server_t *server;
+    bt_tokenizer_t *tok;
+    char served[256];
+    worker_t *workers;
+    req_t *reqs;
+    req_t *queue, *queue_tail;
+    int n_queued;
+    int max_running, max_queued, max_new_default;
+    int64_t context_length;  /* router's own cap (0: from the workers) */
+    int64_t watchdog_ms;
+    int heartbeat_ms;
+    bool reasoning_parser, tool_parser, stopping;
+    uint64_t next_worker, next_request, epoch_base;
+    uv_timer_t sweep;
+};
+
+static void dispatch_queued(router_t *r);
+
+/* ---- request lifetime ----------------------------------------------------------------------- */
+
+static void req_release(req_t *q)
+{
+    if (q->call || q->dcall_live) return;
+    router_t *r = q->r;
+    for (req_t **p = &r->reqs; *p; p = &(*p)->next)
+        if (*p == q) {
+            *p = q->next;
+            break;
+        }
+    bt_detok_destroy(q->detok);
+    bt_reasoning_parser_destroy(q->rp);
+    bt_tool_parser_destroy(q->tp);
+    for (int i = 0; i < q->n_stop; i++) free(q->stop[i]);
+    free(q->stop);
+    free(q->stop_ids);
+    free(q->prompt);
+    free(q->text);
+    free(q);
+}
+
+static void queue_remove(router_t *r, req_t *q)
+{
+    req_t *prev = NULL;
+    for (req_t *x = r->queue; x; prev = x, x = x->qnext)
+        if (x == q) {
+            if (prev)
+                prev->qnext = x->qnext;
+            else
+                r->queue = x->qnext;
+            if (r->queue_tail == x) r->queue_tail = prev;
+            r->n_queued--;
+            return;
+        }
+}
+
+/* The request stops counting against its decode group. */
+static void req_leave_decode(req_t *q)
+{
+    if (q->state == REQ_RUNNING && q->decode) {
+        q->decode->running--;
+        q->decode = NULL;
+    }
+    if (q->state == REQ_QUEUED) queue_remove(q->r, q);
+    q->state = REQ_DONE;
+}
+
+static void req_fail(req_t *q, bt_rpc_code_t code, const char *msg)
+{
+    router_t *r = q->r;
+    req_leave_decode(q);
+    if (q->call) {
+        BT_LOG_WARN("request %s: %s: %s", q->id, bt_rpc_code_name(code), msg);
+        bt_rpc_call_finish(q->call, code, msg);
+        q->call = NULL;
+    }
+    if (q->dcall_live) bt_rpc_client_cancel(q->dcall);
+    req_release(q);
+    dispatch_queued(r);
+}
+
+/* ---- output: text, stop strings, parsers ---------------------------------------------------- */
+
+static void text_append(req_t *q, const char *s, size_t n)
+{
+    if (q->text_len + n + 1 > q->text_cap) {
+        q->text_cap = (q->text_len + n + 1) * 2;
+        q->text = bt_realloc_or_die(q->text, q->text_cap);
+    }
+    memcpy(q->text + q->text_len, s, n);
+    q->text_len += n;
+    q->text[q->text_len] = 0;
+}
+
+/* Releasable end of the raw text: everything when finishing, else all but a possible stop
+ * prefix, backed off to a UTF-8 boundary. Sets *stop_at when a stop string matched. */
+static size_t releasable(req_t *q, bool final, ssize_t *stop_at)
+{
+    *stop_at = -1;
+    size_t from = q->emitted > q->max_stop_len ? q->emitted - q->max_stop_len : 0;
+    for (int i = 0; i < q->n_stop; i++) {
+        const char *hit = q->text_len >= from ? strstr(q->text + from, q->stop[i]) : NULL;
+        if (hit && (*stop_at < 0 || hit - q->text < *stop_at)) {
+            *stop_at = hit - q->text;
+            snprintf(q->matched_stop, sizeof q->matched_stop, "%s", q->stop[i]);
+        }
+    }
+    if (*stop_at >= 0) return (size_t)*stop_at;
+    if (final || q->max_stop_len == 0) return q->text_len;
+    size_t end = q->text_len > q->max_stop_len - 1 ? q->text_len - (q->max_stop_len - 1) : 0;
+    if (end < q->emitted) end = q->emitted;
+    while (end > q->emitted && ((unsigned char)q->text[end] & 0xC0) == 0x80) end--;
+    return end;
+}
+
+typedef struct {
+    char *content, *reasoning;
+    size_t content_len, content_cap, reasoning_len, reasoning_cap;
+    Baton__V1__ToolCall *calls;
+    Baton__V1__ToolCall **call_ptrs;
+    int n_calls, cap_calls;
+} out_t;
+
+static void out_add(char **buf, size_t *len, size_t *cap, const char *s, size_t n)
+{
+    if (!n) return;
+    if (*len + n + 1 > *cap) {
+        *cap = (*len + n + 1) * 2;
+        *buf = bt_realloc_or_die(*buf, *cap);
+    }
+    memcpy(*buf + *len, s, n);
+    *len += n;
+    (*buf)[*len] = 0;
+}
+
+static void out_tools(req_t *q, out_t *o, const bt_tool_delta_t *t)
+{
+    out_add(&o->content, &o->content_len, &o->content_cap, t->content, t->content_len);
+    for (int i = 0; i < t->n_calls; i++) {
+        if (o->n_calls == o->cap_calls) {
+            o->cap_calls = o->cap_calls ? 2 * o->cap_calls : 4;
+            o->calls = bt_realloc_or_die(o->calls, (size_t)o->cap_calls * sizeof *o->calls);
+        }
+        Baton__V1__ToolCall *c = &o->calls[o->n_calls++];
+        baton__v1__tool_call__init(c);
+        c->index = t->calls[i].index;
+        c->id = bt_strdup_or_die(t->calls[i].id);
+        c->name = bt_strdup_or_die(t->calls[i].name);
+        c->arguments = bt_strdup_or_die(t->calls[i].arguments);
+        q->n_tool_calls++;
+    }
+}
+
+/* Runs released raw text through the parsers into o. */
+static void out_text(req_t *q, out_t *o, const char *s, size_t n, bool final)
+{
+    const char *content = s;
+    size_t content_len = n;
+    bt_reasoning_delta_t rd = {0};
+    if (q->rp) {
+        bt_reasoning_parser_push(q->rp, s, n, &rd);
+        out_add(&o->reasoning, &o->reasoning_len, &o->reasoning_cap, rd.reasoning, rd.reasoning_len);
+        content = rd.content;
+        content_len = rd.content_len;
+    }
+    if (q->tp) {
+        bt_tool_delta_t td;
+        bt_tool_parser_push(q->tp, content, content_len, &td);
+        out_tools(q, o, &td);
+    } else {
+        out_add(&o->content, &o->content_len, &o->content_cap, content, content_len);
+    }
+    if (!final) return;
+    if (q->rp) {
+        bt_reasoning_parser_finish(q->rp, &rd);
+        out_add(&o->reasoning, &o->reasoning_len, &o->reasoning_cap, rd.reasoning, rd.reasoning_len);
+        if (q->tp) {
+            bt_tool_delta_t td;
+            bt_tool_parser_push(q->tp, rd.content, rd.content_len, &td);
+            out_tools(q, o, &td);
+        } else {
+            out_add(&o->content, &o->content_len, &o->content_cap, rd.content, rd.content_len);
+        }
+    }
+    if (q->tp) {
+        bt_tool_delta_t td;
+        bt_tool_parser_finish(q->tp, &td);
+        out_tools(q, o, &td);
+    }
+}
+
+static void out_free(out_t *o)
+{
+    for (int i = 0; i < o->n_calls; i++) {
+        free(o->calls[i].id);
+        free(o->calls[i].name);
+        free(o->calls[i].arguments);
+    }
+    free(o->calls);
+    free(o->call_ptrs);
+    free(o->content);
+    free(o->reasoning);
+}
+
+/* Sends one GenerateResponse with these token ids and whatever text is releasable; on
+ * `final` with the finish reason and usage, then ends the call. */
+static void send_response(req_t *q, const int32_t *ids, size_t n_ids,
+                          Baton__V1__TokenLogprob **lps, size_t n_lps, bool final)
+{
+    if (!q->call) return;
+    ssize_t stop_at;
+    size_t end = releasable(q, final, &stop_at);
+    if (stop_at >= 0) final = true;
+    out_t o = {0};
+    if (end > q->emitted) out_text(q, &o, q->text + q->emitted, end - q->emitted, final);
+    else if (final) out_text(q, &o, "", 0, true);
+    q->emitted = end;
+    Baton__V1__GenerateResponse resp = BATON__V1__GENERATE_RESPONSE__INIT;
+    resp.n_token_ids = n_ids;
+    resp.token_ids = (int32_t *)ids;
+    resp.n_logprobs = n_lps;
+    resp.logprobs = lps;
+    resp.text = o.content ? o.content : "";
+    resp.reasoning_text = o.reasoning ? o.reasoning : "";
+    if (o.n_calls) {
+        o.call_ptrs = bt_malloc_or_die((size_t)o.n_calls * sizeof *o.call_ptrs);
+        for (int i = 0; i < o.n_calls; i++) o.call_ptrs[i] = &o.calls[i];
+        resp.n_tool_calls = (size_t)o.n_calls;
+        resp.tool_calls = o.call_ptrs;
+    }
+    Baton__V1__Usage usage = BATON__V1__USAGE__INIT;
+    if (final) {
+        Baton__V1__FinishReason fr = stop_at >= 0 ? BATON__V1__FINISH_REASON__FINISH_STOP : q->finish;
+        if (fr == BATON__V1__FINISH_REASON__FINISH_NONE) fr = BATON__V1__FINISH_REASON__FINISH_STOP;
+        if (fr == BATON__V1__FINISH_REASON__FINISH_STOP && q->n_tool_calls > 0)
+            fr = BATON__V1__FINISH_REASON__FINISH_TOOL_CALLS;
+        resp.finish_reason = fr;
+        usage.prompt_tokens = q->n_prompt;
+        usage.completion_tokens = q->completion_tokens;
+        resp.usage = &usage;
+        resp.matched_stop = q->matched_stop;
+    }
+    uint8_t *buf;
+    size_t len;
+    bt_proto_pack(&resp.base, &buf, &len);
+    bt_rpc_call_send(q->call, buf, len, NULL, NULL);
+    free(buf);
+    out_free(&o);
+    if (final) {
+        bt_rpc_call_finish(q->call, BT_RPC_OK, NULL);
+        q->call = NULL;
+        router_t *r = q->r;
+        req_leave_decode(q);
+        if (q->dcall_live) bt_rpc_client_cancel(q->dcall); /* a stop string ended it early */
+        req_release(q);
+        dispatch_queued(r);
+    }
+}
+
+/* ---- the decode stream ------------------------------------------------------------------ */
+
+static void on_decode_event(void *ctx, const uint8_t *data, size_t len)
+{
+    req_t *q = ctx;
+    q->last_event_ms = bt_now_ms();
+    if (!q->call) return;
+    Baton__V1__DecodeEvent *ev = BT_PROTO_UNPACK(baton__v1__decode_event, data, len);
+    if (!ev) {
+        req_fail(q, BT_RPC_INTERNAL, "unreadable event from the decode group");
+        return;
+    }
+    for (size_t i = 0; i < ev->n_token_ids; i++) {
+        const char *chunk;
+        size_t n;
+        if (bt_detok_push(q->detok, &ev->token_ids[i], 1, &chunk, &n) == BT_OK) text_append(q, chunk, n);
+    }
+    q->completion_tokens += (int)ev->n_token_ids;
+    bool final = ev->finish_reason != BATON__V1__FINISH_REASON__FINISH_NONE;
+    if (final) {
+        q->finish = ev->finish_reason;
+        const char *chunk;
+        size_t n;
+        if (bt_detok_finish(q->detok, &chunk, &n) == BT_OK) text_append(q, chunk, n);
+    }
+    send_response(q, ev->token_ids, ev->n_token_ids, ev->logprobs, ev->n_logprobs, final);
+    BT_PROTO_FREE(baton__v1__decode_event, ev);
+}
+
+static void on_decode_done(void *ctx, bt_rpc_code_t code, const char *msg)
+{
+    req_t *q = ctx;
+    q->dcall_live = false;
+    q->dcall = NULL;
+    if (q->call) {
+        char m[512];
+        if (code == BT_RPC_OK) {
+            /* the stream ended without a final event: treat as done */
+            send_response(q, NULL, 0, NULL, 0, true);
+            return;
+        }
+        snprintf(m, sizeof m, "decode group %s: %s", q->decode ? q->decode->address : "?",
+                 msg ? msg : bt_rpc_code_name(code));
+        req_fail(q, code == BT_RPC_CANCELLED ? BT_RPC_UNAVAILABLE : code, m);
+        return;
+    }
+    req_release(q);
+}
+
+static worker_t *pick(router_t *r, Baton__V1__WorkerRole role, bool need_room)
+{
+    worker_t *best = NULL;
+    for (worker_t *w = r->workers; w; w = w->next) {
+        if (w->role != role) continue;
+        if (need_room) {
+            int limit = w->max_running > 0 && w->max_running < r->max_running ? w->max_running : r->max_running;
+            if (w->running >= limit) continue;
+            if (!best || w->running < best->running) best = w;
+        } else if (!best || w->queued_prefill_tokens + w->running < best->queued_prefill_tokens + best->running) {
+            best = w;
+        }
+    }
+    return best;
+}
+
+static bool start_request(req_t *q)
+{
+    router_t *r = q->r;
+    worker_t *d = pick(r, BATON__V1__WORKER_ROLE__ROLE_DECODE, true);
+    worker_t *p = pick(r, BATON__V1__WORKER_ROLE__ROLE_PREFILL, false);
+    if (!d || !p) return false;
+    q->decode = d;
+    q->prefill = p;
+    d->running++;
+    p->running++; /* counts toward the prefill choice until the first event */
+    q->state = REQ_RUNNING;
+    Baton__V1__DecodeRequest dr = BATON__V1__DECODE_REQUEST__INIT;
+    dr.request_id = q->id;
+    dr.epoch = q->epoch;
+    dr.n_prompt_ids = (size_t)q->n_prompt;
+    dr.prompt_ids = q->prompt;
+    Baton__V1__SamplingParams sp = q->sampling;
+    sp.n_stop = 0;
+    sp.stop = NULL;
+    sp.n_stop_token_ids = (size_t)q->n_stop_ids;
+    sp.stop_token_ids = q->stop_ids;
+    dr.sampling = &sp;
+    dr.prefill_address = p->address;
+    dr.max_new_tokens = q->max_new;
+    uint8_t *buf;
+    size_t len;
+    bt_proto_pack(&dr.base, &buf, &len);
+    q->last_event_ms = bt_now_ms();
+    bt_status_t st = bt_rpc_stream(d->ch, "/baton.v1.Decode/Generate", buf, len, 0, on_decode_event,
+                                   on_decode_done, q, &q->dcall);
+    free(buf);
+    p->running--;
+    if (st != BT_OK) {
+        req_fail(q, BT_RPC_UNAVAILABLE, "cannot call the decode group");
+        return true;
+    }
+    q->dcall_live = true;
+    return true;
+}
+
+static void dispatch_queued(router_t *r)
+{
+    while (r->queue) {
+        req_t *q = r->queue;
+        if (!pick(r, BATON__V1__WORKER_ROLE__ROLE_DECODE, true) ||
+            !pick(r, BATON__V1__WORKER_ROLE__ROLE_PREFILL, false))
+            return;
+        queue_remove(r, q);
+        q->state = REQ_RUNNING;
+        start_request(q);
+    }
+}
+
+/* ---- the public API ------------------------------------------------------------------------ */
+
+static void on_client_cancel(void *ctx)
+{
+    req_t *q = ctx;
+    BT_LOG_INFO("request %s: client went away", q->id);
+    router_t *r = q->r;
+    if (q->call) {
+        bt_rpc_call_finish(q->call, BT_RPC_CANCELLED, "cancelled");
+        q->call = NULL;
+    }
+    req_leave_decode(q);
+    if (q->dcall_live) bt_rpc_client_cancel(q->dcall);
+    req_release(q);
+    dispatch_queued(r);
+}
+
+static int64_t context_limit(router_t *r)
+{
+    int64_t lim = r->context_length;
+    for (worker_t *w = r->workers; w; w = w->next)
+        if (w->context_length > 0 && (lim == 0 || w->context_length < lim)) lim = w->context_length;
+    return lim;
+}
+
+/* Validates and encodes the prompt; returns a gRPC code and fills msg on error. */
+static bt_rpc_code_t prepare(router_t *r, req_t *q, const Baton__V1__GenerateRequest *g, char *msg,
+                             size_t msglen)
+{
+    bt_status_t st;
+    bool chat = false, thinking = false, tools = false;
+    size_t n = 0;
+    switch (g->prompt_case) {
+    case BATON__V1__GENERATE_REQUEST__PROMPT_TEXT:
+        st = bt_tokenizer_encode(r->tok, g->text, strlen(g->text), 0, &q->prompt, &n);
+        if (st != BT_OK) {
+            snprintf(msg, msglen, "prompt: cannot tokenize");
+            return BT_RPC_INVALID_ARGUMENT;
+        }
+        break;
+    case BATON__V1__GENERATE_REQUEST__PROMPT_TOKEN_IDS:
+        n = g->token_ids ? g->token_ids->n_ids : 0;
+        q->prompt = bt_malloc_or_die((n ? n : 1) * sizeof(int32_t));
+        for (size_t i = 0; i < n; i++) {
+            int32_t id = g->token_ids->ids[i];
+            if (id < 0 || id >= bt_tokenizer_vocab_size(r->tok)) {
+                snprintf(msg, msglen, "prompt.token_ids[%zu] = %d is outside the vocabulary (0..%d)", i,
+                         id, bt_tokenizer_vocab_size(r->tok) - 1);
+                return BT_RPC_INVALID_ARGUMENT;
+            }
+            q->prompt[i] = id;
+        }
+        break;
+    case BATON__V1__GENERATE_REQUEST__PROMPT_CHAT_JSON: {
+        cJSON *req = bt_chat_parse_request(g->chat_json, strlen(g->chat_json));
+        if (!req) {
+            snprintf(msg, msglen, "chat_json: invalid JSON");
+            return BT_RPC_INVALID_ARGUMENT;
+        }
+        char err[256];
+        st = bt_chat_encode(r->tok, req, &q->prompt, &n, err, sizeof err);
+        if (st != BT_OK) {
+            snprintf(msg, msglen, "%s", err);
+            cJSON_Delete(req);
+            return BT_RPC_INVALID_ARGUMENT;
+        }
+        chat = true;
+        const cJSON *kw = cJSON_GetObjectItemCaseSensitive(req, "chat_template_kwargs");
+        const cJSON *th = kw ? cJSON_GetObjectItemCaseSensitive(kw, "thinking") : NULL;
+        if (!th && kw) th = cJSON_GetObjectItemCaseSensitive(kw, "enable_thinking");
+        if (!th) th = cJSON_GetObjectItemCaseSensitive(req, "enable_thinking");
+        thinking = th && cJSON_IsTrue(th);
+        const cJSON *tl = cJSON_GetObjectItemCaseSensitive(req, "tools");
+        tools = cJSON_IsArray(tl) && cJSON_GetArraySize(tl) > 0;
+        cJSON_Delete(req);
+        break;
+    }
+    default:
+        snprintf(msg, msglen, "prompt: one of text, token_ids or chat_json is required");
+        return BT_RPC_INVALID_ARGUMENT;
+    }
+    q->n_prompt = (int)n;
+    if (n == 0) {
+        snprintf(msg, msglen, "prompt: empty");
+        return BT_RPC_INVALID_ARGUMENT;
+    }
+    int64_t ctx = context_limit(r);
+    if (ctx > 0 && (int64_t)n >= ctx) {
+        snprintf(msg, msglen, "prompt: %zu tokens leave no room in the %lld-token context", n, (long long)ctx);
+        return BT_RPC_INVALID_ARGUMENT;
+    }
+    /* sampling */
+    Baton__V1__SamplingParams def = BATON__V1__SAMPLING_PARAMS__INIT;
+    const Baton__V1__SamplingParams *sp = g->sampling ? g->sampling : &def;
+    if (!(sp->temperature >= 0.0f && sp->temperature <= 100.0f)) {
+        snprintf(msg, msglen, "sampling.temperature must be in [0, 100]");
+        return BT_RPC_INVALID_ARGUMENT;
+    }
+    if (!(sp->top_p >= 0.0f && sp->top_p <= 1.0f)) {
+        snprintf(msg, msglen, "sampling.top_p must be in (0, 1]");
+        return BT_RPC_INVALID_ARGUMENT;
+    }
+    if (!(sp->min_p >= 0.0f && sp->min_p <= 1.0f)) {
+        snprintf(msg, msglen, "sampling.min_p must be in [0, 1]");
+        return BT_RPC_INVALID_ARGUMENT;
+    }
+    if (sp->max_tokens < 0) {
+        snprintf(msg, msglen, "sampling.max_tokens must not be negative");
+        return BT_RPC_INVALID_ARGUMENT;
+    }
+    if (sp->top_logprobs < 0 || sp->top_logprobs > 20) {
+        snprintf(msg, msglen, "sampling.top_logprobs must be in [0, 20]");
+        return BT_RPC_INVALID_ARGUMENT;
+    }
+    q->sampling = *sp;
+    if (!q->sampling.has_seed) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        q->sampling.seed = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^ q->epoch;
+        q->sampling.has_seed = 1;
+    }
+    q->n_stop = (int)sp->n_stop;
+    q->stop = bt_calloc_or_die(sp->n_stop ? sp->n_stop : 1, sizeof(char *));
+    for (size_t i = 0; i < sp->n_stop; i++) {
+        if (!sp->stop[i][0]) {
+            snprintf(msg, msglen, "sampling.stop[%zu] is empty", i);
+            return BT_RPC_INVALID_ARGUMENT;
+        }
+        q->stop[i] = bt_strdup_or_die(sp->stop[i]);
+        size_t l = strlen(sp->stop[i]);
+        if (l > q->max_stop_len) q->max_stop_len = l;
+    }
+    q->n_stop_ids = (int)sp->n_stop_token_ids;
+    q->stop_ids = bt_malloc_or_die((sp->n_stop_token_ids ? sp->n_stop_token_ids : 1) * sizeof(int32_t));
+    memcpy(q->stop_ids, sp->stop_token_ids, sp->n_stop_token_ids * sizeof(int32_t));
+    /* max_tokens: missing or too large is clamped to --max-new-tokens and the context */
+    int64_t room = ctx > 0 ? ctx - (int64_t)n : r->max_new_default;
+    int64_t want = sp->max_tokens > 0 ? sp->max_tokens : r->max_new_default;
+    if (want > r->max_new_default) want = r->max_new_default;
+    if (want > room) want = room;
+    q->max_new = (int)want;
+    bool skip = chat || g->skip_special_tokens;
+    bt_detok_create(r->tok, skip, &q->detok);
+    if (chat && !g->no_output_parsers) {
+        if (r->reasoning_parser) q->rp = bt_reasoning_parser_create(thinking);
+        if (r->tool_parser && tools) q->tp = bt_tool_parser_create(q->epoch);
+    }
+    return BT_RPC_OK;
+}
+
+static void on_generate(void *ctx, bt_rpc_call_t *call, const uint8_t *data, size_t len)
+{
+    router_t *r = ctx;
+    Baton__V1__GenerateRequest *g = BT_PROTO_UNPACK(baton__v1__generate_request, data, len);
+    if (!g) {
+        bt_rpc_call_finish(call, BT_RPC_INVALID_ARGUMENT, "unreadable GenerateRequest");
+        return;
+    }
+    req_t *q = bt_calloc_or_die(1, sizeof *q);
+    q->r = r;
+    q->call = call;
+    q->epoch = r->epoch_base + ++r->next_request;
+    if (g->request_id && *g->request_id)
+        snprintf(q->id, sizeof q->id, "%s", g->request_id);
+    else
+        snprintf(q->id, sizeof q->id, "req-%" PRIu64, r->next_request);
+    q->t_start = bt_now_ms();
+    q->next = r->reqs;
+    r->reqs = q;
+    char msg[512];
+    bt_rpc_code_t code = BT_RPC_OK;
+    if (g->model && *g->model && strcmp(g->model, r->served) != 0) {
+        code = BT_RPC_NOT_FOUND;
+        snprintf(msg, sizeof msg, "model '%s' is not served here (serving '%s')", g->model, r->served);
+    }
+    if (code == BT_RPC_OK) code = prepare(r, q, g, msg, sizeof msg);
+    BT_PROTO_FREE(baton__v1__generate_request, g);
+    if (code != BT_RPC_OK) {
+        q->state = REQ_DONE;
+        bt_rpc_call_finish(call, code, msg);
+        q->call = NULL;
+        req_release(q);
+        return;
+    }
+    bt_rpc_call_on_cancel(call, on_client_cancel, q);
+    bool have_decode = false, have_prefill = false;
+    for (worker_t *w = r->workers; w; w = w->next) {
+        have_decode |= w->role == BATON__V1__WORKER_ROLE__ROLE_DECODE;
+        have_prefill |= w->role == BATON__V1__WORKER_ROLE__ROLE_PREFILL;
+    }
+    if (!have_decode || !have_prefill) {
+        req_fail(q, BT_RPC_UNAVAILABLE, !have_decode ? "no decode group is registered"
+                                                     : "no prefill group is registered");
+        return;
+    }
+    if (!r->queue && start_request(q)) return;
+    if (r->n_queued >= r->max_queued) {
+        snprintf(msg, sizeof msg, "all decode groups are full and %d requests are queued "
+                 "(--max-queued-requests)", r->n_queued);
+        q->state = REQ_DONE;
+        bt_rpc_call_finish(call, BT_RPC_RESOURCE_EXHAUSTED, msg);
+        q->call = NULL;
+        req_release(q);
+        return;
+    }
+    q->state = REQ_QUEUED;
+    if (r->queue_tail)
+        r->queue_tail->qnext = q;
+    else
+        r->queue = q;
+    r->queue_tail = q;
+    r->n_queued++;
+}
+
+static void reply(bt_rpc_call_t *call, const ProtobufCMessage *m)
+{
+    uint8_t *buf;
+    size_t len;
+    bt_proto_pack(m, &buf, &len);
+    bt_rpc_call_reply(call, buf, len);
+    free(buf);
+}
+
+static void on_health(void *ctx, bt_rpc_call_t *call, const uint8_t *data, size_t len)
+{
+    router_t *r = ctx;
+    Baton__V1__HealthResponse h = BATON__V1__HEALTH_RESPONSE__INIT;
+    for (worker_t *w = r->workers; w; w = w->next) {
+        if (w->role == BATON__V1__WORKER_ROLE__ROLE_DECODE) {
+            h.decode_groups++;
+            h.running += w->running;
+        } else {
+            h.prefill_groups++;
+        }
+    }
+    h.queued = r->n_queued;
+    h.serving = h.decode_groups > 0 && h.prefill_groups > 0;
+    reply(call, &h.base);
+}
+
+static void on_list_models(void *ctx, bt_rpc_call_t *call, const uint8_t *data, size_t len)
+{
+    router_t *r = ctx;
+    Baton__V1__ListModelsResponse resp = BATON__V1__LIST_MODELS_RESPONSE__INIT;
+    Baton__V1__Model m = BATON__V1__MODEL__INIT, *ms[1] = {&m};
+    m.id = r->served;
+    m.context_length = context_limit(r);
+    m.owned_by = "baton";
+    resp.n_models = 1;
+    resp.models = ms;
+    reply(call, &resp.base);
+}
+
+/* ---- the registry ------------------------------------------------------------------------- */
+
+static void worker_remove(router_t *r, worker_t *w, const char *why)
+{
+    BT_LOG_WARN("removing %s worker %s at %s: %s",
+                w->role == BATON__V1__WORKER_ROLE__ROLE_DECODE ? "decode" : "prefill", w->id,
+                w->address, why);
+    for (worker_t **p = &r->workers; *p; p = &(*p)->next)
+        if (*p == w) {
+            *p = w->next;
+            break;
+        }
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s group %s at %s is gone (%s)",
+             w->role == BATON__V1__WORKER_ROLE__ROLE_DECODE ? "decode" : "prefill", w->id, w->address, why);
+    for (req_t *q = r->reqs; q;) {
+        req_t *next = q->next;
+        if (q->call && (q->decode == w || q->prefill == w) && q->state == REQ_RUNNING)
+            req_fail(q, BT_RPC_UNAVAILABLE, msg);
+        else if (q->prefill == w)
+            q->prefill = NULL;
+        q = next;
+    }
+    bt_rpc_channel_destroy(w->ch);
+    free(w);
+}
+
+static worker_t *find_worker(router_t *r, const char *id)
+{
+    for (worker_t *w = r->workers; w; w = w->next)
+        if (!strcmp(w->id, id)) return w;
+    return NULL;
+}
+
+static void on_register(void *ctx, bt_rpc_call_t *call, const uint8_t *data, size_t len)
+{
+    router_t *r = ctx;
+    Baton__V1__RegisterRequest *rq = BT_PROTO_UNPACK(baton__v1__register_request, data, len);
+    if (!rq || !rq->info || !rq->info->address || !*rq->info->address ||
+        (rq->info->role != BATON__V1__WORKER_ROLE__ROLE_DECODE &&
+         rq->info->role != BATON__V1__WORKER_ROLE__ROLE_PREFILL)) {
+        if (rq) BT_PROTO_FREE(baton__v1__register_request, rq);
+        bt_rpc_call_finish(call, BT_RPC_INVALID_ARGUMENT, "RegisterRequest needs a role and an address");
+        return;
+    }
+    Baton__V1__WorkerInfo *in = rq->info;
+    if (strcmp(in->model, r->served) != 0) {
+        char m[600];
+        snprintf(m, sizeof m, "worker serves model '%s', the router serves '%s'", in->model, r->served);
+        BT_LOG_WARN("refusing worker at %s: %s", in->address, m);
+        BT_PROTO_FREE(baton__v1__register_request, rq);
+        bt_rpc_call_finish(call, BT_RPC_FAILED_PRECONDITION, m);
+        return;
+    }
+    /* a worker restarting on the same address replaces its old entry */
+    for (worker_t *w = r->workers; w; w = w->next)
+        if (!strcmp(w->address, in->address) && w->role == in->role) {
+            worker_remove(r, w, "registered again");
+            break;
+        }
+    worker_t *w = bt_calloc_or_die(1, sizeof *w);
+    w->r = r;
+    w->role = in->role;
+    snprintf(w->id, sizeof w->id, "%s-%" PRIu64,
+             in->role == BATON__V1__WORKER_ROLE__ROLE_DECODE ? "decode" : "prefill", ++r->next_worker);
+    snprintf(w->address, sizeof w->address, "%s", in->address);
+    snprintf(w->model, sizeof w->model, "%s", in->model);
+    w->max_running = in->max_running;
+    w->context_length = in->context_length;
+    w->compat_hash = in->compat_hash;
+    w->last_seen_ms = bt_now_ms();
+    if (w->role == BATON__V1__WORKER_ROLE__ROLE_DECODE &&
+        bt_rpc_channel_create(r->rpc, w->address, NULL, &w->ch) != BT_OK) {
+        free(w);
+        BT_PROTO_FREE(baton__v1__register_request, rq);
+        bt_rpc_call_finish(call, BT_RPC_INVALID_ARGUMENT, "bad worker address");
+        return;
+    }
+    w->next = r->workers;
+    r->workers = w;
+    BT_LOG_INFO("registered %s at %s", w->id, w->address);
+    BT_PROTO_FREE(baton__v1__register_request, rq);
+    Baton__V1__RegisterResponse resp = BATON__V1__REGISTER_RESPONSE__INIT;
+    resp.worker_id = w->id;
+    resp.heartbeat_ms = r->heartbeat_ms;
+    reply(call, &resp.base);
+    dispatch_queued(r);
+}
+
+static void on_heartbeat(void *ctx, bt_rpc_call_t *call, const uint8_t *data, size_t len)
+{
+    router_t *r = ctx;
+    Baton__V1__HeartbeatRequest *hb = BT_PROTO_UNPACK(baton__v1__heartbeat_request, data, len);
+    Baton__V1__HeartbeatResponse resp = BATON__V1__HEARTBEAT_RESPONSE__INIT;
+    worker_t *w = hb ? find_worker(r, hb->worker_id) : NULL;
+    if (w) {
+        w->last_seen_ms = bt_now_ms();
+        w->queued_prefill_tokens = hb->queued_prefill_tokens;
+        resp.known = 1;
+    }
+    if (hb) BT_PROTO_FREE(baton__v1__heartbeat_request, hb);
+    reply(call, &resp.base);
+}
+
+static void on_sweep(uv_timer_t *t)
+{
+    router_t *r = t->data;
+    int64_t now = bt_now_ms();
+    for (worker_t *w = r->workers; w;) {
+        worker_t *next = w->next;
+        if (now - w->last_seen_ms > 3 * (int64_t)r->heartbeat_ms) worker_remove(r, w, "missed 3 heartbeats");
+        w = next;
+    }
+    /* a stalled decode stream ends within the watchdog */
+    for (req_t *q = r->reqs; q;) {
+        req_t *next = q->next;
+        if (q->call && q->state == REQ_RUNNING && now - q->last_event_ms > r->watchdog_ms)
+            req_fail(q, BT_RPC_DEADLINE_EXCEEDED, "no progress from the decode group within --watchdog-timeout");
+        else if (q->call && q->state == REQ_QUEUED && now - q->t_start > r->watchdog_ms)
+            req_fail(q, BT_RPC_DEADLINE_EXCEEDED, "queued longer than --watchdog-timeout");
+        q = next;
+    }
+}
+
+/* ---- startup ---------------------------------------------------------------------------- */
+
+static void on_server_down(void *ctx)
+{
+    router_t *r = ctx;
+    uv_stop(r->loop);
+}
+
+static void on_stop(void *ctx)
+{
+    router_t *r = ctx;
+    r->stopping = true;
+    uv_timer_stop(&r->sweep);
+    for (req_t *q = r->reqs; q;) {
+        req_t *next = q->next;
+        if (q->call) req_fail(q, BT_RPC_UNAVAILABLE, "router shutting down");
+        q = next;
+    }
+    bt_rpc_server_shutdown(r->server, 1000, on_server_down, r);
+}
+
+int main(int argc, char **argv)
+{
+    bt_log_set_tag("router");
+    const char *model_path = NULL, *tokenizer_path = NULL, *served = NULL, *host = "127.0.0.1";
+    const char *reasoning = NULL, *tool = NULL, *log_level = "info";
+    int64_t port = 50051, max_running = 16, max_queued = 256, max_new = 32768, context = 0;
+    int64_t heartbeat_ms = 1000;
+    double watchdog_s = 300.0;
+    bt_flag_t spec[] = {
+        BT_FLAG_STR("model-path", &model_path, "checkpoint directory, for its tokenizer (default: the demo model)"),
+        BT_FLAG_STR("tokenizer-path", &tokenizer_path, "tokenizer directory (default: --model-path)"),
+        BT_FLAG_STR("served-model-name", &served, "the model name clients use"),
+        BT_FLAG_STR("host", &host, "address to listen on (default 127.0.0.1)"),
+        BT_FLAG_INT("port", &port, "gRPC port (default 50051; 0 picks one)"),
+        BT_FLAG_INT("max-running-requests", &max_running, "running requests per decode group (default 16)"),
+        BT_FLAG_INT("max-queued-requests", &max_queued, "FIFO queue behind them (default 256)"),
+        BT_FLAG_INT("max-new-tokens", &max_new, "cap and default for max_tokens (default 32768)"),
+        BT_FLAG_INT("context-length", &context, "cap on prompt + output (default: the workers')"),
+        BT_FLAG_FLOAT("watchdog-timeout", &watchdog_s, "seconds without progress before a request fails"),
+        BT_FLAG_INT("heartbeat-ms", &heartbeat_ms, "worker heartbeat interval (3 misses remove it)"),
+        BT_FLAG_STR("reasoning-parser", &reasoning, "deepseek-v41"),
+        BT_FLAG_STR("tool-call-parser", &tool, "deepseekv41"),
+        BT_FLAG_STR("log-level", &log_level, "debug, info, warn, error"),
+    };
+    char err[1024];
+    bt_status_t st = bt_flags_parse(spec, BT_COUNTOF(spec), argc - 1, argv + 1, NULL, err, sizeof err);
+    if (st == BT_ERR_NOT_FOUND) return 0;
+    if (st != BT_OK) {
+        fprintf(stderr, "baton-router: %s\n", err);
+        return 2;
+    }
+    if (bt_log_level_parse(log_level) < 0 || max_running < 1 || max_queued < 0 || max_new < 1 ||
+        watchdog_s <= 0 || heartbeat_ms < 50 ||
+        (reasoning && strcmp(reasoning, "deepseek-v41") && strcmp(reasoning, "deepseek-v4")) ||
+        (tool && strcmp(tool, "deepseekv41") && strcmp(tool, "deepseekv4"))) {
+        fprintf(stderr, "baton-router: bad flag value (--max-running-requests >= 1, "
+                        "--max-queued-requests >= 0, --max-new-tokens >= 1, --watchdog-timeout > 0, "
+                        "--heartbeat-ms >= 50, --reasoning-parser deepseek-v41, "
+                        "--tool-call-parser deepseekv41)\n");
+        return 2;
+    }
+    bt_log_set_level((bt_log_level_t)bt_log_level_parse(log_level));
+    static router_t rr;
+    router_t *r = &rr;
+    r->loop = uv_default_loop();
+    r->max_running = (int)max_running;
+    r->max_queued = (int)max_queued;
+    r->max_new_default = (int)max_new;
+    r->context_length = context;
+    r->watchdog_ms = (int64_t)(watchdog_s * 1000.0);
+    r->heartbeat_ms = (int)heartbeat_ms;
+    r->reasoning_parser = reasoning != NULL;
+    r->tool_parser = tool != NULL;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    r->epoch_base = ((uint64_t)ts.tv_sec & 0xffffffffu) << 24; /* ids of this router's lifetime */
+    char demo[4096];
+    const char *tdir = tokenizer_path ? tokenizer_path : model_path;
+    if (!tdir) {
+        bt_demo_model_default_dir(demo, sizeof demo);
+        if (bt_demo_model_ensure(demo, err, sizeof err) != BT_OK) {
+            fprintf(stderr, "baton-router: demo model: %s\n", err);
+            return 1;
+        }
+        tdir = demo;
+    }
+    snprintf(r->served, sizeof r->served, "%s", served ? served : (model_path ? model_path : "baton-demo"));
+    if (bt_tokenizer_load(tdir, &r->tok, err, sizeof err) != BT_OK) {
+        fprintf(stderr, "baton-router: tokenizer: %s\n", err);
+        return 1;
+    }
+    char addr[300];
+    snprintf(addr, sizeof addr, "%s:%lld", host, (long long)port);
+    if ((st = bt_rpc_create(r->loop, &r->rpc)) != BT_OK ||
+        (st = bt_rpc_server_create(r->rpc, addr, NULL, &r->server)) != BT_OK ||
+        (st = bt_rpc_server_method(r->server, "/baton.v1.Baton/Generate", BT_RPC_SERVER_STREAM, on_generate, r)) != BT_OK ||
+        (st = bt_rpc_server_method(r->server, "/baton.v1.Baton/Health", BT_RPC_UNARY, on_health, r)) != BT_OK ||
+        (st = bt_rpc_server_method(r->server, "/baton.v1.Baton/ListModels", BT_RPC_UNARY, on_list_models, r)) != BT_OK ||
+        (st = bt_rpc_server_method(r->server, "/baton.v1.Registry/RegisterWorker", BT_RPC_UNARY, on_register, r)) != BT_OK ||
+        (st = bt_rpc_server_method(r->server, "/baton.v1.Registry/Heartbeat", BT_RPC_UNARY, on_heartbeat, r)) != BT_OK ||
+        (st = bt_rpc_server_start(r->server)) != BT_OK) {
+        fprintf(stderr, "baton-router: cannot serve gRPC on %s: %s\n", addr, bt_status_str(st));
+        return 1;
+    }
+    printf("baton-router listening on %s:%d\n", host, bt_rpc_server_port(r->server));
+    fflush(stdout);
+    BT_LOG_INFO("serving '%s' on %s:%d (max %d running per decode group, queue %d)", r->served, host,
+                bt_rpc_server_port(r->server), r->max_running, r->max_queued);
+    uv_timer_init(r->loop, &r->sweep);
+    r->sweep.data = r;
+    uv_timer_start(&r->sweep, on_sweep, (uint64_t)heartbeat_ms / 2, (uint64_t)heartbeat_ms / 2);
+    bt_service_on_signal(r->loop, on_stop, r);
+    uv_run(r->loop, UV_RUN_DEFAULT);
+    BT_LOG_INFO("stopped");
+    return 0;
+}

@@ -1,0 +1,384 @@
+/* The cluster as real processes on loopback, CPU backend, driven with the real gRPC client:
+ *  - greedy output through router -> decode -> prefill equals `baton generate` and the golden
+ *    continuations (golden-a-exact; golden-a where robust), with UCX over TCP and over
+ *    shared memory, with prefill chunks of 7 and 4096;
+ *  - 40 concurrent requests: never more than 16 running on the decode group (its own stats),
+ *    all finish with the right output; with a queue of 8 the excess is refused at once;
+ *  - kill -9 of decode mid-stream: UNAVAILABLE within the watchdog; restarted, it serves;
+ *  - kill -9 of prefill mid-transfer: decode frees the slot; nothing hangs;
+ *  - a client cancel returns the KV pool to its baseline;
+ *  - mismatched groups (another context length) are refused with a clear error. */
+#include "bt_test.h"
+#include "integration/cluster_util.h"
+#include "services/engine/safetensors.h"
+
+#include <stdatomic.h>
+
+static char golden_exact[512], golden_a[512];
+
+typedef struct {
+    proc_t router, prefill, decode;
+    char router_addr[128];
+} cluster_t;
+
+static const char *context = "512";
+
+static int cluster_start(cluster_t *c, const char *model, const char *tls, const char *chunk,
+                         const char *max_queued, const char *watchdog)
+{
+    memset(c, 0, sizeof *c);
+    if (proc_start(&c->router, "baton-router", "--port", "0", "--model-path", model,
+                   "--served-model-name", "m", "--max-queued-requests", max_queued,
+                   "--heartbeat-ms", "200", "--watchdog-timeout", watchdog, NULL))
+        return -1;
+    snprintf(c->router_addr, sizeof c->router_addr, "%s", c->router.addr);
+    if (proc_start(&c->prefill, "baton-prefill", "--port", "0", "--model-path", model,
+                   "--served-model-name", "m", "--router", c->router_addr, "--context-length", context,
+                   "--chunked-prefill-size", chunk, "--ucx-tls", tls, "--threads", "1",
+                   "--watchdog-timeout", watchdog, NULL))
+        return -1;
+    if (proc_start(&c->decode, "baton-decode", "--port", "0", "--model-path", model,
+                   "--served-model-name", "m", "--router", c->router_addr, "--context-length", context,
+                   "--ucx-tls", tls, "--threads", "1", "--watchdog-timeout", watchdog, NULL))
+        return -1;
+    usleep(300000); /* registration */
+    return 0;
+}
+
+static void cluster_stop(cluster_t *c)
+{
+    proc_stop(&c->decode, SIGTERM);
+    proc_stop(&c->prefill, SIGTERM);
+    proc_stop(&c->router, SIGTERM);
+}
+
+/* Waits until the router sees both groups (Health.serving). */
+static bool serving(client_t *cl)
+{
+    for (int i = 0; i < 100; i++) {
+        Baton__V1__HealthRequest rq = BATON__V1__HEALTH_REQUEST__INIT;
+        uint8_t *buf;
+        size_t len;
+        bt_proto_pack(&rq.base, &buf, &len);
+        unary_t u = {0};
+        bt_rpc_unary(cl->ch, "/baton.v1.Baton/Health", buf, len, 2000, unary_cb, &u, NULL);
+        free(buf);
+        run_until(cl, unary_done, &u, 3000);
+        Baton__V1__HealthResponse *h = u.code == BT_RPC_OK ? BT_PROTO_UNPACK(baton__v1__health_response, u.resp, u.len) : NULL;
+        free(u.resp);
+        bool ok = h && h->serving;
+        if (h) BT_PROTO_FREE(baton__v1__health_response, h);
+        if (ok) return true;
+        usleep(100000);
+    }
+    return false;
+}
+
+/* Waits until the router lists exactly `decode` decode and `prefill` prefill groups. */
+static bool groups(client_t *cl, int decode, int prefill)
+{
+    for (int i = 0; i < 100; i++) {
+        Baton__V1__HealthRequest rq = BATON__V1__HEALTH_REQUEST__INIT;
+        uint8_t *buf;
+        size_t len;
+        bt_proto_pack(&rq.base, &buf, &len);
+        unary_t u = {0};
+        bt_rpc_unary(cl->ch, "/baton.v1.Baton/Health", buf, len, 2000, unary_cb, &u, NULL);
+        free(buf);
+        run_until(cl, unary_done, &u, 3000);
+        Baton__V1__HealthResponse *h = u.code == BT_RPC_OK ? BT_PROTO_UNPACK(baton__v1__health_response, u.resp, u.len) : NULL;
+        free(u.resp);
+        bool ok = h && h->decode_groups == decode && h->prefill_groups == prefill;
+        if (h) BT_PROTO_FREE(baton__v1__health_response, h);
+        if (ok) return true;
+        usleep(100000);
+    }
+    return false;
+}
+
+static int64_t *tensor_i64(const bt_safetensors_t *st, const char *name, size_t *n)
+{
+    const bt_tensor_view_t *t = bt_safetensors_find(st, name);
+    if (!t) return NULL;
+    int64_t *v = malloc(t->nbytes);
+    memcpy(v, t->data, t->nbytes);
+    *n = t->nbytes / 8;
+    return v;
+}
+
+/* greedy ids of `baton generate` for the same prompt */
+static int one_process(const char *model, const int32_t *ids, int n, int max_new, int32_t *out)
+{
+    char cmd[8192];
+    size_t o = (size_t)snprintf(cmd, sizeof cmd, "%s/baton generate --model-path %s --max-new-tokens %d "
+                                "--temperature 0 --ignore-eos --threads 1 --input-ids ", BT_BIN_DIR, model, max_new);
+    for (int i = 0; i < n; i++) o += (size_t)snprintf(cmd + o, sizeof cmd - o, i ? ",%d" : "%d", ids[i]);
+    snprintf(cmd + o, sizeof cmd - o, " 2>/dev/null");
+    FILE *f = popen(cmd, "r");
+    if (!f) return -1;
+    char line[16384] = "", last[16384] = "";
+    while (fgets(line, sizeof line, f)) snprintf(last, sizeof last, "%s", line);
+    pclose(f);
+    int k = 0;
+    for (char *p = last; *p && k < max_new;) {
+        out[k++] = (int32_t)strtol(p, &p, 10);
+        if (*p == ',') p++;
+        else break;
+    }
+    return k;
+}
+
+static void check_golden(const char *model, const char *fixture_dir, bool exact, const char *tls,
+                         const char *chunk)
+{
+    cluster_t c;
+    BT_CHECK_MSG(cluster_start(&c, model, tls, chunk, "256", "30") == 0, "cluster (%s, %s)", tls, chunk);
+    client_t cl;
+    client_open(&cl, c.router_addr);
+    BT_CHECK(serving(&cl));
+    char path[700];
+    snprintf(path, sizeof path, "%s/golden.safetensors", fixture_dir);
+    bt_safetensors_t *gold;
+    char err[256];
+    BT_CHECK(bt_safetensors_open(path, &gold, err, sizeof err) == BT_OK);
+    int checked = 0;
+    for (int p = 0; p < 6; p++) {
+        char key[64];
+        size_t S = 0, G = 0, one = 0;
+        snprintf(key, sizeof key, "prompt%d.input_ids", p);
+        int64_t *in = tensor_i64(gold, key, &S);
+        snprintf(key, sizeof key, "prompt%d.gen_ids", p);
+        int64_t *gen = tensor_i64(gold, key, &G);
+        snprintf(key, sizeof key, "prompt%d.gen_robust_len", p);
+        int64_t *rl = tensor_i64(gold, key, &one);
+        int32_t ids[256];
+        for (size_t i = 0; i < S; i++) ids[i] = (int32_t)in[i];
+        gen_t g;
+        gen_start(&cl, &g, ids, (int)S, (int)G, true, 60000);
+        BT_CHECK(run_until(&cl, all_done, &cl, 70000));
+        BT_CHECK_MSG(g.code == BT_RPC_OK, "prompt%d: %s %s", p, bt_rpc_code_name(g.code), g.message);
+        BT_CHECK_EQ_INT(g.n, (long long)G);
+        size_t must = exact ? G : (size_t)rl[0];
+        for (size_t i = 0; i < must && i < (size_t)g.n; i++)
+            BT_CHECK_MSG(g.ids[i] == gen[i], "%s prompt%d token %zu: %d vs golden %lld (%s, chunk %s)", fixture_dir, p,
+                         i, g.ids[i], (long long)gen[i], tls, chunk);
+        int32_t ref[64];
+        int k = one_process(model, ids, (int)S, (int)G, ref);
+        BT_CHECK_EQ_INT(k, (long long)G);
+        BT_CHECK_MSG(k == g.n && !memcmp(ref, g.ids, (size_t)k * sizeof(int32_t)),
+                     "%s prompt%d: cluster differs from baton generate (%s, chunk %s)", fixture_dir, p, tls, chunk);
+        checked++;
+        free(in);
+        free(gen);
+        free(rl);
+    }
+    fprintf(stderr, "  %s: %d prompts through the cluster (ucx %s, chunk %s)\n", fixture_dir, checked, tls, chunk);
+    bt_safetensors_close(gold);
+    client_close(&cl);
+    cluster_stop(&c);
+}
+
+static void test_greedy_matches_golden(void)
+{
+    check_golden(golden_exact, golden_exact, true, "tcp", "7");
+    check_golden(golden_exact, golden_exact, true, "tcp", "4096");
+    check_golden(golden_a, golden_a, false, "tcp", "4096");
+    check_golden(golden_a, golden_a, false, "tcp", "7");
+}
+
+static bool stats_ok(client_t *cl, const char *addr, int *running, int *max_seen, int64_t *used)
+{
+    Baton__V1__StatsResponse *s;
+    if (!decode_stats(cl, addr, &s)) return false;
+    *running = s->running;
+    *max_seen = s->max_running_seen;
+    *used = s->kv_slots_used;
+    BT_PROTO_FREE(baton__v1__stats_response, s);
+    return true;
+}
+
+static void test_admission(void)
+{
+    cluster_t c;
+    BT_CHECK(cluster_start(&c, golden_exact, "tcp", "4096", "256", "60") == 0);
+    client_t cl;
+    client_open(&cl, c.router_addr);
+    BT_CHECK(serving(&cl));
+    int32_t prompt[5] = {0, 1000, 42, 71, 78};
+    int32_t ref[64];
+    int k = one_process(golden_exact, prompt, 5, 48, ref);
+    static gen_t g[40];
+    for (int i = 0; i < 40; i++) gen_start(&cl, &g[i], prompt, 5, 48, true, 120000);
+    int max_running = 0, running, seen;
+    int64_t used;
+    int64_t deadline = ms_now() + 120000;
+    while (cl.outstanding > 0 && ms_now() < deadline) {
+        if (stats_ok(&cl, c.decode.addr, &running, &seen, &used) && running > max_running) max_running = running;
+        uv_run(&cl.loop, UV_RUN_NOWAIT);
+    }
+    BT_CHECK(cl.outstanding == 0);
+    BT_CHECK(stats_ok(&cl, c.decode.addr, &running, &seen, &used));
+    fprintf(stderr, "  40 concurrent: decode saw at most %d running (polled %d), now %lld slots used\n", seen,
+            max_running, (long long)used);
+    BT_CHECK_MSG(seen <= 16 && max_running <= 16, "decode ran %d at once", seen);
+    BT_CHECK_MSG(seen == 16, "the decode group should have filled its 16 places (saw %d)", seen);
+    BT_CHECK_EQ_INT(used, 0);
+    for (int i = 0; i < 40; i++) {
+        BT_CHECK_MSG(g[i].code == BT_RPC_OK, "request %d: %s %s", i, bt_rpc_code_name(g[i].code), g[i].message);
+        BT_CHECK_MSG(g[i].n == k && !memcmp(g[i].ids, ref, (size_t)k * sizeof(int32_t)), "request %d output differs", i);
+    }
+    client_close(&cl);
+    cluster_stop(&c);
+
+    /* with a queue of 8: 16 run, 8 wait, 16 are refused at once */
+    BT_CHECK(cluster_start(&c, golden_exact, "tcp", "4096", "8", "60") == 0);
+    client_open(&cl, c.router_addr);
+    BT_CHECK(serving(&cl));
+    int64_t t0 = ms_now();
+    for (int i = 0; i < 40; i++) gen_start(&cl, &g[i], prompt, 5, 200, true, 120000);
+    BT_CHECK(run_until(&cl, all_done, &cl, 120000));
+    int ok = 0, refused = 0, refused_fast = 0;
+    for (int i = 0; i < 40; i++) {
+        if (g[i].code == BT_RPC_OK) ok++;
+        if (g[i].code == BT_RPC_RESOURCE_EXHAUSTED) {
+            refused++;
+            if (g[i].t_done - t0 < 1000) refused_fast++;
+        }
+    }
+    fprintf(stderr, "  queue of 8: %d finished, %d refused (%d within 1 s)\n", ok, refused, refused_fast);
+    BT_CHECK_EQ_INT(ok, 24);
+    BT_CHECK_EQ_INT(refused, 16);
+    BT_CHECK_EQ_INT(refused_fast, 16);
+    client_close(&cl);
+    cluster_stop(&c);
+}
+
+static bool got_tokens(void *ctx)
+{
+    gen_t *g = ctx;
+    return g->n >= 5 || g->done;
+}
+
+static bool gen_done(void *ctx)
+{
+    return ((gen_t *)ctx)->done;
+}
+
+static void test_kill_decode(void)
+{
+    cluster_t c;
+    BT_CHECK(cluster_start(&c, golden_exact, "tcp", "4096", "256", "5") == 0);
+    client_t cl;
+    client_open(&cl, c.router_addr);
+    BT_CHECK(serving(&cl));
+    int32_t prompt[3] = {0, 42, 71};
+    gen_t g;
+    gen_start(&cl, &g, prompt, 3, 400, true, 60000);
+    BT_CHECK(run_until(&cl, got_tokens, &g, 20000));
+    int64_t t_kill = ms_now();
+    proc_stop(&c.decode, SIGKILL);
+    BT_CHECK(run_until(&cl, gen_done, &g, 10000));
+    fprintf(stderr, "  decode killed: request ended %s after %lld ms (%s)\n", bt_rpc_code_name(g.code),
+            (long long)(g.t_done - t_kill), g.message);
+    BT_CHECK_MSG(g.code == BT_RPC_UNAVAILABLE, "got %s", bt_rpc_code_name(g.code));
+    BT_CHECK(g.t_done - t_kill < 5000);
+    /* the router stops sending to it: it drops out of the registry */
+    BT_CHECK(groups(&cl, 0, 1));
+    /* restarted, it registers again and serves */
+    BT_CHECK(proc_start(&c.decode, "baton-decode", "--port", "0", "--model-path", golden_exact,
+                        "--served-model-name", "m", "--router", c.router_addr, "--context-length", "512",
+                        "--ucx-tls", "tcp", "--threads", "1", "--watchdog-timeout", "5", NULL) == 0);
+    BT_CHECK(groups(&cl, 1, 1));
+    gen_start(&cl, &g, prompt, 3, 8, true, 30000);
+    BT_CHECK(run_until(&cl, gen_done, &g, 30000));
+    BT_CHECK_MSG(g.code == BT_RPC_OK && g.n == 8, "after restart: %s %s", bt_rpc_code_name(g.code), g.message);
+    client_close(&cl);
+    cluster_stop(&c);
+}
+
+static void test_kill_prefill_and_cancel(void)
+{
+    cluster_t c;
+    /* a long prompt in chunks of one token: the transfer is long enough to kill mid-way */
+    context = "4096";
+    BT_CHECK(cluster_start(&c, golden_exact, "tcp", "1", "256", "5") == 0);
+    client_t cl;
+    client_open(&cl, c.router_addr);
+    BT_CHECK(serving(&cl));
+    static int32_t prompt[4000];
+    for (int i = 0; i < 4000; i++) prompt[i] = (i * 13 + 5) % 1000;
+    gen_t g;
+    gen_start(&cl, &g, prompt, 4000, 8, true, 60000);
+    int running = 0, seen = 0;
+    int64_t used = -1, until = ms_now() + 10000;
+    while (ms_now() < until && !g.done && !(stats_ok(&cl, c.decode.addr, &running, &seen, &used) && used == 1))
+        uv_run(&cl.loop, UV_RUN_NOWAIT);
+    BT_CHECK_MSG(used == 1 && !g.done, "a slot is taken during prefill (%lld)", (long long)used);
+    usleep(200000);
+    int64_t t_kill = ms_now();
+    proc_stop(&c.prefill, SIGKILL);
+    BT_CHECK(run_until(&cl, gen_done, &g, 10000));
+    fprintf(stderr, "  prefill killed: request ended %s after %lld ms (%s)\n", bt_rpc_code_name(g.code),
+            (long long)(g.t_done - t_kill), g.message);
+    BT_CHECK(g.code == BT_RPC_UNAVAILABLE);
+    int64_t deadline = ms_now() + 10000;
+    while (ms_now() < deadline && stats_ok(&cl, c.decode.addr, &running, &seen, &used) && used != 0) usleep(50000);
+    BT_CHECK_MSG(used == 0, "decode still holds %lld slots", (long long)used);
+    BT_CHECK(groups(&cl, 1, 0));
+
+    /* a client cancel mid-stream returns the pool to its baseline */
+    BT_CHECK(proc_start(&c.prefill, "baton-prefill", "--port", "0", "--model-path", golden_exact,
+                        "--served-model-name", "m", "--router", c.router_addr, "--context-length", context,
+                        "--chunked-prefill-size", "64", "--ucx-tls", "tcp", "--threads", "1", NULL) == 0);
+    BT_CHECK(groups(&cl, 1, 1));
+    gen_start(&cl, &g, prompt, 3, 400, true, 60000);
+    BT_CHECK(run_until(&cl, got_tokens, &g, 20000));
+    BT_CHECK(stats_ok(&cl, c.decode.addr, &running, &seen, &used) && used == 1);
+    bt_rpc_client_cancel(g.call);
+    BT_CHECK(run_until(&cl, gen_done, &g, 5000));
+    BT_CHECK(g.code == BT_RPC_CANCELLED);
+    deadline = ms_now() + 5000;
+    while (ms_now() < deadline && stats_ok(&cl, c.decode.addr, &running, &seen, &used) && used != 0) usleep(20000);
+    BT_CHECK_MSG(used == 0 && running == 0, "after cancel: %lld slots, %d running", (long long)used, running);
+    client_close(&cl);
+    cluster_stop(&c);
+    context = "512";
+}
+
+static void test_incompatible_groups(void)
+{
+    cluster_t c;
+    memset(&c, 0, sizeof c);
+    BT_CHECK(proc_start(&c.router, "baton-router", "--port", "0", "--model-path", golden_exact,
+                        "--served-model-name", "m", "--heartbeat-ms", "200", NULL) == 0);
+    BT_CHECK(proc_start(&c.prefill, "baton-prefill", "--port", "0", "--model-path", golden_exact,
+                        "--served-model-name", "m", "--router", c.router.addr, "--context-length", "256",
+                        "--threads", "1", NULL) == 0);
+    BT_CHECK(proc_start(&c.decode, "baton-decode", "--port", "0", "--model-path", golden_exact,
+                        "--served-model-name", "m", "--router", c.router.addr, "--context-length", "512",
+                        "--threads", "1", NULL) == 0);
+    client_t cl;
+    client_open(&cl, c.router.addr);
+    BT_CHECK(serving(&cl));
+    int32_t prompt[3] = {0, 42, 71};
+    gen_t g;
+    gen_start(&cl, &g, prompt, 3, 4, true, 20000);
+    BT_CHECK(run_until(&cl, gen_done, &g, 20000));
+    BT_CHECK_MSG(g.code == BT_RPC_FAILED_PRECONDITION && strstr(g.message, "incompatible"), "%s: %s",
+                 bt_rpc_code_name(g.code), g.message);
+    client_close(&cl);
+    cluster_stop(&c);
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    snprintf(golden_exact, sizeof golden_exact, "%s/golden-a-exact", BT_GOLDEN_DIR);
+    snprintf(golden_a, sizeof golden_a, "%s/golden-a", BT_GOLDEN_DIR);
+    BT_RUN(test_greedy_matches_golden);
+    BT_RUN(test_admission);
+    BT_RUN(test_kill_decode);
+    BT_RUN(test_kill_prefill_and_cancel);
+    BT_RUN(test_incompatible_groups);
+    return bt_test_summary();
+}
