@@ -14,6 +14,7 @@
 #include "services/common/service.h"
 
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -589,6 +590,7 @@ static void on_stop(void *ctx)
 int main(int argc, char **argv)
 {
     bt_log_set_tag("decode");
+    signal(SIGPIPE, SIG_IGN); /* a peer that vanished must not kill the process */
     const char *model_path = NULL, *served = NULL, *host = "127.0.0.1", *router = NULL;
     const char *ucx_tls = "tcp", *transfer = "ucx", *log_level = "info", *net_devices = NULL;
     int64_t port = 0, context = 0, max_running = 16, max_total = 0, threads = 0, tp = 1, seed = 0;

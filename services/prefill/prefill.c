@@ -12,6 +12,7 @@
 #include "services/common/service.h"
 
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -344,6 +345,7 @@ static void on_stop(void *ctx)
 int main(int argc, char **argv)
 {
     bt_log_set_tag("prefill");
+    signal(SIGPIPE, SIG_IGN); /* a peer that vanished must not kill the process */
     const char *model_path = NULL, *served = NULL, *host = "127.0.0.1", *router = NULL;
     const char *ucx_tls = "tcp", *transfer = "ucx", *log_level = "info", *net_devices = NULL;
     int64_t port = 0, context = 0, chunk = 4096, threads = 0, tp = 1, seed = 0;

@@ -16,6 +16,7 @@
 #include "services/engine/demo_model.h"
 
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -855,6 +856,7 @@ static void on_stop(void *ctx)
 int main(int argc, char **argv)
 {
     bt_log_set_tag("router");
+    signal(SIGPIPE, SIG_IGN); /* a peer that vanished must not kill the process */
     const char *model_path = NULL, *tokenizer_path = NULL, *served = NULL, *host = "127.0.0.1";
     const char *reasoning = NULL, *tool = NULL, *log_level = "info";
     int64_t port = 50051, max_running = 16, max_queued = 256, max_new = 32768, context = 0;

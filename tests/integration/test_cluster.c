@@ -181,9 +181,10 @@ static void check_golden(const char *model, const char *fixture_dir, bool exact,
 static void test_greedy_matches_golden(void)
 {
     check_golden(golden_exact, golden_exact, true, "tcp", "7");
-    check_golden(golden_exact, golden_exact, true, "tcp", "4096");
+    check_golden(golden_exact, golden_exact, true, "sm", "4096");
+    check_golden(golden_exact, golden_exact, true, "sm", "7");
     check_golden(golden_a, golden_a, false, "tcp", "4096");
-    check_golden(golden_a, golden_a, false, "tcp", "7");
+    check_golden(golden_a, golden_a, false, "sm", "7");
 }
 
 static bool stats_ok(client_t *cl, const char *addr, int *running, int *max_seen, int64_t *used)
