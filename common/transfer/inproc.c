@@ -129,9 +129,9 @@ static void ip_commit(bt_xfer_peer_t *p, bt__xfer_commit_t *c)
     if (r) /* the owner lives while its region is registered */
         st = bt__xfer_post_notice(r->x, c->notice, c->len);
     pthread_mutex_unlock(&g_mu);
+    bt__xfer_commit_finish(c, st);
     if (!r)
         bt__xfer_peer_fail(p, BT_ERR_PEER);
-    bt__xfer_commit_finish(c, st);
 }
 
 static void ip_wake(bt_xfer_t *x)

@@ -166,6 +166,10 @@ void bt__xfer_peer_fail(bt_xfer_peer_t *p, bt_status_t st)
         return;
     if (p->failed == BT_OK)
         p->failed = st;
+    /* Outstanding commits fail now: a transport may never complete a request on a failed
+     * endpoint (UCX 1.13 over shared memory keeps one now and then). */
+    while (p->commits)
+        bt__xfer_commit_finish(p->commits, p->failed);
     if (p->error_queued)
         return;
     p->error_queued = true;

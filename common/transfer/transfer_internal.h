@@ -133,7 +133,9 @@ struct bt__xfer_commit {
 /* ---- event queue ----------------------------------------------------------------------- */
 /* Queues a notice (copied) for x's on_notice; thread-safe; wakes x's loop. */
 bt_status_t bt__xfer_post_notice(bt_xfer_t *x, const uint8_t *notice, size_t len);
-/* Marks p failed with st and queues its on_error once. Loop thread only. */
+/* Marks p failed with st, finishes its outstanding commits with it and queues its on_error
+ * once. Loop thread only. A transport finishing a commit because of the failure calls
+ * bt__xfer_commit_finish first, then this. */
 void bt__xfer_peer_fail(bt_xfer_peer_t *p, bt_status_t st);
 /* Queues fn(x, arg, st) to run from the drain. Loop thread only. */
 void bt__xfer_post_call(bt_xfer_t *x, void (*fn)(bt_xfer_t *x, void *arg, bt_status_t st),

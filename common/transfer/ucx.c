@@ -490,9 +490,10 @@ static void notice_sent(bt_xfer_t *x, void *arg, bt_status_t st)
         return;
     }
     c->req_pending = false;
+    bt_xfer_peer_t *p = c->peer;
+    bt__xfer_commit_finish(c, st == BT_OK ? BT_OK : p->failed ? p->failed : st);
     if (st != BT_OK)
-        bt__xfer_peer_fail(c->peer, st);
-    bt__xfer_commit_finish(c, st == BT_OK ? BT_OK : c->peer->failed ? c->peer->failed : st);
+        bt__xfer_peer_fail(p, st);
 }
 
 static void notice_send_cb(void *req, ucs_status_t status, void *user_data)
@@ -520,8 +521,8 @@ static void send_notice(bt__xfer_commit_t *c)
         bt__xfer_commit_finish(c, BT_OK);
     } else if (UCS_PTR_IS_ERR(s)) {
         bt_status_t st = map_status(UCS_PTR_STATUS(s));
+        bt__xfer_commit_finish(c, p->failed ? p->failed : st);
         bt__xfer_peer_fail(p, st);
-        bt__xfer_commit_finish(c, p->failed);
     } else {
         c->req_pending = true;
         after_post(c->x);
@@ -537,8 +538,9 @@ static void flushed(bt_xfer_t *x, void *arg, bt_status_t st)
     }
     c->req_pending = false;
     if (st != BT_OK) {
-        bt__xfer_peer_fail(c->peer, st);
-        bt__xfer_commit_finish(c, c->peer->failed ? c->peer->failed : st);
+        bt_xfer_peer_t *p = c->peer;
+        bt__xfer_commit_finish(c, p->failed ? p->failed : st);
+        bt__xfer_peer_fail(p, st);
         return;
     }
     send_notice(c);
@@ -563,8 +565,8 @@ static void ucx_commit(bt_xfer_peer_t *p, bt__xfer_commit_t *c)
         send_notice(c);
     } else if (UCS_PTR_IS_ERR(s)) {
         bt_status_t st = map_status(UCS_PTR_STATUS(s));
+        bt__xfer_commit_finish(c, p->failed ? p->failed : st);
         bt__xfer_peer_fail(p, st);
-        bt__xfer_commit_finish(c, p->failed);
     } else {
         c->req_pending = true;
         after_post(p->x);

@@ -691,7 +691,17 @@ static bool spawn_child(const char *tls, child_proc_t *cp)
     return true;
 }
 
-static void ucx_two_process_kill(const char *tls, int detect_bound_ms)
+/* The peer must really be gone: over shared memory UCX checks that the peer process still
+ * exists, and an unreaped child (a zombie) still does. */
+static uint64_t kill_and_reap(pid_t pid, int *wst)
+{
+    kill(pid, SIGKILL);
+    uint64_t t = uv_hrtime();
+    waitpid(pid, wst, 0);
+    return t;
+}
+
+static void ucx_two_process_kill(const char *tls, bool idle, int detect_bound_ms)
 {
     child_proc_t cp = {0};
     bool spawned = spawn_child(tls, &cp);
@@ -741,12 +751,19 @@ static void ucx_two_process_kill(const char *tls, int detect_bound_ms)
     BT_CHECK_EQ_INT(read_all(cp.out_fd, &answer, 1, 10000), 0);
     BT_CHECK_EQ_INT(answer, 'Y');
 
-    /* now keep writing and kill the child mid-transfer */
+    /* now keep writing and kill the child mid-transfer (idle: kill it with nothing in
+     * flight and let the keepalive find out) */
     int commits_before = snd.done;
     size_t off = 0;
     uint64_t t_kill = 0;
     int failed_done = 0;
     uint64_t t_start = uv_hrtime();
+    int wst = 0;
+    if (idle) {
+        t_kill = kill_and_reap(cp.pid, &wst);
+        run_until(&loop, &snd.errors, 1, 20000);
+        bt_xfer_commit(p, notice, sizeof(notice), on_done, &snd); /* fails: peer gone */
+    }
     while (snd.errors == 0 && uv_hrtime() - t_start < 20000000000ull) {
         for (int i = 0; i < 16; i++) {
             bt_status_t st = bt_xfer_put(p, off, src + off, 256 * 1024);
@@ -758,8 +775,7 @@ static void ucx_two_process_kill(const char *tls, int detect_bound_ms)
         }
         bt_xfer_commit(p, notice, sizeof(notice), on_done, &snd);
         if (!t_kill && snd.done > commits_before + 2) {
-            kill(cp.pid, SIGKILL);
-            t_kill = uv_hrtime();
+            t_kill = kill_and_reap(cp.pid, &wst);
         }
         int target = snd.errors + 1;
         run_until(&loop, &snd.errors, target, 20); /* one short turn of the loop */
@@ -767,10 +783,12 @@ static void ucx_two_process_kill(const char *tls, int detect_bound_ms)
     }
     uint64_t t_err = uv_hrtime();
     BT_CHECK_MSG(t_kill != 0, "the child was never killed");
+    if (!t_kill)
+        kill_and_reap(cp.pid, &wst);
     BT_CHECK_EQ_INT(snd.errors, 1);
     BT_CHECK(snd.last == BT_ERR_PEER || snd.last == BT_ERR_UNAVAILABLE);
     double ms = t_kill ? (double)(t_err - t_kill) / 1e6 : -1;
-    fprintf(stderr, "  %s: killed peer reported after %.1f ms\n", tls, ms);
+    fprintf(stderr, "  %s%s: killed peer reported after %.1f ms\n", tls, idle ? " (idle)" : "", ms);
     BT_CHECK_MSG(ms >= 0 && ms < detect_bound_ms, "%.1f ms", ms);
     /* every commit still reports once, with a failure after the kill */
     int issued = (int)(snd.done); /* counts so far */
@@ -792,8 +810,6 @@ static void ucx_two_process_kill(const char *tls, int detect_bound_ms)
     finish_loop(&loop);
     BT_CHECK_MSG(uv_hrtime() - t0 < 3000000000ull, "teardown took %.0f ms",
                  (double)(uv_hrtime() - t0) / 1e6);
-    int wst = 0;
-    waitpid(cp.pid, &wst, 0);
     BT_CHECK(WIFSIGNALED(wst) && WTERMSIG(wst) == SIGKILL);
     close(cp.out_fd);
     close(cp.in_fd);
@@ -803,18 +819,41 @@ static void ucx_two_process_kill(const char *tls, int detect_bound_ms)
 
 static void test_ucx_tcp_two_process_kill(void)
 {
-    ucx_two_process_kill("tcp", 3000);
+    ucx_two_process_kill("tcp", false, 3000);
+}
+
+static void test_ucx_tcp_two_process_kill_idle(void)
+{
+    ucx_two_process_kill("tcp", true, 5000);
+}
+
+static void test_ucx_sm_two_process_kill_idle(void)
+{
+    ucx_two_process_kill("sm", true, 5000);
 }
 
 static void test_ucx_sm_two_process_kill(void)
 {
-    ucx_two_process_kill("sm", 5000);
+    ucx_two_process_kill("sm", false, 5000);
 }
 
 int main(int argc, char **argv)
 {
     if (argc == 3 && strcmp(argv[1], "--child") == 0)
         return child_main(argv[2]);
+    if (argc == 2) { /* run one test by name */
+        static const struct { const char *name; void (*fn)(void); } tests[] = {
+            {"sm_kill", test_ucx_sm_two_process_kill},
+            {"sm_kill_idle", test_ucx_sm_two_process_kill_idle},
+            {"tcp_kill", test_ucx_tcp_two_process_kill},
+            {"tcp_kill_idle", test_ucx_tcp_two_process_kill_idle},
+        };
+        g_self = "/proc/self/exe";
+        for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++)
+            if (strcmp(argv[1], tests[i].name) == 0)
+                BT_RUN(tests[i].fn);
+        return bt_test_summary();
+    }
     signal(SIGPIPE, SIG_IGN);
     g_self = "/proc/self/exe";
     BT_RUN(test_inproc_put_commit);
@@ -825,8 +864,10 @@ int main(int argc, char **argv)
     BT_RUN(test_ucx_tcp_multi_peer);
     BT_RUN(test_ucx_disconnect_outstanding);
     BT_RUN(test_ucx_tcp_two_process_kill);
+    BT_RUN(test_ucx_tcp_two_process_kill_idle);
     BT_RUN(test_ucx_sm_64mib);
     BT_RUN(test_ucx_sm_multi_peer);
-    // BT_RUN(test_ucx_sm_two_process_kill);  (pending: killed peer over sm not detected yet)
+    BT_RUN(test_ucx_sm_two_process_kill_idle);
+    BT_RUN(test_ucx_sm_two_process_kill);
     return bt_test_summary();
 }
