@@ -48,6 +48,8 @@ typedef struct seq {
     bool prefill_pending, last_notice, prefill_ok, in_step, cancelled;
     int32_t first_token;
     float first_logprob;
+    bt_top_logprob_t first_top[20];
+    int n_first_top;
     int32_t next_token;         /* fed at the next step */
     int generated;
     int64_t t_admit;
@@ -133,16 +135,25 @@ static void seq_fail(seq_t *s, bt_rpc_code_t code, const char *msg)
 }
 
 static void send_event(seq_t *s, const int32_t *ids, int n, const float *logprob,
-                       Baton__V1__FinishReason finish)
+                       const bt_top_logprob_t *top, int n_top, Baton__V1__FinishReason finish)
 {
     if (!s->call) return;
     Baton__V1__DecodeEvent ev = BATON__V1__DECODE_EVENT__INIT;
     ev.n_token_ids = (size_t)n;
     ev.token_ids = (int32_t *)ids;
     Baton__V1__TokenLogprob lp = BATON__V1__TOKEN_LOGPROB__INIT, *lps[1] = {&lp};
+    Baton__V1__TopLogprob tops[20], *top_ptrs[20];
     if (logprob && s->logprobs && n == 1) {
         lp.token_id = ids[0];
         lp.logprob = *logprob;
+        for (int i = 0; i < n_top && i < 20; i++) {
+            baton__v1__top_logprob__init(&tops[i]);
+            tops[i].token_id = top[i].id;
+            tops[i].logprob = top[i].logprob;
+            top_ptrs[i] = &tops[i];
+        }
+        lp.n_top = (size_t)(n_top < 20 ? n_top : 20);
+        lp.top = top_ptrs;
         ev.n_logprobs = 1;
         ev.logprobs = lps;
     }
@@ -181,11 +192,11 @@ static Baton__V1__FinishReason finish_reason(const seq_t *s, int32_t t)
 }
 
 /* Emits token t (the first from prefill, or a step's) and decides whether to go on. */
-static void seq_emit(seq_t *s, int32_t t, float logprob)
+static void seq_emit(seq_t *s, int32_t t, float logprob, const bt_top_logprob_t *top, int n_top)
 {
     s->generated++;
     Baton__V1__FinishReason fr = finish_reason(s, t);
-    send_event(s, &t, 1, &logprob, fr);
+    send_event(s, &t, 1, &logprob, top, n_top, fr);
     if (fr != BATON__V1__FINISH_REASON__FINISH_NONE) {
         seq_finish(s);
         return;
@@ -199,7 +210,7 @@ static void seq_maybe_ready(seq_t *s)
     if (s->state != SEQ_PREFILLING || !s->last_notice || !s->prefill_ok) return;
     s->state = SEQ_RUNNING;
     BT_LOG_DEBUG("request %s: prefilled, first token %d", s->request_id, s->first_token);
-    seq_emit(s, s->first_token, s->first_logprob);
+    seq_emit(s, s->first_token, s->first_logprob, s->first_top, s->n_first_top);
     maybe_step(s->d);
 }
 
@@ -229,7 +240,14 @@ static void on_prefill_reply(void *ctx, bt_rpc_code_t code, const char *msg, con
     }
     s->prefill_ok = true;
     s->first_token = pr->first_token;
-    if (pr->first_logprob) s->first_logprob = pr->first_logprob->logprob;
+    if (pr->first_logprob) {
+        s->first_logprob = pr->first_logprob->logprob;
+        for (size_t i = 0; i < pr->first_logprob->n_top && i < 20; i++) {
+            s->first_top[i].id = pr->first_logprob->top[i]->token_id;
+            s->first_top[i].logprob = pr->first_logprob->top[i]->logprob;
+            s->n_first_top = (int)i + 1;
+        }
+    }
     BT_PROTO_FREE(baton__v1__prefill_response, pr);
     seq_maybe_ready(s);
 }
@@ -250,6 +268,7 @@ static void start_prefill(seq_t *s)
     sp.has_seed = 1;
     sp.seed = s->sampling.seed;
     sp.logprobs = s->logprobs;
+    sp.top_logprobs = s->top_logprobs;
     req.sampling = &sp;
     Baton__V1__KvTarget target = BATON__V1__KV_TARGET__INIT;
     const uint8_t *desc;
@@ -413,9 +432,11 @@ static void step_done(uv_work_t *w, int status)
             continue;
         }
         float lp = 0.0f;
+        bt_top_logprob_t top[20];
+        int n_top = s->logprobs ? s->top_logprobs : 0;
         int32_t t = bt_sampler_sample(d->sampler, &s->sampling, d->logits + (size_t)i * V,
-                                      (uint64_t)s->generated, &lp, NULL, 0);
-        seq_emit(s, t, lp);
+                                      (uint64_t)s->generated, &lp, top, n_top);
+        seq_emit(s, t, lp, top, n_top);
     }
     d->n_batch = 0;
     if (d->stopping) return;
@@ -513,6 +534,7 @@ static void on_generate(void *ctx, bt_rpc_call_t *call, const uint8_t *data, siz
     s->sampling.seed = sp && sp->has_seed ? sp->seed : 0;
     s->ignore_eos = sp ? sp->ignore_eos : false;
     s->logprobs = sp ? sp->logprobs : false;
+    s->top_logprobs = sp && sp->top_logprobs > 0 ? (sp->top_logprobs < 20 ? sp->top_logprobs : 20) : 0;
     s->max_new = r->max_new_tokens > 0 ? r->max_new_tokens : 16;
     if (sp && sp->n_stop_token_ids) {
         s->n_stop_ids = (int)sp->n_stop_token_ids;

@@ -40,6 +40,8 @@ typedef struct job {
     int64_t bytes;
     int32_t first_token;
     float first_logprob;
+    bt_top_logprob_t top[20];
+    int n_top;
     bt_kv_header_t before;
 } job_t;
 
@@ -77,6 +79,15 @@ static void job_end(job_t *j, bt_rpc_code_t code, const char *msg)
             resp.first_token = j->first_token;
             lp.token_id = j->first_token;
             lp.logprob = j->first_logprob;
+            Baton__V1__TopLogprob tops[20], *ptrs[20];
+            for (int i = 0; i < j->n_top; i++) {
+                baton__v1__top_logprob__init(&tops[i]);
+                tops[i].token_id = j->top[i].id;
+                tops[i].logprob = j->top[i].logprob;
+                ptrs[i] = &tops[i];
+            }
+            lp.n_top = (size_t)j->n_top;
+            lp.top = ptrs;
             resp.first_logprob = &lp;
             resp.chunks = j->chunk_index;
             resp.bytes = j->bytes;
@@ -194,7 +205,8 @@ static void chunk_done(uv_work_t *w, int status)
         Baton__V1__SamplingParams *sp = j->req->sampling;
         bt_sampling_t s = {sp ? sp->temperature : 0.0f, sp && sp->top_p > 0 ? sp->top_p : 1.0f,
                            sp ? sp->min_p : 0.0f, sp ? sp->top_k : 0, sp && sp->has_seed ? sp->seed : 0};
-        j->first_token = bt_sampler_sample(p->sampler, &s, p->logits, 0, &j->first_logprob, NULL, 0);
+        j->n_top = sp && sp->logprobs && sp->top_logprobs > 0 ? (sp->top_logprobs < 20 ? sp->top_logprobs : 20) : 0;
+        j->first_token = bt_sampler_sample(p->sampler, &s, p->logits, 0, &j->first_logprob, j->top, j->n_top);
         n.kind = BATON__V1__KV_NOTICE__KIND__LAST;
         n.first_token = j->first_token;
         n.first_logprob = j->first_logprob;

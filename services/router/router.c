@@ -362,6 +362,23 @@ static void on_decode_event(void *ctx, const uint8_t *data, size_t len)
         size_t n;
         if (bt_detok_finish(q->detok, &chunk, &n) == BT_OK) text_append(q, chunk, n);
     }
+    /* logprob entries carry the token's text for OpenAI clients */
+    for (size_t i = 0; i < ev->n_logprobs; i++) {
+        Baton__V1__TokenLogprob *lp = ev->logprobs[i];
+        const char *t = bt_tokenizer_id_to_token(q->r->tok, lp->token_id);
+        char *txt = NULL;
+        size_t tl;
+        if (t && bt_tokenizer_decode(q->r->tok, &lp->token_id, 1, false, &txt, &tl) == BT_OK) {
+            if (lp->text != protobuf_c_empty_string) free(lp->text);
+            lp->text = txt;
+        }
+        for (size_t k = 0; k < lp->n_top; k++) {
+            if (bt_tokenizer_decode(q->r->tok, &lp->top[k]->token_id, 1, false, &txt, &tl) == BT_OK) {
+                if (lp->top[k]->text != protobuf_c_empty_string) free(lp->top[k]->text);
+                lp->top[k]->text = txt;
+            }
+        }
+    }
     send_response(q, ev->token_ids, ev->n_token_ids, ev->logprobs, ev->n_logprobs, final);
     BT_PROTO_FREE(baton__v1__decode_event, ev);
 }

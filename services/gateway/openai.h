@@ -1,0 +1,47 @@
+/* OpenAI request mapping for the gateway: a /v1/chat/completions or /v1/completions body
+ * (JSON) validated field by field and turned into the router's GenerateRequest. Pure: no
+ * I/O, so it is fuzzed on its own.
+ *
+ *   bt_openai_request_t r;
+ *   bt_openai_error_t e;
+ *   if (bt_openai_parse(BT_OPENAI_CHAT, body, len, &r, &e) != BT_OK)
+ *       -> 400 {"error": {"message": e.message, "type": "invalid_request_error", "param": e.param}}
+ *   ... r.gen is the packed GenerateRequest (r.gen_bytes, r.gen_len), r.stream, r.include_usage ...
+ *   bt_openai_request_free(&r);
+ */
+#ifndef BT_GATEWAY_OPENAI_H
+#define BT_GATEWAY_OPENAI_H
+
+#include "common/status.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum { BT_OPENAI_CHAT, BT_OPENAI_COMPLETION } bt_openai_kind_t;
+
+typedef struct {
+    char message[512];
+    char param[64]; /* the offending field, "" when none */
+} bt_openai_error_t;
+
+typedef struct {
+    bt_openai_kind_t kind;
+    char model[256];       /* as asked ("" = the served model) */
+    bool stream, include_usage, logprobs;
+    int top_logprobs;
+    bool echo_prompt;      /* completions: never (refused) */
+    uint8_t *gen_bytes;    /* packed baton.v1.GenerateRequest */
+    size_t gen_len;
+} bt_openai_request_t;
+
+/* Validates body and builds the GenerateRequest. request_id is copied into it.
+ * BT_ERR_BAD_REQUEST with e filled on any problem. */
+bt_status_t bt_openai_parse(bt_openai_kind_t kind, const char *body, size_t len,
+                            const char *request_id, bt_openai_request_t *r, bt_openai_error_t *e);
+void bt_openai_request_free(bt_openai_request_t *r);
+
+/* {"error": {"message", "type", "param", "code"}} for an HTTP status; caller frees. */
+char *bt_openai_error_json(int status, const char *message, const char *param);
+
+#endif
