@@ -9,6 +9,8 @@
 #include "common/log.h"
 #include "common/rpc/rpc.h"
 #include "common/transfer/transfer.h"
+#include "common/metrics.h"
+#include "services/common/metrics_server.h"
 #include "services/common/proto_util.h"
 #include "services/common/sampler.h"
 #include "services/common/service.h"
@@ -52,7 +54,7 @@ typedef struct seq {
     int n_first_top;
     int32_t next_token;         /* fed at the next step */
     int generated;
-    int64_t t_admit;
+    int64_t t_admit, t_last;
 } seq_t;
 
 struct prefill_peer {
@@ -89,8 +91,16 @@ struct decode {
     bt_status_t step_status;
     char step_err[256];
     char address[256];
-    uv_timer_t kick;
+    bt_metrics_t *metrics;
+    bt_metrics_server_t *metrics_server;
+    bt_histogram_t *ttft, *itl, *step_time, *handoff;
+    int64_t step_start_ms;
 };
+
+static void count(decode_t *d, const char *name, const char *help, const char *label, const char *value)
+{
+    bt_counter_add(bt_metrics_counter(d->metrics, name, help, label, value), 1);
+}
 
 static void maybe_step(decode_t *d);
 
@@ -124,6 +134,8 @@ static void seq_release(seq_t *s)
 /* Ends the router's stream with a status (once). */
 static void seq_fail(seq_t *s, bt_rpc_code_t code, const char *msg)
 {
+    if (s->call) count(s->d, "requests_failed_total", "Requests ended with an error, by status", "status",
+                       bt_rpc_code_name(code));
     if (s->call) {
         BT_LOG_WARN("request %s: %s: %s", s->request_id, bt_rpc_code_name(code), msg);
         bt_rpc_call_finish(s->call, code, msg);
@@ -175,6 +187,7 @@ static void seq_finish(seq_t *s)
     }
     s->state = SEQ_DONE;
     d->requests_done++;
+    count(d, "requests_finished_total", "Requests finished normally", NULL, NULL);
     seq_release(s);
 }
 
@@ -194,6 +207,12 @@ static Baton__V1__FinishReason finish_reason(const seq_t *s, int32_t t)
 /* Emits token t (the first from prefill, or a step's) and decides whether to go on. */
 static void seq_emit(seq_t *s, int32_t t, float logprob, const bt_top_logprob_t *top, int n_top)
 {
+    int64_t now = bt_now_ms();
+    if (s->generated == 0)
+        bt_histogram_observe(s->d->ttft, (double)(now - s->t_admit) / 1000.0);
+    else
+        bt_histogram_observe(s->d->itl, (double)(now - s->t_last) / 1000.0);
+    s->t_last = now;
     s->generated++;
     Baton__V1__FinishReason fr = finish_reason(s, t);
     send_event(s, &t, 1, &logprob, top, n_top, fr);
@@ -209,6 +228,7 @@ static void seq_maybe_ready(seq_t *s)
 {
     if (s->state != SEQ_PREFILLING || !s->last_notice || !s->prefill_ok) return;
     s->state = SEQ_RUNNING;
+    bt_histogram_observe(s->d->handoff, (double)(bt_now_ms() - s->t_admit) / 1000.0);
     BT_LOG_DEBUG("request %s: prefilled, first token %d", s->request_id, s->first_token);
     seq_emit(s, s->first_token, s->first_logprob, s->first_top, s->n_first_top);
     maybe_step(s->d);
@@ -230,6 +250,7 @@ static void on_prefill_reply(void *ctx, bt_rpc_code_t code, const char *msg, con
     if (code == BT_RPC_OK) pr = BT_PROTO_UNPACK(baton__v1__prefill_response, resp, len);
     if (!pr) {
         char m[512];
+        count(s->d, "handoff_failures_total", "KV handoffs that failed, by cause", "cause", bt_rpc_code_name(code));
         snprintf(m, sizeof m, "prefill at %s failed: %s%s%s", s->peer->address,
                  bt_rpc_code_name(code), msg ? ": " : "", msg ? msg : "");
         /* the prefill process stopped writing: the call ended (or its process is gone) */
@@ -397,7 +418,11 @@ static void on_notice(void *ctx, const uint8_t *data, size_t len)
     if (!s || s->state != SEQ_PREFILLING) {
         /* a late notice of a finished or unknown request (its epoch tells them apart) */
         BT_LOG_DEBUG("dropping a late KV notice for %s epoch %" PRIu64, n->request_id, n->epoch);
+        count(d, "kv_notices_dropped_total", "Late or unknown KV notices dropped", NULL, NULL);
+    } else if (n->kind == BATON__V1__KV_NOTICE__KIND__CHUNK) {
+        count(d, "kv_chunks_received_total", "KV chunk notices received", NULL, NULL);
     } else if (n->kind == BATON__V1__KV_NOTICE__KIND__LAST) {
+        count(d, "kv_chunks_received_total", "KV chunk notices received", NULL, NULL);
         s->last_notice = true;
         seq_maybe_ready(s);
     } else if (n->kind == BATON__V1__KV_NOTICE__KIND__FAILED) {
@@ -420,6 +445,9 @@ static void step_done(uv_work_t *w, int status)
     decode_t *d = w->data;
     int V = d->eng.cfg->vocab;
     d->stepping = false;
+    bt_histogram_observe(d->step_time, (double)(bt_now_ms() - d->step_start_ms) / 1000.0);
+    bt_counter_add(bt_metrics_counter(d->metrics, "decode_steps_total", "Batch steps run", NULL, NULL), 1);
+    bt_counter_add(bt_metrics_counter(d->metrics, "tokens_generated_total", "Tokens sampled in steps", NULL, NULL), d->n_batch);
     for (int i = 0; i < d->n_batch; i++) {
         seq_t *s = d->batch[i];
         s->in_step = false;
@@ -457,6 +485,7 @@ static void maybe_step(decode_t *d)
     if (n == 0) return;
     d->n_batch = n;
     d->stepping = true;
+    d->step_start_ms = bt_now_ms();
     d->work.data = d;
     uv_queue_work(d->loop, &d->work, step_work, step_done);
 }
@@ -578,6 +607,25 @@ static void on_stats(void *ctx, bt_rpc_call_t *call, const uint8_t *data, size_t
     free(buf);
 }
 
+static void refresh_metrics(void *ctx)
+{
+    decode_t *d = ctx;
+    int running = 0, prefilling = 0;
+    for (seq_t *s = d->seqs; s; s = s->next) {
+        running += s->state == SEQ_RUNNING;
+        prefilling += s->state == SEQ_PREFILLING;
+    }
+    bt_gauge_set(bt_metrics_gauge(d->metrics, "running_requests", "Admitted requests", "phase", "decoding"), running);
+    bt_gauge_set(bt_metrics_gauge(d->metrics, "running_requests", "Admitted requests", "phase", "prefilling"), prefilling);
+    bt_gauge_set(bt_metrics_gauge(d->metrics, "max_running_seen", "Most admitted at once", NULL, NULL), d->max_seen);
+    bt_gauge_set(bt_metrics_gauge(d->metrics, "kv_slots_used", "KV pool slots in use", NULL, NULL), bt_kv_pool_used(d->pool));
+    bt_gauge_set(bt_metrics_gauge(d->metrics, "kv_slots_total", "KV pool slots", NULL, NULL), bt_kv_pool_capacity(d->pool));
+    bt_xfer_stats_t xs;
+    bt_xfer_stats(d->xfer, &xs);
+    bt_gauge_set(bt_metrics_gauge(d->metrics, "kv_notices_received", "Transfer notices received (counter of the transfer layer)", NULL, NULL),
+                 (double)xs.notices_received);
+}
+
 static void load_fn(void *ctx, Baton__V1__HeartbeatRequest *hb)
 {
     decode_t *d = ctx;
@@ -615,7 +663,7 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN); /* a peer that vanished must not kill the process */
     const char *model_path = NULL, *served = NULL, *host = "127.0.0.1", *router = NULL;
     const char *ucx_tls = "tcp", *transfer = "ucx", *log_level = "info", *net_devices = NULL;
-    int64_t port = 0, context = 0, max_running = 16, max_total = 0, threads = 0, tp = 1, seed = 0;
+    int64_t port = 0, context = 0, max_running = 16, max_total = 0, threads = 0, tp = 1, seed = 0, metrics_port = 0;
     double mem_fraction = 0.0, watchdog_s = 300.0;
     bt_flag_t spec[] = {
         BT_FLAG_STR("model-path", &model_path, "checkpoint directory (default: the demo model)"),
@@ -634,6 +682,7 @@ int main(int argc, char **argv)
         BT_FLAG_STR("transfer", &transfer, "KV transport: ucx (default)"),
         BT_FLAG_STR("ucx-tls", &ucx_tls, "UCX transports: tcp (default), sm, tcp,sm"),
         BT_FLAG_STR("ucx-net-devices", &net_devices, "UCX_NET_DEVICES (e.g. lo, mlx5_0:1)"),
+        BT_FLAG_INT("metrics-port", &metrics_port, "HTTP port of /metrics (0 picks one)"),
         BT_FLAG_STR("log-level", &log_level, "debug, info, warn, error"),
     };
     char err[1024];
@@ -705,6 +754,20 @@ int main(int argc, char **argv)
         return 1;
     }
     snprintf(d->address, sizeof d->address, "%s:%d", host, bt_rpc_server_port(d->server));
+    d->metrics = bt_metrics_create("baton_decode");
+    d->ttft = bt_metrics_histogram(d->metrics, "time_to_first_token_seconds", "Admission to first token",
+                                   bt_metrics_latency_buckets, NULL, NULL);
+    d->itl = bt_metrics_histogram(d->metrics, "inter_token_latency_seconds", "Time between tokens",
+                                  bt_metrics_latency_buckets, NULL, NULL);
+    d->step_time = bt_metrics_histogram(d->metrics, "step_seconds", "One batch step", bt_metrics_latency_buckets, NULL, NULL);
+    d->handoff = bt_metrics_histogram(d->metrics, "kv_handoff_seconds", "Admission to KV in place (prefill + transfer)",
+                                      bt_metrics_latency_buckets, NULL, NULL);
+    refresh_metrics(d);
+    if (bt_metrics_server_start(d->loop, host, (int)metrics_port, d->metrics, refresh_metrics, d, &d->metrics_server) != BT_OK) {
+        fprintf(stderr, "baton-decode: cannot serve /metrics on %s:%lld\n", host, (long long)metrics_port);
+        return 1;
+    }
+    printf("baton-decode metrics on %s:%d\n", host, bt_metrics_server_port(d->metrics_server));
     printf("baton-decode listening on %s\n", d->address);
     fflush(stdout);
     BT_LOG_INFO("listening on %s (max %d running)", d->address, d->max_running);

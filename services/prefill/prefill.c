@@ -7,6 +7,8 @@
 #include "common/log.h"
 #include "common/rpc/rpc.h"
 #include "common/transfer/transfer.h"
+#include "common/metrics.h"
+#include "services/common/metrics_server.h"
 #include "services/common/proto_util.h"
 #include "services/common/sampler.h"
 #include "services/common/service.h"
@@ -38,6 +40,7 @@ typedef struct job {
     int chunk_index;
     bool cancelled;
     int64_t bytes;
+    int64_t t_start;
     int32_t first_token;
     float first_logprob;
     bt_top_logprob_t top[20];
@@ -65,6 +68,10 @@ struct prefill {
     char step_err[256];
     char address[256];
     int64_t queued_tokens;
+    bt_metrics_t *metrics;
+    bt_metrics_server_t *metrics_server;
+    bt_histogram_t *chunk_time, *commit_time, *job_time;
+    int64_t commit_start_ms;
 };
 
 static void run_next(prefill_t *p);
@@ -72,6 +79,9 @@ static void run_next(prefill_t *p);
 static void job_end(job_t *j, bt_rpc_code_t code, const char *msg)
 {
     prefill_t *p = j->p;
+    bt_counter_add(bt_metrics_counter(p->metrics, "prefills_total", "Prefill jobs ended, by status", "status",
+                                      bt_rpc_code_name(code)), 1);
+    if (code == BT_RPC_OK) bt_histogram_observe(p->job_time, (double)(bt_now_ms() - j->t_start) / 1000.0);
     if (j->call) {
         if (code == BT_RPC_OK) {
             Baton__V1__PrefillResponse resp = BATON__V1__PREFILL_RESPONSE__INIT;
@@ -148,7 +158,10 @@ static void on_committed(void *ctx, bt_status_t st)
 {
     job_t *j = ctx;
     prefill_t *p = j->p;
+    bt_histogram_observe(p->commit_time, (double)(bt_now_ms() - p->commit_start_ms) / 1000.0);
     if (st != BT_OK) {
+        bt_counter_add(bt_metrics_counter(p->metrics, "transfer_failures_total", "KV transfers that failed, by cause",
+                                          "cause", "commit"), 1);
         job_end(j, BT_RPC_UNAVAILABLE, "KV transfer to the decode group failed");
         return;
     }
@@ -168,6 +181,7 @@ static void chunk_done(uv_work_t *w, int status)
     prefill_t *p = w->data;
     job_t *j = p->active;
     p->busy = false;
+    bt_histogram_observe(p->chunk_time, (double)(bt_now_ms() - p->commit_start_ms) / 1000.0);
     if (p->step_status != BT_OK) {
         job_end(j, BT_RPC_INTERNAL, p->step_err);
         return;
@@ -195,7 +209,11 @@ static void chunk_done(uv_work_t *w, int status)
             return;
         }
         j->bytes += (int64_t)ranges[i].len;
+        bt_counter_add(bt_metrics_counter(p->metrics, "transfer_bytes_total", "KV bytes put into decode groups", NULL, NULL),
+                       (double)ranges[i].len);
     }
+    bt_counter_add(bt_metrics_counter(p->metrics, "chunks_total", "Prefill chunks transferred", NULL, NULL), 1);
+    p->commit_start_ms = bt_now_ms();
     Baton__V1__KvNotice n = BATON__V1__KV_NOTICE__INIT;
     n.request_id = j->req->request_id;
     n.epoch = j->req->epoch;
@@ -228,6 +246,7 @@ static void start_chunk(prefill_t *p, job_t *j)
     j->before = *bt_kv_header(p->slot);
     p->fwd = (bt_forward_seq_t){p->slot, j->req->prompt_ids + j->done, n, false};
     p->busy = true;
+    p->commit_start_ms = bt_now_ms(); /* reused as the chunk's start */
     p->work.data = p;
     uv_queue_work(p->loop, &p->work, chunk_work, chunk_done);
 }
@@ -246,7 +265,10 @@ static void run_next(prefill_t *p)
         }
         char err[256];
         j->peer = peer_get(p, j->req->target->region.data, j->req->target->region.len, err, sizeof err);
+        j->t_start = bt_now_ms();
         if (!j->peer) {
+            bt_counter_add(bt_metrics_counter(p->metrics, "transfer_failures_total", "KV transfers that failed, by cause",
+                                              "cause", "connect"), 1);
             job_end(j, BT_RPC_UNAVAILABLE, err);
             return;
         }
@@ -332,6 +354,16 @@ static void on_hello(void *ctx, bt_rpc_call_t *call, const uint8_t *data, size_t
     free(buf);
 }
 
+static void refresh_metrics(void *ctx)
+{
+    prefill_t *p = ctx;
+    int queued = 0;
+    for (job_t *j = p->queue; j; j = j->next) queued++;
+    bt_gauge_set(bt_metrics_gauge(p->metrics, "queued_requests", "Prefill jobs waiting", NULL, NULL), queued);
+    bt_gauge_set(bt_metrics_gauge(p->metrics, "running_requests", "Prefill jobs running", NULL, NULL), p->active ? 1 : 0);
+    bt_gauge_set(bt_metrics_gauge(p->metrics, "queued_prompt_tokens", "Prompt tokens waiting", NULL, NULL), (double)p->queued_tokens);
+}
+
 static void load_fn(void *ctx, Baton__V1__HeartbeatRequest *hb)
 {
     prefill_t *p = ctx;
@@ -360,7 +392,7 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN); /* a peer that vanished must not kill the process */
     const char *model_path = NULL, *served = NULL, *host = "127.0.0.1", *router = NULL;
     const char *ucx_tls = "tcp", *transfer = "ucx", *log_level = "info", *net_devices = NULL;
-    int64_t port = 0, context = 0, chunk = 4096, threads = 0, tp = 1, seed = 0;
+    int64_t port = 0, context = 0, chunk = 4096, threads = 0, tp = 1, seed = 0, metrics_port = 0;
     double watchdog_s = 300.0;
     bt_flag_t spec[] = {
         BT_FLAG_STR("model-path", &model_path, "checkpoint directory (default: the demo model)"),
@@ -377,6 +409,7 @@ int main(int argc, char **argv)
         BT_FLAG_STR("transfer", &transfer, "KV transport: ucx (default)"),
         BT_FLAG_STR("ucx-tls", &ucx_tls, "UCX transports: tcp (default), sm, tcp,sm"),
         BT_FLAG_STR("ucx-net-devices", &net_devices, "UCX_NET_DEVICES (e.g. lo, mlx5_0:1)"),
+        BT_FLAG_INT("metrics-port", &metrics_port, "HTTP port of /metrics (0 picks one)"),
         BT_FLAG_STR("log-level", &log_level, "debug, info, warn, error"),
     };
     char err[1024];
@@ -426,6 +459,17 @@ int main(int argc, char **argv)
         return 1;
     }
     snprintf(p->address, sizeof p->address, "%s:%d", host, bt_rpc_server_port(p->server));
+    p->metrics = bt_metrics_create("baton_prefill");
+    p->chunk_time = bt_metrics_histogram(p->metrics, "chunk_seconds", "One prefill chunk's forward", bt_metrics_latency_buckets, NULL, NULL);
+    p->commit_time = bt_metrics_histogram(p->metrics, "transfer_seconds", "Put + flush + notice of one chunk",
+                                          bt_metrics_latency_buckets, NULL, NULL);
+    p->job_time = bt_metrics_histogram(p->metrics, "request_seconds", "Whole prefill of a request", bt_metrics_latency_buckets, NULL, NULL);
+    refresh_metrics(p);
+    if (bt_metrics_server_start(p->loop, host, (int)metrics_port, p->metrics, refresh_metrics, p, &p->metrics_server) != BT_OK) {
+        fprintf(stderr, "baton-prefill: cannot serve /metrics on %s:%lld\n", host, (long long)metrics_port);
+        return 1;
+    }
+    printf("baton-prefill metrics on %s:%d\n", host, bt_metrics_server_port(p->metrics_server));
     printf("baton-prefill listening on %s\n", p->address);
     fflush(stdout);
     BT_LOG_INFO("listening on %s (chunks of %d tokens)", p->address, p->chunk_size);

@@ -11,6 +11,8 @@
 #include "common/text/chat.h"
 #include "common/text/parsers.h"
 #include "common/text/tokenizer.h"
+#include "common/metrics.h"
+#include "services/common/metrics_server.h"
 #include "services/common/proto_util.h"
 #include "services/common/service.h"
 #include "services/engine/demo_model.h"
@@ -73,7 +75,7 @@ typedef struct req {
     Baton__V1__FinishReason finish;
     char matched_stop[256];
     int64_t last_event_ms;
-    int64_t t_start;
+    int64_t t_start, t_first;
 } req_t;
 
 struct router {
@@ -93,7 +95,15 @@ struct router {
     bool reasoning_parser, tool_parser, stopping;
     uint64_t next_worker, next_request, epoch_base;
     uv_timer_t sweep;
+    bt_metrics_t *metrics;
+    bt_metrics_server_t *metrics_server;
+    bt_histogram_t *ttft, *itl, *e2e;
 };
+
+static void count_outcome(router_t *r, const char *outcome)
+{
+    bt_counter_add(bt_metrics_counter(r->metrics, "requests_total", "Requests ended, by outcome", "outcome", outcome), 1);
+}
 
 static void dispatch_queued(router_t *r);
 
@@ -151,6 +161,7 @@ static void req_fail(req_t *q, bt_rpc_code_t code, const char *msg)
     req_leave_decode(q);
     if (q->call) {
         BT_LOG_WARN("request %s: %s: %s", q->id, bt_rpc_code_name(code), msg);
+        count_outcome(r, bt_rpc_code_name(code));
         bt_rpc_call_finish(q->call, code, msg);
         q->call = NULL;
     }
@@ -330,6 +341,9 @@ static void send_response(req_t *q, const int32_t *ids, size_t n_ids,
         bt_rpc_call_finish(q->call, BT_RPC_OK, NULL);
         q->call = NULL;
         router_t *r = q->r;
+        count_outcome(r, resp.finish_reason == BATON__V1__FINISH_REASON__FINISH_LENGTH ? "length"
+                         : resp.finish_reason == BATON__V1__FINISH_REASON__FINISH_TOOL_CALLS ? "tool_calls" : "stop");
+        bt_histogram_observe(r->e2e, (double)(bt_now_ms() - q->t_start) / 1000.0);
         req_leave_decode(q);
         if (q->dcall_live) bt_rpc_client_cancel(q->dcall); /* a stop string ended it early */
         req_release(q);
@@ -342,7 +356,14 @@ static void send_response(req_t *q, const int32_t *ids, size_t n_ids,
 static void on_decode_event(void *ctx, const uint8_t *data, size_t len)
 {
     req_t *q = ctx;
-    q->last_event_ms = bt_now_ms();
+    int64_t now = bt_now_ms();
+    if (q->call && !q->t_first) {
+        q->t_first = now;
+        bt_histogram_observe(q->r->ttft, (double)(now - q->t_start) / 1000.0);
+    } else if (q->call) {
+        bt_histogram_observe(q->r->itl, (double)(now - q->last_event_ms) / 1000.0);
+    }
+    q->last_event_ms = now;
     if (!q->call) return;
     Baton__V1__DecodeEvent *ev = BT_PROTO_UNPACK(baton__v1__decode_event, data, len);
     if (!ev) {
@@ -651,6 +672,7 @@ static void on_generate(void *ctx, bt_rpc_call_t *call, const uint8_t *data, siz
     BT_PROTO_FREE(baton__v1__generate_request, g);
     if (code != BT_RPC_OK) {
         q->state = REQ_DONE;
+        count_outcome(r, bt_rpc_code_name(code));
         bt_rpc_call_finish(call, code, msg);
         q->call = NULL;
         req_release(q);
@@ -672,6 +694,7 @@ static void on_generate(void *ctx, bt_rpc_call_t *call, const uint8_t *data, siz
         snprintf(msg, sizeof msg, "all decode groups are full and %d requests are queued "
                  "(--max-queued-requests)", r->n_queued);
         q->state = REQ_DONE;
+        count_outcome(r, "RESOURCE_EXHAUSTED");
         bt_rpc_call_finish(call, BT_RPC_RESOURCE_EXHAUSTED, msg);
         q->call = NULL;
         req_release(q);
@@ -851,6 +874,24 @@ static void on_sweep(uv_timer_t *t)
 
 /* ---- startup ---------------------------------------------------------------------------- */
 
+static void refresh_metrics(void *ctx)
+{
+    router_t *r = ctx;
+    int running = 0, prefill = 0, decode = 0;
+    for (worker_t *w = r->workers; w; w = w->next) {
+        if (w->role == BATON__V1__WORKER_ROLE__ROLE_DECODE) {
+            decode++;
+            running += w->running;
+        } else {
+            prefill++;
+        }
+    }
+    bt_gauge_set(bt_metrics_gauge(r->metrics, "running_requests", "Requests on decode groups", NULL, NULL), running);
+    bt_gauge_set(bt_metrics_gauge(r->metrics, "queued_requests", "Requests waiting for a decode place", NULL, NULL), r->n_queued);
+    bt_gauge_set(bt_metrics_gauge(r->metrics, "workers", "Registered worker groups", "role", "decode"), decode);
+    bt_gauge_set(bt_metrics_gauge(r->metrics, "workers", "Registered worker groups", "role", "prefill"), prefill);
+}
+
 static void on_server_down(void *ctx)
 {
     router_t *r = ctx;
@@ -877,7 +918,7 @@ int main(int argc, char **argv)
     const char *model_path = NULL, *tokenizer_path = NULL, *served = NULL, *host = "127.0.0.1";
     const char *reasoning = NULL, *tool = NULL, *log_level = "info";
     int64_t port = 50051, max_running = 16, max_queued = 256, max_new = 32768, context = 0;
-    int64_t heartbeat_ms = 1000;
+    int64_t heartbeat_ms = 1000, metrics_port = 0;
     double watchdog_s = 300.0;
     bt_flag_t spec[] = {
         BT_FLAG_STR("model-path", &model_path, "checkpoint directory, for its tokenizer (default: the demo model)"),
@@ -893,6 +934,7 @@ int main(int argc, char **argv)
         BT_FLAG_INT("heartbeat-ms", &heartbeat_ms, "worker heartbeat interval (3 misses remove it)"),
         BT_FLAG_STR("reasoning-parser", &reasoning, "deepseek-v41"),
         BT_FLAG_STR("tool-call-parser", &tool, "deepseekv41"),
+        BT_FLAG_INT("metrics-port", &metrics_port, "HTTP port of /metrics (0 picks one)"),
         BT_FLAG_STR("log-level", &log_level, "debug, info, warn, error"),
     };
     char err[1024];
@@ -955,6 +997,20 @@ int main(int argc, char **argv)
         fprintf(stderr, "baton-router: cannot serve gRPC on %s: %s\n", addr, bt_status_str(st));
         return 1;
     }
+    r->metrics = bt_metrics_create("baton_router");
+    r->ttft = bt_metrics_histogram(r->metrics, "time_to_first_token_seconds", "Time to first token",
+                                   bt_metrics_latency_buckets, NULL, NULL);
+    r->itl = bt_metrics_histogram(r->metrics, "inter_token_latency_seconds", "Time between decode events",
+                                  bt_metrics_latency_buckets, NULL, NULL);
+    r->e2e = bt_metrics_histogram(r->metrics, "request_latency_seconds", "Whole request latency",
+                                  bt_metrics_latency_buckets, NULL, NULL);
+    refresh_metrics(r);
+    if (bt_metrics_server_start(r->loop, host, (int)metrics_port, r->metrics, refresh_metrics, r,
+                                &r->metrics_server) != BT_OK) {
+        fprintf(stderr, "baton-router: cannot serve /metrics on %s:%lld\n", host, (long long)metrics_port);
+        return 1;
+    }
+    printf("baton-router metrics on %s:%d\n", host, bt_metrics_server_port(r->metrics_server));
     printf("baton-router listening on %s:%d\n", host, bt_rpc_server_port(r->server));
     fflush(stdout);
     BT_LOG_INFO("serving '%s' on %s:%d (max %d running per decode group, queue %d)", r->served, host,
