@@ -37,7 +37,7 @@ typedef struct {
     /* Builds the JSON body of an error the server answers on its own (status, message);
      * NULL uses {"error": {"message": ..., "type": ..., "code": status}}. Returns malloc'd. */
     char *(*error_body)(int status, const char *message);
-} bt_http_limits_t;
+} bt_http_limits_t; /* fields left 0 (or NULL limits) take the defaults */
 
 bt_http_limits_t bt_http_limits_default(void);
 
@@ -78,7 +78,13 @@ bt_status_t bt_http_stream_begin(bt_http_request_t *req, int status, const char 
 bt_status_t bt_http_stream_write(bt_http_request_t *req, const void *data, size_t len);
 bt_status_t bt_http_stream_end(bt_http_request_t *req);
 /* Called once when the connection closes before the answer is complete; after it req is
- * gone and must not be used. */
+ * gone and must not be used. It fires from a libuv callback, never from inside a bt_http_*
+ * call. Register it from the handler, before it returns. (Registered on a request whose
+ * connection is already gone, fn runs at once and req is freed.) Without it, a request whose
+ * connection went away stays allocated until the handler's bt_http_respond/stream_end, which
+ * then return BT_ERR_CANCELLED and free it.
+ * A client that half-closes (shutdown of its write side after a complete request) still gets
+ * its answer; a client that closed both sides is noticed at the next write. */
 void bt_http_on_close(bt_http_request_t *req, void (*fn)(void *ctx), void *ctx);
 
 /* Parser entry point for fuzzing: feeds bytes through the request parser with the limits,
