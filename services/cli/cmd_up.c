@@ -1,12 +1,18 @@
 /* baton up: a whole local cluster in one command. Starts the router, the prefill and decode
  * groups (and the gateway when it is built) as separate processes on loopback, prints where
  * each listens, and stops them all on Ctrl-C or SIGTERM. A service that dies takes the
- * cluster down with a message saying which. */
+ * cluster down with a message saying which.
+ *
+ * `--config FILE` (deploy/README.md) supplies defaults that command-line flags override. What
+ * this host cannot honour is reported: tp/nnodes > 1, speculative decoding, CUDA graphs and
+ * cache reports warn and the cluster runs without them; node-rank > 0 refuses (baton up starts
+ * whole clusters, rank 0 only). */
 #include "services/cli/cli.h"
 
 #include "common/alloc.h"
 #include "common/flags.h"
 #include "common/log.h"
+#include "services/cli/config.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -140,13 +146,13 @@ static void stop_all(void)
 }
 
 typedef struct {
-    char *v[64];
+    char *v[160];
     int n;
 } args_t;
 
 static void add(args_t *a, const char *s)
 {
-    BT_ASSERT(a->n < 63);
+    BT_ASSERT(a->n < 159);
     a->v[a->n++] = bt_strdup_or_die(s);
     a->v[a->n] = NULL;
 }
@@ -171,14 +177,83 @@ static void free_args(args_t *a)
     a->n = 0;
 }
 
+/* Extra `--key=value` flags a config section gives one service. */
+static void add_section(args_t *a, const bt_conf_t *conf, const char *section)
+{
+    for (size_t i = 0; i < bt_conf_count(conf); i++) {
+        const char *sec, *key, *value;
+        bt_conf_at(conf, i, &sec, &key, &value, NULL);
+        if (strcmp(sec, section)) continue;
+        char buf[4300];
+        snprintf(buf, sizeof buf, "--%s=%s", key, value);
+        add(a, buf);
+    }
+}
+
+static bool net_device_present(const char *dev)
+{
+    char name[256], p[300];
+    snprintf(name, sizeof name, "%s", dev);
+    char *colon = strchr(name, ':');
+    if (colon) *colon = 0;
+    snprintf(p, sizeof p, "/sys/class/infiniband/%s", name);
+    if (access(p, F_OK) == 0) return true;
+    snprintf(p, sizeof p, "/sys/class/net/%s", name);
+    return access(p, F_OK) == 0;
+}
+
+static int up(int argc, char **argv, const bt_conf_t *conf);
+
 int bt_cli_up(int argc, char **argv)
+{
+    /* --config FILE: its [cluster] values go first, so command-line flags override them */
+    const char *config = NULL;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--")) break;
+        if (!strcmp(argv[i], "--config") && i + 1 < argc) config = argv[i + 1];
+        else if (!strncmp(argv[i], "--config=", 9)) config = argv[i] + 9;
+    }
+    if (!config) return up(argc, argv, NULL);
+    bt_conf_t *conf;
+    char err[1024];
+    if (bt_conf_load(config, &conf, err, sizeof err) != BT_OK) {
+        fprintf(stderr, "baton up: %s\n", err);
+        return 2;
+    }
+    size_t n = bt_conf_count(conf), m = 0;
+    char **merged = bt_calloc_or_die(n + (size_t)argc + 1, sizeof *merged);
+    for (size_t i = 0; i < n; i++) {
+        const char *sec, *key, *value;
+        bt_conf_at(conf, i, &sec, &key, &value, NULL);
+        if (strcmp(sec, "cluster")) continue;
+        size_t len = strlen(key) + strlen(value) + 4;
+        merged[m] = bt_malloc_or_die(len);
+        snprintf(merged[m++], len, "--%s=%s", key, value);
+    }
+    size_t from_conf = m;
+    for (int i = 0; i < argc; i++) merged[m++] = argv[i];
+    int rc = up((int)m, merged, conf);
+    for (size_t i = 0; i < from_conf; i++) free(merged[i]);
+    free(merged);
+    bt_conf_destroy(conf);
+    return rc;
+}
+
+static int up(int argc, char **argv, const bt_conf_t *conf)
 {
     const char *model_path = NULL, *served = NULL, *host = "127.0.0.1", *log_level = "info";
     const char *ucx_tls = "tcp", *reasoning = NULL, *tool = NULL, *api_key = NULL;
     int64_t port = 8888, router_port = 50051, n_prefill = 1, n_decode = 1, chunk = 4096;
     int64_t max_running = 16, max_queued = 256, context = 0, threads = 0, start_timeout = 120;
-    double watchdog = 300.0;
+    double watchdog = 300.0, mem_fraction = 0.0;
+    const char *config = NULL, *tokenizer = NULL, *quant = NULL, *dist_init = NULL, *spec_algo = NULL;
+    const char *net_devices = NULL;
+    int64_t tp = 1, nnodes = 1, node_rank = 0, max_new = 0, max_total = 0, graph_bs = 0, spec_block = 0;
+    int64_t seed = -1;
+    bool cache_report = false, demo = false;
     bt_flag_t spec[] = {
+        BT_FLAG_STR("config", &config, "cluster config file (deploy/README.md); flags override it"),
+        BT_FLAG_BOOL("demo-model", &demo, "serve the built-in demo model whatever model-path says"),
         BT_FLAG_STR("model-path", &model_path, "checkpoint directory (default: the demo model)"),
         BT_FLAG_STR("served-model-name", &served, "the model name clients use"),
         BT_FLAG_STR("host", &host, "address every service listens on (default 127.0.0.1)"),
@@ -198,6 +273,21 @@ int bt_cli_up(int argc, char **argv)
         BT_FLAG_STR("api-key", &api_key, "bearer token the gateway requires"),
         BT_FLAG_INT("start-timeout", &start_timeout, "seconds a service may take to start (default 120)"),
         BT_FLAG_STR("log-level", &log_level, "debug, info, warn, error"),
+        BT_FLAG_STR("tokenizer-path", &tokenizer, "tokenizer directory (default: model path)"),
+        BT_FLAG_STR("quantization", &quant, "accepted; Baton follows the checkpoint's formats"),
+        BT_FLAG_INT("tp", &tp, "tensor-parallel size (the CPU backend runs 1)"),
+        BT_FLAG_INT("nnodes", &nnodes, "hosts per group (baton up runs one)"),
+        BT_FLAG_INT("node-rank", &node_rank, "must be 0 for baton up"),
+        BT_FLAG_STR("dist-init-addr", &dist_init, "group rendezvous (unused on one host)"),
+        BT_FLAG_INT("max-new-tokens", &max_new, "router cap and default for max_tokens"),
+        BT_FLAG_FLOAT("mem-fraction-static", &mem_fraction, "decode: fraction of memory for the KV pool"),
+        BT_FLAG_INT("max-total-tokens", &max_total, "decode: KV pool size in tokens"),
+        BT_FLAG_INT("cuda-graph-max-bs", &graph_bs, "accepted; no CUDA backend yet"),
+        BT_FLAG_STR("speculative-algorithm", &spec_algo, "DSPARK (not implemented yet: runs without)"),
+        BT_FLAG_INT("speculative-dspark-block-size", &spec_block, "DSpark block size"),
+        BT_FLAG_INT("random-seed", &seed, "sampling seed for the workers"),
+        BT_FLAG_BOOL("enable-cache-report", &cache_report, "accepted; cached_tokens is 0 until a prefix cache exists"),
+        BT_FLAG_STR("ucx-net-devices", &net_devices, "UCX devices for the KV handoff (dev:port,...)"),
     };
     char err[512];
     bt_status_t st = bt_flags_parse(spec, BT_COUNTOF(spec), argc, argv, NULL, err, sizeof err);
@@ -211,6 +301,52 @@ int bt_cli_up(int argc, char **argv)
                 MAX_CHILDREN);
         return 2;
     }
+    /* what one host on the CPU backend cannot honour: say so, run what can run */
+    if (node_rank != 0) {
+        fprintf(stderr, "baton up: node-rank = %lld: baton up starts a whole cluster from rank 0; start the "
+                        "other ranks' services with deploy/systemd or deploy/k8s\n", (long long)node_rank);
+        return 2;
+    }
+    if (tp > 1)
+        fprintf(stderr, "baton up: warning: tp = %lld: the CPU backend runs each group as one rank (tp 1)\n",
+                (long long)tp);
+    if (nnodes > 1)
+        fprintf(stderr, "baton up: warning: nnodes = %lld%s%s: baton up runs every service on this host\n",
+                (long long)nnodes, dist_init ? ", dist-init-addr = " : "", dist_init ? dist_init : "");
+    if (spec_algo && strcmp(spec_algo, "NONE") && strcmp(spec_algo, "none"))
+        fprintf(stderr, "baton up: warning: speculative-algorithm = %s%s: speculative decoding is not "
+                        "implemented yet; decoding runs one token a step\n", spec_algo,
+                spec_block ? " (block size ignored)" : "");
+    if (graph_bs > 0)
+        fprintf(stderr, "baton up: warning: cuda-graph-max-bs = %lld: no CUDA backend yet; ignored\n", (long long)graph_bs);
+    if (cache_report)
+        fprintf(stderr, "baton up: warning: enable-cache-report: no prefix cache yet; cached_tokens stays 0\n");
+    if (quant)
+        fprintf(stderr, "baton up: warning: quantization = %s: Baton follows the checkpoint's formats\n", quant);
+    if (demo) {
+        model_path = NULL;
+        tokenizer = NULL;
+    }
+    if (net_devices) {
+        char list[1024];
+        snprintf(list, sizeof list, "%s", net_devices);
+        for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
+            if (strcmp(tok, "all") && !net_device_present(tok)) {
+                fprintf(stderr, "baton up: warning: ucx-net-devices = %s: %s is not on this host; letting UCX "
+                                "choose\n", net_devices, tok);
+                net_devices = NULL;
+                break;
+            }
+    }
+    for (size_t i = 0; i < bt_conf_count(conf); i++) { /* [env]: names checked by the parser */
+        const char *sec, *key, *value;
+        bt_conf_at(conf, i, &sec, &key, &value, NULL);
+        if (!strcmp(sec, "env")) setenv(key, value, 1);
+    }
+    char seed_buf[32], frac_buf[32];
+    snprintf(seed_buf, sizeof seed_buf, "%lld", (long long)seed);
+    snprintf(frac_buf, sizeof frac_buf, "%g", mem_fraction);
+
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
@@ -237,6 +373,9 @@ int bt_cli_up(int argc, char **argv)
     add_opt(&a, "--reasoning-parser", reasoning);
     add_opt(&a, "--tool-call-parser", tool);
     add_opt(&a, "--log-level", log_level);
+    add_opt(&a, "--tokenizer-path", tokenizer);
+    if (max_new > 0) add_int(&a, "--max-new-tokens", max_new);
+    add_section(&a, conf, "router");
     int ri = spawn("router", a.v, timeout_ms);
     free_args(&a);
     int rc = 0;
@@ -265,7 +404,12 @@ int bt_cli_up(int argc, char **argv)
             if (threads) add_int(&a, "--threads", threads);
             add_opt(&a, "--watchdog-timeout", wd);
             add_opt(&a, "--ucx-tls", ucx_tls);
+            add_opt(&a, "--ucx-net-devices", net_devices);
             add_opt(&a, "--log-level", log_level);
+            if (seed >= 0) add_opt(&a, "--random-seed", seed_buf);
+            if (kind == 1 && max_total > 0) add_int(&a, "--max-total-tokens", max_total);
+            if (kind == 1 && mem_fraction > 0) add_opt(&a, "--mem-fraction-static", frac_buf);
+            add_section(&a, conf, kind == 0 ? "prefill" : "decode");
             int ci = spawn(name, a.v, timeout_ms);
             free_args(&a);
             if (ci < 0) {
@@ -282,6 +426,7 @@ int bt_cli_up(int argc, char **argv)
         add_int(&a, "--port", port);
         add_opt(&a, "--api-key", api_key);
         add_opt(&a, "--log-level", log_level);
+        add_section(&a, conf, "gateway");
         int gi = spawn("gateway", a.v, timeout_ms);
         free_args(&a);
         if (gi < 0) {
@@ -289,7 +434,8 @@ int bt_cli_up(int argc, char **argv)
             goto out;
         }
     }
-    printf("baton up: cluster running%s\n", model_path ? "" : " (demo model: tiny, untrained)");
+    printf("baton up: cluster running%s%s%s\n", model_path ? "" : " (demo model: tiny, untrained)",
+           config ? " from " : "", config ? config : "");
     for (int i = 0; i < n_children; i++) printf("  %-12s %s (pid %d)\n", children[i].name, children[i].listen, (int)children[i].pid);
     printf("Ctrl-C stops it.\n");
     fflush(stdout);
