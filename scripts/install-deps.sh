@@ -9,7 +9,13 @@ packages=(
   # libraries (PLUMBING.md)
   libgrpc-dev protobuf-c-compiler libprotobuf-c-dev libuv1-dev libucx-dev ucx-utils
   libcjson-dev node-llhttp libpcre2-dev libutf8proc-dev libcurl4-openssl-dev
+  # tests: promtool (package prometheus) checks every /metrics
+  prometheus
 )
+# the OpenAI client tests need Node.js 18+ with npm; Debian's when none is installed
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  packages+=(nodejs npm)
+fi
 
 missing=()
 for p in "${packages[@]}"; do

@@ -8,6 +8,8 @@ jobs=$(nproc 2>/dev/null || echo 2)
 fuzz_seconds=${BT_FUZZ_SECONDS:-20}
 
 bash scripts/install-deps.sh
+echo "== npm packages for the OpenAI client tests"
+(cd tests/integration/openai && npm ci --no-audit --no-fund --loglevel=error)
 
 echo "== build (RelWithDebInfo)"
 cmake -S . -B build -DBT_CUDA=AUTO >/dev/null

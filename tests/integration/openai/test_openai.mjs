@@ -1,0 +1,196 @@
+// The official OpenAI client library (npm `openai`) against `baton up` on the demo model:
+// chat with and without streaming, completions, tools and tool results, the models list,
+// and its error handling (401, 400, 429). The demo model is untrained, so these tests check
+// the wire format and behaviour, not the words.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import OpenAI from 'openai';
+
+const BIN = process.env.BT_BIN_DIR;
+if (!BIN) throw new Error('BT_BIN_DIR must point at build/bin');
+const KEY = 'sk-baton-test-key';
+const cache = mkdtempSync(path.join(tmpdir(), 'bt-openai-'));
+
+// Starts `baton up` with extra flags; resolves to {proc, gateway} once the cluster runs.
+function up(extra) {
+  return new Promise((resolve, reject) => {
+    const proc = spawn(path.join(BIN, 'baton'),
+      ['up', '--port', '0', '--router-port', '0', '--threads', '1', '--log-level', 'warn', ...extra],
+      { env: { ...process.env, XDG_CACHE_HOME: cache }, stdio: ['ignore', 'pipe', 'inherit'] });
+    let out = '';
+    const timer = setTimeout(() => { proc.kill('SIGKILL'); reject(new Error('baton up did not start: ' + out)); }, 120000);
+    proc.stdout.on('data', (d) => {
+      out += d.toString();
+      const m = out.match(/gateway\s+(\S+:\d+)/);
+      if (m && out.includes('Ctrl-C stops it')) {
+        clearTimeout(timer);
+        resolve({ proc, gateway: `http://${m[1]}/v1` });
+      }
+    });
+    proc.on('exit', (code) => { clearTimeout(timer); reject(new Error(`baton up exited ${code}: ${out}`)); });
+  });
+}
+
+function down(c) {
+  return new Promise((resolve) => {
+    if (!c || c.proc.exitCode !== null) return resolve();
+    c.proc.removeAllListeners('exit');
+    const t = setTimeout(() => c.proc.kill('SIGKILL'), 15000);
+    c.proc.on('exit', () => { clearTimeout(t); resolve(); });
+    c.proc.kill('SIGTERM');
+  });
+}
+
+let main;
+let client;
+before(async () => {
+  main = await up(['--api-key', KEY]);
+  client = new OpenAI({ baseURL: main.gateway, apiKey: KEY, maxRetries: 0, timeout: 60000 });
+});
+after(async () => { await down(main); });
+
+const MODEL = 'baton-demo';
+
+test('models list', async () => {
+  const page = await client.models.list();
+  const ids = page.data.map((m) => m.id);
+  assert.ok(ids.includes(MODEL), `models: ${ids}`);
+  assert.equal(page.data[0].object, 'model');
+});
+
+test('chat without streaming', async () => {
+  const r = await client.chat.completions.create({
+    model: MODEL, messages: [{ role: 'user', content: 'Hello, who are you?' }], max_tokens: 8, temperature: 0,
+  });
+  assert.equal(r.object, 'chat.completion');
+  assert.match(r.id, /^chatcmpl-/);
+  assert.equal(r.choices.length, 1);
+  assert.equal(r.choices[0].message.role, 'assistant');
+  assert.equal(typeof r.choices[0].message.content, 'string');
+  assert.ok(['length', 'stop'].includes(r.choices[0].finish_reason));
+  assert.ok(r.usage.prompt_tokens > 0);
+  assert.ok(r.usage.completion_tokens >= 1 && r.usage.completion_tokens <= 8);
+  assert.equal(r.usage.total_tokens, r.usage.prompt_tokens + r.usage.completion_tokens);
+  // greedy is deterministic
+  const again = await client.chat.completions.create({
+    model: MODEL, messages: [{ role: 'user', content: 'Hello, who are you?' }], max_tokens: 8, temperature: 0,
+  });
+  assert.equal(again.choices[0].message.content, r.choices[0].message.content);
+});
+
+test('chat with streaming and usage', async () => {
+  const stream = await client.chat.completions.create({
+    model: MODEL, messages: [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: 'Count to three.' }],
+    max_tokens: 12, temperature: 0, stream: true, stream_options: { include_usage: true }, ignore_eos: true,
+  });
+  let role = null, text = '', finish = null, usage = null, chunks = 0;
+  for await (const chunk of stream) {
+    chunks++;
+    assert.equal(chunk.object, 'chat.completion.chunk');
+    if (chunk.usage) usage = chunk.usage;
+    for (const c of chunk.choices) {
+      if (c.delta.role) role = c.delta.role;
+      if (c.delta.content) text += c.delta.content;
+      if (c.finish_reason) finish = c.finish_reason;
+    }
+  }
+  assert.equal(role, 'assistant');
+  assert.equal(finish, 'length');
+  assert.ok(chunks >= 3, `${chunks} chunks`);
+  assert.equal(usage.completion_tokens, 12);
+  // the streamed text equals the non-streamed one
+  const whole = await client.chat.completions.create({
+    model: MODEL, messages: [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: 'Count to three.' }],
+    max_tokens: 12, temperature: 0, ignore_eos: true,
+  });
+  assert.equal(text, whole.choices[0].message.content);
+});
+
+test('completions, text and token ids, streaming', async () => {
+  const r = await client.completions.create({ model: MODEL, prompt: 'The capital of France is', max_tokens: 5, temperature: 0 });
+  assert.equal(r.object, 'text_completion');
+  assert.equal(typeof r.choices[0].text, 'string');
+  assert.ok(r.usage.completion_tokens >= 1);
+  const ids = await client.completions.create({ model: MODEL, prompt: [0, 40, 41, 42], max_tokens: 4, temperature: 0, ignore_eos: true });
+  assert.equal(ids.usage.prompt_tokens, 4);
+  assert.equal(ids.usage.completion_tokens, 4);
+  const stream = await client.completions.create({ model: MODEL, prompt: [0, 40, 41, 42], max_tokens: 4, temperature: 0, stream: true, ignore_eos: true });
+  let text = '';
+  for await (const chunk of stream) for (const c of chunk.choices) text += c.text;
+  assert.equal(text, ids.choices[0].text);
+});
+
+test('tools and tool results', async () => {
+  const tools = [{
+    type: 'function',
+    function: {
+      name: 'get_weather', description: 'Weather for a city',
+      parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] },
+    },
+  }];
+  const r = await client.chat.completions.create({
+    model: MODEL, tools, tool_choice: 'auto', max_tokens: 6, temperature: 0,
+    messages: [
+      { role: 'user', content: 'Weather in Paris?' },
+      { role: 'assistant', content: null, tool_calls: [{ id: 'call_1', type: 'function', function: { name: 'get_weather', arguments: '{"city": "Paris"}' } }] },
+      { role: 'tool', tool_call_id: 'call_1', content: '{"temp_c": 18}' },
+    ],
+  });
+  assert.equal(r.choices[0].message.role, 'assistant');
+  assert.ok(['length', 'stop', 'tool_calls'].includes(r.choices[0].finish_reason));
+  // thinking mode and an effort are accepted
+  const t = await client.chat.completions.create({
+    model: MODEL, messages: [{ role: 'user', content: 'Think.' }], max_tokens: 4, temperature: 0,
+    chat_template_kwargs: { thinking: true }, reasoning_effort: 'high',
+  });
+  assert.equal(t.choices[0].message.role, 'assistant');
+});
+
+test('logprobs', async () => {
+  const r = await client.chat.completions.create({
+    model: MODEL, messages: [{ role: 'user', content: 'Hi' }], max_tokens: 3, temperature: 0, logprobs: true, top_logprobs: 2, ignore_eos: true,
+  });
+  const lp = r.choices[0].logprobs.content;
+  assert.equal(lp.length, 3);
+  for (const e of lp) {
+    assert.ok(e.logprob <= 0);
+    assert.equal(e.top_logprobs.length, 2);
+    assert.ok(e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob);
+    assert.equal(e.logprob, e.top_logprobs[0].logprob); // greedy takes the most likely
+  }
+});
+
+test('errors: 401 and 400', async () => {
+  const bad = new OpenAI({ baseURL: main.gateway, apiKey: 'wrong', maxRetries: 0 });
+  await assert.rejects(bad.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: 'x' }] }),
+    (e) => e instanceof OpenAI.AuthenticationError && e.status === 401);
+  await assert.rejects(client.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: 'x' }], temperature: 7 }),
+    (e) => e instanceof OpenAI.BadRequestError && e.status === 400 && /temperature/.test(e.message));
+  await assert.rejects(client.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: 'x' }], n: 2 }),
+    (e) => e instanceof OpenAI.BadRequestError && /'n'/.test(e.message));
+  await assert.rejects(client.chat.completions.create({ model: MODEL, messages: [] }),
+    (e) => e instanceof OpenAI.BadRequestError && /messages/.test(e.message));
+  await assert.rejects(client.chat.completions.create({ model: 'no-such-model', messages: [{ role: 'user', content: 'x' }] }),
+    (e) => e instanceof OpenAI.NotFoundError && e.status === 404);
+});
+
+test('errors: 429 when the router queue is full', async () => {
+  const small = await up(['--api-key', KEY, '--max-running-requests', '1', '--max-queued-requests', '0']);
+  try {
+    const c = new OpenAI({ baseURL: small.gateway, apiKey: KEY, maxRetries: 0, timeout: 60000 });
+    const reqs = [0, 1, 2].map(() => c.chat.completions.create({
+      model: MODEL, messages: [{ role: 'user', content: 'long' }], max_tokens: 400, temperature: 0, ignore_eos: true,
+    }));
+    const results = await Promise.allSettled(reqs);
+    const ok = results.filter((r) => r.status === 'fulfilled').length;
+    const limited = results.filter((r) => r.status === 'rejected' && r.reason instanceof OpenAI.RateLimitError && r.reason.status === 429);
+    assert.equal(ok, 1, JSON.stringify(results.map((r) => r.status)));
+    assert.equal(limited.length, 2);
+  } finally {
+    await down(small);
+  }
+});
