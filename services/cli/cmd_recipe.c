@@ -253,18 +253,19 @@ static int recipe_apply(int argc, char **argv)
         BT_FLAG_INT("max-bytes", &max_bytes, "largest recipe accepted (default 1 MiB)"),
         BT_FLAG_INT("timeout", &timeout_s, "seconds an HTTP fetch may take (default 30)"),
     };
-    const char *pos_store[4];
-    bt_positionals_t pos = {pos_store, 0, 4};
+    bt_positionals_t pos = {NULL, 0, 0};
     char err[1024];
     bt_status_t st = bt_flags_parse(spec, BT_COUNTOF(spec), argc, argv, &pos, err, sizeof err);
     if (st == BT_ERR_NOT_FOUND) return 0;
     if (st != BT_OK || pos.count != 1 || max_bytes < 1 || max_bytes > BT_RECIPE_MAX_BYTES || timeout_s < 1) {
+        free(pos.args);
         fprintf(stderr, "baton recipe apply: %s\nusage: baton recipe apply SOURCE [--config FILE] [--yes] "
                         "[--dry-run] [--json]   (SOURCE: a file or an http(s) URL; --max-bytes 1..%u)\n",
                 st != BT_OK ? err : "expected one SOURCE", BT_RECIPE_MAX_BYTES);
         return 2;
     }
     const char *source = pos.args[0];
+    free(pos.args);
     char *body = NULL;
     size_t len = 0;
     if (!strncmp(source, "http://", 7) || !strncmp(source, "https://", 8))
