@@ -619,7 +619,7 @@ static void refresh_metrics(void *ctx)
     bt_gauge_set(bt_metrics_gauge(d->metrics, "running_requests", "Admitted requests", "phase", "prefilling"), prefilling);
     bt_gauge_set(bt_metrics_gauge(d->metrics, "max_running_seen", "Most admitted at once", NULL, NULL), d->max_seen);
     bt_gauge_set(bt_metrics_gauge(d->metrics, "kv_slots_used", "KV pool slots in use", NULL, NULL), bt_kv_pool_used(d->pool));
-    bt_gauge_set(bt_metrics_gauge(d->metrics, "kv_slots_total", "KV pool slots", NULL, NULL), bt_kv_pool_capacity(d->pool));
+    bt_gauge_set(bt_metrics_gauge(d->metrics, "kv_slots_capacity", "KV pool slots", NULL, NULL), bt_kv_pool_capacity(d->pool));
     bt_xfer_stats_t xs;
     bt_xfer_stats(d->xfer, &xs);
     bt_gauge_set(bt_metrics_gauge(d->metrics, "kv_notices_received", "Transfer notices received (counter of the transfer layer)", NULL, NULL),

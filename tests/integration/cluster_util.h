@@ -22,6 +22,7 @@
 typedef struct {
     pid_t pid;
     char addr[128];
+    char metrics[128]; /* host:port of /metrics when the service printed one */
 } proc_t;
 
 static inline int64_t ms_now(void)
@@ -76,6 +77,9 @@ static inline int proc_start(proc_t *p, const char *bin, ...)
         const char *at = strstr(buf, "listening on ");
         const char *nl = at ? strchr(at, '\n') : NULL;
         if (at && nl) snprintf(p->addr, sizeof p->addr, "%.*s", (int)(nl - at - 13), at + 13);
+        const char *mt = strstr(buf, "metrics on ");
+        const char *mnl = mt ? strchr(mt, '\n') : NULL;
+        if (mt && mnl) snprintf(p->metrics, sizeof p->metrics, "%.*s", (int)(mnl - mt - 11), mt + 11);
     }
     close(fds[0]);
     if (!p->addr[0]) {

@@ -1,0 +1,319 @@
+/* baton-gateway against hostile and malformed requests, over raw sockets: a table of more
+ * than 30 (bad JSON, wrong types, negative or huge max_tokens, unknown roles, empty messages,
+ * invalid UTF-8, oversize bodies, endless headers, a slow-loris client, a half-closed
+ * socket, ...) each gets its documented status, while a streaming generation on another
+ * connection keeps going. Then every service's /metrics passes `promtool check metrics`,
+ * and a client that disconnects mid-stream cancels its request end to end. */
+#include "bt_test.h"
+#include "integration/cluster_util.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <sys/socket.h>
+
+static proc_t router, prefill, decode, gateway;
+static int gw_port;
+
+static int connect_gw(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {0};
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)gw_port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        close(fd);
+        return -1;
+    }
+    struct timeval tv = {15, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    return fd;
+}
+
+static void send_all(int fd, const char *data, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = send(fd, data, n, MSG_NOSIGNAL);
+        if (w <= 0) return;
+        data += w;
+        n -= (size_t)w;
+    }
+}
+
+/* Reads until the peer closes (or 15 s); returns the status code of the first response
+ * (after any 100 Continue) and leaves the text in out. */
+static int read_status(int fd, char *out, size_t cap)
+{
+    size_t used = 0;
+    for (;;) {
+        ssize_t r = recv(fd, out + used, cap - 1 - used, 0);
+        if (r <= 0) break;
+        used += (size_t)r;
+        if (used >= cap - 1) break;
+    }
+    out[used] = 0;
+    const char *p = out;
+    while (!strncmp(p, "HTTP/1.1 100", 12)) {
+        const char *e = strstr(p, "\r\n\r\n");
+        if (!e) break;
+        p = e + 4;
+    }
+    int status = 0;
+    if (sscanf(p, "HTTP/1.1 %d", &status) != 1) status = -1;
+    return status;
+}
+
+static char *request(const char *method, const char *path, const char *body, const char *extra)
+{
+    size_t n = strlen(body) + 1024 + (extra ? strlen(extra) : 0);
+    char *r = malloc(n);
+    snprintf(r, n, "%s %s HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nConnection: close\r\n%sContent-Length: %zu\r\n\r\n%s",
+             method, path, extra ? extra : "", strlen(body), body);
+    return r;
+}
+
+typedef struct {
+    const char *name;
+    const char *method, *path, *body;
+    int status;
+    const char *needle; /* in the response, when set */
+} case_t;
+
+#define CHAT "/v1/chat/completions"
+#define MSGS "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]"
+
+static const case_t cases[] = {
+    {"bad JSON", "POST", CHAT, "{\"messages\": [", 400, "not valid JSON"},
+    {"body not an object", "POST", CHAT, "[1,2,3]", 400, "JSON object"},
+    {"no messages", "POST", CHAT, "{\"model\":\"m\"}", 400, "\"param\":\"messages\""},
+    {"empty messages", "POST", CHAT, "{\"messages\":[]}", 400, "must not be empty"},
+    {"messages not an array", "POST", CHAT, "{\"messages\":\"hi\"}", 400, "must be an array"},
+    {"message not an object", "POST", CHAT, "{\"messages\":[42]}", 400, "messages[0]"},
+    {"unknown role", "POST", CHAT, "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", 400, "messages[0].role"},
+    {"role not a string", "POST", CHAT, "{\"messages\":[{\"role\":7,\"content\":\"x\"}]}", 400, "messages[0].role"},
+    {"content a number", "POST", CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":5}]}", 400, "messages[0].content"},
+    {"user without content", "POST", CHAT, "{\"messages\":[{\"role\":\"user\"}]}", 400, "messages[0].content"},
+    {"temperature a string", "POST", CHAT, "{" MSGS ",\"temperature\":\"hot\"}", 400, "\"param\":\"temperature\""},
+    {"temperature too high", "POST", CHAT, "{" MSGS ",\"temperature\":5}", 400, "temperature"},
+    {"top_p zero", "POST", CHAT, "{" MSGS ",\"top_p\":0}", 400, "top_p"},
+    {"negative max_tokens", "POST", CHAT, "{" MSGS ",\"max_tokens\":-1}", 400, "max_tokens"},
+    {"zero max_tokens", "POST", CHAT, "{" MSGS ",\"max_tokens\":0}", 400, "max_tokens"},
+    {"max_tokens past int64", "POST", CHAT, "{" MSGS ",\"max_tokens\":1e30}", 400, "max_tokens"},
+    {"max_tokens fractional", "POST", CHAT, "{" MSGS ",\"max_tokens\":2.5}", 400, "max_tokens"},
+    {"huge max_tokens is clamped", "POST", CHAT, "{" MSGS ",\"max_tokens\":1000000000000,\"temperature\":0}", 200, "chat.completion"},
+    {"n of two", "POST", CHAT, "{" MSGS ",\"n\":2}", 400, "'n'"},
+    {"stop of numbers", "POST", CHAT, "{" MSGS ",\"stop\":[1,2]}", 400, "\"param\":\"stop\""},
+    {"stream not a bool", "POST", CHAT, "{" MSGS ",\"stream\":\"yes\"}", 400, "stream"},
+    {"stream_options not an object", "POST", CHAT, "{" MSGS ",\"stream_options\":3}", 400, "stream_options"},
+    {"top_logprobs without logprobs", "POST", CHAT, "{" MSGS ",\"top_logprobs\":2}", 400, "top_logprobs"},
+    {"bad tool_choice", "POST", CHAT, "{" MSGS ",\"tool_choice\":\"sometimes\"}", 400, "tool_choice"},
+    {"tools not an array", "POST", CHAT, "{" MSGS ",\"tools\":{}}", 400, "tools"},
+    {"unknown model", "POST", CHAT, "{\"model\":\"gpt-nope\"," MSGS "}", 404, "not served"},
+    {"bad reasoning effort", "POST", CHAT, "{" MSGS ",\"chat_template_kwargs\":{\"thinking\":true},\"reasoning_effort\":\"extreme\"}", 400, "reasoning_effort"},
+    {"completions without prompt", "POST", "/v1/completions", "{\"max_tokens\":3}", 400, "prompt"},
+    {"completions batch of two", "POST", "/v1/completions", "{\"prompt\":[\"a\",\"b\"]}", 400, "batch"},
+    {"completions token id out of vocabulary", "POST", "/v1/completions", "{\"prompt\":[0,99999999]}", 400, "vocabulary"},
+    {"completions echo", "POST", "/v1/completions", "{\"prompt\":\"a\",\"echo\":true}", 400, "echo"},
+    {"unknown route", "GET", "/v2/everything", "", 404, "no route"},
+    {"GET on chat", "GET", CHAT, "", 405, "not allowed"},
+    {"DELETE on models", "DELETE", "/v1/models", "", 405, "not allowed"},
+    {"valid chat", "POST", CHAT, "{" MSGS ",\"max_tokens\":3,\"temperature\":0}", 200, "\"finish_reason\""},
+};
+
+static void run_case(const case_t *c)
+{
+    int fd = connect_gw();
+    BT_CHECK(fd >= 0);
+    if (fd < 0) return;
+    char *r = request(c->method, c->path, c->body, NULL);
+    send_all(fd, r, strlen(r));
+    free(r);
+    static char out[1 << 16];
+    int st = read_status(fd, out, sizeof out);
+    close(fd);
+    BT_CHECK_MSG(st == c->status, "%s: status %d, want %d: %.300s", c->name, st, c->status, out);
+    if (c->needle) BT_CHECK_MSG(strstr(out, c->needle) != NULL, "%s: response lacks '%s': %.300s", c->name, c->needle, out);
+    if (st >= 400 && st != 405)
+        BT_CHECK_MSG(strstr(out, "{\"error\":{\"message\":") != NULL, "%s: not the OpenAI error shape: %.200s", c->name, out);
+}
+
+/* raw byte-level cases: invalid UTF-8, oversize, endless headers, slow clients, half-close */
+static int raw(const char *data, size_t n, bool half_close, int pause_ms, char *out, size_t cap)
+{
+    int fd = connect_gw();
+    if (fd < 0) return -1;
+    send_all(fd, data, n);
+    if (pause_ms) usleep((useconds_t)pause_ms * 1000);
+    if (half_close) shutdown(fd, SHUT_WR);
+    int st = read_status(fd, out, cap);
+    close(fd);
+    return st;
+}
+
+static void test_raw_cases(void)
+{
+    static char out[1 << 16];
+    /* invalid UTF-8 inside a JSON string */
+    const char bad_utf8[] = "{\"messages\":[{\"role\":\"user\",\"content\":\"\xc3\x28\xff\"}]}";
+    char *r = request("POST", CHAT, bad_utf8, NULL);
+    BT_CHECK_EQ_INT(raw(r, strlen(r), false, 0, out, sizeof out), 400);
+    BT_CHECK(strstr(out, "UTF-8") != NULL);
+    free(r);
+    /* a body over --max-request-bytes (64 KiB here), by Content-Length */
+    char head[256];
+    snprintf(head, sizeof head, "POST " CHAT " HTTP/1.1\r\nHost: gw\r\nContent-Length: 200000\r\n\r\n");
+    BT_CHECK_EQ_INT(raw(head, strlen(head), false, 0, out, sizeof out), 413);
+    /* ... and by chunked growth */
+    {
+        size_t n = 100000;
+        char *big = malloc(n + 512);
+        int o = snprintf(big, 512, "POST " CHAT " HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: chunked\r\n\r\n%zx\r\n", n - 512);
+        memset(big + o, 'a', n - 512);
+        memcpy(big + o + n - 512, "\r\n0\r\n\r\n", 7);
+        BT_CHECK_EQ_INT(raw(big, (size_t)o + n - 512 + 7, false, 0, out, sizeof out), 413);
+        free(big);
+    }
+    /* endless headers: one huge header, then very many */
+    {
+        size_t n = 40000;
+        char *h = malloc(n + 256);
+        int o = snprintf(h, 256, "GET /health HTTP/1.1\r\nHost: gw\r\nX-Long: ");
+        memset(h + o, 'x', n);
+        memcpy(h + o + n, "\r\n\r\n", 4);
+        BT_CHECK_EQ_INT(raw(h, (size_t)o + n + 4, false, 0, out, sizeof out), 431);
+        o = snprintf(h, 256, "GET /health HTTP/1.1\r\nHost: gw\r\n");
+        for (int i = 0; i < 300; i++) o += snprintf(h + o, n + 256 - (size_t)o, "X-H%d: v\r\n", i);
+        o += snprintf(h + o, n + 256 - (size_t)o, "\r\n");
+        BT_CHECK_EQ_INT(raw(h, (size_t)o, false, 0, out, sizeof out), 431);
+        free(h);
+    }
+    /* garbage instead of HTTP */
+    BT_CHECK_EQ_INT(raw("HELLO THERE\r\n\r\n", 15, false, 0, out, sizeof out), 400);
+    /* slow-loris: half a head, then nothing (header timeout 1 s here) */
+    int64_t t0 = ms_now();
+    const char slow[] = "POST " CHAT " HTTP/1.1\r\nHost: gw\r\n";
+    BT_CHECK_EQ_INT(raw(slow, sizeof slow - 1, false, 0, out, sizeof out), 408);
+    BT_CHECK(ms_now() - t0 < 5000);
+    /* a body that stops arriving (body timeout 1 s) */
+    const char partial[] = "POST " CHAT " HTTP/1.1\r\nHost: gw\r\nContent-Length: 100\r\n\r\n{\"messages\"";
+    BT_CHECK_EQ_INT(raw(partial, sizeof partial - 1, false, 0, out, sizeof out), 408);
+    /* a half-closed socket still gets its answer */
+    r = request("POST", CHAT, "{" MSGS ",\"max_tokens\":2,\"temperature\":0}", NULL);
+    BT_CHECK_EQ_INT(raw(r, strlen(r), true, 0, out, sizeof out), 200);
+    free(r);
+    /* Expect: 100-continue */
+    r = request("POST", CHAT, "{" MSGS ",\"max_tokens\":2,\"temperature\":0}", "Expect: 100-continue\r\n");
+    BT_CHECK_EQ_INT(raw(r, strlen(r), false, 0, out, sizeof out), 200);
+    free(r);
+}
+
+/* a streaming generation on its own connection while the hostile table runs */
+typedef struct {
+    bool done_marker;
+    int status;
+} stream_result_t;
+
+static void *streamer(void *arg)
+{
+    stream_result_t *res = arg;
+    char *r = request("POST", CHAT, "{" MSGS ",\"max_tokens\":300,\"temperature\":0,\"stream\":true,\"ignore_eos\":true}", NULL);
+    int fd = connect_gw();
+    send_all(fd, r, strlen(r));
+    free(r);
+    static char out[1 << 20];
+    res->status = read_status(fd, out, sizeof out);
+    res->done_marker = strstr(out, "data: [DONE]") != NULL;
+    close(fd);
+    return NULL;
+}
+
+static void test_hostile_table(void)
+{
+    pthread_t th;
+    stream_result_t res = {0};
+    pthread_create(&th, NULL, streamer, &res);
+    usleep(100000);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i]);
+    test_raw_cases();
+    pthread_join(th, NULL);
+    fprintf(stderr, "  %zu table cases + 11 raw cases; the concurrent stream ended %d with [DONE]: %d\n",
+            sizeof cases / sizeof cases[0], res.status, res.done_marker);
+    BT_CHECK(res.status == 200 && res.done_marker);
+}
+
+static void test_disconnect_cancels(void)
+{
+    /* a long stream, dropped after the first bytes: decode's KV pool returns to empty */
+    char *r = request("POST", CHAT, "{" MSGS ",\"max_tokens\":400,\"temperature\":0,\"stream\":true,\"ignore_eos\":true}", NULL);
+    int fd = connect_gw();
+    send_all(fd, r, strlen(r));
+    free(r);
+    char buf[4096];
+    ssize_t got = recv(fd, buf, sizeof buf, 0);
+    BT_CHECK(got > 0);
+    close(fd);
+    client_t cl;
+    client_open(&cl, router.addr);
+    int64_t deadline = ms_now() + 5000;
+    int64_t used = -1;
+    while (ms_now() < deadline) {
+        Baton__V1__StatsResponse *s;
+        if (decode_stats(&cl, decode.addr, &s)) {
+            used = s->kv_slots_used;
+            BT_PROTO_FREE(baton__v1__stats_response, s);
+            if (used == 0) break;
+        }
+        usleep(20000);
+    }
+    client_close(&cl);
+    BT_CHECK_MSG(used == 0, "decode still holds %lld slots after the client left", (long long)used);
+}
+
+static void test_promtool(void)
+{
+    char gw_metrics[64];
+    snprintf(gw_metrics, sizeof gw_metrics, "127.0.0.1:%d", gw_port);
+    const char *addrs[] = {gw_metrics, router.metrics, prefill.metrics, decode.metrics};
+    const char *names[] = {"gateway", "router", "prefill", "decode"};
+    for (int i = 0; i < 4; i++) {
+        BT_CHECK_MSG(addrs[i][0], "%s printed no metrics address", names[i]);
+        char cmd[512];
+        snprintf(cmd, sizeof cmd, "curl -sf http://%s/metrics > /tmp/bt-metrics-%d.txt && promtool check metrics < /tmp/bt-metrics-%d.txt",
+                 addrs[i], (int)getpid(), (int)getpid());
+        int rc = system(cmd);
+        BT_CHECK_MSG(rc == 0, "promtool check metrics failed for %s (%s)", names[i], addrs[i]);
+    }
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/bt-metrics-%d.txt", (int)getpid());
+    unlink(path);
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    char model[512];
+    snprintf(model, sizeof model, "%s/golden-a-exact", BT_GOLDEN_DIR);
+    if (proc_start(&router, "baton-router", "--port", "0", "--model-path", model, "--served-model-name", "m",
+                   "--heartbeat-ms", "200", NULL) ||
+        proc_start(&prefill, "baton-prefill", "--port", "0", "--model-path", model, "--served-model-name", "m",
+                   "--router", router.addr, "--context-length", "512", "--threads", "1", NULL) ||
+        proc_start(&decode, "baton-decode", "--port", "0", "--model-path", model, "--served-model-name", "m",
+                   "--router", router.addr, "--context-length", "512", "--threads", "1", NULL) ||
+        proc_start(&gateway, "baton-gateway", "--port", "0", "--router", router.addr, "--max-request-bytes", "65536",
+                   "--header-timeout-ms", "1000", "--body-timeout-ms", "1000", NULL)) {
+        BT_CHECK_MSG(0, "the cluster did not start");
+        return bt_test_summary();
+    }
+    const char *colon = strrchr(gateway.addr, ':');
+    gw_port = colon ? atoi(colon + 1) : 0;
+    usleep(500000);
+    BT_RUN(test_hostile_table);
+    BT_RUN(test_disconnect_cancels);
+    BT_RUN(test_promtool);
+    proc_stop(&gateway, SIGTERM);
+    proc_stop(&decode, SIGTERM);
+    proc_stop(&prefill, SIGTERM);
+    proc_stop(&router, SIGTERM);
+    return bt_test_summary();
+}
