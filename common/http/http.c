@@ -47,7 +47,8 @@ static bool buf_reserve(buf_t *b, size_t extra)
     if (extra <= b->cap - b->len) return true;
     if (extra > SIZE_MAX / 2 - b->len) return false;
     size_t cap = b->cap ? b->cap : 256;
-    while (cap - b->len < extra) cap *= 2;
+    while (cap - b->len < extra)
+        cap *= 2;
     char *p = realloc(b->p, cap);
     if (!p) return false;
     b->p = p;
@@ -143,8 +144,8 @@ struct conn {
     int err_status; /* set by a parser callback that refuses the request */
     const char *err_msg;
     uint64_t served;
-    bool probe;        /* bt_http_parse_probe: no socket, no timers */
-    int probe_status;  /* first answer the probe would give */
+    bool probe;       /* bt_http_parse_probe: no socket, no timers */
+    int probe_status; /* first answer the probe would give */
     bool reading, peer_eof, in_process, force_close;
     bool dead;    /* answers return BT_ERR_CANCELLED; the close is pending */
     bool ending;  /* graceful close: flush, shutdown, linger */
@@ -206,38 +207,44 @@ static bt_http_limits_t limits_resolve(const bt_http_limits_t *in)
     return l;
 }
 
+static const struct {
+    int status;
+    const char *reason;
+} reasons[] = {
+    {100, "Continue"},
+    {200, "OK"},
+    {201, "Created"},
+    {202, "Accepted"},
+    {204, "No Content"},
+    {301, "Moved Permanently"},
+    {302, "Found"},
+    {304, "Not Modified"},
+    {400, "Bad Request"},
+    {401, "Unauthorized"},
+    {403, "Forbidden"},
+    {404, "Not Found"},
+    {405, "Method Not Allowed"},
+    {408, "Request Timeout"},
+    {409, "Conflict"},
+    {413, "Payload Too Large"},
+    {415, "Unsupported Media Type"},
+    {417, "Expectation Failed"},
+    {422, "Unprocessable Entity"},
+    {429, "Too Many Requests"},
+    {431, "Request Header Fields Too Large"},
+    {499, "Client Closed Request"},
+    {500, "Internal Server Error"},
+    {501, "Not Implemented"},
+    {502, "Bad Gateway"},
+    {503, "Service Unavailable"},
+    {504, "Gateway Timeout"},
+};
+
 static const char *reason_phrase(int status)
 {
-    switch (status) {
-    case 100: return "Continue";
-    case 200: return "OK";
-    case 201: return "Created";
-    case 202: return "Accepted";
-    case 204: return "No Content";
-    case 301: return "Moved Permanently";
-    case 302: return "Found";
-    case 304: return "Not Modified";
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 403: return "Forbidden";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 408: return "Request Timeout";
-    case 409: return "Conflict";
-    case 413: return "Payload Too Large";
-    case 415: return "Unsupported Media Type";
-    case 417: return "Expectation Failed";
-    case 422: return "Unprocessable Entity";
-    case 429: return "Too Many Requests";
-    case 431: return "Request Header Fields Too Large";
-    case 499: return "Client Closed Request";
-    case 500: return "Internal Server Error";
-    case 501: return "Not Implemented";
-    case 502: return "Bad Gateway";
-    case 503: return "Service Unavailable";
-    case 504: return "Gateway Timeout";
-    default: return status < 300 ? "OK" : status < 500 ? "Client Error" : "Server Error";
-    }
+    for (size_t i = 0; i < sizeof reasons / sizeof *reasons; i++)
+        if (reasons[i].status == status) return reasons[i].reason;
+    return status < 300 ? "OK" : status < 500 ? "Client Error" : "Server Error";
 }
 
 static char *default_error_body(int status, const char *message)
@@ -246,9 +253,12 @@ static char *default_error_body(int status, const char *message)
     const char *type = status >= 500 ? "server_error" : "invalid_request_error";
     bool ok = buf_str(&b, "{\"error\":{\"message\":\"");
     for (const unsigned char *s = (const unsigned char *)message; ok && *s; s++) {
-        if (*s == '"' || *s == '\\') ok = buf_printf(&b, "\\%c", *s);
-        else if (*s < 0x20) ok = buf_printf(&b, "\\u%04x", *s);
-        else ok = buf_append(&b, s, 1);
+        if (*s == '"' || *s == '\\')
+            ok = buf_printf(&b, "\\%c", *s);
+        else if (*s < 0x20)
+            ok = buf_printf(&b, "\\u%04x", *s);
+        else
+            ok = buf_append(&b, s, 1);
     }
     ok = ok && buf_printf(&b, "\",\"type\":\"%s\",\"code\":%d}}", type, status);
     if (!ok) {
@@ -330,8 +340,10 @@ static void on_handle_closed(uv_handle_t *h)
     conn_t *c = h->data;
     if (--c->handles_open > 0) return;
     bt_http_server_t *srv = c->srv;
-    if (c->prev) c->prev->next = c->next;
-    else srv->conns = c->next;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        srv->conns = c->next;
     if (c->next) c->next->prev = c->prev;
     srv->nconns--;
     buf_free(&c->in);
@@ -356,7 +368,8 @@ static void on_write(uv_write_t *w, int status)
         return;
     }
     /* pipelined input waits for the output to drain below the watermark */
-    if (!c->dead && !c->ending && !c->req && c->in.len > c->in_off && queued_bytes(c) <= PIPELINE_WATERMARK)
+    if (!c->dead && !c->ending && !c->req && c->in.len > c->in_off &&
+        queued_bytes(c) <= PIPELINE_WATERMARK)
         timer_set(c, T_KICK, 0);
 }
 
@@ -366,7 +379,8 @@ static bool conn_writev(conn_t *c, const uv_buf_t *parts, int n)
     if (c->probe) return true;
     if (c->closing || c->dead) return false;
     size_t len = 0;
-    for (int i = 0; i < n; i++) len += parts[i].len;
+    for (int i = 0; i < n; i++)
+        len += parts[i].len;
     if (len > UINT_MAX) return false;
     wreq_t *wr = malloc(sizeof *wr + len);
     if (!wr) return false;
@@ -767,8 +781,10 @@ static void conn_process(conn_t *c)
         }
         c->in_off += used;
         if (e == HPE_PAUSED || e == HPE_PAUSED_UPGRADE) {
-            if (e == HPE_PAUSED) llhttp_resume(&c->parser);
-            else llhttp_resume_after_upgrade(&c->parser);
+            if (e == HPE_PAUSED)
+                llhttp_resume(&c->parser);
+            else
+                llhttp_resume_after_upgrade(&c->parser);
             if (c->req && c->req->complete) dispatch(c);
         }
     }
@@ -785,13 +801,21 @@ static void conn_process(conn_t *c)
     bool busy = c->req && c->req->dispatched;
     if (c->peer_eof && !busy && c->in.len == c->in_off) {
         /* half-closed client, everything received is answered */
-        if (c->req) conn_close(c); /* a request cut short */
-        else conn_end(c);
+        if (c->req)
+            conn_close(c); /* a request cut short */
+        else
+            conn_end(c);
         return;
     }
     if (!c->req && c->served > 0 && c->timer_kind != T_IDLE && c->in.len == c->in_off)
         timer_set(c, T_IDLE, lim->idle_timeout_ms);
-    if (!c->reading && !c->peer_eof && c->in.len - c->in_off < IN_BUF_MAX) conn_read_start(c);
+    /* unparsed input is bounded: reading waits while IN_BUF_MAX bytes are buffered */
+    if (c->reading && c->in.len - c->in_off >= IN_BUF_MAX) {
+        uv_read_stop((uv_stream_t *)&c->tcp);
+        c->reading = false;
+    } else if (!c->reading && !c->peer_eof && c->in.len - c->in_off < IN_BUF_MAX) {
+        conn_read_start(c);
+    }
 }
 
 static void on_timer(uv_timer_t *t)
@@ -801,17 +825,28 @@ static void on_timer(uv_timer_t *t)
     c->timer_kind = T_NONE;
     switch (kind) {
     case T_HEAD:
-        if (c->req || c->in.len > c->in_off) send_error(c, 408, "request headers timed out");
-        else conn_close(c); /* connected, sent nothing */
+        if (c->req || c->in.len > c->in_off)
+            send_error(c, 408, "request headers timed out");
+        else
+            conn_close(c); /* connected, sent nothing */
         break;
-    case T_BODY: send_error(c, 408, "request body timed out"); break;
-    case T_IDLE: conn_close(c); break;
-    case T_LINGER: conn_close(c); break;
+    case T_BODY:
+        send_error(c, 408, "request body timed out");
+        break;
+    case T_IDLE:
+        conn_close(c);
+        break;
+    case T_LINGER:
+        conn_close(c);
+        break;
     case T_KICK:
-        if (c->dead) conn_close(c);
-        else conn_process(c);
+        if (c->dead)
+            conn_close(c);
+        else
+            conn_process(c);
         break;
-    case T_NONE: break;
+    case T_NONE:
+        break;
     }
 }
 
@@ -929,13 +964,15 @@ static void on_listener_closed(uv_handle_t *h)
 {
     bt_http_server_t *srv = h->data;
     srv->listener_closed = true;
-    if (srv->closing) maybe_finish_server(srv);
-    else free(srv); /* create failed */
+    if (srv->closing)
+        maybe_finish_server(srv);
+    else
+        free(srv); /* create failed */
 }
 
 bt_status_t bt_http_server_create(uv_loop_t *loop, const char *host, int port,
-                                  const bt_http_limits_t *limits, bt_http_handler_fn fn,
-                                  void *ctx, bt_http_server_t **srv_p)
+                                  const bt_http_limits_t *limits, bt_http_handler_fn fn, void *ctx,
+                                  bt_http_server_t **srv_p)
 {
     if (!loop || !fn || !srv_p || port < 0 || port > 65535) return BT_ERR_INVALID_ARG;
     if (!host || !*host || strcmp(host, "localhost") == 0) host = "127.0.0.1";
@@ -969,8 +1006,10 @@ bt_status_t bt_http_server_create(uv_loop_t *loop, const char *host, int port,
     struct sockaddr_storage bound;
     int bl = sizeof bound;
     if (uv_tcp_getsockname(&srv->listener, (struct sockaddr *)&bound, &bl) == 0) {
-        if (bound.ss_family == AF_INET) srv->port = ntohs(((struct sockaddr_in *)&bound)->sin_port);
-        else srv->port = ntohs(((struct sockaddr_in6 *)&bound)->sin6_port);
+        if (bound.ss_family == AF_INET)
+            srv->port = ntohs(((struct sockaddr_in *)&bound)->sin_port);
+        else
+            srv->port = ntohs(((struct sockaddr_in6 *)&bound)->sin6_port);
     }
     srv->listening = true;
     *srv_p = srv;
@@ -1070,7 +1109,8 @@ void bt_http_add_header(bt_http_request_t *req, const char *name, const char *va
         return;
     }
     extra_hdr_t **tail = &req->extra;
-    while (*tail) tail = &(*tail)->next;
+    while (*tail)
+        tail = &(*tail)->next;
     *tail = e;
 }
 
@@ -1105,8 +1145,10 @@ static bool build_head(bt_http_request_t *req, buf_t *h, int status, const char 
     if (chunked) ok = ok && buf_str(h, "Transfer-Encoding: chunked\r\n");
     for (extra_hdr_t *e = req->extra; ok && e; e = e->next)
         ok = buf_printf(h, "%s: %s\r\n", e->name, e->value);
-    if (close) ok = ok && buf_str(h, "Connection: close\r\n");
-    else if (req->http10) ok = ok && buf_str(h, "Connection: keep-alive\r\n");
+    if (close)
+        ok = ok && buf_str(h, "Connection: close\r\n");
+    else if (req->http10)
+        ok = ok && buf_str(h, "Connection: keep-alive\r\n");
     ok = ok && buf_str(h, "\r\n");
     extra_clear(req);
     return ok;
@@ -1143,8 +1185,8 @@ bt_status_t bt_http_respond(bt_http_request_t *req, int status, const char *cont
     bool with_body = status_has_body(status);
     size_t clen = with_body ? len : 0;
     buf_t h = {0};
-    if (!build_head(req, &h, status, with_body ? content_type : NULL,
-                    with_body ? &clen : NULL, false, close)) {
+    if (!build_head(req, &h, status, with_body ? content_type : NULL, with_body ? &clen : NULL,
+                    false, close)) {
         buf_free(&h);
         conn_abort_deferred(c);
         return answer_cancelled(req, true);

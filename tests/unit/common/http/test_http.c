@@ -30,11 +30,11 @@ struct fx {
     client_fn client;
     int port;
     atomic_int n_requests;
-    atomic_int n_closed;         /* on_close callbacks */
-    atomic_int n_cancelled;      /* stream_write answered BT_ERR_CANCELLED */
-    atomic_long flood_bytes;     /* bytes accepted by stream_write on /flood */
+    atomic_int n_closed;     /* on_close callbacks */
+    atomic_int n_cancelled;  /* stream_write answered BT_ERR_CANCELLED */
+    atomic_long flood_bytes; /* bytes accepted by stream_write on /flood */
     atomic_int server_closed;
-    int leftover_fd;             /* a connection the client leaves open for server_close */
+    int leftover_fd; /* a connection the client leaves open for server_close */
 };
 
 typedef struct {
@@ -118,6 +118,13 @@ static void start_job(fx_t *fx, bt_http_request_t *req, char kind, int every_ms)
     uv_timer_start(&j->timer, job_tick, (uint64_t)every_ms, kind == 'w' ? 0 : (uint64_t)every_ms);
 }
 
+static void on_server_closed(void *ctx)
+{
+    fx_t *fx = ctx;
+    fx->srv = NULL;
+    atomic_store(&fx->server_closed, 1);
+}
+
 static void handler(void *ctx, bt_http_request_t *req)
 {
     fx_t *fx = ctx;
@@ -139,6 +146,10 @@ static void handler(void *ctx, bt_http_request_t *req)
         start_job(fx, req, 'w', 50);
     } else if (strcmp(path, "/sse") == 0) {
         start_job(fx, req, 's', 5);
+    } else if (strcmp(path, "/sse-then-close") == 0) {
+        /* the server closes while this stream is in flight: the stream must finish */
+        start_job(fx, req, 's', 5);
+        bt_http_server_close(fx->srv, on_server_closed, fx);
     } else if (strcmp(path, "/forever") == 0) {
         start_job(fx, req, 'f', 10);
     } else if (strcmp(path, "/flood") == 0) {
@@ -149,16 +160,11 @@ static void handler(void *ctx, bt_http_request_t *req)
     }
 }
 
-static void on_server_closed(void *ctx)
-{
-    fx_t *fx = ctx;
-    atomic_store(&fx->server_closed, 1);
-}
-
 static void on_done(uv_async_t *a)
 {
     fx_t *fx = a->data;
-    bt_http_server_close(fx->srv, on_server_closed, fx);
+    if (fx->srv && !atomic_load(&fx->server_closed))
+        bt_http_server_close(fx->srv, on_server_closed, fx);
     uv_close((uv_handle_t *)&fx->done, NULL);
 }
 
@@ -335,7 +341,8 @@ static const char *head_get(const char *head, const char *name, char *out, size_
         l += 2;
         if (strncasecmp(l, name, nl) == 0 && l[nl] == ':') {
             const char *v = l + nl + 1;
-            while (*v == ' ') v++;
+            while (*v == ' ')
+                v++;
             size_t n = strcspn(v, "\r");
             if (n >= outlen) n = outlen - 1;
             memcpy(out, v, n);
@@ -551,8 +558,8 @@ static void client_pipelined(fx_t *fx)
                            "GET /slow HTTP/1.1\r\nHost: x\r\n\r\n"
                            "GET /sse HTTP/1.1\r\nHost: x\r\n\r\n"
                            "GET /hello?last HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
-    const char *want[] = {"hello", "abc", "slow", "data: 0\n\ndata: 1\n\ndata: 2\n\ndata: [DONE]\n\n",
-                          "hello"};
+    const char *want[] = {"hello", "abc", "slow",
+                          "data: 0\n\ndata: 1\n\ndata: 2\n\ndata: [DONE]\n\n", "hello"};
     for (int k = 0; k < 5; k++) {
         resp_t r;
         BT_CHECK_EQ_INT(cl_response(&c, &r), 0);
@@ -689,7 +696,8 @@ static void client_431(fx_t *fx)
 
     /* many small headers */
     off = sprintf(req, "GET /hello HTTP/1.1\r\nHost: x\r\n");
-    for (int k = 0; k < 150; k++) off += sprintf(req + off, "X-%d: v\r\n", k);
+    for (int k = 0; k < 150; k++)
+        off += sprintf(req + off, "X-%d: v\r\n", k);
     strcpy(req + off, "\r\n");
     BT_CHECK_EQ_INT(roundtrip(fx->port, req, &r), 0);
     BT_CHECK_EQ_INT(r.status, 431);
@@ -701,7 +709,8 @@ static void client_431(fx_t *fx)
     cl_send(c.fd, "GET /");
     char piece[4096];
     memset(piece, 'u', sizeof piece);
-    for (int k = 0; k < 6; k++) cl_sendn(c.fd, piece, sizeof piece);
+    for (int k = 0; k < 6; k++)
+        cl_sendn(c.fd, piece, sizeof piece);
     BT_CHECK_EQ_INT(cl_response(&c, &r), 0);
     BT_CHECK_EQ_INT(r.status, 431);
     resp_free(&r);
@@ -987,6 +996,34 @@ static void test_write_backpressure(void)
     BT_CHECK_MSG(b > 0 && b < 64L * 1024 * 1024, "flooded %ld bytes", b);
 }
 
+static void client_close_midstream(fx_t *fx)
+{
+    cl_t c, d;
+    cl_init(&d, cl_connect(fx->port)); /* idle: closed by bt_http_server_close */
+    cl_init(&c, cl_connect(fx->port));
+    BT_CHECK(cl_send(d.fd, "GET /hello HTTP/1.1\r\nHost: x\r\n\r\n"));
+    resp_t r;
+    BT_CHECK_EQ_INT(cl_response(&d, &r), 0);
+    resp_free(&r);
+    BT_CHECK(cl_send(c.fd, "GET /sse-then-close HTTP/1.1\r\nHost: x\r\n\r\n"));
+    BT_CHECK_EQ_INT(cl_response(&c, &r), 0);
+    BT_CHECK_EQ_INT(r.status, 200);
+    BT_CHECK(r.body && strcmp(r.body, "data: 0\n\ndata: 1\n\ndata: 2\n\ndata: [DONE]\n\n") == 0);
+    resp_free(&r);
+    BT_CHECK(cl_wait_closed(&c));
+    BT_CHECK(cl_wait_closed(&d));
+    BT_CHECK(wait_for(&fx->server_closed, 1, 3.0));
+    BT_CHECK(cl_connect(fx->port) < 0); /* no longer listening */
+    cl_free(&c);
+    cl_free(&d);
+}
+
+static void test_server_close_midstream(void)
+{
+    fx_t fx;
+    run_fixture(NULL, client_close_midstream, &fx);
+}
+
 static void client_curl(fx_t *fx)
 {
     if (system("command -v curl >/dev/null 2>&1") != 0) {
@@ -999,8 +1036,7 @@ static void client_curl(fx_t *fx)
         {"-N http://127.0.0.1:%d/sse", "data: 0\n\ndata: 1\n\ndata: 2\n\ndata: [DONE]\n\n"},
         {"-X POST --data-binary abc http://127.0.0.1:%d/echo", "abc"},
         {"-H 'Expect: 100-continue' --data-binary hello http://127.0.0.1:%d/echo", "hello"},
-        {"-H 'Transfer-Encoding: chunked' --data-binary chunky http://127.0.0.1:%d/echo",
-         "chunky"},
+        {"-H 'Transfer-Encoding: chunked' --data-binary chunky http://127.0.0.1:%d/echo", "chunky"},
         {"http://127.0.0.1:%d/hello http://127.0.0.1:%d/hello", "hellohello"}, /* reuse */
         {"-w '%%{http_code}' -o /dev/null --data-binary @- http://127.0.0.1:%d/echo", "413"},
     };
@@ -1008,8 +1044,8 @@ static void client_curl(fx_t *fx)
         char args[512], cmd[700];
         snprintf(args, sizeof args, cases[i].args, fx->port, fx->port);
         /* stdin: a body over the 1 KiB limit for the @- case */
-        snprintf(cmd, sizeof cmd, "head -c 100000 /dev/zero 2>/dev/null | curl -sS --max-time 10 %s 2>&1",
-                 args);
+        snprintf(cmd, sizeof cmd,
+                 "head -c 100000 /dev/zero 2>/dev/null | curl -sS --max-time 10 %s 2>&1", args);
         FILE *p = popen(cmd, "r");
         BT_CHECK(p != NULL);
         if (!p) continue;
@@ -1090,6 +1126,7 @@ int main(void)
     BT_RUN(test_expect_continue);
     BT_RUN(test_max_connections);
     BT_RUN(test_write_backpressure);
+    BT_RUN(test_server_close_midstream);
     BT_RUN(test_curl);
     return bt_test_summary();
 }
