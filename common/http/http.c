@@ -1094,6 +1094,11 @@ static bool token_ok(const char *s, bool value)
 void bt_http_add_header(bt_http_request_t *req, const char *name, const char *value)
 {
     if (!req || !name || !value || !*name) return;
+    if (strcasecmp(name, "Content-Length") == 0 || strcasecmp(name, "Transfer-Encoding") == 0 ||
+        strcasecmp(name, "Connection") == 0) {
+        BT_LOG_WARN("http: refused response header '%s' (framing is the server's)", name);
+        return;
+    }
     if (!token_ok(name, false) || !token_ok(value, true)) {
         BT_LOG_WARN("http: refused response header '%s' (bad characters)", name);
         return;
@@ -1207,6 +1212,7 @@ bt_status_t bt_http_stream_begin(bt_http_request_t *req, int status, const char 
     if (!req || !req->dispatched || req->streaming) return BT_ERR_INVALID_ARG;
     if (status < 200 || status > 999 || !status_has_body(status)) return BT_ERR_INVALID_ARG;
     conn_t *c = req->conn;
+    req->streaming = true; /* from here on the answer ends with stream_end, even cancelled */
     if (!c || c->dead) return BT_ERR_CANCELLED;
     /* HTTP/1.0 has no chunked coding: the body runs to the close */
     req->chunked_out = !req->http10;
@@ -1216,7 +1222,6 @@ bt_status_t bt_http_stream_begin(bt_http_request_t *req, int status, const char 
     bool ok = build_head(req, &h, status, content_type, NULL, req->chunked_out, close);
     ok = ok && conn_write(c, h.p, h.len, NULL, 0);
     buf_free(&h);
-    req->streaming = true;
     if (!ok) {
         conn_abort_deferred(c);
         return BT_ERR_CANCELLED;

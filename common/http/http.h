@@ -49,7 +49,9 @@ typedef struct {
 } bt_http_header_t;
 
 /* A complete request. The handler must answer it exactly once (respond or stream_begin ...
- * stream_end); req stays valid until then, or until on_close fires. */
+ * stream_end; after a stream_begin, stream_end closes it even when it returned
+ * BT_ERR_CANCELLED); req stays valid until then, or until on_close fires. All calls on the
+ * loop's thread. */
 typedef void (*bt_http_handler_fn)(void *ctx, bt_http_request_t *req);
 
 bt_status_t bt_http_server_create(uv_loop_t *loop, const char *host, int port,
@@ -69,7 +71,8 @@ const bt_http_header_t *bt_http_header_at(const bt_http_request_t *req, size_t i
 const uint8_t *bt_http_body(const bt_http_request_t *req, size_t *len_p);
 const char *bt_http_peer(const bt_http_request_t *req);
 
-/* Extra response headers for the next respond/stream_begin (e.g. "WWW-Authenticate"). */
+/* Extra response headers for the next respond/stream_begin (e.g. "WWW-Authenticate"); copied.
+ * Content-Length, Transfer-Encoding, Connection and values with CR/LF are refused (logged). */
 void bt_http_add_header(bt_http_request_t *req, const char *name, const char *value);
 bt_status_t bt_http_respond(bt_http_request_t *req, int status, const char *content_type,
                             const void *body, size_t len);

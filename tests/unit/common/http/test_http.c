@@ -34,7 +34,8 @@ struct fx {
     atomic_int n_cancelled;  /* stream_write answered BT_ERR_CANCELLED */
     atomic_long flood_bytes; /* bytes accepted by stream_write on /flood */
     atomic_int server_closed;
-    int leftover_fd; /* a connection the client leaves open for server_close */
+    atomic_int n_late_cancelled; /* /slow answered after its client reset */
+    int leftover_fd;             /* a connection the client leaves open for server_close */
 };
 
 typedef struct {
@@ -63,7 +64,9 @@ static void job_tick(uv_timer_t *t)
 {
     job_t *j = t->data;
     if (j->kind == 'w') { /* /slow: answer late */
-        bt_http_respond(j->req, 200, "text/plain", "slow", 4);
+        /* no on_close registered: a request whose client left stays until this call */
+        if (bt_http_respond(j->req, 200, "text/plain", "slow", 4) == BT_ERR_CANCELLED)
+            atomic_fetch_add(&j->fx->n_late_cancelled, 1);
         uv_close((uv_handle_t *)&j->timer, job_free);
         return;
     }
@@ -849,6 +852,14 @@ static void client_disconnect(fx_t *fx)
     BT_CHECK(wait_for(&fx->n_closed, 2, 3.0));
     sleep_ms(100);
     BT_CHECK_EQ_INT(atomic_load(&fx->n_closed), 2); /* once each */
+
+    /* reset before a late one-shot answer without on_close: respond says cancelled */
+    cl_init(&c, cl_connect(fx->port));
+    BT_CHECK(cl_send(c.fd, "GET /slow HTTP/1.1\r\nHost: x\r\n\r\n"));
+    sleep_ms(10);
+    setsockopt(c.fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+    cl_free(&c);
+    BT_CHECK(wait_for(&fx->n_late_cancelled, 1, 3.0));
 }
 
 static void test_client_disconnect_stream(void)
