@@ -320,7 +320,8 @@ static int up(int argc, char **argv, const bt_conf_t *conf)
     if (graph_bs > 0)
         fprintf(stderr, "baton up: warning: cuda-graph-max-bs = %lld: no CUDA backend yet; ignored\n", (long long)graph_bs);
     if (cache_report)
-        fprintf(stderr, "baton up: warning: enable-cache-report: no prefix cache yet; cached_tokens stays 0\n");
+        fprintf(stderr, "baton up: warning: enable-cache-report: passed to the gateway; no prefix cache yet, "
+                        "so cached_tokens stays 0\n");
     if (quant)
         fprintf(stderr, "baton up: warning: quantization = %s: Baton follows the checkpoint's formats\n", quant);
     if (demo) {
@@ -425,6 +426,8 @@ static int up(int argc, char **argv, const bt_conf_t *conf)
         add_opt(&a, "--host", host);
         add_int(&a, "--port", port);
         add_opt(&a, "--api-key", api_key);
+        add_opt(&a, "--served-model-name", served);
+        if (cache_report) add(&a, "--enable-cache-report");
         add_opt(&a, "--log-level", log_level);
         add_section(&a, conf, "gateway");
         int gi = spawn("gateway", a.v, timeout_ms);
