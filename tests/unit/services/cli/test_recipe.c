@@ -542,6 +542,12 @@ static void test_config_parser(void)
         {"mem-fraction-static = 1.5\n", "must be in (0, 1]"},
         {"[decode]\nBad Key = 1\n", "is not a flag name"},
     };
+    /* the documented example reads back */
+    c = NULL;
+    BT_CHECK_MSG(bt_conf_load(BT_TEST_DATA_DIR "/../../deploy/baton.conf.example", &c, err, sizeof err) == BT_OK, "%s",
+                 err);
+    BT_CHECK(c && !strcmp(bt_conf_get(c, "cluster", "speculative-dspark-block-size"), "5"));
+    bt_conf_destroy(c);
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         c = NULL;
         err[0] = 0;
