@@ -13,6 +13,7 @@
 #include "common/text/tokenizer.h"
 #include "common/metrics.h"
 #include "services/common/metrics_server.h"
+#include "services/common/output.h"
 #include "services/common/proto_util.h"
 #include "services/common/service.h"
 #include "services/engine/demo_model.h"
@@ -55,9 +56,6 @@ typedef struct req {
     int32_t *prompt;
     int n_prompt;
     Baton__V1__SamplingParams sampling; /* flat copy (stop strings and ids kept apart) */
-    char **stop;
-    int n_stop;
-    size_t max_stop_len;
     int32_t *stop_ids;
     int n_stop_ids;
     int max_new;
@@ -65,15 +63,9 @@ typedef struct req {
     bt_rpc_client_call_t *dcall;
     bool dcall_live;
     /* output */
-    bt_detok_t *detok;
-    bt_reasoning_parser_t *rp;
-    bt_tool_parser_t *tp;
-    char *text;              /* raw visible text so far (for stop strings) */
-    size_t text_len, text_cap, emitted;
+    bt_output_t *out;
     int completion_tokens;
-    int n_tool_calls;
     Baton__V1__FinishReason finish;
-    char matched_stop[256];
     int64_t last_event_ms;
     int64_t t_start, t_first;
 } req_t;
@@ -118,14 +110,9 @@ static void req_release(req_t *q)
             *p = q->next;
             break;
         }
-    bt_detok_destroy(q->detok);
-    bt_reasoning_parser_destroy(q->rp);
-    bt_tool_parser_destroy(q->tp);
-    for (int i = 0; i < q->n_stop; i++) free(q->stop[i]);
-    free(q->stop);
+    bt_output_destroy(q->out);
     free(q->stop_ids);
     free(q->prompt);
-    free(q->text);
     free(q);
 }
 
@@ -170,173 +157,54 @@ static void req_fail(req_t *q, bt_rpc_code_t code, const char *msg)
     dispatch_queued(r);
 }
 
-/* ---- output: text, stop strings, parsers ---------------------------------------------------- */
+/* ---- output: the text pipeline lives in services/common/output.c ---------------------------- */
 
-static void text_append(req_t *q, const char *s, size_t n)
-{
-    if (q->text_len + n + 1 > q->text_cap) {
-        q->text_cap = (q->text_len + n + 1) * 2;
-        q->text = bt_realloc_or_die(q->text, q->text_cap);
-    }
-    memcpy(q->text + q->text_len, s, n);
-    q->text_len += n;
-    q->text[q->text_len] = 0;
-}
-
-/* Releasable end of the raw text: everything when finishing, else all but a possible stop
- * prefix, backed off to a UTF-8 boundary. Sets *stop_at when a stop string matched. */
-static size_t releasable(req_t *q, bool final, ssize_t *stop_at)
-{
-    *stop_at = -1;
-    size_t from = q->emitted > q->max_stop_len ? q->emitted - q->max_stop_len : 0;
-    for (int i = 0; i < q->n_stop; i++) {
-        const char *hit = q->text_len >= from ? strstr(q->text + from, q->stop[i]) : NULL;
-        if (hit && (*stop_at < 0 || hit - q->text < *stop_at)) {
-            *stop_at = hit - q->text;
-            snprintf(q->matched_stop, sizeof q->matched_stop, "%s", q->stop[i]);
-        }
-    }
-    if (*stop_at >= 0) return (size_t)*stop_at;
-    if (final || q->max_stop_len == 0) return q->text_len;
-    size_t end = q->text_len > q->max_stop_len - 1 ? q->text_len - (q->max_stop_len - 1) : 0;
-    if (end < q->emitted) end = q->emitted;
-    while (end > q->emitted && ((unsigned char)q->text[end] & 0xC0) == 0x80) end--;
-    return end;
-}
-
-typedef struct {
-    char *content, *reasoning;
-    size_t content_len, content_cap, reasoning_len, reasoning_cap;
-    Baton__V1__ToolCall *calls;
-    Baton__V1__ToolCall **call_ptrs;
-    int n_calls, cap_calls;
-} out_t;
-
-static void out_add(char **buf, size_t *len, size_t *cap, const char *s, size_t n)
-{
-    if (!n) return;
-    if (*len + n + 1 > *cap) {
-        *cap = (*len + n + 1) * 2;
-        *buf = bt_realloc_or_die(*buf, *cap);
-    }
-    memcpy(*buf + *len, s, n);
-    *len += n;
-    (*buf)[*len] = 0;
-}
-
-static void out_tools(req_t *q, out_t *o, const bt_tool_delta_t *t)
-{
-    out_add(&o->content, &o->content_len, &o->content_cap, t->content, t->content_len);
-    for (int i = 0; i < t->n_calls; i++) {
-        if (o->n_calls == o->cap_calls) {
-            o->cap_calls = o->cap_calls ? 2 * o->cap_calls : 4;
-            o->calls = bt_realloc_or_die(o->calls, (size_t)o->cap_calls * sizeof *o->calls);
-        }
-        Baton__V1__ToolCall *c = &o->calls[o->n_calls++];
-        baton__v1__tool_call__init(c);
-        c->index = t->calls[i].index;
-        c->id = bt_strdup_or_die(t->calls[i].id);
-        c->name = bt_strdup_or_die(t->calls[i].name);
-        c->arguments = bt_strdup_or_die(t->calls[i].arguments);
-        q->n_tool_calls++;
-    }
-}
-
-/* Runs released raw text through the parsers into o. */
-static void out_text(req_t *q, out_t *o, const char *s, size_t n, bool final)
-{
-    const char *content = s;
-    size_t content_len = n;
-    bt_reasoning_delta_t rd = {0};
-    if (q->rp) {
-        bt_reasoning_parser_push(q->rp, s, n, &rd);
-        out_add(&o->reasoning, &o->reasoning_len, &o->reasoning_cap, rd.reasoning, rd.reasoning_len);
-        content = rd.content;
-        content_len = rd.content_len;
-    }
-    if (q->tp) {
-        bt_tool_delta_t td;
-        bt_tool_parser_push(q->tp, content, content_len, &td);
-        out_tools(q, o, &td);
-    } else {
-        out_add(&o->content, &o->content_len, &o->content_cap, content, content_len);
-    }
-    if (!final) return;
-    if (q->rp) {
-        bt_reasoning_parser_finish(q->rp, &rd);
-        out_add(&o->reasoning, &o->reasoning_len, &o->reasoning_cap, rd.reasoning, rd.reasoning_len);
-        if (q->tp) {
-            bt_tool_delta_t td;
-            bt_tool_parser_push(q->tp, rd.content, rd.content_len, &td);
-            out_tools(q, o, &td);
-        } else {
-            out_add(&o->content, &o->content_len, &o->content_cap, rd.content, rd.content_len);
-        }
-    }
-    if (q->tp) {
-        bt_tool_delta_t td;
-        bt_tool_parser_finish(q->tp, &td);
-        out_tools(q, o, &td);
-    }
-}
-
-static void out_free(out_t *o)
-{
-    for (int i = 0; i < o->n_calls; i++) {
-        free(o->calls[i].id);
-        free(o->calls[i].name);
-        free(o->calls[i].arguments);
-    }
-    free(o->calls);
-    free(o->call_ptrs);
-    free(o->content);
-    free(o->reasoning);
-}
-
-/* Sends one GenerateResponse with these token ids and whatever text is releasable; on
- * `final` with the finish reason and usage, then ends the call. */
+/* Sends one GenerateResponse with these token ids and the text they released; on `final`
+ * (or when a stop string matched) with the finish reason and usage, then ends the call. */
 static void send_response(req_t *q, const int32_t *ids, size_t n_ids,
                           Baton__V1__TokenLogprob **lps, size_t n_lps, bool final)
 {
     if (!q->call) return;
-    ssize_t stop_at;
-    size_t end = releasable(q, final, &stop_at);
-    if (stop_at >= 0) final = true;
-    out_t o = {0};
-    if (end > q->emitted) out_text(q, &o, q->text + q->emitted, end - q->emitted, final);
-    else if (final) out_text(q, &o, "", 0, true);
-    q->emitted = end;
+    bt_output_delta_t d;
+    bt_output_push(q->out, ids, n_ids, final, &d);
+    bool stopped = d.stopped;
+    if (stopped) final = true;
     Baton__V1__GenerateResponse resp = BATON__V1__GENERATE_RESPONSE__INIT;
     resp.n_token_ids = n_ids;
     resp.token_ids = (int32_t *)ids;
     resp.n_logprobs = n_lps;
     resp.logprobs = lps;
-    resp.text = o.content ? o.content : "";
-    resp.reasoning_text = o.reasoning ? o.reasoning : "";
-    if (o.n_calls) {
-        o.call_ptrs = bt_malloc_or_die((size_t)o.n_calls * sizeof *o.call_ptrs);
-        for (int i = 0; i < o.n_calls; i++) o.call_ptrs[i] = &o.calls[i];
-        resp.n_tool_calls = (size_t)o.n_calls;
-        resp.tool_calls = o.call_ptrs;
+    resp.text = (char *)d.content;
+    resp.reasoning_text = (char *)d.reasoning;
+    Baton__V1__ToolCall calls[16], *call_ptrs[16];
+    int nc = d.n_calls < 16 ? d.n_calls : 16;
+    for (int i = 0; i < nc; i++) {
+        baton__v1__tool_call__init(&calls[i]);
+        calls[i].index = d.calls[i].index;
+        calls[i].id = (char *)d.calls[i].id;
+        calls[i].name = (char *)d.calls[i].name;
+        calls[i].arguments = (char *)d.calls[i].arguments;
+        call_ptrs[i] = &calls[i];
     }
+    resp.n_tool_calls = (size_t)nc;
+    resp.tool_calls = call_ptrs;
     Baton__V1__Usage usage = BATON__V1__USAGE__INIT;
     if (final) {
-        Baton__V1__FinishReason fr = stop_at >= 0 ? BATON__V1__FINISH_REASON__FINISH_STOP : q->finish;
+        Baton__V1__FinishReason fr = stopped ? BATON__V1__FINISH_REASON__FINISH_STOP : q->finish;
         if (fr == BATON__V1__FINISH_REASON__FINISH_NONE) fr = BATON__V1__FINISH_REASON__FINISH_STOP;
-        if (fr == BATON__V1__FINISH_REASON__FINISH_STOP && q->n_tool_calls > 0)
+        if (fr == BATON__V1__FINISH_REASON__FINISH_STOP && d.total_tool_calls > 0)
             fr = BATON__V1__FINISH_REASON__FINISH_TOOL_CALLS;
         resp.finish_reason = fr;
         usage.prompt_tokens = q->n_prompt;
         usage.completion_tokens = q->completion_tokens;
         resp.usage = &usage;
-        resp.matched_stop = q->matched_stop;
+        resp.matched_stop = (char *)d.matched_stop;
     }
     uint8_t *buf;
     size_t len;
     bt_proto_pack(&resp.base, &buf, &len);
     bt_rpc_call_send(q->call, buf, len, NULL, NULL);
     free(buf);
-    out_free(&o);
     if (final) {
         bt_rpc_call_finish(q->call, BT_RPC_OK, NULL);
         q->call = NULL;
@@ -370,19 +238,9 @@ static void on_decode_event(void *ctx, const uint8_t *data, size_t len)
         req_fail(q, BT_RPC_INTERNAL, "unreadable event from the decode group");
         return;
     }
-    for (size_t i = 0; i < ev->n_token_ids; i++) {
-        const char *chunk;
-        size_t n;
-        if (bt_detok_push(q->detok, &ev->token_ids[i], 1, &chunk, &n) == BT_OK) text_append(q, chunk, n);
-    }
     q->completion_tokens += (int)ev->n_token_ids;
     bool final = ev->finish_reason != BATON__V1__FINISH_REASON__FINISH_NONE;
-    if (final) {
-        q->finish = ev->finish_reason;
-        const char *chunk;
-        size_t n;
-        if (bt_detok_finish(q->detok, &chunk, &n) == BT_OK) text_append(q, chunk, n);
-    }
+    if (final) q->finish = ev->finish_reason;
     /* logprob entries carry the token's text for OpenAI clients */
     for (size_t i = 0; i < ev->n_logprobs; i++) {
         Baton__V1__TokenLogprob *lp = ev->logprobs[i];
@@ -614,16 +472,11 @@ static bt_rpc_code_t prepare(router_t *r, req_t *q, const Baton__V1__GenerateReq
         q->sampling.seed = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^ q->epoch;
         q->sampling.has_seed = 1;
     }
-    q->n_stop = (int)sp->n_stop;
-    q->stop = bt_calloc_or_die(sp->n_stop ? sp->n_stop : 1, sizeof(char *));
     for (size_t i = 0; i < sp->n_stop; i++) {
         if (!sp->stop[i][0]) {
             snprintf(msg, msglen, "sampling.stop[%zu] is empty", i);
             return BT_RPC_INVALID_ARGUMENT;
         }
-        q->stop[i] = bt_strdup_or_die(sp->stop[i]);
-        size_t l = strlen(sp->stop[i]);
-        if (l > q->max_stop_len) q->max_stop_len = l;
     }
     q->n_stop_ids = (int)sp->n_stop_token_ids;
     q->stop_ids = bt_malloc_or_die((sp->n_stop_token_ids ? sp->n_stop_token_ids : 1) * sizeof(int32_t));
@@ -634,12 +487,10 @@ static bt_rpc_code_t prepare(router_t *r, req_t *q, const Baton__V1__GenerateReq
     if (want > r->max_new_default) want = r->max_new_default;
     if (want > room) want = room;
     q->max_new = (int)want;
-    bool skip = chat || g->skip_special_tokens;
-    bt_detok_create(r->tok, skip, &q->detok);
-    if (chat && !g->no_output_parsers) {
-        if (r->reasoning_parser) q->rp = bt_reasoning_parser_create(thinking);
-        if (r->tool_parser && tools) q->tp = bt_tool_parser_create(q->epoch);
-    }
+    bt_output_options_t oo = {(const char *const *)sp->stop, (int)sp->n_stop, chat || g->skip_special_tokens,
+                              chat && !g->no_output_parsers && r->reasoning_parser,
+                              chat && !g->no_output_parsers && r->tool_parser && tools, thinking, q->epoch};
+    q->out = bt_output_create(r->tok, &oo);
     return BT_RPC_OK;
 }
 
