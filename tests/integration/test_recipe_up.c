@@ -1,3 +1,5 @@
+/* Integration test (real processes): kept out of the ASan unit suite, where a 1M-token KV pool
+ * and four service start-ups exceed its time and memory. */
 /* From a published recipe to a running cluster: `baton recipe apply` on the example recipe,
  * then `baton up --config` on the result with the demo model substituted, on loopback; the
  * router answers `baton complete` (and the gateway /health, when it is built). Also: what one
