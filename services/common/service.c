@@ -3,6 +3,7 @@
 #include "common/alloc.h"
 #include "common/log.h"
 #include "common/text/tokenizer.h"
+#include "services/common/sim.h"
 #include "services/engine/demo_model.h"
 
 #include <stdio.h>
@@ -63,6 +64,36 @@ bt_status_t bt_service_engine_open(const char *model_path, const char *served_na
     BT_LOG_INFO("model %s: %d layers, hidden %d, vocab %d; context %lld, KV slot %.1f KiB",
                 eng->model_dir, eng->cfg->n_layers, eng->cfg->hidden, eng->cfg->vocab,
                 (long long)context_length, (double)eng->layout.slot_bytes / 1024.0);
+    return BT_OK;
+}
+
+bt_status_t bt_service_engine_open_sim(const char *model_path, const char *served_name,
+                                       int64_t context_length, bt_service_engine_t *eng,
+                                       char *err, size_t errlen)
+{
+    memset(eng, 0, sizeof *eng);
+    bt_status_t st;
+    if (!model_path) {
+        bt_demo_model_default_dir(eng->model_dir, sizeof eng->model_dir);
+        st = bt_demo_model_ensure(eng->model_dir, err, errlen);
+        if (st != BT_OK) return st;
+    } else {
+        snprintf(eng->model_dir, sizeof eng->model_dir, "%s", model_path);
+    }
+    snprintf(eng->served_name, sizeof eng->served_name, "%s",
+             served_name ? served_name : (model_path ? model_path : "baton-demo"));
+    st = bt_model_config_load(eng->model_dir, &eng->sim_cfg, err, errlen);
+    if (st != BT_OK) return st;
+    if (context_length <= 0) context_length = eng->sim_cfg.max_position < 8192 ? eng->sim_cfg.max_position : 8192;
+    eng->cfg = &eng->sim_cfg;
+    st = bt_kv_layout_init(&eng->layout, eng->cfg, context_length);
+    if (st != BT_OK) {
+        snprintf(err, errlen, "no KV layout for a %lld-token context", (long long)context_length);
+        return st;
+    }
+    eng->compat_hash = bt_kv_compat_hash(eng->cfg, &eng->layout, 1) ^ BT_SIM_COMPAT_MARKER;
+    BT_LOG_INFO("simulating model %s (config only, no weights): context %lld, KV slot %.1f KiB",
+                eng->model_dir, (long long)context_length, (double)eng->layout.slot_bytes / 1024.0);
     return BT_OK;
 }
 

@@ -24,6 +24,7 @@ typedef struct {
     uint64_t compat_hash;
     char model_dir[4096];
     char served_name[256];
+    bt_model_config_t sim_cfg; /* the config when no model is loaded (simulated workers) */
 } bt_service_engine_t;
 
 /* model_path NULL = the demo model (written on first use). max_batch_seqs bounds one
@@ -32,6 +33,11 @@ bt_status_t bt_service_engine_open(const char *model_path, const char *served_na
                                    int64_t context_length, int max_batch_seqs,
                                    int max_batch_tokens, int threads, bt_service_engine_t *eng,
                                    char *err, size_t errlen);
+/* The same without weights (model stays NULL): config, KV layout and a compat hash that
+ * pairs only with other simulated groups (services/common/sim.h). */
+bt_status_t bt_service_engine_open_sim(const char *model_path, const char *served_name,
+                                       int64_t context_length, bt_service_engine_t *eng,
+                                       char *err, size_t errlen);
 void bt_service_engine_close(bt_service_engine_t *eng);
 
 /* Load figures a worker reports with each heartbeat. */

@@ -14,6 +14,7 @@
 #include "services/common/proto_util.h"
 #include "services/common/sampler.h"
 #include "services/common/service.h"
+#include "services/common/sim.h"
 
 #include <inttypes.h>
 #include <signal.h>
@@ -55,6 +56,7 @@ typedef struct seq {
     int32_t next_token;         /* fed at the next step */
     int generated;
     int64_t t_admit, t_last;
+    uint64_t sim_key;           /* --simulate: the key of its pseudo-random tokens */
 } seq_t;
 
 struct prefill_peer {
@@ -95,6 +97,8 @@ struct decode {
     bt_metrics_server_t *metrics_server;
     bt_histogram_t *ttft, *itl, *step_time, *handoff;
     int64_t step_start_ms;
+    bt_sim_t sim;       /* --simulate: a timing model instead of the model */
+    double sim_step_ms; /* the modelled time of the step in flight */
 };
 
 static void count(decode_t *d, const char *name, const char *help, const char *label, const char *value)
@@ -436,6 +440,12 @@ static void on_notice(void *ctx, const uint8_t *data, size_t len)
 static void step_work(uv_work_t *w)
 {
     decode_t *d = w->data;
+    if (d->sim.on) { /* the modelled time; the counters a forward would advance, no data */
+        bt_sim_sleep_ms(d->sim_step_ms);
+        for (int i = 0; i < d->n_batch; i++) bt_kv_state_advance_counters(d->eng.cfg, d->fwd[i].state, 1);
+        d->step_status = BT_OK;
+        return;
+    }
     d->step_status = bt_model_forward(d->eng.model, &d->eng.layout, d->fwd, d->n_batch, d->logits,
                                       d->step_err, sizeof d->step_err);
 }
@@ -462,8 +472,19 @@ static void step_done(uv_work_t *w, int status)
         float lp = 0.0f;
         bt_top_logprob_t top[20];
         int n_top = s->logprobs ? s->top_logprobs : 0;
-        int32_t t = bt_sampler_sample(d->sampler, &s->sampling, d->logits + (size_t)i * V,
-                                      (uint64_t)s->generated, &lp, top, n_top);
+        int32_t t;
+        if (d->sim.on) {
+            n_top = 0;
+            t = bt_sim_token(s->sim_key, s->generated, V, d->eng.cfg->eos_id);
+            for (int k = 0; k < s->n_stop_ids; k++) /* never a stop token: lengths stay as asked */
+                if (t == s->stop_ids[k]) {
+                    t = (t + 1) % V;
+                    k = -1;
+                }
+        } else {
+            t = bt_sampler_sample(d->sampler, &s->sampling, d->logits + (size_t)i * V, (uint64_t)s->generated,
+                                  &lp, top, n_top);
+        }
         seq_emit(s, t, lp, top, n_top);
     }
     d->n_batch = 0;
@@ -475,8 +496,10 @@ static void maybe_step(decode_t *d)
 {
     if (d->stepping || d->stopping) return;
     int n = 0;
+    int64_t ctx_tokens = 0;
     for (seq_t *s = d->seqs; s && n < d->max_running; s = s->next) {
         if (s->state != SEQ_RUNNING || !s->call) continue;
+        ctx_tokens += s->n_prompt + s->generated;
         d->batch[n] = s;
         d->fwd[n] = (bt_forward_seq_t){bt_kv_pool_slot(d->pool, s->slot), &s->next_token, 1, false};
         s->in_step = true;
@@ -484,6 +507,7 @@ static void maybe_step(decode_t *d)
     }
     if (n == 0) return;
     d->n_batch = n;
+    d->sim_step_ms = bt_sim_step_ms(&d->sim, n, ctx_tokens);
     d->stepping = true;
     d->step_start_ms = bt_now_ms();
     d->work.data = d;
@@ -570,6 +594,7 @@ static void on_generate(void *ctx, bt_rpc_call_t *call, const uint8_t *data, siz
         s->stop_ids = bt_malloc_or_die(sp->n_stop_token_ids * sizeof(int32_t));
         memcpy(s->stop_ids, sp->stop_token_ids, sp->n_stop_token_ids * sizeof(int32_t));
     }
+    if (d->sim.on) s->sim_key = bt_sim_key(s->prompt, (size_t)s->n_prompt, s->sampling.seed);
     s->state = SEQ_PREFILLING;
     s->t_admit = bt_now_ms();
     s->next = d->seqs;
@@ -665,6 +690,7 @@ int main(int argc, char **argv)
     const char *ucx_tls = "tcp", *transfer = "ucx", *log_level = "info", *net_devices = NULL;
     int64_t port = 0, context = 0, max_running = 16, max_total = 0, threads = 0, tp = 1, seed = 0, metrics_port = 0;
     double mem_fraction = 0.0, watchdog_s = 300.0;
+    bt_sim_t sim = bt_sim_default();
     bt_flag_t spec[] = {
         BT_FLAG_STR("model-path", &model_path, "checkpoint directory (default: the demo model)"),
         BT_FLAG_STR("served-model-name", &served, "model name reported to the router"),
@@ -684,6 +710,7 @@ int main(int argc, char **argv)
         BT_FLAG_STR("ucx-net-devices", &net_devices, "UCX_NET_DEVICES (e.g. lo, mlx5_0:1)"),
         BT_FLAG_INT("metrics-port", &metrics_port, "HTTP port of /metrics (0 picks one)"),
         BT_FLAG_STR("log-level", &log_level, "debug, info, warn, error"),
+        BT_SIM_FLAGS(&sim),
     };
     char err[1024];
     bt_status_t st = bt_flags_parse(spec, BT_COUNTOF(spec), argc - 1, argv + 1, NULL, err, sizeof err);
@@ -699,6 +726,10 @@ int main(int argc, char **argv)
                         "--transfer ucx)\n");
         return 2;
     }
+    if (!bt_sim_valid(&sim, err, sizeof err)) {
+        fprintf(stderr, "baton-decode: %s\n", err);
+        return 2;
+    }
     bt_log_set_level((bt_log_level_t)bt_log_level_parse(log_level));
 
     static decode_t dd;
@@ -706,8 +737,12 @@ int main(int argc, char **argv)
     d->loop = uv_default_loop();
     d->max_running = (int)max_running;
     d->watchdog_ms = (int64_t)(watchdog_s * 1000.0);
-    st = bt_service_engine_open(model_path, served, context, (int)max_running, (int)max_running,
-                                (int)threads, &d->eng, err, sizeof err);
+    d->sim = sim;
+    if (sim.on)
+        st = bt_service_engine_open_sim(model_path, served, context, &d->eng, err, sizeof err);
+    else
+        st = bt_service_engine_open(model_path, served, context, (int)max_running, (int)max_running,
+                                    (int)threads, &d->eng, err, sizeof err);
     if (st != BT_OK) {
         fprintf(stderr, "baton-decode: %s\n", err);
         return 1;

@@ -52,6 +52,18 @@ void bt_kv_state_reset(uint8_t *state)
     memset(state, 0, sizeof(bt_kv_header_t));
 }
 
+void bt_kv_state_advance_counters(const bt_model_config_t *cfg, uint8_t *state, int n)
+{
+    bt_kv_header_t *h = bt_kv_header(state);
+    h->n_tokens += n;
+    for (int l = 0; l < cfg->n_layers && l < BT_MAX_LAYERS; l++) {
+        int r = cfg->layer[l].compress_ratio;
+        if (!cfg->layer[l].is_kv_source || r < 1) continue;
+        h->entries[l] = h->n_tokens / r;
+        h->pending[l] = h->n_tokens % r;
+    }
+}
+
 struct bt_kv_pool {
     bt_kv_layout_t layout;
     int n_slots, used;

@@ -50,6 +50,11 @@ bt_status_t bt_kv_layout_init(bt_kv_layout_t *lay, const bt_model_config_t *cfg,
 /* Clears a slot's header (the rest is overwritten before it is read). */
 void bt_kv_state_reset(uint8_t *state);
 
+/* Advances only a slot's counters as n more tokens would (positions, compressed entries,
+ * open groups), writing no data: what a simulated worker does, so that the ranges it moves
+ * (bt_kv_changed_ranges) have the real sizes. */
+void bt_kv_state_advance_counters(const bt_model_config_t *cfg, uint8_t *state, int n);
+
 static inline bt_kv_header_t *bt_kv_header(uint8_t *state)
 {
     return (bt_kv_header_t *)state;

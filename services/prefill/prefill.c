@@ -12,6 +12,7 @@
 #include "services/common/proto_util.h"
 #include "services/common/sampler.h"
 #include "services/common/service.h"
+#include "services/common/sim.h"
 
 #include <inttypes.h>
 #include <signal.h>
@@ -72,6 +73,7 @@ struct prefill {
     bt_metrics_server_t *metrics_server;
     bt_histogram_t *chunk_time, *commit_time, *job_time;
     int64_t commit_start_ms;
+    bt_sim_t sim; /* --simulate: a timing model instead of the model */
 };
 
 static void run_next(prefill_t *p);
@@ -148,6 +150,12 @@ static peer_t *peer_get(prefill_t *p, const uint8_t *desc, size_t len, char *err
 static void chunk_work(uv_work_t *w)
 {
     prefill_t *p = w->data;
+    if (p->sim.on) { /* the modelled time; the counters a forward would advance, no data */
+        bt_sim_sleep_ms(bt_sim_prefill_ms(&p->sim, p->fwd.n));
+        bt_kv_state_advance_counters(p->eng.cfg, p->fwd.state, p->fwd.n);
+        p->step_status = BT_OK;
+        return;
+    }
     p->step_status = bt_model_forward(p->eng.model, &p->eng.layout, &p->fwd, 1, p->logits,
                                       p->step_err, sizeof p->step_err);
 }
@@ -224,7 +232,13 @@ static void chunk_done(uv_work_t *w, int status)
         bt_sampling_t s = {sp ? sp->temperature : 0.0f, sp && sp->top_p > 0 ? sp->top_p : 1.0f,
                            sp ? sp->min_p : 0.0f, sp ? sp->top_k : 0, sp && sp->has_seed ? sp->seed : 0};
         j->n_top = sp && sp->logprobs && sp->top_logprobs > 0 ? (sp->top_logprobs < 20 ? sp->top_logprobs : 20) : 0;
-        j->first_token = bt_sampler_sample(p->sampler, &s, p->logits, 0, &j->first_logprob, j->top, j->n_top);
+        if (p->sim.on) {
+            j->n_top = 0;
+            j->first_token = bt_sim_token(bt_sim_key(j->req->prompt_ids, j->req->n_prompt_ids, s.seed), 0,
+                                          p->eng.cfg->vocab, p->eng.cfg->eos_id);
+        } else {
+            j->first_token = bt_sampler_sample(p->sampler, &s, p->logits, 0, &j->first_logprob, j->top, j->n_top);
+        }
         n.kind = BATON__V1__KV_NOTICE__KIND__LAST;
         n.first_token = j->first_token;
         n.first_logprob = j->first_logprob;
@@ -394,6 +408,7 @@ int main(int argc, char **argv)
     const char *ucx_tls = "tcp", *transfer = "ucx", *log_level = "info", *net_devices = NULL;
     int64_t port = 0, context = 0, chunk = 4096, threads = 0, tp = 1, seed = 0, metrics_port = 0;
     double watchdog_s = 300.0;
+    bt_sim_t sim = bt_sim_default();
     bt_flag_t spec[] = {
         BT_FLAG_STR("model-path", &model_path, "checkpoint directory (default: the demo model)"),
         BT_FLAG_STR("served-model-name", &served, "model name reported to the router"),
@@ -411,6 +426,7 @@ int main(int argc, char **argv)
         BT_FLAG_STR("ucx-net-devices", &net_devices, "UCX_NET_DEVICES (e.g. lo, mlx5_0:1)"),
         BT_FLAG_INT("metrics-port", &metrics_port, "HTTP port of /metrics (0 picks one)"),
         BT_FLAG_STR("log-level", &log_level, "debug, info, warn, error"),
+        BT_SIM_FLAGS(&sim),
     };
     char err[1024];
     bt_status_t st = bt_flags_parse(spec, BT_COUNTOF(spec), argc - 1, argv + 1, NULL, err, sizeof err);
@@ -425,13 +441,21 @@ int main(int argc, char **argv)
                         "1..1048576, --tp 1, --watchdog-timeout > 0, --transfer ucx)\n");
         return 2;
     }
+    if (!bt_sim_valid(&sim, err, sizeof err)) {
+        fprintf(stderr, "baton-prefill: %s\n", err);
+        return 2;
+    }
     bt_log_set_level((bt_log_level_t)bt_log_level_parse(log_level));
     static prefill_t pp;
     prefill_t *p = &pp;
     p->loop = uv_default_loop();
     p->chunk_size = (int)chunk;
-    st = bt_service_engine_open(model_path, served, context, 1, (int)chunk, (int)threads, &p->eng,
-                                err, sizeof err);
+    p->sim = sim;
+    if (sim.on)
+        st = bt_service_engine_open_sim(model_path, served, context, &p->eng, err, sizeof err);
+    else
+        st = bt_service_engine_open(model_path, served, context, 1, (int)chunk, (int)threads, &p->eng,
+                                    err, sizeof err);
     if (st != BT_OK) {
         fprintf(stderr, "baton-prefill: %s\n", err);
         return 1;
@@ -443,6 +467,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "baton-prefill: cannot allocate the KV slot\n");
         return 1;
     }
+    if (sim.on) memset(p->slot, 0, p->eng.layout.slot_bytes); /* the dummy bytes it moves */
     bt_xfer_options_t xo = {BT_XFER_UCX, ucx_tls, net_devices, 1000};
     if ((st = bt_xfer_create(p->loop, &xo, &p->xfer)) != BT_OK) {
         fprintf(stderr, "baton-prefill: transfer layer: %s\n", bt_status_str(st));
