@@ -250,7 +250,11 @@ static int up(int argc, char **argv, const bt_conf_t *conf)
     const char *net_devices = NULL;
     int64_t tp = 1, nnodes = 1, node_rank = 0, max_new = 0, max_total = 0, graph_bs = 0, spec_block = 0;
     int64_t seed = -1;
-    bool cache_report = false, demo = false;
+    bool cache_report = false, demo = false, simulate = false;
+    /* --simulate: workers with a timing model instead of the model (services/common/sim.h);
+     * the sim values go through only when given, the workers hold the defaults */
+    double sim_prefill_tps = -1, sim_step_base = -1, sim_step_per_seq = -1, sim_step_per_kctx = -1;
+    int64_t max_connections = 0;
     bt_flag_t spec[] = {
         BT_FLAG_STR("config", &config, "cluster config file (deploy/README.md); flags override it"),
         BT_FLAG_BOOL("demo-model", &demo, "serve the built-in demo model whatever model-path says"),
@@ -288,6 +292,12 @@ static int up(int argc, char **argv, const bt_conf_t *conf)
         BT_FLAG_INT("random-seed", &seed, "sampling seed for the workers"),
         BT_FLAG_BOOL("enable-cache-report", &cache_report, "accepted; cached_tokens is 0 until a prefix cache exists"),
         BT_FLAG_STR("ucx-net-devices", &net_devices, "UCX devices for the KV handoff (dev:port,...)"),
+        BT_FLAG_BOOL("simulate", &simulate, "simulated workers: timing model, no weights (load tests)"),
+        BT_FLAG_FLOAT("sim-prefill-tokens-per-s", &sim_prefill_tps, "simulated prefill speed (default 5000)"),
+        BT_FLAG_FLOAT("sim-decode-step-ms-base", &sim_step_base, "simulated decode step, fixed ms (default 10)"),
+        BT_FLAG_FLOAT("sim-decode-step-ms-per-seq", &sim_step_per_seq, "simulated decode step, ms per sequence (default 2.2)"),
+        BT_FLAG_FLOAT("sim-decode-step-ms-per-kctx", &sim_step_per_kctx, "simulated decode step, ms per 1000 context tokens (default 0.02)"),
+        BT_FLAG_INT("max-connections", &max_connections, "gateway: open connections (default 4096)"),
     };
     char err[512];
     bt_status_t st = bt_flags_parse(spec, BT_COUNTOF(spec), argc, argv, NULL, err, sizeof err);
@@ -410,6 +420,18 @@ static int up(int argc, char **argv, const bt_conf_t *conf)
             if (seed >= 0) add_opt(&a, "--random-seed", seed_buf);
             if (kind == 1 && max_total > 0) add_int(&a, "--max-total-tokens", max_total);
             if (kind == 1 && mem_fraction > 0) add_opt(&a, "--mem-fraction-static", frac_buf);
+            if (simulate) {
+                add(&a, "--simulate");
+                const char *sim_flag[4] = {"--sim-prefill-tokens-per-s", "--sim-decode-step-ms-base",
+                                           "--sim-decode-step-ms-per-seq", "--sim-decode-step-ms-per-kctx"};
+                double sim_value[4] = {sim_prefill_tps, sim_step_base, sim_step_per_seq, sim_step_per_kctx};
+                for (int k = 0; k < 4; k++)
+                    if (sim_value[k] >= 0) {
+                        char v[32];
+                        snprintf(v, sizeof v, "%g", sim_value[k]);
+                        add_opt(&a, sim_flag[k], v);
+                    }
+            }
             add_section(&a, conf, kind == 0 ? "prefill" : "decode");
             int ci = spawn(name, a.v, timeout_ms);
             free_args(&a);
@@ -429,6 +451,7 @@ static int up(int argc, char **argv, const bt_conf_t *conf)
         add_opt(&a, "--served-model-name", served);
         if (cache_report) add(&a, "--enable-cache-report");
         add_opt(&a, "--log-level", log_level);
+        if (max_connections > 0) add_int(&a, "--max-connections", max_connections);
         add_section(&a, conf, "gateway");
         int gi = spawn("gateway", a.v, timeout_ms);
         free_args(&a);
@@ -437,7 +460,8 @@ static int up(int argc, char **argv, const bt_conf_t *conf)
             goto out;
         }
     }
-    printf("baton up: cluster running%s%s%s\n", model_path ? "" : " (demo model: tiny, untrained)",
+    printf("baton up: cluster running%s%s%s%s\n", simulate ? " (simulated workers)" : "",
+           model_path || simulate ? "" : " (demo model: tiny, untrained)",
            config ? " from " : "", config ? config : "");
     for (int i = 0; i < n_children; i++) printf("  %-12s %s (pid %d)\n", children[i].name, children[i].listen, (int)children[i].pid);
     printf("Ctrl-C stops it.\n");
