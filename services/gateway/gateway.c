@@ -341,7 +341,8 @@ static void on_gen_message(void *ctx, const uint8_t *data, size_t len)
     }
     begin_stream(x);
     bool has_text = (m->text && *m->text) || (m->reasoning_text && *m->reasoning_text) || m->n_tool_calls;
-    if (has_text || final || m->n_logprobs) {
+    bool has_ids = x->r.return_token_ids && m->n_token_ids; /* a chunk per token step, text or not */
+    if (has_text || final || m->n_logprobs || has_ids) {
         cJSON *o = envelope(x, true);
         cJSON *choices = cJSON_AddArrayToObject(o, "choices");
         cJSON *c = cJSON_CreateObject();
@@ -369,6 +370,10 @@ static void on_gen_message(void *ctx, const uint8_t *data, size_t len)
             } else {
                 cJSON_AddNullToObject(c, "logprobs");
             }
+        }
+        if (x->r.return_token_ids) {
+            cJSON *ids = cJSON_AddArrayToObject(c, "token_ids");
+            for (size_t i = 0; i < m->n_token_ids; i++) cJSON_AddItemToArray(ids, cJSON_CreateNumber(m->token_ids[i]));
         }
         if (final)
             cJSON_AddStringToObject(c, "finish_reason", x->finish);

@@ -201,6 +201,7 @@ bt_status_t bt_openai_parse(bt_openai_kind_t kind, const char *body, size_t len,
     TRY(integer(root, "seed", -9.2e18, 9.2e18, 0, &seed, e));
     TRY(boolean(root, "stream", false, &r->stream, e));
     TRY(boolean(root, "logprobs", false, &r->logprobs, e));
+    TRY(boolean(root, "return_token_ids", false, &r->return_token_ids, e));
     bool ignore_eos, skip_special;
     TRY(boolean(root, "ignore_eos", false, &ignore_eos, e));
     TRY(boolean(root, "skip_special_tokens", true, &skip_special, e));

@@ -31,6 +31,7 @@ typedef struct {
     bool stream, include_usage, logprobs;
     int top_logprobs;
     bool echo_prompt;      /* completions: never (refused) */
+    bool return_token_ids; /* SGLang's extension: "token_ids" in each streamed choice */
     uint8_t *gen_bytes;    /* packed baton.v1.GenerateRequest */
     size_t gen_len;
 } bt_openai_request_t;

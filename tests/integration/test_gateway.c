@@ -289,6 +289,38 @@ static void test_promtool(void)
     unlink(path);
 }
 
+/* "return_token_ids": true (SGLang's extension) puts the ids into every streamed choice, one
+ * chunk per token step even when the text is held back; without it there are none. */
+static void test_return_token_ids(void)
+{
+    static char out[1 << 16];
+    for (int with = 0; with < 2; with++) {
+        char body[256];
+        snprintf(body, sizeof body, "{\"prompt\":[5,6,7],\"max_tokens\":6,\"ignore_eos\":true,\"stream\":true,"
+                                    "\"stream_options\":{\"include_usage\":true}%s}", with ? ",\"return_token_ids\":true" : "");
+        char *r = request("POST", "/v1/completions", body, NULL);
+        BT_CHECK_EQ_INT(raw(r, strlen(r), false, 0, out, sizeof out), 200);
+        free(r);
+        int ids = 0, arrays = 0;
+        for (const char *p = out; (p = strstr(p, "\"token_ids\":[")); arrays++) {
+            p += strlen("\"token_ids\":[");
+            if (*p != ']') ids++;
+            for (; *p && *p != ']'; p++) ids += *p == ',';
+        }
+        BT_CHECK_MSG(strstr(out, "\"completion_tokens\":6") != NULL, "usage: %.400s", out);
+        BT_CHECK_MSG(strstr(out, "data: [DONE]") != NULL, "no [DONE]");
+        if (with) {
+            BT_CHECK_EQ_INT(ids, 6);
+            BT_CHECK_EQ_INT(arrays, 6); /* one token per step without speculative decoding */
+        } else {
+            BT_CHECK_EQ_INT(arrays, 0);
+        }
+    }
+    char *r = request("POST", "/v1/completions", "{\"prompt\":[5],\"return_token_ids\":1}", NULL);
+    BT_CHECK_EQ_INT(raw(r, strlen(r), false, 0, out, sizeof out), 400);
+    free(r);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -311,6 +343,7 @@ int main(void)
     BT_RUN(test_hostile_table);
     BT_RUN(test_disconnect_cancels);
     BT_RUN(test_promtool);
+    BT_RUN(test_return_token_ids);
     proc_stop(&gateway, SIGTERM);
     proc_stop(&decode, SIGTERM);
     proc_stop(&prefill, SIGTERM);
