@@ -11,6 +11,8 @@ packages=(
   libcjson-dev node-llhttp libpcre2-dev libutf8proc-dev libcurl4-openssl-dev
   # tests: promtool (package prometheus) checks every /metrics
   prometheus
+  # baton bench draws its PNG plots with gnuplot
+  gnuplot-nox
 )
 # the OpenAI client tests need Node.js 18+ with npm; Debian's when none is installed
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then

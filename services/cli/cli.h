@@ -11,6 +11,7 @@ int bt_cli_detokenize(int argc, char **argv);
 int bt_cli_chat_encode(int argc, char **argv);
 int bt_cli_up(int argc, char **argv);
 int bt_cli_complete(int argc, char **argv);
+int bt_cli_bench(int argc, char **argv);
 int bt_cli_recipe(int argc, char **argv);
 int bt_cli_doctor(int argc, char **argv);
 

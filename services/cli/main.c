@@ -14,6 +14,7 @@ static const struct {
 } commands[] = {
     {"up", bt_cli_up, "start a local cluster: router, prefill, decode (and gateway)"},
     {"complete", bt_cli_complete, "call the router's Generate over gRPC"},
+    {"bench", bt_cli_bench, "load test the gateway (HTTP) or the router (gRPC); JSON and plots"},
     {"recipe", bt_cli_recipe, "recipe apply SOURCE: map a published recipe onto a cluster config"},
     {"doctor", bt_cli_doctor, "check this host against what a cluster config needs"},
     {"generate", bt_cli_generate, "greedy or sampled generation in one process (no services)"},
