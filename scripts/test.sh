@@ -15,12 +15,12 @@ echo "== build (RelWithDebInfo)"
 cmake -S . -B build -DBT_CUDA=AUTO >/dev/null
 cmake --build build -j"$jobs"
 echo "== tests"
-(cd build && ctest --output-on-failure -j"$jobs")
+(cd build && ctest --output-on-failure -j"$jobs" -LE gpu)
 
 echo "== unit tests under ASan+UBSan"
 cmake -S . -B build-asan -DBT_CUDA=OFF -DBT_ASAN=ON -DBT_UBSAN=ON -DCMAKE_BUILD_TYPE=Debug >/dev/null
 cmake --build build-asan -j"$jobs"
-(cd build-asan && ctest --output-on-failure -j"$jobs" -L unit)
+(cd build-asan && ctest --output-on-failure -j"$jobs" -L unit -LE gpu)
 
 echo "== fuzzers (${fuzz_seconds}s each)"
 CC=clang cmake -S . -B build-fuzz -DBT_CUDA=OFF -DBT_FUZZ=ON -DCMAKE_BUILD_TYPE=Debug >/dev/null

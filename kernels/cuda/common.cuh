@@ -1,0 +1,113 @@
+/* Helpers shared by the CUDA operators: loads and stores of either dtype, block reductions,
+ * and the launcher's checks. Internal to kernels/cuda. */
+#ifndef BT_KERNELS_CUDA_COMMON_CUH
+#define BT_KERNELS_CUDA_COMMON_CUH
+
+#include "kernels/cuda/cuda_ops.h"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+
+/* A shape or dtype the launcher refuses: nothing is launched. */
+#define BT_CUDA_REQUIRE(cond)                                                                      \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "%s:%d: %s: bad argument: %s\n", __FILE__, __LINE__, __func__, #cond); \
+            return BT_ERR_INVALID_ARG;                                                             \
+        }                                                                                          \
+    } while (0)
+
+/* After a launch: a failure is logged once, the sticky error cleared, BT_ERR_DEVICE. */
+static inline bt_status_t bt__cuda_launched(const char *what)
+{
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) return BT_OK;
+    fprintf(stderr, "cuda: %s: %s\n", what, cudaGetErrorString(e));
+    return BT_ERR_DEVICE;
+}
+
+static inline int bt__dtype_ok(bt_cuda_dtype_t d)
+{
+    return d == BT_CUDA_F32 || d == BT_CUDA_BF16;
+}
+
+__device__ __forceinline__ float bt_ld(const float *p, size_t i) { return p[i]; }
+__device__ __forceinline__ float bt_ld(const __nv_bfloat16 *p, size_t i)
+{
+    return __bfloat162float(p[i]);
+}
+__device__ __forceinline__ void bt_st(float *p, size_t i, float v) { p[i] = v; }
+__device__ __forceinline__ void bt_st(__nv_bfloat16 *p, size_t i, float v)
+{
+    p[i] = __float2bfloat16_rn(v);
+}
+
+/* Runtime dtype: for kernels that take either without a template. */
+__device__ __forceinline__ float bt_ld_dt(const void *p, int bf16, size_t i)
+{
+    return bf16 ? __bfloat162float(((const __nv_bfloat16 *)p)[i]) : ((const float *)p)[i];
+}
+__device__ __forceinline__ void bt_st_dt(void *p, int bf16, size_t i, float v)
+{
+    if (bf16)
+        ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v);
+    else
+        ((float *)p)[i] = v;
+}
+
+__device__ __forceinline__ float bt_warp_sum(float v)
+{
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float bt_warp_max(float v)
+{
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
+ * `red` is 32 floats of shared memory; the call has barriers, so every thread must make it. */
+__device__ __forceinline__ float bt_block_sum(float v, float *red)
+{
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = bt_warp_sum(v);
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    v = lane < nw ? red[lane] : 0.0f;
+    return bt_warp_sum(v);
+}
+
+__device__ __forceinline__ float bt_e8m0(uint8_t b)
+{
+    return b == 0xff ? __int_as_float(0x7fc00000) : ldexpf(1.0f, (int)b - 127);
+}
+
+/* e4m3fn byte -> float, exact (no NaN clamp needed for weights, but kept like the CPU). */
+__device__ __forceinline__ float bt_e4m3(uint8_t b)
+{
+    unsigned exp = (b >> 3) & 0xfu, man = b & 7u;
+    float v;
+    if (exp == 0xf && man == 7) return __int_as_float((b & 0x80) ? 0xffc00000 : 0x7fc00000);
+    if (exp == 0)
+        v = ldexpf((float)man, -9);
+    else
+        v = __int_as_float((int)((exp + 120u) << 23 | man << 20));
+    return (b & 0x80) ? -v : v;
+}
+
+/* e2m1 code (bit 3 = sign) -> {0, .5, 1, 1.5, 2, 3, 4, 6} with sign, without a table. */
+__device__ __forceinline__ float bt_e2m1(unsigned code)
+{
+    unsigned e = (code >> 1) & 3u, m = code & 1u;
+    float a = e ? __int_as_float((int)(((e + 126u) << 23) | (m << 22))) : 0.5f * (float)m;
+    return (code & 8u) ? -a : a;
+}
+
+static inline int bt__cdiv(long long a, long long b) { return (int)((a + b - 1) / b); }
+
+#endif

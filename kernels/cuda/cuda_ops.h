@@ -1,0 +1,169 @@
+/* CUDA operators of DeepSeek-V4.1-Flash: the per-token steps of services/engine/model.c on
+ * the GPU. C-callable; every pointer is device memory unless a comment says otherwise, every
+ * launcher is asynchronous on `stream`, checks shapes and dtypes (BT_ERR_INVALID_ARG, nothing
+ * launched) and reports a launch failure as BT_ERR_DEVICE (the sticky error cleared).
+ *
+ *   bt_cuda_blas_t *blas;
+ *   bt_cuda_blas_create(&blas);
+ *   bt_cuda_gemm_bf16(blas, y, BT_CUDA_F32, x, w, M, N, K, stream);  // y = x . w^T
+ *   bt_cuda_gemm_fp8(y, BT_CUDA_BF16, x, w8, w8_scale, M, N, K, stream);
+ *   bt_cuda_blas_destroy(blas);
+ *
+ * Matrices are row-major. bf16 is passed as its raw 16 bits (uint16_t). Weights keep the
+ * checkpoint's formats: FP8 e4m3 with one UE8M0 scale per 32x32 block, FP4 e2m1 packed two a
+ * byte (low nibble = even index) with one UE8M0 scale per 32 along K. */
+#ifndef BT_KERNELS_CUDA_CUDA_OPS_H
+#define BT_KERNELS_CUDA_CUDA_OPS_H
+
+#include "common/status.h"
+
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { BT_CUDA_F32 = 0, BT_CUDA_BF16 = 1 } bt_cuda_dtype_t;
+
+/* ---- GEMM ------------------------------------------------------------------------------- */
+
+/* cuBLASLt handle plus its workspace; owned by the caller. destroy(NULL) is a no-op. */
+typedef struct bt_cuda_blas bt_cuda_blas_t;
+bt_status_t bt_cuda_blas_create(bt_cuda_blas_t **blas_p);
+void bt_cuda_blas_destroy(bt_cuda_blas_t *blas);
+
+/* y[M,N] (f32 or bf16) = x[M,K] bf16 . w[N,K]^T bf16, fp32 accumulation (cuBLASLt). */
+bt_status_t bt_cuda_gemm_bf16(bt_cuda_blas_t *blas, void *y, bt_cuda_dtype_t y_dtype,
+                              const uint16_t *x, const uint16_t *w, int M, int N, int K,
+                              cudaStream_t stream);
+
+/* y[M,N] = x[M,K] bf16 . dequant(w)^T, w FP8 e4m3 [N,K] with UE8M0 scales
+ * [ceil(N/32), ceil(K/32)]; the tiles are dequantized in shared memory (exactly, into bf16)
+ * and multiplied on the tensor cores, fp32 accumulation. */
+bt_status_t bt_cuda_gemm_fp8(void *y, bt_cuda_dtype_t y_dtype, const uint16_t *x,
+                             const uint8_t *w, const uint8_t *w_scale, int M, int N, int K,
+                             cudaStream_t stream);
+
+/* Grouped FP4 GEMM over experts. Rows are grouped by expert: expert e owns rows
+ * offs[e] .. offs[e+1]-1 (offs: n_experts+1 int32, device). Row r reads input row
+ * rows ? rows[r] : r of x[*,K] (bf16) and writes y[r, 0..N). Expert weights w[e] are
+ * [N, K/2] bytes (e2m1 pairs) with UE8M0 scales [N, K/32]. max_rows bounds any expert's row
+ * count (host side; the total row count will do). K must be a multiple of 32. */
+bt_status_t bt_cuda_gemm_fp4_grouped(void *y, bt_cuda_dtype_t y_dtype, const uint16_t *x,
+                                     const int32_t *rows, const int32_t *offs, int n_experts,
+                                     int max_rows, const uint8_t *w, const uint8_t *w_scale,
+                                     int N, int K, cudaStream_t stream);
+
+/* ---- elementwise and per-row ------------------------------------------------------------ */
+
+/* y[rows,n] = w * (x * rsqrt(mean(x^2) + eps)); w (f32 [n]) may be NULL; y may alias x. */
+bt_status_t bt_cuda_rmsnorm(void *y, bt_cuda_dtype_t y_dtype, const void *x,
+                            bt_cuda_dtype_t x_dtype, const float *w, int rows, int n, float eps,
+                            cudaStream_t stream);
+
+/* In place on x[rows, heads, dim]: interleaved-pair rotation of the last 2*half channels of
+ * each head by pos[row] * inv_freq[i] (inv_freq: f32 [half]); inverse rotates back. */
+bt_status_t bt_cuda_rope(void *x, bt_cuda_dtype_t dtype, int rows, int heads, int dim,
+                         const int64_t *pos, const float *inv_freq, int half, int inverse,
+                         cudaStream_t stream);
+
+/* The QAT roundings of kernels/cpu/quant.h, in place on f32 x[rows, n], bit-exact with the
+ * CPU (n not a multiple of block: left untouched, as there). */
+typedef enum {
+    BT_CUDA_FQ_FP8_UE8M0 = 0, /* window KV */
+    BT_CUDA_FQ_FP4_UE8M0 = 1, /* indexer q/k */
+    BT_CUDA_FQ_FP4_E4M3 = 2,  /* compressed KV */
+} bt_cuda_fake_quant_t;
+bt_status_t bt_cuda_fake_quant(float *x, int rows, int n, int block, bt_cuda_fake_quant_t kind,
+                               cudaStream_t stream);
+
+/* ---- mHC -------------------------------------------------------------------------------- */
+
+/* One mHC mapping per token from the streams x[T, hc*D] (f32): fn [(2+hc)*hc, hc*D],
+ * base [(2+hc)*hc], scale [3] -> pre [T,hc], post [T,hc], comb [T,hc,hc] (Sinkhorn with
+ * `iters` iterations). hc in {1, 2, 4}. */
+bt_status_t bt_cuda_hc_mix(float *pre, float *post, float *comb, const float *x, const float *fn,
+                           const float *base, const float *scale, int T, int hc, int D,
+                           float eps, float hc_eps, int iters, cudaStream_t stream);
+
+/* out[T,D] = RMSNorm(sum_s w[t,s] x[t,s,:]) with weight norm_w (may be NULL). */
+bt_status_t bt_cuda_hc_collapse_norm(void *out, bt_cuda_dtype_t out_dtype, const float *x,
+                                     const float *w, const float *norm_w, int T, int hc, int D,
+                                     float eps, cudaStream_t stream);
+
+/* In place on x[T, hc, D]: x_k <- post_k * o + sum_j comb[j][k] x_j; o [T,D] f32 or bf16. */
+bt_status_t bt_cuda_hc_expand(float *x, const void *o, bt_cuda_dtype_t o_dtype,
+                              const float *post, const float *comb, int T, int hc, int D,
+                              cudaStream_t stream);
+
+/* ---- attention -------------------------------------------------------------------------- */
+
+/* One query row per token, K = V: token t attends win_n[t] rows win_idx[t, 0..) of win_kv
+ * and sel_n[t] rows sel[t, 0..) of comp_kv (either list may be empty; comp_kv may be NULL
+ * when every sel_n is 0), softmax with the sink sink[h] in the denominator, scale
+ * dim^-0.5; then the inverse rotation of the last 2*half channels at pos[t].
+ * q, out [T, H, dim]; win_kv, comp_kv [*, dim]; all of `dtype`. dim a multiple of 32 and
+ * <= 512; win_stride / sel_stride are the row lengths of win_idx / sel. */
+bt_status_t bt_cuda_attention(void *out, const void *q, const void *win_kv, const int32_t *win_idx,
+                              const int32_t *win_n, int win_stride, const void *comp_kv,
+                              const int32_t *sel, const int32_t *sel_n, int sel_stride,
+                              const float *sink, const int64_t *pos, const float *inv_freq,
+                              int half, bt_cuda_dtype_t dtype, int T, int H, int dim,
+                              cudaStream_t stream);
+
+/* ---- indexer ---------------------------------------------------------------------------- */
+
+/* scores[t, j] = sum_h w[t,h] * ReLU(q[t,h,:] . keys[j,:]) * dim^-0.5 for j < visible[t],
+ * -inf for visible[t] <= j < n (all f32). */
+bt_status_t bt_cuda_index_scores(float *scores, const float *q, const float *w, const float *keys,
+                                 const int64_t *visible, int T, int heads, int dim, int n,
+                                 cudaStream_t stream);
+
+/* Top min(k, n) of each row of scores[T, n] (ties: the lower index), as the engine's
+ * indexer keeps them: the finite picks' indices ascending in out[t, 0..count), count in
+ * out_n[t], the rest of the row -1. k <= n_stride (out's row length). */
+bt_status_t bt_cuda_topk(int32_t *out, int32_t *out_n, int out_stride, const float *scores, int T,
+                         int n, int k, cudaStream_t stream);
+
+/* ---- MoE -------------------------------------------------------------------------------- */
+
+/* s = sqrt(softplus(logits / temp)); top-k of s + bias (bias steers selection only, ties:
+ * the lower expert); weights s / (sum s + 1e-20) (when normalize and k > 1) times
+ * route_scale. idx, wts [T, k] in descending biased order. k <= 16, E <= 1024. */
+bt_status_t bt_cuda_moe_route(int32_t *idx, float *wts, const float *logits, const float *bias,
+                              int T, int E, int k, float temp, int normalize, float route_scale,
+                              cudaStream_t stream);
+
+/* h[r,i] = wt[r] * (silu(min(g, limit)) * clamp(u, -limit, limit)) with g = gu[r, i],
+ * u = gu[r, I + i] (gate and up side by side, f32 [rows, 2I]); wt may be NULL (weight 1);
+ * limit <= 0: no clamping. h [rows, I] f32 or bf16. */
+bt_status_t bt_cuda_swiglu(void *h, bt_cuda_dtype_t h_dtype, const float *gu, const float *wt,
+                           int rows, int I, float limit, cudaStream_t stream);
+
+/* ---- engram ----------------------------------------------------------------------------- */
+
+/* e[t, c*dim ..] = dequant(table[ids[t,c]]) for c < cols: table FP8 e4m3 [rows, dim] with
+ * UE8M0 scales [rows, dim/32]; e [T, cols*dim] f32 or bf16. dim a multiple of 32. */
+bt_status_t bt_cuda_engram_gather(void *e, bt_cuda_dtype_t e_dtype, const int64_t *ids, int T,
+                                  int cols, const uint8_t *table, const uint8_t *table_scale,
+                                  int64_t table_rows, int dim, cudaStream_t stream);
+
+/* Gated injection into x[T, hc, D] from kv[T, (hc+1)*D] (hc keys, then the value) with
+ * qk [hc, D] (q_weight * k_weight): d = sum(x_s qk_s key_s) rsqrt(mean x_s^2 + eps)
+ * rsqrt(mean key_s^2 + eps) / sqrt(D); x_s += sigmoid(sign(d) sqrt(max(|d|, 1e-6))) value. */
+bt_status_t bt_cuda_engram_inject(float *x, const float *kv, const float *qk, int T, int hc, int D,
+                                  float eps, cudaStream_t stream);
+
+/* ---- sampling --------------------------------------------------------------------------- */
+
+/* One token per row of logits[T, V] (f32): temperature <= 0 -> argmax (ties: the lower id);
+ * else softmax(logits / temperature) sampled by inverse CDF at uniform[t] in [0, 1). */
+bt_status_t bt_cuda_sample(int32_t *out, const float *logits, int T, int V, float temperature,
+                           const float *uniform, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

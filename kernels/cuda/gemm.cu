@@ -1,0 +1,127 @@
+/* bf16 x bf16 GEMM through cuBLASLt: y[M,N] = x[M,K] . w[N,K]^T, fp32 accumulation.
+ * Row-major y is column-major y^T = w . x^T, so cuBLASLt sees A = w (transposed), B = x. */
+#include "kernels/cuda/common.cuh"
+
+#include <cublasLt.h>
+#include <stdlib.h>
+
+enum { PLAN_CACHE = 32, WORKSPACE_BYTES = 32 << 20 };
+
+typedef struct {
+    int M, N, K, y_dtype, used;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, c;
+    cublasLtMatmulAlgo_t algo;
+} plan_t;
+
+struct bt_cuda_blas {
+    cublasLtHandle_t lt;
+    void *workspace;
+    plan_t plan[PLAN_CACHE];
+    int next; /* round-robin eviction */
+};
+
+static void plan_clear(plan_t *p)
+{
+    if (!p->used) return;
+    cublasLtMatrixLayoutDestroy(p->a);
+    cublasLtMatrixLayoutDestroy(p->b);
+    cublasLtMatrixLayoutDestroy(p->c);
+    cublasLtMatmulDescDestroy(p->op);
+    p->used = 0;
+}
+
+extern "C" bt_status_t bt_cuda_blas_create(bt_cuda_blas_t **blas_p)
+{
+    bt_cuda_blas_t *b = (bt_cuda_blas_t *)calloc(1, sizeof(*b));
+    if (!b) return BT_ERR_NO_MEMORY;
+    if (cublasLtCreate(&b->lt) != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr, "cuda: cublasLtCreate failed\n");
+        goto fail_free;
+    }
+    if (cudaMalloc(&b->workspace, WORKSPACE_BYTES) != cudaSuccess) {
+        cudaGetLastError();
+        fprintf(stderr, "cuda: cuBLASLt workspace allocation failed\n");
+        goto fail_handle;
+    }
+    *blas_p = b;
+    return BT_OK;
+fail_handle:
+    cublasLtDestroy(b->lt);
+fail_free:
+    free(b);
+    return BT_ERR_DEVICE;
+}
+
+extern "C" void bt_cuda_blas_destroy(bt_cuda_blas_t *b)
+{
+    if (!b) return;
+    for (int i = 0; i < PLAN_CACHE; i++) plan_clear(&b->plan[i]);
+    cudaFree(b->workspace);
+    cublasLtDestroy(b->lt);
+    free(b);
+}
+
+static plan_t *plan_get(bt_cuda_blas_t *b, int M, int N, int K, bt_cuda_dtype_t yd)
+{
+    for (int i = 0; i < PLAN_CACHE; i++) {
+        plan_t *p = &b->plan[i];
+        if (p->used && p->M == M && p->N == N && p->K == K && p->y_dtype == (int)yd) return p;
+    }
+    plan_t *p = &b->plan[b->next];
+    b->next = (b->next + 1) % PLAN_CACHE;
+    plan_clear(p);
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    cudaDataType_t ct = yd == BT_CUDA_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    size_t ws = WORKSPACE_BYTES;
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0;
+    if (cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS)
+        return NULL;
+    cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta));
+    cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb));
+    cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, K, N, K);
+    cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, K, M, K);
+    cublasLtMatrixLayoutCreate(&p->c, ct, N, M, N);
+    p->used = 1;
+    cublasLtMatmulPreferenceCreate(&pref);
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                         sizeof(ws));
+    if (cublasLtMatmulAlgoGetHeuristic(b->lt, p->op, p->a, p->b, p->c, p->c, pref, 1, &res,
+                                       &found) != CUBLAS_STATUS_SUCCESS ||
+        found == 0) {
+        cublasLtMatmulPreferenceDestroy(pref);
+        plan_clear(p);
+        return NULL;
+    }
+    cublasLtMatmulPreferenceDestroy(pref);
+    p->algo = res.algo;
+    p->M = M;
+    p->N = N;
+    p->K = K;
+    p->y_dtype = (int)yd;
+    return p;
+}
+
+extern "C" bt_status_t bt_cuda_gemm_bf16(bt_cuda_blas_t *blas, void *y, bt_cuda_dtype_t y_dtype,
+                                         const uint16_t *x, const uint16_t *w, int M, int N,
+                                         int K, cudaStream_t stream)
+{
+    BT_CUDA_REQUIRE(blas && y && x && w && bt__dtype_ok(y_dtype));
+    BT_CUDA_REQUIRE(M > 0 && N > 0 && K > 0);
+    plan_t *p = plan_get(blas, M, N, K, y_dtype);
+    if (!p) {
+        fprintf(stderr, "cuda: no cuBLASLt algorithm for %dx%dx%d\n", M, N, K);
+        return BT_ERR_DEVICE;
+    }
+    float alpha = 1.0f, beta = 0.0f;
+    cublasStatus_t st = cublasLtMatmul(blas->lt, p->op, &alpha, w, p->a, x, p->b, &beta, y, p->c,
+                                       y, p->c, &p->algo, blas->workspace, WORKSPACE_BYTES, stream);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr, "cuda: cublasLtMatmul %dx%dx%d: status %d\n", M, N, K, (int)st);
+        cudaGetLastError();
+        return BT_ERR_DEVICE;
+    }
+    return BT_OK;
+}

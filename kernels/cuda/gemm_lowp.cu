@@ -1,0 +1,321 @@
+/* GEMMs on the checkpoint's low-precision weights, consumed natively:
+ *   FP8 e4m3 [N,K] with one UE8M0 scale per 32x32 block (dense layers),
+ *   FP4 e2m1 [N,K/2] (two a byte, low nibble first) with one UE8M0 scale per 32 along K
+ *   (routed experts, grouped over experts).
+ * cuBLASLt's block-scaled paths do not fit: on Hopper they scale 1x128 / 128x128 blocks,
+ * and the 32-element UE8M0 (MX) layouts are Blackwell-only; so these are our own kernels.
+ *
+ * Two kernels, one template over the weight format:
+ *   tile:   64x64 output tiles, 4 warps; each 32-deep K step dequantizes the weight tile into
+ *           bf16 in shared memory (exact: e4m3/e2m1 times a power of two fits bf16) and runs
+ *           16x16x16 bf16 tensor-core MMAs (wmma) with fp32 accumulators. For prefill.
+ *   skinny: one warp per output column, 16-byte weight loads, every row of the group (in
+ *           chunks of 8) against the same weight bytes; bandwidth-bound, for decode. */
+#include "kernels/cuda/common.cuh"
+
+#include <cuda_fp8.h>
+#include <mma.h>
+
+using namespace nvcuda;
+
+enum { FMT_FP8 = 0, FMT_FP4 = 1 };
+enum { BM = 64, BN = 64, BK = 32, LDS = BK + 8, LDC = BN + 4, TILE_THREADS = 128 };
+enum { SK_WARPS = 8, SK_ROWS = 8, SKINNY_MAX_ROWS = 16 };
+
+/* 16 e4m3 bytes (one uint4) times a scale -> 16 floats */
+__device__ __forceinline__ void dequant_fp8x16(uint4 v, float s, float *out)
+{
+    const unsigned u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(
+                (__nv_fp8x2_storage_t)((u[i] >> (16 * h)) & 0xffffu), __NV_E4M3);
+            float2 f = __half22float2(*(__half2 *)&r);
+            out[4 * i + 2 * h] = f.x * s;
+            out[4 * i + 2 * h + 1] = f.y * s;
+        }
+    }
+}
+
+/* 8 bytes of e2m1 pairs (16 values, low nibble first) times a scale -> 16 floats */
+__device__ __forceinline__ void dequant_fp4x16(uint2 v, float s, float *out)
+{
+    const unsigned u[2] = {v.x, v.y};
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 8; j++) out[8 * i + j] = bt_e2m1((u[i] >> (4 * j)) & 0xfu) * s;
+}
+
+__device__ __forceinline__ void bf16x8_to_f32(uint4 v, float *out)
+{
+    const unsigned u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        out[2 * i] = __uint_as_float(u[i] << 16);
+        out[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+    }
+}
+
+__device__ __forceinline__ uint4 f32x8_to_bf16(const float *f)
+{
+    unsigned u[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        __nv_bfloat162 b = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+        u[i] = *(unsigned *)&b;
+    }
+    return make_uint4(u[0], u[1], u[2], u[3]);
+}
+
+/* One weight element, any shape (the slow path for odd sizes). */
+template <int FMT>
+__device__ __forceinline__ float weight_at(const uint8_t *w, const uint8_t *ws, int n, int k, int K)
+{
+    if (FMT == FMT_FP8) {
+        int ks = (K + 31) / 32;
+        return bt_e4m3(w[(size_t)n * K + k]) * bt_e8m0(ws[(size_t)(n / 32) * ks + k / 32]);
+    }
+    uint8_t b = w[(size_t)n * (K / 2) + k / 2];
+    return bt_e2m1((k & 1) ? b >> 4 : b & 0xfu) * bt_e8m0(ws[(size_t)n * (K / 32) + k / 32]);
+}
+
+template <int FMT>
+__device__ __forceinline__ void expert_weights(const uint8_t *&w, const uint8_t *&ws, int e, int N,
+                                               int K)
+{
+    if (FMT == FMT_FP4) {
+        w += (size_t)e * N * (K / 2);
+        ws += (size_t)e * N * (K / 32);
+    }
+}
+
+template <int FMT, typename OT>
+__global__ void __launch_bounds__(TILE_THREADS) gemm_tile(OT *y, const __nv_bfloat16 *x,
+                                                          const int32_t *rows, const int32_t *offs,
+                                                          const uint8_t *w, const uint8_t *ws,
+                                                          int M, int N, int K)
+{
+    __shared__ __align__(128) unsigned char smem[BM * LDC * 4];
+    __nv_bfloat16(*sa)[LDS] = (__nv_bfloat16(*)[LDS])smem;
+    __nv_bfloat16(*sb)[LDS] = (__nv_bfloat16(*)[LDS])(smem + BM * LDS * 2);
+    float(*sc)[LDC] = (float(*)[LDC])smem;
+
+    int e = blockIdx.z, tid = threadIdx.x, warp = tid >> 5;
+    int r0 = offs ? offs[e] : 0, r1 = offs ? offs[e + 1] : M;
+    int m0 = r0 + blockIdx.y * BM, n0 = blockIdx.x * BN;
+    if (m0 >= r1) return;
+    int mrows = min(BM, r1 - m0);
+    expert_weights<FMT>(w, ws, e, N, K);
+
+    /* the two A rows this thread loads, resolved once */
+    int a_src[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        int row = (tid + TILE_THREADS * i) >> 2;
+        a_src[i] = row < mrows ? (rows ? rows[m0 + row] : m0 + row) : -1;
+    }
+    const bool a_vec = (K % 8) == 0;
+    const bool b_vec = FMT == FMT_FP8 ? (K % 16) == 0 : true; /* FP4: K % 32 == 0 */
+    const int ks8 = (K + 31) / 32;
+
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+    int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
+
+    for (int k0 = 0; k0 < K; k0 += BK) {
+        /* A: 64 rows x 32 bf16, 8 a thread-load */
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            int idx = tid + TILE_THREADS * i, row = idx >> 2, kc = (idx & 3) * 8, k = k0 + kc;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (a_src[i] >= 0) {
+                const __nv_bfloat16 *src = x + (size_t)a_src[i] * K + k;
+                if (a_vec && k + 8 <= K) {
+                    v = *(const uint4 *)src;
+                } else {
+                    unsigned short t[8];
+                    for (int j = 0; j < 8; j++)
+                        t[j] = k + j < K ? ((const unsigned short *)src)[j] : 0;
+                    v = make_uint4(t[0] | (unsigned)t[1] << 16, t[2] | (unsigned)t[3] << 16,
+                                   t[4] | (unsigned)t[5] << 16, t[6] | (unsigned)t[7] << 16);
+                }
+            }
+            *(uint4 *)&sa[row][kc] = v;
+        }
+        /* B: 64 weight rows x 32, 16 a thread, dequantized into bf16 */
+        {
+            int row = tid >> 1, kc = (tid & 1) * 16, n = n0 + row, k = k0 + kc;
+            float f[16];
+            if (n < N && b_vec && k + 16 <= K) {
+                if (FMT == FMT_FP8) {
+                    float s = bt_e8m0(ws[(size_t)(n / 32) * ks8 + k0 / 32]);
+                    dequant_fp8x16(*(const uint4 *)(w + (size_t)n * K + k), s, f);
+                } else {
+                    float s = bt_e8m0(ws[(size_t)n * (K / 32) + k0 / 32]);
+                    dequant_fp4x16(*(const uint2 *)(w + (size_t)n * (K / 2) + k / 2), s, f);
+                }
+            } else {
+                for (int j = 0; j < 16; j++)
+                    f[j] = (n < N && k + j < K) ? weight_at<FMT>(w, ws, n, k + j, K) : 0.0f;
+            }
+            *(uint4 *)&sb[row][kc] = f32x8_to_bf16(f);
+            *(uint4 *)&sb[row][kc + 8] = f32x8_to_bf16(f + 8);
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < BK; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa[2];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], &sa[wm + 16 * i][kk], LDS);
+#pragma unroll
+            for (int j = 0; j < 2; j++) wmma::load_matrix_sync(fb[j], &sb[wn + 16 * j][kk], LDS);
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            wmma::store_matrix_sync(&sc[wm + 16 * i][wn + 16 * j], acc[i][j], LDC,
+                                    wmma::mem_row_major);
+    __syncthreads();
+    for (int idx = tid; idx < BM * BN; idx += TILE_THREADS) {
+        int r = idx / BN, c = idx % BN;
+        if (r < mrows && n0 + c < N) bt_st(y, (size_t)(m0 + r) * N + n0 + c, sc[r][c]);
+    }
+}
+
+template <int FMT, typename OT>
+__global__ void __launch_bounds__(SK_WARPS * 32) gemm_skinny(OT *y, const __nv_bfloat16 *x,
+                                                             const int32_t *rows,
+                                                             const int32_t *offs, const uint8_t *w,
+                                                             const uint8_t *ws, int M, int N, int K)
+{
+    int lane = threadIdx.x & 31, n = blockIdx.x * SK_WARPS + (threadIdx.x >> 5), e = blockIdx.y;
+    if (n >= N) return; /* no block barriers below */
+    int r0 = offs ? offs[e] : 0, r1 = offs ? offs[e + 1] : M;
+    expert_weights<FMT>(w, ws, e, N, K);
+    const int ks8 = (K + 31) / 32;
+    for (int mb = r0; mb < r1; mb += SK_ROWS) {
+        int mr = min(SK_ROWS, r1 - mb);
+        const __nv_bfloat16 *xr[SK_ROWS];
+        float acc[SK_ROWS];
+#pragma unroll
+        for (int m = 0; m < SK_ROWS; m++) {
+            acc[m] = 0.0f;
+            int src = m < mr ? (rows ? rows[mb + m] : mb + m) : 0;
+            xr[m] = x + (size_t)src * K;
+        }
+        if (FMT == FMT_FP8 && (K % 16) == 0) {
+            const uint8_t *wr = w + (size_t)n * K, *sr = ws + (size_t)(n / 32) * ks8;
+            for (int k = lane * 16; k < K; k += 32 * 16) {
+                float f[16];
+                dequant_fp8x16(__ldg((const uint4 *)(wr + k)), 1.0f, f);
+                float s = bt_e8m0(sr[k / 32]);
+#pragma unroll
+                for (int m = 0; m < SK_ROWS; m++) {
+                    if (m >= mr) break;
+                    float a[16], p = 0.0f;
+                    bf16x8_to_f32(*(const uint4 *)(xr[m] + k), a);
+                    bf16x8_to_f32(*(const uint4 *)(xr[m] + k + 8), a + 8);
+#pragma unroll
+                    for (int j = 0; j < 16; j++) p += f[j] * a[j];
+                    acc[m] += p * s;
+                }
+            }
+        } else if (FMT == FMT_FP4) {
+            const uint8_t *wr = w + (size_t)n * (K / 2), *sr = ws + (size_t)n * (K / 32);
+            for (int k = lane * 32; k < K; k += 32 * 32) {
+                uint4 v = __ldg((const uint4 *)(wr + k / 2));
+                float s = bt_e8m0(sr[k / 32]);
+                float f[32];
+                dequant_fp4x16(make_uint2(v.x, v.y), 1.0f, f);
+                dequant_fp4x16(make_uint2(v.z, v.w), 1.0f, f + 16);
+#pragma unroll
+                for (int m = 0; m < SK_ROWS; m++) {
+                    if (m >= mr) break;
+                    float p = 0.0f;
+#pragma unroll
+                    for (int c = 0; c < 4; c++) {
+                        float a[8];
+                        bf16x8_to_f32(*(const uint4 *)(xr[m] + k + 8 * c), a);
+#pragma unroll
+                        for (int j = 0; j < 8; j++) p += f[8 * c + j] * a[j];
+                    }
+                    acc[m] += p * s;
+                }
+            }
+        } else {
+            for (int k = lane; k < K; k += 32) {
+                float wv = weight_at<FMT>(w, ws, n, k, K);
+#pragma unroll
+                for (int m = 0; m < SK_ROWS; m++)
+                    if (m < mr) acc[m] += wv * __bfloat162float(xr[m][k]);
+            }
+        }
+#pragma unroll
+        for (int m = 0; m < SK_ROWS; m++) {
+            float v = bt_warp_sum(acc[m]);
+            if (lane == 0 && m < mr) bt_st(y, (size_t)(mb + m) * N + n, v);
+        }
+    }
+}
+
+template <int FMT>
+static bt_status_t launch(void *y, bt_cuda_dtype_t yd, const uint16_t *x, const int32_t *rows,
+                          const int32_t *offs, int groups, int max_rows, const uint8_t *w,
+                          const uint8_t *ws, int M, int N, int K, cudaStream_t stream)
+{
+    const __nv_bfloat16 *xb = (const __nv_bfloat16 *)x;
+    if (max_rows <= SKINNY_MAX_ROWS) {
+        dim3 grid(bt__cdiv(N, SK_WARPS), groups);
+        if (yd == BT_CUDA_BF16)
+            gemm_skinny<FMT><<<grid, SK_WARPS * 32, 0, stream>>>((__nv_bfloat16 *)y, xb, rows,
+                                                                 offs, w, ws, M, N, K);
+        else
+            gemm_skinny<FMT><<<grid, SK_WARPS * 32, 0, stream>>>((float *)y, xb, rows, offs, w,
+                                                                 ws, M, N, K);
+    } else {
+        dim3 grid(bt__cdiv(N, BN), bt__cdiv(max_rows, BM), groups);
+        if (yd == BT_CUDA_BF16)
+            gemm_tile<FMT><<<grid, TILE_THREADS, 0, stream>>>((__nv_bfloat16 *)y, xb, rows, offs,
+                                                              w, ws, M, N, K);
+        else
+            gemm_tile<FMT><<<grid, TILE_THREADS, 0, stream>>>((float *)y, xb, rows, offs, w, ws,
+                                                              M, N, K);
+    }
+    return bt__cuda_launched(FMT == FMT_FP8 ? "gemm_fp8" : "gemm_fp4_grouped");
+}
+
+extern "C" bt_status_t bt_cuda_gemm_fp8(void *y, bt_cuda_dtype_t y_dtype, const uint16_t *x,
+                                        const uint8_t *w, const uint8_t *w_scale, int M, int N,
+                                        int K, cudaStream_t stream)
+{
+    BT_CUDA_REQUIRE(y && x && w && w_scale && bt__dtype_ok(y_dtype));
+    BT_CUDA_REQUIRE(M > 0 && N > 0 && K > 0 && M <= 65535 * BM);
+    return launch<FMT_FP8>(y, y_dtype, x, NULL, NULL, 1, M, w, w_scale, M, N, K, stream);
+}
+
+extern "C" bt_status_t bt_cuda_gemm_fp4_grouped(void *y, bt_cuda_dtype_t y_dtype,
+                                                const uint16_t *x, const int32_t *rows,
+                                                const int32_t *offs, int n_experts, int max_rows,
+                                                const uint8_t *w, const uint8_t *w_scale, int N,
+                                                int K, cudaStream_t stream)
+{
+    BT_CUDA_REQUIRE(y && x && offs && w && w_scale && bt__dtype_ok(y_dtype));
+    BT_CUDA_REQUIRE(n_experts > 0 && n_experts <= 65535 && max_rows > 0 && N > 0);
+    BT_CUDA_REQUIRE(K > 0 && K % 32 == 0 && max_rows <= 65535 * BM);
+    return launch<FMT_FP4>(y, y_dtype, x, rows, offs, n_experts, max_rows, w, w_scale, 0, N, K,
+                           stream);
+}

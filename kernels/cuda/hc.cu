@@ -1,0 +1,188 @@
+/* mHC (manifold hyper-connections): the mapping (pre, post, comb with Sinkhorn) from the
+ * flattened streams, the collapse of the streams into one normalized input, and the
+ * expansion of a sub-layer's output back into the streams. */
+#include "kernels/cuda/common.cuh"
+
+enum { MIX_THREADS = 256 };
+
+__device__ __forceinline__ float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+template <int HC>
+__global__ void __launch_bounds__(MIX_THREADS) hc_mix_kernel(float *pre, float *post, float *comb,
+                                                             const float *x, const float *fn,
+                                                             const float *base,
+                                                             const float *scale, int D, float eps,
+                                                             float hc_eps, int iters)
+{
+    constexpr int MIX = (2 + HC) * HC;
+    __shared__ float red[32];
+    __shared__ float part[MIX_THREADS / 32][MIX];
+    __shared__ float m[MIX];
+    int t = blockIdx.x, n = HC * D, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const float *xt = x + (size_t)t * n;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < n; i += MIX_THREADS) ss += xt[i] * xt[i];
+    ss = bt_block_sum(ss, red);
+    float r = 1.0f / sqrtf(ss / (float)n + eps);
+    float acc[MIX];
+#pragma unroll
+    for (int k = 0; k < MIX; k++) acc[k] = 0.0f;
+    for (int i = threadIdx.x; i < n; i += MIX_THREADS) {
+        float v = xt[i] * r; /* rounded per element, as the reference */
+#pragma unroll
+        for (int k = 0; k < MIX; k++) acc[k] += fn[(size_t)k * n + i] * v;
+    }
+#pragma unroll
+    for (int k = 0; k < MIX; k++) {
+        float v = bt_warp_sum(acc[k]);
+        if (lane == 0) part[warp][k] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x < MIX) {
+        float v = 0.0f;
+        for (int w = 0; w < MIX_THREADS / 32; w++) v += part[w][threadIdx.x];
+        m[threadIdx.x] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    for (int k = 0; k < HC; k++) {
+        pre[t * HC + k] = sigm(m[k] * scale[0] + base[k]) + hc_eps;
+        post[t * HC + k] = 2.0f * sigm(m[HC + k] * scale[1] + base[HC + k]);
+    }
+    float c[HC * HC];
+    for (int j = 0; j < HC; j++) {
+        float mx = -INFINITY;
+        for (int k = 0; k < HC; k++) {
+            c[j * HC + k] = m[2 * HC + j * HC + k] * scale[2] + base[2 * HC + j * HC + k];
+            mx = fmaxf(mx, c[j * HC + k]);
+        }
+        float sum = 0.0f;
+        for (int k = 0; k < HC; k++) {
+            c[j * HC + k] = expf(c[j * HC + k] - mx);
+            sum += c[j * HC + k];
+        }
+        for (int k = 0; k < HC; k++) c[j * HC + k] = c[j * HC + k] / sum + hc_eps;
+    }
+    for (int it = 0; it < iters; it++) {
+        if (it > 0) {
+            for (int j = 0; j < HC; j++) {
+                float sum = 0.0f;
+                for (int k = 0; k < HC; k++) sum += c[j * HC + k];
+                for (int k = 0; k < HC; k++) c[j * HC + k] /= sum + hc_eps;
+            }
+        }
+        for (int k = 0; k < HC; k++) {
+            float sum = 0.0f;
+            for (int j = 0; j < HC; j++) sum += c[j * HC + k];
+            for (int j = 0; j < HC; j++) c[j * HC + k] /= sum + hc_eps;
+        }
+    }
+    for (int i = 0; i < HC * HC; i++) comb[(size_t)t * HC * HC + i] = c[i];
+}
+
+extern "C" bt_status_t bt_cuda_hc_mix(float *pre, float *post, float *comb, const float *x,
+                                      const float *fn, const float *base, const float *scale,
+                                      int T, int hc, int D, float eps, float hc_eps, int iters,
+                                      cudaStream_t stream)
+{
+    BT_CUDA_REQUIRE(pre && post && comb && x && fn && base && scale);
+    BT_CUDA_REQUIRE(T > 0 && D > 0 && iters >= 0);
+    BT_CUDA_REQUIRE(hc == 1 || hc == 2 || hc == 4);
+#define BT__MIX(H)                                                                                 \
+    hc_mix_kernel<H><<<T, MIX_THREADS, 0, stream>>>(pre, post, comb, x, fn, base, scale, D, eps, \
+                                                     hc_eps, iters)
+    if (hc == 4)
+        BT__MIX(4);
+    else if (hc == 2)
+        BT__MIX(2);
+    else
+        BT__MIX(1);
+#undef BT__MIX
+    return bt__cuda_launched("hc_mix");
+}
+
+template <typename OT>
+__global__ void hc_collapse_kernel(OT *out, const float *x, const float *w, const float *norm_w,
+                                   int hc, int D, float eps)
+{
+    __shared__ float red[32];
+    int t = blockIdx.x;
+    const float *xt = x + (size_t)t * hc * D, *wt = w + (size_t)t * hc;
+    float ss = 0.0f;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int s = 0; s < hc; s++) acc += wt[s] * xt[(size_t)s * D + d];
+        ss += acc * acc;
+    }
+    ss = bt_block_sum(ss, red);
+    float r = 1.0f / sqrtf(ss / (float)D + eps);
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int s = 0; s < hc; s++) acc += wt[s] * xt[(size_t)s * D + d];
+        float v = acc * r;
+        bt_st(out, (size_t)t * D + d, norm_w ? norm_w[d] * v : v);
+    }
+}
+
+extern "C" bt_status_t bt_cuda_hc_collapse_norm(void *out, bt_cuda_dtype_t out_dtype,
+                                                const float *x, const float *w,
+                                                const float *norm_w, int T, int hc, int D,
+                                                float eps, cudaStream_t stream)
+{
+    BT_CUDA_REQUIRE(out && x && w && bt__dtype_ok(out_dtype));
+    BT_CUDA_REQUIRE(T > 0 && hc > 0 && D > 0);
+    if (out_dtype == BT_CUDA_F32)
+        hc_collapse_kernel<<<T, 256, 0, stream>>>((float *)out, x, w, norm_w, hc, D, eps);
+    else
+        hc_collapse_kernel<<<T, 256, 0, stream>>>((__nv_bfloat16 *)out, x, w, norm_w, hc, D, eps);
+    return bt__cuda_launched("hc_collapse_norm");
+}
+
+template <int HC, typename OT>
+__global__ void hc_expand_kernel(float *x, const OT *o, const float *post, const float *comb,
+                                 int T, int D)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)T * D) return;
+    size_t t = i / D;
+    int d = (int)(i % D);
+    float *xt = x + t * HC * D;
+    const float *ct = comb + t * HC * HC, *pt = post + t * HC;
+    float res[HC];
+#pragma unroll
+    for (int j = 0; j < HC; j++) res[j] = xt[(size_t)j * D + d];
+    float ov = bt_ld(o, i);
+#pragma unroll
+    for (int k = 0; k < HC; k++) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int j = 0; j < HC; j++) acc += ct[j * HC + k] * res[j];
+        xt[(size_t)k * D + d] = pt[k] * ov + acc;
+    }
+}
+
+extern "C" bt_status_t bt_cuda_hc_expand(float *x, const void *o, bt_cuda_dtype_t o_dtype,
+                                         const float *post, const float *comb, int T, int hc,
+                                         int D, cudaStream_t stream)
+{
+    BT_CUDA_REQUIRE(x && o && post && comb && bt__dtype_ok(o_dtype));
+    BT_CUDA_REQUIRE(T > 0 && D > 0 && (hc == 1 || hc == 2 || hc == 4));
+    int blocks = bt__cdiv((long long)T * D, 256);
+#define BT__EXP(H)                                                                                 \
+    do {                                                                                           \
+        if (o_dtype == BT_CUDA_F32)                                                                \
+            hc_expand_kernel<H><<<blocks, 256, 0, stream>>>(x, (const float *)o, post, comb, T,  \
+                                                             D);                                   \
+        else                                                                                       \
+            hc_expand_kernel<H><<<blocks, 256, 0, stream>>>(x, (const __nv_bfloat16 *)o, post,   \
+                                                             comb, T, D);                          \
+    } while (0)
+    if (hc == 4)
+        BT__EXP(4);
+    else if (hc == 2)
+        BT__EXP(2);
+    else
+        BT__EXP(1);
+#undef BT__EXP
+    return bt__cuda_launched("hc_expand");
+}

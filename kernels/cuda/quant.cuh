@@ -1,0 +1,91 @@
+/* Device versions of kernels/cpu/quant.c's roundings, bit-exact with it (same operations in
+ * the same order; IEEE division and no fused multiply-adds in these paths). */
+#ifndef BT_KERNELS_CUDA_QUANT_CUH
+#define BT_KERNELS_CUDA_QUANT_CUH
+
+#include "kernels/cuda/common.cuh"
+
+__device__ __forceinline__ uint8_t bt_dev_f32_to_e4m3(float f)
+{
+    uint8_t sign = (__float_as_uint(f) >> 24) & 0x80u;
+    if (isnan(f)) return sign | 0x7fu;
+    float a = fabsf(f);
+    if (a >= 480.0f) return sign | 0x7fu;
+    if (a < 0x1p-6f) return sign | (uint8_t)rintf(__fmul_rn(a, 512.0f));
+    int e;
+    frexpf(a, &e);
+    int exp = e - 1;
+    float q = rintf(ldexpf(a, 3 - exp));
+    if (q >= 16.0f) {
+        q = 8.0f;
+        exp++;
+    }
+    int code_exp = exp + 7;
+    if (code_exp > 15 || (code_exp == 15 && q - 8.0f > 6.0f)) return sign | 0x7fu;
+    return sign | (uint8_t)((code_exp << 3) | ((int)q - 8));
+}
+
+__device__ __forceinline__ uint8_t bt_dev_f32_to_e2m1(float f)
+{
+    const float b0 = 0.25f, b1 = 0.75f, b2 = 1.25f, b3 = 1.75f, b4 = 2.5f, b5 = 3.5f, b6 = 5.0f;
+    float a = fabsf(f);
+    uint8_t code = 0;
+    if (a > b0) code = 1;
+    if (a >= b1) code = 2;
+    if (a > b2) code = 3;
+    if (a >= b3) code = 4;
+    if (a > b4) code = 5;
+    if (a >= b5) code = 6;
+    if (a > b6) code = 7;
+    return code | ((__float_as_uint(f) >> 28) & 8u);
+}
+
+__device__ __forceinline__ float bt_dev_pow2_ceil(float t)
+{
+    unsigned bits = __float_as_uint(t);
+    int k = (int)((bits >> 23) & 0xffu) - 127 + ((bits & 0x7fffffu) != 0);
+    return ldexpf(1.0f, k);
+}
+
+/* NaN-propagating amax of a block, as the reference's tensor max */
+__device__ __forceinline__ float bt_dev_block_amax(const float *x, int n)
+{
+    float amax = 0.0f;
+    for (int i = 0; i < n; i++) {
+        float a = fabsf(x[i]);
+        if (isnan(a)) return a;
+        if (a > amax) amax = a;
+    }
+    return amax;
+}
+
+__device__ __forceinline__ float bt_dev_floor_at(float x, float lo) { return x < lo ? lo : x; }
+__device__ __forceinline__ float bt_dev_clamp_abs(float x, float m)
+{
+    return x < -m ? -m : (x > m ? m : x);
+}
+
+/* One block of `block` values in place; kind as bt_cuda_fake_quant_t. */
+__device__ __forceinline__ void bt_dev_fake_quant_block(float *x, int block, int kind)
+{
+    float amax = bt_dev_block_amax(x, block);
+    if (kind == 0) {
+        float scale = bt_dev_pow2_ceil(__fmul_rn(bt_dev_floor_at(amax, 1e-4f), 1.0f / 448.0f));
+        for (int i = 0; i < block; i++) {
+            float q = bt_dev_clamp_abs(__fdiv_rn(x[i], scale), 448.0f);
+            x[i] = __fmul_rn(bt_e4m3(bt_dev_f32_to_e4m3(q)), scale);
+        }
+        return;
+    }
+    float scale;
+    if (kind == 2)
+        scale = bt_e4m3(bt_dev_f32_to_e4m3(__fdiv_rn(bt_dev_floor_at(amax, 6.0f * 0x1p-9f), 6.0f)));
+    else
+        scale = bt_dev_pow2_ceil(__fmul_rn(bt_dev_floor_at(amax, 6.0f * 0x1p-126f), 1.0f / 6.0f));
+    for (int i = 0; i < block; i++) {
+        float q = bt_dev_clamp_abs(__fdiv_rn(x[i], scale), 6.0f);
+        x[i] = __fmul_rn(bt_e2m1(bt_dev_f32_to_e2m1(q)), scale);
+    }
+}
+
+#endif

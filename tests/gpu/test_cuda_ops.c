@@ -1,0 +1,1325 @@
+/* Every CUDA operator of kernels/cuda against the CPU reference, on fresh random inputs over
+ * several shapes, odd sizes included. Relative error ||out - ref|| / ||ref|| must stay under a
+ * bound set per dtype; a non-finite output never passes; outputs are poisoned (NaN bytes,
+ * 0x7f7f7f7f for integers) before each checked run. Ops that work in place (rope, fake quant,
+ * hc_expand, engram_inject) get their input copied in fresh instead.
+ *
+ * References: kernels/cpu (rmsnorm, rope, the fake quantizers, the number formats) where the
+ * operator is a function there; for the per-token steps that are static in
+ * services/engine/model.c, plain-C transcriptions of its loops below (ref_*).
+ *
+ *   test_cuda_ops                 the correctness table
+ *   test_cuda_ops --perf          also the large cases, timed: events, warm-up, median
+ *   test_cuda_ops --seed N        reproduce a run (the seed is printed) */
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/quant.h"
+#include "kernels/cuda/cuda_ops.h"
+
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ---- the table -------------------------------------------------------------------------- */
+
+typedef enum {
+    OP_GEMM_BF16,   /* s: M N K */
+    OP_GEMM_FP8,    /* s: M N K */
+    OP_GEMM_FP4,    /* s: experts N K rows tokens */
+    OP_RMSNORM,     /* s: rows n weighted */
+    OP_ROPE,        /* s: rows heads dim half inverse */
+    OP_FAKE_QUANT,  /* s: rows n block kind special-values */
+    OP_HC_MIX,      /* s: T hc D */
+    OP_HC_COLLAPSE, /* s: T hc D */
+    OP_HC_EXPAND,   /* s: T hc D */
+    OP_ATTENTION,   /* s: T H dim half max-window max-selected */
+    OP_INDEX,       /* s: T heads dim n */
+    OP_TOPK,        /* s: T n k ties */
+    OP_MOE_ROUTE,   /* s: T E k */
+    OP_SWIGLU,      /* s: rows I weighted */
+    OP_ENGRAM_GATHER, /* s: T cols dim table-rows */
+    OP_ENGRAM_INJECT, /* s: T hc D */
+    OP_SAMPLE,      /* s: T V temperature*100 ties */
+} op_t;
+
+static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped", "rmsnorm",
+                                 "rope",       "fake_quant",   "hc_mix",           "hc_collapse",
+                                 "hc_expand",  "attention",    "index_scores",     "topk",
+                                 "moe_route",  "swiglu",       "engram_gather",    "engram_inject",
+                                 "sample"};
+
+typedef struct {
+    op_t op;
+    bt_cuda_dtype_t dt; /* the activation / output dtype under test */
+    int s[6];
+    int perf; /* 1: only with --perf (large; timed) */
+} case_t;
+
+#define F32 BT_CUDA_F32
+#define BF16 BT_CUDA_BF16
+
+static const case_t cases[] = {
+    {OP_GEMM_BF16, F32, {1, 129, 64}, 0},
+    {OP_GEMM_BF16, F32, {7, 333, 200}, 0},
+    {OP_GEMM_BF16, BF16, {64, 512, 256}, 0},
+    {OP_GEMM_BF16, F32, {100, 1000, 520}, 0},
+    {OP_GEMM_BF16, BF16, {5, 77, 40}, 0},
+    {OP_GEMM_FP8, F32, {1, 96, 64}, 0},
+    {OP_GEMM_FP8, F32, {3, 100, 200}, 0},
+    {OP_GEMM_FP8, BF16, {16, 512, 1024}, 0},
+    {OP_GEMM_FP8, F32, {17, 129, 96}, 0},
+    {OP_GEMM_FP8, F32, {64, 256, 512}, 0},
+    {OP_GEMM_FP8, BF16, {200, 300, 1000}, 0},
+    {OP_GEMM_FP8, F32, {130, 1024, 2048}, 0},
+    {OP_GEMM_FP4, F32, {4, 64, 64, 5, 3}, 0},
+    {OP_GEMM_FP4, F32, {8, 100, 96, 12, 5}, 0},
+    {OP_GEMM_FP4, BF16, {3, 33, 32, 2, 2}, 0},
+    {OP_GEMM_FP4, F32, {16, 256, 512, 300, 50}, 0},
+    {OP_GEMM_FP4, BF16, {6, 130, 2560, 200, 40}, 0},
+    {OP_RMSNORM, F32, {1, 7, 1}, 0},
+    {OP_RMSNORM, F32, {3, 512, 1}, 0},
+    {OP_RMSNORM, F32, {17, 5120, 0}, 0},
+    {OP_RMSNORM, BF16, {5, 1000, 1}, 0},
+    {OP_RMSNORM, BF16, {4, 5120, 1}, 0},
+    {OP_ROPE, F32, {3, 2, 512, 32, 0}, 0},
+    {OP_ROPE, F32, {5, 64, 512, 32, 1}, 0},
+    {OP_ROPE, F32, {7, 1, 10, 3, 0}, 0},
+    {OP_ROPE, BF16, {2, 3, 128, 32, 1}, 0},
+    {OP_FAKE_QUANT, F32, {7, 512, 32, 0, 0}, 0},
+    {OP_FAKE_QUANT, F32, {5, 128, 32, 1, 0}, 0},
+    {OP_FAKE_QUANT, F32, {9, 512, 16, 2, 0}, 0},
+    {OP_FAKE_QUANT, F32, {3, 100, 32, 0, 0}, 0},
+    {OP_FAKE_QUANT, F32, {4, 512, 32, 0, 1}, 0},
+    {OP_FAKE_QUANT, F32, {4, 128, 32, 1, 1}, 0},
+    {OP_FAKE_QUANT, F32, {4, 512, 16, 2, 1}, 0},
+    {OP_HC_MIX, F32, {1, 4, 5120}, 0},
+    {OP_HC_MIX, F32, {3, 4, 100}, 0},
+    {OP_HC_MIX, F32, {2, 4, 37}, 0},
+    {OP_HC_MIX, F32, {5, 2, 64}, 0},
+    {OP_HC_COLLAPSE, F32, {3, 4, 5120}, 0},
+    {OP_HC_COLLAPSE, BF16, {2, 4, 37}, 0},
+    {OP_HC_EXPAND, F32, {3, 4, 5120}, 0},
+    {OP_HC_EXPAND, BF16, {2, 4, 37}, 0},
+    {OP_HC_EXPAND, F32, {1, 2, 7}, 0},
+    {OP_ATTENTION, F32, {3, 8, 512, 32, 128, 64}, 0},
+    {OP_ATTENTION, F32, {2, 5, 96, 8, 7, 0}, 0},
+    {OP_ATTENTION, BF16, {4, 64, 512, 32, 128, 512}, 0},
+    {OP_ATTENTION, F32, {1, 3, 64, 16, 1, 33}, 0},
+    {OP_INDEX, F32, {3, 32, 128, 1000}, 0},
+    {OP_INDEX, F32, {2, 5, 64, 77}, 0},
+    {OP_INDEX, F32, {1, 32, 128, 4096}, 0},
+    {OP_TOPK, F32, {3, 1000, 512, 0}, 0},
+    {OP_TOPK, F32, {2, 77, 512, 0}, 0},
+    {OP_TOPK, F32, {4, 5000, 512, 1}, 0},
+    {OP_TOPK, F32, {1, 20000, 2048, 0}, 0},
+    {OP_MOE_ROUTE, F32, {5, 384, 6}, 0},
+    {OP_MOE_ROUTE, F32, {3, 64, 6}, 0},
+    {OP_MOE_ROUTE, F32, {1, 17, 3}, 0},
+    {OP_MOE_ROUTE, F32, {64, 384, 6}, 0},
+    {OP_SWIGLU, F32, {5, 2304, 1}, 0},
+    {OP_SWIGLU, BF16, {3, 77, 0}, 0},
+    {OP_ENGRAM_GATHER, F32, {3, 24, 256, 1000}, 0},
+    {OP_ENGRAM_GATHER, BF16, {2, 5, 64, 37}, 0},
+    {OP_ENGRAM_INJECT, F32, {3, 4, 5120}, 0},
+    {OP_ENGRAM_INJECT, F32, {2, 4, 100}, 0},
+    {OP_SAMPLE, F32, {3, 129280, 0, 0}, 0},
+    {OP_SAMPLE, F32, {5, 1000, 80, 0}, 0},
+    {OP_SAMPLE, F32, {2, 77, 0, 1}, 0},
+    {OP_SAMPLE, F32, {4, 129280, 100, 0}, 0},
+    /* large: timed with --perf (GEMM references on a few sampled rows) */
+    {OP_GEMM_BF16, BF16, {4096, 4096, 4096}, 1},
+    {OP_GEMM_BF16, BF16, {8, 32768, 1280}, 1},
+    {OP_GEMM_FP8, BF16, {1, 32768, 1280}, 1},
+    {OP_GEMM_FP8, BF16, {8, 5120, 8192}, 1},
+    {OP_GEMM_FP8, BF16, {4096, 5120, 8192}, 1},
+    {OP_GEMM_FP4, BF16, {64, 2304, 5120, 48, 8}, 1},
+    {OP_GEMM_FP4, BF16, {64, 2304, 5120, 8192, 1365}, 1},
+    {OP_RMSNORM, BF16, {4096, 5120, 1}, 1},
+    {OP_HC_MIX, F32, {1024, 4, 5120}, 1},
+    {OP_HC_EXPAND, BF16, {4096, 4, 5120}, 1},
+    {OP_ATTENTION, BF16, {64, 64, 512, 32, 128, 512}, 1},
+    {OP_INDEX, F32, {16, 32, 128, 32768}, 1},
+    {OP_TOPK, F32, {64, 65536, 512, 0}, 1},
+    {OP_MOE_ROUTE, F32, {4096, 384, 6}, 1},
+    {OP_SAMPLE, F32, {64, 129280, 0, 0}, 1},
+};
+
+/* ---- plumbing --------------------------------------------------------------------------- */
+
+enum { PERF_WARMUP = 3, PERF_REPS = 21, MAX_ALLOCS = 32 };
+
+static int g_perf;
+static uint64_t g_rng;
+static void *g_allocs[MAX_ALLOCS];
+static int g_nallocs;
+static bt_cuda_blas_t *g_blas;
+static cudaEvent_t g_e0, g_e1;
+
+#define CUDA_OK(call)                                                                              \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+            exit(2);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+/* a launcher's status and the launch's asynchronous errors */
+#define BT_OK_OR_DIE(call)                                                                         \
+    do {                                                                                           \
+        bt_status_t s_ = (call);                                                                   \
+        if (s_ != BT_OK) {                                                                         \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, bt_status_str(s_));     \
+            exit(2);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+static uint64_t rnd(void)
+{
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return g_rng;
+}
+
+static float frand(void) /* uniform in [-1, 1) */
+{
+    return (float)((double)(rnd() >> 11) * 0x1p-52 - 1.0);
+}
+
+static int irand(int n) { return (int)(rnd() % (uint64_t)n); }
+
+
+static void *dalloc(size_t bytes)
+{
+    void *p;
+    if (g_nallocs == MAX_ALLOCS) {
+        fprintf(stderr, "too many allocations\n");
+        exit(2);
+    }
+    CUDA_OK(cudaMalloc(&p, bytes ? bytes : 1));
+    g_allocs[g_nallocs++] = p;
+    return p;
+}
+
+static void dfree_all(void)
+{
+    for (int i = 0; i < g_nallocs; i++) cudaFree(g_allocs[i]);
+    g_nallocs = 0;
+}
+
+static void *dup(const void *h, size_t bytes)
+{
+    void *d = dalloc(bytes);
+    CUDA_OK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
+    return d;
+}
+
+static void get(void *h, const void *d, size_t bytes)
+{
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost));
+}
+
+static void poison(void *d, size_t bytes) { CUDA_OK(cudaMemset(d, 0xff, bytes)); }
+static void poison_int(void *d, size_t bytes) { CUDA_OK(cudaMemset(d, 0x7f, bytes)); }
+
+static void *xmalloc(size_t bytes)
+{
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p) {
+        fprintf(stderr, "out of host memory\n");
+        exit(2);
+    }
+    return p;
+}
+
+/* bf16 device copy of f32 host data (the host data rounded in place, so the reference sees
+ * exactly what the GPU gets) */
+static uint16_t *dup_bf16(float *h, size_t n)
+{
+    uint16_t *b = xmalloc(n * 2);
+    for (size_t i = 0; i < n; i++) {
+        b[i] = bt_f32_to_bf16(h[i]);
+        h[i] = bt_bf16_to_f32(b[i]);
+    }
+    uint16_t *d = dup(b, n * 2);
+    free(b);
+    return d;
+}
+
+/* activation buffer of dtype dt from f32 host data (rounded in place for bf16) */
+static void *dup_act(float *h, size_t n, bt_cuda_dtype_t dt)
+{
+    return dt == BF16 ? (void *)dup_bf16(h, n) : dup(h, n * 4);
+}
+
+/* device activation of dtype dt -> f32 host */
+static float *get_act(const void *d, size_t n, bt_cuda_dtype_t dt)
+{
+    float *h = xmalloc(n * 4);
+    if (dt == BF16) {
+        uint16_t *b = xmalloc(n * 2);
+        get(b, d, n * 2);
+        for (size_t i = 0; i < n; i++) h[i] = bt_bf16_to_f32(b[i]);
+        free(b);
+    } else {
+        get(h, d, n * 4);
+    }
+    return h;
+}
+
+static float *frandv(size_t n, float scale)
+{
+    float *v = xmalloc(n * 4);
+    for (size_t i = 0; i < n; i++) v[i] = frand() * scale;
+    return v;
+}
+
+typedef struct {
+    double err, bound;
+    int finite, exact_ok; /* exact_ok: integer outputs / bit patterns matched */
+    float ms;
+    double bytes, flops; /* for the floor */
+    char note[96];
+} result_t;
+
+/* ||out - ref|| / ||ref|| over n values; non-finite output marks the result */
+static void relerr(result_t *r, const float *out, const float *ref, size_t n)
+{
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(out[i])) {
+            r->finite = 0;
+            continue;
+        }
+        double d = (double)out[i] - (double)ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+    }
+    double e = den > 0 ? sqrt(num / den) : sqrt(num);
+    if (e > r->err) r->err = e;
+}
+
+static double bound_for(bt_cuda_dtype_t dt) { return dt == BF16 ? 1e-2 : 1e-5; }
+
+static int cmp_float(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+/* times `launch(ctx)`: warm-up, then PERF_REPS runs between events, median */
+typedef void (*launch_fn)(void *ctx);
+static float time_it(launch_fn launch, void *ctx)
+{
+    float t[PERF_REPS];
+    for (int i = 0; i < PERF_WARMUP; i++) launch(ctx);
+    CUDA_OK(cudaDeviceSynchronize());
+    for (int i = 0; i < PERF_REPS; i++) {
+        CUDA_OK(cudaEventRecord(g_e0, 0));
+        launch(ctx);
+        CUDA_OK(cudaEventRecord(g_e1, 0));
+        CUDA_OK(cudaEventSynchronize(g_e1));
+        CUDA_OK(cudaEventElapsedTime(&t[i], g_e0, g_e1));
+    }
+    CUDA_OK(cudaGetLastError());
+    qsort(t, PERF_REPS, sizeof(float), cmp_float);
+    return t[PERF_REPS / 2];
+}
+
+/* the rows a GEMM reference checks: all, or a few spread ones when the problem is large */
+static int check_rows(int M, double macs, int *rows)
+{
+    if (macs < 3e9) {
+        for (int i = 0; i < M; i++) rows[i] = i;
+        return M;
+    }
+    int n = 0;
+    rows[n++] = 0;
+    rows[n++] = M / 2;
+    rows[n++] = M - 1;
+    return n;
+}
+
+/* ---- GEMMs ------------------------------------------------------------------------------ */
+
+typedef struct {
+    void *y;
+    bt_cuda_dtype_t yd;
+    const uint16_t *x, *w;
+    const uint8_t *w8, *s8;
+    const int32_t *rows, *offs;
+    int M, N, K, E, max_rows;
+} gemm_ctx_t;
+
+static void launch_gemm_bf16(void *p)
+{
+    gemm_ctx_t *c = p;
+    BT_OK_OR_DIE(bt_cuda_gemm_bf16(g_blas, c->y, c->yd, c->x, c->w, c->M, c->N, c->K, 0));
+}
+
+static void launch_gemm_fp8(void *p)
+{
+    gemm_ctx_t *c = p;
+    BT_OK_OR_DIE(bt_cuda_gemm_fp8(c->y, c->yd, c->x, c->w8, c->s8, c->M, c->N, c->K, 0));
+}
+
+static void launch_gemm_fp4(void *p)
+{
+    gemm_ctx_t *c = p;
+    BT_OK_OR_DIE(bt_cuda_gemm_fp4_grouped(c->y, c->yd, c->x, c->rows, c->offs, c->E, c->max_rows,
+                                          c->w8, c->s8, c->N, c->K, 0));
+}
+
+/* random e4m3 byte, never NaN */
+static uint8_t rand_e4m3(void)
+{
+    uint8_t b;
+    do b = (uint8_t)rnd();
+    while ((b & 0x7f) == 0x7f);
+    return b;
+}
+
+/* the dense GEMMs: weights as f32 for the reference (exact for fp8 and bf16) */
+static void run_gemm(const case_t *cs, result_t *r)
+{
+    int M = cs->s[0], N = cs->s[1], K = cs->s[2], fp8 = cs->op == OP_GEMM_FP8;
+    float *x = frandv((size_t)M * K, 1.0f), *w = xmalloc((size_t)N * K * 4);
+    gemm_ctx_t c = {0};
+    c.M = M;
+    c.N = N;
+    c.K = K;
+    c.yd = cs->dt;
+    c.x = dup_bf16(x, (size_t)M * K);
+    if (fp8) {
+        int ks = (K + 31) / 32, ns = (N + 31) / 32;
+        uint8_t *w8 = xmalloc((size_t)N * K), *s8 = xmalloc((size_t)ns * ks);
+        for (size_t i = 0; i < (size_t)ns * ks; i++) s8[i] = (uint8_t)(120 + irand(8));
+        for (int n = 0; n < N; n++)
+            for (int k = 0; k < K; k++) {
+                w8[(size_t)n * K + k] = rand_e4m3();
+                w[(size_t)n * K + k] = bt_e4m3_to_f32(w8[(size_t)n * K + k]) *
+                                       bt_e8m0_to_f32(s8[(size_t)(n / 32) * ks + k / 32]);
+            }
+        c.w8 = dup(w8, (size_t)N * K);
+        c.s8 = dup(s8, (size_t)ns * ks);
+        free(w8);
+        free(s8);
+        r->bytes = (double)N * K + (double)ns * ks;
+    } else {
+        for (size_t i = 0; i < (size_t)N * K; i++) w[i] = frand();
+        c.w = dup_bf16(w, (size_t)N * K);
+        r->bytes = 2.0 * N * K;
+    }
+    size_t ysz = (size_t)M * N * (cs->dt == BF16 ? 2 : 4);
+    r->bytes += 2.0 * M * K + (double)ysz;
+    r->flops = 2.0 * M * N * K;
+    c.y = dalloc(ysz);
+    poison(c.y, ysz);
+    launch_fn fn = fp8 ? launch_gemm_fp8 : launch_gemm_bf16;
+    fn(&c);
+    float *y = get_act(c.y, (size_t)M * N, cs->dt);
+    int *rows = xmalloc((size_t)M * sizeof(int));
+    int nr = check_rows(M, (double)M * N * K, rows);
+    float *yo = xmalloc((size_t)nr * N * 4), *ref = xmalloc((size_t)nr * N * 4);
+    for (int i = 0; i < nr; i++)
+        for (int n = 0; n < N; n++) {
+            double acc = 0.0;
+            const float *xr = x + (size_t)rows[i] * K, *wr = w + (size_t)n * K;
+            for (int k = 0; k < K; k++) acc += (double)xr[k] * wr[k];
+            ref[(size_t)i * N + n] = (float)acc;
+            yo[(size_t)i * N + n] = y[(size_t)rows[i] * N + n];
+        }
+    relerr(r, yo, ref, (size_t)nr * N);
+    for (size_t i = 0; i < (size_t)M * N; i++)
+        if (!isfinite(y[i])) r->finite = 0;
+    if (nr < M) snprintf(r->note, sizeof(r->note), "%d rows checked", nr);
+    if (g_perf && cs->perf) r->ms = time_it(fn, &c);
+    free(x), free(w), free(y), free(rows), free(yo), free(ref);
+}
+
+/* grouped FP4: s = experts N K rows tokens; each row picks a random expert and token */
+static void run_gemm_fp4(const case_t *cs, result_t *r)
+{
+    int E = cs->s[0], N = cs->s[1], K = cs->s[2], R = cs->s[3], T = cs->s[4];
+    float *x = frandv((size_t)T * K, 1.0f);
+    size_t wbytes = (size_t)E * N * (K / 2), sbytes = (size_t)E * N * (K / 32);
+    uint8_t *w = xmalloc(wbytes), *s = xmalloc(sbytes);
+    for (size_t i = 0; i < wbytes; i++) w[i] = (uint8_t)rnd();
+    for (size_t i = 0; i < sbytes; i++) s[i] = (uint8_t)(122 + irand(8));
+    int *expert = xmalloc((size_t)R * sizeof(int));
+    int32_t *offs = xmalloc((size_t)(E + 1) * 4), *rows = xmalloc((size_t)R * 4);
+    for (int i = 0; i < R; i++) expert[i] = irand(E);
+    int max_rows = 0, at = 0;
+    char *touched = calloc((size_t)E, 1);
+    for (int e = 0; e < E; e++) {
+        offs[e] = at;
+        for (int i = 0; i < R; i++)
+            if (expert[i] == e) {
+                rows[at++] = irand(T);
+                touched[e] = 1;
+            }
+        if (at - offs[e] > max_rows) max_rows = at - offs[e];
+    }
+    offs[E] = at;
+    int n_touched = 0;
+    for (int e = 0; e < E; e++) n_touched += touched[e];
+    gemm_ctx_t c = {0};
+    c.x = dup_bf16(x, (size_t)T * K);
+    c.w8 = dup(w, wbytes);
+    c.s8 = dup(s, sbytes);
+    c.rows = dup(rows, (size_t)R * 4);
+    c.offs = dup(offs, (size_t)(E + 1) * 4);
+    c.E = E;
+    c.N = N;
+    c.K = K;
+    c.yd = cs->dt;
+    c.max_rows = max_rows > 0 ? max_rows : 1;
+    size_t ysz = (size_t)R * N * (cs->dt == BF16 ? 2 : 4);
+    c.y = dalloc(ysz);
+    poison(c.y, ysz);
+    launch_gemm_fp4(&c);
+    float *y = get_act(c.y, (size_t)R * N, cs->dt);
+    int *chk = xmalloc((size_t)R * sizeof(int));
+    int nr = check_rows(R, (double)R * N * K, chk);
+    float *yo = xmalloc((size_t)nr * N * 4), *ref = xmalloc((size_t)nr * N * 4);
+    for (int i = 0; i < nr; i++) {
+        int row = chk[i], e = 0;
+        while (offs[e + 1] <= row) e++;
+        const float *xr = x + (size_t)rows[row] * K;
+        for (int n = 0; n < N; n++) {
+            const uint8_t *wr = w + ((size_t)e * N + n) * (K / 2);
+            const uint8_t *sr = s + ((size_t)e * N + n) * (K / 32);
+            double acc = 0.0;
+            for (int k = 0; k < K; k++) {
+                uint8_t b = wr[k / 2];
+                float wv = bt_e2m1_to_f32((k & 1) ? b >> 4 : b & 15) * bt_e8m0_to_f32(sr[k / 32]);
+                acc += (double)wv * xr[k];
+            }
+            ref[(size_t)i * N + n] = (float)acc;
+            yo[(size_t)i * N + n] = y[(size_t)row * N + n];
+        }
+    }
+    relerr(r, yo, ref, (size_t)nr * N);
+    for (size_t i = 0; i < (size_t)R * N; i++)
+        if (!isfinite(y[i])) r->finite = 0;
+    snprintf(r->note, sizeof(r->note), "max %d rows/expert%s", max_rows,
+             nr < R ? ", sampled rows" : "");
+    r->bytes = (double)n_touched * N * (K / 2 + K / 32) + 2.0 * R * K + (double)ysz;
+    r->flops = 2.0 * R * N * K;
+    if (g_perf && cs->perf) r->ms = time_it(launch_gemm_fp4, &c);
+    free(x), free(w), free(s), free(expert), free(offs), free(rows), free(touched), free(y);
+    free(chk), free(yo), free(ref);
+}
+
+/* ---- per-row ops ------------------------------------------------------------------------ */
+
+typedef struct {
+    void *y;
+    const void *x;
+    const float *w;
+    bt_cuda_dtype_t dt;
+    int rows, n;
+} norm_ctx_t;
+
+static void launch_rmsnorm(void *p)
+{
+    norm_ctx_t *c = p;
+    BT_OK_OR_DIE(bt_cuda_rmsnorm(c->y, c->dt, c->x, c->dt, c->w, c->rows, c->n, 1e-6f, 0));
+}
+
+static void run_rmsnorm(const case_t *cs, result_t *r)
+{
+    int rows = cs->s[0], n = cs->s[1];
+    size_t tot = (size_t)rows * n, esz = cs->dt == BF16 ? 2 : 4;
+    float *x = frandv(tot, 3.0f), *w = cs->s[2] ? frandv((size_t)n, 1.0f) : NULL;
+    norm_ctx_t c = {0};
+    c.x = dup_act(x, tot, cs->dt);
+    c.w = w ? dup(w, (size_t)n * 4) : NULL;
+    c.dt = cs->dt;
+    c.rows = rows;
+    c.n = n;
+    c.y = dalloc(tot * esz);
+    poison(c.y, tot * esz);
+    launch_rmsnorm(&c);
+    float *y = get_act(c.y, tot, cs->dt), *ref = xmalloc(tot * 4);
+    for (int i = 0; i < rows; i++)
+        bt_cpu_rmsnorm(ref + (size_t)i * n, x + (size_t)i * n, w, n, 1e-6f);
+    relerr(r, y, ref, tot);
+    r->bytes = 2.0 * tot * esz;
+    if (g_perf && cs->perf) r->ms = time_it(launch_rmsnorm, &c);
+    free(x), free(w), free(y), free(ref);
+}
+
+static void run_rope(const case_t *cs, result_t *r)
+{
+    int rows = cs->s[0], heads = cs->s[1], dim = cs->s[2], half = cs->s[3], inv = cs->s[4];
+    size_t tot = (size_t)rows * heads * dim;
+    float *x = frandv(tot, 2.0f), *freq = xmalloc((size_t)half * 4);
+    int64_t *pos = xmalloc((size_t)rows * 8);
+    for (int i = 0; i < half; i++) freq[i] = powf(10000.0f, -(float)i / (float)half);
+    for (int i = 0; i < rows; i++) pos[i] = i == 0 ? 0 : (int64_t)(rnd() % 1048576);
+    void *dx = dup_act(x, tot, cs->dt);
+    BT_OK_OR_DIE(bt_cuda_rope(dx, cs->dt, rows, heads, dim, dup(pos, (size_t)rows * 8),
+                              dup(freq, (size_t)half * 4), half, inv, 0));
+    float *y = get_act(dx, tot, cs->dt), *cs_ = xmalloc((size_t)half * 4),
+          *sn = xmalloc((size_t)half * 4);
+    for (int i = 0; i < rows; i++) {
+        bt_cpu_rope_angles(cs_, sn, freq, half, pos[i]);
+        for (int h = 0; h < heads; h++)
+            bt_cpu_rope(x + ((size_t)i * heads + h) * dim, dim, cs_, sn, half, inv);
+    }
+    relerr(r, y, x, tot);
+    free(x), free(freq), free(pos), free(y), free(cs_), free(sn);
+}
+
+/* s = rows n block kind special: special mixes NaN, inf, zero blocks, subnormals and ties */
+static void run_fake_quant(const case_t *cs, result_t *r)
+{
+    int rows = cs->s[0], n = cs->s[1], block = cs->s[2], kind = cs->s[3], special = cs->s[4];
+    size_t tot = (size_t)rows * n;
+    float *x = xmalloc(tot * 4), *ref = xmalloc(tot * 4), *y = xmalloc(tot * 4);
+    for (size_t i = 0; i < tot; i++) {
+        size_t b = i / (size_t)block;
+        x[i] = ldexpf(frand(), (int)(b * 7 % 41) - 20); /* a magnitude per block */
+    }
+    if (special) {
+        static const float ties[] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 6.0f};
+        for (size_t i = 0; i < tot; i++) {
+            size_t b = i / (size_t)block;
+            switch (b % 6) {
+            case 0: x[i] = i % (size_t)block == 3 ? NAN : x[i]; break;
+            case 1: x[i] = i % (size_t)block == 5 ? -INFINITY : x[i]; break;
+            case 2: x[i] = 0.0f; break;
+            case 3: x[i] = ldexpf(frand(), -140); break; /* subnormal f32 */
+            case 4: x[i] = ties[i % 8] * (i & 1 ? -1.0f : 1.0f); break;
+            default: x[i] = frand() * 464.0f; break;
+            }
+        }
+    }
+    memcpy(ref, x, tot * 4);
+    float *dx = dup(x, tot * 4);
+    BT_OK_OR_DIE(bt_cuda_fake_quant(dx, rows, n, block, (bt_cuda_fake_quant_t)kind, 0));
+    get(y, dx, tot * 4);
+    for (int i = 0; i < rows; i++) {
+        float *v = ref + (size_t)i * n;
+        if (kind == 0) bt_fake_quant_fp8_ue8m0(v, n, block);
+        if (kind == 1) bt_fake_quant_fp4_ue8m0(v, n, block);
+        if (kind == 2) bt_fake_quant_fp4_e4m3(v, n, block);
+    }
+    size_t diff = 0;
+    for (size_t i = 0; i < tot; i++) {
+        uint32_t a, b;
+        memcpy(&a, &y[i], 4);
+        memcpy(&b, &ref[i], 4);
+        if (a != b && !(isnan(y[i]) && isnan(ref[i]))) diff++;
+        if (!isfinite(y[i]) && isfinite(ref[i])) r->finite = 0;
+    }
+    r->bound = 0.0;
+    r->err = (double)diff;
+    r->exact_ok = diff == 0;
+    snprintf(r->note, sizeof(r->note), "bit-exact: %zu of %zu differ%s", diff, tot,
+             special ? " (NaN/inf/0/subnormal/ties)" : "");
+    free(x), free(ref), free(y);
+}
+
+/* ---- mHC -------------------------------------------------------------------------------- */
+
+static float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* model.c hc_mix, transcribed with the config as arguments */
+static void ref_hc_mix(const float *x, const float *fn, const float *base, const float *scale,
+                       int hc, int D, float eps, float hc_eps, int iters, float *pre, float *post,
+                       float *comb)
+{
+    int n = hc * D, mix = (2 + hc) * hc;
+    float ss = 0.0f;
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    float r = 1.0f / sqrtf(ss / (float)n + eps);
+    float m[80];
+    for (int k = 0; k < mix; k++) {
+        double acc = 0.0;
+        for (int i = 0; i < n; i++) acc += (double)fn[(size_t)k * n + i] * (x[i] * r);
+        m[k] = (float)acc;
+    }
+    for (int k = 0; k < hc; k++) {
+        pre[k] = sigm(m[k] * scale[0] + base[k]) + hc_eps;
+        post[k] = 2.0f * sigm(m[hc + k] * scale[1] + base[hc + k]);
+    }
+    for (int j = 0; j < hc; j++) {
+        float *row = comb + j * hc, mx = -INFINITY, sum = 0.0f;
+        for (int k = 0; k < hc; k++) {
+            row[k] = m[2 * hc + j * hc + k] * scale[2] + base[2 * hc + j * hc + k];
+            mx = fmaxf(mx, row[k]);
+        }
+        for (int k = 0; k < hc; k++) {
+            row[k] = expf(row[k] - mx);
+            sum += row[k];
+        }
+        for (int k = 0; k < hc; k++) row[k] = row[k] / sum + hc_eps;
+    }
+    for (int it = 0; it < iters; it++) {
+        if (it > 0)
+            for (int j = 0; j < hc; j++) {
+                float sum = 0.0f;
+                for (int k = 0; k < hc; k++) sum += comb[j * hc + k];
+                for (int k = 0; k < hc; k++) comb[j * hc + k] /= sum + hc_eps;
+            }
+        for (int k = 0; k < hc; k++) {
+            float sum = 0.0f;
+            for (int j = 0; j < hc; j++) sum += comb[j * hc + k];
+            for (int j = 0; j < hc; j++) comb[j * hc + k] /= sum + hc_eps;
+        }
+    }
+}
+
+typedef struct {
+    float *pre, *post, *comb, *x, *fn, *base, *scale;
+    void *o;
+    bt_cuda_dtype_t dt;
+    int T, hc, D;
+} hc_ctx_t;
+
+static void launch_hc_mix(void *p)
+{
+    hc_ctx_t *c = p;
+    BT_OK_OR_DIE(bt_cuda_hc_mix(c->pre, c->post, c->comb, c->x, c->fn, c->base, c->scale, c->T,
+                                c->hc, c->D, 1e-20f, 1e-6f, 20, 0));
+}
+
+static void launch_hc_expand(void *p)
+{
+    hc_ctx_t *c = p;
+    BT_OK_OR_DIE(bt_cuda_hc_expand(c->x, c->o, c->dt, c->post, c->comb, c->T, c->hc, c->D, 0));
+}
+
+static void run_hc_mix(const case_t *cs, result_t *r)
+{
+    int T = cs->s[0], hc = cs->s[1], D = cs->s[2], mix = (2 + hc) * hc, n = hc * D;
+    float *x = frandv((size_t)T * n, 2.0f), *fn = frandv((size_t)mix * n, 0.05f);
+    float *base = frandv((size_t)mix, 1.0f), scale[3] = {0.7f, 1.3f, 0.9f};
+    hc_ctx_t c = {0};
+    c.T = T;
+    c.hc = hc;
+    c.D = D;
+    c.x = dup(x, (size_t)T * n * 4);
+    c.fn = dup(fn, (size_t)mix * n * 4);
+    c.base = dup(base, (size_t)mix * 4);
+    c.scale = dup(scale, 12);
+    size_t outn = (size_t)T * (2 * hc + hc * hc);
+    float *dout = dalloc(outn * 4);
+    poison(dout, outn * 4);
+    c.pre = dout;
+    c.post = dout + (size_t)T * hc;
+    c.comb = dout + (size_t)2 * T * hc;
+    launch_hc_mix(&c);
+    float *out = xmalloc(outn * 4), *ref = xmalloc(outn * 4);
+    get(out, dout, outn * 4);
+    for (int t = 0; t < T; t++)
+        ref_hc_mix(x + (size_t)t * n, fn, base, scale, hc, D, 1e-20f, 1e-6f, 20, ref + t * hc,
+                   ref + (size_t)T * hc + t * hc, ref + (size_t)2 * T * hc + (size_t)t * hc * hc);
+    relerr(r, out, ref, outn);
+    r->bytes = (double)T * n * 4 + (double)mix * n * 4;
+    r->flops = 2.0 * T * mix * n;
+    if (g_perf && cs->perf) r->ms = time_it(launch_hc_mix, &c);
+    free(x), free(fn), free(base), free(out), free(ref);
+}
+
+static void run_hc_collapse(const case_t *cs, result_t *r)
+{
+    int T = cs->s[0], hc = cs->s[1], D = cs->s[2];
+    float *x = frandv((size_t)T * hc * D, 2.0f), *w = frandv((size_t)T * hc, 1.0f);
+    float *nw = frandv((size_t)D, 1.0f);
+    size_t esz = cs->dt == BF16 ? 2 : 4;
+    void *dout = dalloc((size_t)T * D * esz);
+    poison(dout, (size_t)T * D * esz);
+    BT_OK_OR_DIE(bt_cuda_hc_collapse_norm(dout, cs->dt, dup(x, (size_t)T * hc * D * 4),
+                                          dup(w, (size_t)T * hc * 4), dup(nw, (size_t)D * 4), T,
+                                          hc, D, 1e-20f, 0));
+    float *y = get_act(dout, (size_t)T * D, cs->dt), *ref = xmalloc((size_t)T * D * 4);
+    for (int t = 0; t < T; t++) { /* model.c hc_collapse_norm */
+        float *o = ref + (size_t)t * D;
+        for (int d = 0; d < D; d++) {
+            float acc = 0.0f;
+            for (int s = 0; s < hc; s++) acc += w[t * hc + s] * x[((size_t)t * hc + s) * D + d];
+            o[d] = acc;
+        }
+        bt_cpu_rmsnorm(o, o, nw, D, 1e-20f);
+    }
+    relerr(r, y, ref, (size_t)T * D);
+    free(x), free(w), free(nw), free(y), free(ref);
+}
+
+static void run_hc_expand(const case_t *cs, result_t *r)
+{
+    int T = cs->s[0], hc = cs->s[1], D = cs->s[2];
+    size_t nx = (size_t)T * hc * D;
+    float *x = frandv(nx, 2.0f), *o = frandv((size_t)T * D, 1.0f);
+    float *post = frandv((size_t)T * hc, 2.0f), *comb = frandv((size_t)T * hc * hc, 1.0f);
+    hc_ctx_t c = {0};
+    c.T = T;
+    c.hc = hc;
+    c.D = D;
+    c.dt = cs->dt;
+    c.x = dup(x, nx * 4);
+    c.o = dup_act(o, (size_t)T * D, cs->dt);
+    c.post = dup(post, (size_t)T * hc * 4);
+    c.comb = dup(comb, (size_t)T * hc * hc * 4);
+    launch_hc_expand(&c);
+    float *y = xmalloc(nx * 4);
+    get(y, c.x, nx * 4);
+    for (int t = 0; t < T; t++) { /* model.c hc_expand */
+        float *xt = x + (size_t)t * hc * D, res[8];
+        for (int d = 0; d < D; d++) {
+            for (int j = 0; j < hc; j++) res[j] = xt[j * D + d];
+            for (int k = 0; k < hc; k++) {
+                float acc = 0.0f;
+                for (int j = 0; j < hc; j++) acc += comb[t * hc * hc + j * hc + k] * res[j];
+                xt[k * D + d] = post[t * hc + k] * o[(size_t)t * D + d] + acc;
+            }
+        }
+    }
+    relerr(r, y, x, nx);
+    r->bytes = 8.0 * nx + (double)T * D * (cs->dt == BF16 ? 2 : 4);
+    if (g_perf && cs->perf) r->ms = time_it(launch_hc_expand, &c);
+    free(x), free(o), free(post), free(comb), free(y);
+}
+
+/* ---- attention -------------------------------------------------------------------------- */
+
+typedef struct {
+    void *out, *q, *win, *comp;
+    int32_t *widx, *wn, *sel, *sn;
+    float *sink, *freq;
+    int64_t *pos;
+    int T, H, dim, half, W, S;
+    bt_cuda_dtype_t dt;
+} att_ctx_t;
+
+static void launch_attention(void *p)
+{
+    att_ctx_t *c = p;
+    BT_OK_OR_DIE(bt_cuda_attention(c->out, c->q, c->win, c->widx, c->wn, c->W, c->comp, c->sel,
+                                   c->sn, c->S, c->sink, c->pos, c->freq, c->half, c->dt, c->T,
+                                   c->H, c->dim, 0));
+}
+
+static void run_attention(const case_t *cs, result_t *r)
+{
+    int T = cs->s[0], H = cs->s[1], dim = cs->s[2], half = cs->s[3], W = cs->s[4], S = cs->s[5];
+    int NW = W + 50, NC = S + 300, Sst = S > 0 ? S : 1;
+    float *q = frandv((size_t)T * H * dim, 1.0f), *win = frandv((size_t)NW * dim, 1.0f);
+    float *comp = frandv((size_t)NC * dim, 1.0f), *sink = frandv((size_t)H, 2.0f);
+    float *freq = xmalloc((size_t)(half > 0 ? half : 1) * 4);
+    for (int i = 0; i < half; i++) freq[i] = powf(10000.0f, -(float)i / (float)half);
+    int32_t *widx = xmalloc((size_t)T * W * 4), *wn = xmalloc((size_t)T * 4);
+    int32_t *sel = xmalloc((size_t)T * Sst * 4), *sn = xmalloc((size_t)T * 4);
+    int64_t *pos = xmalloc((size_t)T * 8);
+    long keys = 0;
+    for (int t = 0; t < T; t++) {
+        wn[t] = t == 0 ? W : 1 + irand(W);
+        sn[t] = S > 0 ? (t == 0 ? S : irand(S + 1)) : 0;
+        for (int j = 0; j < W; j++) widx[(size_t)t * W + j] = irand(NW);
+        for (int j = 0; j < Sst; j++) sel[(size_t)t * Sst + j] = irand(NC);
+        pos[t] = (int64_t)(rnd() % 1000000);
+        keys += wn[t] + sn[t];
+    }
+    att_ctx_t c = {0};
+    c.T = T, c.H = H, c.dim = dim, c.half = half, c.W = W, c.S = Sst, c.dt = cs->dt;
+    c.q = dup_act(q, (size_t)T * H * dim, cs->dt);
+    c.win = dup_act(win, (size_t)NW * dim, cs->dt);
+    c.comp = dup_act(comp, (size_t)NC * dim, cs->dt);
+    c.widx = dup(widx, (size_t)T * W * 4);
+    c.wn = dup(wn, (size_t)T * 4);
+    c.sel = dup(sel, (size_t)T * Sst * 4);
+    c.sn = dup(sn, (size_t)T * 4);
+    c.sink = dup(sink, (size_t)H * 4);
+    c.freq = dup(freq, (size_t)(half > 0 ? half : 1) * 4);
+    c.pos = dup(pos, (size_t)T * 8);
+    size_t esz = cs->dt == BF16 ? 2 : 4, on = (size_t)T * H * dim;
+    c.out = dalloc(on * esz);
+    poison(c.out, on * esz);
+    launch_attention(&c);
+    float *y = get_act(c.out, on, cs->dt), *ref = xmalloc(on * 4);
+    float *p = xmalloc((size_t)(W + S + 1) * 4), *cs_ = xmalloc((size_t)(half + 1) * 4),
+          *sn_ = xmalloc((size_t)(half + 1) * 4);
+    float scale = 1.0f / sqrtf((float)dim);
+    for (int t = 0; t < T; t++) { /* model.c attend_token */
+        int n = wn[t] + sn[t];
+        bt_cpu_rope_angles(cs_, sn_, freq, half, pos[t]);
+        for (int h = 0; h < H; h++) {
+            const float *qh = q + ((size_t)t * H + h) * dim;
+            float mx = sink[h], sum = 0.0f;
+            for (int j = 0; j < n; j++) {
+                const float *k = j < wn[t] ? win + (size_t)widx[(size_t)t * W + j] * dim
+                                           : comp + (size_t)sel[(size_t)t * Sst + j - wn[t]] * dim;
+                p[j] = bt_cpu_dot(qh, k, dim) * scale;
+                mx = fmaxf(mx, p[j]);
+            }
+            for (int j = 0; j < n; j++) {
+                p[j] = expf(p[j] - mx);
+                sum += p[j];
+            }
+            sum += expf(sink[h] - mx);
+            float *o = ref + ((size_t)t * H + h) * dim;
+            for (int d = 0; d < dim; d++) o[d] = 0.0f;
+            for (int j = 0; j < n; j++) {
+                const float *k = j < wn[t] ? win + (size_t)widx[(size_t)t * W + j] * dim
+                                           : comp + (size_t)sel[(size_t)t * Sst + j - wn[t]] * dim;
+                for (int d = 0; d < dim; d++) o[d] += (p[j] / sum) * k[d];
+            }
+            bt_cpu_rope(o, dim, cs_, sn_, half, 1);
+        }
+    }
+    relerr(r, y, ref, on);
+    r->bytes = (double)keys * dim * esz + 2.0 * on * esz;
+    r->flops = 4.0 * keys * H * dim;
+    if (g_perf && cs->perf) r->ms = time_it(launch_attention, &c);
+    free(q), free(win), free(comp), free(sink), free(freq), free(widx), free(wn), free(sel);
+    free(sn), free(pos), free(y), free(ref), free(p), free(cs_), free(sn_);
+}
+
+/* ---- indexer ---------------------------------------------------------------------------- */
+
+typedef struct {
+    float *scores, *q, *w, *keys;
+    int64_t *vis;
+    int32_t *out, *out_n;
+    int T, heads, dim, n, k;
+} ix_ctx_t;
+
+static void launch_index(void *p)
+{
+    ix_ctx_t *c = p;
+    BT_OK_OR_DIE(
+        bt_cuda_index_scores(c->scores, c->q, c->w, c->keys, c->vis, c->T, c->heads, c->dim, c->n, 0));
+}
+
+static void launch_topk(void *p)
+{
+    ix_ctx_t *c = p;
+    BT_OK_OR_DIE(bt_cuda_topk(c->out, c->out_n, c->k, c->scores, c->T, c->n, c->k, 0));
+}
+
+static void run_index(const case_t *cs, result_t *r)
+{
+    int T = cs->s[0], H = cs->s[1], dim = cs->s[2], n = cs->s[3];
+    float *q = frandv((size_t)T * H * dim, 1.0f), *w = frandv((size_t)T * H, 0.2f);
+    float *keys = frandv((size_t)n * dim, 1.0f);
+    int64_t *vis = xmalloc((size_t)T * 8);
+    for (int t = 0; t < T; t++) vis[t] = t == 0 ? n : irand(n + 1);
+    ix_ctx_t c = {0};
+    c.T = T, c.heads = H, c.dim = dim, c.n = n;
+    c.q = dup(q, (size_t)T * H * dim * 4);
+    c.w = dup(w, (size_t)T * H * 4);
+    c.keys = dup(keys, (size_t)n * dim * 4);
+    c.vis = dup(vis, (size_t)T * 8);
+    c.scores = dalloc((size_t)T * n * 4);
+    poison(c.scores, (size_t)T * n * 4);
+    launch_index(&c);
+    float *y = xmalloc((size_t)T * n * 4), *ref = xmalloc((size_t)T * n * 4);
+    get(y, c.scores, (size_t)T * n * 4);
+    float scale = 1.0f / sqrtf((float)dim);
+    size_t bad_inf = 0;
+    for (int t = 0; t < T; t++) /* model.c index_token's scores */
+        for (int j = 0; j < n; j++) {
+            float acc = 0.0f;
+            if (j >= vis[t]) {
+                ref[(size_t)t * n + j] = -INFINITY;
+                if (y[(size_t)t * n + j] != -INFINITY) bad_inf++;
+                y[(size_t)t * n + j] = 0.0f; /* compare the finite part below */
+                ref[(size_t)t * n + j] = 0.0f;
+                continue;
+            }
+            for (int h = 0; h < H; h++) {
+                float d = bt_cpu_dot(q + ((size_t)t * H + h) * dim, keys + (size_t)j * dim, dim);
+                acc += (fmaxf(d, 0.0f) * scale) * w[t * H + h];
+            }
+            ref[(size_t)t * n + j] = acc;
+        }
+    relerr(r, y, ref, (size_t)T * n);
+    r->exact_ok = bad_inf == 0;
+    snprintf(r->note, sizeof(r->note), "invisible -> -inf: %zu wrong", bad_inf);
+    r->bytes = (double)n * dim * 4 + (double)T * n * 4;
+    r->flops = 2.0 * T * n * H * dim;
+    if (g_perf && cs->perf) r->ms = time_it(launch_index, &c);
+    free(q), free(w), free(keys), free(vis), free(y), free(ref);
+}
+
+static const float *g_sort_scores;
+static int cmp_desc(const void *a, const void *b)
+{
+    int i = *(const int *)a, j = *(const int *)b;
+    float x = g_sort_scores[i], y = g_sort_scores[j];
+    if (x != y) return x > y ? -1 : 1;
+    return (i > j) - (i < j);
+}
+static int cmp_int(const void *a, const void *b)
+{
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+/* s = T n k ties: ties quantizes the scores to a few values */
+static void run_topk(const case_t *cs, result_t *r)
+{
+    int T = cs->s[0], n = cs->s[1], k = cs->s[2], ties = cs->s[3];
+    float *s = frandv((size_t)T * n, 10.0f);
+    for (int t = 0; t < T; t++)
+        for (int j = 0; j < n; j++) {
+            float *v = &s[(size_t)t * n + j];
+            if (ties) *v = roundf(*v);
+            if (t == 1 % T && j >= n / 3) *v = -INFINITY; /* a row with invisible entries */
+        }
+    ix_ctx_t c = {0};
+    c.T = T, c.n = n, c.k = k;
+    c.scores = dup(s, (size_t)T * n * 4);
+    c.out = dalloc((size_t)T * k * 4);
+    c.out_n = dalloc((size_t)T * 4);
+    poison_int(c.out, (size_t)T * k * 4);
+    poison_int(c.out_n, (size_t)T * 4);
+    launch_topk(&c);
+    int32_t *out = xmalloc((size_t)T * k * 4), *out_n = xmalloc((size_t)T * 4);
+    get(out, c.out, (size_t)T * k * 4);
+    get(out_n, c.out_n, (size_t)T * 4);
+    int *idx = xmalloc((size_t)n * sizeof(int)), *want = xmalloc((size_t)k * sizeof(int));
+    int wrong = 0;
+    for (int t = 0; t < T; t++) {
+        g_sort_scores = s + (size_t)t * n;
+        for (int j = 0; j < n; j++) idx[j] = j;
+        qsort(idx, (size_t)n, sizeof(int), cmp_desc);
+        int kk = k < n ? k : n, m = 0;
+        for (int i = 0; i < kk; i++)
+            if (g_sort_scores[idx[i]] > -INFINITY) want[m++] = idx[i];
+        qsort(want, (size_t)m, sizeof(int), cmp_int);
+        if (out_n[t] != m) wrong++;
+        for (int i = 0; i < k; i++)
+            if (out[(size_t)t * k + i] != (i < m ? want[i] : -1)) {
+                wrong++;
+                break;
+            }
+    }
+    r->bound = 0.0;
+    r->err = wrong;
+    r->exact_ok = wrong == 0;
+    snprintf(r->note, sizeof(r->note), "exact: %d of %d rows differ", wrong, T);
+    r->bytes = (double)T * n * 4 * 5; /* four radix passes and the output pass */
+    if (g_perf && cs->perf) r->ms = time_it(launch_topk, &c);
+    free(s), free(out), free(out_n), free(idx), free(want);
+}
+
+/* ---- MoE -------------------------------------------------------------------------------- */
+
+typedef struct {
+    int32_t *idx;
+    float *wts, *logits, *bias;
+    int T, E, k;
+} route_ctx_t;
+
+static void launch_route(void *p)
+{
+    route_ctx_t *c = p;
+    BT_OK_OR_DIE(bt_cuda_moe_route(c->idx, c->wts, c->logits, c->bias, c->T, c->E, c->k, 1.0f, 1,
+                                   1.5f, 0));
+}
+
+static void run_moe_route(const case_t *cs, result_t *r)
+{
+    int T = cs->s[0], E = cs->s[1], K = cs->s[2];
+    float *logits = frandv((size_t)T * E, 4.0f), *bias = frandv((size_t)E, 0.3f);
+    for (int e = 0; e < E; e += 7) logits[e] = 25.0f + frand(); /* softplus's linear branch */
+    route_ctx_t c = {0};
+    c.T = T, c.E = E, c.k = K;
+    c.logits = dup(logits, (size_t)T * E * 4);
+    c.bias = dup(bias, (size_t)E * 4);
+    c.idx = dalloc((size_t)T * K * 4);
+    c.wts = dalloc((size_t)T * K * 4);
+    poison_int(c.idx, (size_t)T * K * 4);
+    poison(c.wts, (size_t)T * K * 4);
+    launch_route(&c);
+    int32_t *idx = xmalloc((size_t)T * K * 4);
+    float *wts = xmalloc((size_t)T * K * 4), *ref = xmalloc((size_t)T * K * 4);
+    get(idx, c.idx, (size_t)T * K * 4);
+    get(wts, c.wts, (size_t)T * K * 4);
+    float *sc = xmalloc((size_t)E * 4), *bs = xmalloc((size_t)E * 4);
+    int *order = xmalloc((size_t)E * sizeof(int)), wrong = 0;
+    for (int t = 0; t < T; t++) { /* model.c moe_token's routing */
+        for (int e = 0; e < E; e++) {
+            sc[e] = sqrtf(bt_softplusf(logits[(size_t)t * E + e] / 1.0f));
+            bs[e] = sc[e] + bias[e];
+            order[e] = e;
+        }
+        g_sort_scores = bs;
+        qsort(order, (size_t)E, sizeof(int), cmp_desc);
+        float sum = 0.0f;
+        for (int i = 0; i < K; i++) sum += sc[order[i]];
+        for (int i = 0; i < K; i++) {
+            ref[(size_t)t * K + i] = sc[order[i]] / (sum + 1e-20f) * 1.5f;
+            if (idx[(size_t)t * K + i] != order[i]) wrong++;
+        }
+    }
+    relerr(r, wts, ref, (size_t)T * K);
+    r->exact_ok = wrong == 0;
+    snprintf(r->note, sizeof(r->note), "expert ids: %d wrong", wrong);
+    r->bytes = (double)T * E * 4;
+    if (g_perf && cs->perf) r->ms = time_it(launch_route, &c);
+    free(logits), free(bias), free(idx), free(wts), free(ref), free(sc), free(bs), free(order);
+}
+
+static void run_swiglu(const case_t *cs, result_t *r)
+{
+    int rows = cs->s[0], I = cs->s[1], weighted = cs->s[2];
+    float *gu = frandv((size_t)rows * 2 * I, 20.0f), *wt = frandv((size_t)rows, 1.0f);
+    size_t esz = cs->dt == BF16 ? 2 : 4, n = (size_t)rows * I;
+    void *dh = dalloc(n * esz);
+    poison(dh, n * esz);
+    BT_OK_OR_DIE(bt_cuda_swiglu(dh, cs->dt, dup(gu, (size_t)rows * 2 * I * 4),
+                                weighted ? dup(wt, (size_t)rows * 4) : NULL, rows, I, 10.0f, 0));
+    float *y = get_act(dh, n, cs->dt), *ref = xmalloc(n * 4);
+    for (int i = 0; i < rows; i++) /* model.c expert()'s activation */
+        for (int j = 0; j < I; j++) {
+            float g = gu[(size_t)i * 2 * I + j], u = gu[(size_t)i * 2 * I + I + j];
+            u = fminf(fmaxf(u, -10.0f), 10.0f);
+            g = fminf(g, 10.0f);
+            float v = bt_siluf(g) * u;
+            ref[(size_t)i * I + j] = weighted ? wt[i] * v : v;
+        }
+    relerr(r, y, ref, n);
+    free(gu), free(wt), free(y), free(ref);
+}
+
+/* ---- engram ----------------------------------------------------------------------------- */
+
+static void run_engram_gather(const case_t *cs, result_t *r)
+{
+    int T = cs->s[0], cols = cs->s[1], dim = cs->s[2], rows = cs->s[3];
+    uint8_t *tab = xmalloc((size_t)rows * dim), *sc = xmalloc((size_t)rows * (dim / 32));
+    for (size_t i = 0; i < (size_t)rows * dim; i++) tab[i] = rand_e4m3();
+    for (size_t i = 0; i < (size_t)rows * (dim / 32); i++) sc[i] = (uint8_t)(118 + irand(16));
+    int64_t *ids = xmalloc((size_t)T * cols * 8);
+    for (size_t i = 0; i < (size_t)T * cols; i++) ids[i] = irand(rows);
+    size_t n = (size_t)T * cols * dim, esz = cs->dt == BF16 ? 2 : 4;
+    void *de = dalloc(n * esz);
+    poison(de, n * esz);
+    BT_OK_OR_DIE(bt_cuda_engram_gather(de, cs->dt, dup(ids, (size_t)T * cols * 8), T, cols,
+                                       dup(tab, (size_t)rows * dim),
+                                       dup(sc, (size_t)rows * (dim / 32)), rows, dim, 0));
+    float *y = get_act(de, n, cs->dt), *ref = xmalloc(n * 4);
+    for (size_t i = 0; i < (size_t)T * cols; i++)
+        for (int d = 0; d < dim; d++)
+            ref[i * dim + d] = bt_e4m3_to_f32(tab[(size_t)ids[i] * dim + d]) *
+                               bt_e8m0_to_f32(sc[(size_t)ids[i] * (dim / 32) + d / 32]);
+    relerr(r, y, ref, n);
+    free(tab), free(sc), free(ids), free(y), free(ref);
+}
+
+static void run_engram_inject(const case_t *cs, result_t *r)
+{
+    int T = cs->s[0], hc = cs->s[1], D = cs->s[2];
+    size_t nx = (size_t)T * hc * D;
+    float *x = frandv(nx, 2.0f), *kv = frandv((size_t)T * (hc + 1) * D, 1.0f);
+    float *qk = frandv((size_t)hc * D, 1.0f);
+    float *dx = dup(x, nx * 4);
+    BT_OK_OR_DIE(bt_cuda_engram_inject(dx, dup(kv, (size_t)T * (hc + 1) * D * 4),
+                                       dup(qk, (size_t)hc * D * 4), T, hc, D, 1e-20f, 0));
+    float *y = xmalloc(nx * 4);
+    get(y, dx, nx * 4);
+    for (int t = 0; t < T; t++) /* model.c engram_token's injection */
+        for (int s = 0; s < hc; s++) {
+            float *h = x + ((size_t)t * hc + s) * D;
+            const float *key = kv + (size_t)t * (hc + 1) * D + (size_t)s * D;
+            const float *val = kv + (size_t)t * (hc + 1) * D + (size_t)hc * D;
+            float hh = 0.0f, kk = 0.0f, dot = 0.0f;
+            for (int d = 0; d < D; d++) {
+                hh += h[d] * h[d];
+                kk += key[d] * key[d];
+                dot += (h[d] * qk[(size_t)s * D + d]) * key[d];
+            }
+            float rstd = (1.0f / sqrtf(hh / (float)D + 1e-20f)) * (1.0f / sqrtf(kk / (float)D + 1e-20f));
+            dot = dot * rstd * (1.0f / sqrtf((float)D));
+            float g = sigm(copysignf(sqrtf(fmaxf(fabsf(dot), 1e-6f)), dot));
+            for (int d = 0; d < D; d++) h[d] = h[d] + g * val[d];
+        }
+    relerr(r, y, x, nx);
+    free(x), free(kv), free(qk), free(y);
+}
+
+/* ---- sampling --------------------------------------------------------------------------- */
+
+typedef struct {
+    int32_t *out;
+    float *logits, *u;
+    int T, V;
+    float temp;
+} sample_ctx_t;
+
+static void launch_sample(void *p)
+{
+    sample_ctx_t *c = p;
+    BT_OK_OR_DIE(bt_cuda_sample(c->out, c->logits, c->T, c->V, c->temp, c->u, 0));
+}
+
+static void run_sample(const case_t *cs, result_t *r)
+{
+    int T = cs->s[0], V = cs->s[1], ties = cs->s[3];
+    float temp = (float)cs->s[2] / 100.0f;
+    float *l = frandv((size_t)T * V, 8.0f), *u = xmalloc((size_t)T * 4);
+    for (int t = 0; t < T; t++) {
+        u[t] = (frand() + 1.0f) * 0.5f;
+        if (ties) /* the maximum twice: the lower id wins */
+            l[(size_t)t * V + V / 2] = l[(size_t)t * V + V / 3] = 100.0f;
+    }
+    sample_ctx_t c = {0};
+    c.T = T, c.V = V, c.temp = temp;
+    c.logits = dup(l, (size_t)T * V * 4);
+    c.u = dup(u, (size_t)T * 4);
+    c.out = dalloc((size_t)T * 4);
+    poison_int(c.out, (size_t)T * 4);
+    launch_sample(&c);
+    int32_t *out = xmalloc((size_t)T * 4);
+    get(out, c.out, (size_t)T * 4);
+    int wrong = 0;
+    for (int t = 0; t < T; t++) {
+        const float *row = l + (size_t)t * V;
+        int want = 0;
+        for (int j = 1; j < V; j++)
+            if (row[j] > row[want]) want = j;
+        if (temp > 0.0f) { /* inverse CDF in double at u * sum */
+            float mx = row[want];
+            double sum = 0.0, run = 0.0;
+            for (int j = 0; j < V; j++) sum += exp((double)((row[j] - mx) / temp));
+            double target = (double)u[t] * sum;
+            want = V - 1;
+            for (int j = 0; j < V; j++) {
+                run += exp((double)((row[j] - mx) / temp));
+                if (run > target) {
+                    want = j;
+                    break;
+                }
+            }
+        }
+        if (out[t] != want) wrong++;
+    }
+    r->bound = 0.0;
+    r->err = wrong;
+    r->exact_ok = wrong == 0;
+    snprintf(r->note, sizeof(r->note), "%s: %d of %d rows differ", temp > 0 ? "sampled" : "argmax",
+             wrong, T);
+    r->bytes = (double)T * V * 4 * (temp > 0 ? 3 : 1);
+    if (g_perf && cs->perf) r->ms = time_it(launch_sample, &c);
+    free(l), free(u), free(out);
+}
+
+/* ---- driver ----------------------------------------------------------------------------- */
+
+static void run_case(const case_t *cs, result_t *r)
+{
+    switch (cs->op) {
+    case OP_GEMM_BF16:
+    case OP_GEMM_FP8: run_gemm(cs, r); break;
+    case OP_GEMM_FP4: run_gemm_fp4(cs, r); break;
+    case OP_RMSNORM: run_rmsnorm(cs, r); break;
+    case OP_ROPE: run_rope(cs, r); break;
+    case OP_FAKE_QUANT: run_fake_quant(cs, r); break;
+    case OP_HC_MIX: run_hc_mix(cs, r); break;
+    case OP_HC_COLLAPSE: run_hc_collapse(cs, r); break;
+    case OP_HC_EXPAND: run_hc_expand(cs, r); break;
+    case OP_ATTENTION: run_attention(cs, r); break;
+    case OP_INDEX: run_index(cs, r); break;
+    case OP_TOPK: run_topk(cs, r); break;
+    case OP_MOE_ROUTE: run_moe_route(cs, r); break;
+    case OP_SWIGLU: run_swiglu(cs, r); break;
+    case OP_ENGRAM_GATHER: run_engram_gather(cs, r); break;
+    case OP_ENGRAM_INJECT: run_engram_inject(cs, r); break;
+    case OP_SAMPLE: run_sample(cs, r); break;
+    }
+}
+
+/* the launchers' own argument checks: refused, nothing launched, no sticky error */
+static int check_refusals(void)
+{
+    int bad = 0;
+    float *d = dalloc(4096);
+    bad += bt_cuda_rmsnorm(d, BT_CUDA_F32, d, (bt_cuda_dtype_t)7, NULL, 1, 4, 1e-6f, 0) !=
+           BT_ERR_INVALID_ARG;
+    bad += bt_cuda_gemm_fp4_grouped(d, BT_CUDA_F32, (uint16_t *)d, NULL, (int32_t *)d, 1, 1,
+                                    (uint8_t *)d, (uint8_t *)d, 4, 33, 0) != BT_ERR_INVALID_ARG;
+    bad += bt_cuda_attention(d, d, d, (int32_t *)d, (int32_t *)d, 1, NULL, NULL, NULL, 0, d, NULL,
+                             NULL, 0, BT_CUDA_F32, 1, 1, 100, 0) != BT_ERR_INVALID_ARG;
+    bad += bt_cuda_topk((int32_t *)d, (int32_t *)d, 4, d, 1, 10, 5, 0) != BT_ERR_INVALID_ARG;
+    bad += cudaGetLastError() != cudaSuccess;
+    dfree_all();
+    return bad;
+}
+
+int main(int argc, char **argv)
+{
+    uint64_t seed = (uint64_t)time(NULL) * 2654435761u;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--perf"))
+            g_perf = 1;
+        else if (!strcmp(argv[i], "--seed") && i + 1 < argc)
+            seed = strtoull(argv[++i], NULL, 10);
+        else {
+            fprintf(stderr, "usage: %s [--perf] [--seed N]\n", argv[0]);
+            return 2;
+        }
+    }
+    g_rng = seed ? seed : 1;
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+        fprintf(stderr, "test_cuda_ops: no CUDA device\n");
+        return 1;
+    }
+    struct cudaDeviceProp prop;
+    CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+    printf("device: %s, %d SMs, sm_%d%d; seed %llu\n", prop.name, prop.multiProcessorCount,
+           prop.major, prop.minor, (unsigned long long)seed);
+    BT_OK_OR_DIE(bt_cuda_blas_create(&g_blas));
+    CUDA_OK(cudaEventCreate(&g_e0));
+    CUDA_OK(cudaEventCreate(&g_e1));
+
+    int failed = 0, run = 0;
+    int refusals = check_refusals();
+    printf("%-4s %-16s %-4s %-34s %10s %8s %9s %9s  %s\n", "", "op", "dt", "shape", "rel.err",
+           "bound", "ms", "floor ms", "note");
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        const case_t *cs = &cases[i];
+        if (cs->perf && !g_perf) continue;
+        result_t r = {0};
+        r.finite = 1;
+        r.exact_ok = 1;
+        r.bound = bound_for(cs->dt);
+        run_case(cs, &r);
+        CUDA_OK(cudaDeviceSynchronize());
+        CUDA_OK(cudaGetLastError());
+        int ok = r.finite && r.exact_ok && r.err <= r.bound;
+        failed += !ok;
+        run++;
+        char shape[64];
+        snprintf(shape, sizeof(shape), "%d %d %d %d %d %d", cs->s[0], cs->s[1], cs->s[2],
+                 cs->s[3], cs->s[4], cs->s[5]);
+        /* the floor: the fewest bytes at 4.3 TB/s, the FLOPs at ~790 TFLOP/s (bf16 tensor
+         * cores; the rates measured on this workplace's H200s) */
+        double floor_ms = r.bytes / 4.3e12 * 1e3;
+        double fl = r.flops / 790e12 * 1e3;
+        if (fl > floor_ms) floor_ms = fl;
+        char ms[16] = "-", fms[16] = "-";
+        if (r.ms > 0) {
+            snprintf(ms, sizeof(ms), "%.4f", r.ms);
+            snprintf(fms, sizeof(fms), "%.4f", floor_ms);
+        }
+        printf("%-4s %-16s %-4s %-34s %10.3g %8.0e %9s %9s  %s%s\n", ok ? "ok" : "FAIL",
+               op_names[cs->op], cs->dt == BF16 ? "bf16" : "f32", shape, r.err, r.bound, ms, fms,
+               r.finite ? "" : "NON-FINITE OUTPUT ", r.note);
+        dfree_all();
+    }
+    printf("refused bad arguments: %s\n", refusals ? "FAIL" : "ok");
+    printf("%d of %d cases passed\n", run - failed, run);
+    bt_cuda_blas_destroy(g_blas);
+    return failed || refusals ? 1 : 0;
+}
