@@ -62,6 +62,7 @@ typedef struct req {
     worker_t *decode, *prefill;
     bt_rpc_client_call_t *dcall;
     bool dcall_live;
+    bool in_prefill;         /* counted on q->prefill's running until the first token */
     /* output */
     bt_output_t *out;
     int completion_tokens;
@@ -131,9 +132,16 @@ static void queue_remove(router_t *r, req_t *q)
         }
 }
 
+static void leave_prefill(req_t *q)
+{
+    if (q->in_prefill && q->prefill) q->prefill->running--;
+    q->in_prefill = false;
+}
+
 /* The request stops counting against its decode group. */
 static void req_leave_decode(req_t *q)
 {
+    leave_prefill(q);
     if (q->state == REQ_RUNNING && q->decode) {
         q->decode->running--;
         q->decode = NULL;
@@ -232,6 +240,7 @@ static void on_decode_event(void *ctx, const uint8_t *data, size_t len)
         bt_histogram_observe(q->r->itl, (double)(now - q->last_event_ms) / 1000.0);
     }
     q->last_event_ms = now;
+    leave_prefill(q); /* the first token means prefill is over */
     if (!q->call) return;
     Baton__V1__DecodeEvent *ev = BT_PROTO_UNPACK(baton__v1__decode_event, data, len);
     if (!ev) {
@@ -291,7 +300,10 @@ static worker_t *pick(router_t *r, Baton__V1__WorkerRole role, bool need_room)
             int limit = w->max_running > 0 && w->max_running < r->max_running ? w->max_running : r->max_running;
             if (w->running >= limit) continue;
             if (!best || w->running < best->running) best = w;
-        } else if (!best || w->queued_prefill_tokens + w->running < best->queued_prefill_tokens + best->running) {
+        } else if (!best || w->running < best->running ||
+                   (w->running == best->running && w->queued_prefill_tokens < best->queued_prefill_tokens)) {
+            /* prefill: fewest requests this router has in prefill on it (live), then the
+             * queued tokens it last reported (up to a heartbeat old) */
             best = w;
         }
     }
@@ -307,7 +319,8 @@ static bool start_request(req_t *q)
     q->decode = d;
     q->prefill = p;
     d->running++;
-    p->running++; /* counts toward the prefill choice until the first event */
+    p->running++; /* counts toward the prefill choice until the first token arrives */
+    q->in_prefill = true;
     q->state = REQ_RUNNING;
     Baton__V1__DecodeRequest dr = BATON__V1__DECODE_REQUEST__INIT;
     dr.request_id = q->id;
@@ -329,7 +342,6 @@ static bool start_request(req_t *q)
     bt_status_t st = bt_rpc_stream(d->ch, "/baton.v1.Decode/Generate", buf, len, 0, on_decode_event,
                                    on_decode_done, q, &q->dcall);
     free(buf);
-    p->running--;
     if (st != BT_OK) {
         req_fail(q, BT_RPC_UNAVAILABLE, "cannot call the decode group");
         return true;
@@ -618,8 +630,10 @@ static void worker_remove(router_t *r, worker_t *w, const char *why)
         req_t *next = q->next;
         if (q->call && (q->decode == w || q->prefill == w) && q->state == REQ_RUNNING)
             req_fail(q, BT_RPC_UNAVAILABLE, msg);
-        else if (q->prefill == w)
+        else if (q->prefill == w) {
+            q->in_prefill = false;
             q->prefill = NULL;
+        }
         q = next;
     }
     bt_rpc_channel_destroy(w->ch);
