@@ -6,6 +6,7 @@
 
 #include "common/alloc.h"
 #include "common/log.h"
+#include "common/comm/comm.h"
 #include "common/threads.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/quant.h"
@@ -100,6 +101,16 @@ struct bt_model {
     scratch_t s;
     bt_tap_fn tap;
     void *tap_ctx;
+    /* tensor parallelism (tp_size 1: everything local) */
+    bt_comm_t *comm;
+    int tp_rank, tp_size;
+    int h0, hl;           /* this rank's attention heads [h0, h0 + hl) */
+    bool group_split;     /* wo_a groups and wo_b columns sharded (else gathered heads) */
+    int g0, gl;           /* this rank's output groups when group_split */
+    int i0, il;           /* this rank's slice of every expert's (and the shared) width */
+    int v0, vl, vpad;     /* this rank's vocabulary rows [v0, v0 + vl), padded to vpad */
+    float *gather;        /* TP scratch: all-gather receive buffer */
+    float *tp_logits;     /* TP scratch: this rank's vocabulary slice of the logits */
 };
 
 bt_model_options_t bt_model_options_default(void)
@@ -115,6 +126,16 @@ bt_model_options_t bt_model_options_default(void)
 const bt_model_config_t *bt_model_config(const bt_model_t *m)
 {
     return &m->cfg;
+}
+
+int bt_model_tp_rank(const bt_model_t *m)
+{
+    return m->tp_rank;
+}
+
+int bt_model_tp_size(const bt_model_t *m)
+{
+    return m->tp_size;
 }
 
 void bt_model_set_tap(bt_model_t *m, bt_tap_fn fn, void *ctx)
@@ -167,6 +188,41 @@ static float *load(loader_t *ld, const char *name, int ndim, int64_t d0, int64_t
     return dst;
 }
 
+/* Rows [r0, r0 + nr) of a [rows, cols] tensor (1-D when cols == 0); the whole tensor is read
+ * and only the slice kept. */
+static float *load_rows(loader_t *ld, const char *name, int64_t rows, int64_t cols, int64_t r0, int64_t nr,
+                        float *into)
+{
+    if (ld->st_code != BT_OK) return NULL;
+    if (r0 == 0 && nr == rows) return load(ld, name, cols ? 2 : 1, rows, cols, into);
+    size_t width = (size_t)(cols ? cols : 1);
+    float *full = bt_malloc_or_die((size_t)rows * width * sizeof(float));
+    float *dst = NULL;
+    if (load(ld, name, cols ? 2 : 1, rows, cols, full)) {
+        dst = into ? into : alloc_floats(ld->m, (size_t)(nr > 0 ? nr : 1) * width);
+        memcpy(dst, full + (size_t)r0 * width, (size_t)nr * width * sizeof(float));
+    }
+    free(full);
+    return dst;
+}
+
+/* Columns [c0, c0 + nc) of a [rows, cols] tensor. */
+static float *load_cols(loader_t *ld, const char *name, int64_t rows, int64_t cols, int64_t c0, int64_t nc,
+                        float *into)
+{
+    if (ld->st_code != BT_OK) return NULL;
+    if (c0 == 0 && nc == cols) return load(ld, name, 2, rows, cols, into);
+    float *full = bt_malloc_or_die((size_t)rows * (size_t)cols * sizeof(float));
+    float *dst = NULL;
+    if (load(ld, name, 2, rows, cols, full)) {
+        dst = into ? into : alloc_floats(ld->m, (size_t)rows * (size_t)nc);
+        for (int64_t r = 0; r < rows; r++)
+            memcpy(dst + (size_t)r * nc, full + (size_t)r * cols + c0, (size_t)nc * sizeof(float));
+    }
+    free(full);
+    return dst;
+}
+
 static float *loadf(loader_t *ld, int ndim, int64_t d0, int64_t d1, const char *fmt, int a, int b)
 {
     char name[256];
@@ -194,14 +250,19 @@ static void load_layer(loader_t *ld, int l)
 
     w->wq_a = loadf(ld, 2, c->q_lora_rank, D, "layers.%d.attn.wq_a.weight", l, 0);
     w->q_norm = loadf(ld, 1, c->q_lora_rank, 0, "layers.%d.attn.q_norm.weight", l, 0);
-    w->wq_b = loadf(ld, 2, (int64_t)H * hd, c->q_lora_rank, "layers.%d.attn.wq_b.weight", l, 0);
+    char nm[256];
+    snprintf(nm, sizeof nm, "layers.%d.attn.wq_b.weight", l);
+    w->wq_b = load_rows(ld, nm, (int64_t)H * hd, c->q_lora_rank, (int64_t)m->h0 * hd, (int64_t)m->hl * hd, NULL);
     w->wkv = loadf(ld, 2, hd, D, "layers.%d.attn.wkv.weight", l, 0);
     w->kv_norm = loadf(ld, 1, hd, 0, "layers.%d.attn.kv_norm.weight", l, 0);
-    w->wo_a = loadf(ld, 2, (int64_t)c->o_groups * c->o_lora_rank, (int64_t)H * hd / c->o_groups,
-                    "layers.%d.attn.wo_a.weight", l, 0);
-    w->wo_b = loadf(ld, 2, D, (int64_t)c->o_groups * c->o_lora_rank, "layers.%d.attn.wo_b.weight",
-                    l, 0);
-    w->attn_sink = loadf(ld, 1, H, 0, "layers.%d.attn.attn_sink", l, 0);
+    int64_t R = c->o_lora_rank;
+    snprintf(nm, sizeof nm, "layers.%d.attn.wo_a.weight", l);
+    w->wo_a = load_rows(ld, nm, (int64_t)c->o_groups * R, (int64_t)H * hd / c->o_groups,
+                        (int64_t)m->g0 * R, (int64_t)m->gl * R, NULL);
+    snprintf(nm, sizeof nm, "layers.%d.attn.wo_b.weight", l);
+    w->wo_b = load_cols(ld, nm, D, (int64_t)c->o_groups * R, (int64_t)m->g0 * R, (int64_t)m->gl * R, NULL);
+    snprintf(nm, sizeof nm, "layers.%d.attn.attn_sink", l);
+    w->attn_sink = load_rows(ld, nm, H, 0, m->h0, m->hl, NULL);
 
     if (L->is_kv_source) {
         w->c_wkv = loadf(ld, 2, hd, D, "layers.%d.attn.compressor.wkv.weight", l, 0);
@@ -224,22 +285,27 @@ static void load_layer(loader_t *ld, int l)
     w->gate_w = loadf(ld, 2, E, D, "layers.%d.ffn.gate.weight", l, 0);
     w->gate_bias = loadf(ld, 1, E, 0, "layers.%d.ffn.gate.bias", l, 0);
     if (ld->st_code != BT_OK) return;
-    w->w1 = alloc_floats(m, (size_t)E * I * D);
-    w->w2 = alloc_floats(m, (size_t)E * I * D);
-    w->w3 = alloc_floats(m, (size_t)E * I * D);
+    /* each rank keeps its slice [i0, i0 + il) of every expert's width */
+    int Il = m->il;
+    w->w1 = alloc_floats(m, (size_t)E * Il * D);
+    w->w2 = alloc_floats(m, (size_t)E * Il * D);
+    w->w3 = alloc_floats(m, (size_t)E * Il * D);
     for (int e = 0; e < E && ld->st_code == BT_OK; e++) {
         char name[256];
         snprintf(name, sizeof name, "layers.%d.ffn.experts.%d.w1.weight", l, e);
-        load(ld, name, 2, I, D, w->w1 + (size_t)e * I * D);
+        load_rows(ld, name, I, D, m->i0, Il, w->w1 + (size_t)e * Il * D);
         snprintf(name, sizeof name, "layers.%d.ffn.experts.%d.w2.weight", l, e);
-        load(ld, name, 2, D, I, w->w2 + (size_t)e * I * D);
+        load_cols(ld, name, D, I, m->i0, Il, w->w2 + (size_t)e * Il * D);
         snprintf(name, sizeof name, "layers.%d.ffn.experts.%d.w3.weight", l, e);
-        load(ld, name, 2, I, D, w->w3 + (size_t)e * I * D);
+        load_rows(ld, name, I, D, m->i0, Il, w->w3 + (size_t)e * Il * D);
     }
     if (c->n_shared) {
-        w->sw1 = loadf(ld, 2, I, D, "layers.%d.ffn.shared_experts.w1.weight", l, 0);
-        w->sw2 = loadf(ld, 2, D, I, "layers.%d.ffn.shared_experts.w2.weight", l, 0);
-        w->sw3 = loadf(ld, 2, I, D, "layers.%d.ffn.shared_experts.w3.weight", l, 0);
+        snprintf(nm, sizeof nm, "layers.%d.ffn.shared_experts.w1.weight", l);
+        w->sw1 = load_rows(ld, nm, I, D, m->i0, Il, NULL);
+        snprintf(nm, sizeof nm, "layers.%d.ffn.shared_experts.w2.weight", l);
+        w->sw2 = load_cols(ld, nm, D, I, m->i0, Il, NULL);
+        snprintf(nm, sizeof nm, "layers.%d.ffn.shared_experts.w3.weight", l);
+        w->sw3 = load_rows(ld, nm, I, D, m->i0, Il, NULL);
     }
 
     if (L->engram_index >= 0) {
@@ -275,12 +341,17 @@ static void alloc_scratch(bt_model_t *m)
     s->xin = alloc_floats(m, N * D);
     s->out = alloc_floats(m, N * D);
     s->q_res = alloc_floats(m, N * (size_t)c->q_lora_rank);
-    s->q = alloc_floats(m, N * H * hd);
+    s->q = alloc_floats(m, N * (size_t)m->hl * hd);
     s->kv = alloc_floats(m, N * hd);
     s->ckv = alloc_floats(m, N * hd);
     s->cgate = alloc_floats(m, N * hd);
-    s->attn = alloc_floats(m, N * H * hd);
-    s->oa = alloc_floats(m, N * (size_t)c->o_groups * (size_t)c->o_lora_rank);
+    s->attn = alloc_floats(m, N * H * hd); /* this rank's heads, or all of them once gathered */
+    if (m->tp_size > 1) {
+        size_t g1 = N * H * hd, g2 = N * (size_t)m->vpad * (size_t)m->tp_size;
+        m->gather = alloc_floats(m, g1 > g2 ? g1 : g2);
+        m->tp_logits = alloc_floats(m, N * (size_t)m->vpad);
+    }
+    s->oa = alloc_floats(m, N * (size_t)m->gl * (size_t)c->o_lora_rank);
     s->qi = alloc_floats(m, N * (size_t)c->index_heads * (size_t)c->index_head_dim);
     s->iw = alloc_floats(m, N * (size_t)c->index_heads);
     s->cos_main = alloc_floats(m, N * (size_t)m->half_main);
@@ -333,6 +404,33 @@ bt_status_t bt_model_load(const char *dir, const bt_model_options_t *opt, bt_mod
                  dir, MAX_HC, BT_MAX_HIDDEN, MAX_ACTIVE, MAX_HEAD_DIM);
         rc = BT_ERR_UNSUPPORTED;
         goto fail;
+    }
+
+    /* tensor-parallel partition */
+    m->comm = m->opt.comm;
+    m->tp_size = m->comm ? bt_comm_size(m->comm) : 1;
+    m->tp_rank = m->comm ? bt_comm_rank(m->comm) : 0;
+    {
+        int T = m->tp_size, r = m->tp_rank;
+        if (c->n_heads % T || c->moe_inter % T) {
+            snprintf(err, errlen, "%s/config.json: TP %d must divide the attention heads (%d) and the expert width (%d)",
+                     dir, T, c->n_heads, c->moe_inter);
+            rc = BT_ERR_UNSUPPORTED;
+            goto fail;
+        }
+        m->hl = c->n_heads / T;
+        m->h0 = r * m->hl;
+        /* output groups shard with their heads when they divide evenly; otherwise every rank
+         * gathers all heads and applies wo_a and wo_b whole */
+        m->group_split = c->o_groups % T == 0;
+        m->gl = m->group_split ? c->o_groups / T : c->o_groups;
+        m->g0 = m->group_split ? r * m->gl : 0;
+        m->il = c->moe_inter / T;
+        m->i0 = r * m->il;
+        m->vpad = (c->vocab + T - 1) / T;
+        m->v0 = r * m->vpad;
+        m->vl = c->vocab - m->v0 < m->vpad ? c->vocab - m->v0 : m->vpad;
+        if (m->vl < 0) m->vl = 0;
     }
 
     /* engram hash state: the token map comes from the tokenizer (common/text) */
@@ -394,8 +492,8 @@ bt_status_t bt_model_load(const char *dir, const bt_model_options_t *opt, bt_mod
     rc = bt_safetensors_open_dir(dir, &st, err, errlen);
     if (rc != BT_OK) goto fail;
     loader_t ld = {m, st, err, errlen, BT_OK};
-    m->embed = load(&ld, "embed.weight", 2, c->vocab, c->hidden, NULL);
-    m->head = load(&ld, "head.weight", 2, c->vocab, c->hidden, NULL);
+    m->embed = load_rows(&ld, "embed.weight", c->vocab, c->hidden, m->v0, m->vl, NULL);
+    m->head = load_rows(&ld, "head.weight", c->vocab, c->hidden, m->v0, m->vl, NULL);
     m->norm = load(&ld, "norm.weight", 1, c->hidden, 0, NULL);
     for (int l = 0; l < c->n_layers && ld.st_code == BT_OK; l++) load_layer(&ld, l);
     rc = ld.st_code;
@@ -430,7 +528,15 @@ typedef struct {
     const bt_forward_seq_t *seqs;
     int n_seqs, N, l;
     int seq_first[64]; /* first token index of each sequence (bounded by max_batch_seqs) */
+    bt_status_t comm_status; /* the first failed collective, BT_OK otherwise */
 } fwd_t;
+
+/* Records a collective's failure (a dead or stalled rank); the forward then stops. */
+static bool tp_ok(fwd_t *f, bt_status_t st)
+{
+    if (st != BT_OK && f->comm_status == BT_OK) f->comm_status = st;
+    return st == BT_OK;
+}
 
 /* Runs fn(f, token, task) for every token, tokens strided over tasks so that each task owns
  * one slice of per-task scratch. */
@@ -767,8 +873,8 @@ static void qkv_token(fwd_t *f, int t, int task)
     int half = comp ? m->half_comp : m->half_main;
     const float *cs = (comp ? s->cos_comp : s->cos_main) + (size_t)t * half;
     const float *sn = (comp ? s->sin_comp : s->sin_main) + (size_t)t * half;
-    float *q = s->q + (size_t)t * c->n_heads * hd;
-    for (int h = 0; h < c->n_heads; h++) bt_cpu_rope(q + (size_t)h * hd, hd, cs, sn, half, 0);
+    float *q = s->q + (size_t)t * m->hl * hd;
+    for (int h = 0; h < m->hl; h++) bt_cpu_rope(q + (size_t)h * hd, hd, cs, sn, half, 0);
     float *kv = s->kv + (size_t)t * hd;
     bt_cpu_rmsnorm(kv, kv, w->kv_norm, hd, (float)c->rms_eps);
     bt_cpu_rope(kv, hd, cs, sn, half, 0);
@@ -950,7 +1056,7 @@ static void attend_token(fwd_t *f, int t, int task)
     const layer_weights_t *w = &m->layer[f->l];
     const bt_layer_config_t *L = &c->layer[f->l];
     scratch_t *s = &m->s;
-    int hd = c->head_dim, H = c->n_heads, W = c->window;
+    int hd = c->head_dim, H = m->hl, W = c->window;
     int q_seq = s->tok_seq[t];
     uint8_t *state = f->seqs[q_seq].state;
     int64_t start = bt_kv_header(state)->n_tokens; /* position of the chunk's first token */
@@ -1014,9 +1120,18 @@ static void attend_token(fwd_t *f, int t, int task)
         const float *sn = (compl ? s->sin_comp : s->sin_main) + (size_t)t * half;
         bt_cpu_rope(o, hd, cs, sn, half, 1);
     }
-    /* grouped low-rank output: wo_a per group, then wo_b */
-    int G = c->o_groups, R = c->o_lora_rank, gin = H * hd / G;
-    const float *a = s->attn + (size_t)t * H * hd;
+}
+
+/* grouped low-rank output: wo_a per group (this rank's groups, or all of them over the
+ * gathered heads) */
+static void woa_token(fwd_t *f, int t, int task)
+{
+    bt_model_t *m = f->m;
+    const bt_model_config_t *c = &m->cfg;
+    const layer_weights_t *w = &m->layer[f->l];
+    scratch_t *s = &m->s;
+    int hd = c->head_dim, R = c->o_lora_rank, gin = c->n_heads * hd / c->o_groups, G = m->gl;
+    const float *a = s->attn + (size_t)t * G * gin;
     float *oa = s->oa + (size_t)t * G * R;
     for (int g = 0; g < G; g++)
         for (int r = 0; r < R; r++)
@@ -1034,7 +1149,7 @@ static void attention(fwd_t *f)
 
     bt_cpu_matmul(m->pool, s->q_res, s->xin, w->wq_a, N, c->q_lora_rank, D);
     for_tokens(f, q_norm_token);
-    bt_cpu_matmul(m->pool, s->q, s->q_res, w->wq_b, N, c->n_heads * hd, c->q_lora_rank);
+    bt_cpu_matmul(m->pool, s->q, s->q_res, w->wq_b, N, m->hl * hd, c->q_lora_rank);
     bt_cpu_matmul(m->pool, s->kv, s->xin, w->wkv, N, hd, D);
     for_tokens(f, qkv_token);
 
@@ -1053,7 +1168,18 @@ static void attention(fwd_t *f)
         }
     }
     for_tokens(f, attend_token);
-    bt_cpu_matmul(m->pool, s->out, s->oa, w->wo_b, N, D, c->o_groups * c->o_lora_rank);
+    if (m->tp_size > 1 && !m->group_split) {
+        /* every rank needs every head before the whole wo_a: gather [rank][token][head] */
+        size_t per = (size_t)m->hl * hd;
+        if (!tp_ok(f, bt_comm_all_gather(m->comm, s->attn, (size_t)N * per * sizeof(float), m->gather))) return;
+        for (int t = 0; t < N; t++)
+            for (int r = 0; r < m->tp_size; r++)
+                memcpy(s->attn + ((size_t)t * m->tp_size + r) * per, m->gather + ((size_t)r * N + t) * per,
+                       per * sizeof(float));
+    }
+    for_tokens(f, woa_token);
+    bt_cpu_matmul(m->pool, s->out, s->oa, w->wo_b, N, D, m->gl * c->o_lora_rank);
+    if (m->tp_size > 1 && m->group_split && !tp_ok(f, bt_comm_all_reduce_f32(m->comm, s->out, (size_t)N * D))) return;
 
     /* the window rings take the chunk's KV only now: earlier queries read older slots */
     for (int q = 0; q < f->n_seqs; q++) {
@@ -1091,8 +1217,8 @@ static void moe_token(fwd_t *f, int t, int task)
     const bt_model_config_t *c = &m->cfg;
     const layer_weights_t *w = &m->layer[f->l];
     scratch_t *s = &m->s;
-    int D = c->hidden, I = c->moe_inter, E = c->n_experts, K = c->n_active;
-    float *buf = s->task_moe + (size_t)task * (2 * (size_t)I + (size_t)E + (size_t)D);
+    int D = c->hidden, I = m->il, E = c->n_experts, K = c->n_active;
+    float *buf = s->task_moe + (size_t)task * (2 * (size_t)c->moe_inter + (size_t)E + (size_t)D);
     float *hbuf = buf, *scores = buf + 2 * I, *acc = scores + E;
     const float *x = s->xin + (size_t)t * D;
 
@@ -1225,9 +1351,20 @@ bt_status_t bt_model_forward(bt_model_t *m, const bt_kv_layout_t *lay, const bt_
     f.N = N;
     int hc = c->hc_mult, D = c->hidden;
 
-    /* embeddings into every stream; the first site collapses stream 0 only */
+    /* embeddings into every stream; the first site collapses stream 0 only. Under TP each
+     * rank holds a slice of the vocabulary: the owner contributes the row, the others zeros,
+     * and the sum (adding zeros is exact) gives every rank the row. */
     for (int t = 0; t < N; t++) {
-        const float *e = m->embed + (size_t)seqs[s->tok_seq[t]].ids[t - f.seq_first[s->tok_seq[t]]] * D;
+        int id = seqs[s->tok_seq[t]].ids[t - f.seq_first[s->tok_seq[t]]];
+        float *e = s->hidden + (size_t)t * D;
+        if (id >= m->v0 && id < m->v0 + m->vl)
+            memcpy(e, m->embed + (size_t)(id - m->v0) * D, (size_t)D * sizeof(float));
+        else
+            memset(e, 0, (size_t)D * sizeof(float));
+    }
+    if (m->tp_size > 1 && !tp_ok(&f, bt_comm_all_reduce_f32(m->comm, s->hidden, (size_t)N * D))) goto comm_failed;
+    for (int t = 0; t < N; t++) {
+        const float *e = s->hidden + (size_t)t * D;
         for (int k = 0; k < hc; k++) memcpy(s->x + ((size_t)t * hc + k) * D, e, (size_t)D * sizeof(float));
         for (int k = 0; k < hc; k++) s->pre_mix[t * hc + k] = k == 0 ? 1.0f : 0.0f;
         s->topk_set[t] = 0;
@@ -1244,10 +1381,13 @@ bt_status_t bt_model_forward(bt_model_t *m, const bt_kv_layout_t *lay, const bt_
         if (c->layer[l].engram_index >= 0) for_tokens(&f, engram_token);
         for_tokens(&f, attn_mix_token);
         attention(&f);
+        if (f.comm_status != BT_OK) goto comm_failed;
         if (m->tap) m->tap(m->tap_ctx, BT_TAP_ATTN_OUT, l, s->out, N);
         for_tokens(&f, expand_token);
         for_tokens(&f, ffn_mix_token);
         for_tokens(&f, moe_token);
+        /* each rank summed its slice of every expert's width */
+        if (m->tp_size > 1 && !tp_ok(&f, bt_comm_all_reduce_f32(m->comm, s->out, (size_t)N * D))) goto comm_failed;
         if (m->tap) m->tap(m->tap_ctx, BT_TAP_FFN_OUT, l, s->out, N);
         for_tokens(&f, expand_token);
         if (m->tap) m->tap(m->tap_ctx, BT_TAP_LAYER_OUT, l, s->x, N);
@@ -1262,7 +1402,24 @@ bt_status_t bt_model_forward(bt_model_t *m, const bt_kv_layout_t *lay, const bt_
             int first = f.seq_first[q];
             int from = seq->all_logits ? 0 : seq->n - 1;
             int rows = seq->n - from;
-            bt_cpu_matmul(m->pool, row, s->hidden + (size_t)(first + from) * D, m->head, rows, c->vocab, D);
+            const float *h = s->hidden + (size_t)(first + from) * D;
+            if (m->tp_size == 1) {
+                bt_cpu_matmul(m->pool, row, h, m->head, rows, c->vocab, D);
+            } else {
+                /* each rank scores its vocabulary slice; gather [rank][row][vpad] */
+                float *mine = m->tp_logits;
+                memset(mine, 0, (size_t)rows * m->vpad * sizeof(float));
+                for (int i = 0; i < rows; i++) bt_cpu_matmul(m->pool, mine + (size_t)i * m->vpad, h + (size_t)i * D, m->head, 1, m->vl, D);
+                if (!tp_ok(&f, bt_comm_all_gather(m->comm, mine, (size_t)rows * m->vpad * sizeof(float), m->gather)))
+                    goto comm_failed;
+                for (int i = 0; i < rows; i++)
+                    for (int r = 0; r < m->tp_size; r++) {
+                        int v0 = r * m->vpad, vl = c->vocab - v0 < m->vpad ? c->vocab - v0 : m->vpad;
+                        if (vl > 0)
+                            memcpy(row + (size_t)i * c->vocab + v0, m->gather + ((size_t)r * rows + i) * m->vpad,
+                                   (size_t)vl * sizeof(float));
+                    }
+            }
             row += (size_t)rows * c->vocab;
         }
     }
@@ -1277,4 +1434,9 @@ bt_status_t bt_model_forward(bt_model_t *m, const bt_kv_layout_t *lay, const bt_
         h->n_tokens += seq->n;
     }
     return BT_OK;
+comm_failed:
+    /* a rank of the group failed mid-forward: the sequences' KV state is torn, the caller
+     * must drop them */
+    snprintf(err, errlen, "tensor-parallel group failed (%s): a rank died or stalled", bt_status_str(f.comm_status));
+    return f.comm_status;
 }

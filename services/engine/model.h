@@ -34,6 +34,12 @@ typedef struct {
     int max_batch_tokens;            /* most tokens in one forward, all sequences together */
     int64_t max_ctx;                 /* most positions per sequence */
     int max_batch_seqs;
+    /* Tensor parallelism: this process (or thread) is one rank of comm's group and keeps only
+     * its shard: attention heads (with their wq_b rows, sinks and, when the output groups
+     * divide evenly, their wo_a groups and wo_b columns), expert and shared-expert widths, and
+     * vocabulary slices of the embedding and the head. The KV latent, mHC, norms, router,
+     * indexer and engram are replicated, so every rank holds the whole KV state. NULL = TP 1. */
+    struct bt_comm *comm;
 } bt_model_options_t;
 
 bt_model_options_t bt_model_options_default(void);
@@ -42,6 +48,9 @@ bt_status_t bt_model_load(const char *dir, const bt_model_options_t *opt, bt_mod
                           char *err, size_t errlen);
 void bt_model_destroy(bt_model_t *model);
 const bt_model_config_t *bt_model_config(const bt_model_t *model);
+/* TP rank and size (0 and 1 without a comm). */
+int bt_model_tp_rank(const bt_model_t *model);
+int bt_model_tp_size(const bt_model_t *model);
 
 typedef struct {
     uint8_t *state;      /* the sequence's KV slot */
