@@ -23,6 +23,15 @@ bt_status_t bt_service_engine_open(const char *model_path, const char *served_na
                                    int max_batch_tokens, int threads, bt_service_engine_t *eng,
                                    char *err, size_t errlen)
 {
+    return bt_service_engine_open_tp(model_path, served_name, context_length, max_batch_seqs,
+                                     max_batch_tokens, threads, NULL, eng, err, errlen);
+}
+
+bt_status_t bt_service_engine_open_tp(const char *model_path, const char *served_name,
+                                      int64_t context_length, int max_batch_seqs,
+                                      int max_batch_tokens, int threads, struct bt_comm *comm,
+                                      bt_service_engine_t *eng, char *err, size_t errlen)
+{
     memset(eng, 0, sizeof *eng);
     bt_status_t st;
     if (!model_path) {
@@ -55,12 +64,13 @@ bt_status_t bt_service_engine_open(const char *model_path, const char *served_na
     opt.max_ctx = context_length;
     opt.max_batch_seqs = max_batch_seqs;
     opt.max_batch_tokens = max_batch_tokens;
+    opt.comm = comm;
     st = bt_model_load(eng->model_dir, &opt, &eng->model, err, errlen);
     free(map);
     if (st != BT_OK) return st;
     eng->cfg = bt_model_config(eng->model);
     bt_kv_layout_init(&eng->layout, eng->cfg, context_length);
-    eng->compat_hash = bt_kv_compat_hash(eng->cfg, &eng->layout, 1);
+    eng->compat_hash = bt_kv_compat_hash(eng->cfg, &eng->layout, bt_model_tp_size(eng->model));
     BT_LOG_INFO("model %s: %d layers, hidden %d, vocab %d; context %lld, KV slot %.1f KiB",
                 eng->model_dir, eng->cfg->n_layers, eng->cfg->hidden, eng->cfg->vocab,
                 (long long)context_length, (double)eng->layout.slot_bytes / 1024.0);

@@ -29,6 +29,13 @@ typedef struct {
 
 /* model_path NULL = the demo model (written on first use). max_batch_seqs bounds one
  * forward's sequences, max_batch_tokens its tokens. */
+struct bt_comm;
+/* The same as one rank of a tensor-parallel group: the model keeps its shard (comm may be
+ * NULL for TP 1) and the compatibility hash carries the TP size. */
+bt_status_t bt_service_engine_open_tp(const char *model_path, const char *served_name,
+                                      int64_t context_length, int max_batch_seqs,
+                                      int max_batch_tokens, int threads, struct bt_comm *comm,
+                                      bt_service_engine_t *eng, char *err, size_t errlen);
 bt_status_t bt_service_engine_open(const char *model_path, const char *served_name,
                                    int64_t context_length, int max_batch_seqs,
                                    int max_batch_tokens, int threads, bt_service_engine_t *eng,

@@ -14,6 +14,7 @@
 #include "services/common/proto_util.h"
 #include "services/common/sampler.h"
 #include "services/common/service.h"
+#include "services/common/tp_group.h"
 #include "services/common/sim.h"
 
 #include <inttypes.h>
@@ -49,6 +50,7 @@ typedef struct seq {
     prefill_peer_t *peer;
     bt_rpc_client_call_t *prefill_call;
     bool prefill_pending, last_notice, prefill_ok, in_step, cancelled;
+    bool needs_sync;            /* TP: copy its KV to the other ranks before its first step */
     int32_t first_token;
     float first_logprob;
     bt_top_logprob_t first_top[20];
@@ -98,6 +100,11 @@ struct decode {
     bt_histogram_t *ttft, *itl, *step_time, *handoff;
     int64_t step_start_ms;
     bt_sim_t sim;       /* --simulate: a timing model instead of the model */
+    /* tensor parallelism: this process leads the group (rank 0) when comm is set */
+    bt_comm_t *comm;
+    bool tp_noop;       /* the work in flight is an idle heartbeat to the other ranks */
+    bool group_failed;
+    uv_timer_t tp_timer;
     double sim_step_ms; /* the modelled time of the step in flight */
 };
 
@@ -232,6 +239,7 @@ static void seq_maybe_ready(seq_t *s)
 {
     if (s->state != SEQ_PREFILLING || !s->last_notice || !s->prefill_ok) return;
     s->state = SEQ_RUNNING;
+    s->needs_sync = s->d->comm != NULL;
     bt_histogram_observe(s->d->handoff, (double)(bt_now_ms() - s->t_admit) / 1000.0);
     BT_LOG_DEBUG("request %s: prefilled, first token %d", s->request_id, s->first_token);
     seq_emit(s, s->first_token, s->first_logprob, s->first_top, s->n_first_top);
@@ -437,9 +445,39 @@ static void on_notice(void *ctx, const uint8_t *data, size_t len)
 
 /* ---- the continuous batch ------------------------------------------------------------------ */
 
+/* TP: every collective runs here, on the one compute thread, in plan order */
+static bt_status_t tp_lead(decode_t *d)
+{
+    if (d->tp_noop) return bt_tp_lead_noop(d->comm);
+    bt_kv_header_t zero;
+    memset(&zero, 0, sizeof zero);
+    bt_kv_range_t ranges[4 * BT_MAX_LAYERS + 1];
+    int slots[1024];
+    for (int i = 0; i < d->n_batch; i++) {
+        seq_t *s = d->batch[i];
+        slots[i] = s->slot;
+        if (!s->needs_sync) continue;
+        /* everything the prefill wrote into the slot: from an empty header to now */
+        int nr = bt_kv_changed_ranges(d->eng.cfg, &d->eng.layout, &zero, d->fwd[i].state, ranges,
+                                      (int)(sizeof ranges / sizeof ranges[0]));
+        bt_status_t st = bt_tp_lead_sync(d->comm, s->slot, d->fwd[i].state, ranges, nr);
+        if (st != BT_OK) return st;
+        s->needs_sync = false;
+    }
+    return bt_tp_lead_forward(d->comm, slots, d->fwd, d->n_batch, NULL);
+}
+
 static void step_work(uv_work_t *w)
 {
     decode_t *d = w->data;
+    if (d->comm) {
+        d->step_status = tp_lead(d);
+        if (d->step_status != BT_OK) {
+            snprintf(d->step_err, sizeof d->step_err, "tensor-parallel group failed: a rank died or stalled");
+            return;
+        }
+        if (d->tp_noop) return;
+    }
     if (d->sim.on) { /* the modelled time; the counters a forward would advance, no data */
         bt_sim_sleep_ms(d->sim_step_ms);
         for (int i = 0; i < d->n_batch; i++) bt_kv_state_advance_counters(d->eng.cfg, d->fwd[i].state, 1);
@@ -450,11 +488,47 @@ static void step_work(uv_work_t *w)
                                       d->step_err, sizeof d->step_err);
 }
 
+static void exit_now(uv_timer_t *t)
+{
+    exit(1);
+}
+
+/* A rank of the group is gone: every request fails, and the process leaves so the router
+ * stops sending to the group (it misses our heartbeats). */
+static void group_failed(decode_t *d)
+{
+    if (d->group_failed) return;
+    d->group_failed = true;
+    d->stopping = true;
+    BT_LOG_ERROR("%s; failing every request and leaving", d->step_err);
+    for (seq_t *s = d->seqs; s;) {
+        seq_t *next = s->next;
+        if (s->call) seq_fail(s, BT_RPC_UNAVAILABLE, d->step_err);
+        s = next;
+    }
+    bt_registration_stop(d->reg);
+    d->reg = NULL;
+    uv_timer_stop(&d->tp_timer);
+    uv_timer_start(&d->tp_timer, exit_now, 300, 0);
+}
+
 static void step_done(uv_work_t *w, int status)
 {
     decode_t *d = w->data;
     int V = d->eng.cfg->vocab;
     d->stepping = false;
+    if (d->comm && d->step_status != BT_OK && !d->group_failed) {
+        for (int i = 0; i < d->n_batch; i++) d->batch[i]->in_step = false;
+        d->n_batch = 0;
+        d->tp_noop = false;
+        group_failed(d);
+        return;
+    }
+    if (d->tp_noop) {
+        d->tp_noop = false;
+        maybe_step(d);
+        return;
+    }
     bt_histogram_observe(d->step_time, (double)(bt_now_ms() - d->step_start_ms) / 1000.0);
     bt_counter_add(bt_metrics_counter(d->metrics, "decode_steps_total", "Batch steps run", NULL, NULL), 1);
     bt_counter_add(bt_metrics_counter(d->metrics, "tokens_generated_total", "Tokens sampled in steps", NULL, NULL), d->n_batch);
@@ -508,6 +582,19 @@ static void maybe_step(decode_t *d)
     if (n == 0) return;
     d->n_batch = n;
     d->sim_step_ms = bt_sim_step_ms(&d->sim, n, ctx_tokens);
+    d->stepping = true;
+    d->step_start_ms = bt_now_ms();
+    d->work.data = d;
+    uv_queue_work(d->loop, &d->work, step_work, step_done);
+}
+
+/* TP: while idle, a heartbeat through the group finds a dead rank before a request does */
+static void on_tp_timer(uv_timer_t *t)
+{
+    decode_t *d = t->data;
+    if (d->stepping || d->stopping) return;
+    d->tp_noop = true;
+    d->n_batch = 0;
     d->stepping = true;
     d->step_start_ms = bt_now_ms();
     d->work.data = d;
@@ -661,6 +748,11 @@ static void load_fn(void *ctx, Baton__V1__HeartbeatRequest *hb)
 
 /* ---- startup and shutdown ------------------------------------------------------------------ */
 
+static uint8_t *follower_slot(void *ctx, int i)
+{
+    return bt_kv_pool_slot(ctx, i);
+}
+
 static void on_server_down(void *ctx)
 {
     decode_t *d = ctx;
@@ -689,6 +781,8 @@ int main(int argc, char **argv)
     const char *model_path = NULL, *served = NULL, *host = "127.0.0.1", *router = NULL;
     const char *ucx_tls = "tcp", *transfer = "ucx", *log_level = "info", *net_devices = NULL;
     int64_t port = 0, context = 0, max_running = 16, max_total = 0, threads = 0, tp = 1, seed = 0, metrics_port = 0;
+    int64_t node_rank = 0, nnodes = 1;
+    const char *dist_addr = NULL;
     double mem_fraction = 0.0, watchdog_s = 300.0;
     bt_sim_t sim = bt_sim_default();
     bt_flag_t spec[] = {
@@ -703,7 +797,10 @@ int main(int argc, char **argv)
         BT_FLAG_FLOAT("mem-fraction-static", &mem_fraction, "fraction of memory for weights and KV (caps the pool)"),
         BT_FLAG_FLOAT("watchdog-timeout", &watchdog_s, "seconds any wait may take (default 300)"),
         BT_FLAG_INT("threads", &threads, "CPU threads for the model (default: one per core)"),
-        BT_FLAG_INT("tp", &tp, "tensor-parallel size (1 on the CPU backend for now)"),
+        BT_FLAG_INT("tp", &tp, "tensor-parallel size: processes in this decode group (default 1)"),
+        BT_FLAG_INT("node-rank", &node_rank, "this process's rank in the group (0 leads)"),
+        BT_FLAG_INT("nnodes", &nnodes, "hosts the group spans (one process per rank either way)"),
+        BT_FLAG_STR("dist-init-addr", &dist_addr, "host:port where rank 0 meets the other ranks"),
         BT_FLAG_INT("random-seed", &seed, "accepted for SGLang compatibility"),
         BT_FLAG_STR("transfer", &transfer, "KV transport: ucx (default)"),
         BT_FLAG_STR("ucx-tls", &ucx_tls, "UCX transports: tcp (default), sm, tcp,sm"),
@@ -719,11 +816,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "baton-decode: %s\n", err);
         return 2;
     }
-    if (bt_log_level_parse(log_level) < 0 || max_running < 1 || max_running > 1024 || tp != 1 ||
-        watchdog_s <= 0 || strcmp(transfer, "ucx") != 0) {
+    if (bt_log_level_parse(log_level) < 0 || max_running < 1 || max_running > 1024 || tp < 1 || tp > 64 ||
+        node_rank < 0 || node_rank >= tp || nnodes < 1 || watchdog_s <= 0 || strcmp(transfer, "ucx") != 0 ||
+        (tp > 1 && (!dist_addr || sim.on))) {
         fprintf(stderr, "baton-decode: bad flag value (--log-level, --max-running-requests 1..1024, "
-                        "--tp 1 (TP arrives with the tensor-parallel issue), --watchdog-timeout > 0, "
-                        "--transfer ucx)\n");
+                        "--tp 1..64 with --node-rank below it and --dist-init-addr when > 1 (not with "
+                        "--simulate), --watchdog-timeout > 0, --transfer ucx)\n");
         return 2;
     }
     if (!bt_sim_valid(&sim, err, sizeof err)) {
@@ -738,11 +836,22 @@ int main(int argc, char **argv)
     d->max_running = (int)max_running;
     d->watchdog_ms = (int64_t)(watchdog_s * 1000.0);
     d->sim = sim;
+    if (tp > 1) {
+        char tag[32];
+        snprintf(tag, sizeof tag, "decode.%lld", (long long)node_rank);
+        bt_log_set_tag(tag);
+        st = bt_comm_socket_create((int)node_rank, (int)tp, dist_addr, (int)d->watchdog_ms, &d->comm);
+        if (st != BT_OK) {
+            fprintf(stderr, "baton-decode: rank %lld of %lld cannot join the group at %s: %s\n",
+                    (long long)node_rank, (long long)tp, dist_addr, bt_status_str(st));
+            return 1;
+        }
+    }
     if (sim.on)
         st = bt_service_engine_open_sim(model_path, served, context, &d->eng, err, sizeof err);
     else
-        st = bt_service_engine_open(model_path, served, context, (int)max_running, (int)max_running,
-                                    (int)threads, &d->eng, err, sizeof err);
+        st = bt_service_engine_open_tp(model_path, served, context, (int)max_running, (int)max_running,
+                                       (int)threads, d->comm, &d->eng, err, sizeof err);
     if (st != BT_OK) {
         fprintf(stderr, "baton-decode: %s\n", err);
         return 1;
@@ -760,6 +869,14 @@ int main(int argc, char **argv)
     if (st != BT_OK) {
         fprintf(stderr, "baton-decode: cannot allocate the KV pool (%lld slots)\n", (long long)slots);
         return 1;
+    }
+    if (d->comm && node_rank > 0) {
+        /* a following rank: no gRPC, no transfers; it runs what rank 0 plans */
+        BT_LOG_INFO("rank %lld of %lld following rank 0 at %s", (long long)node_rank, (long long)tp, dist_addr);
+        st = bt_tp_follow(d->comm, d->eng.model, &d->eng.layout, follower_slot, d->pool, (int)slots);
+        if (st != BT_OK) BT_LOG_ERROR("the group failed (%s): leaving", bt_status_str(st));
+        bt_comm_destroy(d->comm);
+        return st == BT_OK ? 0 : 1;
     }
     BT_LOG_INFO("KV pool: %lld slots x %lld tokens = %.1f MiB", (long long)slots, (long long)ctx_len,
                 (double)slots * (double)d->eng.layout.slot_bytes / 1048576.0);
@@ -812,14 +929,18 @@ int main(int argc, char **argv)
         info.address = d->address;
         info.model = d->eng.served_name;
         info.compat_hash = d->eng.compat_hash;
-        info.tp = 1;
+        info.tp = (int32_t)tp;
         info.max_running = d->max_running;
         info.context_length = ctx_len;
         info.vocab_size = d->eng.cfg->vocab;
         bt_registration_start(d->rpc, router, &info, load_fn, d, &d->reg);
     }
     bt_service_on_signal(d->loop, on_stop, d);
+    uv_timer_init(d->loop, &d->tp_timer);
+    d->tp_timer.data = d;
+    if (d->comm) uv_timer_start(&d->tp_timer, on_tp_timer, 1000, 1000);
     uv_run(d->loop, UV_RUN_DEFAULT);
+    if (d->comm && !d->group_failed && !d->stepping) bt_tp_lead_shutdown(d->comm);
     BT_LOG_INFO("stopped");
     return 0;
 }

@@ -12,6 +12,7 @@
 #include "services/common/proto_util.h"
 #include "services/common/sampler.h"
 #include "services/common/service.h"
+#include "services/common/tp_group.h"
 #include "services/common/sim.h"
 
 #include <inttypes.h>
@@ -74,6 +75,10 @@ struct prefill {
     bt_histogram_t *chunk_time, *commit_time, *job_time;
     int64_t commit_start_ms;
     bt_sim_t sim; /* --simulate: a timing model instead of the model */
+    /* tensor parallelism: this process leads the group (rank 0) when comm is set */
+    bt_comm_t *comm;
+    bool tp_noop, chunk_reset, group_failed;
+    uv_timer_t tp_timer;
 };
 
 static void run_next(prefill_t *p);
@@ -150,6 +155,17 @@ static peer_t *peer_get(prefill_t *p, const uint8_t *desc, size_t len, char *err
 static void chunk_work(uv_work_t *w)
 {
     prefill_t *p = w->data;
+    if (p->comm) {
+        /* the plan first, then the same forward on every rank (its collectives pair up) */
+        static const int slot0 = 0;
+        bool reset = p->chunk_reset;
+        p->step_status = p->tp_noop ? bt_tp_lead_noop(p->comm) : bt_tp_lead_forward(p->comm, &slot0, &p->fwd, 1, &reset);
+        if (p->step_status != BT_OK) {
+            snprintf(p->step_err, sizeof p->step_err, "tensor-parallel group failed: a rank died or stalled");
+            return;
+        }
+        if (p->tp_noop) return;
+    }
     if (p->sim.on) { /* the modelled time; the counters a forward would advance, no data */
         bt_sim_sleep_ms(bt_sim_prefill_ms(&p->sim, p->fwd.n));
         bt_kv_state_advance_counters(p->eng.cfg, p->fwd.state, p->fwd.n);
@@ -184,11 +200,48 @@ static void on_committed(void *ctx, bt_status_t st)
     start_chunk(p, j);
 }
 
+static void exit_now(uv_timer_t *t)
+{
+    exit(1);
+}
+
+/* A rank of the group is gone: fail what is queued and leave, so the router drops us. */
+static void group_failed(prefill_t *p)
+{
+    if (p->group_failed) return;
+    p->group_failed = true;
+    p->stopping = true;
+    BT_LOG_ERROR("%s; failing every request and leaving", p->step_err);
+    while (p->queue) {
+        job_t *j = p->queue;
+        p->queue = j->next;
+        if (j->call) bt_rpc_call_finish(j->call, BT_RPC_UNAVAILABLE, p->step_err);
+        j->call = NULL;
+        BT_PROTO_FREE(baton__v1__prefill_request, j->req);
+        free(j);
+    }
+    p->queue_tail = NULL;
+    bt_registration_stop(p->reg);
+    p->reg = NULL;
+    uv_timer_stop(&p->tp_timer);
+    uv_timer_start(&p->tp_timer, exit_now, 300, 0);
+}
+
 static void chunk_done(uv_work_t *w, int status)
 {
     prefill_t *p = w->data;
     job_t *j = p->active;
     p->busy = false;
+    if (p->tp_noop) {
+        p->tp_noop = false;
+        if (p->step_status != BT_OK) group_failed(p);
+        return;
+    }
+    if (p->comm && p->step_status != BT_OK) {
+        job_end(j, BT_RPC_UNAVAILABLE, p->step_err);
+        group_failed(p);
+        return;
+    }
     bt_histogram_observe(p->chunk_time, (double)(bt_now_ms() - p->commit_start_ms) / 1000.0);
     if (p->step_status != BT_OK) {
         job_end(j, BT_RPC_INTERNAL, p->step_err);
@@ -258,6 +311,7 @@ static void start_chunk(prefill_t *p, job_t *j)
     int total = (int)j->req->n_prompt_ids;
     int n = total - j->done < p->chunk_size ? total - j->done : p->chunk_size;
     j->before = *bt_kv_header(p->slot);
+    p->chunk_reset = j->done == 0; /* the other ranks start this request from an empty slot */
     p->fwd = (bt_forward_seq_t){p->slot, j->req->prompt_ids + j->done, n, false};
     p->busy = true;
     p->commit_start_ms = bt_now_ms(); /* reused as the chunk's start */
@@ -291,6 +345,22 @@ static void run_next(prefill_t *p)
         start_chunk(p, j);
         return;
     }
+}
+
+/* TP: while idle, a heartbeat through the group finds a dead rank before a request does */
+static void on_tp_timer(uv_timer_t *t)
+{
+    prefill_t *p = t->data;
+    if (p->busy || p->active || p->stopping) return;
+    p->tp_noop = true;
+    p->busy = true;
+    p->work.data = p;
+    uv_queue_work(p->loop, &p->work, chunk_work, chunk_done);
+}
+
+static uint8_t *follower_slot(void *ctx, int i)
+{
+    return ctx;
 }
 
 static void on_job_cancel(void *ctx)
@@ -360,7 +430,7 @@ static void on_hello(void *ctx, bt_rpc_call_t *call, const uint8_t *data, size_t
     Baton__V1__HelloResponse hr = BATON__V1__HELLO_RESPONSE__INIT;
     hr.compat_hash = p->eng.compat_hash;
     hr.model = p->eng.served_name;
-    hr.tp = 1;
+    hr.tp = bt_model_tp_size(p->eng.model);
     uint8_t *buf;
     size_t n;
     bt_proto_pack(&hr.base, &buf, &n);
@@ -407,6 +477,8 @@ int main(int argc, char **argv)
     const char *model_path = NULL, *served = NULL, *host = "127.0.0.1", *router = NULL;
     const char *ucx_tls = "tcp", *transfer = "ucx", *log_level = "info", *net_devices = NULL;
     int64_t port = 0, context = 0, chunk = 4096, threads = 0, tp = 1, seed = 0, metrics_port = 0;
+    int64_t node_rank = 0, nnodes = 1;
+    const char *dist_addr = NULL;
     double watchdog_s = 300.0;
     bt_sim_t sim = bt_sim_default();
     bt_flag_t spec[] = {
@@ -419,7 +491,10 @@ int main(int argc, char **argv)
         BT_FLAG_INT("chunked-prefill-size", &chunk, "tokens per prefill chunk (default 4096)"),
         BT_FLAG_FLOAT("watchdog-timeout", &watchdog_s, "seconds any wait may take (default 300)"),
         BT_FLAG_INT("threads", &threads, "CPU threads for the model (default: one per core)"),
-        BT_FLAG_INT("tp", &tp, "tensor-parallel size (1 on the CPU backend for now)"),
+        BT_FLAG_INT("tp", &tp, "tensor-parallel size: processes in this prefill group (default 1)"),
+        BT_FLAG_INT("node-rank", &node_rank, "this process's rank in the group (0 leads)"),
+        BT_FLAG_INT("nnodes", &nnodes, "hosts the group spans (one process per rank either way)"),
+        BT_FLAG_STR("dist-init-addr", &dist_addr, "host:port where rank 0 meets the other ranks"),
         BT_FLAG_INT("random-seed", &seed, "accepted for SGLang compatibility"),
         BT_FLAG_STR("transfer", &transfer, "KV transport: ucx (default)"),
         BT_FLAG_STR("ucx-tls", &ucx_tls, "UCX transports: tcp (default), sm, tcp,sm"),
@@ -435,10 +510,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "baton-prefill: %s\n", err);
         return 2;
     }
-    if (bt_log_level_parse(log_level) < 0 || chunk < 1 || chunk > (1 << 20) || tp != 1 ||
-        watchdog_s <= 0 || strcmp(transfer, "ucx") != 0) {
+    if (bt_log_level_parse(log_level) < 0 || chunk < 1 || chunk > (1 << 20) || tp < 1 || tp > 64 ||
+        node_rank < 0 || node_rank >= tp || nnodes < 1 || watchdog_s <= 0 || strcmp(transfer, "ucx") != 0 ||
+        (tp > 1 && (!dist_addr || sim.on))) {
         fprintf(stderr, "baton-prefill: bad flag value (--log-level, --chunked-prefill-size "
-                        "1..1048576, --tp 1, --watchdog-timeout > 0, --transfer ucx)\n");
+                        "1..1048576, --tp 1..64 with --node-rank below it and --dist-init-addr when > 1 "
+                        "(not with --simulate), --watchdog-timeout > 0, --transfer ucx)\n");
         return 2;
     }
     if (!bt_sim_valid(&sim, err, sizeof err)) {
@@ -451,11 +528,22 @@ int main(int argc, char **argv)
     p->loop = uv_default_loop();
     p->chunk_size = (int)chunk;
     p->sim = sim;
+    if (tp > 1) {
+        char tag[32];
+        snprintf(tag, sizeof tag, "prefill.%lld", (long long)node_rank);
+        bt_log_set_tag(tag);
+        st = bt_comm_socket_create((int)node_rank, (int)tp, dist_addr, (int)(watchdog_s * 1000.0), &p->comm);
+        if (st != BT_OK) {
+            fprintf(stderr, "baton-prefill: rank %lld of %lld cannot join the group at %s: %s\n",
+                    (long long)node_rank, (long long)tp, dist_addr, bt_status_str(st));
+            return 1;
+        }
+    }
     if (sim.on)
         st = bt_service_engine_open_sim(model_path, served, context, &p->eng, err, sizeof err);
     else
-        st = bt_service_engine_open(model_path, served, context, 1, (int)chunk, (int)threads, &p->eng,
-                                    err, sizeof err);
+        st = bt_service_engine_open_tp(model_path, served, context, 1, (int)chunk, (int)threads, p->comm,
+                                       &p->eng, err, sizeof err);
     if (st != BT_OK) {
         fprintf(stderr, "baton-prefill: %s\n", err);
         return 1;
@@ -468,6 +556,14 @@ int main(int argc, char **argv)
         return 1;
     }
     if (sim.on) memset(p->slot, 0, p->eng.layout.slot_bytes); /* the dummy bytes it moves */
+    if (p->comm && node_rank > 0) {
+        /* a following rank: no gRPC, no transfers; it runs what rank 0 plans */
+        BT_LOG_INFO("rank %lld of %lld following rank 0 at %s", (long long)node_rank, (long long)tp, dist_addr);
+        st = bt_tp_follow(p->comm, p->eng.model, &p->eng.layout, follower_slot, p->slot, 1);
+        if (st != BT_OK) BT_LOG_ERROR("the group failed (%s): leaving", bt_status_str(st));
+        bt_comm_destroy(p->comm);
+        return st == BT_OK ? 0 : 1;
+    }
     bt_xfer_options_t xo = {BT_XFER_UCX, ucx_tls, net_devices, 1000};
     if ((st = bt_xfer_create(p->loop, &xo, &p->xfer)) != BT_OK) {
         fprintf(stderr, "baton-prefill: transfer layer: %s\n", bt_status_str(st));
@@ -504,13 +600,17 @@ int main(int argc, char **argv)
         info.address = p->address;
         info.model = p->eng.served_name;
         info.compat_hash = p->eng.compat_hash;
-        info.tp = 1;
+        info.tp = (int32_t)tp;
         info.context_length = p->eng.layout.max_ctx;
         info.vocab_size = p->eng.cfg->vocab;
         bt_registration_start(p->rpc, router, &info, load_fn, p, &p->reg);
     }
     bt_service_on_signal(p->loop, on_stop, p);
+    uv_timer_init(p->loop, &p->tp_timer);
+    p->tp_timer.data = p;
+    if (p->comm) uv_timer_start(&p->tp_timer, on_tp_timer, 1000, 1000);
     uv_run(p->loop, UV_RUN_DEFAULT);
+    if (p->comm && !p->group_failed && !p->busy) bt_tp_lead_shutdown(p->comm);
     BT_LOG_INFO("stopped");
     return 0;
 }

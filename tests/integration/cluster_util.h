@@ -7,7 +7,10 @@
 #include "common/rpc/rpc.h"
 #include "services/common/proto_util.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -32,20 +35,16 @@ static inline int64_t ms_now(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* Starts BT_BIN_DIR/<bin> with the NULL-terminated args; waits up to 60 s for its
- * "listening on ADDR" line. Its stderr goes to a log file under /tmp. */
-static inline int proc_start(proc_t *p, const char *bin, ...)
+/* Starts BT_BIN_DIR/<bin> with argv (NULL-terminated, argv[0] ignored); when `wait`, waits up
+ * to 60 s for its "listening on ADDR" line. Its stderr goes to a log file under /tmp. */
+static inline int proc_startv(proc_t *p, const char *bin, char **args, bool wait)
 {
     char *argv[64];
     char path[512];
     snprintf(path, sizeof path, "%s/%s", BT_BIN_DIR, bin);
     argv[0] = path;
     int n = 1;
-    va_list ap;
-    va_start(ap, bin);
-    const char *a;
-    while ((a = va_arg(ap, const char *)) && n < 63) argv[n++] = (char *)a;
-    va_end(ap);
+    for (int i = 0; args[i] && n < 63; i++) argv[n++] = args[i];
     argv[n] = NULL;
     int fds[2];
     if (pipe(fds) != 0) return -1;
@@ -64,6 +63,11 @@ static inline int proc_start(proc_t *p, const char *bin, ...)
     close(fds[1]);
     p->pid = pid;
     p->addr[0] = 0;
+    p->metrics[0] = 0;
+    if (!wait) {
+        close(fds[0]);
+        return 0;
+    }
     char buf[512];
     size_t used = 0;
     int64_t deadline = ms_now() + 60000;
@@ -90,6 +94,37 @@ static inline int proc_start(proc_t *p, const char *bin, ...)
         return -1;
     }
     return 0;
+}
+
+/* proc_startv with the args as a NULL-terminated list */
+static inline int proc_start(proc_t *p, const char *bin, ...)
+{
+    char *args[64];
+    int n = 0;
+    va_list ap;
+    va_start(ap, bin);
+    const char *a;
+    while ((a = va_arg(ap, const char *)) && n < 63) args[n++] = (char *)a;
+    va_end(ap);
+    args[n] = NULL;
+    return proc_startv(p, bin, args, true);
+}
+
+/* A free TCP port on 127.0.0.1 (bound, read, released). */
+static inline int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
+        close(fd);
+        return -1;
+    }
+    close(fd);
+    return ntohs(a.sin_port);
 }
 
 static inline void proc_stop(proc_t *p, int sig)

@@ -16,39 +16,81 @@
 
 static char golden_exact[512], golden_a[512];
 
+/* Worker groups of CLUSTER_TP processes each (test_cluster_tp.c builds this file with 4). */
+#ifndef CLUSTER_TP
+#define CLUSTER_TP 1
+#endif
+
 typedef struct {
     proc_t router, prefill, decode;
+    proc_t prefill_ranks[CLUSTER_TP], decode_ranks[CLUSTER_TP]; /* ranks 1.. (followers) */
     char router_addr[128];
+    const char *model, *tls, *chunk, *watchdog;
 } cluster_t;
 
 static const char *context = "512";
+
+/* Starts a prefill (decode = false) or decode group: the following ranks first (they wait
+ * for rank 0), then rank 0, which registers with the router. */
+static int group_start(cluster_t *c, bool decode, const char *ctx, const char *chunk)
+{
+    char dist[64], tp[8];
+    snprintf(dist, sizeof dist, "127.0.0.1:%d", free_port());
+    snprintf(tp, sizeof tp, "%d", CLUSTER_TP);
+    char rank_s[CLUSTER_TP][8];
+    for (int r = CLUSTER_TP - 1; r >= 0; r--) {
+        snprintf(rank_s[r], sizeof rank_s[r], "%d", r);
+        char *args[40] = {"--port", "0", "--model-path", (char *)c->model, "--served-model-name", "m",
+                          "--router", c->router_addr, "--context-length", (char *)ctx, "--ucx-tls",
+                          (char *)c->tls, "--threads", "1", "--watchdog-timeout", (char *)c->watchdog, NULL};
+        int n = 16;
+        if (!decode) {
+            args[n++] = "--chunked-prefill-size";
+            args[n++] = (char *)chunk;
+        }
+        if (CLUSTER_TP > 1) {
+            args[n++] = "--tp";
+            args[n++] = tp;
+            args[n++] = "--node-rank";
+            args[n++] = rank_s[r];
+            args[n++] = "--dist-init-addr";
+            args[n++] = dist;
+        }
+        args[n] = NULL;
+        proc_t *p = r == 0 ? (decode ? &c->decode : &c->prefill) : (decode ? &c->decode_ranks[r] : &c->prefill_ranks[r]);
+        if (proc_startv(p, decode ? "baton-decode" : "baton-prefill", args, r == 0)) return -1;
+    }
+    return 0;
+}
+
+static void group_stop(cluster_t *c, bool decode, int sig)
+{
+    proc_stop(decode ? &c->decode : &c->prefill, sig);
+    for (int r = 1; r < CLUSTER_TP; r++) proc_stop(decode ? &c->decode_ranks[r] : &c->prefill_ranks[r], SIGTERM);
+}
 
 static int cluster_start(cluster_t *c, const char *model, const char *tls, const char *chunk,
                          const char *max_queued, const char *watchdog)
 {
     memset(c, 0, sizeof *c);
+    c->model = model;
+    c->tls = tls;
+    c->chunk = chunk;
+    c->watchdog = watchdog;
     if (proc_start(&c->router, "baton-router", "--port", "0", "--model-path", model,
                    "--served-model-name", "m", "--max-queued-requests", max_queued,
                    "--heartbeat-ms", "200", "--watchdog-timeout", watchdog, NULL))
         return -1;
     snprintf(c->router_addr, sizeof c->router_addr, "%s", c->router.addr);
-    if (proc_start(&c->prefill, "baton-prefill", "--port", "0", "--model-path", model,
-                   "--served-model-name", "m", "--router", c->router_addr, "--context-length", context,
-                   "--chunked-prefill-size", chunk, "--ucx-tls", tls, "--threads", "1",
-                   "--watchdog-timeout", watchdog, NULL))
-        return -1;
-    if (proc_start(&c->decode, "baton-decode", "--port", "0", "--model-path", model,
-                   "--served-model-name", "m", "--router", c->router_addr, "--context-length", context,
-                   "--ucx-tls", tls, "--threads", "1", "--watchdog-timeout", watchdog, NULL))
-        return -1;
+    if (group_start(c, false, context, chunk) || group_start(c, true, context, chunk)) return -1;
     usleep(300000); /* registration */
     return 0;
 }
 
 static void cluster_stop(cluster_t *c)
 {
-    proc_stop(&c->decode, SIGTERM);
-    proc_stop(&c->prefill, SIGTERM);
+    group_stop(c, true, SIGTERM);
+    group_stop(c, false, SIGTERM);
     proc_stop(&c->router, SIGTERM);
 }
 
@@ -286,9 +328,8 @@ static void test_kill_decode(void)
     /* the router stops sending to it: it drops out of the registry */
     BT_CHECK(groups(&cl, 0, 1));
     /* restarted, it registers again and serves */
-    BT_CHECK(proc_start(&c.decode, "baton-decode", "--port", "0", "--model-path", golden_exact,
-                        "--served-model-name", "m", "--router", c.router_addr, "--context-length", "512",
-                        "--ucx-tls", "tcp", "--threads", "1", "--watchdog-timeout", "5", NULL) == 0);
+    group_stop(&c, true, SIGKILL); /* the rest of the group left with its leader */
+    BT_CHECK(group_start(&c, true, context, c.chunk) == 0);
     BT_CHECK(groups(&cl, 1, 1));
     gen_start(&cl, &g, prompt, 3, 8, true, 30000);
     BT_CHECK(run_until(&cl, gen_done, &g, 30000));
@@ -328,9 +369,8 @@ static void test_kill_prefill_and_cancel(void)
     BT_CHECK(groups(&cl, 1, 0));
 
     /* a client cancel mid-stream returns the pool to its baseline */
-    BT_CHECK(proc_start(&c.prefill, "baton-prefill", "--port", "0", "--model-path", golden_exact,
-                        "--served-model-name", "m", "--router", c.router_addr, "--context-length", context,
-                        "--chunked-prefill-size", "64", "--ucx-tls", "tcp", "--threads", "1", NULL) == 0);
+    group_stop(&c, false, SIGKILL);
+    BT_CHECK(group_start(&c, false, context, "64") == 0);
     BT_CHECK(groups(&cl, 1, 1));
     gen_start(&cl, &g, prompt, 3, 400, true, 60000);
     BT_CHECK(run_until(&cl, got_tokens, &g, 20000));
@@ -350,14 +390,15 @@ static void test_incompatible_groups(void)
 {
     cluster_t c;
     memset(&c, 0, sizeof c);
+    c.model = golden_exact;
+    c.tls = "tcp";
+    c.watchdog = "30";
     BT_CHECK(proc_start(&c.router, "baton-router", "--port", "0", "--model-path", golden_exact,
                         "--served-model-name", "m", "--heartbeat-ms", "200", NULL) == 0);
-    BT_CHECK(proc_start(&c.prefill, "baton-prefill", "--port", "0", "--model-path", golden_exact,
-                        "--served-model-name", "m", "--router", c.router.addr, "--context-length", "256",
-                        "--threads", "1", NULL) == 0);
-    BT_CHECK(proc_start(&c.decode, "baton-decode", "--port", "0", "--model-path", golden_exact,
-                        "--served-model-name", "m", "--router", c.router.addr, "--context-length", "512",
-                        "--threads", "1", NULL) == 0);
+    snprintf(c.router_addr, sizeof c.router_addr, "%s", c.router.addr);
+    /* another context length means another KV layout */
+    BT_CHECK(group_start(&c, false, "256", "4096") == 0);
+    BT_CHECK(group_start(&c, true, "512", "4096") == 0);
     client_t cl;
     client_open(&cl, c.router.addr);
     BT_CHECK(serving(&cl));
@@ -371,6 +412,36 @@ static void test_incompatible_groups(void)
     cluster_stop(&c);
 }
 
+#if CLUSTER_TP > 1
+/* kill -9 of a non-leader rank mid-request: the group's requests fail within the watchdog,
+ * nothing hangs, and the router stops sending to that group */
+static void test_kill_follower_rank(void)
+{
+    cluster_t c;
+    BT_CHECK(cluster_start(&c, golden_exact, "tcp", "4096", "256", "5") == 0);
+    client_t cl;
+    client_open(&cl, c.router_addr);
+    BT_CHECK(serving(&cl));
+    int32_t prompt[3] = {0, 42, 71};
+    gen_t g;
+    gen_start(&cl, &g, prompt, 3, 400, true, 60000);
+    BT_CHECK(run_until(&cl, got_tokens, &g, 20000));
+    int64_t t_kill = ms_now();
+    proc_stop(&c.decode_ranks[CLUSTER_TP - 1], SIGKILL);
+    BT_CHECK(run_until(&cl, gen_done, &g, 10000));
+    fprintf(stderr, "  decode rank %d killed: request ended %s after %lld ms (%s)\n", CLUSTER_TP - 1,
+            bt_rpc_code_name(g.code), (long long)(g.t_done - t_kill), g.message);
+    BT_CHECK_MSG(g.code == BT_RPC_UNAVAILABLE, "got %s", bt_rpc_code_name(g.code));
+    BT_CHECK(g.t_done - t_kill < 5000);
+    BT_CHECK(groups(&cl, 0, 1));
+    /* the same with a prefill follower, idle: the group notices through its heartbeat plan */
+    proc_stop(&c.prefill_ranks[1], SIGKILL);
+    BT_CHECK(groups(&cl, 0, 0));
+    client_close(&cl);
+    cluster_stop(&c);
+}
+#endif
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -381,5 +452,8 @@ int main(void)
     BT_RUN(test_kill_decode);
     BT_RUN(test_kill_prefill_and_cancel);
     BT_RUN(test_incompatible_groups);
+#if CLUSTER_TP > 1
+    BT_RUN(test_kill_follower_rank);
+#endif
     return bt_test_summary();
 }

@@ -1,0 +1,156 @@
+#include "services/common/tp_group.h"
+
+#include "common/alloc.h"
+#include "common/log.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+enum { PLAN_NOOP = 0, PLAN_FORWARD = 1, PLAN_SYNC = 2, PLAN_SHUTDOWN = 3 };
+
+/* header, then a payload of `bytes` */
+typedef struct {
+    uint32_t op, n_seqs, n_tokens, n_ranges;
+    int32_t slot;
+    uint32_t pad;
+    uint64_t bytes;
+} plan_t;
+
+static bt_status_t send_plan(bt_comm_t *comm, plan_t *p, void *payload)
+{
+    bt_status_t st = bt_comm_broadcast(comm, p, sizeof *p, 0);
+    if (st == BT_OK && p->bytes) st = bt_comm_broadcast(comm, payload, (size_t)p->bytes, 0);
+    return st;
+}
+
+bt_status_t bt_tp_lead_forward(bt_comm_t *comm, const int *slots, const bt_forward_seq_t *seqs, int n,
+                               const bool *reset)
+{
+    plan_t p = {PLAN_FORWARD, (uint32_t)n, 0, 0, 0, 0, 0};
+    for (int i = 0; i < n; i++) p.n_tokens += (uint32_t)seqs[i].n;
+    /* payload: per seq {slot, n, all_logits, reset}, then the tokens */
+    size_t bytes = (size_t)n * 4 * sizeof(int32_t) + (size_t)p.n_tokens * sizeof(int32_t);
+    int32_t *buf = bt_malloc_or_die(bytes);
+    int32_t *tok = buf + 4 * n;
+    for (int i = 0; i < n; i++) {
+        buf[4 * i] = slots[i];
+        buf[4 * i + 1] = seqs[i].n;
+        buf[4 * i + 2] = seqs[i].all_logits;
+        buf[4 * i + 3] = reset && reset[i];
+        memcpy(tok, seqs[i].ids, (size_t)seqs[i].n * sizeof(int32_t));
+        tok += seqs[i].n;
+    }
+    p.bytes = bytes;
+    bt_status_t st = send_plan(comm, &p, buf);
+    free(buf);
+    return st;
+}
+
+bt_status_t bt_tp_lead_sync(bt_comm_t *comm, int slot, const uint8_t *state, const bt_kv_range_t *ranges,
+                            int n_ranges)
+{
+    size_t data = 0;
+    for (int i = 0; i < n_ranges; i++) data += ranges[i].len;
+    size_t bytes = (size_t)n_ranges * 2 * sizeof(uint64_t) + data;
+    uint8_t *buf = bt_malloc_or_die(bytes ? bytes : 1);
+    uint64_t *r = (uint64_t *)buf;
+    uint8_t *o = buf + (size_t)n_ranges * 2 * sizeof(uint64_t);
+    for (int i = 0; i < n_ranges; i++) {
+        r[2 * i] = ranges[i].off;
+        r[2 * i + 1] = ranges[i].len;
+        memcpy(o, state + ranges[i].off, ranges[i].len);
+        o += ranges[i].len;
+    }
+    plan_t p = {PLAN_SYNC, 0, 0, (uint32_t)n_ranges, slot, 0, bytes};
+    bt_status_t st = send_plan(comm, &p, buf);
+    free(buf);
+    return st;
+}
+
+bt_status_t bt_tp_lead_noop(bt_comm_t *comm)
+{
+    plan_t p = {PLAN_NOOP, 0, 0, 0, 0, 0, 0};
+    return send_plan(comm, &p, NULL);
+}
+
+bt_status_t bt_tp_lead_shutdown(bt_comm_t *comm)
+{
+    plan_t p = {PLAN_SHUTDOWN, 0, 0, 0, 0, 0, 0};
+    return send_plan(comm, &p, NULL);
+}
+
+bt_status_t bt_tp_follow(bt_comm_t *comm, bt_model_t *model, const bt_kv_layout_t *layout,
+                         bt_tp_slot_fn slot_fn, void *ctx, int n_slots)
+{
+    const bt_model_config_t *c = bt_model_config(model);
+    size_t cap = 1 << 16;
+    uint8_t *payload = bt_malloc_or_die(cap);
+    float *logits = NULL;
+    size_t logits_cap = 0;
+    bt_forward_seq_t *seqs = NULL;
+    int seqs_cap = 0;
+    bt_status_t st;
+    char err[256];
+    for (;;) {
+        plan_t p;
+        if ((st = bt_comm_broadcast(comm, &p, sizeof p, 0)) != BT_OK) break;
+        if (p.bytes > cap) {
+            cap = (size_t)p.bytes;
+            payload = bt_realloc_or_die(payload, cap);
+        }
+        if (p.bytes && (st = bt_comm_broadcast(comm, payload, (size_t)p.bytes, 0)) != BT_OK) break;
+        if (p.op == PLAN_SHUTDOWN) {
+            st = BT_OK;
+            break;
+        }
+        if (p.op == PLAN_SYNC) {
+            if (p.slot < 0 || p.slot >= n_slots) {
+                st = BT_ERR_INTERNAL;
+                break;
+            }
+            uint8_t *state = slot_fn(ctx, p.slot);
+            const uint64_t *r = (const uint64_t *)payload;
+            const uint8_t *data = payload + (size_t)p.n_ranges * 2 * sizeof(uint64_t);
+            for (uint32_t i = 0; i < p.n_ranges; i++) {
+                BT_ASSERT(r[2 * i] + r[2 * i + 1] <= layout->slot_bytes);
+                memcpy(state + r[2 * i], data, (size_t)r[2 * i + 1]);
+                data += r[2 * i + 1];
+            }
+            continue;
+        }
+        if (p.op != PLAN_FORWARD) continue;
+        int n = (int)p.n_seqs;
+        if (n > seqs_cap) {
+            seqs_cap = n;
+            seqs = bt_realloc_or_die(seqs, (size_t)n * sizeof *seqs);
+        }
+        const int32_t *hdr = (const int32_t *)payload, *tok = hdr + 4 * n;
+        size_t rows = 0;
+        for (int i = 0; i < n; i++) {
+            if (hdr[4 * i] < 0 || hdr[4 * i] >= n_slots) {
+                st = BT_ERR_INTERNAL;
+                goto out;
+            }
+            uint8_t *state = slot_fn(ctx, hdr[4 * i]);
+            if (hdr[4 * i + 3]) bt_kv_state_reset(state);
+            seqs[i] = (bt_forward_seq_t){state, tok, hdr[4 * i + 1], hdr[4 * i + 2] != 0};
+            rows += seqs[i].all_logits ? (size_t)seqs[i].n : 1;
+            tok += seqs[i].n;
+        }
+        if (rows * (size_t)c->vocab > logits_cap) {
+            logits_cap = rows * (size_t)c->vocab;
+            logits = bt_realloc_or_die(logits, logits_cap * sizeof(float));
+        }
+        /* the same forward as the leader's: its collectives pair with the leader's */
+        st = bt_model_forward(model, layout, seqs, n, logits, err, sizeof err);
+        if (st != BT_OK) {
+            BT_LOG_ERROR("forward: %s", err);
+            break;
+        }
+    }
+out:
+    free(payload);
+    free(logits);
+    free(seqs);
+    return st;
+}

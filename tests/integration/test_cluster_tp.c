@@ -1,0 +1,4 @@
+/* The cluster integration tests again, with a TP4 prefill group and a TP4 decode group (four
+ * processes each, ranks over loopback sockets), plus kill -9 of a non-leader rank. */
+#define CLUSTER_TP 4
+#include "integration/test_cluster.c"
