@@ -39,14 +39,27 @@ __device__ __forceinline__ void dequant_fp8x16(uint4 v, float s, float *out)
     }
 }
 
-/* 8 bytes of e2m1 pairs (16 values, low nibble first) times a scale -> 16 floats */
+/* 8 e2m1 codes of one word (low nibble first) -> 8 floats times s. Each code's 3 magnitude
+ * bits go into a half's exponent and top mantissa bit, its sign into the half's sign: that half
+ * is the e2m1 value times 2^-14 (code 1 lands on the subnormal 2^-15), so s carries 2^14. */
+__device__ __forceinline__ void fp4x8(unsigned v, float s, float *out)
+{
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        unsigned b = v >> (8 * j);
+        unsigned h = ((b & 0x7u) << 9) | ((b & 0x8u) << 12) | ((b & 0x70u) << 21) |
+                     ((b & 0x80u) << 24);
+        float2 f = __half22float2(*(__half2 *)&h);
+        out[2 * j] = f.x * s;
+        out[2 * j + 1] = f.y * s;
+    }
+}
+
+/* 8 bytes of e2m1 pairs (16 values, low nibble first) times a scale -> 16 floats, exact */
 __device__ __forceinline__ void dequant_fp4x16(uint2 v, float s, float *out)
 {
-    const unsigned u[2] = {v.x, v.y};
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 8; j++) out[8 * i + j] = bt_e2m1((u[i] >> (4 * j)) & 0xfu) * s;
+    fp4x8(v.x, s * 16384.0f, out);
+    fp4x8(v.y, s * 16384.0f, out + 8);
 }
 
 __device__ __forceinline__ void bf16x8_to_f32(uint4 v, float *out)
@@ -219,41 +232,62 @@ __global__ void __launch_bounds__(SK_WARPS * 32) gemm_skinny(OT *y, const __nv_b
         }
         if (FMT == FMT_FP8 && (K % 16) == 0) {
             const uint8_t *wr = w + (size_t)n * K, *sr = ws + (size_t)(n / 32) * ks8;
-            for (int k = lane * 16; k < K; k += 32 * 16) {
-                float f[16];
-                dequant_fp8x16(__ldg((const uint4 *)(wr + k)), 1.0f, f);
-                float s = bt_e8m0(sr[k / 32]);
+            for (int k0 = lane * 16; k0 < K; k0 += 2 * 32 * 16) {
+                /* both loads issued before either is used */
+                uint4 wv[2];
+                int kk[2] = {k0, k0 + 32 * 16};
+                wv[0] = __ldg((const uint4 *)(wr + k0));
+                wv[1] = make_uint4(0, 0, 0, 0);
+                if (kk[1] < K) wv[1] = __ldg((const uint4 *)(wr + kk[1]));
 #pragma unroll
-                for (int m = 0; m < SK_ROWS; m++) {
-                    if (m >= mr) break;
-                    float a[16], p = 0.0f;
-                    bf16x8_to_f32(*(const uint4 *)(xr[m] + k), a);
-                    bf16x8_to_f32(*(const uint4 *)(xr[m] + k + 8), a + 8);
+                for (int u = 0; u < 2; u++) {
+                    int k = kk[u];
+                    if (k >= K) break;
+                    float f[16];
+                    dequant_fp8x16(wv[u], 1.0f, f);
+                    float s = bt_e8m0(sr[k / 32]);
 #pragma unroll
-                    for (int j = 0; j < 16; j++) p += f[j] * a[j];
-                    acc[m] += p * s;
+                    for (int m = 0; m < SK_ROWS; m++) {
+                        if (m >= mr) break;
+                        float a[16], p = 0.0f;
+                        bf16x8_to_f32(*(const uint4 *)(xr[m] + k), a);
+                        bf16x8_to_f32(*(const uint4 *)(xr[m] + k + 8), a + 8);
+#pragma unroll
+                        for (int j = 0; j < 16; j++) p += f[j] * a[j];
+                        acc[m] += p * s;
+                    }
                 }
             }
         } else if (FMT == FMT_FP4) {
             const uint8_t *wr = w + (size_t)n * (K / 2), *sr = ws + (size_t)n * (K / 32);
-            for (int k = lane * 32; k < K; k += 32 * 32) {
-                uint4 v = __ldg((const uint4 *)(wr + k / 2));
-                float s = bt_e8m0(sr[k / 32]);
-                float f[32];
-                dequant_fp4x16(make_uint2(v.x, v.y), 1.0f, f);
-                dequant_fp4x16(make_uint2(v.z, v.w), 1.0f, f + 16);
+            for (int k0 = lane * 32; k0 < K; k0 += 2 * 32 * 32) {
+                uint4 wv[2];
+                int kk[2] = {k0, k0 + 32 * 32};
+                wv[0] = __ldg((const uint4 *)(wr + k0 / 2));
+                wv[1] = make_uint4(0, 0, 0, 0);
+                if (kk[1] < K) wv[1] = __ldg((const uint4 *)(wr + kk[1] / 2));
 #pragma unroll
-                for (int m = 0; m < SK_ROWS; m++) {
-                    if (m >= mr) break;
-                    float p = 0.0f;
+                for (int u = 0; u < 2; u++) {
+                    int k = kk[u];
+                    if (k >= K) break;
+                    float s = bt_e8m0(sr[k / 32]) * 16384.0f, f[32];
+                    fp4x8(wv[u].x, 1.0f, f);
+                    fp4x8(wv[u].y, 1.0f, f + 8);
+                    fp4x8(wv[u].z, 1.0f, f + 16);
+                    fp4x8(wv[u].w, 1.0f, f + 24);
 #pragma unroll
-                    for (int c = 0; c < 4; c++) {
-                        float a[8];
-                        bf16x8_to_f32(*(const uint4 *)(xr[m] + k + 8 * c), a);
+                    for (int m = 0; m < SK_ROWS; m++) {
+                        if (m >= mr) break;
+                        float p = 0.0f;
 #pragma unroll
-                        for (int j = 0; j < 8; j++) p += f[8 * c + j] * a[j];
+                        for (int c = 0; c < 4; c++) {
+                            float a[8];
+                            bf16x8_to_f32(*(const uint4 *)(xr[m] + k + 8 * c), a);
+#pragma unroll
+                            for (int j = 0; j < 8; j++) p += f[8 * c + j] * a[j];
+                        }
+                        acc[m] += p * s;
                     }
-                    acc[m] += p * s;
                 }
             }
         } else {
