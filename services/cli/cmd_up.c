@@ -14,7 +14,10 @@
 #include "common/log.h"
 #include "services/cli/config.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
@@ -64,7 +67,8 @@ static int64_t now_ms(void)
 }
 
 /* Starts argv, waits (up to timeout_ms) for its "listening on ADDR" line on stdout; the
- * rest of its output is passed through. Returns the child index or -1. */
+ * rest of its output is passed through. Returns the child index or -1. timeout_ms 0: no
+ * wait (a following TP rank, which prints no address). */
 static int spawn(const char *name, char **argv, int timeout_ms)
 {
     int fds[2];
@@ -85,6 +89,11 @@ static int spawn(const char *name, char **argv, int timeout_ms)
     memset(c, 0, sizeof *c);
     c->pid = pid;
     snprintf(c->name, sizeof c->name, "%s", name);
+    if (timeout_ms == 0) {
+        close(fds[0]);
+        snprintf(c->listen, sizeof c->listen, "(tensor-parallel rank)");
+        return n_children++;
+    }
     char line[512];
     size_t used = 0;
     int64_t deadline = now_ms() + timeout_ms;
@@ -204,6 +213,22 @@ static bool net_device_present(const char *dev)
 
 static int up(int argc, char **argv, const bt_conf_t *conf);
 
+/* A free TCP port on host (bound, read, released): where a TP group's ranks meet. */
+static int free_port(const char *host)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    if (inet_pton(AF_INET, host, &a.sin_addr) != 1) a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    int port = 29500;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    if (fd >= 0) close(fd);
+    return port;
+}
+
 int bt_cli_up(int argc, char **argv)
 {
     /* --config FILE: its [cluster] values go first, so command-line flags override them */
@@ -279,7 +304,7 @@ static int up(int argc, char **argv, const bt_conf_t *conf)
         BT_FLAG_STR("log-level", &log_level, "debug, info, warn, error"),
         BT_FLAG_STR("tokenizer-path", &tokenizer, "tokenizer directory (default: model path)"),
         BT_FLAG_STR("quantization", &quant, "accepted; Baton follows the checkpoint's formats"),
-        BT_FLAG_INT("tp", &tp, "tensor-parallel size (the CPU backend runs 1)"),
+        BT_FLAG_INT("tp", &tp, "tensor-parallel size: processes per prefill and decode group (default 1)"),
         BT_FLAG_INT("nnodes", &nnodes, "hosts per group (baton up runs one)"),
         BT_FLAG_INT("node-rank", &node_rank, "must be 0 for baton up"),
         BT_FLAG_STR("dist-init-addr", &dist_init, "group rendezvous (unused on one host)"),
@@ -317,9 +342,10 @@ static int up(int argc, char **argv, const bt_conf_t *conf)
                         "other ranks' services with deploy/systemd or deploy/k8s\n", (long long)node_rank);
         return 2;
     }
-    if (tp > 1)
-        fprintf(stderr, "baton up: warning: tp = %lld: the CPU backend runs each group as one rank (tp 1)\n",
-                (long long)tp);
+    if (tp < 1 || tp > 16 || (n_prefill + n_decode) * tp + 2 > MAX_CHILDREN) {
+        fprintf(stderr, "baton up: --tp must be 1..16 (and every group's ranks fit in %d processes)\n", MAX_CHILDREN);
+        return 2;
+    }
     if (nnodes > 1)
         fprintf(stderr, "baton up: warning: nnodes = %lld%s%s: baton up runs every service on this host\n",
                 (long long)nnodes, dist_init ? ", dist-init-addr = " : "", dist_init ? dist_init : "");
@@ -400,8 +426,16 @@ static int up(int argc, char **argv, const bt_conf_t *conf)
     for (int kind = 0; kind < 2; kind++) {
         int64_t count = kind == 0 ? n_prefill : n_decode;
         for (int64_t i = 0; i < count; i++) {
+          /* a group of tp processes: the following ranks first (they wait for rank 0), then
+           * rank 0, which registers with the router */
+          char dist[64] = "";
+          if (tp > 1) snprintf(dist, sizeof dist, "%s:%d", host, free_port(host));
+          for (int64_t rank = tp - 1; rank >= 0; rank--) {
             char name[64];
-            snprintf(name, sizeof name, "%s-%lld", kind == 0 ? "prefill" : "decode", (long long)i);
+            if (tp > 1)
+                snprintf(name, sizeof name, "%s-%lld.%lld", kind == 0 ? "prefill" : "decode", (long long)i, (long long)rank);
+            else
+                snprintf(name, sizeof name, "%s-%lld", kind == 0 ? "prefill" : "decode", (long long)i);
             snprintf(exe, sizeof exe, "%s/baton-%s", dir, kind == 0 ? "prefill" : "decode");
             add(&a, exe);
             add_opt(&a, "--model-path", model_path);
@@ -433,12 +467,18 @@ static int up(int argc, char **argv, const bt_conf_t *conf)
                     }
             }
             add_section(&a, conf, kind == 0 ? "prefill" : "decode");
-            int ci = spawn(name, a.v, timeout_ms);
+            if (tp > 1) {
+                add_int(&a, "--tp", tp);
+                add_int(&a, "--node-rank", rank);
+                add_opt(&a, "--dist-init-addr", dist);
+            }
+            int ci = spawn(name, a.v, rank == 0 ? timeout_ms : 0);
             free_args(&a);
             if (ci < 0) {
                 rc = 1;
                 goto out;
             }
+          }
         }
     }
     snprintf(exe, sizeof exe, "%s/baton-gateway", dir);
