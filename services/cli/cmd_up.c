@@ -4,10 +4,14 @@
  * cluster down with a message saying which.
  *
  * `--config FILE` (deploy/README.md) supplies defaults that command-line flags override. What
- * this host cannot honour is reported: tp/nnodes > 1, speculative decoding, CUDA graphs and
+ * this host cannot honour is reported: nnodes > 1 (then tp runs as 1 here; tp > 1 on one node
+ * runs each group as tp local processes), speculative decoding, CUDA graphs and
  * cache reports warn and the cluster runs without them; node-rank > 0 refuses (baton up starts
  * whole clusters, rank 0 only). */
 #include "services/cli/cli.h"
+
+#include "common/rpc/rpc.h"
+#include "services/common/proto_util.h"
 
 #include "common/alloc.h"
 #include "common/flags.h"
@@ -213,6 +217,51 @@ static bool net_device_present(const char *dev)
 
 static int up(int argc, char **argv, const bt_conf_t *conf);
 
+/* Polls the router's Health until both kinds of group are registered (or the deadline): the
+ * "cluster running" line then means requests are served, not only that processes started. */
+typedef struct {
+    bool done, serving;
+} health_t;
+
+static void on_health(void *ctx, bt_rpc_code_t code, const char *msg, const uint8_t *resp, size_t len)
+{
+    health_t *h = ctx;
+    Baton__V1__HealthResponse *r = code == BT_RPC_OK ? BT_PROTO_UNPACK(baton__v1__health_response, resp, len) : NULL;
+    h->serving = r && r->serving;
+    if (r) BT_PROTO_FREE(baton__v1__health_response, r);
+    h->done = true;
+}
+
+static bool wait_serving(const char *router, int timeout_ms)
+{
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    bt_rpc_t *rpc = NULL;
+    bt_rpc_channel_t *ch = NULL;
+    bool ok = false;
+    if (bt_rpc_create(&loop, &rpc) != BT_OK || bt_rpc_channel_create(rpc, router, NULL, &ch) != BT_OK) goto out;
+    int64_t deadline = now_ms() + timeout_ms;
+    while (!ok && !stop_requested && now_ms() < deadline) {
+        Baton__V1__HealthRequest rq = BATON__V1__HEALTH_REQUEST__INIT;
+        uint8_t *buf;
+        size_t len;
+        bt_proto_pack(&rq.base, &buf, &len);
+        health_t h = {false, false};
+        if (bt_rpc_unary(ch, "/baton.v1.Baton/Health", buf, len, 2000, on_health, &h, NULL) == BT_OK)
+            while (!h.done) uv_run(&loop, UV_RUN_ONCE);
+        free(buf);
+        ok = h.serving;
+        if (!ok) usleep(100000);
+    }
+out:
+    if (ch) bt_rpc_channel_destroy(ch);
+    for (int i = 0; i < 10; i++) uv_run(&loop, UV_RUN_NOWAIT);
+    if (rpc) bt_rpc_destroy(rpc);
+    uv_run(&loop, UV_RUN_NOWAIT);
+    uv_loop_close(&loop);
+    return ok;
+}
+
 /* A free TCP port on host (bound, read, released): where a TP group's ranks meet. */
 static int free_port(const char *host)
 {
@@ -346,9 +395,14 @@ static int up(int argc, char **argv, const bt_conf_t *conf)
         fprintf(stderr, "baton up: --tp must be 1..16 (and every group's ranks fit in %d processes)\n", MAX_CHILDREN);
         return 2;
     }
-    if (nnodes > 1)
-        fprintf(stderr, "baton up: warning: nnodes = %lld%s%s: baton up runs every service on this host\n",
-                (long long)nnodes, dist_init ? ", dist-init-addr = " : "", dist_init ? dist_init : "");
+    if (nnodes > 1) {
+        /* the group spans hosts (one GPU each, as in the reference deployment): this one-host
+         * tool runs one rank per group here; the other hosts' ranks start from deploy/ */
+        fprintf(stderr, "baton up: warning: tp = %lld over nnodes = %lld%s%s: baton up runs each group as one "
+                        "process on this host (tp 1); start multi-host groups with deploy/systemd or deploy/k8s\n",
+                (long long)tp, (long long)nnodes, dist_init ? ", dist-init-addr = " : "", dist_init ? dist_init : "");
+        tp = 1;
+    }
     if (spec_algo && strcmp(spec_algo, "NONE") && strcmp(spec_algo, "none"))
         fprintf(stderr, "baton up: warning: speculative-algorithm = %s%s: speculative decoding is not "
                         "implemented yet; decoding runs one token a step\n", spec_algo,
@@ -499,6 +553,12 @@ static int up(int argc, char **argv, const bt_conf_t *conf)
             rc = 1;
             goto out;
         }
+    }
+    if (!wait_serving(router_addr, timeout_ms)) {
+        fprintf(stderr, "baton up: the router at %s does not see a prefill and a decode group after %d s\n",
+                router_addr, timeout_ms / 1000);
+        rc = 1;
+        goto out;
     }
     printf("baton up: cluster running%s%s%s%s\n", simulate ? " (simulated workers)" : "",
            model_path || simulate ? "" : " (demo model: tiny, untrained)",

@@ -3,6 +3,7 @@
 #include "common/alloc.h"
 #include "common/log.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,6 +16,19 @@ typedef struct {
     uint32_t pad;
     uint64_t bytes;
 } plan_t;
+
+bt_status_t bt_tp_join(const char *service, int rank, int size, const char *addr, int timeout_ms,
+                       bt_comm_t **comm_p)
+{
+    char tag[64];
+    snprintf(tag, sizeof tag, "%s.%d", service, rank);
+    bt_log_set_tag(tag);
+    bt_status_t st = bt_comm_socket_create(rank, size, addr, timeout_ms, comm_p);
+    if (st != BT_OK)
+        fprintf(stderr, "baton-%s: rank %d of %d cannot join the group at %s: %s\n", service, rank, size, addr,
+                bt_status_str(st));
+    return st;
+}
 
 static bt_status_t send_plan(bt_comm_t *comm, plan_t *p, void *payload)
 {

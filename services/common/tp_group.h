@@ -22,6 +22,11 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+/* Joins the group as rank `rank` of `size` (rank 0 listens on addr) and tags this process's
+ * log lines "<service>.<rank>". Says why on stderr when it cannot. */
+bt_status_t bt_tp_join(const char *service, int rank, int size, const char *addr, int timeout_ms,
+                       bt_comm_t **comm_p);
+
 /* The KV slot of index i on this rank. */
 typedef uint8_t *(*bt_tp_slot_fn)(void *ctx, int i);
 

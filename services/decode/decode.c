@@ -836,17 +836,7 @@ int main(int argc, char **argv)
     d->max_running = (int)max_running;
     d->watchdog_ms = (int64_t)(watchdog_s * 1000.0);
     d->sim = sim;
-    if (tp > 1) {
-        char tag[32];
-        snprintf(tag, sizeof tag, "decode.%lld", (long long)node_rank);
-        bt_log_set_tag(tag);
-        st = bt_comm_socket_create((int)node_rank, (int)tp, dist_addr, (int)d->watchdog_ms, &d->comm);
-        if (st != BT_OK) {
-            fprintf(stderr, "baton-decode: rank %lld of %lld cannot join the group at %s: %s\n",
-                    (long long)node_rank, (long long)tp, dist_addr, bt_status_str(st));
-            return 1;
-        }
-    }
+    if (tp > 1 && bt_tp_join("decode", (int)node_rank, (int)tp, dist_addr, (int)d->watchdog_ms, &d->comm) != BT_OK) return 1;
     if (sim.on)
         st = bt_service_engine_open_sim(model_path, served, context, &d->eng, err, sizeof err);
     else

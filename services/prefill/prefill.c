@@ -430,7 +430,7 @@ static void on_hello(void *ctx, bt_rpc_call_t *call, const uint8_t *data, size_t
     Baton__V1__HelloResponse hr = BATON__V1__HELLO_RESPONSE__INIT;
     hr.compat_hash = p->eng.compat_hash;
     hr.model = p->eng.served_name;
-    hr.tp = bt_model_tp_size(p->eng.model);
+    hr.tp = p->comm ? bt_comm_size(p->comm) : 1;
     uint8_t *buf;
     size_t n;
     bt_proto_pack(&hr.base, &buf, &n);
@@ -528,17 +528,7 @@ int main(int argc, char **argv)
     p->loop = uv_default_loop();
     p->chunk_size = (int)chunk;
     p->sim = sim;
-    if (tp > 1) {
-        char tag[32];
-        snprintf(tag, sizeof tag, "prefill.%lld", (long long)node_rank);
-        bt_log_set_tag(tag);
-        st = bt_comm_socket_create((int)node_rank, (int)tp, dist_addr, (int)(watchdog_s * 1000.0), &p->comm);
-        if (st != BT_OK) {
-            fprintf(stderr, "baton-prefill: rank %lld of %lld cannot join the group at %s: %s\n",
-                    (long long)node_rank, (long long)tp, dist_addr, bt_status_str(st));
-            return 1;
-        }
-    }
+    if (tp > 1 && bt_tp_join("prefill", (int)node_rank, (int)tp, dist_addr, (int)(watchdog_s * 1000.0), &p->comm) != BT_OK) return 1;
     if (sim.on)
         st = bt_service_engine_open_sim(model_path, served, context, &p->eng, err, sizeof err);
     else

@@ -46,6 +46,7 @@ static bool up_start(up_t *u, const char *const *extra)
     close(fds[1]);
     u->pid = pid;
     char buf[4096];
+    buf[0] = 0;
     size_t used = 0;
     int64_t deadline = ms_now() + 90000;
     while (ms_now() < deadline && !strstr(buf, "Ctrl-C stops it.")) {
