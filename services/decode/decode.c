@@ -101,6 +101,8 @@ struct decode {
     int64_t step_start_ms;
     bt_sim_t sim;       /* --simulate: a timing model instead of the model */
     /* tensor parallelism: this process leads the group (rank 0) when comm is set */
+    struct quarantine *quarantine; /* slots waiting out late writes */
+    uv_timer_t quarantine_timer;
     bt_comm_t *comm;
     bool tp_noop;       /* the work in flight is an idle heartbeat to the other ranks */
     bool group_failed;
@@ -114,6 +116,7 @@ static void count(decode_t *d, const char *name, const char *help, const char *l
 }
 
 static void maybe_step(decode_t *d);
+struct quarantine;
 
 /* ---- sequence lifetime --------------------------------------------------------------------- */
 
@@ -127,10 +130,26 @@ static void seq_unlink(decode_t *d, seq_t *s)
 }
 
 /* Frees the sequence once nothing refers to it any more. */
+/* A slot whose prefill did not end cleanly may still receive late puts from a prefill group
+ * that gave up on us (or that we gave up on): it waits out one watchdog before reuse. */
+typedef struct quarantine {
+    struct quarantine *next;
+    int slot;
+    int64_t until_ms;
+} quarantine_t;
+
 static void seq_release(seq_t *s)
 {
     decode_t *d = s->d;
     if (s->call || s->prefill_pending || s->in_step) return;
+    if (s->slot >= 0 && s->peer && !s->prefill_ok) {
+        quarantine_t *q = bt_calloc_or_die(1, sizeof *q);
+        q->slot = s->slot;
+        q->until_ms = bt_now_ms() + d->watchdog_ms;
+        q->next = d->quarantine;
+        d->quarantine = q;
+        s->slot = -1;
+    }
     if (s->slot >= 0) {
         bt_kv_pool_free(d->pool, s->slot);
         s->slot = -1;
@@ -588,6 +607,22 @@ static void maybe_step(decode_t *d)
     uv_queue_work(d->loop, &d->work, step_work, step_done);
 }
 
+static void on_quarantine_timer(uv_timer_t *t)
+{
+    decode_t *d = t->data;
+    int64_t now = bt_now_ms();
+    for (quarantine_t **q = &d->quarantine; *q;) {
+        if ((*q)->until_ms > now) {
+            q = &(*q)->next;
+            continue;
+        }
+        quarantine_t *done = *q;
+        *q = done->next;
+        bt_kv_pool_free(d->pool, done->slot);
+        free(done);
+    }
+}
+
 /* TP: while idle, a heartbeat through the group finds a dead rank before a request does */
 static void on_tp_timer(uv_timer_t *t)
 {
@@ -928,6 +963,9 @@ int main(int argc, char **argv)
     bt_service_on_signal(d->loop, on_stop, d);
     uv_timer_init(d->loop, &d->tp_timer);
     d->tp_timer.data = d;
+    uv_timer_init(d->loop, &d->quarantine_timer);
+    d->quarantine_timer.data = d;
+    uv_timer_start(&d->quarantine_timer, on_quarantine_timer, 250, 250);
     if (d->comm) uv_timer_start(&d->tp_timer, on_tp_timer, 1000, 1000);
     uv_run(d->loop, UV_RUN_DEFAULT);
     if (d->comm && !d->group_failed && !d->stepping) bt_tp_lead_shutdown(d->comm);

@@ -43,6 +43,7 @@ typedef struct job {
     bool cancelled;
     int64_t bytes;
     int64_t t_start;
+    bool orphaned; /* given up on by the watchdog; freed when its commit finally returns */
     int32_t first_token;
     float first_logprob;
     bt_top_logprob_t top[20];
@@ -79,6 +80,10 @@ struct prefill {
     bt_comm_t *comm;
     bool tp_noop, chunk_reset, group_failed;
     uv_timer_t tp_timer;
+    /* a commit to a decode group that stops answering (alive but stalled) ends within this */
+    int64_t watchdog_ms;
+    bool committing;
+    uv_timer_t watchdog;
 };
 
 static void run_next(prefill_t *p);
@@ -182,6 +187,15 @@ static void on_committed(void *ctx, bt_status_t st)
 {
     job_t *j = ctx;
     prefill_t *p = j->p;
+    if (j->orphaned) {
+        /* the stalled peer answered at last (or failed): now it can be let go */
+        if (j->peer->xp) bt_xfer_disconnect(j->peer->xp);
+        j->peer->xp = NULL;
+        BT_PROTO_FREE(baton__v1__prefill_request, j->req);
+        free(j);
+        return;
+    }
+    p->committing = false;
     bt_histogram_observe(p->commit_time, (double)(bt_now_ms() - p->commit_start_ms) / 1000.0);
     if (st != BT_OK) {
         bt_counter_add(bt_metrics_counter(p->metrics, "transfer_failures_total", "KV transfers that failed, by cause",
@@ -301,7 +315,9 @@ static void chunk_done(uv_work_t *w, int status)
     uint8_t *buf;
     size_t len;
     bt_proto_pack(&n.base, &buf, &len);
+    p->committing = true;
     bt_status_t st = bt_xfer_commit(j->peer->xp, buf, len, on_committed, j);
+    if (st != BT_OK) p->committing = false;
     free(buf);
     if (st != BT_OK) job_end(j, BT_RPC_UNAVAILABLE, "cannot commit the KV transfer");
 }
@@ -345,6 +361,34 @@ static void run_next(prefill_t *p)
         start_chunk(p, j);
         return;
     }
+}
+
+/* A commit that has not completed within the watchdog: the decode group is stalled (a dead
+ * one is reported by the transfer layer at once). The job is given up on without waiting for
+ * the stalled peer (closing its endpoint could block the loop for seconds): its request
+ * ends UNAVAILABLE, the peer is never used again, and the queue moves on. The job's memory
+ * stays until its commit returns. */
+static void on_watchdog(uv_timer_t *t)
+{
+    prefill_t *p = t->data;
+    job_t *j = p->active;
+    if (!j || !p->committing || !j->peer || j->peer->failed) return;
+    if (bt_now_ms() - p->commit_start_ms < p->watchdog_ms) return;
+    BT_LOG_WARN("prefill %s: the decode group has not taken chunk %d for %lld ms; giving up on it",
+                j->req->request_id, j->chunk_index - 1, (long long)(bt_now_ms() - p->commit_start_ms));
+    bt_counter_add(bt_metrics_counter(p->metrics, "transfer_failures_total", "KV transfers that failed, by cause",
+                                      "cause", "watchdog"), 1);
+    bt_counter_add(bt_metrics_counter(p->metrics, "prefills_total", "Prefill jobs ended, by status", "status",
+                                      "UNAVAILABLE"), 1);
+    if (j->call) {
+        bt_rpc_call_finish(j->call, BT_RPC_UNAVAILABLE, "the decode group stalled: KV transfer timed out");
+        j->call = NULL;
+    }
+    j->orphaned = true;
+    j->peer->failed = true;
+    p->committing = false;
+    p->active = NULL;
+    run_next(p);
 }
 
 /* TP: while idle, a heartbeat through the group finds a dead rank before a request does */
@@ -527,6 +571,7 @@ int main(int argc, char **argv)
     prefill_t *p = &pp;
     p->loop = uv_default_loop();
     p->chunk_size = (int)chunk;
+    p->watchdog_ms = (int64_t)(watchdog_s * 1000.0);
     p->sim = sim;
     if (tp > 1 && bt_tp_join("prefill", (int)node_rank, (int)tp, dist_addr, (int)(watchdog_s * 1000.0), &p->comm) != BT_OK) return 1;
     if (sim.on)
@@ -598,6 +643,9 @@ int main(int argc, char **argv)
     bt_service_on_signal(p->loop, on_stop, p);
     uv_timer_init(p->loop, &p->tp_timer);
     p->tp_timer.data = p;
+    uv_timer_init(p->loop, &p->watchdog);
+    p->watchdog.data = p;
+    uv_timer_start(&p->watchdog, on_watchdog, 500, 500);
     if (p->comm) uv_timer_start(&p->tp_timer, on_tp_timer, 1000, 1000);
     uv_run(p->loop, UV_RUN_DEFAULT);
     if (p->comm && !p->group_failed && !p->busy) bt_tp_lead_shutdown(p->comm);

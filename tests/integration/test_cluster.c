@@ -412,6 +412,51 @@ static void test_incompatible_groups(void)
     cluster_stop(&c);
 }
 
+#if CLUSTER_TP == 1
+/* A decode group that stalls (SIGSTOP) mid-transfer must not wedge the prefill group: its
+ * commit watchdog drops the stalled peer, and the next request, sent to another decode group,
+ * is served while the first is still stopped. */
+static void test_stalled_decode(void)
+{
+    context = "4096";
+    cluster_t c;
+    BT_CHECK(cluster_start(&c, golden_exact, "tcp", "1", "256", "3") == 0);
+    client_t cl;
+    client_open(&cl, c.router_addr);
+    BT_CHECK(serving(&cl));
+    static int32_t prompt[4000];
+    for (int i = 0; i < 4000; i++) prompt[i] = (i * 7 + 3) % 1000;
+    gen_t g;
+    gen_start(&cl, &g, prompt, 4000, 8, true, 60000);
+    int running = 0, seen = 0;
+    int64_t used = -1, until = ms_now() + 10000;
+    while (ms_now() < until && !g.done && !(stats_ok(&cl, c.decode.addr, &running, &seen, &used) && used == 1))
+        uv_run(&cl.loop, UV_RUN_NOWAIT);
+    usleep(200000);
+    kill(c.decode.pid, SIGSTOP);
+    /* the router drops the silent group; a second decode group arrives */
+    BT_CHECK(run_until(&cl, gen_done, &g, 10000));
+    proc_t second;
+    BT_CHECK(proc_start(&second, "baton-decode", "--port", "0", "--model-path", golden_exact, "--served-model-name",
+                        "m", "--router", c.router_addr, "--context-length", context, "--threads", "1",
+                        "--watchdog-timeout", "3", NULL) == 0);
+    BT_CHECK(groups(&cl, 1, 1));
+    int64_t t0 = ms_now();
+    int32_t small[3] = {0, 42, 71};
+    gen_start(&cl, &g, small, 3, 4, true, 30000);
+    BT_CHECK(run_until(&cl, gen_done, &g, 30000));
+    fprintf(stderr, "  with a decode group stopped mid-transfer, the next request took %lld ms (%s)\n",
+            (long long)(g.t_done - t0), bt_rpc_code_name(g.code));
+    BT_CHECK_MSG(g.code == BT_RPC_OK && g.n == 4, "%s %s", bt_rpc_code_name(g.code), g.message);
+    BT_CHECK(g.t_done - t0 < 10000);
+    kill(c.decode.pid, SIGCONT);
+    proc_stop(&second, SIGTERM);
+    client_close(&cl);
+    cluster_stop(&c);
+    context = "512";
+}
+#endif
+
 #if CLUSTER_TP > 1
 /* kill -9 of a non-leader rank mid-request: the group's requests fail within the watchdog,
  * nothing hangs, and the router stops sending to that group */
@@ -454,6 +499,8 @@ int main(void)
     BT_RUN(test_incompatible_groups);
 #if CLUSTER_TP > 1
     BT_RUN(test_kill_follower_rank);
+#else
+    BT_RUN(test_stalled_decode);
 #endif
     return bt_test_summary();
 }
