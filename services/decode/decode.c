@@ -15,6 +15,7 @@
 #include "services/common/sampler.h"
 #include "services/common/service.h"
 #include "services/common/tp_group.h"
+#include "services/common/worker_flags.h"
 #include "services/common/sim.h"
 
 #include <inttypes.h>
@@ -813,35 +814,15 @@ int main(int argc, char **argv)
 {
     bt_log_set_tag("decode");
     signal(SIGPIPE, SIG_IGN); /* a peer that vanished must not kill the process */
-    const char *model_path = NULL, *served = NULL, *host = "127.0.0.1", *router = NULL;
-    const char *ucx_tls = "tcp", *transfer = "ucx", *log_level = "info", *net_devices = NULL;
-    int64_t port = 0, context = 0, max_running = 16, max_total = 0, threads = 0, tp = 1, seed = 0, metrics_port = 0;
-    int64_t node_rank = 0, nnodes = 1;
-    const char *dist_addr = NULL;
-    double mem_fraction = 0.0, watchdog_s = 300.0;
+    bt_worker_flags_t w = bt_worker_flags_default();
+    int64_t max_running = 16, max_total = 0;
+    double mem_fraction = 0.0;
     bt_sim_t sim = bt_sim_default();
     bt_flag_t spec[] = {
-        BT_FLAG_STR("model-path", &model_path, "checkpoint directory (default: the demo model)"),
-        BT_FLAG_STR("served-model-name", &served, "model name reported to the router"),
-        BT_FLAG_STR("host", &host, "address to listen on (default 127.0.0.1)"),
-        BT_FLAG_INT("port", &port, "gRPC port (0 picks one)"),
-        BT_FLAG_STR("router", &router, "router address host:port to register with"),
-        BT_FLAG_INT("context-length", &context, "tokens per sequence (default: min(model, 8192))"),
+        BT_WORKER_FLAGS(&w),
         BT_FLAG_INT("max-running-requests", &max_running, "requests in the batch (default 16)"),
         BT_FLAG_INT("max-total-tokens", &max_total, "KV pool size in tokens (default: running x context)"),
         BT_FLAG_FLOAT("mem-fraction-static", &mem_fraction, "fraction of memory for weights and KV (caps the pool)"),
-        BT_FLAG_FLOAT("watchdog-timeout", &watchdog_s, "seconds any wait may take (default 300)"),
-        BT_FLAG_INT("threads", &threads, "CPU threads for the model (default: one per core)"),
-        BT_FLAG_INT("tp", &tp, "tensor-parallel size: processes in this decode group (default 1)"),
-        BT_FLAG_INT("node-rank", &node_rank, "this process's rank in the group (0 leads)"),
-        BT_FLAG_INT("nnodes", &nnodes, "hosts the group spans (one process per rank either way)"),
-        BT_FLAG_STR("dist-init-addr", &dist_addr, "host:port where rank 0 meets the other ranks"),
-        BT_FLAG_INT("random-seed", &seed, "accepted for SGLang compatibility"),
-        BT_FLAG_STR("transfer", &transfer, "KV transport: ucx (default)"),
-        BT_FLAG_STR("ucx-tls", &ucx_tls, "UCX transports: tcp (default), sm, tcp,sm"),
-        BT_FLAG_STR("ucx-net-devices", &net_devices, "UCX_NET_DEVICES (e.g. lo, mlx5_0:1)"),
-        BT_FLAG_INT("metrics-port", &metrics_port, "HTTP port of /metrics (0 picks one)"),
-        BT_FLAG_STR("log-level", &log_level, "debug, info, warn, error"),
         BT_SIM_FLAGS(&sim),
     };
     char err[1024];
@@ -851,32 +832,28 @@ int main(int argc, char **argv)
         fprintf(stderr, "baton-decode: %s\n", err);
         return 2;
     }
-    if (bt_log_level_parse(log_level) < 0 || max_running < 1 || max_running > 1024 || tp < 1 || tp > 64 ||
-        node_rank < 0 || node_rank >= tp || nnodes < 1 || watchdog_s <= 0 || strcmp(transfer, "ucx") != 0 ||
-        (tp > 1 && (!dist_addr || sim.on))) {
-        fprintf(stderr, "baton-decode: bad flag value (--log-level, --max-running-requests 1..1024, "
-                        "--tp 1..64 with --node-rank below it and --dist-init-addr when > 1 (not with "
-                        "--simulate), --watchdog-timeout > 0, --transfer ucx)\n");
+    if (!bt_worker_flags_check(&w, sim.on, err, sizeof err) || max_running < 1 || max_running > 1024) {
+        fprintf(stderr, "baton-decode: %s\n", max_running < 1 || max_running > 1024 ? "--max-running-requests must be 1..1024" : err);
         return 2;
     }
     if (!bt_sim_valid(&sim, err, sizeof err)) {
         fprintf(stderr, "baton-decode: %s\n", err);
         return 2;
     }
-    bt_log_set_level((bt_log_level_t)bt_log_level_parse(log_level));
+    bt_log_set_level((bt_log_level_t)bt_log_level_parse(w.log_level));
 
     static decode_t dd;
     decode_t *d = &dd;
     d->loop = uv_default_loop();
     d->max_running = (int)max_running;
-    d->watchdog_ms = (int64_t)(watchdog_s * 1000.0);
+    d->watchdog_ms = (int64_t)(w.watchdog_s * 1000.0);
     d->sim = sim;
-    if (tp > 1 && bt_tp_join("decode", (int)node_rank, (int)tp, dist_addr, (int)d->watchdog_ms, &d->comm) != BT_OK) return 1;
+    if (w.tp > 1 && bt_tp_join("decode", (int)w.node_rank, (int)w.tp, w.dist_addr, (int)d->watchdog_ms, &d->comm) != BT_OK) return 1;
     if (sim.on)
-        st = bt_service_engine_open_sim(model_path, served, context, &d->eng, err, sizeof err);
+        st = bt_service_engine_open_sim(w.model_path, w.served, w.context, &d->eng, err, sizeof err);
     else
-        st = bt_service_engine_open_tp(model_path, served, context, (int)max_running, (int)max_running,
-                                       (int)threads, d->comm, &d->eng, err, sizeof err);
+        st = bt_service_engine_open_tp(w.model_path, w.served, w.context, (int)max_running, (int)max_running,
+                                       (int)w.threads, d->comm, &d->eng, err, sizeof err);
     if (st != BT_OK) {
         fprintf(stderr, "baton-decode: %s\n", err);
         return 1;
@@ -895,9 +872,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "baton-decode: cannot allocate the KV pool (%lld slots)\n", (long long)slots);
         return 1;
     }
-    if (d->comm && node_rank > 0) {
+    if (d->comm && w.node_rank > 0) {
         /* a following rank: no gRPC, no transfers; it runs what rank 0 plans */
-        BT_LOG_INFO("rank %lld of %lld following rank 0 at %s", (long long)node_rank, (long long)tp, dist_addr);
+        BT_LOG_INFO("rank %lld of %lld following rank 0 at %s", (long long)w.node_rank, (long long)w.tp, w.dist_addr);
         st = bt_tp_follow(d->comm, d->eng.model, &d->eng.layout, follower_slot, d->pool, (int)slots);
         if (st != BT_OK) BT_LOG_ERROR("the group failed (%s): leaving", bt_status_str(st));
         bt_comm_destroy(d->comm);
@@ -910,7 +887,7 @@ int main(int argc, char **argv)
     d->fwd = bt_calloc_or_die((size_t)max_running, sizeof *d->fwd);
     d->logits = bt_malloc_or_die((size_t)max_running * d->eng.cfg->vocab * sizeof(float));
 
-    bt_xfer_options_t xo = {BT_XFER_UCX, ucx_tls, net_devices, 1000};
+    bt_xfer_options_t xo = {BT_XFER_UCX, w.ucx_tls, w.net_devices, 1000};
     if ((st = bt_xfer_create(d->loop, &xo, &d->xfer)) != BT_OK ||
         (st = bt_xfer_register(d->xfer, bt_kv_pool_slot(d->pool, 0),
                                (size_t)slots * d->eng.layout.slot_bytes, &d->region)) != BT_OK) {
@@ -920,7 +897,7 @@ int main(int argc, char **argv)
     bt_xfer_on_notice(d->xfer, on_notice, d);
 
     char addr[300];
-    snprintf(addr, sizeof addr, "%s:%lld", host, (long long)port);
+    snprintf(addr, sizeof addr, "%s:%lld", w.host, (long long)w.port);
     if ((st = bt_rpc_create(d->loop, &d->rpc)) != BT_OK ||
         (st = bt_rpc_server_create(d->rpc, addr, NULL, &d->server)) != BT_OK ||
         (st = bt_rpc_server_method(d->server, "/baton.v1.Decode/Generate", BT_RPC_SERVER_STREAM,
@@ -930,7 +907,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "baton-decode: cannot serve gRPC on %s: %s\n", addr, bt_status_str(st));
         return 1;
     }
-    snprintf(d->address, sizeof d->address, "%s:%d", host, bt_rpc_server_port(d->server));
+    snprintf(d->address, sizeof d->address, "%s:%d", w.host, bt_rpc_server_port(d->server));
     d->metrics = bt_metrics_create("baton_decode");
     d->ttft = bt_metrics_histogram(d->metrics, "time_to_first_token_seconds", "Admission to first token",
                                    bt_metrics_latency_buckets, NULL, NULL);
@@ -940,25 +917,25 @@ int main(int argc, char **argv)
     d->handoff = bt_metrics_histogram(d->metrics, "kv_handoff_seconds", "Admission to KV in place (prefill + transfer)",
                                       bt_metrics_latency_buckets, NULL, NULL);
     refresh_metrics(d);
-    if (bt_metrics_server_start(d->loop, host, (int)metrics_port, d->metrics, refresh_metrics, d, &d->metrics_server) != BT_OK) {
-        fprintf(stderr, "baton-decode: cannot serve /metrics on %s:%lld\n", host, (long long)metrics_port);
+    if (bt_metrics_server_start(d->loop, w.host, (int)w.metrics_port, d->metrics, refresh_metrics, d, &d->metrics_server) != BT_OK) {
+        fprintf(stderr, "baton-decode: cannot serve /metrics on %s:%lld\n", w.host, (long long)w.metrics_port);
         return 1;
     }
-    printf("baton-decode metrics on %s:%d\n", host, bt_metrics_server_port(d->metrics_server));
+    printf("baton-decode metrics on %s:%d\n", w.host, bt_metrics_server_port(d->metrics_server));
     printf("baton-decode listening on %s\n", d->address);
     fflush(stdout);
     BT_LOG_INFO("listening on %s (max %d running)", d->address, d->max_running);
-    if (router) {
+    if (w.router) {
         Baton__V1__WorkerInfo info = BATON__V1__WORKER_INFO__INIT;
         info.role = BATON__V1__WORKER_ROLE__ROLE_DECODE;
         info.address = d->address;
         info.model = d->eng.served_name;
         info.compat_hash = d->eng.compat_hash;
-        info.tp = (int32_t)tp;
+        info.tp = (int32_t)w.tp;
         info.max_running = d->max_running;
         info.context_length = ctx_len;
         info.vocab_size = d->eng.cfg->vocab;
-        bt_registration_start(d->rpc, router, &info, load_fn, d, &d->reg);
+        bt_registration_start(d->rpc, w.router, &info, load_fn, d, &d->reg);
     }
     bt_service_on_signal(d->loop, on_stop, d);
     uv_timer_init(d->loop, &d->tp_timer);

@@ -13,6 +13,7 @@
 #include "services/common/sampler.h"
 #include "services/common/service.h"
 #include "services/common/tp_group.h"
+#include "services/common/worker_flags.h"
 #include "services/common/sim.h"
 
 #include <inttypes.h>
@@ -518,33 +519,12 @@ int main(int argc, char **argv)
 {
     bt_log_set_tag("prefill");
     signal(SIGPIPE, SIG_IGN); /* a peer that vanished must not kill the process */
-    const char *model_path = NULL, *served = NULL, *host = "127.0.0.1", *router = NULL;
-    const char *ucx_tls = "tcp", *transfer = "ucx", *log_level = "info", *net_devices = NULL;
-    int64_t port = 0, context = 0, chunk = 4096, threads = 0, tp = 1, seed = 0, metrics_port = 0;
-    int64_t node_rank = 0, nnodes = 1;
-    const char *dist_addr = NULL;
-    double watchdog_s = 300.0;
+    bt_worker_flags_t w = bt_worker_flags_default();
+    int64_t chunk = 4096;
     bt_sim_t sim = bt_sim_default();
     bt_flag_t spec[] = {
-        BT_FLAG_STR("model-path", &model_path, "checkpoint directory (default: the demo model)"),
-        BT_FLAG_STR("served-model-name", &served, "model name reported to the router"),
-        BT_FLAG_STR("host", &host, "address to listen on (default 127.0.0.1)"),
-        BT_FLAG_INT("port", &port, "gRPC port (0 picks one)"),
-        BT_FLAG_STR("router", &router, "router address host:port to register with"),
-        BT_FLAG_INT("context-length", &context, "tokens per sequence (must match the decode groups)"),
+        BT_WORKER_FLAGS(&w),
         BT_FLAG_INT("chunked-prefill-size", &chunk, "tokens per prefill chunk (default 4096)"),
-        BT_FLAG_FLOAT("watchdog-timeout", &watchdog_s, "seconds any wait may take (default 300)"),
-        BT_FLAG_INT("threads", &threads, "CPU threads for the model (default: one per core)"),
-        BT_FLAG_INT("tp", &tp, "tensor-parallel size: processes in this prefill group (default 1)"),
-        BT_FLAG_INT("node-rank", &node_rank, "this process's rank in the group (0 leads)"),
-        BT_FLAG_INT("nnodes", &nnodes, "hosts the group spans (one process per rank either way)"),
-        BT_FLAG_STR("dist-init-addr", &dist_addr, "host:port where rank 0 meets the other ranks"),
-        BT_FLAG_INT("random-seed", &seed, "accepted for SGLang compatibility"),
-        BT_FLAG_STR("transfer", &transfer, "KV transport: ucx (default)"),
-        BT_FLAG_STR("ucx-tls", &ucx_tls, "UCX transports: tcp (default), sm, tcp,sm"),
-        BT_FLAG_STR("ucx-net-devices", &net_devices, "UCX_NET_DEVICES (e.g. lo, mlx5_0:1)"),
-        BT_FLAG_INT("metrics-port", &metrics_port, "HTTP port of /metrics (0 picks one)"),
-        BT_FLAG_STR("log-level", &log_level, "debug, info, warn, error"),
         BT_SIM_FLAGS(&sim),
     };
     char err[1024];
@@ -554,30 +534,26 @@ int main(int argc, char **argv)
         fprintf(stderr, "baton-prefill: %s\n", err);
         return 2;
     }
-    if (bt_log_level_parse(log_level) < 0 || chunk < 1 || chunk > (1 << 20) || tp < 1 || tp > 64 ||
-        node_rank < 0 || node_rank >= tp || nnodes < 1 || watchdog_s <= 0 || strcmp(transfer, "ucx") != 0 ||
-        (tp > 1 && (!dist_addr || sim.on))) {
-        fprintf(stderr, "baton-prefill: bad flag value (--log-level, --chunked-prefill-size "
-                        "1..1048576, --tp 1..64 with --node-rank below it and --dist-init-addr when > 1 "
-                        "(not with --simulate), --watchdog-timeout > 0, --transfer ucx)\n");
+    if (!bt_worker_flags_check(&w, sim.on, err, sizeof err) || chunk < 1 || chunk > (1 << 20)) {
+        fprintf(stderr, "baton-prefill: %s\n", chunk < 1 || chunk > (1 << 20) ? "--chunked-prefill-size must be 1..1048576" : err);
         return 2;
     }
     if (!bt_sim_valid(&sim, err, sizeof err)) {
         fprintf(stderr, "baton-prefill: %s\n", err);
         return 2;
     }
-    bt_log_set_level((bt_log_level_t)bt_log_level_parse(log_level));
+    bt_log_set_level((bt_log_level_t)bt_log_level_parse(w.log_level));
     static prefill_t pp;
     prefill_t *p = &pp;
     p->loop = uv_default_loop();
     p->chunk_size = (int)chunk;
-    p->watchdog_ms = (int64_t)(watchdog_s * 1000.0);
+    p->watchdog_ms = (int64_t)(w.watchdog_s * 1000.0);
     p->sim = sim;
-    if (tp > 1 && bt_tp_join("prefill", (int)node_rank, (int)tp, dist_addr, (int)(watchdog_s * 1000.0), &p->comm) != BT_OK) return 1;
+    if (w.tp > 1 && bt_tp_join("prefill", (int)w.node_rank, (int)w.tp, w.dist_addr, (int)(w.watchdog_s * 1000.0), &p->comm) != BT_OK) return 1;
     if (sim.on)
-        st = bt_service_engine_open_sim(model_path, served, context, &p->eng, err, sizeof err);
+        st = bt_service_engine_open_sim(w.model_path, w.served, w.context, &p->eng, err, sizeof err);
     else
-        st = bt_service_engine_open_tp(model_path, served, context, 1, (int)chunk, (int)threads, p->comm,
+        st = bt_service_engine_open_tp(w.model_path, w.served, w.context, 1, (int)chunk, (int)w.threads, p->comm,
                                        &p->eng, err, sizeof err);
     if (st != BT_OK) {
         fprintf(stderr, "baton-prefill: %s\n", err);
@@ -591,21 +567,21 @@ int main(int argc, char **argv)
         return 1;
     }
     if (sim.on) memset(p->slot, 0, p->eng.layout.slot_bytes); /* the dummy bytes it moves */
-    if (p->comm && node_rank > 0) {
+    if (p->comm && w.node_rank > 0) {
         /* a following rank: no gRPC, no transfers; it runs what rank 0 plans */
-        BT_LOG_INFO("rank %lld of %lld following rank 0 at %s", (long long)node_rank, (long long)tp, dist_addr);
+        BT_LOG_INFO("rank %lld of %lld following rank 0 at %s", (long long)w.node_rank, (long long)w.tp, w.dist_addr);
         st = bt_tp_follow(p->comm, p->eng.model, &p->eng.layout, follower_slot, p->slot, 1);
         if (st != BT_OK) BT_LOG_ERROR("the group failed (%s): leaving", bt_status_str(st));
         bt_comm_destroy(p->comm);
         return st == BT_OK ? 0 : 1;
     }
-    bt_xfer_options_t xo = {BT_XFER_UCX, ucx_tls, net_devices, 1000};
+    bt_xfer_options_t xo = {BT_XFER_UCX, w.ucx_tls, w.net_devices, 1000};
     if ((st = bt_xfer_create(p->loop, &xo, &p->xfer)) != BT_OK) {
         fprintf(stderr, "baton-prefill: transfer layer: %s\n", bt_status_str(st));
         return 1;
     }
     char addr[300];
-    snprintf(addr, sizeof addr, "%s:%lld", host, (long long)port);
+    snprintf(addr, sizeof addr, "%s:%lld", w.host, (long long)w.port);
     if ((st = bt_rpc_create(p->loop, &p->rpc)) != BT_OK ||
         (st = bt_rpc_server_create(p->rpc, addr, NULL, &p->server)) != BT_OK ||
         (st = bt_rpc_server_method(p->server, "/baton.v1.Prefill/Prefill", BT_RPC_UNARY, on_prefill, p)) != BT_OK ||
@@ -614,31 +590,31 @@ int main(int argc, char **argv)
         fprintf(stderr, "baton-prefill: cannot serve gRPC on %s: %s\n", addr, bt_status_str(st));
         return 1;
     }
-    snprintf(p->address, sizeof p->address, "%s:%d", host, bt_rpc_server_port(p->server));
+    snprintf(p->address, sizeof p->address, "%s:%d", w.host, bt_rpc_server_port(p->server));
     p->metrics = bt_metrics_create("baton_prefill");
     p->chunk_time = bt_metrics_histogram(p->metrics, "chunk_seconds", "One prefill chunk's forward", bt_metrics_latency_buckets, NULL, NULL);
     p->commit_time = bt_metrics_histogram(p->metrics, "transfer_seconds", "Put + flush + notice of one chunk",
                                           bt_metrics_latency_buckets, NULL, NULL);
     p->job_time = bt_metrics_histogram(p->metrics, "request_seconds", "Whole prefill of a request", bt_metrics_latency_buckets, NULL, NULL);
     refresh_metrics(p);
-    if (bt_metrics_server_start(p->loop, host, (int)metrics_port, p->metrics, refresh_metrics, p, &p->metrics_server) != BT_OK) {
-        fprintf(stderr, "baton-prefill: cannot serve /metrics on %s:%lld\n", host, (long long)metrics_port);
+    if (bt_metrics_server_start(p->loop, w.host, (int)w.metrics_port, p->metrics, refresh_metrics, p, &p->metrics_server) != BT_OK) {
+        fprintf(stderr, "baton-prefill: cannot serve /metrics on %s:%lld\n", w.host, (long long)w.metrics_port);
         return 1;
     }
-    printf("baton-prefill metrics on %s:%d\n", host, bt_metrics_server_port(p->metrics_server));
+    printf("baton-prefill metrics on %s:%d\n", w.host, bt_metrics_server_port(p->metrics_server));
     printf("baton-prefill listening on %s\n", p->address);
     fflush(stdout);
     BT_LOG_INFO("listening on %s (chunks of %d tokens)", p->address, p->chunk_size);
-    if (router) {
+    if (w.router) {
         Baton__V1__WorkerInfo info = BATON__V1__WORKER_INFO__INIT;
         info.role = BATON__V1__WORKER_ROLE__ROLE_PREFILL;
         info.address = p->address;
         info.model = p->eng.served_name;
         info.compat_hash = p->eng.compat_hash;
-        info.tp = (int32_t)tp;
+        info.tp = (int32_t)w.tp;
         info.context_length = p->eng.layout.max_ctx;
         info.vocab_size = p->eng.cfg->vocab;
-        bt_registration_start(p->rpc, router, &info, load_fn, p, &p->reg);
+        bt_registration_start(p->rpc, w.router, &info, load_fn, p, &p->reg);
     }
     bt_service_on_signal(p->loop, on_stop, p);
     uv_timer_init(p->loop, &p->tp_timer);

@@ -1,0 +1,37 @@
+#include "services/common/worker_flags.h"
+
+#include "common/log.h"
+
+#include <stdio.h>
+#include <string.h>
+
+bt_worker_flags_t bt_worker_flags_default(void)
+{
+    bt_worker_flags_t w;
+    memset(&w, 0, sizeof w);
+    w.host = "127.0.0.1";
+    w.ucx_tls = "tcp";
+    w.transfer = "ucx";
+    w.log_level = "info";
+    w.tp = 1;
+    w.nnodes = 1;
+    w.watchdog_s = 300.0;
+    return w;
+}
+
+bool bt_worker_flags_check(const bt_worker_flags_t *w, bool simulate, char *err, size_t errlen)
+{
+    const char *bad = NULL;
+    if (bt_log_level_parse(w->log_level) < 0) bad = "--log-level must be debug, info, warn or error";
+    else if (w->tp < 1 || w->tp > 64) bad = "--tp must be 1..64";
+    else if (w->node_rank < 0 || w->node_rank >= w->tp) bad = "--node-rank must be below --tp";
+    else if (w->nnodes < 1) bad = "--nnodes must be at least 1";
+    else if (w->tp > 1 && !w->dist_addr) bad = "--dist-init-addr is required when --tp > 1";
+    else if (w->tp > 1 && simulate) bad = "--simulate runs with --tp 1 only";
+    else if (!(w->watchdog_s > 0)) bad = "--watchdog-timeout must be positive";
+    else if (strcmp(w->transfer, "ucx") != 0) bad = "--transfer must be ucx";
+    else if (w->port < 0 || w->port > 65535 || w->metrics_port < 0 || w->metrics_port > 65535)
+        bad = "--port and --metrics-port must be 0..65535";
+    if (bad) snprintf(err, errlen, "%s", bad);
+    return bad == NULL;
+}

@@ -1,0 +1,50 @@
+/* The flags every worker group process takes (prefill and decode), SGLang's names:
+ *
+ *   bt_worker_flags_t w = bt_worker_flags_default();
+ *   bt_flag_t spec[] = { BT_WORKER_FLAGS(&w), BT_FLAG_INT("chunked-prefill-size", ...), ... };
+ *   ... bt_flags_parse ...
+ *   if (!bt_worker_flags_check(&w, simulate, err, sizeof err)) -> usage error naming the flag
+ */
+#ifndef BT_SERVICES_WORKER_FLAGS_H
+#define BT_SERVICES_WORKER_FLAGS_H
+
+#include "common/flags.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+    const char *model_path, *served, *host, *router, *ucx_tls, *transfer, *log_level, *net_devices;
+    const char *dist_addr;
+    int64_t port, context, threads, tp, node_rank, nnodes, seed, metrics_port;
+    double watchdog_s;
+} bt_worker_flags_t;
+
+bt_worker_flags_t bt_worker_flags_default(void);
+
+#define BT_WORKER_FLAGS(w)                                                                          \
+    BT_FLAG_STR("model-path", &(w)->model_path, "checkpoint directory (default: the demo model)"),  \
+    BT_FLAG_STR("served-model-name", &(w)->served, "model name reported to the router"),            \
+    BT_FLAG_STR("host", &(w)->host, "address to listen on (default 127.0.0.1)"),                    \
+    BT_FLAG_INT("port", &(w)->port, "gRPC port (0 picks one)"),                                     \
+    BT_FLAG_STR("router", &(w)->router, "router address host:port to register with"),               \
+    BT_FLAG_INT("context-length", &(w)->context,                                                    \
+                "tokens per sequence (default: min(model, 8192); prefill and decode must agree)"),  \
+    BT_FLAG_FLOAT("watchdog-timeout", &(w)->watchdog_s, "seconds any wait may take (default 300)"), \
+    BT_FLAG_INT("threads", &(w)->threads, "CPU threads for the model (default: one per core)"),     \
+    BT_FLAG_INT("tp", &(w)->tp, "tensor-parallel size: processes in this group (default 1)"),       \
+    BT_FLAG_INT("node-rank", &(w)->node_rank, "this process's rank in the group (0 leads)"),        \
+    BT_FLAG_INT("nnodes", &(w)->nnodes, "hosts the group spans (one process per rank either way)"), \
+    BT_FLAG_STR("dist-init-addr", &(w)->dist_addr, "host:port where rank 0 meets the other ranks"), \
+    BT_FLAG_INT("random-seed", &(w)->seed, "accepted for SGLang compatibility"),                    \
+    BT_FLAG_STR("transfer", &(w)->transfer, "KV transport: ucx (default)"),                         \
+    BT_FLAG_STR("ucx-tls", &(w)->ucx_tls, "UCX transports: tcp (default), sm, tcp,sm"),            \
+    BT_FLAG_STR("ucx-net-devices", &(w)->net_devices, "UCX_NET_DEVICES (e.g. lo, mlx5_0:1)"),      \
+    BT_FLAG_INT("metrics-port", &(w)->metrics_port, "HTTP port of /metrics (0 picks one)"),         \
+    BT_FLAG_STR("log-level", &(w)->log_level, "debug, info, warn, error")
+
+/* Checks the shared flags; on failure writes a message naming the flag. */
+bool bt_worker_flags_check(const bt_worker_flags_t *w, bool simulate, char *err, size_t errlen);
+
+#endif
