@@ -7,6 +7,7 @@
 #include "common/text/tokenizer.h"
 #include "services/engine/demo_model.h"
 #include "services/engine/model.h"
+#include "services/engine/sampler.h"
 
 #include <errno.h>
 #include <math.h>
@@ -184,73 +185,6 @@ out:
     return rc;
 }
 
-/* Sampling for the one-process path: greedy at temperature 0 (lowest id on ties), else
- * softmax with temperature, top-k, top-p and min-p, drawn from a seeded generator. */
-static uint64_t splitmix(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-typedef struct {
-    double temperature, top_p, min_p;
-    int64_t top_k;
-    uint64_t rng;
-} sampler_t;
-
-typedef struct {
-    float v;
-    int id;
-} scored_t;
-
-/* descending by logit, ascending id on ties */
-static int cmp_desc(const void *a, const void *b)
-{
-    const scored_t *x = a, *y = b;
-    if (x->v != y->v) return x->v < y->v ? 1 : -1;
-    return (x->id > y->id) - (x->id < y->id);
-}
-
-static int sample(sampler_t *s, float *logits, int V, int *order, scored_t *sorted)
-{
-    int best = 0;
-    for (int i = 1; i < V; i++)
-        if (logits[i] > logits[best]) best = i;
-    if (s->temperature <= 0.0) return best;
-    for (int i = 0; i < V; i++) sorted[i] = (scored_t){logits[i], i};
-    qsort(sorted, (size_t)V, sizeof *sorted, cmp_desc);
-    for (int i = 0; i < V; i++) order[i] = sorted[i].id;
-    int keep = V;
-    if (s->top_k > 0 && s->top_k < keep) keep = (int)s->top_k;
-    double mx = logits[order[0]], sum = 0.0;
-    for (int i = 0; i < keep; i++) sum += exp((logits[order[i]] - mx) / s->temperature);
-    double cum = 0.0, pmax = 1.0 / sum;
-    int cut = keep;
-    for (int i = 0; i < keep; i++) {
-        double p = exp((logits[order[i]] - mx) / s->temperature) / sum;
-        if (s->min_p > 0 && p < s->min_p * pmax) {
-            cut = i;
-            break;
-        }
-        cum += p;
-        if (cum >= s->top_p) {
-            cut = i + 1;
-            break;
-        }
-    }
-    if (cut < 1) cut = 1;
-    double total = 0.0;
-    for (int i = 0; i < cut; i++) total += exp((logits[order[i]] - mx) / s->temperature);
-    double u = ((double)(splitmix(&s->rng) >> 11) * 0x1p-53) * total;
-    for (int i = 0; i < cut; i++) {
-        u -= exp((logits[order[i]] - mx) / s->temperature);
-        if (u <= 0) return order[i];
-    }
-    return order[cut - 1];
-}
-
 int bt_cli_generate(int argc, char **argv)
 {
     common_args_t a = {NULL, NULL, 4096, 0, 0};
@@ -301,15 +235,15 @@ int bt_cli_generate(int argc, char **argv)
     bt_kv_layout_init(&lay, c, ctx);
     uint8_t *state = bt_aligned_alloc(64, lay.slot_bytes);
     float *logits = bt_aligned_alloc(64, (size_t)c->vocab * sizeof(float));
-    int *order = bt_malloc_or_die((size_t)c->vocab * sizeof(int));
-    scored_t *sorted = bt_malloc_or_die((size_t)c->vocab * sizeof *sorted);
+    /* the services' sampler: the same seed draws the same tokens here and in a cluster */
+    bt_sampler_t *sampler = bt_sampler_create(c->vocab);
     int32_t *out = bt_malloc_or_die((size_t)(max_new ? max_new : 1) * sizeof(int32_t));
-    sampler_t s = {temperature, top_p, min_p, top_k, (uint64_t)seed};
+    bt_sampling_t s = {(float)temperature, (float)top_p, (float)min_p, top_k > 0 ? (int)top_k : 0, (uint64_t)seed};
     bt_kv_state_reset(state);
     int produced = 0;
     rc = max_new > 0 ? prefill(m, &lay, state, ids, n, chunk, false, logits, "generate") : 0;
     while (rc == 0 && produced < max_new) {
-        int32_t tok = sample(&s, logits, c->vocab, order, sorted);
+        int32_t tok = bt_sampler_sample(sampler, &s, logits, (uint64_t)produced, NULL, NULL, 0);
         out[produced++] = tok;
         if (tok == c->eos_id && !ignore_eos) break;
         if (produced == max_new) break;
@@ -324,8 +258,7 @@ int bt_cli_generate(int argc, char **argv)
         printf("\n");
     }
     free(out);
-    free(order);
-    free(sorted);
+    bt_sampler_destroy(sampler);
     bt_aligned_free(state);
     bt_aligned_free(logits);
     bt_model_destroy(m);

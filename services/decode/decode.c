@@ -12,7 +12,7 @@
 #include "common/metrics.h"
 #include "services/common/metrics_server.h"
 #include "services/common/proto_util.h"
-#include "services/common/sampler.h"
+#include "services/engine/sampler.h"
 #include "services/common/service.h"
 #include "services/common/tp_group.h"
 #include "services/common/worker_flags.h"

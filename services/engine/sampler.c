@@ -1,4 +1,4 @@
-#include "services/common/sampler.h"
+#include "services/engine/sampler.h"
 
 #include "common/alloc.h"
 
