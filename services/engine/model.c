@@ -824,31 +824,33 @@ static void engram_token(fwd_t *f, int t, int task)
 
 /* ---- attention ----------------------------------------------------------------------- */
 
-static void attn_mix_token(fwd_t *f, int t, int task)
+/* One mHC site of a layer: its (pre, post, comb) mapping from the streams, and the sublayer
+ * input, which collapses the streams with the previous site's pre (carried in collapse_w). */
+static void site_mix(fwd_t *f, int t, const float *fn, const float *base, const float *scale,
+                     float *pre_out, const float *collapse_w, const float *norm_w)
 {
     bt_model_t *m = f->m;
     const bt_model_config_t *c = &m->cfg;
-    const layer_weights_t *w = &m->layer[f->l];
     scratch_t *s = &m->s;
     int hc = c->hc_mult, D = c->hidden;
     const float *x = s->x + (size_t)t * hc * D;
-    hc_mix(c, x, w->hc_attn_fn, w->hc_attn_base, w->hc_attn_scale, s->attn_pre + t * hc,
-           s->post + t * hc, s->comb + (size_t)t * hc * hc);
-    hc_collapse_norm(c, x, s->pre_mix + t * hc, w->attn_norm, s->xin + (size_t)t * D);
+    hc_mix(c, x, fn, base, scale, pre_out + t * hc, s->post + t * hc, s->comb + (size_t)t * hc * hc);
+    hc_collapse_norm(c, x, collapse_w + t * hc, norm_w, s->xin + (size_t)t * D);
+}
+
+static void attn_mix_token(fwd_t *f, int t, int task)
+{
+    const layer_weights_t *w = &f->m->layer[f->l];
+    scratch_t *s = &f->m->s;
+    site_mix(f, t, w->hc_attn_fn, w->hc_attn_base, w->hc_attn_scale, s->attn_pre, s->pre_mix, w->attn_norm);
 }
 
 static void ffn_mix_token(fwd_t *f, int t, int task)
 {
-    bt_model_t *m = f->m;
-    const bt_model_config_t *c = &m->cfg;
-    const layer_weights_t *w = &m->layer[f->l];
-    scratch_t *s = &m->s;
-    int hc = c->hc_mult, D = c->hidden;
-    const float *x = s->x + (size_t)t * hc * D;
+    const layer_weights_t *w = &f->m->layer[f->l];
+    scratch_t *s = &f->m->s;
     /* the FFN collapses with the attention site's pre; its own pre goes to the next layer */
-    hc_mix(c, x, w->hc_ffn_fn, w->hc_ffn_base, w->hc_ffn_scale, s->pre_mix + t * hc,
-           s->post + t * hc, s->comb + (size_t)t * hc * hc);
-    hc_collapse_norm(c, x, s->attn_pre + t * hc, w->ffn_norm, s->xin + (size_t)t * D);
+    site_mix(f, t, w->hc_ffn_fn, w->hc_ffn_base, w->hc_ffn_scale, s->pre_mix, s->attn_pre, w->ffn_norm);
 }
 
 static void expand_token(fwd_t *f, int t, int task)

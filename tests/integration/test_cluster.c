@@ -94,8 +94,9 @@ static void cluster_stop(cluster_t *c)
     proc_stop(&c->router, SIGTERM);
 }
 
-/* Waits until the router sees both groups (Health.serving). */
-static bool serving(client_t *cl)
+/* Polls the router's Health (up to ~10 s) until it shows `decode` decode and `prefill`
+ * prefill groups, or, with negative counts, until it serves at all. */
+static bool wait_health(client_t *cl, int decode, int prefill)
 {
     for (int i = 0; i < 100; i++) {
         Baton__V1__HealthRequest rq = BATON__V1__HEALTH_REQUEST__INIT;
@@ -108,7 +109,7 @@ static bool serving(client_t *cl)
         run_until(cl, unary_done, &u, 3000);
         Baton__V1__HealthResponse *h = u.code == BT_RPC_OK ? BT_PROTO_UNPACK(baton__v1__health_response, u.resp, u.len) : NULL;
         free(u.resp);
-        bool ok = h && h->serving;
+        bool ok = h && (decode < 0 ? h->serving : h->decode_groups == decode && h->prefill_groups == prefill);
         if (h) BT_PROTO_FREE(baton__v1__health_response, h);
         if (ok) return true;
         usleep(100000);
@@ -116,26 +117,16 @@ static bool serving(client_t *cl)
     return false;
 }
 
+/* Waits until the router sees both kinds of group (Health.serving). */
+static bool serving(client_t *cl)
+{
+    return wait_health(cl, -1, -1);
+}
+
 /* Waits until the router lists exactly `decode` decode and `prefill` prefill groups. */
 static bool groups(client_t *cl, int decode, int prefill)
 {
-    for (int i = 0; i < 100; i++) {
-        Baton__V1__HealthRequest rq = BATON__V1__HEALTH_REQUEST__INIT;
-        uint8_t *buf;
-        size_t len;
-        bt_proto_pack(&rq.base, &buf, &len);
-        unary_t u = {0};
-        bt_rpc_unary(cl->ch, "/baton.v1.Baton/Health", buf, len, 2000, unary_cb, &u, NULL);
-        free(buf);
-        run_until(cl, unary_done, &u, 3000);
-        Baton__V1__HealthResponse *h = u.code == BT_RPC_OK ? BT_PROTO_UNPACK(baton__v1__health_response, u.resp, u.len) : NULL;
-        free(u.resp);
-        bool ok = h && h->decode_groups == decode && h->prefill_groups == prefill;
-        if (h) BT_PROTO_FREE(baton__v1__health_response, h);
-        if (ok) return true;
-        usleep(100000);
-    }
-    return false;
+    return wait_health(cl, decode, prefill);
 }
 
 static int64_t *tensor_i64(const bt_safetensors_t *st, const char *name, size_t *n)
