@@ -10,6 +10,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static int bt_test_failures;
 static int bt_test_checks;
@@ -40,8 +41,11 @@ static const char *bt_test_current = "";
 #define BT_CHECK_EQ_INT(a, b)                                                                      \
     BT_CHECK_MSG((long long)(a) == (long long)(b), "%lld != %lld", (long long)(a), (long long)(b))
 
+/* BT_TEST_ONLY=name runs only that test (and says so), for working on one case. */
 #define BT_RUN(fn)                                                                                 \
     do {                                                                                           \
+        const char *only_ = getenv("BT_TEST_ONLY");                                                \
+        if (only_ && *only_ && strcmp(only_, #fn) != 0) break;                                     \
         int before_ = bt_test_failures;                                                            \
         bt_test_current = #fn;                                                                     \
         fn();                                                                                      \

@@ -262,8 +262,9 @@ static void seq_maybe_ready(seq_t *s)
     s->needs_sync = s->d->comm != NULL;
     bt_histogram_observe(s->d->handoff, (double)(bt_now_ms() - s->t_admit) / 1000.0);
     BT_LOG_DEBUG("request %s: prefilled, first token %d", s->request_id, s->first_token);
+    decode_t *d = s->d; /* a one-token request finishes (and frees s) in seq_emit */
     seq_emit(s, s->first_token, s->first_logprob, s->first_top, s->n_first_top);
-    maybe_step(s->d);
+    maybe_step(d);
 }
 
 /* ---- prefill ------------------------------------------------------------------------------ */
@@ -853,7 +854,8 @@ int main(int argc, char **argv)
         st = bt_service_engine_open_sim(w.model_path, w.served, w.context, &d->eng, err, sizeof err);
     else
         st = bt_service_engine_open_tp(w.model_path, w.served, w.context, (int)max_running, (int)max_running,
-                                       (int)w.threads, d->comm, &d->eng, err, sizeof err);
+                                       (int)w.threads, d->comm, bt_device_parse(w.device), (int)w.gpu,
+                                       &d->eng, err, sizeof err);
     if (st != BT_OK) {
         fprintf(stderr, "baton-decode: %s\n", err);
         return 1;
