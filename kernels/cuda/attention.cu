@@ -18,7 +18,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(
     int t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int h = blockIdx.x * ATT_WARPS + warp;
     bool active = h < H;
-    int nd = dim / 32;
+    int nd = (dim + 31) / 32, dimr = nd * 32; /* lanes past dim hold zeros */
     int nw = win_n[t], ns = sel_n ? sel_n[t] : 0, nk = nw + ns;
     float scale = 1.0f / sqrtf((float)dim);
 
@@ -26,7 +26,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(
     const T *qh = q + ((size_t)t * H + (active ? h : 0)) * dim;
 #pragma unroll
     for (int i = 0; i < ATT_PER_LANE; i++) {
-        qv[i] = i < nd ? bt_ld(qh, lane + 32 * i) : 0.0f;
+        qv[i] = lane + 32 * i < dim ? bt_ld(qh, lane + 32 * i) : 0.0f;
         o[i] = 0.0f;
     }
     float m = active ? sink[h] : 0.0f, l = 1.0f;
@@ -34,11 +34,11 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(
     for (int c0 = 0; c0 < nk; c0 += ATT_KEYS) {
         int kc = min(ATT_KEYS, nk - c0);
         __syncthreads();
-        for (int e = threadIdx.x; e < kc * dim; e += ATT_WARPS * 32) {
-            int c = e / dim, d = e % dim, j = c0 + c;
+        for (int e = threadIdx.x; e < kc * dimr; e += ATT_WARPS * 32) {
+            int c = e / dimr, d = e % dimr, j = c0 + c;
             const T *row = j < nw ? win_kv + (size_t)win_idx[(size_t)t * win_stride + j] * dim
                                   : comp_kv + (size_t)sel[(size_t)t * sel_stride + (j - nw)] * dim;
-            keys[c][d] = bt_ld(row, d);
+            keys[c][d] = d < dim ? bt_ld(row, d) : 0.0f;
         }
         __syncthreads();
         if (!active) continue;
@@ -83,6 +83,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(
         int d = lane + 32 * i;
         float v = o[i] * inv;
         float partner = __shfl_xor_sync(0xffffffffu, v, 1);
+        if (d >= dim) continue; /* after the shuffle: every lane takes part in it */
         if (d >= r0) {
             float f = inv_freq[(d - r0) >> 1] * p64;
             float cs = cosf(f), sn = -sinf(f);
@@ -102,7 +103,7 @@ extern "C" bt_status_t bt_cuda_attention(void *out, const void *q, const void *w
 {
     BT_CUDA_REQUIRE(out && q && win_kv && win_idx && win_n && sink && pos && bt__dtype_ok(dtype));
     BT_CUDA_REQUIRE(!sel_n || (sel && comp_kv));
-    BT_CUDA_REQUIRE(T > 0 && H > 0 && dim > 0 && dim % 32 == 0 && dim <= ATT_MAXD);
+    BT_CUDA_REQUIRE(T > 0 && H > 0 && dim > 0 && dim % 2 == 0 && dim <= ATT_MAXD);
     BT_CUDA_REQUIRE(half >= 0 && 2 * half <= dim && (half == 0 || inv_freq));
     dim3 grid(bt__cdiv(H, ATT_WARPS), T);
     typedef __nv_bfloat16 bf;

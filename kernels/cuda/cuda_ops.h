@@ -38,6 +38,11 @@ bt_status_t bt_cuda_gemm_bf16(bt_cuda_blas_t *blas, void *y, bt_cuda_dtype_t y_d
                               const uint16_t *x, const uint16_t *w, int M, int N, int K,
                               cudaStream_t stream);
 
+/* y[M,N] = x[M,K] . w[N,K]^T in f32 (fp32 FMAs, no TF32), rows of x and y ldx / ldy apart
+ * (a column slice of a wider matrix). */
+bt_status_t bt_cuda_gemm_f32(bt_cuda_blas_t *blas, float *y, int ldy, const float *x, int ldx,
+                             const float *w, int M, int N, int K, cudaStream_t stream);
+
 /* y[M,N] = x[M,K] bf16 . dequant(w)^T, w FP8 e4m3 [N,K] with UE8M0 scales
  * [ceil(N/32), ceil(K/32)]; the tiles are dequantized in shared memory (exactly, into bf16)
  * and multiplied on the tensor cores, fp32 accumulation. */
@@ -103,8 +108,7 @@ bt_status_t bt_cuda_hc_expand(float *x, const void *o, bt_cuda_dtype_t o_dtype,
  * and sel_n[t] rows sel[t, 0..) of comp_kv (either list may be empty; comp_kv may be NULL
  * when every sel_n is 0), softmax with the sink sink[h] in the denominator, scale
  * dim^-0.5; then the inverse rotation of the last 2*half channels at pos[t].
- * q, out [T, H, dim]; win_kv, comp_kv [*, dim]; all of `dtype`. dim a multiple of 32 and
- * <= 512; win_stride / sel_stride are the row lengths of win_idx / sel. */
+ * q, out [T, H, dim]; win_kv, comp_kv [*, dim]; all of `dtype`. dim even and <= 512; win_stride / sel_stride are the row lengths of win_idx / sel. */
 bt_status_t bt_cuda_attention(void *out, const void *q, const void *win_kv, const int32_t *win_idx,
                               const int32_t *win_n, int win_stride, const void *comp_kv,
                               const int32_t *sel, const int32_t *sel_n, int sel_stride,
@@ -161,6 +165,44 @@ bt_status_t bt_cuda_engram_inject(float *x, const float *kv, const float *qk, in
  * else softmax(logits / temperature) sampled by inverse CDF at uniform[t] in [0, 1). */
 bt_status_t bt_cuda_sample(int32_t *out, const float *logits, int T, int V, float temperature,
                            const float *uniform, cudaStream_t stream);
+
+/* ---- engine glue (kernels/cuda/engine_ops.cu) ---------------------------------------------
+ * Small steps of the device-resident model (services/engine/model_cuda.c): all f32. */
+
+/* x[t, s, :] = table[ids[t]] for every stream s < hc, pre[t, s] = (s == 0); table [*, D]. */
+bt_status_t bt_cuda_embed_streams(float *x, float *pre, const float *table, const int32_t *ids,
+                                  int T, int hc, int D, cudaStream_t stream);
+
+/* dst[r, :] = src[idx[r], :] for r < n; rows of `width` floats. */
+bt_status_t bt_cuda_gather_rows(float *dst, const float *src, const int64_t *idx, int n, int width,
+                                cudaStream_t stream);
+
+/* x[i] *= s for i < n. */
+bt_status_t bt_cuda_scale(float *x, size_t n, float s, cudaStream_t stream);
+
+/* The routed experts' outputs summed per token in the order listed, plus shared (may be NULL):
+ * out[t, :] = (sum_{j < n[t]} y[rows[t * stride + j], :]) + shared[t, :]. */
+bt_status_t bt_cuda_moe_combine(float *out, const float *y, const int32_t *rows,
+                                const int32_t *n, int stride, const float *shared, int T, int D,
+                                cudaStream_t stream);
+
+/* Compressor pooling: group g of r consecutive rows of kv / gate [g * r .. g * r + r) becomes
+ * latent[g, d] = sum_j kv[j, d] * softmax_j(gate[j, d]) (r == 1 or gate NULL: the row). */
+bt_status_t bt_cuda_compress_pool(float *latent, const float *kv, const float *gate, int groups,
+                                  int r, int dim, cudaStream_t stream);
+
+/* Candidate blocks, level one: bmax[t, b] = max of scores[t, b*bs .. b*bs+bs) within n, and
+ * +inf for the block of the newest visible entry ((visible[t] - 1) / bs when visible > 0). */
+bt_status_t bt_cuda_block_max(float *bmax, const float *scores, const int64_t *visible, int T,
+                              int n, int bs, int nblocks, cudaStream_t stream);
+
+/* Level two: scores[t, j] = -inf unless block j / bs is among cand[t, 0 .. cand_n[t]). */
+bt_status_t bt_cuda_mask_blocks(float *scores, const int32_t *cand, const int32_t *cand_n,
+                                int cand_stride, int T, int n, int bs, cudaStream_t stream);
+
+/* n_out[t] = how many of the ascending sel[t, 0 .. n_in[t]) are below limit. */
+bt_status_t bt_cuda_trim_sel(int32_t *n_out, const int32_t *sel, const int32_t *n_in, int stride,
+                             int T, int64_t limit, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

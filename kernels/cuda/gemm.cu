@@ -8,7 +8,7 @@
 enum { PLAN_CACHE = 32, WORKSPACE_BYTES = 32 << 20 };
 
 typedef struct {
-    int M, N, K, y_dtype, used;
+    int M, N, K, y_dtype, x_f32, ldx, ldy, used;
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, c;
     cublasLtMatmulAlgo_t algo;
@@ -62,11 +62,15 @@ extern "C" void bt_cuda_blas_destroy(bt_cuda_blas_t *b)
     free(b);
 }
 
-static plan_t *plan_get(bt_cuda_blas_t *b, int M, int N, int K, bt_cuda_dtype_t yd)
+/* x_f32: x and w are f32 (exact fp32 FMAs, no TF32), else bf16. ldx / ldy: row strides. */
+static plan_t *plan_get(bt_cuda_blas_t *b, int M, int N, int K, bt_cuda_dtype_t yd, int x_f32,
+                        int ldx, int ldy)
 {
     for (int i = 0; i < PLAN_CACHE; i++) {
         plan_t *p = &b->plan[i];
-        if (p->used && p->M == M && p->N == N && p->K == K && p->y_dtype == (int)yd) return p;
+        if (p->used && p->M == M && p->N == N && p->K == K && p->y_dtype == (int)yd &&
+            p->x_f32 == x_f32 && p->ldx == ldx && p->ldy == ldy)
+            return p;
     }
     plan_t *p = &b->plan[b->next];
     b->next = (b->next + 1) % PLAN_CACHE;
@@ -81,13 +85,23 @@ static plan_t *plan_get(bt_cuda_blas_t *b, int M, int N, int K, bt_cuda_dtype_t 
         return NULL;
     cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta));
     cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb));
-    cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, K, N, K);
-    cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, K, M, K);
-    cublasLtMatrixLayoutCreate(&p->c, ct, N, M, N);
+    cudaDataType_t it = x_f32 ? CUDA_R_32F : CUDA_R_16BF;
+    cublasLtMatrixLayoutCreate(&p->a, it, K, N, K);
+    cublasLtMatrixLayoutCreate(&p->b, it, K, M, ldx);
+    cublasLtMatrixLayoutCreate(&p->c, ct, N, M, ldy);
     p->used = 1;
     cublasLtMatmulPreferenceCreate(&pref);
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
                                          sizeof(ws));
+    if (x_f32) {
+        /* f32 callers pass row and column slices (experts' rows, output groups): promise only
+         * element alignment, so the heuristic picks algorithms that take any offset */
+        uint32_t align = 4;
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align, sizeof(align));
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align, sizeof(align));
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align, sizeof(align));
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align, sizeof(align));
+    }
     if (cublasLtMatmulAlgoGetHeuristic(b->lt, p->op, p->a, p->b, p->c, p->c, pref, 1, &res,
                                        &found) != CUBLAS_STATUS_SUCCESS ||
         found == 0) {
@@ -101,6 +115,9 @@ static plan_t *plan_get(bt_cuda_blas_t *b, int M, int N, int K, bt_cuda_dtype_t 
     p->N = N;
     p->K = K;
     p->y_dtype = (int)yd;
+    p->x_f32 = x_f32;
+    p->ldx = ldx;
+    p->ldy = ldy;
     return p;
 }
 
@@ -110,7 +127,7 @@ extern "C" bt_status_t bt_cuda_gemm_bf16(bt_cuda_blas_t *blas, void *y, bt_cuda_
 {
     BT_CUDA_REQUIRE(blas && y && x && w && bt__dtype_ok(y_dtype));
     BT_CUDA_REQUIRE(M > 0 && N > 0 && K > 0);
-    plan_t *p = plan_get(blas, M, N, K, y_dtype);
+    plan_t *p = plan_get(blas, M, N, K, y_dtype, 0, K, N);
     if (!p) {
         fprintf(stderr, "cuda: no cuBLASLt algorithm for %dx%dx%d\n", M, N, K);
         return BT_ERR_DEVICE;
@@ -120,6 +137,28 @@ extern "C" bt_status_t bt_cuda_gemm_bf16(bt_cuda_blas_t *blas, void *y, bt_cuda_
                                        y, p->c, &p->algo, blas->workspace, WORKSPACE_BYTES, stream);
     if (st != CUBLAS_STATUS_SUCCESS) {
         fprintf(stderr, "cuda: cublasLtMatmul %dx%dx%d: status %d\n", M, N, K, (int)st);
+        cudaGetLastError();
+        return BT_ERR_DEVICE;
+    }
+    return BT_OK;
+}
+
+extern "C" bt_status_t bt_cuda_gemm_f32(bt_cuda_blas_t *blas, float *y, int ldy, const float *x,
+                                        int ldx, const float *w, int M, int N, int K,
+                                        cudaStream_t stream)
+{
+    BT_CUDA_REQUIRE(blas && y && x && w);
+    BT_CUDA_REQUIRE(M > 0 && N > 0 && K > 0 && ldx >= K && ldy >= N);
+    plan_t *p = plan_get(blas, M, N, K, BT_CUDA_F32, 1, ldx, ldy);
+    if (!p) {
+        fprintf(stderr, "cuda: no cuBLASLt f32 algorithm for %dx%dx%d\n", M, N, K);
+        return BT_ERR_DEVICE;
+    }
+    float alpha = 1.0f, beta = 0.0f;
+    cublasStatus_t st = cublasLtMatmul(blas->lt, p->op, &alpha, w, p->a, x, p->b, &beta, y, p->c,
+                                       y, p->c, &p->algo, blas->workspace, WORKSPACE_BYTES, stream);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr, "cuda: cublasLtMatmul f32 %dx%dx%d: status %d\n", M, N, K, (int)st);
         cudaGetLastError();
         return BT_ERR_DEVICE;
     }

@@ -21,6 +21,8 @@ typedef struct {
     int64_t chunk;
     int64_t threads;
     int64_t context;
+    const char *device;
+    int64_t gpu;
 } common_args_t;
 
 /* Loads the model of args (the demo model when none is given) with the tokenizer's engram
@@ -62,6 +64,13 @@ static bt_model_t *open_model(const common_args_t *a, int64_t max_ctx, int max_b
         bt_tokenizer_destroy(tok);
     }
     bt_model_options_t opt = bt_model_options_default();
+    opt.device = bt_device_parse(a->device ? a->device : "cpu");
+    if (opt.device < 0) {
+        fprintf(stderr, "baton %s: --device must be cpu or cuda\n", cmd);
+        free(map);
+        return NULL;
+    }
+    opt.gpu = (int)a->gpu;
     opt.engram_token_map = map;
     opt.engram_classes = classes;
     opt.n_threads = (int)a->threads;
@@ -121,13 +130,15 @@ static int prefill(bt_model_t *m, const bt_kv_layout_t *lay, uint8_t *state, con
 
 int bt_cli_logits(int argc, char **argv)
 {
-    common_args_t a = {NULL, NULL, 4096, 0, 0};
+    common_args_t a = {NULL, NULL, 4096, 0, 0, "cpu", 0};
     const char *output = NULL;
     bt_flag_t spec[] = {
         BT_FLAG_STR("model-path", &a.model_path, "checkpoint directory (default: the demo model)"),
         BT_FLAG_STR("input-ids", &a.input_ids, "comma-separated prompt token ids"),
         BT_FLAG_INT("chunked-prefill-size", &a.chunk, "tokens per prefill chunk (default 4096)"),
         BT_FLAG_INT("threads", &a.threads, "CPU threads (default: one per core)"),
+        BT_FLAG_STR("device", &a.device, "cpu (default) or cuda"),
+        BT_FLAG_INT("base-gpu-id", &a.gpu, "the GPU of --device cuda (default 0)"),
         BT_FLAG_STR("output", &output, "file for float32 little-endian logits [T, vocab]"),
     };
     char err[256];
@@ -187,7 +198,7 @@ out:
 
 int bt_cli_generate(int argc, char **argv)
 {
-    common_args_t a = {NULL, NULL, 4096, 0, 0};
+    common_args_t a = {NULL, NULL, 4096, 0, 0, "cpu", 0};
     int64_t max_new = 16, seed = 0;
     double temperature = 1.0, top_p = 1.0, min_p = 0.0;
     int64_t top_k = -1;
@@ -197,6 +208,8 @@ int bt_cli_generate(int argc, char **argv)
         BT_FLAG_STR("input-ids", &a.input_ids, "comma-separated prompt token ids"),
         BT_FLAG_INT("chunked-prefill-size", &a.chunk, "tokens per prefill chunk (default 4096)"),
         BT_FLAG_INT("threads", &a.threads, "CPU threads (default: one per core)"),
+        BT_FLAG_STR("device", &a.device, "cpu (default) or cuda"),
+        BT_FLAG_INT("base-gpu-id", &a.gpu, "the GPU of --device cuda (default 0)"),
         BT_FLAG_INT("max-new-tokens", &max_new, "tokens to generate (default 16)"),
         BT_FLAG_FLOAT("temperature", &temperature, "0 = greedy (default 1.0)"),
         BT_FLAG_FLOAT("top-p", &top_p, "nucleus mass (default 1.0)"),

@@ -31,11 +31,12 @@ typedef struct {
  * forward's sequences, max_batch_tokens its tokens. */
 struct bt_comm;
 /* The same as one rank of a tensor-parallel group: the model keeps its shard (comm may be
- * NULL for TP 1) and the compatibility hash carries the TP size. */
+ * NULL for TP 1) and the compatibility hash carries the TP size. device: BT_DEVICE_CPU or
+ * BT_DEVICE_CUDA on GPU gpu (services/engine/model.h). */
 bt_status_t bt_service_engine_open_tp(const char *model_path, const char *served_name,
                                       int64_t context_length, int max_batch_seqs,
                                       int max_batch_tokens, int threads, struct bt_comm *comm,
-                                      bt_service_engine_t *eng, char *err, size_t errlen);
+                                      int device, int gpu, bt_service_engine_t *eng, char *err, size_t errlen);
 bt_status_t bt_service_engine_open(const char *model_path, const char *served_name,
                                    int64_t context_length, int max_batch_seqs,
                                    int max_batch_tokens, int threads, bt_service_engine_t *eng,

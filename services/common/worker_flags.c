@@ -1,6 +1,7 @@
 #include "services/common/worker_flags.h"
 
 #include "common/log.h"
+#include "services/engine/model.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -16,6 +17,7 @@ bt_worker_flags_t bt_worker_flags_default(void)
     w.tp = 1;
     w.nnodes = 1;
     w.watchdog_s = 300.0;
+    w.device = "cpu";
     return w;
 }
 
@@ -32,6 +34,12 @@ bool bt_worker_flags_check(const bt_worker_flags_t *w, bool simulate, char *err,
     else if (strcmp(w->transfer, "ucx") != 0) bad = "--transfer must be ucx";
     else if (w->port < 0 || w->port > 65535 || w->metrics_port < 0 || w->metrics_port > 65535)
         bad = "--port and --metrics-port must be 0..65535";
+    else if (bt_device_parse(w->device) < 0) bad = "--device must be cpu or cuda";
+    else if (bt_device_parse(w->device) == BT_DEVICE_CUDA && !bt_device_cuda_built())
+        bad = "--device cuda: this build has no CUDA backend (configure with -DBT_CUDA=ON where the CUDA toolkit is)";
+    else if (bt_device_parse(w->device) == BT_DEVICE_CUDA && w->tp > 1)
+        bad = "--device cuda runs with --tp 1 for now";
+    else if (w->gpu < 0) bad = "--base-gpu-id must be 0 or more";
     if (bad) snprintf(err, errlen, "%s", bad);
     return bad == NULL;
 }

@@ -16,8 +16,8 @@
 
 typedef struct {
     const char *model_path, *served, *host, *router, *ucx_tls, *transfer, *log_level, *net_devices;
-    const char *dist_addr;
-    int64_t port, context, threads, tp, node_rank, nnodes, seed, metrics_port;
+    const char *dist_addr, *device;
+    int64_t port, context, threads, tp, node_rank, nnodes, seed, metrics_port, gpu;
     double watchdog_s;
 } bt_worker_flags_t;
 
@@ -33,6 +33,8 @@ bt_worker_flags_t bt_worker_flags_default(void);
                 "tokens per sequence (default: min(model, 8192); prefill and decode must agree)"),  \
     BT_FLAG_FLOAT("watchdog-timeout", &(w)->watchdog_s, "seconds any wait may take (default 300)"), \
     BT_FLAG_INT("threads", &(w)->threads, "CPU threads for the model (default: one per core)"),     \
+    BT_FLAG_STR("device", &(w)->device, "where the model runs: cpu (default) or cuda"),             \
+    BT_FLAG_INT("base-gpu-id", &(w)->gpu, "the GPU of --device cuda (default 0)"),                  \
     BT_FLAG_INT("tp", &(w)->tp, "tensor-parallel size: processes in this group (default 1)"),       \
     BT_FLAG_INT("node-rank", &(w)->node_rank, "this process's rank in the group (0 leads)"),        \
     BT_FLAG_INT("nnodes", &(w)->nnodes, "hosts the group spans (one process per rank either way)"), \

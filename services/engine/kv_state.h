@@ -30,6 +30,10 @@ typedef struct {
     int64_t entries[BT_MAX_LAYERS];         /* compressed entries per kv-source layer */
     int64_t pending[BT_MAX_LAYERS];         /* tokens waiting in the open compressor group */
     int64_t engram_hist[BT_KV_ENGRAM_HISTORY]; /* compressed ids by position % history */
+    /* Written by a device backend after each forward: its copy of the slot is current while
+     * the tag is unchanged (services/engine/model_cuda.c). 0 after a reset; a slot that
+     * arrives from another group carries that group's tag, so it is uploaded afresh. */
+    uint64_t device_tag;
 } bt_kv_header_t;
 
 typedef struct {

@@ -11,6 +11,7 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/quant.h"
 #include "services/engine/engram_hash.h"
+#include "services/engine/model_impl.h"
 #include "services/engine/safetensors.h"
 
 #include <float.h>
@@ -18,100 +19,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define MAX_HC 16
-#define MAX_MIX ((2 + MAX_HC) * MAX_HC)
-#define BT_MAX_HIDDEN 8192 /* stack rows of the MoE; the released model has 5120 */
-#define MAX_ACTIVE 64
-#define MAX_HEAD_DIM 4096
-
-typedef struct {
-    float *attn_norm, *ffn_norm;
-    float *hc_attn_fn, *hc_attn_base, *hc_attn_scale;
-    float *hc_ffn_fn, *hc_ffn_base, *hc_ffn_scale;
-    /* attention */
-    float *wq_a, *q_norm, *wq_b, *wkv, *kv_norm, *wo_a, *wo_b, *attn_sink;
-    /* compressor (kv sources) */
-    float *c_wkv, *c_wgate, *c_norm;
-    /* indexer (index sources; wk/k_norm only on key owners) */
-    float *i_wq_b, *i_weights_proj, *i_wk, *i_k_norm;
-    /* MoE */
-    float *gate_w, *gate_bias;
-    float *w1, *w2, *w3; /* [E][inter][hidden], [E][hidden][inter], [E][inter][hidden] */
-    float *sw1, *sw2, *sw3;
-    /* engram */
-    float *e_embed, *e_wkv, *e_qk;
-} layer_weights_t;
-
-typedef struct {
-    /* per token */
-    int *tok_seq;
-    int64_t *tok_pos;
-    float *x;          /* [N][hc][D] streams */
-    float *pre_mix;    /* [N][hc] the collapse weights carried to the next site */
-    float *attn_pre;   /* [N][hc] */
-    float *post;       /* [N][hc] */
-    float *comb;       /* [N][hc][hc] */
-    float *xin;        /* [N][D] sublayer input */
-    float *out;        /* [N][D] sublayer output */
-    float *q_res;      /* [N][q_lora] */
-    float *q;          /* [N][H*hd] */
-    float *kv;         /* [N][hd] */
-    float *ckv, *cgate;/* [N][hd] compressor projections */
-    float *attn;       /* [N][H*hd] */
-    float *oa;         /* [N][G*R] */
-    float *qi;         /* [N][IH*ihd] */
-    float *iw;         /* [N][IH] */
-    float *cos_main, *sin_main, *cos_comp, *sin_comp; /* [N][half] */
-    int32_t *topk;     /* [N][index_topk] selected entries, ascending */
-    int *topk_n;
-    unsigned char *topk_set;
-    int32_t *cand;     /* [N][candidate_topk_blocks] kept blocks, ascending */
-    int *cand_n;
-    unsigned char *cand_set;
-    int64_t *hash;     /* [N][n_engram][cols] */
-    int64_t *cid;      /* [N] compressed engram ids */
-    float *probs;      /* [N][window + index_topk] attention weights */
-    float *hidden;     /* [N][D] final hidden */
-    /* per task (strided over tokens) */
-    int n_tasks;
-    float *task_scores;  /* [tasks][max(comp_cap, blocks)] */
-    float *task_moe;     /* [tasks][2*inter + E + hidden] */
-    float *task_engram;  /* [tasks][cols*ehd + (hc+1)*D] */
-    int32_t *task_idx;   /* [tasks][max(topk, blocks)] heap */
-    float *task_bscore;  /* [tasks][max(topk, blocks)] heap scores */
-} scratch_t;
-
-struct bt_model {
-    bt_model_config_t cfg;
-    bt_model_options_t opt;
-    bt_threads_t *pool;
-    float *embed, *head, *norm;
-    layer_weights_t layer[BT_MAX_LAYERS];
-    float *inv_freq_main, *inv_freq_comp;
-    int half_main, half_comp;
-    /* engram hashing */
-    int32_t *token_map;
-    int64_t pad_cid;
-    int64_t *primes, *offsets, *multipliers;
-    int engram_cols;
-    /* bookkeeping */
-    void **allocs;
-    int n_allocs, cap_allocs;
-    scratch_t s;
-    bt_tap_fn tap;
-    void *tap_ctx;
-    /* tensor parallelism (tp_size 1: everything local) */
-    bt_comm_t *comm;
-    int tp_rank, tp_size;
-    int h0, hl;           /* this rank's attention heads [h0, h0 + hl) */
-    bool group_split;     /* wo_a groups and wo_b columns sharded (else gathered heads) */
-    int g0, gl;           /* this rank's output groups when group_split */
-    int i0, il;           /* this rank's slice of every expert's (and the shared) width */
-    int v0, vl, vpad;     /* this rank's vocabulary rows [v0, v0 + vl), padded to vpad */
-    float *gather;        /* TP scratch: all-gather receive buffer */
-    float *tp_logits;     /* TP scratch: this rank's vocabulary slice of the logits */
-};
 
 bt_model_options_t bt_model_options_default(void)
 {
@@ -385,9 +292,84 @@ static void alloc_scratch(bt_model_t *m)
     s->task_engram = alloc_floats(m, (size_t)s->n_tasks * eng);
 }
 
+int bt_device_parse(const char *name)
+{
+    if (!name) return -1;
+    if (!strcmp(name, "cpu")) return BT_DEVICE_CPU;
+    if (!strcmp(name, "cuda")) return BT_DEVICE_CUDA;
+    return -1;
+}
+
+bool bt_device_cuda_built(void)
+{
+#ifdef BT_HAVE_CUDA_MODEL
+    return true;
+#else
+    return false;
+#endif
+}
+
+void bt_model__free_tracked(bt_model_t *m, void *p)
+{
+    if (!p) return;
+    for (int i = 0; i < m->n_allocs; i++) {
+        if (m->allocs[i] != p) continue;
+        free(p);
+        m->allocs[i] = m->allocs[--m->n_allocs];
+        return;
+    }
+}
+
+/* The device backend loads through the CPU loader (every check of the checkpoint, the
+ * shards, the engram constants), with scratch for one token, and then takes the weights. */
+static bt_status_t load_cuda(const char *dir, const bt_model_options_t *opt, bt_model_t **model_p,
+                             char *err, size_t errlen)
+{
+#ifdef BT_HAVE_CUDA_MODEL
+    if (opt->comm && bt_comm_size(opt->comm) > 1) {
+        snprintf(err, errlen, "the CUDA backend runs one GPU per model for now (TP %d asked)",
+                 bt_comm_size(opt->comm));
+        return BT_ERR_UNSUPPORTED;
+    }
+    bt_model_options_t host = *opt;
+    host.device = BT_DEVICE_CPU;
+    host.comm = NULL;
+    host.n_threads = 1;
+    host.max_batch_tokens = 1;
+    host.max_ctx = 1;
+    host.max_batch_seqs = 1;
+    bt_model_t *m;
+    bt_status_t rc = bt_model_load(dir, &host, &m, err, errlen);
+    if (rc != BT_OK) return rc;
+    m->opt = *opt;
+    m->opt.comm = NULL;
+    m->opt.engram_token_map = NULL; /* copied at load */
+    if (m->opt.max_batch_tokens < 1) m->opt.max_batch_tokens = 1;
+    if (m->opt.max_ctx < 1) m->opt.max_ctx = 1;
+    if (m->opt.max_batch_seqs < 1) m->opt.max_batch_seqs = 1;
+    rc = bt_model_cuda_attach(m, err, errlen);
+    if (rc != BT_OK) {
+        bt_model_destroy(m);
+        return rc;
+    }
+    *model_p = m;
+    return BT_OK;
+#else
+    (void)model_p;
+    snprintf(err, errlen, "%s: this build has no CUDA backend (configure with -DBT_CUDA=ON on a "
+             "machine with the CUDA toolkit)", dir);
+    return BT_ERR_UNSUPPORTED;
+#endif
+}
+
 bt_status_t bt_model_load(const char *dir, const bt_model_options_t *opt, bt_model_t **model_p,
                           char *err, size_t errlen)
 {
+    if (opt && opt->device == BT_DEVICE_CUDA) return load_cuda(dir, opt, model_p, err, errlen);
+    if (opt && opt->device != BT_DEVICE_CPU) {
+        snprintf(err, errlen, "unknown device %d", opt->device);
+        return BT_ERR_INVALID_ARG;
+    }
     bt_model_t *m = bt_calloc_or_die(1, sizeof *m);
     bt_safetensors_t *st = NULL;
     bt_status_t rc = bt_model_config_load(dir, &m->cfg, err, errlen);
@@ -514,6 +496,9 @@ fail:
 void bt_model_destroy(bt_model_t *m)
 {
     if (!m) return;
+#ifdef BT_HAVE_CUDA_MODEL
+    bt_model_cuda_destroy(m->cuda);
+#endif
     bt_threads_destroy(m->pool);
     for (int i = 0; i < m->n_allocs; i++) free(m->allocs[i]);
     free(m->allocs);
@@ -746,18 +731,17 @@ static int topk_finish(topk_t *h, int32_t *out)
 /* ---- engram -------------------------------------------------------------------------- */
 
 /* Compressed ids and hash ids of every token (sequentially per sequence: cheap). */
-static void engram_hashes(fwd_t *f)
+void bt_model__engram_hashes(const bt_model_t *m, const bt_forward_seq_t *seqs, int n_seqs,
+                             const int *seq_first, int64_t *cid, int64_t *hash)
 {
-    bt_model_t *m = f->m;
     const bt_model_config_t *c = &m->cfg;
-    scratch_t *s = &m->s;
     int ng = c->engram_max_ngram, cols = m->engram_cols, nh = c->engram_heads;
-    for (int q = 0; q < f->n_seqs; q++) {
-        const bt_forward_seq_t *seq = &f->seqs[q];
+    for (int q = 0; q < n_seqs; q++) {
+        const bt_forward_seq_t *seq = &seqs[q];
         bt_kv_header_t *h = bt_kv_header(seq->state);
-        int first = f->seq_first[q];
+        int first = seq_first[q];
         int64_t start = h->n_tokens;
-        for (int i = 0; i < seq->n; i++) s->cid[first + i] = m->token_map[seq->ids[i]];
+        for (int i = 0; i < seq->n; i++) cid[first + i] = m->token_map[seq->ids[i]];
         for (int i = 0; i < seq->n; i++) {
             int64_t pos = start + i;
             int64_t tokens[8];
@@ -766,7 +750,7 @@ static void engram_hashes(fwd_t *f)
                 if (p < 0)
                     tokens[k] = m->pad_cid; /* before the start: the pad class, and stays blocked */
                 else if (p >= start)
-                    tokens[k] = s->cid[first + (p - start)];
+                    tokens[k] = cid[first + (p - start)];
                 else
                     tokens[k] = h->engram_hist[p % BT_KV_ENGRAM_HISTORY];
             }
@@ -774,7 +758,7 @@ static void engram_hashes(fwd_t *f)
                 const int64_t *mult = m->multipliers + (size_t)e * ng;
                 const int64_t *primes = m->primes + (size_t)e * cols;
                 const int64_t *offs = m->offsets + (size_t)e * cols;
-                int64_t *out = s->hash + ((size_t)(first + i) * c->n_engram + e) * cols;
+                int64_t *out = hash + ((size_t)(first + i) * c->n_engram + e) * cols;
                 uint64_t rolling = (uint64_t)(tokens[0] * mult[0]);
                 for (int k = 1; k < ng; k++) {
                     rolling ^= (uint64_t)(tokens[k] * mult[k]);
@@ -1344,13 +1328,19 @@ bt_status_t bt_model_forward(bt_model_t *m, const bt_kv_layout_t *lay, const bt_
             }
         }
         f.seq_first[q] = N;
-        for (int i = 0; i < seq->n; i++) {
-            s->tok_seq[N + i] = q;
-            s->tok_pos[N + i] = start + i;
-        }
         N += seq->n;
     }
     f.N = N;
+#ifdef BT_HAVE_CUDA_MODEL
+    if (m->cuda) return bt_model_cuda_forward(m, lay, seqs, n_seqs, f.seq_first, N, logits, err, errlen);
+#endif
+    for (int q = 0; q < n_seqs; q++) {
+        int64_t start = bt_kv_header(seqs[q].state)->n_tokens;
+        for (int i = 0; i < seqs[q].n; i++) {
+            s->tok_seq[f.seq_first[q] + i] = q;
+            s->tok_pos[f.seq_first[q] + i] = start + i;
+        }
+    }
     int hc = c->hc_mult, D = c->hidden;
 
     /* embeddings into every stream; the first site collapses stream 0 only. Under TP each
@@ -1374,7 +1364,7 @@ bt_status_t bt_model_forward(bt_model_t *m, const bt_kv_layout_t *lay, const bt_
     }
     for_tokens(&f, angles_token);
     if (c->n_engram > 0) {
-        engram_hashes(&f);
+        bt_model__engram_hashes(m, seqs, n_seqs, f.seq_first, s->cid, s->hash);
         if (m->tap) m->tap(m->tap_ctx, BT_TAP_ENGRAM_HASH, -1, s->hash, N);
     }
 

@@ -40,7 +40,20 @@ typedef struct {
      * vocabulary slices of the embedding and the head. The KV latent, mHC, norms, router,
      * indexer and engram are replicated, so every rank holds the whole KV state. NULL = TP 1. */
     struct bt_comm *comm;
+    /* Where the forward runs: BT_DEVICE_CPU, or BT_DEVICE_CUDA (GPU `gpu`; builds with the CUDA
+     * backend only). On CUDA the weights live on the GPU and each slot's KV state is cached
+     * there; the slot in host memory stays the authoritative copy (updated after every
+     * forward), so transfers and services work on it unchanged. TP 1 only for now. */
+    int device;
+    int gpu;
 } bt_model_options_t;
+
+enum { BT_DEVICE_CPU = 0, BT_DEVICE_CUDA = 1 };
+
+/* "cpu" / "cuda" -> BT_DEVICE_*; -1 for anything else. */
+int bt_device_parse(const char *name);
+/* Whether this build has the CUDA backend. */
+bool bt_device_cuda_built(void);
 
 bt_model_options_t bt_model_options_default(void);
 

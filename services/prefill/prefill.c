@@ -554,7 +554,7 @@ int main(int argc, char **argv)
         st = bt_service_engine_open_sim(w.model_path, w.served, w.context, &p->eng, err, sizeof err);
     else
         st = bt_service_engine_open_tp(w.model_path, w.served, w.context, 1, (int)chunk, (int)w.threads, p->comm,
-                                       &p->eng, err, sizeof err);
+                                       bt_device_parse(w.device), (int)w.gpu, &p->eng, err, sizeof err);
     if (st != BT_OK) {
         fprintf(stderr, "baton-prefill: %s\n", err);
         return 1;

@@ -1,0 +1,170 @@
+/* Glue steps of the device-resident model: embedding into the mHC streams, row gathers, the
+ * MoE combine, compressor pooling and the indexer's candidate blocks. All f32, in the order
+ * of operations of services/engine/model.c so that results track the CPU engine. */
+#include "kernels/cuda/common.cuh"
+
+__global__ void embed_streams_kernel(float *x, float *pre, const float *table, const int32_t *ids,
+                                     int hc, int D)
+{
+    int t = blockIdx.x;
+    const float *row = table + (size_t)ids[t] * D;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        float v = row[d];
+        for (int s = 0; s < hc; s++) x[((size_t)t * hc + s) * D + d] = v;
+    }
+    if (threadIdx.x < hc) pre[(size_t)t * hc + threadIdx.x] = threadIdx.x == 0 ? 1.0f : 0.0f;
+}
+
+extern "C" bt_status_t bt_cuda_embed_streams(float *x, float *pre, const float *table,
+                                             const int32_t *ids, int T, int hc, int D,
+                                             cudaStream_t stream)
+{
+    BT_CUDA_REQUIRE(x && pre && table && ids && T > 0 && hc > 0 && hc <= 32 && D > 0);
+    embed_streams_kernel<<<T, 256, 0, stream>>>(x, pre, table, ids, hc, D);
+    return bt__cuda_launched("embed_streams");
+}
+
+__global__ void gather_rows_kernel(float *dst, const float *src, const int64_t *idx, int width)
+{
+    int r = blockIdx.x;
+    const float *s = src + (size_t)idx[r] * width;
+    float *d = dst + (size_t)r * width;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) d[i] = s[i];
+}
+
+extern "C" bt_status_t bt_cuda_gather_rows(float *dst, const float *src, const int64_t *idx, int n,
+                                           int width, cudaStream_t stream)
+{
+    BT_CUDA_REQUIRE(dst && src && idx && n > 0 && width > 0);
+    gather_rows_kernel<<<n, 256, 0, stream>>>(dst, src, idx, width);
+    return bt__cuda_launched("gather_rows");
+}
+
+__global__ void scale_kernel(float *x, size_t n, float s)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] *= s;
+}
+
+extern "C" bt_status_t bt_cuda_scale(float *x, size_t n, float s, cudaStream_t stream)
+{
+    BT_CUDA_REQUIRE(x && n > 0);
+    scale_kernel<<<bt__cdiv((long long)n, 256), 256, 0, stream>>>(x, n, s);
+    return bt__cuda_launched("scale");
+}
+
+__global__ void moe_combine_kernel(float *out, const float *y, const int32_t *rows,
+                                   const int32_t *n, int stride, const float *shared, int D)
+{
+    int t = blockIdx.x, cnt = n[t];
+    const int32_t *rl = rows + (size_t)t * stride;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        float acc = 0.0f; /* routed experts first, in the listed (expert) order, as the CPU */
+        for (int j = 0; j < cnt; j++) acc += y[(size_t)rl[j] * D + d];
+        out[(size_t)t * D + d] = shared ? acc + shared[(size_t)t * D + d] : acc;
+    }
+}
+
+extern "C" bt_status_t bt_cuda_moe_combine(float *out, const float *y, const int32_t *rows,
+                                           const int32_t *n, int stride, const float *shared,
+                                           int T, int D, cudaStream_t stream)
+{
+    BT_CUDA_REQUIRE(out && rows && n && T > 0 && D > 0 && stride >= 0);
+    moe_combine_kernel<<<T, 256, 0, stream>>>(out, y, rows, n, stride, shared, D);
+    return bt__cuda_launched("moe_combine");
+}
+
+__global__ void compress_pool_kernel(float *latent, const float *kv, const float *gate, int r,
+                                     int dim)
+{
+    int g = blockIdx.x;
+    const float *k = kv + (size_t)g * r * dim;
+    for (int d = threadIdx.x; d < dim; d += blockDim.x) {
+        if (!gate || r == 1) {
+            latent[(size_t)g * dim + d] = k[d];
+            continue;
+        }
+        const float *gt = gate + (size_t)g * r * dim;
+        float mx = -INFINITY;
+        for (int j = 0; j < r; j++) mx = fmaxf(mx, gt[(size_t)j * dim + d]);
+        float sum = 0.0f;
+        for (int j = 0; j < r; j++) sum += expf(gt[(size_t)j * dim + d] - mx);
+        float acc = 0.0f;
+        for (int j = 0; j < r; j++)
+            acc += k[(size_t)j * dim + d] * (expf(gt[(size_t)j * dim + d] - mx) / sum);
+        latent[(size_t)g * dim + d] = acc;
+    }
+}
+
+extern "C" bt_status_t bt_cuda_compress_pool(float *latent, const float *kv, const float *gate,
+                                             int groups, int r, int dim, cudaStream_t stream)
+{
+    BT_CUDA_REQUIRE(latent && kv && groups > 0 && r > 0 && dim > 0);
+    compress_pool_kernel<<<groups, 128, 0, stream>>>(latent, kv, gate, r, dim);
+    return bt__cuda_launched("compress_pool");
+}
+
+__global__ void block_max_kernel(float *bmax, const float *scores, const int64_t *visible, int n,
+                                 int bs, int nblocks)
+{
+    int t = blockIdx.y, b = blockIdx.x * blockDim.x + threadIdx.x;
+    if (b >= nblocks) return;
+    const float *row = scores + (size_t)t * n;
+    float mx = -INFINITY;
+    for (int j = b * bs; j < (b + 1) * bs && j < n; j++) mx = fmaxf(mx, row[j]);
+    int64_t vis = visible[t];
+    if (vis > 0 && (vis - 1) / bs == b) mx = INFINITY; /* the newest block is always kept */
+    bmax[(size_t)t * nblocks + b] = mx;
+}
+
+extern "C" bt_status_t bt_cuda_block_max(float *bmax, const float *scores, const int64_t *visible,
+                                         int T, int n, int bs, int nblocks, cudaStream_t stream)
+{
+    BT_CUDA_REQUIRE(bmax && scores && visible && T > 0 && n > 0 && bs > 0 && nblocks > 0);
+    dim3 grid(bt__cdiv(nblocks, 128), T);
+    block_max_kernel<<<grid, 128, 0, stream>>>(bmax, scores, visible, n, bs, nblocks);
+    return bt__cuda_launched("block_max");
+}
+
+__global__ void mask_blocks_kernel(float *scores, const int32_t *cand, const int32_t *cand_n,
+                                   int cand_stride, int n, int bs)
+{
+    int t = blockIdx.y, j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= n) return;
+    int blk = j / bs, cnt = cand_n[t];
+    const int32_t *c = cand + (size_t)t * cand_stride;
+    int lo = 0, hi = cnt; /* the kept blocks are ascending */
+    while (lo < hi) {
+        int mid = (lo + hi) >> 1;
+        if (c[mid] < blk) lo = mid + 1; else hi = mid;
+    }
+    if (lo >= cnt || c[lo] != blk) scores[(size_t)t * n + j] = -INFINITY;
+}
+
+extern "C" bt_status_t bt_cuda_mask_blocks(float *scores, const int32_t *cand,
+                                           const int32_t *cand_n, int cand_stride, int T, int n,
+                                           int bs, cudaStream_t stream)
+{
+    BT_CUDA_REQUIRE(scores && cand && cand_n && T > 0 && n > 0 && bs > 0);
+    dim3 grid(bt__cdiv(n, 256), T);
+    mask_blocks_kernel<<<grid, 256, 0, stream>>>(scores, cand, cand_n, cand_stride, n, bs);
+    return bt__cuda_launched("mask_blocks");
+}
+
+__global__ void trim_sel_kernel(int32_t *n_out, const int32_t *sel, const int32_t *n_in,
+                                int stride, int T, int64_t limit)
+{
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= T) return;
+    int k = n_in[t];
+    while (k > 0 && sel[(size_t)t * stride + k - 1] >= limit) k--;
+    n_out[t] = k;
+}
+
+extern "C" bt_status_t bt_cuda_trim_sel(int32_t *n_out, const int32_t *sel, const int32_t *n_in,
+                                        int stride, int T, int64_t limit, cudaStream_t stream)
+{
+    BT_CUDA_REQUIRE(n_out && sel && n_in && T > 0);
+    trim_sel_kernel<<<bt__cdiv(T, 128), 128, 0, stream>>>(n_out, sel, n_in, stride, T, limit);
+    return bt__cuda_launched("trim_sel");
+}

@@ -1,0 +1,1008 @@
+/* DeepSeek-V4.1 forward on one CUDA GPU: the same graph as the CPU backend (model.c), step for
+ * step, with the weights resident on the device in f32 and the operators of kernels/cuda.
+ *
+ * KV state. A slot in host memory stays the authoritative copy, so transfers, pools and the
+ * services see no difference between backends. The GPU keeps a cached copy of each slot it
+ * works on ("mirror"); the host header's device_tag says whether the cache is current: after
+ * every forward the bytes the forward wrote are copied back into the host slot and the header
+ * gets a fresh tag, which the mirror remembers. A slot reset, or filled by another group,
+ * carries another tag and is uploaded afresh. All counters (positions, compressed entries,
+ * open groups) are read and advanced on the host, which plans every launch.
+ *
+ * Order of operations follows model.c, so results track the CPU engine to float32 rounding:
+ * fp32 GEMMs (cuBLASLt, no TF32), routed experts summed per token in expert order, then the
+ * shared expert. Not yet: bf16/FP8/FP4 weights kept in their checkpoint formats, CUDA graphs
+ * (the MoE routing reads the expert choice back to the host), TP across GPUs, debug taps. */
+#include "common/alloc.h"
+#include "common/log.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "services/engine/model_impl.h"
+
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef struct {
+    float *attn_norm, *ffn_norm;
+    float *hc_attn_fn, *hc_attn_base, *hc_attn_scale;
+    float *hc_ffn_fn, *hc_ffn_base, *hc_ffn_scale;
+    float *wq_a, *q_norm, *wq_b, *wkv, *kv_norm, *wo_a, *wo_b, *attn_sink;
+    float *c_wkv, *c_wgate, *c_norm;
+    float *i_wq_b, *i_weights_proj, *i_wk, *i_k_norm;
+    float *gate_w, *gate_bias;
+    float *w13;  /* [E][2I][D]: w1 rows then w3 rows, so one GEMM gives gate and up */
+    float *w2;   /* [E][D][I] */
+    float *sw13, *sw2;
+    float *e_embed, *e_wkv, *e_qk;
+} dev_layer_t;
+
+typedef struct {
+    const uint8_t *host; /* the host slot this mirror caches; NULL = free */
+    uint64_t tag;        /* the device_tag the host header had when the cache was current */
+    uint64_t used;       /* forward counter, for eviction */
+} mirror_t;
+
+struct bt_model_cuda {
+    int gpu;
+    cudaStream_t stream;
+    bt_cuda_blas_t *blas;
+    size_t weight_bytes, scratch_bytes;
+    float *embed, *head, *norm, *inv_main, *inv_comp;
+    dev_layer_t layer[BT_MAX_LAYERS];
+    int rmax;  /* the largest compress ratio */
+    /* device scratch, sized for opt.max_batch_tokens tokens (N) and opt.max_batch_seqs (S) */
+    float *x, *pre_mix, *attn_pre, *post, *comb, *xin, *out, *q_res, *q, *kv, *ckv, *cgate;
+    float *attn, *oa, *qi, *iw, *win_stage, *cstage_kv, *cstage_gate, *latent, *ikey;
+    float *scores, *bmax, *gate_logits, *moe_wts, *xg, *gu, *hbuf, *yg, *sh_gu, *sh_h, *sh;
+    float *e_cat, *e_kv, *hidden, *hsel, *dlogits;
+    int32_t *topk, *topk_n, *cand, *cand_n, *sel_n, *moe_idx;
+    size_t score_cap;  /* floats in scores */
+    int nblk_cap;      /* candidate blocks a row of bmax holds */
+    int logit_rows;    /* rows of dlogits */
+    /* per-forward plans: bump-allocated in pinned host memory, copied to the same offset of
+     * a device arena; never rewritten within a forward, so copies stay asynchronous */
+    uint8_t *meta_h, *meta_d;
+    size_t meta_cap, meta_used;
+    int32_t *moe_idx_h;
+    float *moe_wts_h;
+    bt_kv_header_t *before; /* [max_batch_seqs] headers at the start of a forward */
+    int64_t *cid_h, *hash_h;
+    /* slot mirrors, allocated at the first forward (the layout comes with it) */
+    uint8_t *mirror_mem;
+    size_t slot_bytes;
+    int n_mirrors;
+    mirror_t *mirror;
+    uint64_t clock, tag_base, tags;
+};
+
+#define CK_CUDA(call)                                                                              \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            snprintf(err, errlen, "cuda: %s: %s", #call, cudaGetErrorString(e_));                 \
+            cudaGetLastError();                                                                    \
+            return BT_ERR_DEVICE;                                                                  \
+        }                                                                                          \
+    } while (0)
+
+#define CK(call)                                                                                   \
+    do {                                                                                           \
+        bt_status_t s_ = (call);                                                                   \
+        if (s_ != BT_OK) {                                                                         \
+            snprintf(err, errlen, "cuda forward: %s failed (%s)", #call, bt_status_str(s_));     \
+            return s_;                                                                             \
+        }                                                                                          \
+    } while (0)
+
+/* ---- loading ------------------------------------------------------------------------ */
+
+typedef struct {
+    struct bt_model_cuda *c;
+    bt_model_t *m;
+    char *err;
+    size_t errlen;
+    bt_status_t rc;
+} up_t;
+
+static void *dev_alloc(up_t *u, size_t bytes, size_t *counter)
+{
+    if (u->rc != BT_OK) return NULL;
+    void *p = NULL;
+    if (bytes == 0) bytes = 16;
+    cudaError_t e = cudaMalloc(&p, bytes);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        snprintf(u->err, u->errlen, "GPU %d: cannot allocate %.1f MiB (%s)", u->c->gpu,
+                 (double)bytes / (1 << 20), cudaGetErrorString(e));
+        u->rc = BT_ERR_NO_MEMORY;
+        return NULL;
+    }
+    *counter += bytes;
+    return p;
+}
+
+/* Copies n floats of a host weight to the GPU and frees the host copy. */
+static float *upload(up_t *u, float *host, size_t n)
+{
+    if (!host || u->rc != BT_OK) return NULL;
+    float *d = dev_alloc(u, n * sizeof(float), &u->c->weight_bytes);
+    if (d && cudaMemcpy(d, host, n * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess) {
+        cudaGetLastError();
+        snprintf(u->err, u->errlen, "GPU %d: weight upload failed", u->c->gpu);
+        u->rc = BT_ERR_DEVICE;
+    }
+    bt_model__free_tracked(u->m, host);
+    return d;
+}
+
+static float *scratch(up_t *u, size_t n)
+{
+    return dev_alloc(u, n * sizeof(float), &u->c->scratch_bytes);
+}
+
+static void upload_layer(up_t *u, int l)
+{
+    bt_model_t *m = u->m;
+    const bt_model_config_t *c = &m->cfg;
+    layer_weights_t *w = &m->layer[l];
+    dev_layer_t *d = &u->c->layer[l];
+    size_t D = (size_t)c->hidden, hd = (size_t)c->head_dim, H = (size_t)c->n_heads;
+    size_t hc = (size_t)c->hc_mult, mix = (2 + hc) * hc, qlr = (size_t)c->q_lora_rank;
+    size_t R = (size_t)c->o_lora_rank, G = (size_t)c->o_groups;
+    size_t ih = (size_t)c->index_heads, ihd = (size_t)c->index_head_dim;
+    size_t E = (size_t)c->n_experts, I = (size_t)c->moe_inter;
+    d->attn_norm = upload(u, w->attn_norm, D);
+    d->ffn_norm = upload(u, w->ffn_norm, D);
+    d->hc_attn_fn = upload(u, w->hc_attn_fn, mix * hc * D);
+    d->hc_attn_base = upload(u, w->hc_attn_base, mix);
+    d->hc_attn_scale = upload(u, w->hc_attn_scale, 3);
+    d->hc_ffn_fn = upload(u, w->hc_ffn_fn, mix * hc * D);
+    d->hc_ffn_base = upload(u, w->hc_ffn_base, mix);
+    d->hc_ffn_scale = upload(u, w->hc_ffn_scale, 3);
+    d->wq_a = upload(u, w->wq_a, qlr * D);
+    d->q_norm = upload(u, w->q_norm, qlr);
+    d->wq_b = upload(u, w->wq_b, H * hd * qlr);
+    d->wkv = upload(u, w->wkv, hd * D);
+    d->kv_norm = upload(u, w->kv_norm, hd);
+    d->wo_a = upload(u, w->wo_a, G * R * (H * hd / G));
+    d->wo_b = upload(u, w->wo_b, D * G * R);
+    d->attn_sink = upload(u, w->attn_sink, H);
+    d->c_wkv = upload(u, w->c_wkv, hd * D);
+    d->c_wgate = upload(u, w->c_wgate, hd * D);
+    d->c_norm = upload(u, w->c_norm, hd);
+    d->i_wq_b = upload(u, w->i_wq_b, ih * ihd * qlr);
+    d->i_weights_proj = upload(u, w->i_weights_proj, ih * D);
+    d->i_wk = upload(u, w->i_wk, ihd * hd);
+    d->i_k_norm = upload(u, w->i_k_norm, ihd);
+    d->gate_w = upload(u, w->gate_w, E * D);
+    d->gate_bias = upload(u, w->gate_bias, E);
+    if (u->rc != BT_OK) return;
+    /* gate and up side by side per expert: [E][2I][D] */
+    float *cat = bt_malloc_or_die(E * 2 * I * D * sizeof(float));
+    for (size_t e = 0; e < E; e++) {
+        memcpy(cat + e * 2 * I * D, w->w1 + e * I * D, I * D * sizeof(float));
+        memcpy(cat + e * 2 * I * D + I * D, w->w3 + e * I * D, I * D * sizeof(float));
+    }
+    bt_model__free_tracked(m, w->w1);
+    bt_model__free_tracked(m, w->w3);
+    w->w1 = w->w3 = NULL;
+    d->w13 = dev_alloc(u, E * 2 * I * D * sizeof(float), &u->c->weight_bytes);
+    if (d->w13 && cudaMemcpy(d->w13, cat, E * 2 * I * D * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess)
+        u->rc = BT_ERR_DEVICE;
+    free(cat);
+    d->w2 = upload(u, w->w2, E * D * I);
+    if (w->sw1) {
+        float *sc = bt_malloc_or_die(2 * I * D * sizeof(float));
+        memcpy(sc, w->sw1, I * D * sizeof(float));
+        memcpy(sc + I * D, w->sw3, I * D * sizeof(float));
+        bt_model__free_tracked(m, w->sw1);
+        bt_model__free_tracked(m, w->sw3);
+        d->sw13 = dev_alloc(u, 2 * I * D * sizeof(float), &u->c->weight_bytes);
+        if (d->sw13 && cudaMemcpy(d->sw13, sc, 2 * I * D * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess)
+            u->rc = BT_ERR_DEVICE;
+        free(sc);
+        d->sw2 = upload(u, w->sw2, D * I);
+    }
+    int ei = c->layer[l].engram_index;
+    if (ei >= 0) {
+        size_t cols = (size_t)m->engram_cols, ehd = (size_t)c->engram_head_dim;
+        d->e_embed = upload(u, w->e_embed, (size_t)c->engram_rows[ei] * ehd);
+        d->e_wkv = upload(u, w->e_wkv, (hc + 1) * D * cols * ehd);
+        d->e_qk = upload(u, w->e_qk, hc * D);
+    }
+    w->w2 = w->sw1 = w->sw2 = w->sw3 = NULL;
+    memset(w, 0, sizeof *w); /* the host copies are gone */
+}
+
+static void alloc_scratch(up_t *u)
+{
+    struct bt_model_cuda *cu = u->c;
+    bt_model_t *m = u->m;
+    const bt_model_config_t *c = &m->cfg;
+    size_t N = (size_t)m->opt.max_batch_tokens, S = (size_t)m->opt.max_batch_seqs;
+    size_t C = (size_t)m->opt.max_ctx, W = (size_t)c->window;
+    size_t D = (size_t)c->hidden, hd = (size_t)c->head_dim, H = (size_t)c->n_heads;
+    size_t hc = (size_t)c->hc_mult, qlr = (size_t)c->q_lora_rank;
+    size_t R = (size_t)c->o_lora_rank, G = (size_t)c->o_groups;
+    size_t ih = (size_t)c->index_heads, ihd = (size_t)c->index_head_dim;
+    size_t E = (size_t)c->n_experts, I = (size_t)c->moe_inter, K = (size_t)c->n_active;
+    size_t rmax = (size_t)cu->rmax, lat = S * rmax + N;
+    cu->x = scratch(u, N * hc * D);
+    cu->pre_mix = scratch(u, N * hc);
+    cu->attn_pre = scratch(u, N * hc);
+    cu->post = scratch(u, N * hc);
+    cu->comb = scratch(u, N * hc * hc);
+    cu->xin = scratch(u, N * D);
+    cu->out = scratch(u, N * D);
+    cu->q_res = scratch(u, N * qlr);
+    cu->q = scratch(u, N * H * hd);
+    cu->kv = scratch(u, N * hd);
+    cu->ckv = scratch(u, N * hd);
+    cu->cgate = scratch(u, N * hd);
+    cu->attn = scratch(u, N * H * hd);
+    cu->oa = scratch(u, N * G * R);
+    cu->qi = scratch(u, N * ih * ihd);
+    cu->iw = scratch(u, N * ih);
+    cu->win_stage = scratch(u, (S * W + N) * hd);
+    cu->cstage_kv = scratch(u, lat * hd);
+    cu->cstage_gate = scratch(u, lat * hd);
+    cu->latent = scratch(u, lat * hd);
+    cu->ikey = scratch(u, lat * (ihd ? ihd : 1));
+    /* indexer scores: a chunk of one sequence's rows against all its entries */
+    cu->score_cap = N * C < ((size_t)64 << 20) ? N * C : ((size_t)64 << 20);
+    if (cu->score_cap < C) cu->score_cap = C;
+    cu->scores = scratch(u, cu->score_cap);
+    int bs = c->candidate_block_size > 0 ? c->candidate_block_size : 1;
+    cu->nblk_cap = (int)(C / (size_t)bs + 1);
+    cu->bmax = scratch(u, N * (size_t)cu->nblk_cap);
+    size_t itopk = (size_t)(c->index_topk > 0 ? c->index_topk : 1);
+    size_t cb = (size_t)(c->candidate_topk_blocks > 0 ? c->candidate_topk_blocks : 1);
+    cu->topk = (int32_t *)scratch(u, N * itopk);
+    cu->topk_n = (int32_t *)scratch(u, N);
+    cu->sel_n = (int32_t *)scratch(u, N);
+    cu->cand = (int32_t *)scratch(u, N * cb);
+    cu->cand_n = (int32_t *)scratch(u, N);
+    cu->gate_logits = scratch(u, N * E);
+    cu->moe_idx = (int32_t *)scratch(u, N * K);
+    cu->moe_wts = scratch(u, N * K);
+    cu->xg = scratch(u, N * K * D);
+    cu->gu = scratch(u, N * K * 2 * I);
+    cu->hbuf = scratch(u, N * K * I);
+    cu->yg = scratch(u, N * K * D);
+    if (c->n_shared) {
+        cu->sh_gu = scratch(u, N * 2 * I);
+        cu->sh_h = scratch(u, N * I);
+        cu->sh = scratch(u, N * D);
+    }
+    if (c->n_engram) {
+        cu->e_cat = scratch(u, N * (size_t)m->engram_cols * (size_t)c->engram_head_dim);
+        cu->e_kv = scratch(u, N * (hc + 1) * D);
+    }
+    cu->hidden = scratch(u, N * D);
+    cu->logit_rows = N < 256 ? (int)N : 256;
+    cu->hsel = scratch(u, (size_t)cu->logit_rows * D);
+    cu->dlogits = scratch(u, (size_t)cu->logit_rows * (size_t)c->vocab);
+    if (u->rc != BT_OK) return;
+
+    /* plans: ids, positions, window rows, engram ids and logit rows once; per layer the
+     * visibility, entry positions and the expert grouping; 16-byte alignment per push */
+    size_t L = (size_t)c->n_layers, cols = (size_t)(m->engram_cols ? m->engram_cols : 1);
+    size_t fixed = N * (4 + 8 + W * 4 + 4 + 8) + (size_t)c->n_engram * N * cols * 8;
+    size_t per_layer = N * 8 + lat * 8 + N * K * (8 + 4 + 4) + N * 4 + (S + 8) * 3 * 32;
+    cu->meta_cap = fixed + L * per_layer + ((size_t)1 << 20);
+    if (cudaMallocHost((void **)&cu->meta_h, cu->meta_cap) != cudaSuccess ||
+        cudaMalloc((void **)&cu->meta_d, cu->meta_cap) != cudaSuccess) {
+        cudaGetLastError();
+        snprintf(u->err, u->errlen, "GPU %d: cannot allocate %.1f MiB of launch plans", cu->gpu,
+                 (double)cu->meta_cap / (1 << 20));
+        u->rc = BT_ERR_NO_MEMORY;
+        return;
+    }
+    cu->scratch_bytes += cu->meta_cap;
+    if (cudaMallocHost((void **)&cu->moe_idx_h, N * K * sizeof(int32_t)) != cudaSuccess ||
+        cudaMallocHost((void **)&cu->moe_wts_h, N * K * sizeof(float)) != cudaSuccess) {
+        cudaGetLastError();
+        snprintf(u->err, u->errlen, "cannot allocate pinned host memory");
+        u->rc = BT_ERR_NO_MEMORY;
+        return;
+    }
+    cu->before = bt_malloc_or_die(S * sizeof(bt_kv_header_t));
+    cu->cid_h = bt_malloc_or_die(N * sizeof(int64_t));
+    cu->hash_h = bt_malloc_or_die(N * (size_t)(c->n_engram ? c->n_engram : 1) * cols * sizeof(int64_t));
+}
+
+static uint64_t random_tag(void)
+{
+    uint64_t t = 0;
+    FILE *f = fopen("/dev/urandom", "rb");
+    if (f) {
+        if (fread(&t, sizeof t, 1, f) != 1) t = 0;
+        fclose(f);
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    t ^= (uint64_t)ts.tv_nsec * 0x9e3779b97f4a7c15ull ^ (uint64_t)getpid() << 32;
+    return t & ~(uint64_t)0xffffffffull; /* the low half counts forwards */
+}
+
+bt_status_t bt_model_cuda_attach(bt_model_t *m, char *err, size_t errlen)
+{
+    const bt_model_config_t *c = &m->cfg;
+    if (c->hc_mult != 1 && c->hc_mult != 2 && c->hc_mult != 4) {
+        snprintf(err, errlen, "the CUDA backend supports hc_mult 1, 2 or 4 (config has %d)", c->hc_mult);
+        return BT_ERR_UNSUPPORTED;
+    }
+    if (c->head_dim > 512 || c->head_dim % 2 || c->index_heads > 32 || c->index_head_dim > 128 ||
+        c->n_active > 16 || c->n_experts > 1024) {
+        snprintf(err, errlen, "the CUDA backend supports head_dim <= 512, index heads <= 32 x 128, "
+                 "<= 16 of <= 1024 experts per token (config: %d, %d x %d, %d of %d)", c->head_dim,
+                 c->index_heads, c->index_head_dim, c->n_active, c->n_experts);
+        return BT_ERR_UNSUPPORTED;
+    }
+    int n_gpu = 0;
+    if (cudaGetDeviceCount(&n_gpu) != cudaSuccess || n_gpu == 0) {
+        cudaGetLastError();
+        snprintf(err, errlen, "--device cuda: no CUDA GPU is visible to this process");
+        return BT_ERR_UNSUPPORTED;
+    }
+    if (m->opt.gpu < 0 || m->opt.gpu >= n_gpu) {
+        snprintf(err, errlen, "--gpu %d: this machine has GPUs 0..%d", m->opt.gpu, n_gpu - 1);
+        return BT_ERR_INVALID_ARG;
+    }
+    struct bt_model_cuda *cu = bt_calloc_or_die(1, sizeof *cu);
+    m->cuda = cu;
+    cu->gpu = m->opt.gpu;
+    CK_CUDA(cudaSetDevice(cu->gpu));
+    CK_CUDA(cudaStreamCreateWithFlags(&cu->stream, cudaStreamNonBlocking));
+    bt_status_t rc = bt_cuda_blas_create(&cu->blas);
+    if (rc != BT_OK) {
+        snprintf(err, errlen, "GPU %d: cuBLASLt did not start", cu->gpu);
+        return rc;
+    }
+    cu->rmax = 1;
+    for (int l = 0; l < c->n_layers; l++)
+        if (c->layer[l].compress_ratio > cu->rmax) cu->rmax = c->layer[l].compress_ratio;
+    cu->tag_base = random_tag();
+
+    up_t u = {cu, m, err, errlen, BT_OK};
+    size_t D = (size_t)c->hidden;
+    int show = isatty(STDERR_FILENO);
+    cu->embed = upload(&u, m->embed, (size_t)c->vocab * D);
+    cu->head = upload(&u, m->head, (size_t)c->vocab * D);
+    cu->norm = upload(&u, m->norm, D);
+    m->embed = m->head = m->norm = NULL;
+    for (int l = 0; l < c->n_layers && u.rc == BT_OK; l++) {
+        upload_layer(&u, l);
+        if (show) fprintf(stderr, "\rweights to GPU %d: layer %d/%d", cu->gpu, l + 1, c->n_layers);
+    }
+    if (show) fprintf(stderr, "\n");
+    if (m->half_main) cu->inv_main = upload(&u, m->inv_freq_main, (size_t)m->half_main);
+    if (m->half_comp) cu->inv_comp = upload(&u, m->inv_freq_comp, (size_t)m->half_comp);
+    m->inv_freq_main = m->inv_freq_comp = NULL;
+    alloc_scratch(&u);
+    if (u.rc != BT_OK) return u.rc;
+    struct cudaDeviceProp prop;
+    cudaGetDeviceProperties(&prop, cu->gpu);
+    BT_LOG_INFO("model on GPU %d (%s): weights %.1f MiB (f32), scratch %.1f MiB for %d tokens "
+                "in <= %d sequences of <= %lld positions",
+                cu->gpu, prop.name, (double)cu->weight_bytes / (1 << 20),
+                (double)cu->scratch_bytes / (1 << 20), m->opt.max_batch_tokens,
+                m->opt.max_batch_seqs, (long long)m->opt.max_ctx);
+    return BT_OK;
+}
+
+static void dev_free_layer(dev_layer_t *d)
+{
+    float **p = (float **)d;
+    for (size_t i = 0; i < sizeof *d / sizeof(float *); i++) cudaFree(p[i]);
+}
+
+void bt_model_cuda_destroy(struct bt_model_cuda *cu)
+{
+    if (!cu) return;
+    cudaSetDevice(cu->gpu);
+    if (cu->stream) cudaStreamSynchronize(cu->stream);
+    for (int l = 0; l < BT_MAX_LAYERS; l++) dev_free_layer(&cu->layer[l]);
+    float *bufs[] = {cu->embed, cu->head, cu->norm, cu->inv_main, cu->inv_comp, cu->x,
+                     cu->pre_mix, cu->attn_pre, cu->post, cu->comb, cu->xin, cu->out, cu->q_res,
+                     cu->q, cu->kv, cu->ckv, cu->cgate, cu->attn, cu->oa, cu->qi, cu->iw,
+                     cu->win_stage, cu->cstage_kv, cu->cstage_gate, cu->latent, cu->ikey,
+                     cu->scores, cu->bmax, cu->gate_logits, cu->moe_wts, cu->xg, cu->gu, cu->hbuf,
+                     cu->yg, cu->sh_gu, cu->sh_h, cu->sh, cu->e_cat, cu->e_kv, cu->hidden,
+                     cu->hsel, cu->dlogits, (float *)cu->topk, (float *)cu->topk_n,
+                     (float *)cu->cand, (float *)cu->cand_n, (float *)cu->sel_n,
+                     (float *)cu->moe_idx, (float *)cu->meta_d, (float *)cu->mirror_mem};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cudaFree(bufs[i]);
+    cudaFreeHost(cu->meta_h);
+    cudaFreeHost(cu->moe_idx_h);
+    cudaFreeHost(cu->moe_wts_h);
+    free(cu->before);
+    free(cu->cid_h);
+    free(cu->hash_h);
+    free(cu->mirror);
+    bt_cuda_blas_destroy(cu->blas);
+    if (cu->stream) cudaStreamDestroy(cu->stream);
+    free(cu);
+}
+
+/* ---- the forward -------------------------------------------------------------------- */
+
+typedef struct {
+    bt_model_t *m;
+    struct bt_model_cuda *cu;
+    const bt_kv_layout_t *lay;
+    const bt_forward_seq_t *seqs;
+    int n_seqs, N;
+    const int *first;
+    uint8_t *dslot[64];          /* each sequence's mirror */
+    bool topk_set[64], cand_set[64];
+    int64_t *pos_d;              /* [N] positions, device */
+    int32_t *win_idx_d, *win_n_d;
+    int64_t *eng_ids_d;          /* [n_engram][N][cols] */
+    char *err;
+    size_t errlen;
+} fwd_t;
+
+/* Room for n bytes of plan in pinned memory; its device twin comes back in *dev. */
+static void *plan_alloc(struct bt_model_cuda *cu, size_t n, void **dev)
+{
+    size_t at = (cu->meta_used + 15) & ~(size_t)15;
+    if (at + n > cu->meta_cap) return NULL;
+    cu->meta_used = at + n;
+    *dev = cu->meta_d + at;
+    return cu->meta_h + at;
+}
+
+static bt_status_t plan_send(struct bt_model_cuda *cu, const void *host, void *dev, size_t n,
+                             char *err, size_t errlen)
+{
+    CK_CUDA(cudaMemcpyAsync(dev, host, n, cudaMemcpyHostToDevice, cu->stream));
+    return BT_OK;
+}
+
+#define PLAN(f, type, count, host_p, dev_p)                                                       \
+    do {                                                                                          \
+        void *d_;                                                                                 \
+        host_p = (type *)plan_alloc((f)->cu, (size_t)(count) * sizeof(type), &d_);                \
+        if (!host_p) {                                                                            \
+            snprintf(err, errlen, "cuda forward: launch plans overflow their arena");             \
+            return BT_ERR_INTERNAL;                                                               \
+        }                                                                                         \
+        dev_p = (type *)d_;                                                                       \
+    } while (0)
+
+static inline float *region(uint8_t *dslot, size_t off)
+{
+    return (float *)(dslot + off);
+}
+
+static bt_status_t d2d(fwd_t *f, void *dst, const void *src, size_t bytes)
+{
+    char *err = f->err;
+    size_t errlen = f->errlen;
+    if (bytes == 0) return BT_OK;
+    CK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, f->cu->stream));
+    return BT_OK;
+}
+
+/* The compressor of a kv-source layer: each sequence's open group and new rows staged
+ * contiguously, complete groups pooled into latents, the rest kept open in the slot. */
+static bt_status_t compress(fwd_t *f, int l)
+{
+    bt_model_t *m = f->m;
+    struct bt_model_cuda *cu = f->cu;
+    const bt_model_config_t *c = &m->cfg;
+    const dev_layer_t *w = &cu->layer[l];
+    char *err = f->err;
+    size_t errlen = f->errlen;
+    cudaStream_t st = cu->stream;
+    int r = c->layer[l].compress_ratio, hd = c->head_dim, ihd = c->index_head_dim;
+    size_t row = (size_t)hd * sizeof(float);
+    int n_lat = 0, cb = 0;
+    int lat_first[64], lat_n[64];
+    int64_t e0s[64];
+    int64_t *epos, *epos_d;
+    PLAN(f, int64_t, cu->rmax * f->n_seqs + f->N, epos, epos_d);
+    for (int q = 0; q < f->n_seqs; q++) {
+        bt_kv_header_t *h = bt_kv_header(f->seqs[q].state);
+        int n = f->seqs[q].n, first = f->first[q];
+        int p0 = (int)h->pending[l], total = p0 + n, ng = total / r, tail = total - ng * r;
+        float *pkv = region(f->dslot[q], f->lay->pend_kv_off[l]);
+        float *pgate = region(f->dslot[q], f->lay->pend_gate_off[l]);
+        CK(d2d(f, cu->cstage_kv + (size_t)cb * hd, pkv, (size_t)p0 * row));
+        CK(d2d(f, cu->cstage_kv + (size_t)(cb + p0) * hd, cu->ckv + (size_t)first * hd, (size_t)n * row));
+        if (r > 1) {
+            CK(d2d(f, cu->cstage_gate + (size_t)cb * hd, pgate, (size_t)p0 * row));
+            CK(d2d(f, cu->cstage_gate + (size_t)(cb + p0) * hd, cu->cgate + (size_t)first * hd, (size_t)n * row));
+        }
+        lat_first[q] = n_lat;
+        lat_n[q] = ng;
+        e0s[q] = h->entries[l];
+        if (ng > 0)
+            CK(bt_cuda_compress_pool(cu->latent + (size_t)n_lat * hd, cu->cstage_kv + (size_t)cb * hd,
+                                     r > 1 ? cu->cstage_gate + (size_t)cb * hd : NULL, ng, r, hd, st));
+        for (int g = 0; g < ng; g++) epos[n_lat + g] = (h->entries[l] + g) * r;
+        CK(d2d(f, pkv, cu->cstage_kv + (size_t)(cb + ng * r) * hd, (size_t)tail * row));
+        if (r > 1) CK(d2d(f, pgate, cu->cstage_gate + (size_t)(cb + ng * r) * hd, (size_t)tail * row));
+        h->pending[l] = tail;
+        h->entries[l] += ng;
+        n_lat += ng;
+        cb += total;
+    }
+    if (n_lat == 0) return BT_OK;
+    CK(plan_send(cu, epos, epos_d, (size_t)n_lat * sizeof(int64_t), err, errlen));
+    float eps = (float)c->rms_eps;
+    CK(bt_cuda_rmsnorm(cu->latent, BT_CUDA_F32, cu->latent, BT_CUDA_F32, w->c_norm, n_lat, hd, eps, st));
+    bool keys = c->layer[l].is_index_source;
+    if (keys) {
+        CK(bt_cuda_gemm_f32(cu->blas, cu->ikey, ihd, cu->latent, hd, w->i_wk, n_lat, ihd, hd, st));
+        CK(bt_cuda_rmsnorm(cu->ikey, BT_CUDA_F32, cu->ikey, BT_CUDA_F32, w->i_k_norm, n_lat, ihd, eps, st));
+        if (m->half_comp)
+            CK(bt_cuda_rope(cu->ikey, BT_CUDA_F32, n_lat, 1, ihd, epos_d, cu->inv_comp, m->half_comp, 0, st));
+        CK(bt_cuda_fake_quant(cu->ikey, n_lat, ihd, 32, BT_CUDA_FQ_FP4_UE8M0, st));
+    }
+    if (m->half_comp)
+        CK(bt_cuda_rope(cu->latent, BT_CUDA_F32, n_lat, 1, hd, epos_d, cu->inv_comp, m->half_comp, 0, st));
+    CK(bt_cuda_fake_quant(cu->latent, n_lat, hd, 16, BT_CUDA_FQ_FP4_E4M3, st));
+    for (int q = 0; q < f->n_seqs; q++) {
+        if (!lat_n[q]) continue;
+        CK(d2d(f, region(f->dslot[q], f->lay->comp_off[l]) + (size_t)e0s[q] * hd,
+               cu->latent + (size_t)lat_first[q] * hd, (size_t)lat_n[q] * row));
+        if (keys)
+            CK(d2d(f, region(f->dslot[q], f->lay->ikey_off[l]) + (size_t)e0s[q] * ihd,
+                   cu->ikey + (size_t)lat_first[q] * ihd, (size_t)lat_n[q] * ihd * sizeof(float)));
+    }
+    return BT_OK;
+}
+
+/* The indexer: each sequence's queries against its key owner's entries; candidate blocks on
+ * the candidate source, their mask on later index layers, then the published top-k. */
+static bt_status_t indexer(fwd_t *f, int l)
+{
+    bt_model_t *m = f->m;
+    struct bt_model_cuda *cu = f->cu;
+    const bt_model_config_t *c = &m->cfg;
+    const bt_layer_config_t *L = &c->layer[l];
+    char *err = f->err;
+    size_t errlen = f->errlen;
+    cudaStream_t st = cu->stream;
+    int ih = c->index_heads, ihd = c->index_head_dim, owner = L->index_key_owner;
+    int bs = c->candidate_block_size > 0 ? c->candidate_block_size : 1, cbk = c->candidate_topk_blocks > 0 ? c->candidate_topk_blocks : 1;
+    int itopk = c->index_topk;
+    int64_t *vis, *vis_d;
+    PLAN(f, int64_t, f->N, vis, vis_d);
+    for (int t = 0, q = 0; q < f->n_seqs; q++) {
+        int64_t start = bt_kv_header(f->seqs[q].state)->n_tokens;
+        for (int i = 0; i < f->seqs[q].n; i++, t++) vis[t] = (start + i + 1) / L->compress_ratio;
+    }
+    CK(plan_send(cu, vis, vis_d, (size_t)f->N * sizeof(int64_t), err, errlen));
+    for (int q = 0; q < f->n_seqs; q++) {
+        int64_t n_entries = bt_kv_header(f->seqs[q].state)->entries[owner];
+        if (n_entries == 0) continue; /* the reference publishes nothing: earlier picks stay */
+        if (n_entries > (int64_t)cu->score_cap || n_entries / bs + 1 > cu->nblk_cap) {
+            snprintf(err, errlen, "cuda forward: %lld index entries exceed the scratch", (long long)n_entries);
+            return BT_ERR_TOO_LONG;
+        }
+        int ne = (int)n_entries;
+        const float *keys = region(f->dslot[q], f->lay->ikey_off[owner]);
+        bool use_cand = c->candidate_source >= 0 && c->candidate_source < l && f->cand_set[q];
+        bool level_one = l == c->candidate_source;
+        int per = (int)(cu->score_cap / (size_t)ne);
+        if (per < 1) per = 1;
+        for (int i0 = 0; i0 < f->seqs[q].n; i0 += per) {
+            int tn = f->seqs[q].n - i0 < per ? f->seqs[q].n - i0 : per, t0 = f->first[q] + i0;
+            CK(bt_cuda_index_scores(cu->scores, cu->qi + (size_t)t0 * ih * ihd, cu->iw + (size_t)t0 * ih,
+                                    keys, vis_d + t0, tn, ih, ihd, ne, st));
+            if (use_cand)
+                CK(bt_cuda_mask_blocks(cu->scores, cu->cand + (size_t)t0 * cbk, cu->cand_n + t0, cbk, tn,
+                                       ne, bs, st));
+            if (level_one) {
+                int nblocks = (ne + bs - 1) / bs;
+                CK(bt_cuda_block_max(cu->bmax, cu->scores, vis_d + t0, tn, ne, bs, nblocks, st));
+                CK(bt_cuda_topk(cu->cand + (size_t)t0 * cbk, cu->cand_n + t0, cbk, cu->bmax, tn, nblocks,
+                                cbk < nblocks ? cbk : nblocks, st));
+            }
+            CK(bt_cuda_topk(cu->topk + (size_t)t0 * itopk, cu->topk_n + t0, itopk, cu->scores, tn, ne,
+                            itopk < ne ? itopk : ne, st));
+        }
+        if (level_one) f->cand_set[q] = true;
+        f->topk_set[q] = true;
+    }
+    return BT_OK;
+}
+
+static bt_status_t attention(fwd_t *f, int l)
+{
+    bt_model_t *m = f->m;
+    struct bt_model_cuda *cu = f->cu;
+    const bt_model_config_t *c = &m->cfg;
+    const bt_layer_config_t *L = &c->layer[l];
+    const dev_layer_t *w = &cu->layer[l];
+    char *err = f->err;
+    size_t errlen = f->errlen;
+    cudaStream_t st = cu->stream;
+    bt_cuda_blas_t *b = cu->blas;
+    int N = f->N, D = c->hidden, hd = c->head_dim, H = c->n_heads, qlr = c->q_lora_rank;
+    int W = c->window, G = c->o_groups, R = c->o_lora_rank, gin = H * hd / G;
+    float eps = (float)c->rms_eps;
+    bool comp = L->compress_ratio > 0;
+    const float *inv = comp ? cu->inv_comp : cu->inv_main;
+    int half = comp ? m->half_comp : m->half_main;
+
+    CK(bt_cuda_gemm_f32(b, cu->q_res, qlr, cu->xin, D, w->wq_a, N, qlr, D, st));
+    CK(bt_cuda_rmsnorm(cu->q_res, BT_CUDA_F32, cu->q_res, BT_CUDA_F32, w->q_norm, N, qlr, eps, st));
+    CK(bt_cuda_gemm_f32(b, cu->q, H * hd, cu->q_res, qlr, w->wq_b, N, H * hd, qlr, st));
+    CK(bt_cuda_gemm_f32(b, cu->kv, hd, cu->xin, D, w->wkv, N, hd, D, st));
+    if (half) CK(bt_cuda_rope(cu->q, BT_CUDA_F32, N, H, hd, f->pos_d, inv, half, 0, st));
+    CK(bt_cuda_rmsnorm(cu->kv, BT_CUDA_F32, cu->kv, BT_CUDA_F32, w->kv_norm, N, hd, eps, st));
+    if (half) CK(bt_cuda_rope(cu->kv, BT_CUDA_F32, N, 1, hd, f->pos_d, inv, half, 0, st));
+    CK(bt_cuda_fake_quant(cu->kv, N, hd, 32, BT_CUDA_FQ_FP8_UE8M0, st));
+
+    if (comp) {
+        if (L->is_kv_source) {
+            CK(bt_cuda_gemm_f32(b, cu->ckv, hd, cu->xin, D, w->c_wkv, N, hd, D, st));
+            if (w->c_wgate) CK(bt_cuda_gemm_f32(b, cu->cgate, hd, cu->xin, D, w->c_wgate, N, hd, D, st));
+            CK(compress(f, l));
+        }
+        if (L->is_index_source && L->index_key_owner >= 0) {
+            int ih = c->index_heads, ihd = c->index_head_dim;
+            CK(bt_cuda_gemm_f32(b, cu->qi, ih * ihd, cu->q_res, qlr, w->i_wq_b, N, ih * ihd, qlr, st));
+            CK(bt_cuda_gemm_f32(b, cu->iw, ih, cu->xin, D, w->i_weights_proj, N, ih, D, st));
+            if (m->half_comp)
+                CK(bt_cuda_rope(cu->qi, BT_CUDA_F32, N, ih, ihd, f->pos_d, cu->inv_comp, m->half_comp, 0, st));
+            CK(bt_cuda_fake_quant(cu->qi, N * ih, ihd, 32, BT_CUDA_FQ_FP4_UE8M0, st));
+            CK(bt_cuda_scale(cu->iw, (size_t)N * ih, 1.0f / sqrtf((float)ih), st));
+            CK(indexer(f, l));
+        }
+    }
+
+    /* per sequence: its ring and its new rows staged side by side (rows [0, W) and [W, W+n)),
+     * the window rows planned on the host once per forward index into that */
+    size_t row = (size_t)hd * sizeof(float);
+    for (int q = 0; q < f->n_seqs; q++) {
+        int n = f->seqs[q].n, first = f->first[q];
+        bt_kv_header_t *h = bt_kv_header(f->seqs[q].state);
+        float *stage = cu->win_stage + ((size_t)q * W + first) * hd;
+        if (h->n_tokens > 0) CK(d2d(f, stage, region(f->dslot[q], f->lay->window_off[l]), (size_t)W * row));
+        CK(d2d(f, stage + (size_t)W * hd, cu->kv + (size_t)first * hd, (size_t)n * row));
+        const float *comp_kv = NULL;
+        const int32_t *sel = NULL, *sel_n = NULL;
+        if (comp && L->kv_source >= 0 && f->topk_set[q]) {
+            comp_kv = region(f->dslot[q], f->lay->comp_off[L->kv_source]);
+            sel = cu->topk + (size_t)first * c->index_topk;
+            sel_n = cu->topk_n + first;
+            int64_t have = h->entries[L->kv_source];
+            /* picks past the kv source's entries (a key owner ahead of it) are dropped */
+            CK(bt_cuda_trim_sel(cu->sel_n + first, sel, sel_n, c->index_topk, n, have, st));
+            sel_n = cu->sel_n + first;
+        }
+        CK(bt_cuda_attention(cu->attn + (size_t)first * H * hd, cu->q + (size_t)first * H * hd, stage,
+                             f->win_idx_d + (size_t)first * W, f->win_n_d + first, W, comp_kv, sel, sel_n,
+                             c->index_topk, w->attn_sink, f->pos_d + first, inv, half, BT_CUDA_F32, n, H,
+                             hd, st));
+    }
+    for (int g = 0; g < G; g++)
+        CK(bt_cuda_gemm_f32(b, cu->oa + (size_t)g * R, G * R, cu->attn + (size_t)g * gin, H * hd,
+                            w->wo_a + (size_t)g * R * gin, N, R, gin, st));
+    CK(bt_cuda_gemm_f32(b, cu->out, D, cu->oa, G * R, w->wo_b, N, D, G * R, st));
+
+    /* the rings take the chunk's KV only now: earlier queries read older slots */
+    for (int q = 0; q < f->n_seqs; q++) {
+        int n = f->seqs[q].n, first = f->first[q];
+        int64_t start = bt_kv_header(f->seqs[q].state)->n_tokens;
+        float *ring = region(f->dslot[q], f->lay->window_off[l]);
+        for (int i = n > W ? n - W : 0; i < n;) {
+            int at = (int)((start + i) % W), run = W - at < n - i ? W - at : n - i;
+            CK(d2d(f, ring + (size_t)at * hd, cu->kv + (size_t)(first + i) * hd, (size_t)run * row));
+            i += run;
+        }
+    }
+    return BT_OK;
+}
+
+static bt_status_t moe(fwd_t *f, int l)
+{
+    bt_model_t *m = f->m;
+    struct bt_model_cuda *cu = f->cu;
+    const bt_model_config_t *c = &m->cfg;
+    const dev_layer_t *w = &cu->layer[l];
+    char *err = f->err;
+    size_t errlen = f->errlen;
+    cudaStream_t st = cu->stream;
+    bt_cuda_blas_t *b = cu->blas;
+    int N = f->N, D = c->hidden, E = c->n_experts, K = c->n_active, I = c->moe_inter;
+    float limit = (float)c->swiglu_limit;
+
+    CK(bt_cuda_gemm_f32(b, cu->gate_logits, E, cu->xin, D, w->gate_w, N, E, D, st));
+    CK(bt_cuda_moe_route(cu->moe_idx, cu->moe_wts, cu->gate_logits, w->gate_bias, N, E, K,
+                         (float)c->gate_temp, c->norm_topk_prob, (float)c->route_scale, st));
+    /* the grouping by expert is planned on the host */
+    CK_CUDA(cudaMemcpyAsync(cu->moe_idx_h, cu->moe_idx, (size_t)N * K * sizeof(int32_t), cudaMemcpyDeviceToHost, st));
+    CK_CUDA(cudaMemcpyAsync(cu->moe_wts_h, cu->moe_wts, (size_t)N * K * sizeof(float), cudaMemcpyDeviceToHost, st));
+    CK_CUDA(cudaStreamSynchronize(st));
+    int64_t *xrow, *xrow_d;
+    float *wt, *wt_d;
+    int32_t *rows, *rows_d, *cnt, *cnt_d;
+    PLAN(f, int64_t, N * K, xrow, xrow_d);
+    PLAN(f, float, N * K, wt, wt_d);
+    PLAN(f, int32_t, N * K, rows, rows_d);
+    PLAN(f, int32_t, N, cnt, cnt_d);
+    int off[1025];
+    memset(off, 0, sizeof(int) * (size_t)(E + 1));
+    for (int i = 0; i < N * K; i++) {
+        int e = cu->moe_idx_h[i];
+        if (e < 0 || e >= E) {
+            snprintf(err, errlen, "cuda forward: layer %d routed a token to expert %d of %d", l, e, E);
+            return BT_ERR_INTERNAL;
+        }
+        off[e + 1]++;
+    }
+    for (int e = 0; e < E; e++) off[e + 1] += off[e];
+    memset(cnt, 0, (size_t)N * sizeof(int32_t));
+    int fill[1024];
+    memcpy(fill, off, sizeof(int) * (size_t)E);
+    /* experts ascending, tokens ascending within one: each token's list comes out in expert
+     * order, the order the CPU sums them */
+    for (int e = 0; e < E; e++)
+        for (int t = 0; t < N; t++)
+            for (int i = 0; i < K; i++) {
+                if (cu->moe_idx_h[t * K + i] != e) continue;
+                int r = fill[e]++;
+                xrow[r] = t;
+                wt[r] = cu->moe_wts_h[t * K + i];
+                rows[t * K + cnt[t]++] = r;
+            }
+    int total = N * K;
+    CK(plan_send(cu, xrow, xrow_d, (size_t)total * sizeof(int64_t), err, errlen));
+    CK(plan_send(cu, wt, wt_d, (size_t)total * sizeof(float), err, errlen));
+    CK(plan_send(cu, rows, rows_d, (size_t)total * sizeof(int32_t), err, errlen));
+    CK(plan_send(cu, cnt, cnt_d, (size_t)N * sizeof(int32_t), err, errlen));
+    CK(bt_cuda_gather_rows(cu->xg, cu->xin, xrow_d, total, D, st));
+    for (int e = 0; e < E; e++) {
+        int rc = off[e + 1] - off[e];
+        if (!rc) continue;
+        CK(bt_cuda_gemm_f32(b, cu->gu + (size_t)off[e] * 2 * I, 2 * I, cu->xg + (size_t)off[e] * D, D,
+                            w->w13 + (size_t)e * 2 * I * D, rc, 2 * I, D, st));
+    }
+    CK(bt_cuda_swiglu(cu->hbuf, BT_CUDA_F32, cu->gu, wt_d, total, I, limit, st));
+    for (int e = 0; e < E; e++) {
+        int rc = off[e + 1] - off[e];
+        if (!rc) continue;
+        CK(bt_cuda_gemm_f32(b, cu->yg + (size_t)off[e] * D, D, cu->hbuf + (size_t)off[e] * I, I,
+                            w->w2 + (size_t)e * D * I, rc, D, I, st));
+    }
+    if (w->sw13) {
+        CK(bt_cuda_gemm_f32(b, cu->sh_gu, 2 * I, cu->xin, D, w->sw13, N, 2 * I, D, st));
+        CK(bt_cuda_swiglu(cu->sh_h, BT_CUDA_F32, cu->sh_gu, NULL, N, I, limit, st));
+        CK(bt_cuda_gemm_f32(b, cu->sh, D, cu->sh_h, I, w->sw2, N, D, I, st));
+    }
+    CK(bt_cuda_moe_combine(cu->out, cu->yg, rows_d, cnt_d, K, w->sw13 ? cu->sh : NULL, N, D, st));
+    return BT_OK;
+}
+
+/* One mHC site: the mapping from the streams, then the sublayer input collapsed with the
+ * previous site's pre. */
+static bt_status_t site(fwd_t *f, const float *fn, const float *base, const float *scale,
+                        float *pre_out, const float *collapse_w, const float *norm_w)
+{
+    const bt_model_config_t *c = &f->m->cfg;
+    struct bt_model_cuda *cu = f->cu;
+    char *err = f->err;
+    size_t errlen = f->errlen;
+    CK(bt_cuda_hc_mix(pre_out, cu->post, cu->comb, cu->x, fn, base, scale, f->N, c->hc_mult, c->hidden,
+                      (float)c->rms_eps, (float)c->hc_eps, c->sinkhorn_iters, cu->stream));
+    CK(bt_cuda_hc_collapse_norm(cu->xin, BT_CUDA_F32, cu->x, collapse_w, norm_w, f->N, c->hc_mult,
+                                c->hidden, (float)c->rms_eps, cu->stream));
+    return BT_OK;
+}
+
+/* Finds (or makes) the mirror of each sequence's slot, uploading slots the GPU does not hold. */
+static bt_status_t bind_mirrors(fwd_t *f)
+{
+    struct bt_model_cuda *cu = f->cu;
+    const bt_model_config_t *c = &f->m->cfg;
+    char *err = f->err;
+    size_t errlen = f->errlen;
+    if (!cu->mirror_mem) {
+        cu->slot_bytes = f->lay->slot_bytes;
+        cu->n_mirrors = 2 * f->m->opt.max_batch_seqs;
+        size_t bytes = cu->slot_bytes * (size_t)cu->n_mirrors;
+        if (cudaMalloc((void **)&cu->mirror_mem, bytes) != cudaSuccess) {
+            cudaGetLastError();
+            snprintf(err, errlen, "GPU %d: cannot hold %d KV slots of %.1f MiB", cu->gpu, cu->n_mirrors,
+                     (double)cu->slot_bytes / (1 << 20));
+            return BT_ERR_NO_MEMORY;
+        }
+        cu->mirror = bt_calloc_or_die((size_t)cu->n_mirrors, sizeof(mirror_t));
+        BT_LOG_INFO("GPU %d: KV cache for %d slots of %.1f MiB (%.1f MiB)", cu->gpu, cu->n_mirrors,
+                    (double)cu->slot_bytes / (1 << 20), (double)bytes / (1 << 20));
+    }
+    if (f->lay->slot_bytes != cu->slot_bytes) {
+        snprintf(err, errlen, "cuda forward: the KV layout changed (%zu-byte slots, %zu before)",
+                 f->lay->slot_bytes, cu->slot_bytes);
+        return BT_ERR_INVALID_ARG;
+    }
+    cu->clock++;
+    for (int q = 0; q < f->n_seqs; q++) {
+        uint8_t *state = f->seqs[q].state;
+        uint64_t tag = bt_kv_header(state)->device_tag;
+        int hit = -1;
+        for (int i = 0; i < cu->n_mirrors && hit < 0; i++)
+            if (cu->mirror[i].host == state) hit = i;
+        if (hit >= 0 && (tag == 0 || cu->mirror[hit].tag != tag)) cu->mirror[hit].host = NULL, hit = -1;
+        if (hit < 0) {
+            /* the least recently used mirror not in this batch */
+            for (int i = 0; i < cu->n_mirrors; i++) {
+                if (cu->mirror[i].used == cu->clock) continue;
+                if (hit < 0 || !cu->mirror[i].host || (cu->mirror[hit].host && cu->mirror[i].used < cu->mirror[hit].used))
+                    hit = i;
+            }
+            uint8_t *dslot = cu->mirror_mem + (size_t)hit * cu->slot_bytes;
+            bt_kv_header_t zero;
+            memset(&zero, 0, sizeof zero);
+            bt_kv_range_t rg[8 * BT_MAX_LAYERS + 8];
+            int nr = bt_kv_changed_ranges(c, f->lay, &zero, state, rg, (int)(sizeof rg / sizeof rg[0]));
+            for (int i = 0; i < nr; i++)
+                if (rg[i].off != 0 && rg[i].len)
+                    CK_CUDA(cudaMemcpyAsync(dslot + rg[i].off, state + rg[i].off, rg[i].len,
+                                            cudaMemcpyHostToDevice, cu->stream));
+            cu->mirror[hit].host = state;
+            cu->mirror[hit].tag = 0;
+        }
+        cu->mirror[hit].used = cu->clock;
+        f->dslot[q] = cu->mirror_mem + (size_t)hit * cu->slot_bytes;
+    }
+    return BT_OK;
+}
+
+static bt_status_t forward(fwd_t *f, float *logits, bt_kv_header_t *before)
+{
+    bt_model_t *m = f->m;
+    struct bt_model_cuda *cu = f->cu;
+    const bt_model_config_t *c = &m->cfg;
+    char *err = f->err;
+    size_t errlen = f->errlen;
+    cudaStream_t st = cu->stream;
+    int N = f->N, W = c->window, hc = c->hc_mult, D = c->hidden;
+
+    CK(bind_mirrors(f));
+    int32_t *ids, *ids_d, *win_n;
+    int64_t *pos;
+    int32_t *win_idx;
+    PLAN(f, int32_t, N, ids, ids_d);
+    PLAN(f, int64_t, N, pos, f->pos_d);
+    PLAN(f, int32_t, (size_t)N * W, win_idx, f->win_idx_d);
+    PLAN(f, int32_t, N, win_n, f->win_n_d);
+    for (int q = 0; q < f->n_seqs; q++) {
+        const bt_forward_seq_t *seq = &f->seqs[q];
+        int64_t start = bt_kv_header(seq->state)->n_tokens;
+        before[q] = *bt_kv_header(seq->state);
+        for (int i = 0; i < seq->n; i++) {
+            int t = f->first[q] + i;
+            int64_t p = start + i, lo = p - W + 1 > 0 ? p - W + 1 : 0;
+            ids[t] = seq->ids[i];
+            pos[t] = p;
+            win_n[t] = (int32_t)(p - lo + 1);
+            /* staged rows: the ring at [0, W), the chunk's own rows from W */
+            for (int j = 0; j < win_n[t]; j++) {
+                int64_t kp = lo + j;
+                win_idx[(size_t)t * W + j] = (int32_t)(kp >= start ? W + (kp - start) : kp % W);
+            }
+        }
+    }
+    CK(plan_send(cu, ids, ids_d, (size_t)N * sizeof(int32_t), err, errlen));
+    CK(plan_send(cu, pos, f->pos_d, (size_t)N * sizeof(int64_t), err, errlen));
+    CK(plan_send(cu, win_idx, f->win_idx_d, (size_t)N * W * sizeof(int32_t), err, errlen));
+    CK(plan_send(cu, win_n, f->win_n_d, (size_t)N * sizeof(int32_t), err, errlen));
+    if (c->n_engram > 0) {
+        int cols = m->engram_cols, ne = c->n_engram;
+        bt_model__engram_hashes(m, f->seqs, f->n_seqs, f->first, cu->cid_h, cu->hash_h);
+        int64_t *eng;
+        PLAN(f, int64_t, (size_t)ne * N * cols, eng, f->eng_ids_d);
+        for (int e = 0; e < ne; e++)
+            for (int t = 0; t < N; t++)
+                memcpy(eng + ((size_t)e * N + t) * cols, cu->hash_h + ((size_t)t * ne + e) * cols,
+                       (size_t)cols * sizeof(int64_t));
+        CK(plan_send(cu, eng, f->eng_ids_d, (size_t)ne * N * cols * sizeof(int64_t), err, errlen));
+    }
+
+    CK(bt_cuda_embed_streams(cu->x, cu->pre_mix, cu->embed, ids_d, N, hc, D, st));
+    for (int l = 0; l < c->n_layers; l++) {
+        const dev_layer_t *w = &cu->layer[l];
+        int ei = c->layer[l].engram_index;
+        if (ei >= 0) {
+            int cols = m->engram_cols, ehd = c->engram_head_dim;
+            CK(bt_cuda_gather_rows(cu->e_cat, w->e_embed, f->eng_ids_d + (size_t)ei * N * cols, N * cols, ehd, st));
+            CK(bt_cuda_gemm_f32(cu->blas, cu->e_kv, (hc + 1) * D, cu->e_cat, cols * ehd, w->e_wkv, N,
+                                (hc + 1) * D, cols * ehd, st));
+            CK(bt_cuda_engram_inject(cu->x, cu->e_kv, w->e_qk, N, hc, D, (float)c->rms_eps, st));
+        }
+        CK(site(f, w->hc_attn_fn, w->hc_attn_base, w->hc_attn_scale, cu->attn_pre, cu->pre_mix, w->attn_norm));
+        CK(attention(f, l));
+        CK(bt_cuda_hc_expand(cu->x, cu->out, BT_CUDA_F32, cu->post, cu->comb, N, hc, D, st));
+        /* the FFN collapses with the attention site's pre; its own pre goes to the next layer */
+        CK(site(f, w->hc_ffn_fn, w->hc_ffn_base, w->hc_ffn_scale, cu->pre_mix, cu->attn_pre, w->ffn_norm));
+        CK(moe(f, l));
+        CK(bt_cuda_hc_expand(cu->x, cu->out, BT_CUDA_F32, cu->post, cu->comb, N, hc, D, st));
+    }
+    CK(bt_cuda_hc_collapse_norm(cu->hidden, BT_CUDA_F32, cu->x, cu->pre_mix, cu->norm, N, hc, D,
+                                (float)c->rms_eps, st));
+
+    if (logits) {
+        int64_t *hrow, *hrow_d;
+        PLAN(f, int64_t, N, hrow, hrow_d);
+        int rows = 0;
+        for (int q = 0; q < f->n_seqs; q++)
+            for (int i = f->seqs[q].all_logits ? 0 : f->seqs[q].n - 1; i < f->seqs[q].n; i++)
+                hrow[rows++] = f->first[q] + i;
+        CK(plan_send(cu, hrow, hrow_d, (size_t)rows * sizeof(int64_t), err, errlen));
+        size_t V = (size_t)c->vocab;
+        for (int r0 = 0; r0 < rows; r0 += cu->logit_rows) {
+            int rc = rows - r0 < cu->logit_rows ? rows - r0 : cu->logit_rows;
+            CK(bt_cuda_gather_rows(cu->hsel, cu->hidden, hrow_d + r0, rc, D, st));
+            CK(bt_cuda_gemm_f32(cu->blas, cu->dlogits, (int)V, cu->hsel, D, cu->head, rc, (int)V, D, st));
+            CK_CUDA(cudaMemcpyAsync(logits + (size_t)r0 * V, cu->dlogits, (size_t)rc * V * sizeof(float),
+                                    cudaMemcpyDeviceToHost, st));
+        }
+    }
+
+    /* advance the sequences (engram history, positions), copy what the forward wrote back into
+     * the host slots, and tag both copies */
+    for (int q = 0; q < f->n_seqs; q++) {
+        const bt_forward_seq_t *seq = &f->seqs[q];
+        bt_kv_header_t *h = bt_kv_header(seq->state);
+        if (c->n_engram > 0)
+            for (int i = 0; i < seq->n; i++)
+                h->engram_hist[(h->n_tokens + i) % BT_KV_ENGRAM_HISTORY] = cu->cid_h[f->first[q] + i];
+        h->n_tokens += seq->n;
+        bt_kv_range_t rg[8 * BT_MAX_LAYERS + 8];
+        int nr = bt_kv_changed_ranges(c, f->lay, &before[q], seq->state, rg, (int)(sizeof rg / sizeof rg[0]));
+        for (int i = 0; i < nr; i++)
+            if (rg[i].off != 0 && rg[i].len)
+                CK_CUDA(cudaMemcpyAsync(seq->state + rg[i].off, f->dslot[q] + rg[i].off, rg[i].len,
+                                        cudaMemcpyDeviceToHost, st));
+    }
+    CK_CUDA(cudaStreamSynchronize(st));
+    for (int q = 0; q < f->n_seqs; q++) {
+        uint64_t tag = cu->tag_base | (++cu->tags & 0xffffffffull);
+        if (tag == 0) tag = cu->tag_base | (++cu->tags & 0xffffffffull);
+        bt_kv_header(f->seqs[q].state)->device_tag = tag;
+        for (int i = 0; i < cu->n_mirrors; i++)
+            if (cu->mirror[i].host == f->seqs[q].state) cu->mirror[i].tag = tag;
+    }
+    return BT_OK;
+}
+
+bt_status_t bt_model_cuda_forward(bt_model_t *m, const bt_kv_layout_t *lay,
+                                  const bt_forward_seq_t *seqs, int n_seqs, const int *seq_first,
+                                  int n_tokens, float *logits, char *err, size_t errlen)
+{
+    struct bt_model_cuda *cu = m->cuda;
+    fwd_t f;
+    memset(&f, 0, sizeof f);
+    f.m = m;
+    f.cu = cu;
+    f.lay = lay;
+    f.seqs = seqs;
+    f.n_seqs = n_seqs;
+    f.N = n_tokens;
+    f.first = seq_first;
+    f.err = err;
+    f.errlen = errlen;
+    cu->meta_used = 0;
+    CK_CUDA(cudaSetDevice(cu->gpu));
+    bt_status_t rc = forward(&f, logits, cu->before);
+    if (rc != BT_OK) {
+        /* the sequences' state is torn: forget their mirrors; the caller drops them */
+        cudaStreamSynchronize(cu->stream);
+        cudaGetLastError();
+        for (int q = 0; q < n_seqs; q++)
+            for (int i = 0; i < cu->n_mirrors; i++)
+                if (cu->mirror[i].host == seqs[q].state) cu->mirror[i].host = NULL;
+    }
+    return rc;
+}

@@ -1,0 +1,126 @@
+/* Internals of the engine's model shared by its backends: the CPU forward (model.c) and the
+ * device-resident one (model_cuda.c), which loads through the CPU loader and takes the
+ * weights over. Not for use outside services/engine. */
+#ifndef BT_ENGINE_MODEL_IMPL_H
+#define BT_ENGINE_MODEL_IMPL_H
+
+#include "common/comm/comm.h"
+#include "common/threads.h"
+#include "services/engine/model.h"
+
+#define MAX_HC 16
+#define MAX_MIX ((2 + MAX_HC) * MAX_HC)
+#define BT_MAX_HIDDEN 8192 /* stack rows of the MoE; the released model has 5120 */
+#define MAX_ACTIVE 64
+#define MAX_HEAD_DIM 4096
+
+typedef struct {
+    float *attn_norm, *ffn_norm;
+    float *hc_attn_fn, *hc_attn_base, *hc_attn_scale;
+    float *hc_ffn_fn, *hc_ffn_base, *hc_ffn_scale;
+    /* attention */
+    float *wq_a, *q_norm, *wq_b, *wkv, *kv_norm, *wo_a, *wo_b, *attn_sink;
+    /* compressor (kv sources) */
+    float *c_wkv, *c_wgate, *c_norm;
+    /* indexer (index sources; wk/k_norm only on key owners) */
+    float *i_wq_b, *i_weights_proj, *i_wk, *i_k_norm;
+    /* MoE */
+    float *gate_w, *gate_bias;
+    float *w1, *w2, *w3; /* [E][inter][hidden], [E][hidden][inter], [E][inter][hidden] */
+    float *sw1, *sw2, *sw3;
+    /* engram */
+    float *e_embed, *e_wkv, *e_qk;
+} layer_weights_t;
+
+typedef struct {
+    /* per token */
+    int *tok_seq;
+    int64_t *tok_pos;
+    float *x;          /* [N][hc][D] streams */
+    float *pre_mix;    /* [N][hc] the collapse weights carried to the next site */
+    float *attn_pre;   /* [N][hc] */
+    float *post;       /* [N][hc] */
+    float *comb;       /* [N][hc][hc] */
+    float *xin;        /* [N][D] sublayer input */
+    float *out;        /* [N][D] sublayer output */
+    float *q_res;      /* [N][q_lora] */
+    float *q;          /* [N][H*hd] */
+    float *kv;         /* [N][hd] */
+    float *ckv, *cgate;/* [N][hd] compressor projections */
+    float *attn;       /* [N][H*hd] */
+    float *oa;         /* [N][G*R] */
+    float *qi;         /* [N][IH*ihd] */
+    float *iw;         /* [N][IH] */
+    float *cos_main, *sin_main, *cos_comp, *sin_comp; /* [N][half] */
+    int32_t *topk;     /* [N][index_topk] selected entries, ascending */
+    int *topk_n;
+    unsigned char *topk_set;
+    int32_t *cand;     /* [N][candidate_topk_blocks] kept blocks, ascending */
+    int *cand_n;
+    unsigned char *cand_set;
+    int64_t *hash;     /* [N][n_engram][cols] */
+    int64_t *cid;      /* [N] compressed engram ids */
+    float *probs;      /* [N][window + index_topk] attention weights */
+    float *hidden;     /* [N][D] final hidden */
+    /* per task (strided over tokens) */
+    int n_tasks;
+    float *task_scores;  /* [tasks][max(comp_cap, blocks)] */
+    float *task_moe;     /* [tasks][2*inter + E + hidden] */
+    float *task_engram;  /* [tasks][cols*ehd + (hc+1)*D] */
+    int32_t *task_idx;   /* [tasks][max(topk, blocks)] heap */
+    float *task_bscore;  /* [tasks][max(topk, blocks)] heap scores */
+} scratch_t;
+
+struct bt_model {
+    bt_model_config_t cfg;
+    bt_model_options_t opt;
+    bt_threads_t *pool;
+    float *embed, *head, *norm;
+    layer_weights_t layer[BT_MAX_LAYERS];
+    float *inv_freq_main, *inv_freq_comp;
+    int half_main, half_comp;
+    /* engram hashing */
+    int32_t *token_map;
+    int64_t pad_cid;
+    int64_t *primes, *offsets, *multipliers;
+    int engram_cols;
+    /* bookkeeping */
+    void **allocs;
+    int n_allocs, cap_allocs;
+    scratch_t s;
+    bt_tap_fn tap;
+    void *tap_ctx;
+    /* tensor parallelism (tp_size 1: everything local) */
+    bt_comm_t *comm;
+    int tp_rank, tp_size;
+    int h0, hl;           /* this rank's attention heads [h0, h0 + hl) */
+    bool group_split;     /* wo_a groups and wo_b columns sharded (else gathered heads) */
+    int g0, gl;           /* this rank's output groups when group_split */
+    int i0, il;           /* this rank's slice of every expert's (and the shared) width */
+    int v0, vl, vpad;     /* this rank's vocabulary rows [v0, v0 + vl), padded to vpad */
+    float *gather;        /* TP scratch: all-gather receive buffer */
+    float *tp_logits;     /* TP scratch: this rank's vocabulary slice of the logits */
+    struct bt_model_cuda *cuda; /* the device backend's state; NULL on the CPU */
+};
+
+/* Compressed ids cid [N] and engram hash ids hash [N][n_engram][cols] of a batch's tokens
+ * (sequence q's tokens start at seq_first[q]); reads the slots' engram history. */
+void bt_model__engram_hashes(const bt_model_t *m, const bt_forward_seq_t *seqs, int n_seqs,
+                             const int *seq_first, int64_t *cid, int64_t *hash);
+
+/* Frees a pointer the model tracks (a weight the device backend has taken over). */
+void bt_model__free_tracked(bt_model_t *m, void *p);
+
+#ifdef BT_HAVE_CUDA_MODEL
+/* services/engine/model_cuda.c: takes over a CPU-loaded model (weights to the GPU, host
+ * copies freed), runs its forwards, releases its state. */
+bt_status_t bt_model_cuda_attach(bt_model_t *m, char *err, size_t errlen);
+bt_status_t bt_model_cuda_forward(bt_model_t *m, const bt_kv_layout_t *lay,
+                                  const bt_forward_seq_t *seqs, int n_seqs, const int *seq_first,
+                                  int n_tokens, float *logits, char *err, size_t errlen);
+void bt_model_cuda_destroy(struct bt_model_cuda *cuda);
+#endif
+
+#endif
+
+

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The services on a GPU: `baton up --device cuda` (router, a prefill and a decode group, the
+# gateway) must give, for every prompt, the greedy ids `baton generate --device cuda` gives,
+# one request at a time and eight at once (decode batches them). Needs a GPU; run by hand or
+# on the device machine:  tests/gpu/cluster_cuda.sh BIN_DIR [--device cuda|cpu]
+set -uo pipefail
+bin=${1:?usage: cluster_cuda.sh BIN_DIR [--device cuda|cpu]}
+device=${3:-cuda}
+work=$(mktemp -d)
+port=$((20000 + RANDOM % 20000)) router=$((port + 1))
+"$bin/baton" up --device "$device" --port "$port" --router-port "$router" --ucx-tls tcp \
+  --max-new-tokens 64 >"$work/up.log" 2>&1 &
+up=$!
+cleanup() { kill -TERM "$up" 2>/dev/null; wait "$up" 2>/dev/null; rm -rf "$work"; }
+trap cleanup EXIT
+keep_log() { cp "$work/up.log" /tmp/cluster_cuda_up.log; }
+for _ in $(seq 1 120); do  # bounded: 60 s for the cluster to answer
+  if "$bin/baton" complete --router "127.0.0.1:$router" --input-ids 1 --max-new-tokens 1 \
+       --timeout 5 >/dev/null 2>&1; then break; fi
+  sleep 0.5
+done
+prompts=("1,2,3,4,5,6,7,8,9" "42" "7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7"
+         "100,200,30,250,150,50,10,20,30,40,50,60,70,80,90,99,98,97,96,95,94,93,92,91,90,89,88,87,86,85,84,83,82,81,80,79,78,77,76,75,74,73,72,71,70"
+         "5,4,3,2,1" "11,22,33,44,55,66" "250,251,252,253,254,255,256,257,258,259,260" "3,1,4,1,5,9,2,6,5,3,5,8,9,7,9,3,2,3,8,4,6,2,6,4,3,3,8,3,2,7,9,5")
+fail=0
+for i in "${!prompts[@]}"; do
+  "$bin/baton" generate --device "$device" --input-ids "${prompts[$i]}" --max-new-tokens 48 \
+    --temperature 0 --ignore-eos 2>/dev/null | tail -1 >"$work/ref.$i"
+done
+check() {  # $1: label
+  for i in "${!prompts[@]}"; do
+    if ! cmp -s "$work/ref.$i" "$work/got.$i"; then
+      echo "FAIL $1 prompt $i: generate $(cat "$work/ref.$i") vs cluster $(cat "$work/got.$i")"
+      grep -a "baton complete\|finish" "$work/err.$i" | head -3
+      fail=1
+    fi
+  done
+}
+for i in "${!prompts[@]}"; do
+  "$bin/baton" complete --router "127.0.0.1:$router" --input-ids "${prompts[$i]}" --max-new-tokens 48 \
+    --temperature 0 --ignore-eos --timeout 60 2>"$work/err.$i" | tail -1 >"$work/got.$i"
+done
+check "one at a time"
+for i in "${!prompts[@]}"; do
+  "$bin/baton" complete --router "127.0.0.1:$router" --input-ids "${prompts[$i]}" --max-new-tokens 48 \
+    --temperature 0 --ignore-eos --timeout 60 2>"$work/err.$i" | tail -1 >"$work/got.$i" &
+done
+wait $(jobs -p | grep -v "^$up$") 2>/dev/null
+check "eight at once"
+grep -h "model on GPU\|KV cache for" "$work/up.log" | head -4
+if [ $fail != 0 ]; then keep_log; echo "--- baton up log (tail)"; tail -20 "$work/up.log"; fi
+if [ $fail = 0 ]; then echo "cluster on --device $device: ${#prompts[@]} prompts x 2 rounds, greedy ids identical to baton generate --device $device"; fi
+exit $fail
