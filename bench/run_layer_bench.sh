@@ -1,0 +1,150 @@
+#!/usr/bin/env bash
+# One DeepSeek-V4.1-Flash-shaped layer: our CUDA operators (bench/bench_layer_cuda.cu) against
+# the same layer in eager PyTorch (bench/layer_torch.py), same cases, shapes and seed, on one
+# GPU. Builds with nvcc and cc alone, as tests/gpu/build_standalone.sh does (the full CMake
+# configure needs the project's other dependencies), then runs both and prints one table.
+#
+#   bench/run_layer_bench.sh [--arch 90a] [--out build-gpu-bench] [--no-build | --build-only]
+#                            [--cases decode_b1,decode_b16,prefill] [--reps 30] [--seed 1]
+#                            [--save DIR]
+# --no-build: use the binary already in --out (built elsewhere and carried over).
+# --save DIR: also copy the JSON lines and the table there.
+# Environment: PYTHON (default python3, needs torch), JOBS (parallel compiles, default 2),
+# TORCH_ARGS (more arguments for layer_torch.py, e.g. "--device cpu --small" for a dry run).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+arch=90a
+out=build-gpu-bench
+build=1
+run=1
+cases=decode_b1,decode_b16,prefill
+reps=30
+seed=1
+save=
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --arch) arch=$2; shift ;;
+    --out) out=$2; shift ;;
+    --no-build) build=0 ;;
+    --build-only) run=0 ;;
+    --cases) cases=$2; shift ;;
+    --reps) reps=$2; shift ;;
+    --seed) seed=$2; shift ;;
+    --save) save=$2; shift ;;
+    *) echo "usage: $0 [--arch 90a] [--out DIR] [--no-build|--build-only] [--cases LIST]" \
+            "[--reps N] [--seed N] [--save DIR]" >&2; exit 2 ;;
+  esac
+  shift
+done
+py=${PYTHON:-python3}
+bin=$out/bench_layer_cuda
+
+if [ "$build" = 1 ]; then
+  nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+  cuda_inc="$(dirname "$nvcc")/../include"
+  mkdir -p "$out/obj"
+  # one compile per line of this list, at most JOBS at a time
+  {
+    for f in kernels/cuda/*.cu bench/bench_layer_cuda.cu; do
+      echo "$nvcc -std=c++17 -O3 -I. -gencode arch=compute_${arch},code=sm_${arch}" \
+           "-Xcompiler -Wall,-Wextra -c $f -o $out/obj/cu_$(basename "$f" .cu).o"
+    done
+    for f in kernels/cpu/*.c common/status.c common/threads.c common/alloc.c common/log.c; do
+      echo "cc -std=c11 -O2 -Wall -Wextra -Werror -Wno-unused-parameter" \
+           "-D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE -I. -I$cuda_inc" \
+           "-c $f -o $out/obj/c_$(basename "$f" .c).o"
+    done
+  } | xargs -P "${JOBS:-2}" -I{} sh -c '{}'
+  "$nvcc" -o "$bin" "$out"/obj/*.o -lcublasLt -lpthread -lm
+  echo "built $bin (sm_$arch)" >&2
+fi
+[ "$run" = 1 ] || exit 0
+if [ ! -x "$bin" ]; then
+  echo "$bin missing: build it first (drop --no-build)" >&2
+  exit 1
+fi
+
+# Ours first, dumping a few output rows; then PyTorch, which reads them for its comparison.
+# Either may fail without stopping the other: the table shows what came back.
+mkdir -p "$out/dump"
+rm -f "$out"/dump/*.bin
+st_ours=0
+st_torch=0
+"$bin" --cases "$cases" --reps "$reps" --seed "$seed" --dump "$out/dump" >"$out/ours.jsonl" ||
+  st_ours=$?
+# shellcheck disable=SC2086 # TORCH_ARGS is a list of words
+"$py" bench/layer_torch.py --cases "$cases" --reps "$reps" --seed "$seed" \
+  --compare "$out/dump" ${TORCH_ARGS:-} >"$out/torch.jsonl" || st_torch=$?
+
+"$py" - "$out/ours.jsonl" "$out/torch.jsonl" >"$out/table.md" <<'EOF'
+import json, sys
+
+def lines(path):
+    try:
+        return [json.loads(l) for l in open(path) if l.strip().startswith("{")]
+    except OSError:
+        return []
+
+ours, torch_ = lines(sys.argv[1]), lines(sys.argv[2])
+dev = next((r for r in ours if "device" in r), {})
+tdev = next((r for r in torch_ if "device" in r), {})
+oc = {r["case"]: r for r in ours if "case" in r}
+tc = {r["case"]: r for r in torch_ if "case" in r}
+parts = ["attn_proj", "attn_core", "indexer", "moe_route", "experts", "mhc"]
+
+def ms(v):
+    return "-" if v is None or v < 0 else f"{v:.3f}"
+
+def ratio(a, b):
+    return "-" if a is None or b is None or a <= 0 or b <= 0 else f"{a / b:.1f}x"
+
+if dev:
+    print(f"GPU: {dev['device']} ({dev['sms']} SMs). Measured in this run: D2D copy "
+          f"{dev['copy_GBps']:.0f} GB/s (read + write), cuBLASLt bf16 4096^3 "
+          f"{dev['bf16_TFLOPs']:.0f} TFLOP/s, cuBLASLt FP8 e4m3 4096^3 {dev['fp8_TFLOPs']:.0f} TFLOP/s. "
+          f"Median of {dev['reps']} after {dev['warmup']} warm-ups, seed {dev['seed']}.")
+if tdev:
+    print(f"PyTorch {tdev['torch']}, eager; FP8/FP4 weights dequantized to bf16 once before "
+          f"timing (no block-scaled FP8/FP4 matmul in PyTorch for these layouts).")
+print()
+print("| case | tokens | ours ms | ours, CUDA graph ms | floor ms (bound) | ours / floor | "
+      "graph / floor | PyTorch ms | speed-up vs PyTorch |")
+print("|---|---:|---:|---:|---|---:|---:|---:|---:|")
+for name in list(dict.fromkeys(list(oc) + list(tc))):
+    o, t = oc.get(name, {}), tc.get(name, {})
+    fl = o.get("floor_ms")
+    print(f"| {name} | {o.get('T', t.get('T', '?'))} | {ms(o.get('ms'))} | {ms(o.get('graph_ms'))} | "
+          f"{ms(fl)} ({o.get('floor_what', '-')}) | {ratio(o.get('ms'), fl)} | "
+          f"{ratio(o.get('graph_ms'), fl)} | {ms(t.get('ms'))} | {ratio(t.get('ms'), o.get('ms'))} |")
+for name in oc:
+    o, t = oc[name], tc.get(name, {})
+    print()
+    print(f"**{name}** (T={o['T']}, {o['seqs']} sequence(s), {o['entries']} cached entries each; "
+          f"{o['experts_hit']} experts hit, largest group {o['max_rows']} rows; floor "
+          f"{o['bytes'] / 1e6:.0f} MB, {o['flops'] / 1e9:.1f} GFLOP; bf16-only floor "
+          f"{o['floor_bf16_ms']:.3f} ms; grouped-GEMM launch with every expert empty "
+          f"{ms(o.get('empty_expert_grid_ms'))} ms; output {'finite' if o['finite'] else 'NOT FINITE'})")
+    print()
+    print("| part | ours ms | ours, graph ms | floor ms (bound) | ours / floor | PyTorch ms |")
+    print("|---|---:|---:|---|---:|---:|")
+    for p in parts:
+        op, tp = o["parts"][p], t.get("parts", {}).get(p, {})
+        best = op["graph_ms"] if op["graph_ms"] > 0 else op["ms"]  # the graph's, when it has them
+        print(f"| {p} | {ms(op['ms'])} | {ms(op['graph_ms'])} | {ms(op['floor_ms'])} "
+              f"({op['floor_what']}) | {ratio(best, op['floor_ms'])} | {ms(tp.get('ms'))} |")
+    if t.get("compare"):
+        cmp = ", ".join(f"{k} {v:.2e}" if isinstance(v, float) and not k.endswith("_same")
+                        else f"{k} {v}" for k, v in t["compare"].items())
+        print()
+        print(f"Ours vs PyTorch on the same inputs (relative L2 over the dumped rows): {cmp}")
+EOF
+cat "$out/table.md"
+if [ -n "$save" ]; then
+  mkdir -p "$save"
+  cp "$out/ours.jsonl" "$out/torch.jsonl" "$out/table.md" "$save/"
+fi
+if [ "$st_ours" != 0 ] || [ "$st_torch" != 0 ]; then
+  echo "bench_layer_cuda exit $st_ours, layer_torch.py exit $st_torch" >&2
+  exit 1
+fi
