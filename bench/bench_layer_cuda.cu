@@ -1180,14 +1180,14 @@ static bt_status_t case_measure(const weights_t *W, bt_cuda_blas_t *blas, case_t
 
     printf("{\"case\":\"%s\",\"side\":\"ours\",\"T\":%d,\"seqs\":%d,\"entries\":%d,"
            "\"experts_hit\":%d,\"max_rows\":%d,\"finite\":%s,\"ms\":%.4f,\"graph_ms\":%.4f,"
-           "\"floor_ms\":%.4f,\"floor_what\":\"%s\",\"floor_bf16_ms\":%.4f,\"bytes\":%.0f,"
+           "\"floor_ms\":%.6f,\"floor_what\":\"%s\",\"floor_bf16_ms\":%.6f,\"bytes\":%.0f,"
            "\"flops\":%.0f,\"flops_lowp\":%.0f,\"empty_expert_grid_ms\":%.4f,\"parts\":{",
            c->name, c->T, c->seqs, c->n, c->hit, c->max_rows, finite ? "true" : "false",
            eager.total_ms, graphed.total_ms, fl.ms, fl.what, fl.bf16_ms, tb, tlp + thp, tlp,
            empty_ms);
     for (int p = 0; p < N_PARTS; p++) {
         floor_t pf = floor_of(k.bytes[p], k.flops_lp[p], k.flops_hp[p], r);
-        printf("%s\"%s\":{\"ms\":%.4f,\"graph_ms\":%.4f,\"floor_ms\":%.4f,"
+        printf("%s\"%s\":{\"ms\":%.4f,\"graph_ms\":%.4f,\"floor_ms\":%.6f,"
                "\"floor_what\":\"%s\",\"bytes\":%.0f,\"flops\":%.0f}",
                p ? "," : "", part_names[p], eager.part_ms[p],
                graphed.parts_ok ? graphed.part_ms[p] : -1.0, pf.ms, pf.what, k.bytes[p],

@@ -6,8 +6,9 @@
 #
 #   bench/run_layer_bench.sh [--arch 90a] [--out build-gpu-bench] [--no-build | --build-only]
 #                            [--cases decode_b1,decode_b16,prefill] [--reps 30] [--seed 1]
-#                            [--save DIR]
+#                            [--compile-timeout S] [--save DIR]
 # --no-build: use the binary already in --out (built elsewhere and carried over).
+# --compile-timeout S: also time torch.compile(layer), given at most S seconds (default: not).
 # --save DIR: also copy the JSON lines and the table there.
 # Environment: PYTHON (default python3, needs torch), JOBS (parallel compiles, default 2),
 # TORCH_ARGS (more arguments for layer_torch.py, e.g. "--device cpu --small" for a dry run).
@@ -22,6 +23,7 @@ cases=decode_b1,decode_b16,prefill
 reps=30
 seed=1
 save=
+compile_timeout=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --arch) arch=$2; shift ;;
@@ -32,8 +34,9 @@ while [ $# -gt 0 ]; do
     --reps) reps=$2; shift ;;
     --seed) seed=$2; shift ;;
     --save) save=$2; shift ;;
+    --compile-timeout) compile_timeout=$2; shift ;;
     *) echo "usage: $0 [--arch 90a] [--out DIR] [--no-build|--build-only] [--cases LIST]" \
-            "[--reps N] [--seed N] [--save DIR]" >&2; exit 2 ;;
+            "[--reps N] [--seed N] [--compile-timeout S] [--save DIR]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -76,8 +79,21 @@ st_torch=0
 # shellcheck disable=SC2086 # TORCH_ARGS is a list of words
 "$py" bench/layer_torch.py --cases "$cases" --reps "$reps" --seed "$seed" \
   --compare "$out/dump" ${TORCH_ARGS:-} >"$out/torch.jsonl" || st_torch=$?
+rm -f "$out/torch_compile.jsonl"
+if [ "$compile_timeout" != 0 ]; then
+  # shellcheck disable=SC2086
+  timeout "$compile_timeout" "$py" bench/layer_torch.py --compile --cases "$cases" --reps "$reps" \
+    --seed "$seed" ${TORCH_ARGS:-} >"$out/torch_compile.jsonl" ||
+    echo "torch.compile run: exit $? (124: not done within ${compile_timeout} s)" >&2
+fi
 
-"$py" - "$out/ours.jsonl" "$out/torch.jsonl" >"$out/table.md" <<'EOF'
+if [ -n "$save" ]; then # the raw lines first: they outlive a failed merge
+  mkdir -p "$save"
+  cp "$out/ours.jsonl" "$out/torch.jsonl" "$save/"
+  [ ! -s "$out/torch_compile.jsonl" ] || cp "$out/torch_compile.jsonl" "$save/"
+fi
+"$py" - "$out/ours.jsonl" "$out/torch.jsonl" "$out/torch_compile.jsonl" >"$out/table.md" <<'EOF' ||
+  echo "merging the tables failed" >&2
 import json, sys
 
 def lines(path):
@@ -86,15 +102,19 @@ def lines(path):
     except OSError:
         return []
 
-ours, torch_ = lines(sys.argv[1]), lines(sys.argv[2])
+ours, torch_, comp = lines(sys.argv[1]), lines(sys.argv[2]), lines(sys.argv[3])
 dev = next((r for r in ours if "device" in r), {})
 tdev = next((r for r in torch_ if "device" in r), {})
 oc = {r["case"]: r for r in ours if "case" in r}
 tc = {r["case"]: r for r in torch_ if "case" in r}
+cc = {r["case"]: r for r in comp if "case" in r}
 parts = ["attn_proj", "attn_core", "indexer", "moe_route", "experts", "mhc"]
 
 def ms(v):
     return "-" if v is None or v < 0 else f"{v:.3f}"
+
+def fl(v):  # floors can be tiny: three significant digits
+    return "-" if v is None or v < 0 else f"{v:.3g}"
 
 def ratio(a, b):
     return "-" if a is None or b is None or a <= 0 or b <= 0 else f"{a / b:.1f}x"
@@ -108,22 +128,29 @@ if tdev:
     print(f"PyTorch {tdev['torch']}, eager; FP8/FP4 weights dequantized to bf16 once before "
           f"timing (no block-scaled FP8/FP4 matmul in PyTorch for these layouts).")
 print()
-print("| case | tokens | ours ms | ours, CUDA graph ms | floor ms (bound) | ours / floor | "
-      "graph / floor | PyTorch ms | speed-up vs PyTorch |")
-print("|---|---:|---:|---:|---|---:|---:|---:|---:|")
+head = ("| case | tokens | ours ms | ours, CUDA graph ms | floor ms (bound) | ours / floor | "
+        "graph / floor | PyTorch ms | speed-up vs PyTorch |")
+if cc:
+    head += " PyTorch compiled ms |"
+print(head)
+print("|---|---:|---:|---:|---|---:|---:|---:|---:|" + ("---:|" if cc else ""))
 for name in list(dict.fromkeys(list(oc) + list(tc))):
     o, t = oc.get(name, {}), tc.get(name, {})
-    fl = o.get("floor_ms")
-    print(f"| {name} | {o.get('T', t.get('T', '?'))} | {ms(o.get('ms'))} | {ms(o.get('graph_ms'))} | "
-          f"{ms(fl)} ({o.get('floor_what', '-')}) | {ratio(o.get('ms'), fl)} | "
-          f"{ratio(o.get('graph_ms'), fl)} | {ms(t.get('ms'))} | {ratio(t.get('ms'), o.get('ms'))} |")
+    f = o.get("floor_ms")
+    row = (f"| {name} | {o.get('T', t.get('T', '?'))} | {ms(o.get('ms'))} | {ms(o.get('graph_ms'))} | "
+           f"{fl(f)} ({o.get('floor_what', '-')}) | {ratio(o.get('ms'), f)} | "
+           f"{ratio(o.get('graph_ms'), f)} | {ms(t.get('ms'))} | {ratio(t.get('ms'), o.get('ms'))} |")
+    if cc:
+        c = cc.get(name)
+        row += (f" {ms(c['ms'])} (first call {c['first_call_s']} s) |" if c else " - |")
+    print(row)
 for name in oc:
     o, t = oc[name], tc.get(name, {})
     print()
     print(f"**{name}** (T={o['T']}, {o['seqs']} sequence(s), {o['entries']} cached entries each; "
           f"{o['experts_hit']} experts hit, largest group {o['max_rows']} rows; floor "
           f"{o['bytes'] / 1e6:.0f} MB, {o['flops'] / 1e9:.1f} GFLOP; bf16-only floor "
-          f"{o['floor_bf16_ms']:.3f} ms; grouped-GEMM launch with every expert empty "
+          f"{fl(o['floor_bf16_ms'])} ms; grouped-GEMM launch with every expert empty "
           f"{ms(o.get('empty_expert_grid_ms'))} ms; output {'finite' if o['finite'] else 'NOT FINITE'})")
     print()
     print("| part | ours ms | ours, graph ms | floor ms (bound) | ours / floor | PyTorch ms |")
@@ -131,19 +158,19 @@ for name in oc:
     for p in parts:
         op, tp = o["parts"][p], t.get("parts", {}).get(p, {})
         best = op["graph_ms"] if op["graph_ms"] > 0 else op["ms"]  # the graph's, when it has them
-        print(f"| {p} | {ms(op['ms'])} | {ms(op['graph_ms'])} | {ms(op['floor_ms'])} "
+        print(f"| {p} | {ms(op['ms'])} | {ms(op['graph_ms'])} | {fl(op['floor_ms'])} "
               f"({op['floor_what']}) | {ratio(best, op['floor_ms'])} | {ms(tp.get('ms'))} |")
-    if t.get("compare"):
-        cmp = ", ".join(f"{k} {v:.2e}" if isinstance(v, float) and not k.endswith("_same")
-                        else f"{k} {v}" for k, v in t["compare"].items())
-        print()
-        print(f"Ours vs PyTorch on the same inputs (relative L2 over the dumped rows): {cmp}")
+    for key, what in (("compare", "PyTorch as timed"),
+                      ("compare_f32_index", "PyTorch with its indexer in fp32, untimed")):
+        if t.get(key):
+            cmp = ", ".join(f"{k} {v:.2e}" if isinstance(v, float) and not k.endswith("_same")
+                            else f"{k} {v}" for k, v in t[key].items())
+            print()
+            print(f"Ours vs {what}, same inputs (relative L2 over the dumped rows; *_same: "
+                  f"fraction of the same picks): {cmp}")
 EOF
 cat "$out/table.md"
-if [ -n "$save" ]; then
-  mkdir -p "$save"
-  cp "$out/ours.jsonl" "$out/torch.jsonl" "$out/table.md" "$save/"
-fi
+[ -z "$save" ] || cp "$out/table.md" "$save/"
 if [ "$st_ours" != 0 ] || [ "$st_torch" != 0 ]; then
   echo "bench_layer_cuda exit $st_ours, layer_torch.py exit $st_torch" >&2
   exit 1
