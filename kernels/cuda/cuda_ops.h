@@ -177,6 +177,10 @@ bt_status_t bt_cuda_embed_streams(float *x, float *pre, const float *table, cons
 bt_status_t bt_cuda_gather_rows(float *dst, const float *src, const int64_t *idx, int n, int width,
                                 cudaStream_t stream);
 
+/* dst[r, c] = bf16(src[r * ld + c]) (round to nearest even), dst contiguous [rows, cols]. */
+bt_status_t bt_cuda_to_bf16(uint16_t *dst, const float *src, int rows, int cols, int ld,
+                            cudaStream_t stream);
+
 /* x[i] *= s for i < n. */
 bt_status_t bt_cuda_scale(float *x, size_t n, float s, cudaStream_t stream);
 

@@ -40,6 +40,23 @@ extern "C" bt_status_t bt_cuda_gather_rows(float *dst, const float *src, const i
     return bt__cuda_launched("gather_rows");
 }
 
+__global__ void to_bf16_kernel(__nv_bfloat16 *dst, const float *src, int rows, int cols, int ld)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)rows * cols) return;
+    size_t r = i / cols, c = i % cols;
+    dst[i] = __float2bfloat16_rn(src[r * ld + c]);
+}
+
+extern "C" bt_status_t bt_cuda_to_bf16(uint16_t *dst, const float *src, int rows, int cols, int ld,
+                                       cudaStream_t stream)
+{
+    BT_CUDA_REQUIRE(dst && src && rows > 0 && cols > 0 && ld >= cols);
+    size_t n = (size_t)rows * cols;
+    to_bf16_kernel<<<bt__cdiv((long long)n, 256), 256, 0, stream>>>((__nv_bfloat16 *)dst, src, rows, cols, ld);
+    return bt__cuda_launched("to_bf16");
+}
+
 __global__ void scale_kernel(float *x, size_t n, float s)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;

@@ -23,6 +23,7 @@ typedef struct {
     int64_t context;
     const char *device;
     int64_t gpu;
+    const char *dtype;
 } common_args_t;
 
 /* Loads the model of args (the demo model when none is given) with the tokenizer's engram
@@ -71,6 +72,12 @@ static bt_model_t *open_model(const common_args_t *a, int64_t max_ctx, int max_b
         return NULL;
     }
     opt.gpu = (int)a->gpu;
+    if (a->dtype && strcmp(a->dtype, "auto") && strcmp(a->dtype, "float32")) {
+        fprintf(stderr, "baton %s: --dtype must be auto (weights as stored) or float32\n", cmd);
+        free(map);
+        return NULL;
+    }
+    opt.cuda_f32_weights = a->dtype && !strcmp(a->dtype, "float32");
     opt.engram_token_map = map;
     opt.engram_classes = classes;
     opt.n_threads = (int)a->threads;
@@ -130,7 +137,7 @@ static int prefill(bt_model_t *m, const bt_kv_layout_t *lay, uint8_t *state, con
 
 int bt_cli_logits(int argc, char **argv)
 {
-    common_args_t a = {NULL, NULL, 4096, 0, 0, "cpu", 0};
+    common_args_t a = {NULL, NULL, 4096, 0, 0, "cpu", 0, "auto"};
     const char *output = NULL;
     bt_flag_t spec[] = {
         BT_FLAG_STR("model-path", &a.model_path, "checkpoint directory (default: the demo model)"),
@@ -139,6 +146,7 @@ int bt_cli_logits(int argc, char **argv)
         BT_FLAG_INT("threads", &a.threads, "CPU threads (default: one per core)"),
         BT_FLAG_STR("device", &a.device, "cpu (default) or cuda"),
         BT_FLAG_INT("base-gpu-id", &a.gpu, "the GPU of --device cuda (default 0)"),
+        BT_FLAG_STR("dtype", &a.dtype, "auto: weights as stored (default); float32: all f32 (cuda)"),
         BT_FLAG_STR("output", &output, "file for float32 little-endian logits [T, vocab]"),
     };
     char err[256];
@@ -198,7 +206,7 @@ out:
 
 int bt_cli_generate(int argc, char **argv)
 {
-    common_args_t a = {NULL, NULL, 4096, 0, 0, "cpu", 0};
+    common_args_t a = {NULL, NULL, 4096, 0, 0, "cpu", 0, "auto"};
     int64_t max_new = 16, seed = 0;
     double temperature = 1.0, top_p = 1.0, min_p = 0.0;
     int64_t top_k = -1;
@@ -210,6 +218,7 @@ int bt_cli_generate(int argc, char **argv)
         BT_FLAG_INT("threads", &a.threads, "CPU threads (default: one per core)"),
         BT_FLAG_STR("device", &a.device, "cpu (default) or cuda"),
         BT_FLAG_INT("base-gpu-id", &a.gpu, "the GPU of --device cuda (default 0)"),
+        BT_FLAG_STR("dtype", &a.dtype, "auto: weights as stored (default); float32: all f32 (cuda)"),
         BT_FLAG_INT("max-new-tokens", &max_new, "tokens to generate (default 16)"),
         BT_FLAG_FLOAT("temperature", &temperature, "0 = greedy (default 1.0)"),
         BT_FLAG_FLOAT("top-p", &top_p, "nucleus mass (default 1.0)"),

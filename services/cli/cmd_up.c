@@ -321,7 +321,7 @@ static int up(int argc, char **argv, const bt_conf_t *conf)
     int64_t max_running = 16, max_queued = 256, context = 0, threads = 0, start_timeout = 120;
     double watchdog = 300.0, mem_fraction = 0.0;
     const char *config = NULL, *tokenizer = NULL, *quant = NULL, *dist_init = NULL, *spec_algo = NULL;
-    const char *net_devices = NULL, *device = NULL;
+    const char *net_devices = NULL, *device = NULL, *dtype = NULL;
     int64_t gpu = -1;
     int64_t tp = 1, nnodes = 1, node_rank = 0, max_new = 0, max_total = 0, graph_bs = 0, spec_block = 0;
     int64_t seed = -1;
@@ -348,6 +348,7 @@ static int up(int argc, char **argv, const bt_conf_t *conf)
         BT_FLAG_INT("threads", &threads, "CPU threads per worker (default: one per core)"),
         BT_FLAG_STR("device", &device, "where the workers run the model: cpu (default) or cuda"),
         BT_FLAG_INT("base-gpu-id", &gpu, "the GPU every worker uses with --device cuda (default 0)"),
+        BT_FLAG_STR("dtype", &dtype, "auto: weights as stored (default); float32: all f32 (cuda)"),
         BT_FLAG_STR("ucx-tls", &ucx_tls, "UCX transports for the KV handoff: tcp (default), sm"),
         BT_FLAG_STR("reasoning-parser", &reasoning, "deepseek-v41"),
         BT_FLAG_STR("tool-call-parser", &tool, "deepseekv41"),
@@ -505,6 +506,7 @@ static int up(int argc, char **argv, const bt_conf_t *conf)
             if (kind == 1) add_int(&a, "--max-running-requests", max_running);
             if (threads) add_int(&a, "--threads", threads);
             add_opt(&a, "--device", device);
+            add_opt(&a, "--dtype", dtype);
             if (gpu >= 0) add_int(&a, "--base-gpu-id", gpu);
             add_opt(&a, "--watchdog-timeout", wd);
             add_opt(&a, "--ucx-tls", ucx_tls);

@@ -24,14 +24,13 @@ bt_status_t bt_service_engine_open(const char *model_path, const char *served_na
                                    char *err, size_t errlen)
 {
     return bt_service_engine_open_tp(model_path, served_name, context_length, max_batch_seqs,
-                                     max_batch_tokens, threads, NULL, BT_DEVICE_CPU, 0, eng, err,
-                                     errlen);
+                                     max_batch_tokens, threads, NULL, NULL, eng, err, errlen);
 }
 
 bt_status_t bt_service_engine_open_tp(const char *model_path, const char *served_name,
                                       int64_t context_length, int max_batch_seqs,
                                       int max_batch_tokens, int threads, struct bt_comm *comm,
-                                      int device, int gpu, bt_service_engine_t *eng, char *err, size_t errlen)
+                                      const bt_service_device_t *dev, bt_service_engine_t *eng, char *err, size_t errlen)
 {
     memset(eng, 0, sizeof *eng);
     bt_status_t st;
@@ -66,8 +65,11 @@ bt_status_t bt_service_engine_open_tp(const char *model_path, const char *served
     opt.max_batch_seqs = max_batch_seqs;
     opt.max_batch_tokens = max_batch_tokens;
     opt.comm = comm;
-    opt.device = device;
-    opt.gpu = gpu;
+    if (dev) {
+        opt.device = dev->device;
+        opt.gpu = dev->gpu;
+        opt.cuda_f32_weights = dev->f32_weights;
+    }
     st = bt_model_load(eng->model_dir, &opt, &eng->model, err, errlen);
     free(map);
     if (st != BT_OK) return st;

@@ -30,13 +30,19 @@ typedef struct {
 /* model_path NULL = the demo model (written on first use). max_batch_seqs bounds one
  * forward's sequences, max_batch_tokens its tokens. */
 struct bt_comm;
+/* Where the model runs (services/engine/model.h): device BT_DEVICE_CPU or BT_DEVICE_CUDA on
+ * GPU gpu, with every weight dequantized to f32 when f32_weights (--dtype float32). */
+typedef struct {
+    int device, gpu;
+    bool f32_weights;
+} bt_service_device_t;
+
 /* The same as one rank of a tensor-parallel group: the model keeps its shard (comm may be
- * NULL for TP 1) and the compatibility hash carries the TP size. device: BT_DEVICE_CPU or
- * BT_DEVICE_CUDA on GPU gpu (services/engine/model.h). */
+ * NULL for TP 1) and the compatibility hash carries the TP size. dev NULL: the CPU. */
 bt_status_t bt_service_engine_open_tp(const char *model_path, const char *served_name,
                                       int64_t context_length, int max_batch_seqs,
                                       int max_batch_tokens, int threads, struct bt_comm *comm,
-                                      int device, int gpu, bt_service_engine_t *eng, char *err, size_t errlen);
+                                      const bt_service_device_t *dev, bt_service_engine_t *eng, char *err, size_t errlen);
 bt_status_t bt_service_engine_open(const char *model_path, const char *served_name,
                                    int64_t context_length, int max_batch_seqs,
                                    int max_batch_tokens, int threads, bt_service_engine_t *eng,

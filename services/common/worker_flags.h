@@ -9,6 +9,7 @@
 #define BT_SERVICES_WORKER_FLAGS_H
 
 #include "common/flags.h"
+#include "services/common/service.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -16,7 +17,7 @@
 
 typedef struct {
     const char *model_path, *served, *host, *router, *ucx_tls, *transfer, *log_level, *net_devices;
-    const char *dist_addr, *device;
+    const char *dist_addr, *device, *dtype;
     int64_t port, context, threads, tp, node_rank, nnodes, seed, metrics_port, gpu;
     double watchdog_s;
 } bt_worker_flags_t;
@@ -35,6 +36,7 @@ bt_worker_flags_t bt_worker_flags_default(void);
     BT_FLAG_INT("threads", &(w)->threads, "CPU threads for the model (default: one per core)"),     \
     BT_FLAG_STR("device", &(w)->device, "where the model runs: cpu (default) or cuda"),             \
     BT_FLAG_INT("base-gpu-id", &(w)->gpu, "the GPU of --device cuda (default 0)"),                  \
+    BT_FLAG_STR("dtype", &(w)->dtype, "auto: weights as stored (default); float32: all f32 (cuda)"), \
     BT_FLAG_INT("tp", &(w)->tp, "tensor-parallel size: processes in this group (default 1)"),       \
     BT_FLAG_INT("node-rank", &(w)->node_rank, "this process's rank in the group (0 leads)"),        \
     BT_FLAG_INT("nnodes", &(w)->nnodes, "hosts the group spans (one process per rank either way)"), \
@@ -48,5 +50,8 @@ bt_worker_flags_t bt_worker_flags_default(void);
 
 /* Checks the shared flags; on failure writes a message naming the flag. */
 bool bt_worker_flags_check(const bt_worker_flags_t *w, bool simulate, char *err, size_t errlen);
+
+/* The model's device from --device, --base-gpu-id and --dtype (checked flags). */
+bt_service_device_t bt_worker_flags_device(const bt_worker_flags_t *w);
 
 #endif

@@ -850,12 +850,12 @@ int main(int argc, char **argv)
     d->watchdog_ms = (int64_t)(w.watchdog_s * 1000.0);
     d->sim = sim;
     if (w.tp > 1 && bt_tp_join("decode", (int)w.node_rank, (int)w.tp, w.dist_addr, (int)d->watchdog_ms, &d->comm) != BT_OK) return 1;
+    bt_service_device_t dev = bt_worker_flags_device(&w);
     if (sim.on)
         st = bt_service_engine_open_sim(w.model_path, w.served, w.context, &d->eng, err, sizeof err);
     else
         st = bt_service_engine_open_tp(w.model_path, w.served, w.context, (int)max_running, (int)max_running,
-                                       (int)w.threads, d->comm, bt_device_parse(w.device), (int)w.gpu,
-                                       &d->eng, err, sizeof err);
+                                       (int)w.threads, d->comm, &dev, &d->eng, err, sizeof err);
     if (st != BT_OK) {
         fprintf(stderr, "baton-decode: %s\n", err);
         return 1;

@@ -347,7 +347,7 @@ static bt_status_t load_cuda(const char *dir, const bt_model_options_t *opt, bt_
     if (m->opt.max_batch_tokens < 1) m->opt.max_batch_tokens = 1;
     if (m->opt.max_ctx < 1) m->opt.max_ctx = 1;
     if (m->opt.max_batch_seqs < 1) m->opt.max_batch_seqs = 1;
-    rc = bt_model_cuda_attach(m, err, errlen);
+    rc = bt_model_cuda_attach(m, dir, err, errlen);
     if (rc != BT_OK) {
         bt_model_destroy(m);
         return rc;

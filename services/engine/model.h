@@ -46,6 +46,9 @@ typedef struct {
      * forward), so transfers and services work on it unchanged. TP 1 only for now. */
     int device;
     int gpu;
+    /* CUDA: dequantize every weight to f32 (the exact mode, which tracks the CPU engine)
+     * instead of keeping FP8/FP4/BF16 weights as stored (the fast, small default). */
+    bool cuda_f32_weights;
 } bt_model_options_t;
 
 enum { BT_DEVICE_CPU = 0, BT_DEVICE_CUDA = 1 };

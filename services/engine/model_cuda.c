@@ -9,14 +9,22 @@
  * carries another tag and is uploaded afresh. All counters (positions, compressed entries,
  * open groups) are read and advanced on the host, which plans every launch.
  *
- * Order of operations follows model.c, so results track the CPU engine to float32 rounding:
- * fp32 GEMMs (cuBLASLt, no TF32), routed experts summed per token in expert order, then the
- * shared expert. Not yet: bf16/FP8/FP4 weights kept in their checkpoint formats, CUDA graphs
- * (the MoE routing reads the expert choice back to the host), TP across GPUs, debug taps. */
+ * Weights. Projections stored as FP8 e4m3 with 32x32 UE8M0 blocks stay FP8 on the GPU and
+ * routed experts stored as packed FP4 stay FP4 (bt_cuda_gemm_fp8 / bt_cuda_gemm_fp4_grouped,
+ * activations rounded to bf16 on the way in, fp32 accumulation and output); BF16 projections
+ * stay BF16 (cuBLASLt). Everything else, and every weight when opt.cuda_f32_weights is set, is
+ * dequantized to f32 at load and multiplied in fp32 (cuBLASLt, no TF32): that mode tracks
+ * the CPU engine to float32 rounding. Norms, the mHC streams, attention, the router and the
+ * indexer run in f32 either way, in model.c's order of operations (routed experts summed per
+ * token in expert order, then the shared expert).
+ *
+ * Not yet: CUDA graphs (the MoE routing reads the expert choice back to the host), TP across
+ * GPUs, debug taps. */
 #include "common/alloc.h"
 #include "common/log.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "services/engine/model_impl.h"
+#include "services/engine/safetensors.h"
 
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -26,18 +34,30 @@
 #include <time.h>
 #include <unistd.h>
 
+/* A weight matrix [N, K] on the device in the format it is multiplied in. */
+typedef enum { MAT_NONE = 0, MAT_F32, MAT_BF16, MAT_FP8 } mat_kind_t;
+typedef struct {
+    mat_kind_t kind;
+    int N, K;
+    void *w;        /* f32, bf16 or e4m3 bytes */
+    uint8_t *scale; /* FP8: UE8M0 [ceil(N/32), ceil(K/32)] */
+} dev_mat_t;
+
 typedef struct {
     float *attn_norm, *ffn_norm;
     float *hc_attn_fn, *hc_attn_base, *hc_attn_scale;
     float *hc_ffn_fn, *hc_ffn_base, *hc_ffn_scale;
-    float *wq_a, *q_norm, *wq_b, *wkv, *kv_norm, *wo_a, *wo_b, *attn_sink;
-    float *c_wkv, *c_wgate, *c_norm;
-    float *i_wq_b, *i_weights_proj, *i_wk, *i_k_norm;
+    float *q_norm, *kv_norm, *attn_sink, *c_norm, *i_k_norm;
     float *gate_w, *gate_bias;
-    float *w13;  /* [E][2I][D]: w1 rows then w3 rows, so one GEMM gives gate and up */
-    float *w2;   /* [E][D][I] */
-    float *sw13, *sw2;
-    float *e_embed, *e_wkv, *e_qk;
+    float *e_qk;
+    /* the routed experts: f32 [E][2I][D] (w1 rows then w3 rows, one GEMM gives gate and up)
+     * and [E][D][I]; or packed FP4 the same way with per-32 scales */
+    float *w13, *w2;
+    uint8_t *w13_q, *w13_s, *w2_q, *w2_s;
+    float *e_embed;              /* f32 engram table, or: */
+    uint8_t *e_embed_q, *e_embed_s; /* FP8 rows with per-row-block scales [rows, ehd/32] */
+    dev_mat_t wq_a, wq_b, wkv, wo_a, wo_b, c_wkv, c_wgate, i_wq_b, i_weights_proj, i_wk;
+    dev_mat_t sw1, sw2, sw3, e_wkv;
 } dev_layer_t;
 
 typedef struct {
@@ -51,6 +71,9 @@ struct bt_model_cuda {
     cudaStream_t stream;
     bt_cuda_blas_t *blas;
     size_t weight_bytes, scratch_bytes;
+    bool f32_weights;        /* every weight dequantized to f32 (the exact reference mode) */
+    int n_fp8, n_bf16, n_fp4_layers;
+    const bt_safetensors_t *st; /* the checkpoint, while loading */
     float *embed, *head, *norm, *inv_main, *inv_comp;
     dev_layer_t layer[BT_MAX_LAYERS];
     int rmax;  /* the largest compress ratio */
@@ -58,7 +81,9 @@ struct bt_model_cuda {
     float *x, *pre_mix, *attn_pre, *post, *comb, *xin, *out, *q_res, *q, *kv, *ckv, *cgate;
     float *attn, *oa, *qi, *iw, *win_stage, *cstage_kv, *cstage_gate, *latent, *ikey;
     float *scores, *bmax, *gate_logits, *moe_wts, *xg, *gu, *hbuf, *yg, *sh_gu, *sh_h, *sh;
-    float *e_cat, *e_kv, *hidden, *hsel, *dlogits;
+    float *e_cat, *e_kv, *hidden, *hsel, *dlogits, *ytmp;
+    uint16_t *xb, *hb;       /* bf16 activations on their way into FP8/FP4/BF16 GEMMs */
+    size_t xb_cap, ytmp_cap; /* elements */
     int32_t *topk, *topk_n, *cand, *cand_n, *sel_n, *moe_idx;
     size_t score_cap;  /* floats in scores */
     int nblk_cap;      /* candidate blocks a row of bmax holds */
@@ -144,6 +169,109 @@ static float *scratch(up_t *u, size_t n)
     return dev_alloc(u, n * sizeof(float), &u->c->scratch_bytes);
 }
 
+/* Copies bytes to a new device buffer (the weight counter). */
+static void *upload_bytes(up_t *u, const void *host, size_t bytes)
+{
+    void *d = dev_alloc(u, bytes, &u->c->weight_bytes);
+    if (d && cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
+        cudaGetLastError();
+        snprintf(u->err, u->errlen, "GPU %d: weight upload failed", u->c->gpu);
+        u->rc = BT_ERR_DEVICE;
+    }
+    return d;
+}
+
+static const bt_tensor_view_t *scale_of(up_t *u, const char *name)
+{
+    char sname[300];
+    size_t n = strlen(name);
+    if (n < 7 || strcmp(name + n - 7, ".weight") || n + 1 > sizeof sname) return NULL;
+    snprintf(sname, sizeof sname, "%.*s.scale", (int)(n - 7), name);
+    const bt_tensor_view_t *s = bt_safetensors_find(u->c->st, sname);
+    return s && s->dtype == BT_DTYPE_F8_E8M0 && s->ndim == 2 ? s : NULL;
+}
+
+/* A projection [N, K]: FP8 with 32x32 blocks or BF16 as stored (unless every weight goes to
+ * f32), else the f32 copy the CPU loader made. The host copy is freed either way. */
+static void load_mat(up_t *u, dev_mat_t *d, float *host, int64_t N, int64_t K, const char *fmt, int l)
+{
+    if (!host || u->rc != BT_OK) return;
+    char name[256];
+    snprintf(name, sizeof name, fmt, l);
+    const bt_tensor_view_t *t = u->c->f32_weights ? NULL : bt_safetensors_find(u->c->st, name);
+    d->N = (int)N;
+    d->K = (int)K;
+    if (t && t->dtype == BT_DTYPE_F8_E4M3 && t->ndim == 2 && t->shape[0] == N && t->shape[1] == K) {
+        const bt_tensor_view_t *s = scale_of(u, name);
+        if (s && s->shape[0] == (N + 31) / 32 && s->shape[1] == (K + 31) / 32) {
+            d->kind = MAT_FP8;
+            d->w = upload_bytes(u, t->data, t->nbytes);
+            d->scale = upload_bytes(u, s->data, s->nbytes);
+            u->c->n_fp8++;
+            bt_model__free_tracked(u->m, host);
+            return;
+        }
+    }
+    if (t && t->dtype == BT_DTYPE_BF16 && t->ndim == 2 && t->shape[0] == N && t->shape[1] == K) {
+        d->kind = MAT_BF16;
+        d->w = upload_bytes(u, t->data, t->nbytes);
+        u->c->n_bf16++;
+        bt_model__free_tracked(u->m, host);
+        return;
+    }
+    d->kind = MAT_F32;
+    d->w = upload(u, host, (size_t)N * (size_t)K);
+}
+
+/* Every routed expert of layer l packed FP4 (w1, w3 [I, D/2], w2 [D, I/2] with per-32 scales)
+ * in the checkpoint: uploads them as [E][2I][D/2] and [E][D][I/2]. */
+static bool load_fp4_experts(up_t *u, int l)
+{
+    const bt_model_config_t *c = &u->m->cfg;
+    dev_layer_t *d = &u->c->layer[l];
+    int E = c->n_experts, I = c->moe_inter, D = c->hidden;
+    if (u->c->f32_weights || D % 32 || I % 32) return false;
+    const char *part[3] = {"w1", "w3", "w2"};
+    const bt_tensor_view_t *t[3], *sc[3];
+    size_t row13 = (size_t)D / 2, s13 = (size_t)D / 32, row2 = (size_t)I / 2, s2 = (size_t)I / 32;
+    uint8_t *q13 = NULL, *sc13 = NULL, *q2 = NULL, *sc2 = NULL;
+    bool ok = true;
+    for (int e = 0; e < E && ok; e++) {
+        for (int k = 0; k < 3 && ok; k++) {
+            char name[256];
+            snprintf(name, sizeof name, "layers.%d.ffn.experts.%d.%s.weight", l, e, part[k]);
+            t[k] = bt_safetensors_find(u->c->st, name);
+            sc[k] = t[k] ? scale_of(u, name) : NULL;
+            int64_t rows = k < 2 ? I : D, half = (k < 2 ? D : I) / 2, blocks = (k < 2 ? D : I) / 32;
+            ok = t[k] && sc[k] && t[k]->dtype == BT_DTYPE_I8 && t[k]->ndim == 2 && t[k]->shape[0] == rows &&
+                 t[k]->shape[1] == half && sc[k]->shape[0] == rows && sc[k]->shape[1] == blocks;
+        }
+        if (!ok) break;
+        if (!q13) {
+            q13 = bt_malloc_or_die((size_t)E * 2 * I * row13);
+            sc13 = bt_malloc_or_die((size_t)E * 2 * I * s13);
+            q2 = bt_malloc_or_die((size_t)E * D * row2);
+            sc2 = bt_malloc_or_die((size_t)E * D * s2);
+        }
+        size_t at = (size_t)e * 2 * I;
+        memcpy(q13 + at * row13, t[0]->data, (size_t)I * row13);
+        memcpy(q13 + (at + I) * row13, t[1]->data, (size_t)I * row13);
+        memcpy(sc13 + at * s13, sc[0]->data, (size_t)I * s13);
+        memcpy(sc13 + (at + I) * s13, sc[1]->data, (size_t)I * s13);
+        memcpy(q2 + (size_t)e * D * row2, t[2]->data, (size_t)D * row2);
+        memcpy(sc2 + (size_t)e * D * s2, sc[2]->data, (size_t)D * s2);
+    }
+    if (ok) {
+        d->w13_q = upload_bytes(u, q13, (size_t)E * 2 * I * row13);
+        d->w13_s = upload_bytes(u, sc13, (size_t)E * 2 * I * s13);
+        d->w2_q = upload_bytes(u, q2, (size_t)E * D * row2);
+        d->w2_s = upload_bytes(u, sc2, (size_t)E * D * s2);
+        u->c->n_fp4_layers++;
+    }
+    free(q13), free(sc13), free(q2), free(sc2);
+    return ok;
+}
+
 static void upload_layer(up_t *u, int l)
 {
     bt_model_t *m = u->m;
@@ -163,58 +291,61 @@ static void upload_layer(up_t *u, int l)
     d->hc_ffn_fn = upload(u, w->hc_ffn_fn, mix * hc * D);
     d->hc_ffn_base = upload(u, w->hc_ffn_base, mix);
     d->hc_ffn_scale = upload(u, w->hc_ffn_scale, 3);
-    d->wq_a = upload(u, w->wq_a, qlr * D);
     d->q_norm = upload(u, w->q_norm, qlr);
-    d->wq_b = upload(u, w->wq_b, H * hd * qlr);
-    d->wkv = upload(u, w->wkv, hd * D);
     d->kv_norm = upload(u, w->kv_norm, hd);
-    d->wo_a = upload(u, w->wo_a, G * R * (H * hd / G));
-    d->wo_b = upload(u, w->wo_b, D * G * R);
     d->attn_sink = upload(u, w->attn_sink, H);
-    d->c_wkv = upload(u, w->c_wkv, hd * D);
-    d->c_wgate = upload(u, w->c_wgate, hd * D);
     d->c_norm = upload(u, w->c_norm, hd);
-    d->i_wq_b = upload(u, w->i_wq_b, ih * ihd * qlr);
-    d->i_weights_proj = upload(u, w->i_weights_proj, ih * D);
-    d->i_wk = upload(u, w->i_wk, ihd * hd);
     d->i_k_norm = upload(u, w->i_k_norm, ihd);
     d->gate_w = upload(u, w->gate_w, E * D);
     d->gate_bias = upload(u, w->gate_bias, E);
+    load_mat(u, &d->wq_a, w->wq_a, (int64_t)qlr, (int64_t)D, "layers.%d.attn.wq_a.weight", l);
+    load_mat(u, &d->wq_b, w->wq_b, (int64_t)(H * hd), (int64_t)qlr, "layers.%d.attn.wq_b.weight", l);
+    load_mat(u, &d->wkv, w->wkv, (int64_t)hd, (int64_t)D, "layers.%d.attn.wkv.weight", l);
+    load_mat(u, &d->wo_a, w->wo_a, (int64_t)(G * R), (int64_t)(H * hd / G), "layers.%d.attn.wo_a.weight", l);
+    load_mat(u, &d->wo_b, w->wo_b, (int64_t)D, (int64_t)(G * R), "layers.%d.attn.wo_b.weight", l);
+    load_mat(u, &d->c_wkv, w->c_wkv, (int64_t)hd, (int64_t)D, "layers.%d.attn.compressor.wkv.weight", l);
+    load_mat(u, &d->c_wgate, w->c_wgate, (int64_t)hd, (int64_t)D, "layers.%d.attn.compressor.wgate.weight", l);
+    load_mat(u, &d->i_wq_b, w->i_wq_b, (int64_t)(ih * ihd), (int64_t)qlr, "layers.%d.attn.indexer.wq_b.weight", l);
+    load_mat(u, &d->i_weights_proj, w->i_weights_proj, (int64_t)ih, (int64_t)D,
+             "layers.%d.attn.indexer.weights_proj.weight", l);
+    load_mat(u, &d->i_wk, w->i_wk, (int64_t)ihd, (int64_t)hd, "layers.%d.attn.indexer.wk.weight", l);
+    load_mat(u, &d->sw1, w->sw1, (int64_t)I, (int64_t)D, "layers.%d.ffn.shared_experts.w1.weight", l);
+    load_mat(u, &d->sw2, w->sw2, (int64_t)D, (int64_t)I, "layers.%d.ffn.shared_experts.w2.weight", l);
+    load_mat(u, &d->sw3, w->sw3, (int64_t)I, (int64_t)D, "layers.%d.ffn.shared_experts.w3.weight", l);
     if (u->rc != BT_OK) return;
-    /* gate and up side by side per expert: [E][2I][D] */
-    float *cat = bt_malloc_or_die(E * 2 * I * D * sizeof(float));
-    for (size_t e = 0; e < E; e++) {
-        memcpy(cat + e * 2 * I * D, w->w1 + e * I * D, I * D * sizeof(float));
-        memcpy(cat + e * 2 * I * D + I * D, w->w3 + e * I * D, I * D * sizeof(float));
+    if (!load_fp4_experts(u, l)) {
+        /* gate and up side by side per expert: [E][2I][D] */
+        float *cat = bt_malloc_or_die(E * 2 * I * D * sizeof(float));
+        for (size_t e = 0; e < E; e++) {
+            memcpy(cat + e * 2 * I * D, w->w1 + e * I * D, I * D * sizeof(float));
+            memcpy(cat + e * 2 * I * D + I * D, w->w3 + e * I * D, I * D * sizeof(float));
+        }
+        d->w13 = upload_bytes(u, cat, E * 2 * I * D * sizeof(float));
+        free(cat);
+        d->w2 = upload(u, w->w2, E * D * I);
+    } else {
+        bt_model__free_tracked(m, w->w2);
     }
     bt_model__free_tracked(m, w->w1);
     bt_model__free_tracked(m, w->w3);
-    w->w1 = w->w3 = NULL;
-    d->w13 = dev_alloc(u, E * 2 * I * D * sizeof(float), &u->c->weight_bytes);
-    if (d->w13 && cudaMemcpy(d->w13, cat, E * 2 * I * D * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess)
-        u->rc = BT_ERR_DEVICE;
-    free(cat);
-    d->w2 = upload(u, w->w2, E * D * I);
-    if (w->sw1) {
-        float *sc = bt_malloc_or_die(2 * I * D * sizeof(float));
-        memcpy(sc, w->sw1, I * D * sizeof(float));
-        memcpy(sc + I * D, w->sw3, I * D * sizeof(float));
-        bt_model__free_tracked(m, w->sw1);
-        bt_model__free_tracked(m, w->sw3);
-        d->sw13 = dev_alloc(u, 2 * I * D * sizeof(float), &u->c->weight_bytes);
-        if (d->sw13 && cudaMemcpy(d->sw13, sc, 2 * I * D * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess)
-            u->rc = BT_ERR_DEVICE;
-        free(sc);
-        d->sw2 = upload(u, w->sw2, D * I);
-    }
     int ei = c->layer[l].engram_index;
     if (ei >= 0) {
-        size_t cols = (size_t)m->engram_cols, ehd = (size_t)c->engram_head_dim;
-        d->e_embed = upload(u, w->e_embed, (size_t)c->engram_rows[ei] * ehd);
-        d->e_wkv = upload(u, w->e_wkv, (hc + 1) * D * cols * ehd);
+        size_t cols = (size_t)m->engram_cols, ehd = (size_t)c->engram_head_dim, rows = (size_t)c->engram_rows[ei];
+        char name[256];
+        snprintf(name, sizeof name, "layers.%d.engram.embed.weight", l);
+        const bt_tensor_view_t *t = u->c->f32_weights ? NULL : bt_safetensors_find(u->c->st, name);
+        const bt_tensor_view_t *sc = t ? scale_of(u, name) : NULL;
+        if (t && sc && t->dtype == BT_DTYPE_F8_E4M3 && ehd % 32 == 0 && t->nbytes == rows * ehd &&
+            sc->shape[0] == (int64_t)rows && sc->shape[1] == (int64_t)(ehd / 32)) {
+            d->e_embed_q = upload_bytes(u, t->data, t->nbytes);
+            d->e_embed_s = upload_bytes(u, sc->data, sc->nbytes);
+            bt_model__free_tracked(m, w->e_embed);
+        } else {
+            d->e_embed = upload(u, w->e_embed, rows * ehd);
+        }
+        load_mat(u, &d->e_wkv, w->e_wkv, (int64_t)((hc + 1) * D), (int64_t)(cols * ehd), "layers.%d.engram.wkv.weight", l);
         d->e_qk = upload(u, w->e_qk, hc * D);
     }
-    w->w2 = w->sw1 = w->sw2 = w->sw3 = NULL;
     memset(w, 0, sizeof *w); /* the host copies are gone */
 }
 
@@ -283,6 +414,16 @@ static void alloc_scratch(up_t *u)
         cu->e_kv = scratch(u, N * (hc + 1) * D);
     }
     cu->hidden = scratch(u, N * D);
+    {
+        size_t kmax = D;
+        size_t ks[] = {qlr, H * hd, H * hd / G, G * R, I, hd, (size_t)(m->engram_cols ? m->engram_cols : 1) * (size_t)c->engram_head_dim};
+        for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++) kmax = ks[i] > kmax ? ks[i] : kmax;
+        cu->xb_cap = N * kmax;
+        cu->xb = (uint16_t *)dev_alloc(u, cu->xb_cap * 2, &cu->scratch_bytes);
+        cu->hb = (uint16_t *)dev_alloc(u, N * K * I * 2, &cu->scratch_bytes);
+        cu->ytmp_cap = N * (R > I ? R : I);
+        cu->ytmp = scratch(u, cu->ytmp_cap);
+    }
     cu->logit_rows = N < 256 ? (int)N : 256;
     cu->hsel = scratch(u, (size_t)cu->logit_rows * D);
     cu->dlogits = scratch(u, (size_t)cu->logit_rows * (size_t)c->vocab);
@@ -329,7 +470,7 @@ static uint64_t random_tag(void)
     return t & ~(uint64_t)0xffffffffull; /* the low half counts forwards */
 }
 
-bt_status_t bt_model_cuda_attach(bt_model_t *m, char *err, size_t errlen)
+bt_status_t bt_model_cuda_attach(bt_model_t *m, const char *dir, char *err, size_t errlen)
 {
     const bt_model_config_t *c = &m->cfg;
     if (c->hc_mult != 1 && c->hc_mult != 2 && c->hc_mult != 4) {
@@ -367,6 +508,11 @@ bt_status_t bt_model_cuda_attach(bt_model_t *m, char *err, size_t errlen)
     for (int l = 0; l < c->n_layers; l++)
         if (c->layer[l].compress_ratio > cu->rmax) cu->rmax = c->layer[l].compress_ratio;
     cu->tag_base = random_tag();
+    cu->f32_weights = m->opt.cuda_f32_weights;
+    bt_safetensors_t *st = NULL;
+    rc = bt_safetensors_open_dir(dir, &st, err, errlen);
+    if (rc != BT_OK) return rc;
+    cu->st = st;
 
     up_t u = {cu, m, err, errlen, BT_OK};
     size_t D = (size_t)c->hidden;
@@ -380,6 +526,8 @@ bt_status_t bt_model_cuda_attach(bt_model_t *m, char *err, size_t errlen)
         if (show) fprintf(stderr, "\rweights to GPU %d: layer %d/%d", cu->gpu, l + 1, c->n_layers);
     }
     if (show) fprintf(stderr, "\n");
+    bt_safetensors_close(st);
+    cu->st = NULL;
     if (m->half_main) cu->inv_main = upload(&u, m->inv_freq_main, (size_t)m->half_main);
     if (m->half_comp) cu->inv_comp = upload(&u, m->inv_freq_comp, (size_t)m->half_comp);
     m->inv_freq_main = m->inv_freq_comp = NULL;
@@ -387,9 +535,10 @@ bt_status_t bt_model_cuda_attach(bt_model_t *m, char *err, size_t errlen)
     if (u.rc != BT_OK) return u.rc;
     struct cudaDeviceProp prop;
     cudaGetDeviceProperties(&prop, cu->gpu);
-    BT_LOG_INFO("model on GPU %d (%s): weights %.1f MiB (f32), scratch %.1f MiB for %d tokens "
+    BT_LOG_INFO("model on GPU %d (%s): weights %.1f MiB (%d FP8 and %d BF16 projections, FP4 experts in %d "
+                "layers, the rest f32), scratch %.1f MiB for %d tokens "
                 "in <= %d sequences of <= %lld positions",
-                cu->gpu, prop.name, (double)cu->weight_bytes / (1 << 20),
+                cu->gpu, prop.name, (double)cu->weight_bytes / (1 << 20), cu->n_fp8, cu->n_bf16, cu->n_fp4_layers,
                 (double)cu->scratch_bytes / (1 << 20), m->opt.max_batch_tokens,
                 m->opt.max_batch_seqs, (long long)m->opt.max_ctx);
     return BT_OK;
@@ -397,8 +546,17 @@ bt_status_t bt_model_cuda_attach(bt_model_t *m, char *err, size_t errlen)
 
 static void dev_free_layer(dev_layer_t *d)
 {
-    float **p = (float **)d;
-    for (size_t i = 0; i < sizeof *d / sizeof(float *); i++) cudaFree(p[i]);
+    void *p[] = {d->attn_norm, d->ffn_norm, d->hc_attn_fn, d->hc_attn_base, d->hc_attn_scale, d->hc_ffn_fn,
+                 d->hc_ffn_base, d->hc_ffn_scale, d->q_norm, d->kv_norm, d->attn_sink, d->c_norm, d->i_k_norm,
+                 d->gate_w, d->gate_bias, d->e_qk, d->w13, d->w2, d->w13_q, d->w13_s, d->w2_q, d->w2_s,
+                 d->e_embed, d->e_embed_q, d->e_embed_s};
+    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) cudaFree(p[i]);
+    dev_mat_t *m[] = {&d->wq_a, &d->wq_b, &d->wkv, &d->wo_a, &d->wo_b, &d->c_wkv, &d->c_wgate, &d->i_wq_b,
+                      &d->i_weights_proj, &d->i_wk, &d->sw1, &d->sw2, &d->sw3, &d->e_wkv};
+    for (size_t i = 0; i < sizeof m / sizeof m[0]; i++) {
+        cudaFree(m[i]->w);
+        cudaFree(m[i]->scale);
+    }
 }
 
 void bt_model_cuda_destroy(struct bt_model_cuda *cu)
@@ -413,7 +571,7 @@ void bt_model_cuda_destroy(struct bt_model_cuda *cu)
                      cu->win_stage, cu->cstage_kv, cu->cstage_gate, cu->latent, cu->ikey,
                      cu->scores, cu->bmax, cu->gate_logits, cu->moe_wts, cu->xg, cu->gu, cu->hbuf,
                      cu->yg, cu->sh_gu, cu->sh_h, cu->sh, cu->e_cat, cu->e_kv, cu->hidden,
-                     cu->hsel, cu->dlogits, (float *)cu->topk, (float *)cu->topk_n,
+                     cu->hsel, cu->dlogits, cu->ytmp, (float *)cu->xb, (float *)cu->hb, (float *)cu->topk, (float *)cu->topk_n,
                      (float *)cu->cand, (float *)cu->cand_n, (float *)cu->sel_n,
                      (float *)cu->moe_idx, (float *)cu->meta_d, (float *)cu->mirror_mem};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cudaFree(bufs[i]);
@@ -489,6 +647,32 @@ static bt_status_t d2d(fwd_t *f, void *dst, const void *src, size_t bytes)
     return BT_OK;
 }
 
+/* y[M, N] (rows ldy apart) = x[M, K] (rows ldx apart, f32) . w^T in w's format: f32 on the
+ * CUDA cores' FMAs; FP8 and BF16 with x rounded to bf16, fp32 accumulation. */
+static bt_status_t mm(fwd_t *f, float *y, int ldy, const float *x, int ldx, const dev_mat_t *w, int M)
+{
+    struct bt_model_cuda *cu = f->cu;
+    char *err = f->err;
+    size_t errlen = f->errlen;
+    cudaStream_t st = cu->stream;
+    int N = w->N, K = w->K;
+    if (w->kind == MAT_F32) return bt_cuda_gemm_f32(cu->blas, y, ldy, x, ldx, (const float *)w->w, M, N, K, st);
+    if ((size_t)M * K > cu->xb_cap || (ldy != N && (size_t)M * N > cu->ytmp_cap)) {
+        snprintf(err, errlen, "cuda forward: a %dx%dx%d product exceeds the scratch", M, N, K);
+        return BT_ERR_INTERNAL;
+    }
+    CK(bt_cuda_to_bf16(cu->xb, x, M, K, ldx, st));
+    float *out = ldy == N ? y : cu->ytmp;
+    if (w->kind == MAT_FP8)
+        CK(bt_cuda_gemm_fp8(out, BT_CUDA_F32, cu->xb, (const uint8_t *)w->w, w->scale, M, N, K, st));
+    else
+        CK(bt_cuda_gemm_bf16(cu->blas, out, BT_CUDA_F32, cu->xb, (const uint16_t *)w->w, M, N, K, st));
+    if (out != y)
+        CK_CUDA(cudaMemcpy2DAsync(y, (size_t)ldy * sizeof(float), out, (size_t)N * sizeof(float),
+                                  (size_t)N * sizeof(float), (size_t)M, cudaMemcpyDeviceToDevice, st));
+    return BT_OK;
+}
+
 /* The compressor of a kv-source layer: each sequence's open group and new rows staged
  * contiguously, complete groups pooled into latents, the rest kept open in the slot. */
 static bt_status_t compress(fwd_t *f, int l)
@@ -539,7 +723,7 @@ static bt_status_t compress(fwd_t *f, int l)
     CK(bt_cuda_rmsnorm(cu->latent, BT_CUDA_F32, cu->latent, BT_CUDA_F32, w->c_norm, n_lat, hd, eps, st));
     bool keys = c->layer[l].is_index_source;
     if (keys) {
-        CK(bt_cuda_gemm_f32(cu->blas, cu->ikey, ihd, cu->latent, hd, w->i_wk, n_lat, ihd, hd, st));
+        CK(mm(f, cu->ikey, ihd, cu->latent, hd, &w->i_wk, n_lat));
         CK(bt_cuda_rmsnorm(cu->ikey, BT_CUDA_F32, cu->ikey, BT_CUDA_F32, w->i_k_norm, n_lat, ihd, eps, st));
         if (m->half_comp)
             CK(bt_cuda_rope(cu->ikey, BT_CUDA_F32, n_lat, 1, ihd, epos_d, cu->inv_comp, m->half_comp, 0, st));
@@ -625,7 +809,6 @@ static bt_status_t attention(fwd_t *f, int l)
     char *err = f->err;
     size_t errlen = f->errlen;
     cudaStream_t st = cu->stream;
-    bt_cuda_blas_t *b = cu->blas;
     int N = f->N, D = c->hidden, hd = c->head_dim, H = c->n_heads, qlr = c->q_lora_rank;
     int W = c->window, G = c->o_groups, R = c->o_lora_rank, gin = H * hd / G;
     float eps = (float)c->rms_eps;
@@ -633,10 +816,10 @@ static bt_status_t attention(fwd_t *f, int l)
     const float *inv = comp ? cu->inv_comp : cu->inv_main;
     int half = comp ? m->half_comp : m->half_main;
 
-    CK(bt_cuda_gemm_f32(b, cu->q_res, qlr, cu->xin, D, w->wq_a, N, qlr, D, st));
+    CK(mm(f, cu->q_res, qlr, cu->xin, D, &w->wq_a, N));
     CK(bt_cuda_rmsnorm(cu->q_res, BT_CUDA_F32, cu->q_res, BT_CUDA_F32, w->q_norm, N, qlr, eps, st));
-    CK(bt_cuda_gemm_f32(b, cu->q, H * hd, cu->q_res, qlr, w->wq_b, N, H * hd, qlr, st));
-    CK(bt_cuda_gemm_f32(b, cu->kv, hd, cu->xin, D, w->wkv, N, hd, D, st));
+    CK(mm(f, cu->q, H * hd, cu->q_res, qlr, &w->wq_b, N));
+    CK(mm(f, cu->kv, hd, cu->xin, D, &w->wkv, N));
     if (half) CK(bt_cuda_rope(cu->q, BT_CUDA_F32, N, H, hd, f->pos_d, inv, half, 0, st));
     CK(bt_cuda_rmsnorm(cu->kv, BT_CUDA_F32, cu->kv, BT_CUDA_F32, w->kv_norm, N, hd, eps, st));
     if (half) CK(bt_cuda_rope(cu->kv, BT_CUDA_F32, N, 1, hd, f->pos_d, inv, half, 0, st));
@@ -644,14 +827,14 @@ static bt_status_t attention(fwd_t *f, int l)
 
     if (comp) {
         if (L->is_kv_source) {
-            CK(bt_cuda_gemm_f32(b, cu->ckv, hd, cu->xin, D, w->c_wkv, N, hd, D, st));
-            if (w->c_wgate) CK(bt_cuda_gemm_f32(b, cu->cgate, hd, cu->xin, D, w->c_wgate, N, hd, D, st));
+            CK(mm(f, cu->ckv, hd, cu->xin, D, &w->c_wkv, N));
+            if (w->c_wgate.kind) CK(mm(f, cu->cgate, hd, cu->xin, D, &w->c_wgate, N));
             CK(compress(f, l));
         }
         if (L->is_index_source && L->index_key_owner >= 0) {
             int ih = c->index_heads, ihd = c->index_head_dim;
-            CK(bt_cuda_gemm_f32(b, cu->qi, ih * ihd, cu->q_res, qlr, w->i_wq_b, N, ih * ihd, qlr, st));
-            CK(bt_cuda_gemm_f32(b, cu->iw, ih, cu->xin, D, w->i_weights_proj, N, ih, D, st));
+            CK(mm(f, cu->qi, ih * ihd, cu->q_res, qlr, &w->i_wq_b, N));
+            CK(mm(f, cu->iw, ih, cu->xin, D, &w->i_weights_proj, N));
             if (m->half_comp)
                 CK(bt_cuda_rope(cu->qi, BT_CUDA_F32, N, ih, ihd, f->pos_d, cu->inv_comp, m->half_comp, 0, st));
             CK(bt_cuda_fake_quant(cu->qi, N * ih, ihd, 32, BT_CUDA_FQ_FP4_UE8M0, st));
@@ -685,10 +868,24 @@ static bt_status_t attention(fwd_t *f, int l)
                              c->index_topk, w->attn_sink, f->pos_d + first, inv, half, BT_CUDA_F32, n, H,
                              hd, st));
     }
-    for (int g = 0; g < G; g++)
-        CK(bt_cuda_gemm_f32(b, cu->oa + (size_t)g * R, G * R, cu->attn + (size_t)g * gin, H * hd,
-                            w->wo_a + (size_t)g * R * gin, N, R, gin, st));
-    CK(bt_cuda_gemm_f32(b, cu->out, D, cu->oa, G * R, w->wo_b, N, D, G * R, st));
+    for (int g = 0; g < G; g++) {
+        /* group g's rows of wo_a: a [R, gin] matrix of its own (FP8 blocks stay whole when R
+         * is a multiple of 32) */
+        dev_mat_t wg = w->wo_a;
+        wg.N = R;
+        if (wg.kind == MAT_FP8) {
+            if (R % 32) {
+                snprintf(err, errlen, "cuda forward: FP8 wo_a needs o_lora_rank a multiple of 32 (%d)", R);
+                return BT_ERR_UNSUPPORTED;
+            }
+            wg.w = (uint8_t *)w->wo_a.w + (size_t)g * R * gin;
+            wg.scale = w->wo_a.scale + (size_t)g * (R / 32) * ((gin + 31) / 32);
+        } else {
+            wg.w = (uint8_t *)w->wo_a.w + (size_t)g * R * gin * (wg.kind == MAT_F32 ? 4 : 2);
+        }
+        CK(mm(f, cu->oa + (size_t)g * R, G * R, cu->attn + (size_t)g * gin, H * hd, &wg, N));
+    }
+    CK(mm(f, cu->out, D, cu->oa, G * R, &w->wo_b, N));
 
     /* the rings take the chunk's KV only now: earlier queries read older slots */
     for (int q = 0; q < f->n_seqs; q++) {
@@ -757,30 +954,53 @@ static bt_status_t moe(fwd_t *f, int l)
                 rows[t * K + cnt[t]++] = r;
             }
     int total = N * K;
-    CK(plan_send(cu, xrow, xrow_d, (size_t)total * sizeof(int64_t), err, errlen));
     CK(plan_send(cu, wt, wt_d, (size_t)total * sizeof(float), err, errlen));
     CK(plan_send(cu, rows, rows_d, (size_t)total * sizeof(int32_t), err, errlen));
     CK(plan_send(cu, cnt, cnt_d, (size_t)N * sizeof(int32_t), err, errlen));
-    CK(bt_cuda_gather_rows(cu->xg, cu->xin, xrow_d, total, D, st));
-    for (int e = 0; e < E; e++) {
-        int rc = off[e + 1] - off[e];
-        if (!rc) continue;
-        CK(bt_cuda_gemm_f32(b, cu->gu + (size_t)off[e] * 2 * I, 2 * I, cu->xg + (size_t)off[e] * D, D,
-                            w->w13 + (size_t)e * 2 * I * D, rc, 2 * I, D, st));
+    if (w->w13_q) {
+        /* packed FP4 experts, grouped: each expert's rows read their token's bf16 input */
+        int32_t *row32, *row32_d, *offs, *offs_d;
+        PLAN(f, int32_t, total, row32, row32_d);
+        PLAN(f, int32_t, E + 1, offs, offs_d);
+        for (int r = 0; r < total; r++) row32[r] = (int32_t)xrow[r];
+        int max_rows = 0;
+        for (int e = 0; e <= E; e++) {
+            offs[e] = off[e];
+            if (e < E && off[e + 1] - off[e] > max_rows) max_rows = off[e + 1] - off[e];
+        }
+        CK(plan_send(cu, row32, row32_d, (size_t)total * sizeof(int32_t), err, errlen));
+        CK(plan_send(cu, offs, offs_d, (size_t)(E + 1) * sizeof(int32_t), err, errlen));
+        CK(bt_cuda_to_bf16(cu->xb, cu->xin, N, D, D, st));
+        CK(bt_cuda_gemm_fp4_grouped(cu->gu, BT_CUDA_F32, cu->xb, row32_d, offs_d, E, max_rows, w->w13_q, w->w13_s,
+                                    2 * I, D, st));
+        CK(bt_cuda_swiglu(cu->hb, BT_CUDA_BF16, cu->gu, wt_d, total, I, limit, st));
+        CK(bt_cuda_gemm_fp4_grouped(cu->yg, BT_CUDA_F32, cu->hb, NULL, offs_d, E, max_rows, w->w2_q, w->w2_s, D, I,
+                                    st));
+    } else {
+        CK(plan_send(cu, xrow, xrow_d, (size_t)total * sizeof(int64_t), err, errlen));
+        CK(bt_cuda_gather_rows(cu->xg, cu->xin, xrow_d, total, D, st));
+        for (int e = 0; e < E; e++) {
+            int rc = off[e + 1] - off[e];
+            if (!rc) continue;
+            CK(bt_cuda_gemm_f32(b, cu->gu + (size_t)off[e] * 2 * I, 2 * I, cu->xg + (size_t)off[e] * D, D,
+                                w->w13 + (size_t)e * 2 * I * D, rc, 2 * I, D, st));
+        }
+        CK(bt_cuda_swiglu(cu->hbuf, BT_CUDA_F32, cu->gu, wt_d, total, I, limit, st));
+        for (int e = 0; e < E; e++) {
+            int rc = off[e + 1] - off[e];
+            if (!rc) continue;
+            CK(bt_cuda_gemm_f32(b, cu->yg + (size_t)off[e] * D, D, cu->hbuf + (size_t)off[e] * I, I,
+                                w->w2 + (size_t)e * D * I, rc, D, I, st));
+        }
     }
-    CK(bt_cuda_swiglu(cu->hbuf, BT_CUDA_F32, cu->gu, wt_d, total, I, limit, st));
-    for (int e = 0; e < E; e++) {
-        int rc = off[e + 1] - off[e];
-        if (!rc) continue;
-        CK(bt_cuda_gemm_f32(b, cu->yg + (size_t)off[e] * D, D, cu->hbuf + (size_t)off[e] * I, I,
-                            w->w2 + (size_t)e * D * I, rc, D, I, st));
-    }
-    if (w->sw13) {
-        CK(bt_cuda_gemm_f32(b, cu->sh_gu, 2 * I, cu->xin, D, w->sw13, N, 2 * I, D, st));
+    bool shared = w->sw1.kind != MAT_NONE;
+    if (shared) {
+        CK(mm(f, cu->sh_gu, 2 * I, cu->xin, D, &w->sw1, N));
+        CK(mm(f, cu->sh_gu + I, 2 * I, cu->xin, D, &w->sw3, N));
         CK(bt_cuda_swiglu(cu->sh_h, BT_CUDA_F32, cu->sh_gu, NULL, N, I, limit, st));
-        CK(bt_cuda_gemm_f32(b, cu->sh, D, cu->sh_h, I, w->sw2, N, D, I, st));
+        CK(mm(f, cu->sh, D, cu->sh_h, I, &w->sw2, N));
     }
-    CK(bt_cuda_moe_combine(cu->out, cu->yg, rows_d, cnt_d, K, w->sw13 ? cu->sh : NULL, N, D, st));
+    CK(bt_cuda_moe_combine(cu->out, cu->yg, rows_d, cnt_d, K, shared ? cu->sh : NULL, N, D, st));
     return BT_OK;
 }
 
@@ -916,9 +1136,13 @@ static bt_status_t forward(fwd_t *f, float *logits, bt_kv_header_t *before)
         int ei = c->layer[l].engram_index;
         if (ei >= 0) {
             int cols = m->engram_cols, ehd = c->engram_head_dim;
-            CK(bt_cuda_gather_rows(cu->e_cat, w->e_embed, f->eng_ids_d + (size_t)ei * N * cols, N * cols, ehd, st));
-            CK(bt_cuda_gemm_f32(cu->blas, cu->e_kv, (hc + 1) * D, cu->e_cat, cols * ehd, w->e_wkv, N,
-                                (hc + 1) * D, cols * ehd, st));
+            const int64_t *ids_e = f->eng_ids_d + (size_t)ei * N * cols;
+            if (w->e_embed_q)
+                CK(bt_cuda_engram_gather(cu->e_cat, BT_CUDA_F32, ids_e, N, cols, w->e_embed_q, w->e_embed_s,
+                                         c->engram_rows[ei], ehd, st));
+            else
+                CK(bt_cuda_gather_rows(cu->e_cat, w->e_embed, ids_e, N * cols, ehd, st));
+            CK(mm(f, cu->e_kv, (hc + 1) * D, cu->e_cat, cols * ehd, &w->e_wkv, N));
             CK(bt_cuda_engram_inject(cu->x, cu->e_kv, w->e_qk, N, hc, D, (float)c->rms_eps, st));
         }
         CK(site(f, w->hc_attn_fn, w->hc_attn_base, w->hc_attn_scale, cu->attn_pre, cu->pre_mix, w->attn_norm));

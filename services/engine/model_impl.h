@@ -114,7 +114,7 @@ void bt_model__free_tracked(bt_model_t *m, void *p);
 #ifdef BT_HAVE_CUDA_MODEL
 /* services/engine/model_cuda.c: takes over a CPU-loaded model (weights to the GPU, host
  * copies freed), runs its forwards, releases its state. */
-bt_status_t bt_model_cuda_attach(bt_model_t *m, char *err, size_t errlen);
+bt_status_t bt_model_cuda_attach(bt_model_t *m, const char *dir, char *err, size_t errlen);
 bt_status_t bt_model_cuda_forward(bt_model_t *m, const bt_kv_layout_t *lay,
                                   const bt_forward_seq_t *seqs, int n_seqs, const int *seq_first,
                                   int n_tokens, float *logits, char *err, size_t errlen);

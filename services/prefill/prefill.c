@@ -550,11 +550,12 @@ int main(int argc, char **argv)
     p->watchdog_ms = (int64_t)(w.watchdog_s * 1000.0);
     p->sim = sim;
     if (w.tp > 1 && bt_tp_join("prefill", (int)w.node_rank, (int)w.tp, w.dist_addr, (int)(w.watchdog_s * 1000.0), &p->comm) != BT_OK) return 1;
+    bt_service_device_t dev = bt_worker_flags_device(&w);
     if (sim.on)
         st = bt_service_engine_open_sim(w.model_path, w.served, w.context, &p->eng, err, sizeof err);
     else
         st = bt_service_engine_open_tp(w.model_path, w.served, w.context, 1, (int)chunk, (int)w.threads, p->comm,
-                                       bt_device_parse(w.device), (int)w.gpu, &p->eng, err, sizeof err);
+                                       &dev, &p->eng, err, sizeof err);
     if (st != BT_OK) {
         fprintf(stderr, "baton-prefill: %s\n", err);
         return 1;
