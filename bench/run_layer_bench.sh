@@ -92,8 +92,8 @@ if [ -n "$save" ]; then # the raw lines first: they outlive a failed merge
   cp "$out/ours.jsonl" "$out/torch.jsonl" "$save/"
   [ ! -s "$out/torch_compile.jsonl" ] || cp "$out/torch_compile.jsonl" "$save/"
 fi
-"$py" - "$out/ours.jsonl" "$out/torch.jsonl" "$out/torch_compile.jsonl" >"$out/table.md" <<'EOF' ||
-  echo "merging the tables failed" >&2
+# (the || must stay on this line: the here-document starts on the next one)
+"$py" - "$out/ours.jsonl" "$out/torch.jsonl" "$out/torch_compile.jsonl" >"$out/table.md" <<'EOF' || echo "merging the tables failed" >&2
 import json, sys
 
 def lines(path):
