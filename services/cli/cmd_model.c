@@ -72,12 +72,12 @@ static bt_model_t *open_model(const common_args_t *a, int64_t max_ctx, int max_b
         return NULL;
     }
     opt.gpu = (int)a->gpu;
-    if (a->dtype && strcmp(a->dtype, "auto") && strcmp(a->dtype, "float32")) {
-        fprintf(stderr, "baton %s: --dtype must be auto (weights as stored) or float32\n", cmd);
+    opt.cuda_weights = bt_weights_parse(a->dtype ? a->dtype : "auto");
+    if (opt.cuda_weights < 0) {
+        fprintf(stderr, "baton %s: --dtype must be auto (weights as stored), float32 or bfloat16\n", cmd);
         free(map);
         return NULL;
     }
-    opt.cuda_f32_weights = a->dtype && !strcmp(a->dtype, "float32");
     opt.engram_token_map = map;
     opt.engram_classes = classes;
     opt.n_threads = (int)a->threads;
@@ -146,7 +146,7 @@ int bt_cli_logits(int argc, char **argv)
         BT_FLAG_INT("threads", &a.threads, "CPU threads (default: one per core)"),
         BT_FLAG_STR("device", &a.device, "cpu (default) or cuda"),
         BT_FLAG_INT("base-gpu-id", &a.gpu, "the GPU of --device cuda (default 0)"),
-        BT_FLAG_STR("dtype", &a.dtype, "auto: weights as stored (default); float32: all f32 (cuda)"),
+        BT_FLAG_STR("dtype", &a.dtype, "cuda weights: auto (as stored), float32, bfloat16"),
         BT_FLAG_STR("output", &output, "file for float32 little-endian logits [T, vocab]"),
     };
     char err[256];
@@ -218,7 +218,7 @@ int bt_cli_generate(int argc, char **argv)
         BT_FLAG_INT("threads", &a.threads, "CPU threads (default: one per core)"),
         BT_FLAG_STR("device", &a.device, "cpu (default) or cuda"),
         BT_FLAG_INT("base-gpu-id", &a.gpu, "the GPU of --device cuda (default 0)"),
-        BT_FLAG_STR("dtype", &a.dtype, "auto: weights as stored (default); float32: all f32 (cuda)"),
+        BT_FLAG_STR("dtype", &a.dtype, "cuda weights: auto (as stored), float32, bfloat16"),
         BT_FLAG_INT("max-new-tokens", &max_new, "tokens to generate (default 16)"),
         BT_FLAG_FLOAT("temperature", &temperature, "0 = greedy (default 1.0)"),
         BT_FLAG_FLOAT("top-p", &top_p, "nucleus mass (default 1.0)"),

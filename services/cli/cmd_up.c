@@ -348,7 +348,7 @@ static int up(int argc, char **argv, const bt_conf_t *conf)
         BT_FLAG_INT("threads", &threads, "CPU threads per worker (default: one per core)"),
         BT_FLAG_STR("device", &device, "where the workers run the model: cpu (default) or cuda"),
         BT_FLAG_INT("base-gpu-id", &gpu, "the GPU every worker uses with --device cuda (default 0)"),
-        BT_FLAG_STR("dtype", &dtype, "auto: weights as stored (default); float32: all f32 (cuda)"),
+        BT_FLAG_STR("dtype", &dtype, "cuda weights: auto (as stored), float32, bfloat16"),
         BT_FLAG_STR("ucx-tls", &ucx_tls, "UCX transports for the KV handoff: tcp (default), sm"),
         BT_FLAG_STR("reasoning-parser", &reasoning, "deepseek-v41"),
         BT_FLAG_STR("tool-call-parser", &tool, "deepseekv41"),

@@ -68,7 +68,7 @@ bt_status_t bt_service_engine_open_tp(const char *model_path, const char *served
     if (dev) {
         opt.device = dev->device;
         opt.gpu = dev->gpu;
-        opt.cuda_f32_weights = dev->f32_weights;
+        opt.cuda_weights = dev->weights;
     }
     st = bt_model_load(eng->model_dir, &opt, &eng->model, err, errlen);
     free(map);

@@ -31,10 +31,9 @@ typedef struct {
  * forward's sequences, max_batch_tokens its tokens. */
 struct bt_comm;
 /* Where the model runs (services/engine/model.h): device BT_DEVICE_CPU or BT_DEVICE_CUDA on
- * GPU gpu, with every weight dequantized to f32 when f32_weights (--dtype float32). */
+ * GPU gpu, weights in BT_WEIGHTS_* format (--dtype). */
 typedef struct {
-    int device, gpu;
-    bool f32_weights;
+    int device, gpu, weights;
 } bt_service_device_t;
 
 /* The same as one rank of a tensor-parallel group: the model keeps its shard (comm may be

@@ -41,14 +41,14 @@ bool bt_worker_flags_check(const bt_worker_flags_t *w, bool simulate, char *err,
     else if (bt_device_parse(w->device) == BT_DEVICE_CUDA && w->tp > 1)
         bad = "--device cuda runs with --tp 1 for now";
     else if (w->gpu < 0) bad = "--base-gpu-id must be 0 or more";
-    else if (strcmp(w->dtype, "auto") && strcmp(w->dtype, "float32"))
-        bad = "--dtype must be auto (weights as stored) or float32";
+    else if (bt_weights_parse(w->dtype) < 0)
+        bad = "--dtype must be auto (weights as stored), float32 or bfloat16";
     if (bad) snprintf(err, errlen, "%s", bad);
     return bad == NULL;
 }
 
 bt_service_device_t bt_worker_flags_device(const bt_worker_flags_t *w)
 {
-    bt_service_device_t d = {bt_device_parse(w->device), (int)w->gpu, !strcmp(w->dtype, "float32")};
+    bt_service_device_t d = {bt_device_parse(w->device), (int)w->gpu, bt_weights_parse(w->dtype)};
     return d;
 }

@@ -36,7 +36,7 @@ bt_worker_flags_t bt_worker_flags_default(void);
     BT_FLAG_INT("threads", &(w)->threads, "CPU threads for the model (default: one per core)"),     \
     BT_FLAG_STR("device", &(w)->device, "where the model runs: cpu (default) or cuda"),             \
     BT_FLAG_INT("base-gpu-id", &(w)->gpu, "the GPU of --device cuda (default 0)"),                  \
-    BT_FLAG_STR("dtype", &(w)->dtype, "auto: weights as stored (default); float32: all f32 (cuda)"), \
+    BT_FLAG_STR("dtype", &(w)->dtype, "cuda weights: auto (as stored), float32, bfloat16"), \
     BT_FLAG_INT("tp", &(w)->tp, "tensor-parallel size: processes in this group (default 1)"),       \
     BT_FLAG_INT("node-rank", &(w)->node_rank, "this process's rank in the group (0 leads)"),        \
     BT_FLAG_INT("nnodes", &(w)->nnodes, "hosts the group spans (one process per rank either way)"), \

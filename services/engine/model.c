@@ -300,6 +300,15 @@ int bt_device_parse(const char *name)
     return -1;
 }
 
+int bt_weights_parse(const char *name)
+{
+    if (!name) return -1;
+    if (!strcmp(name, "auto")) return BT_WEIGHTS_AUTO;
+    if (!strcmp(name, "float32")) return BT_WEIGHTS_F32;
+    if (!strcmp(name, "bfloat16")) return BT_WEIGHTS_BF16;
+    return -1;
+}
+
 bool bt_device_cuda_built(void)
 {
 #ifdef BT_HAVE_CUDA_MODEL

@@ -46,12 +46,20 @@ typedef struct {
      * forward), so transfers and services work on it unchanged. TP 1 only for now. */
     int device;
     int gpu;
-    /* CUDA: dequantize every weight to f32 (the exact mode, which tracks the CPU engine)
-     * instead of keeping FP8/FP4/BF16 weights as stored (the fast, small default). */
-    bool cuda_f32_weights;
+    /* CUDA: the format weights are multiplied in (--dtype): BT_WEIGHTS_AUTO keeps FP8/FP4/BF16
+     * as stored (the fast, small default), BT_WEIGHTS_F32 dequantizes every weight to f32 (the
+     * exact mode, which tracks the CPU engine), BT_WEIGHTS_BF16 stores every projection and
+     * expert in bf16. */
+    int cuda_weights;
+    /* CUDA, tests: multiply the weights stored FP8/FP4 through cuBLASLt in bf16 (exactly
+     * dequantized) instead of Baton's FP8/FP4 kernels: the yardstick for those kernels. */
+    bool cuda_reference_gemms;
 } bt_model_options_t;
 
 enum { BT_DEVICE_CPU = 0, BT_DEVICE_CUDA = 1 };
+enum { BT_WEIGHTS_AUTO = 0, BT_WEIGHTS_F32 = 1, BT_WEIGHTS_BF16 = 2 };
+/* "auto" / "float32" / "bfloat16" -> BT_WEIGHTS_*; -1 for anything else. */
+int bt_weights_parse(const char *name);
 
 /* "cpu" / "cuda" -> BT_DEVICE_*; -1 for anything else. */
 int bt_device_parse(const char *name);

@@ -12,9 +12,11 @@
  * Weights. Projections stored as FP8 e4m3 with 32x32 UE8M0 blocks stay FP8 on the GPU and
  * routed experts stored as packed FP4 stay FP4 (bt_cuda_gemm_fp8 / bt_cuda_gemm_fp4_grouped,
  * activations rounded to bf16 on the way in, fp32 accumulation and output); BF16 projections
- * stay BF16 (cuBLASLt). Everything else, and every weight when opt.cuda_f32_weights is set, is
- * dequantized to f32 at load and multiplied in fp32 (cuBLASLt, no TF32): that mode tracks
- * the CPU engine to float32 rounding. Norms, the mHC streams, attention, the router and the
+ * stay BF16 (cuBLASLt). Everything else is dequantized to f32 at load and multiplied in fp32
+ * (cuBLASLt, no TF32). opt.cuda_weights picks other modes: BT_WEIGHTS_F32, every weight f32,
+ * tracks the CPU engine to float32 rounding; BT_WEIGHTS_BF16, every projection and expert
+ * bf16 (FP8 and FP4 values are exact in bf16, so it computes what the native formats do,
+ * through cuBLASLt: the yardstick for the FP8/FP4 kernels). Norms, the mHC streams, attention, the router and the
  * indexer run in f32 either way, in model.c's order of operations (routed experts summed per
  * token in expert order, then the shared expert).
  *
@@ -22,6 +24,7 @@
  * GPUs, debug taps. */
 #include "common/alloc.h"
 #include "common/log.h"
+#include "kernels/cpu/quant.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "services/engine/model_impl.h"
 #include "services/engine/safetensors.h"
@@ -54,6 +57,7 @@ typedef struct {
      * and [E][D][I]; or packed FP4 the same way with per-32 scales */
     float *w13, *w2;
     uint8_t *w13_q, *w13_s, *w2_q, *w2_s;
+    uint16_t *w13_bf, *w2_bf;    /* --dtype bfloat16 */
     float *e_embed;              /* f32 engram table, or: */
     uint8_t *e_embed_q, *e_embed_s; /* FP8 rows with per-row-block scales [rows, ehd/32] */
     dev_mat_t wq_a, wq_b, wkv, wo_a, wo_b, c_wkv, c_wgate, i_wq_b, i_weights_proj, i_wk;
@@ -71,7 +75,8 @@ struct bt_model_cuda {
     cudaStream_t stream;
     bt_cuda_blas_t *blas;
     size_t weight_bytes, scratch_bytes;
-    bool f32_weights;        /* every weight dequantized to f32 (the exact reference mode) */
+    int weights;             /* BT_WEIGHTS_*: the formats weights are kept in */
+    bool bf16_experts;       /* while loading a layer: its experts go to the GPU in bf16 */
     int n_fp8, n_bf16, n_fp4_layers;
     const bt_safetensors_t *st; /* the checkpoint, while loading */
     float *embed, *head, *norm, *inv_main, *inv_comp;
@@ -181,6 +186,17 @@ static void *upload_bytes(up_t *u, const void *host, size_t bytes)
     return d;
 }
 
+/* Rounds n floats to bf16 on the way to the GPU; frees the tracked host copy. */
+static uint16_t *upload_as_bf16(up_t *u, float *host, size_t n)
+{
+    uint16_t *b = bt_malloc_or_die(n * sizeof(uint16_t));
+    for (size_t i = 0; i < n; i++) b[i] = bt_f32_to_bf16(host[i]);
+    uint16_t *d = upload_bytes(u, b, n * sizeof(uint16_t));
+    free(b);
+    bt_model__free_tracked(u->m, host);
+    return d;
+}
+
 static const bt_tensor_view_t *scale_of(up_t *u, const char *name)
 {
     char sname[300];
@@ -198,11 +214,17 @@ static void load_mat(up_t *u, dev_mat_t *d, float *host, int64_t N, int64_t K, c
     if (!host || u->rc != BT_OK) return;
     char name[256];
     snprintf(name, sizeof name, fmt, l);
-    const bt_tensor_view_t *t = u->c->f32_weights ? NULL : bt_safetensors_find(u->c->st, name);
+    const bt_tensor_view_t *t = u->c->weights != BT_WEIGHTS_AUTO ? NULL : bt_safetensors_find(u->c->st, name);
     d->N = (int)N;
     d->K = (int)K;
     if (t && t->dtype == BT_DTYPE_F8_E4M3 && t->ndim == 2 && t->shape[0] == N && t->shape[1] == K) {
         const bt_tensor_view_t *s = scale_of(u, name);
+        if (s && u->m->opt.cuda_reference_gemms) {
+            d->kind = MAT_BF16; /* e4m3 x UE8M0 is exact in bf16 */
+            d->w = upload_as_bf16(u, host, (size_t)N * (size_t)K);
+            u->c->n_bf16++;
+            return;
+        }
         if (s && s->shape[0] == (N + 31) / 32 && s->shape[1] == (K + 31) / 32) {
             d->kind = MAT_FP8;
             d->w = upload_bytes(u, t->data, t->nbytes);
@@ -219,6 +241,12 @@ static void load_mat(up_t *u, dev_mat_t *d, float *host, int64_t N, int64_t K, c
         bt_model__free_tracked(u->m, host);
         return;
     }
+    if (u->c->weights == BT_WEIGHTS_BF16) {
+        d->kind = MAT_BF16;
+        d->w = upload_as_bf16(u, host, (size_t)N * (size_t)K);
+        u->c->n_bf16++;
+        return;
+    }
     d->kind = MAT_F32;
     d->w = upload(u, host, (size_t)N * (size_t)K);
 }
@@ -230,7 +258,7 @@ static bool load_fp4_experts(up_t *u, int l)
     const bt_model_config_t *c = &u->m->cfg;
     dev_layer_t *d = &u->c->layer[l];
     int E = c->n_experts, I = c->moe_inter, D = c->hidden;
-    if (u->c->f32_weights || D % 32 || I % 32) return false;
+    if (u->c->weights != BT_WEIGHTS_AUTO || D % 32 || I % 32) return false;
     const char *part[3] = {"w1", "w3", "w2"};
     const bt_tensor_view_t *t[3], *sc[3];
     size_t row13 = (size_t)D / 2, s13 = (size_t)D / 32, row2 = (size_t)I / 2, s2 = (size_t)I / 32;
@@ -260,6 +288,10 @@ static bool load_fp4_experts(up_t *u, int l)
         memcpy(sc13 + (at + I) * s13, sc[1]->data, (size_t)I * s13);
         memcpy(q2 + (size_t)e * D * row2, t[2]->data, (size_t)D * row2);
         memcpy(sc2 + (size_t)e * D * s2, sc[2]->data, (size_t)D * s2);
+    }
+    if (ok && u->m->opt.cuda_reference_gemms) {
+        ok = false; /* the caller uploads bf16 experts (e2m1 x UE8M0 is exact in bf16) */
+        u->c->bf16_experts = true;
     }
     if (ok) {
         d->w13_q = upload_bytes(u, q13, (size_t)E * 2 * I * row13);
@@ -313,6 +345,7 @@ static void upload_layer(up_t *u, int l)
     load_mat(u, &d->sw2, w->sw2, (int64_t)D, (int64_t)I, "layers.%d.ffn.shared_experts.w2.weight", l);
     load_mat(u, &d->sw3, w->sw3, (int64_t)I, (int64_t)D, "layers.%d.ffn.shared_experts.w3.weight", l);
     if (u->rc != BT_OK) return;
+    u->c->bf16_experts = u->c->weights == BT_WEIGHTS_BF16;
     if (!load_fp4_experts(u, l)) {
         /* gate and up side by side per expert: [E][2I][D] */
         float *cat = bt_malloc_or_die(E * 2 * I * D * sizeof(float));
@@ -320,9 +353,14 @@ static void upload_layer(up_t *u, int l)
             memcpy(cat + e * 2 * I * D, w->w1 + e * I * D, I * D * sizeof(float));
             memcpy(cat + e * 2 * I * D + I * D, w->w3 + e * I * D, I * D * sizeof(float));
         }
-        d->w13 = upload_bytes(u, cat, E * 2 * I * D * sizeof(float));
+        if (u->c->bf16_experts) {
+            d->w13_bf = upload_as_bf16(u, cat, E * 2 * I * D); /* cat is not tracked: not freed there */
+            d->w2_bf = upload_as_bf16(u, w->w2, E * D * I);
+        } else {
+            d->w13 = upload_bytes(u, cat, E * 2 * I * D * sizeof(float));
+            d->w2 = upload(u, w->w2, E * D * I);
+        }
         free(cat);
-        d->w2 = upload(u, w->w2, E * D * I);
     } else {
         bt_model__free_tracked(m, w->w2);
     }
@@ -333,7 +371,7 @@ static void upload_layer(up_t *u, int l)
         size_t cols = (size_t)m->engram_cols, ehd = (size_t)c->engram_head_dim, rows = (size_t)c->engram_rows[ei];
         char name[256];
         snprintf(name, sizeof name, "layers.%d.engram.embed.weight", l);
-        const bt_tensor_view_t *t = u->c->f32_weights ? NULL : bt_safetensors_find(u->c->st, name);
+        const bt_tensor_view_t *t = u->c->weights != BT_WEIGHTS_AUTO ? NULL : bt_safetensors_find(u->c->st, name);
         const bt_tensor_view_t *sc = t ? scale_of(u, name) : NULL;
         if (t && sc && t->dtype == BT_DTYPE_F8_E4M3 && ehd % 32 == 0 && t->nbytes == rows * ehd &&
             sc->shape[0] == (int64_t)rows && sc->shape[1] == (int64_t)(ehd / 32)) {
@@ -418,7 +456,7 @@ static void alloc_scratch(up_t *u)
         size_t kmax = D;
         size_t ks[] = {qlr, H * hd, H * hd / G, G * R, I, hd, (size_t)(m->engram_cols ? m->engram_cols : 1) * (size_t)c->engram_head_dim};
         for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++) kmax = ks[i] > kmax ? ks[i] : kmax;
-        cu->xb_cap = N * kmax;
+        cu->xb_cap = N * (kmax > K * D ? kmax : K * D); /* bf16 experts convert every routed row */
         cu->xb = (uint16_t *)dev_alloc(u, cu->xb_cap * 2, &cu->scratch_bytes);
         cu->hb = (uint16_t *)dev_alloc(u, N * K * I * 2, &cu->scratch_bytes);
         cu->ytmp_cap = N * (R > I ? R : I);
@@ -508,7 +546,7 @@ bt_status_t bt_model_cuda_attach(bt_model_t *m, const char *dir, char *err, size
     for (int l = 0; l < c->n_layers; l++)
         if (c->layer[l].compress_ratio > cu->rmax) cu->rmax = c->layer[l].compress_ratio;
     cu->tag_base = random_tag();
-    cu->f32_weights = m->opt.cuda_f32_weights;
+    cu->weights = m->opt.cuda_weights;
     bt_safetensors_t *st = NULL;
     rc = bt_safetensors_open_dir(dir, &st, err, errlen);
     if (rc != BT_OK) return rc;
@@ -549,6 +587,7 @@ static void dev_free_layer(dev_layer_t *d)
     void *p[] = {d->attn_norm, d->ffn_norm, d->hc_attn_fn, d->hc_attn_base, d->hc_attn_scale, d->hc_ffn_fn,
                  d->hc_ffn_base, d->hc_ffn_scale, d->q_norm, d->kv_norm, d->attn_sink, d->c_norm, d->i_k_norm,
                  d->gate_w, d->gate_bias, d->e_qk, d->w13, d->w2, d->w13_q, d->w13_s, d->w2_q, d->w2_s,
+                 d->w13_bf, d->w2_bf,
                  d->e_embed, d->e_embed_q, d->e_embed_s};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) cudaFree(p[i]);
     dev_mat_t *m[] = {&d->wq_a, &d->wq_b, &d->wkv, &d->wo_a, &d->wo_b, &d->c_wkv, &d->c_wgate, &d->i_wq_b,
@@ -976,6 +1015,28 @@ static bt_status_t moe(fwd_t *f, int l)
         CK(bt_cuda_swiglu(cu->hb, BT_CUDA_BF16, cu->gu, wt_d, total, I, limit, st));
         CK(bt_cuda_gemm_fp4_grouped(cu->yg, BT_CUDA_F32, cu->hb, NULL, offs_d, E, max_rows, w->w2_q, w->w2_s, D, I,
                                     st));
+    } else if (w->w13_bf) {
+        /* bf16 experts, one cuBLASLt product per expert hit */
+        CK(plan_send(cu, xrow, xrow_d, (size_t)total * sizeof(int64_t), err, errlen));
+        CK(bt_cuda_gather_rows(cu->xg, cu->xin, xrow_d, total, D, st));
+        if ((size_t)total * D > cu->xb_cap) {
+            snprintf(err, errlen, "cuda forward: %d expert rows exceed the scratch", total);
+            return BT_ERR_INTERNAL;
+        }
+        CK(bt_cuda_to_bf16(cu->xb, cu->xg, total, D, D, st));
+        for (int e = 0; e < E; e++) {
+            int rc = off[e + 1] - off[e];
+            if (!rc) continue;
+            CK(bt_cuda_gemm_bf16(b, cu->gu + (size_t)off[e] * 2 * I, BT_CUDA_F32, cu->xb + (size_t)off[e] * D,
+                                 w->w13_bf + (size_t)e * 2 * I * D, rc, 2 * I, D, st));
+        }
+        CK(bt_cuda_swiglu(cu->hb, BT_CUDA_BF16, cu->gu, wt_d, total, I, limit, st));
+        for (int e = 0; e < E; e++) {
+            int rc = off[e + 1] - off[e];
+            if (!rc) continue;
+            CK(bt_cuda_gemm_bf16(b, cu->yg + (size_t)off[e] * D, BT_CUDA_F32, cu->hb + (size_t)off[e] * I,
+                                 w->w2_bf + (size_t)e * D * I, rc, D, I, st));
+        }
     } else {
         CK(plan_send(cu, xrow, xrow_d, (size_t)total * sizeof(int64_t), err, errlen));
         CK(bt_cuda_gather_rows(cu->xg, cu->xin, xrow_d, total, D, st));
