@@ -19,6 +19,11 @@ void bt_comm_destroy(bt_comm_t *comm)
     comm->ops->destroy(comm);
 }
 
+bool bt_comm_device_buffers(const bt_comm_t *comm)
+{
+    return comm->device_buffers;
+}
+
 int bt_comm_rank(const bt_comm_t *comm)
 {
     return comm->rank;

@@ -22,6 +22,7 @@
 
 #include "common/status.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 
 typedef struct bt_comm bt_comm_t;
@@ -52,6 +53,9 @@ void bt_comm_destroy(bt_comm_t *comm);
  * the call with BT_ERR_PEER, and the group is then broken (every later call fails too: destroy
  * and recreate it). Default: 60000 ms (threads, NCCL), create's timeout_ms (sockets). */
 bt_status_t bt_comm_set_timeout_ms(bt_comm_t *comm, int timeout_ms);
+
+/* Whether this handle's calls take device buffers (NCCL) rather than host memory. */
+bool bt_comm_device_buffers(const bt_comm_t *comm);
 
 int bt_comm_rank(const bt_comm_t *comm);
 int bt_comm_size(const bt_comm_t *comm);

@@ -21,6 +21,7 @@ struct bt_comm {
     int rank;
     int n_ranks;
     int timeout_ms;
+    bool device_buffers; /* NCCL: buffers are device pointers */
 };
 
 #define BT__COMM_DEFAULT_TIMEOUT_MS 60000

@@ -162,7 +162,7 @@ bt_status_t bt_comm_nccl_create(int rank, int n_ranks,
     ncomm_t *s = calloc(1, sizeof *s);
     if (!s) return BT_ERR_NO_MEMORY;
     s->base = (bt_comm_t){.ops = &nccl_ops, .rank = rank, .n_ranks = n_ranks,
-                          .timeout_ms = BT__COMM_DEFAULT_TIMEOUT_MS};
+                          .timeout_ms = BT__COMM_DEFAULT_TIMEOUT_MS, .device_buffers = true};
     s->stream = (cudaStream_t)stream;
     cudaError_t ce = cudaMalloc((void **)&s->scratch, sizeof(float));
     if (ce != cudaSuccess) {

@@ -169,7 +169,8 @@ bt_status_t bt_cuda_sample(int32_t *out, const float *logits, int T, int V, floa
 /* ---- engine glue (kernels/cuda/engine_ops.cu) ---------------------------------------------
  * Small steps of the device-resident model (services/engine/model_cuda.c): all f32. */
 
-/* x[t, s, :] = table[ids[t]] for every stream s < hc, pre[t, s] = (s == 0); table [*, D]. */
+/* x[t, s, :] = table[ids[t]] for every stream s < hc (zeros where ids[t] < 0: a row another
+ * TP rank owns), pre[t, s] = (s == 0); table [*, D]. */
 bt_status_t bt_cuda_embed_streams(float *x, float *pre, const float *table, const int32_t *ids,
                                   int T, int hc, int D, cudaStream_t stream);
 

@@ -6,10 +6,10 @@
 __global__ void embed_streams_kernel(float *x, float *pre, const float *table, const int32_t *ids,
                                      int hc, int D)
 {
-    int t = blockIdx.x;
-    const float *row = table + (size_t)ids[t] * D;
+    int t = blockIdx.x, id = ids[t];
+    const float *row = table + (size_t)(id < 0 ? 0 : id) * D;
     for (int d = threadIdx.x; d < D; d += blockDim.x) {
-        float v = row[d];
+        float v = id < 0 ? 0.0f : row[d]; /* a row another rank owns (TP): zeros */
         for (int s = 0; s < hc; s++) x[((size_t)t * hc + s) * D + d] = v;
     }
     if (threadIdx.x < hc) pre[(size_t)t * hc + threadIdx.x] = threadIdx.x == 0 ? 1.0f : 0.0f;

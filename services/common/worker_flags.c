@@ -38,8 +38,6 @@ bool bt_worker_flags_check(const bt_worker_flags_t *w, bool simulate, char *err,
     else if (bt_device_parse(w->device) < 0) bad = "--device must be cpu or cuda";
     else if (bt_device_parse(w->device) == BT_DEVICE_CUDA && !bt_device_cuda_built())
         bad = "--device cuda: this build has no CUDA backend (configure with -DBT_CUDA=ON where the CUDA toolkit is)";
-    else if (bt_device_parse(w->device) == BT_DEVICE_CUDA && w->tp > 1)
-        bad = "--device cuda runs with --tp 1 for now";
     else if (w->gpu < 0) bad = "--base-gpu-id must be 0 or more";
     else if (bt_weights_parse(w->dtype) < 0)
         bad = "--dtype must be auto (weights as stored), float32 or bfloat16";

@@ -335,14 +335,8 @@ static bt_status_t load_cuda(const char *dir, const bt_model_options_t *opt, bt_
                              char *err, size_t errlen)
 {
 #ifdef BT_HAVE_CUDA_MODEL
-    if (opt->comm && bt_comm_size(opt->comm) > 1) {
-        snprintf(err, errlen, "the CUDA backend runs one GPU per model for now (TP %d asked)",
-                 bt_comm_size(opt->comm));
-        return BT_ERR_UNSUPPORTED;
-    }
     bt_model_options_t host = *opt;
-    host.device = BT_DEVICE_CPU;
-    host.comm = NULL;
+    host.device = BT_DEVICE_CPU; /* with opt->comm: this rank's shard */
     host.n_threads = 1;
     host.max_batch_tokens = 1;
     host.max_ctx = 1;
@@ -351,7 +345,6 @@ static bt_status_t load_cuda(const char *dir, const bt_model_options_t *opt, bt_
     bt_status_t rc = bt_model_load(dir, &host, &m, err, errlen);
     if (rc != BT_OK) return rc;
     m->opt = *opt;
-    m->opt.comm = NULL;
     m->opt.engram_token_map = NULL; /* copied at load */
     if (m->opt.max_batch_tokens < 1) m->opt.max_batch_tokens = 1;
     if (m->opt.max_ctx < 1) m->opt.max_ctx = 1;

@@ -20,9 +20,15 @@
  * indexer run in f32 either way, in model.c's order of operations (routed experts summed per
  * token in expert order, then the shared expert).
  *
- * Not yet: CUDA graphs (the MoE routing reads the expert choice back to the host), TP across
- * GPUs, debug taps. */
+ * Tensor parallelism: the CPU loader cuts this rank's shard (heads, output groups, expert
+ * widths, vocabulary rows; model.c) and the forward makes the CPU engine's collectives on
+ * device buffers: in place with a comm whose buffers live on the GPU (NCCL), else staged
+ * through pinned host memory (threads and socket comms). Sharded projections go to the GPU
+ * dequantized (f32, or bf16 with --dtype bfloat16); whole ones keep their formats.
+ *
+ * Not yet: CUDA graphs (the MoE routing reads the expert choice back to the host), debug taps. */
 #include "common/alloc.h"
+#include "common/comm/comm.h"
 #include "common/log.h"
 #include "kernels/cpu/quant.h"
 #include "kernels/cuda/cuda_ops.h"
@@ -82,6 +88,14 @@ struct bt_model_cuda {
     float *embed, *head, *norm, *inv_main, *inv_comp;
     dev_layer_t layer[BT_MAX_LAYERS];
     int rmax;  /* the largest compress ratio */
+    /* tensor parallelism (tp 1: none) */
+    bt_comm_t *comm;
+    int tp;
+    bool comm_on_device;     /* the comm takes device buffers (NCCL) */
+    float *tp_host;          /* pinned staging for host comms */
+    float *tp_recv;          /* device receive buffer of all-gathers */
+    size_t tp_cap;           /* floats in each */
+    float *attn_all;         /* [N][H * hd]: every rank's heads when the groups do not split */
     /* device scratch, sized for opt.max_batch_tokens tokens (N) and opt.max_batch_seqs (S) */
     float *x, *pre_mix, *attn_pre, *post, *comb, *xin, *out, *q_res, *q, *kv, *ckv, *cgate;
     float *attn, *oa, *qi, *iw, *win_stage, *cstage_kv, *cstage_gate, *latent, *ikey;
@@ -258,7 +272,7 @@ static bool load_fp4_experts(up_t *u, int l)
     const bt_model_config_t *c = &u->m->cfg;
     dev_layer_t *d = &u->c->layer[l];
     int E = c->n_experts, I = c->moe_inter, D = c->hidden;
-    if (u->c->weights != BT_WEIGHTS_AUTO || D % 32 || I % 32) return false;
+    if (u->c->weights != BT_WEIGHTS_AUTO || D % 32 || I % 32 || u->m->tp_size > 1) return false;
     const char *part[3] = {"w1", "w3", "w2"};
     const bt_tensor_view_t *t[3], *sc[3];
     size_t row13 = (size_t)D / 2, s13 = (size_t)D / 32, row2 = (size_t)I / 2, s2 = (size_t)I / 32;
@@ -314,7 +328,8 @@ static void upload_layer(up_t *u, int l)
     size_t hc = (size_t)c->hc_mult, mix = (2 + hc) * hc, qlr = (size_t)c->q_lora_rank;
     size_t R = (size_t)c->o_lora_rank, G = (size_t)c->o_groups;
     size_t ih = (size_t)c->index_heads, ihd = (size_t)c->index_head_dim;
-    size_t E = (size_t)c->n_experts, I = (size_t)c->moe_inter;
+    size_t E = (size_t)c->n_experts, I = (size_t)m->il; /* this rank's expert width */
+    size_t Hl = (size_t)m->hl, Gl = (size_t)m->gl;     /* its heads and output groups */
     d->attn_norm = upload(u, w->attn_norm, D);
     d->ffn_norm = upload(u, w->ffn_norm, D);
     d->hc_attn_fn = upload(u, w->hc_attn_fn, mix * hc * D);
@@ -325,16 +340,16 @@ static void upload_layer(up_t *u, int l)
     d->hc_ffn_scale = upload(u, w->hc_ffn_scale, 3);
     d->q_norm = upload(u, w->q_norm, qlr);
     d->kv_norm = upload(u, w->kv_norm, hd);
-    d->attn_sink = upload(u, w->attn_sink, H);
+    d->attn_sink = upload(u, w->attn_sink, Hl);
     d->c_norm = upload(u, w->c_norm, hd);
     d->i_k_norm = upload(u, w->i_k_norm, ihd);
     d->gate_w = upload(u, w->gate_w, E * D);
     d->gate_bias = upload(u, w->gate_bias, E);
     load_mat(u, &d->wq_a, w->wq_a, (int64_t)qlr, (int64_t)D, "layers.%d.attn.wq_a.weight", l);
-    load_mat(u, &d->wq_b, w->wq_b, (int64_t)(H * hd), (int64_t)qlr, "layers.%d.attn.wq_b.weight", l);
+    load_mat(u, &d->wq_b, w->wq_b, (int64_t)(Hl * hd), (int64_t)qlr, "layers.%d.attn.wq_b.weight", l);
     load_mat(u, &d->wkv, w->wkv, (int64_t)hd, (int64_t)D, "layers.%d.attn.wkv.weight", l);
-    load_mat(u, &d->wo_a, w->wo_a, (int64_t)(G * R), (int64_t)(H * hd / G), "layers.%d.attn.wo_a.weight", l);
-    load_mat(u, &d->wo_b, w->wo_b, (int64_t)D, (int64_t)(G * R), "layers.%d.attn.wo_b.weight", l);
+    load_mat(u, &d->wo_a, w->wo_a, (int64_t)(Gl * R), (int64_t)(H * hd / G), "layers.%d.attn.wo_a.weight", l);
+    load_mat(u, &d->wo_b, w->wo_b, (int64_t)D, (int64_t)(Gl * R), "layers.%d.attn.wo_b.weight", l);
     load_mat(u, &d->c_wkv, w->c_wkv, (int64_t)hd, (int64_t)D, "layers.%d.attn.compressor.wkv.weight", l);
     load_mat(u, &d->c_wgate, w->c_wgate, (int64_t)hd, (int64_t)D, "layers.%d.attn.compressor.wgate.weight", l);
     load_mat(u, &d->i_wq_b, w->i_wq_b, (int64_t)(ih * ihd), (int64_t)qlr, "layers.%d.attn.indexer.wq_b.weight", l);
@@ -465,6 +480,19 @@ static void alloc_scratch(up_t *u)
     cu->logit_rows = N < 256 ? (int)N : 256;
     cu->hsel = scratch(u, (size_t)cu->logit_rows * D);
     cu->dlogits = scratch(u, (size_t)cu->logit_rows * (size_t)c->vocab);
+    if (m->tp_size > 1) {
+        size_t T = (size_t)m->tp_size, cap = N * hc * D;
+        size_t need[] = {N * H * hd, T * (size_t)cu->logit_rows * (size_t)m->vpad};
+        for (size_t i = 0; i < 2; i++) cap = need[i] > cap ? need[i] : cap;
+        cu->tp_cap = cap;
+        cu->tp_recv = scratch(u, cap);
+        if (!m->group_split) cu->attn_all = scratch(u, N * H * hd);
+        if (u->rc == BT_OK && cudaMallocHost((void **)&cu->tp_host, cap * sizeof(float)) != cudaSuccess) {
+            cudaGetLastError();
+            snprintf(u->err, u->errlen, "cannot allocate pinned host memory for the TP collectives");
+            u->rc = BT_ERR_NO_MEMORY;
+        }
+    }
     if (u->rc != BT_OK) return;
 
     /* plans: ids, positions, window rows, engram ids and logit rows once; per layer the
@@ -542,6 +570,9 @@ bt_status_t bt_model_cuda_attach(bt_model_t *m, const char *dir, char *err, size
         snprintf(err, errlen, "GPU %d: cuBLASLt did not start", cu->gpu);
         return rc;
     }
+    cu->comm = m->comm;
+    cu->tp = m->tp_size;
+    cu->comm_on_device = m->comm && bt_comm_device_buffers(m->comm);
     cu->rmax = 1;
     for (int l = 0; l < c->n_layers; l++)
         if (c->layer[l].compress_ratio > cu->rmax) cu->rmax = c->layer[l].compress_ratio;
@@ -555,8 +586,8 @@ bt_status_t bt_model_cuda_attach(bt_model_t *m, const char *dir, char *err, size
     up_t u = {cu, m, err, errlen, BT_OK};
     size_t D = (size_t)c->hidden;
     int show = isatty(STDERR_FILENO);
-    cu->embed = upload(&u, m->embed, (size_t)c->vocab * D);
-    cu->head = upload(&u, m->head, (size_t)c->vocab * D);
+    cu->embed = upload(&u, m->embed, (size_t)m->vl * D); /* this rank's vocabulary rows */
+    cu->head = upload(&u, m->head, (size_t)m->vl * D);
     cu->norm = upload(&u, m->norm, D);
     m->embed = m->head = m->norm = NULL;
     for (int l = 0; l < c->n_layers && u.rc == BT_OK; l++) {
@@ -614,6 +645,9 @@ void bt_model_cuda_destroy(struct bt_model_cuda *cu)
                      (float *)cu->cand, (float *)cu->cand_n, (float *)cu->sel_n,
                      (float *)cu->moe_idx, (float *)cu->meta_d, (float *)cu->mirror_mem};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cudaFree(bufs[i]);
+    cudaFree(cu->tp_recv);
+    cudaFree(cu->attn_all);
+    cudaFreeHost(cu->tp_host);
     cudaFreeHost(cu->meta_h);
     cudaFreeHost(cu->moe_idx_h);
     cudaFreeHost(cu->moe_wts_h);
@@ -684,6 +718,59 @@ static bt_status_t d2d(fwd_t *f, void *dst, const void *src, size_t bytes)
     if (bytes == 0) return BT_OK;
     CK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, f->cu->stream));
     return BT_OK;
+}
+
+/* ---- tensor-parallel collectives on device buffers ---- */
+
+static bt_status_t tp_failed(fwd_t *f, bt_status_t st)
+{
+    snprintf(f->err, f->errlen, "tensor-parallel group failed (%s): a rank died or stalled", bt_status_str(st));
+    return st;
+}
+
+/* Sums n floats of dbuf over the ranks, in place. */
+static bt_status_t tp_all_reduce(fwd_t *f, float *dbuf, size_t n)
+{
+    struct bt_model_cuda *cu = f->cu;
+    char *err = f->err;
+    size_t errlen = f->errlen;
+    CK_CUDA(cudaStreamSynchronize(cu->stream));
+    bt_status_t st;
+    if (cu->comm_on_device) {
+        st = bt_comm_all_reduce_f32(cu->comm, dbuf, n);
+    } else {
+        if (n > cu->tp_cap) return BT_ERR_INTERNAL;
+        CK_CUDA(cudaMemcpy(cu->tp_host, dbuf, n * sizeof(float), cudaMemcpyDeviceToHost));
+        st = bt_comm_all_reduce_f32(cu->comm, cu->tp_host, n);
+        if (st == BT_OK)
+            CK_CUDA(cudaMemcpyAsync(dbuf, cu->tp_host, n * sizeof(float), cudaMemcpyHostToDevice, cu->stream));
+    }
+    return st == BT_OK ? BT_OK : tp_failed(f, st);
+}
+
+/* Every rank's `bytes` of dsend, in rank order, into cu->tp_recv (device) or, with host,
+ * into cu->tp_host (for a caller that wants them on the host). */
+static bt_status_t tp_all_gather(fwd_t *f, const void *dsend, size_t bytes, bool host)
+{
+    struct bt_model_cuda *cu = f->cu;
+    char *err = f->err;
+    size_t errlen = f->errlen;
+    if (bytes * (size_t)cu->tp > cu->tp_cap * sizeof(float)) return BT_ERR_INTERNAL;
+    CK_CUDA(cudaStreamSynchronize(cu->stream));
+    bt_status_t st;
+    if (cu->comm_on_device) {
+        st = bt_comm_all_gather(cu->comm, dsend, bytes, cu->tp_recv);
+        if (st == BT_OK && host)
+            CK_CUDA(cudaMemcpy(cu->tp_host, cu->tp_recv, bytes * (size_t)cu->tp, cudaMemcpyDeviceToHost));
+    } else {
+        uint8_t *mine = (uint8_t *)cu->tp_host + bytes * (size_t)bt_comm_rank(cu->comm);
+        CK_CUDA(cudaMemcpy(mine, dsend, bytes, cudaMemcpyDeviceToHost));
+        st = bt_comm_all_gather(cu->comm, mine, bytes, cu->tp_host);
+        if (st == BT_OK && !host)
+            CK_CUDA(cudaMemcpyAsync(cu->tp_recv, cu->tp_host, bytes * (size_t)cu->tp, cudaMemcpyHostToDevice,
+                                    cu->stream));
+    }
+    return st == BT_OK ? BT_OK : tp_failed(f, st);
 }
 
 /* y[M, N] (rows ldy apart) = x[M, K] (rows ldx apart, f32) . w^T in w's format: f32 on the
@@ -848,8 +935,8 @@ static bt_status_t attention(fwd_t *f, int l)
     char *err = f->err;
     size_t errlen = f->errlen;
     cudaStream_t st = cu->stream;
-    int N = f->N, D = c->hidden, hd = c->head_dim, H = c->n_heads, qlr = c->q_lora_rank;
-    int W = c->window, G = c->o_groups, R = c->o_lora_rank, gin = H * hd / G;
+    int N = f->N, D = c->hidden, hd = c->head_dim, H = m->hl /* this rank's heads */, qlr = c->q_lora_rank;
+    int W = c->window, R = c->o_lora_rank, gin = c->n_heads * hd / c->o_groups;
     float eps = (float)c->rms_eps;
     bool comp = L->compress_ratio > 0;
     const float *inv = comp ? cu->inv_comp : cu->inv_main;
@@ -907,6 +994,20 @@ static bt_status_t attention(fwd_t *f, int l)
                              c->index_topk, w->attn_sink, f->pos_d + first, inv, half, BT_CUDA_F32, n, H,
                              hd, st));
     }
+    /* the output groups: this rank's, over its own heads; or, when the groups do not split
+     * over the ranks, all of them over every rank's heads ([rank][token][heads] gathered) */
+    const float *a_src = cu->attn;
+    int a_ld = H * hd, G = m->gl;
+    if (cu->tp > 1 && !m->group_split) {
+        size_t per = (size_t)H * hd;
+        CK(tp_all_gather(f, cu->attn, (size_t)N * per * sizeof(float), false));
+        for (int r = 0; r < cu->tp; r++)
+            CK_CUDA(cudaMemcpy2DAsync(cu->attn_all + (size_t)r * per, (size_t)cu->tp * per * sizeof(float),
+                                      cu->tp_recv + (size_t)r * N * per, per * sizeof(float), per * sizeof(float),
+                                      (size_t)N, cudaMemcpyDeviceToDevice, st));
+        a_src = cu->attn_all;
+        a_ld = cu->tp * H * hd;
+    }
     for (int g = 0; g < G; g++) {
         /* group g's rows of wo_a: a [R, gin] matrix of its own (FP8 blocks stay whole when R
          * is a multiple of 32) */
@@ -922,9 +1023,10 @@ static bt_status_t attention(fwd_t *f, int l)
         } else {
             wg.w = (uint8_t *)w->wo_a.w + (size_t)g * R * gin * (wg.kind == MAT_F32 ? 4 : 2);
         }
-        CK(mm(f, cu->oa + (size_t)g * R, G * R, cu->attn + (size_t)g * gin, H * hd, &wg, N));
+        CK(mm(f, cu->oa + (size_t)g * R, G * R, a_src + (size_t)g * gin, a_ld, &wg, N));
     }
     CK(mm(f, cu->out, D, cu->oa, G * R, &w->wo_b, N));
+    if (cu->tp > 1 && m->group_split) CK(tp_all_reduce(f, cu->out, (size_t)N * D));
 
     /* the rings take the chunk's KV only now: earlier queries read older slots */
     for (int q = 0; q < f->n_seqs; q++) {
@@ -950,7 +1052,7 @@ static bt_status_t moe(fwd_t *f, int l)
     size_t errlen = f->errlen;
     cudaStream_t st = cu->stream;
     bt_cuda_blas_t *b = cu->blas;
-    int N = f->N, D = c->hidden, E = c->n_experts, K = c->n_active, I = c->moe_inter;
+    int N = f->N, D = c->hidden, E = c->n_experts, K = c->n_active, I = m->il; /* this rank's width */
     float limit = (float)c->swiglu_limit;
 
     CK(bt_cuda_gemm_f32(b, cu->gate_logits, E, cu->xin, D, w->gate_w, N, E, D, st));
@@ -1062,6 +1164,8 @@ static bt_status_t moe(fwd_t *f, int l)
         CK(mm(f, cu->sh, D, cu->sh_h, I, &w->sw2, N));
     }
     CK(bt_cuda_moe_combine(cu->out, cu->yg, rows_d, cnt_d, K, shared ? cu->sh : NULL, N, D, st));
+    /* each rank summed its slice of every expert's width */
+    if (cu->tp > 1) CK(tp_all_reduce(f, cu->out, (size_t)N * D));
     return BT_OK;
 }
 
@@ -1165,7 +1269,9 @@ static bt_status_t forward(fwd_t *f, float *logits, bt_kv_header_t *before)
         for (int i = 0; i < seq->n; i++) {
             int t = f->first[q] + i;
             int64_t p = start + i, lo = p - W + 1 > 0 ? p - W + 1 : 0;
-            ids[t] = seq->ids[i];
+            /* under TP the owner of the row embeds it, the others zeros (-1), then a sum */
+            int id = seq->ids[i] - m->v0;
+            ids[t] = id >= 0 && id < m->vl ? id : -1;
             pos[t] = p;
             win_n[t] = (int32_t)(p - lo + 1);
             /* staged rows: the ring at [0, W), the chunk's own rows from W */
@@ -1192,6 +1298,7 @@ static bt_status_t forward(fwd_t *f, float *logits, bt_kv_header_t *before)
     }
 
     CK(bt_cuda_embed_streams(cu->x, cu->pre_mix, cu->embed, ids_d, N, hc, D, st));
+    if (cu->tp > 1) CK(tp_all_reduce(f, cu->x, (size_t)N * hc * D));
     for (int l = 0; l < c->n_layers; l++) {
         const dev_layer_t *w = &cu->layer[l];
         int ei = c->layer[l].engram_index;
@@ -1225,13 +1332,29 @@ static bt_status_t forward(fwd_t *f, float *logits, bt_kv_header_t *before)
             for (int i = f->seqs[q].all_logits ? 0 : f->seqs[q].n - 1; i < f->seqs[q].n; i++)
                 hrow[rows++] = f->first[q] + i;
         CK(plan_send(cu, hrow, hrow_d, (size_t)rows * sizeof(int64_t), err, errlen));
-        size_t V = (size_t)c->vocab;
+        size_t V = (size_t)c->vocab, vpad = (size_t)m->vpad;
         for (int r0 = 0; r0 < rows; r0 += cu->logit_rows) {
             int rc = rows - r0 < cu->logit_rows ? rows - r0 : cu->logit_rows;
             CK(bt_cuda_gather_rows(cu->hsel, cu->hidden, hrow_d + r0, rc, D, st));
-            CK(bt_cuda_gemm_f32(cu->blas, cu->dlogits, (int)V, cu->hsel, D, cu->head, rc, (int)V, D, st));
-            CK_CUDA(cudaMemcpyAsync(logits + (size_t)r0 * V, cu->dlogits, (size_t)rc * V * sizeof(float),
-                                    cudaMemcpyDeviceToHost, st));
+            if (cu->tp == 1) {
+                CK(bt_cuda_gemm_f32(cu->blas, cu->dlogits, (int)V, cu->hsel, D, cu->head, rc, (int)V, D, st));
+                CK_CUDA(cudaMemcpyAsync(logits + (size_t)r0 * V, cu->dlogits, (size_t)rc * V * sizeof(float),
+                                        cudaMemcpyDeviceToHost, st));
+                continue;
+            }
+            /* each rank scores its vocabulary rows; gather [rank][row][vpad] and lay them out */
+            CK_CUDA(cudaMemsetAsync(cu->dlogits, 0, (size_t)rc * vpad * sizeof(float), st));
+            if (m->vl > 0)
+                CK(bt_cuda_gemm_f32(cu->blas, cu->dlogits, (int)vpad, cu->hsel, D, cu->head, rc, m->vl, D, st));
+            CK(tp_all_gather(f, cu->dlogits, (size_t)rc * vpad * sizeof(float), true));
+            for (int i = 0; i < rc; i++)
+                for (int r = 0; r < cu->tp; r++) {
+                    size_t v0 = (size_t)r * vpad;
+                    if (v0 >= V) continue;
+                    size_t vl = V - v0 < vpad ? V - v0 : vpad;
+                    memcpy(logits + (size_t)(r0 + i) * V + v0, cu->tp_host + ((size_t)r * rc + i) * vpad,
+                           vl * sizeof(float));
+                }
         }
     }
 

@@ -2,14 +2,26 @@
 # The services on a GPU: `baton up --device cuda` (router, a prefill and a decode group, the
 # gateway) must give, for every prompt, the greedy ids `baton generate --device cuda` gives,
 # one request at a time and eight at once (decode batches them). Needs a GPU; run by hand or
-# on the device machine:  tests/gpu/cluster_cuda.sh BIN_DIR [--device cuda|cpu]
+# on the device machine:
+#   tests/gpu/cluster_cuda.sh BIN_DIR [--device cuda|cpu] [--dtype auto|float32|bfloat16] [--tp N]
+# With --tp N both groups are N ranks (processes) on the same GPU; the reference stays TP 1,
+# so use --dtype float32 there (sharded projections are dequantized under TP).
 set -uo pipefail
-bin=${1:?usage: cluster_cuda.sh BIN_DIR [--device cuda|cpu]}
-device=${3:-cuda}
+bin=${1:?usage: cluster_cuda.sh BIN_DIR [--device cuda|cpu] [--dtype D] [--tp N]}
+shift
+device=cuda dtype=auto tp=1
+while [ $# -gt 0 ]; do
+  case $1 in
+    --device) device=$2; shift 2 ;;
+    --dtype) dtype=$2; shift 2 ;;
+    --tp) tp=$2; shift 2 ;;
+    *) echo "cluster_cuda.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
 work=$(mktemp -d)
 port=$((20000 + RANDOM % 20000)) router=$((port + 1))
-"$bin/baton" up --device "$device" --port "$port" --router-port "$router" --ucx-tls tcp \
-  --max-new-tokens 64 >"$work/up.log" 2>&1 &
+"$bin/baton" up --device "$device" --dtype "$dtype" --tp "$tp" --port "$port" --router-port "$router" \
+  --ucx-tls tcp --max-new-tokens 64 >"$work/up.log" 2>&1 &
 up=$!
 cleanup() { kill -TERM "$up" 2>/dev/null; wait "$up" 2>/dev/null; rm -rf "$work"; }
 trap cleanup EXIT
@@ -24,7 +36,7 @@ prompts=("1,2,3,4,5,6,7,8,9" "42" "7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7
          "5,4,3,2,1" "11,22,33,44,55,66" "250,251,252,253,254,255,256,257,258,259,260" "3,1,4,1,5,9,2,6,5,3,5,8,9,7,9,3,2,3,8,4,6,2,6,4,3,3,8,3,2,7,9,5")
 fail=0
 for i in "${!prompts[@]}"; do
-  "$bin/baton" generate --device "$device" --input-ids "${prompts[$i]}" --max-new-tokens 48 \
+  "$bin/baton" generate --device "$device" --dtype "$dtype" --input-ids "${prompts[$i]}" --max-new-tokens 48 \
     --temperature 0 --ignore-eos 2>/dev/null | tail -1 >"$work/ref.$i"
 done
 check() {  # $1: label
@@ -49,5 +61,5 @@ wait $(jobs -p | grep -v "^$up$") 2>/dev/null
 check "eight at once"
 grep -h "model on GPU\|KV cache for" "$work/up.log" | head -4
 if [ $fail != 0 ]; then keep_log; echo "--- baton up log (tail)"; tail -20 "$work/up.log"; fi
-if [ $fail = 0 ]; then echo "cluster on --device $device: ${#prompts[@]} prompts x 2 rounds, greedy ids identical to baton generate --device $device"; fi
+if [ $fail = 0 ]; then echo "cluster on --device $device --dtype $dtype --tp $tp: ${#prompts[@]} prompts x 2 rounds, greedy ids identical to baton generate --device $device --dtype $dtype"; fi
 exit $fail

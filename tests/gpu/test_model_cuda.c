@@ -13,14 +13,19 @@
  * GPU-vs-GPU and GPU-vs-CPU comparisons use 1e-5 of the largest logit, not bit equality. */
 #include "bt_test.h"
 #include "common/alloc.h"
+#include "common/comm/comm.h"
 #include "services/engine/model.h"
 #include "services/engine/safetensors.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 
 #define MAX_CTX 256
+
+/* The TP comm a rank's thread loads its model with (NULL: TP 1). */
+static __thread bt_comm_t *tp_comm_of_thread;
 
 static const char *golden_dir(void)
 {
@@ -67,6 +72,7 @@ static bt_model_t *load_ref(const char *name, const bt_safetensors_t *gold, int 
     opt.device = device;
     opt.cuda_weights = weights;
     opt.cuda_reference_gemms = ref_gemms;
+    opt.comm = tp_comm_of_thread;
     bt_model_t *m = NULL;
     if (bt_model_load(dir, &opt, &m, err, sizeof err) != BT_OK) {
         fprintf(stderr, "load %s on %s: %s\n", name, device ? "cuda" : "cpu", err);
@@ -512,6 +518,113 @@ static void check_fixture(const char *name, bool exact)
     bt_safetensors_close(gold);
 }
 
+/* ---- tensor parallelism on one GPU: ranks as threads, a host comm (staged collectives) ---- */
+
+#define TP_GEN 8
+typedef struct {
+    bt_comm_t *comm;
+    const prompt_t *p;
+    float *logits; /* [S + TP_GEN][V], V <= TP_VOCAB */
+    int32_t gen[TP_GEN];
+    bool ok;
+} tp_run_t;
+#define TP_VOCAB 1024
+
+static void *tp_rank(void *arg)
+{
+    tp_run_t *r = arg;
+    char path[1024], err[512];
+    snprintf(path, sizeof path, "%s/golden-a-exact/golden.safetensors", golden_dir());
+    bt_safetensors_t *gold = NULL;
+    if (bt_safetensors_open(path, &gold, err, sizeof err) != BT_OK) return NULL;
+    tp_comm_of_thread = r->comm;
+    bt_model_t *m = load("golden-a-exact", gold, BT_DEVICE_CUDA, BT_WEIGHTS_F32);
+    tp_comm_of_thread = NULL;
+    if (!m) {
+        bt_safetensors_close(gold);
+        return NULL;
+    }
+    const bt_model_config_t *c = bt_model_config(m);
+    int V = c->vocab, S = r->p->S;
+    if (V > TP_VOCAB) {
+        bt_model_destroy(m);
+        bt_safetensors_close(gold);
+        return NULL;
+    }
+    bt_kv_layout_t lay;
+    bt_kv_layout_init(&lay, c, MAX_CTX);
+    uint8_t *state = bt_aligned_alloc(64, lay.slot_bytes);
+    r->ok = run(m, &lay, state, r->p->ids, S, 0, r->logits, true) == 0;
+    float *row = r->logits + (size_t)(S - 1) * V;
+    for (int g = 0; g < TP_GEN && r->ok; g++) {
+        r->gen[g] = argmax(row, V);
+        int32_t t = r->gen[g];
+        row = r->logits + (size_t)(S + g) * V;
+        bt_forward_seq_t seq = {state, &t, 1, true};
+        r->ok = bt_model_forward(m, &lay, &seq, 1, row, err, sizeof err) == BT_OK;
+        if (!r->ok) fprintf(stderr, "rank %d: %s\n", r->comm ? bt_comm_rank(r->comm) : 0, err);
+    }
+    bt_aligned_free(state);
+    bt_model_destroy(m);
+    bt_safetensors_close(gold);
+    return NULL;
+}
+
+/* TP 2 (the output groups split over the ranks: a sum of wo_b partials) and TP 4 (they do
+ * not: the heads are gathered first) against TP 1, all on the GPU in f32: every rank's
+ * logits within 1e-5 of the largest (the collectives sum partial products in another
+ * order), greedy ids identical. */
+static void test_tp_on_one_gpu(void)
+{
+    char path[1024], err[512];
+    snprintf(path, sizeof path, "%s/golden-a-exact/golden.safetensors", golden_dir());
+    bt_safetensors_t *gold = NULL;
+    if (bt_safetensors_open(path, &gold, err, sizeof err) != BT_OK) {
+        BT_CHECK_MSG(0, "%s", err);
+        return;
+    }
+    prompt_t P[16];
+    int np = load_prompts(gold, P, 16);
+    bt_safetensors_close(gold);
+    int V = 1014; /* golden-a-exact's vocabulary */
+    for (int pi = 2; pi < np && pi < 6; pi += 3) { /* a 33- and a 120-token prompt */
+        const prompt_t *p = &P[pi];
+        size_t n = (size_t)(p->S + TP_GEN);
+        tp_run_t one = {NULL, p, malloc(n * TP_VOCAB * sizeof(float)), {0}, false};
+        tp_rank(&one);
+        BT_CHECK_MSG(one.ok, "TP1 prompt%d did not run", pi);
+        for (int T = 2; T <= 4 && one.ok; T += 2) {
+            bt_comm_t *comms[4];
+            BT_CHECK(bt_comm_threads_create(T, comms) == BT_OK);
+            tp_run_t r[4];
+            pthread_t th[4];
+            for (int k = 0; k < T; k++) {
+                r[k] = (tp_run_t){comms[k], p, malloc(n * TP_VOCAB * sizeof(float)), {0}, false};
+                pthread_create(&th[k], NULL, tp_rank, &r[k]);
+            }
+            for (int k = 0; k < T; k++) pthread_join(th[k], NULL);
+            float mx = max_abs(one.logits, n * V);
+            for (int k = 0; k < T; k++) {
+                BT_CHECK_MSG(r[k].ok, "TP%d rank %d prompt%d did not run", T, k, pi);
+                if (!r[k].ok) continue;
+                float d = max_diff(r[k].logits, one.logits, n * V);
+                BT_CHECK_MSG(d <= 1e-5f * mx, "TP%d rank %d prompt%d: max|d|/max = %g", T, k, pi, (double)(d / mx));
+                BT_CHECK_MSG(!memcmp(r[k].gen, one.gen, sizeof one.gen), "TP%d rank %d prompt%d: greedy ids differ", T, k,
+                             pi);
+                if (k == 0)
+                    fprintf(stderr, "  GPU TP%d prompt%d (%d tokens + %d steps): max|d|/max vs TP1 = %.3g\n", T, pi, p->S,
+                            TP_GEN, (double)(d / mx));
+            }
+            for (int k = 0; k < T; k++) {
+                free(r[k].logits);
+                bt_comm_destroy(comms[k]);
+            }
+        }
+        free(one.logits);
+    }
+    free_prompts(P, np);
+}
+
 static void test_golden_a_exact(void)
 {
     check_fixture("golden-a-exact", true);
@@ -543,6 +656,7 @@ int main(void)
     BT_RUN(test_golden_a);
     BT_RUN(test_golden_a_quant);
     BT_RUN(test_golden_a_exact_bf16);
+    BT_RUN(test_tp_on_one_gpu);
     BT_RUN(test_golden_a_quant_native);
     return bt_test_summary();
 }
