@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 bt_model_options_t bt_model_options_default(void)
 {
@@ -63,6 +64,7 @@ static void *track(bt_model_t *m, void *p)
 
 static void *alloc_floats(bt_model_t *m, size_t n)
 {
+    m->host_bytes += n * sizeof(float);
     void *p = bt_aligned_alloc(64, n * sizeof(float));
     if (!p) {
         BT_LOG_ERROR("out of memory (%zu floats)", n);
@@ -329,6 +331,9 @@ void bt_model__free_tracked(bt_model_t *m, void *p)
     }
 }
 
+static bt_status_t load_cpu(const char *dir, const bt_model_options_t *opt, bt_model_t **model_p,
+                            char *err, size_t errlen, bool report);
+
 /* The device backend loads through the CPU loader (every check of the checkpoint, the
  * shards, the engram constants), with scratch for one token, and then takes the weights. */
 static bt_status_t load_cuda(const char *dir, const bt_model_options_t *opt, bt_model_t **model_p,
@@ -342,7 +347,7 @@ static bt_status_t load_cuda(const char *dir, const bt_model_options_t *opt, bt_
     host.max_ctx = 1;
     host.max_batch_seqs = 1;
     bt_model_t *m;
-    bt_status_t rc = bt_model_load(dir, &host, &m, err, errlen);
+    bt_status_t rc = load_cpu(dir, &host, &m, err, errlen, false);
     if (rc != BT_OK) return rc;
     m->opt = *opt;
     m->opt.engram_token_map = NULL; /* copied at load */
@@ -372,6 +377,13 @@ bt_status_t bt_model_load(const char *dir, const bt_model_options_t *opt, bt_mod
         snprintf(err, errlen, "unknown device %d", opt->device);
         return BT_ERR_INVALID_ARG;
     }
+    return load_cpu(dir, opt, model_p, err, errlen, true);
+}
+
+/* The CPU model; report: log its memory (not when it is only the device backend's loader). */
+static bt_status_t load_cpu(const char *dir, const bt_model_options_t *opt, bt_model_t **model_p,
+                            char *err, size_t errlen, bool report)
+{
     bt_model_t *m = bt_calloc_or_die(1, sizeof *m);
     bt_safetensors_t *st = NULL;
     bt_status_t rc = bt_model_config_load(dir, &m->cfg, err, errlen);
@@ -479,14 +491,26 @@ bt_status_t bt_model_load(const char *dir, const bt_model_options_t *opt, bt_mod
     m->embed = load_rows(&ld, "embed.weight", c->vocab, c->hidden, m->v0, m->vl, NULL);
     m->head = load_rows(&ld, "head.weight", c->vocab, c->hidden, m->v0, m->vl, NULL);
     m->norm = load(&ld, "norm.weight", 1, c->hidden, 0, NULL);
-    for (int l = 0; l < c->n_layers && ld.st_code == BT_OK; l++) load_layer(&ld, l);
+    /* a progress line on a terminal: a real checkpoint takes minutes to read */
+    bool show = isatty(STDERR_FILENO) && c->n_layers > 1;
+    for (int l = 0; l < c->n_layers && ld.st_code == BT_OK; l++) {
+        load_layer(&ld, l);
+        if (show) fprintf(stderr, "\rloading %s: layer %d/%d", dir, l + 1, c->n_layers);
+    }
+    if (show) fprintf(stderr, "\n");
     rc = ld.st_code;
     if (rc != BT_OK) goto fail;
     bt_safetensors_close(st);
     st = NULL;
 
     m->pool = bt_threads_create(m->opt.n_threads);
+    size_t weights = m->host_bytes;
     alloc_scratch(m);
+    if (report)
+        BT_LOG_INFO("model %s on the CPU: weights %.1f MiB (f32), scratch %.1f MiB for %d tokens in <= %d "
+                    "sequences; TP rank %d of %d", dir, (double)weights / (1 << 20),
+                    (double)(m->host_bytes - weights) / (1 << 20), m->opt.max_batch_tokens, m->opt.max_batch_seqs,
+                    m->tp_rank, m->tp_size);
     *model_p = m;
     return BT_OK;
 fail:

@@ -101,6 +101,7 @@ struct bt_model {
     float *gather;        /* TP scratch: all-gather receive buffer */
     float *tp_logits;     /* TP scratch: this rank's vocabulary slice of the logits */
     struct bt_model_cuda *cuda; /* the device backend's state; NULL on the CPU */
+    size_t host_bytes;          /* float arrays allocated (weights, then scratch) */
 };
 
 /* Compressed ids cid [N] and engram hash ids hash [N][n_engram][cols] of a batch's tokens
