@@ -2,9 +2,6 @@
 
 #include "common/alloc.h"
 #include "common/log.h"
-#include "common/text/tokenizer.h"
-#include "services/common/sim.h"
-#include "services/engine/demo_model.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,106 +13,6 @@ int64_t bt_now_ms(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-bt_status_t bt_service_engine_open(const char *model_path, const char *served_name,
-                                   int64_t context_length, int max_batch_seqs,
-                                   int max_batch_tokens, int threads, bt_service_engine_t *eng,
-                                   char *err, size_t errlen)
-{
-    return bt_service_engine_open_tp(model_path, served_name, context_length, max_batch_seqs,
-                                     max_batch_tokens, threads, NULL, NULL, eng, err, errlen);
-}
-
-bt_status_t bt_service_engine_open_tp(const char *model_path, const char *served_name,
-                                      int64_t context_length, int max_batch_seqs,
-                                      int max_batch_tokens, int threads, struct bt_comm *comm,
-                                      const bt_service_device_t *dev, bt_service_engine_t *eng, char *err, size_t errlen)
-{
-    memset(eng, 0, sizeof *eng);
-    bt_status_t st;
-    if (!model_path) {
-        bt_demo_model_default_dir(eng->model_dir, sizeof eng->model_dir);
-        st = bt_demo_model_ensure(eng->model_dir, err, errlen);
-        if (st != BT_OK) return st;
-        BT_LOG_INFO("serving the built-in demo model (tiny, untrained) from %s", eng->model_dir);
-    } else {
-        snprintf(eng->model_dir, sizeof eng->model_dir, "%s", model_path);
-    }
-    snprintf(eng->served_name, sizeof eng->served_name, "%s",
-             served_name ? served_name : (model_path ? model_path : "baton-demo"));
-    bt_model_config_t cfg;
-    st = bt_model_config_load(eng->model_dir, &cfg, err, errlen);
-    if (st != BT_OK) return st;
-    if (context_length <= 0) context_length = cfg.max_position < 8192 ? cfg.max_position : 8192;
-    int32_t *map = NULL;
-    int classes = 0;
-    if (cfg.n_engram > 0) {
-        bt_tokenizer_t *tok = NULL;
-        st = bt_tokenizer_load(eng->model_dir, &tok, err, errlen);
-        if (st == BT_OK) st = bt_tokenizer_engram_token_map(tok, &map, &classes);
-        bt_tokenizer_destroy(tok);
-        if (st != BT_OK) return st;
-    }
-    bt_model_options_t opt = bt_model_options_default();
-    opt.engram_token_map = map;
-    opt.engram_classes = classes;
-    opt.n_threads = threads;
-    opt.max_ctx = context_length;
-    opt.max_batch_seqs = max_batch_seqs;
-    opt.max_batch_tokens = max_batch_tokens;
-    opt.comm = comm;
-    if (dev) {
-        opt.device = dev->device;
-        opt.gpu = dev->gpu;
-        opt.cuda_weights = dev->weights;
-    }
-    st = bt_model_load(eng->model_dir, &opt, &eng->model, err, errlen);
-    free(map);
-    if (st != BT_OK) return st;
-    eng->cfg = bt_model_config(eng->model);
-    bt_kv_layout_init(&eng->layout, eng->cfg, context_length);
-    eng->compat_hash = bt_kv_compat_hash(eng->cfg, &eng->layout, bt_model_tp_size(eng->model));
-    BT_LOG_INFO("model %s: %d layers, hidden %d, vocab %d; context %lld, KV slot %.1f KiB",
-                eng->model_dir, eng->cfg->n_layers, eng->cfg->hidden, eng->cfg->vocab,
-                (long long)context_length, (double)eng->layout.slot_bytes / 1024.0);
-    return BT_OK;
-}
-
-bt_status_t bt_service_engine_open_sim(const char *model_path, const char *served_name,
-                                       int64_t context_length, bt_service_engine_t *eng,
-                                       char *err, size_t errlen)
-{
-    memset(eng, 0, sizeof *eng);
-    bt_status_t st;
-    if (!model_path) {
-        bt_demo_model_default_dir(eng->model_dir, sizeof eng->model_dir);
-        st = bt_demo_model_ensure(eng->model_dir, err, errlen);
-        if (st != BT_OK) return st;
-    } else {
-        snprintf(eng->model_dir, sizeof eng->model_dir, "%s", model_path);
-    }
-    snprintf(eng->served_name, sizeof eng->served_name, "%s",
-             served_name ? served_name : (model_path ? model_path : "baton-demo"));
-    st = bt_model_config_load(eng->model_dir, &eng->sim_cfg, err, errlen);
-    if (st != BT_OK) return st;
-    if (context_length <= 0) context_length = eng->sim_cfg.max_position < 8192 ? eng->sim_cfg.max_position : 8192;
-    eng->cfg = &eng->sim_cfg;
-    st = bt_kv_layout_init(&eng->layout, eng->cfg, context_length);
-    if (st != BT_OK) {
-        snprintf(err, errlen, "no KV layout for a %lld-token context", (long long)context_length);
-        return st;
-    }
-    eng->compat_hash = bt_kv_compat_hash(eng->cfg, &eng->layout, 1) ^ BT_SIM_COMPAT_MARKER;
-    BT_LOG_INFO("simulating model %s (config only, no weights): context %lld, KV slot %.1f KiB",
-                eng->model_dir, (long long)context_length, (double)eng->layout.slot_bytes / 1024.0);
-    return BT_OK;
-}
-
-void bt_service_engine_close(bt_service_engine_t *eng)
-{
-    bt_model_destroy(eng->model);
-    eng->model = NULL;
 }
 
 /* ---- registration ------------------------------------------------------------------------ */
