@@ -8,11 +8,27 @@
 
 enum { ATT_WARPS = 8, ATT_KEYS = 16, ATT_MAXD = 512, ATT_PER_LANE = ATT_MAXD / 32 };
 
+/* Key splits (flash-decoding) when (tokens x head groups) leave the GPU idle: enough blocks
+ * for about two waves on 132 SMs, at least 64 keys per split, at most 32 splits. */
+static int att_splits(int T, int H, int max_keys)
+{
+    long blocks = (long)T * bt__cdiv(H, ATT_WARPS);
+    int s = (int)((264 + blocks - 1) / blocks);
+    int by_keys = max_keys / 64;
+    if (s > by_keys) s = by_keys;
+    if (s > 32) s = 32;
+    return s < 1 ? 1 : s;
+}
+
+/* splits == 1: the whole softmax, normalized and rotated, into out. splits > 1: block z takes
+ * keys [z * chunk, z * chunk + chunk) and writes its unnormalized partial (max, sum, o[dim])
+ * to work[((t * H + h) * splits + z) * (dim + 2)], for attention_combine_kernel. */
 template <typename T>
 __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(
     T *out, const T *q, const T *win_kv, const int32_t *win_idx, const int32_t *win_n,
     int win_stride, const T *comp_kv, const int32_t *sel, const int32_t *sel_n, int sel_stride,
-    const float *sink, const int64_t *pos, const float *inv_freq, int half, int H, int dim)
+    const float *sink, const int64_t *pos, const float *inv_freq, int half, int H, int dim,
+    int splits, int chunk, float *work)
 {
     __shared__ float keys[ATT_KEYS][ATT_MAXD];
     int t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -20,6 +36,11 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(
     bool active = h < H;
     int nd = (dim + 31) / 32, dimr = nd * 32; /* lanes past dim hold zeros */
     int nw = win_n[t], ns = sel_n ? sel_n[t] : 0, nk = nw + ns;
+    int k_lo = 0;
+    if (splits > 1) {
+        k_lo = blockIdx.z * chunk;
+        nk = min(nk, k_lo + chunk);
+    }
     float scale = 1.0f / sqrtf((float)dim);
 
     float qv[ATT_PER_LANE], o[ATT_PER_LANE];
@@ -29,9 +50,10 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(
         qv[i] = lane + 32 * i < dim ? bt_ld(qh, lane + 32 * i) : 0.0f;
         o[i] = 0.0f;
     }
-    float m = active ? sink[h] : 0.0f, l = 1.0f;
+    /* the whole softmax starts from the sink (m = sink, l = 1); a partial from nothing */
+    float m = splits > 1 ? -INFINITY : (active ? sink[h] : 0.0f), l = splits > 1 ? 0.0f : 1.0f;
 
-    for (int c0 = 0; c0 < nk; c0 += ATT_KEYS) {
+    for (int c0 = k_lo; c0 < nk; c0 += ATT_KEYS) {
         int kc = min(ATT_KEYS, nk - c0);
         __syncthreads();
         for (int e = threadIdx.x; e < kc * dimr; e += ATT_WARPS * 32) {
@@ -56,7 +78,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(
             }
             s[c] = p;
         }
-        float mn = fmaxf(m, mc), alpha = expf(m - mn);
+        float mn = fmaxf(m, mc), alpha = m == -INFINITY ? 0.0f : expf(m - mn);
         l *= alpha;
 #pragma unroll
         for (int i = 0; i < ATT_PER_LANE; i++) o[i] *= alpha;
@@ -73,6 +95,14 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(
         m = mn;
     }
     if (!active) return;
+    if (splits > 1) {
+        float *w = work + (((size_t)t * H + h) * splits + blockIdx.z) * (dim + 2);
+        if (lane == 0) w[0] = m, w[1] = l;
+#pragma unroll
+        for (int i = 0; i < ATT_PER_LANE; i++)
+            if (i < nd && lane + 32 * i < dim) w[2 + lane + 32 * i] = o[i];
+        return;
+    }
     float inv = 1.0f / l;
     int r0 = dim - 2 * half;
     float p64 = (float)pos[t];
@@ -93,6 +123,49 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(
     }
 }
 
+/* Folds the partials of every split with the sink: M = max(sink, m_z), L = e^(sink - M) +
+ * sum l_z e^(m_z - M), out = sum o_z e^(m_z - M) / L, then the inverse RoPE. One block per
+ * (head, token), a thread per pair of channels. */
+template <typename T>
+__global__ void attention_combine_kernel(T *out, const float *work, const float *sink,
+                                         const int64_t *pos, const float *inv_freq, int half, int H,
+                                         int dim, int splits)
+{
+    int h = blockIdx.x, t = blockIdx.y;
+    const float *w = work + ((size_t)t * H + h) * splits * (dim + 2);
+    float M = sink[h];
+    for (int z = 0; z < splits; z++)
+        if (w[z * (dim + 2) + 1] > 0.0f) M = fmaxf(M, w[z * (dim + 2)]);
+    float L = expf(sink[h] - M);
+    for (int z = 0; z < splits; z++) {
+        float lz = w[z * (dim + 2) + 1];
+        if (lz > 0.0f) L += lz * expf(w[z * (dim + 2)] - M);
+    }
+    float inv = 1.0f / L, p64 = (float)pos[t];
+    int r0 = dim - 2 * half;
+    T *oh = out + ((size_t)t * H + h) * dim;
+    for (int d = 2 * threadIdx.x; d < dim; d += 2 * blockDim.x) {
+        float v[2];
+        for (int e = 0; e < 2; e++) {
+            float acc = 0.0f;
+            for (int z = 0; z < splits; z++) {
+                const float *wz = w + (size_t)z * (dim + 2);
+                if (wz[1] > 0.0f) acc += wz[2 + d + e] * expf(wz[0] - M);
+            }
+            v[e] = acc * inv;
+        }
+        if (d >= r0) {
+            float f = inv_freq[(d - r0) >> 1] * p64;
+            float cs = cosf(f), sn = -sinf(f);
+            float a = v[0], b = v[1];
+            v[0] = a * cs - b * sn;
+            v[1] = b * cs + a * sn;
+        }
+        bt_st(oh, d, v[0]);
+        bt_st(oh, d + 1, v[1]);
+    }
+}
+
 extern "C" bt_status_t bt_cuda_attention(void *out, const void *q, const void *win_kv,
                                          const int32_t *win_idx, const int32_t *win_n,
                                          int win_stride, const void *comp_kv, const int32_t *sel,
@@ -101,19 +174,55 @@ extern "C" bt_status_t bt_cuda_attention(void *out, const void *q, const void *w
                                          bt_cuda_dtype_t dtype, int T, int H, int dim,
                                          cudaStream_t stream)
 {
+    return bt_cuda_attention_ws(out, q, win_kv, win_idx, win_n, win_stride, comp_kv, sel, sel_n,
+                                sel_stride, sink, pos, inv_freq, half, dtype, T, H, dim, NULL, 0,
+                                stream);
+}
+
+extern "C" size_t bt_cuda_attention_ws_floats(int T, int H, int dim, int max_keys)
+{
+    return (size_t)T * H * (size_t)att_splits(T, H, max_keys) * (size_t)(dim + 2);
+}
+
+extern "C" bt_status_t bt_cuda_attention_ws(void *out, const void *q, const void *win_kv,
+                                         const int32_t *win_idx, const int32_t *win_n,
+                                         int win_stride, const void *comp_kv, const int32_t *sel,
+                                         const int32_t *sel_n, int sel_stride, const float *sink,
+                                         const int64_t *pos, const float *inv_freq, int half,
+                                         bt_cuda_dtype_t dtype, int T, int H, int dim,
+                                         float *work, size_t work_floats, cudaStream_t stream)
+{
     BT_CUDA_REQUIRE(out && q && win_kv && win_idx && win_n && sink && pos && bt__dtype_ok(dtype));
     BT_CUDA_REQUIRE(!sel_n || (sel && comp_kv));
     BT_CUDA_REQUIRE(T > 0 && H > 0 && dim > 0 && dim % 2 == 0 && dim <= ATT_MAXD);
     BT_CUDA_REQUIRE(half >= 0 && 2 * half <= dim && (half == 0 || inv_freq));
-    dim3 grid(bt__cdiv(H, ATT_WARPS), T);
+    int max_keys = win_stride + (sel_n ? sel_stride : 0);
+    int splits = work ? att_splits(T, H, max_keys) : 1;
+    while (splits > 1 && (size_t)T * H * splits * (dim + 2) > work_floats) splits--;
+    int chunk = bt__cdiv(max_keys, splits);
+    chunk = bt__cdiv(chunk, ATT_KEYS) * ATT_KEYS; /* whole staging rounds per split */
+    if (splits > 1) splits = bt__cdiv(max_keys, chunk);
+    dim3 grid(bt__cdiv(H, ATT_WARPS), T, splits);
     typedef __nv_bfloat16 bf;
     if (dtype == BT_CUDA_F32)
         attention_kernel<<<grid, ATT_WARPS * 32, 0, stream>>>(
             (float *)out, (const float *)q, (const float *)win_kv, win_idx, win_n, win_stride,
-            (const float *)comp_kv, sel, sel_n, sel_stride, sink, pos, inv_freq, half, H, dim);
+            (const float *)comp_kv, sel, sel_n, sel_stride, sink, pos, inv_freq, half, H, dim,
+            splits, chunk, work);
     else
         attention_kernel<<<grid, ATT_WARPS * 32, 0, stream>>>(
             (bf *)out, (const bf *)q, (const bf *)win_kv, win_idx, win_n, win_stride,
-            (const bf *)comp_kv, sel, sel_n, sel_stride, sink, pos, inv_freq, half, H, dim);
+            (const bf *)comp_kv, sel, sel_n, sel_stride, sink, pos, inv_freq, half, H, dim,
+            splits, chunk, work);
+    if (splits > 1) {
+        dim3 cgrid(H, T);
+        int threads = min(256, (dim / 2 + 31) / 32 * 32);
+        if (dtype == BT_CUDA_F32)
+            attention_combine_kernel<<<cgrid, threads, 0, stream>>>((float *)out, work, sink, pos,
+                                                                    inv_freq, half, H, dim, splits);
+        else
+            attention_combine_kernel<<<cgrid, threads, 0, stream>>>((bf *)out, work, sink, pos,
+                                                                    inv_freq, half, H, dim, splits);
+    }
     return bt__cuda_launched("attention");
 }

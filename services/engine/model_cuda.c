@@ -105,6 +105,8 @@ struct bt_model_cuda {
     size_t xb_cap, ytmp_cap; /* elements */
     int32_t *topk, *topk_n, *cand, *cand_n, *sel_n, *moe_idx;
     size_t score_cap;  /* floats in scores */
+    float *att_ws;     /* attention's split-key partials (decode) */
+    size_t att_ws_cap;
     int nblk_cap;      /* candidate blocks a row of bmax holds */
     int logit_rows;    /* rows of dlogits */
     /* per-forward plans: bump-allocated in pinned host memory, copied to the same offset of
@@ -432,6 +434,8 @@ static void alloc_scratch(up_t *u)
     cu->qi = scratch(u, N * ih * ihd);
     cu->iw = scratch(u, N * ih);
     cu->win_stage = scratch(u, (S * W + N) * hd);
+    cu->att_ws_cap = bt_cuda_attention_ws_floats(1, m->hl, (int)hd, (int)W + (c->index_topk > 0 ? c->index_topk : 1));
+    cu->att_ws = scratch(u, cu->att_ws_cap);
     cu->cstage_kv = scratch(u, lat * hd);
     cu->cstage_gate = scratch(u, lat * hd);
     cu->latent = scratch(u, lat * hd);
@@ -641,7 +645,7 @@ void bt_model_cuda_destroy(struct bt_model_cuda *cu)
                      cu->win_stage, cu->cstage_kv, cu->cstage_gate, cu->latent, cu->ikey,
                      cu->scores, cu->bmax, cu->gate_logits, cu->moe_wts, cu->xg, cu->gu, cu->hbuf,
                      cu->yg, cu->sh_gu, cu->sh_h, cu->sh, cu->e_cat, cu->e_kv, cu->hidden,
-                     cu->hsel, cu->dlogits, cu->ytmp, (float *)cu->xb, (float *)cu->hb, (float *)cu->topk, (float *)cu->topk_n,
+                     cu->hsel, cu->dlogits, cu->ytmp, cu->att_ws, (float *)cu->xb, (float *)cu->hb, (float *)cu->topk, (float *)cu->topk_n,
                      (float *)cu->cand, (float *)cu->cand_n, (float *)cu->sel_n,
                      (float *)cu->moe_idx, (float *)cu->meta_d, (float *)cu->mirror_mem};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cudaFree(bufs[i]);
@@ -989,10 +993,10 @@ static bt_status_t attention(fwd_t *f, int l)
             CK(bt_cuda_trim_sel(cu->sel_n + first, sel, sel_n, c->index_topk, n, have, st));
             sel_n = cu->sel_n + first;
         }
-        CK(bt_cuda_attention(cu->attn + (size_t)first * H * hd, cu->q + (size_t)first * H * hd, stage,
-                             f->win_idx_d + (size_t)first * W, f->win_n_d + first, W, comp_kv, sel, sel_n,
-                             c->index_topk, w->attn_sink, f->pos_d + first, inv, half, BT_CUDA_F32, n, H,
-                             hd, st));
+        CK(bt_cuda_attention_ws(cu->attn + (size_t)first * H * hd, cu->q + (size_t)first * H * hd, stage,
+                                f->win_idx_d + (size_t)first * W, f->win_n_d + first, W, comp_kv, sel, sel_n,
+                                c->index_topk, w->attn_sink, f->pos_d + first, inv, half, BT_CUDA_F32, n, H,
+                                hd, cu->att_ws, cu->att_ws_cap, st));
     }
     /* the output groups: this rank's, over its own heads; or, when the groups do not split
      * over the ranks, all of them over every rank's heads ([rank][token][heads] gathered) */

@@ -54,6 +54,7 @@ typedef enum {
     OP_MASK_BLOCKS, /* s: T n bs kept */
     OP_TRIM_SEL,    /* s: T stride */
     OP_TO_BF16,     /* s: rows cols pad */
+    OP_ATTENTION_WS, /* s: as OP_ATTENTION, keys split over blocks (flash-decoding) */
 } op_t;
 
 static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped", "rmsnorm",
@@ -62,7 +63,7 @@ static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped
                                  "moe_route",  "swiglu",       "engram_gather",    "engram_inject",
                                  "sample",     "gemm_f32",     "embed_streams",    "gather_rows",
                                  "scale",      "moe_combine",  "compress_pool",    "block_max",
-                                 "mask_blocks", "trim_sel",   "to_bf16"};
+                                 "mask_blocks", "trim_sel",   "to_bf16",          "attention_ws"};
 
 typedef struct {
     op_t op;
@@ -163,6 +164,12 @@ static const case_t cases[] = {
     {OP_TRIM_SEL, F32, {9, 12}, 0},
     {OP_TO_BF16, BF16, {7, 40, 3}, 0},
     {OP_TO_BF16, BF16, {64, 5120, 0}, 0},
+    {OP_ATTENTION_WS, F32, {1, 64, 512, 32, 128, 512}, 0},
+    {OP_ATTENTION_WS, BF16, {1, 64, 512, 32, 128, 512}, 0},
+    {OP_ATTENTION_WS, F32, {1, 4, 40, 16, 8, 6}, 0},
+    {OP_ATTENTION_WS, F32, {3, 8, 512, 32, 128, 64}, 0},
+    {OP_ATTENTION_WS, F32, {2, 5, 96, 8, 7, 0}, 0},
+    {OP_ATTENTION_WS, BF16, {16, 64, 512, 32, 128, 512}, 0},
     /* large: timed with --perf (GEMM references on a few sampled rows) */
     {OP_GEMM_BF16, BF16, {4096, 4096, 4096}, 1},
     {OP_GEMM_BF16, BF16, {8, 32768, 1280}, 1},
@@ -175,6 +182,9 @@ static const case_t cases[] = {
     {OP_HC_MIX, F32, {1024, 4, 5120}, 1},
     {OP_HC_EXPAND, BF16, {4096, 4, 5120}, 1},
     {OP_ATTENTION, BF16, {64, 64, 512, 32, 128, 512}, 1},
+    {OP_ATTENTION, BF16, {1, 64, 512, 32, 128, 512}, 1},
+    {OP_ATTENTION_WS, BF16, {1, 64, 512, 32, 128, 512}, 1},
+    {OP_ATTENTION_WS, BF16, {16, 64, 512, 32, 128, 512}, 1},
     {OP_INDEX, F32, {16, 32, 128, 32768}, 1},
     {OP_TOPK, F32, {64, 65536, 512, 0}, 1},
     {OP_MOE_ROUTE, F32, {4096, 384, 6}, 1},
@@ -832,14 +842,21 @@ typedef struct {
     int64_t *pos;
     int T, H, dim, half, W, S;
     bt_cuda_dtype_t dt;
+    float *work; /* OP_ATTENTION_WS */
+    size_t work_floats;
 } att_ctx_t;
 
 static void launch_attention(void *p)
 {
     att_ctx_t *c = p;
-    BT_OK_OR_DIE(bt_cuda_attention(c->out, c->q, c->win, c->widx, c->wn, c->W, c->comp, c->sel,
-                                   c->sn, c->S, c->sink, c->pos, c->freq, c->half, c->dt, c->T,
-                                   c->H, c->dim, 0));
+    if (c->work)
+        BT_OK_OR_DIE(bt_cuda_attention_ws(c->out, c->q, c->win, c->widx, c->wn, c->W, c->comp, c->sel,
+                                          c->sn, c->S, c->sink, c->pos, c->freq, c->half, c->dt, c->T,
+                                          c->H, c->dim, c->work, c->work_floats, 0));
+    else
+        BT_OK_OR_DIE(bt_cuda_attention(c->out, c->q, c->win, c->widx, c->wn, c->W, c->comp, c->sel,
+                                       c->sn, c->S, c->sink, c->pos, c->freq, c->half, c->dt, c->T,
+                                       c->H, c->dim, 0));
 }
 
 static void run_attention(const case_t *cs, result_t *r)
@@ -874,6 +891,12 @@ static void run_attention(const case_t *cs, result_t *r)
     c.sink = dup(sink, (size_t)H * 4);
     c.freq = dup(freq, (size_t)(half > 0 ? half : 1) * 4);
     c.pos = dup(pos, (size_t)T * 8);
+    if (cs->op == OP_ATTENTION_WS) {
+        c.work_floats = bt_cuda_attention_ws_floats(T, H, dim, W + Sst);
+        c.work = dalloc(c.work_floats * 4);
+        poison(c.work, c.work_floats * 4);
+        snprintf(r->note, sizeof r->note, "%zu splits", c.work_floats / ((size_t)T * H * (dim + 2)));
+    }
     size_t esz = cs->dt == BF16 ? 2 : 4, on = (size_t)T * H * dim;
     c.out = dalloc(on * esz);
     poison(c.out, on * esz);
@@ -1504,6 +1527,7 @@ static void run_case(const case_t *cs, result_t *r)
     case OP_MASK_BLOCKS: run_mask_blocks(cs, r); break;
     case OP_TRIM_SEL: run_trim_sel(cs, r); break;
     case OP_TO_BF16: run_to_bf16(cs, r); break;
+    case OP_ATTENTION_WS: run_attention(cs, r); break;
     }
 }
 
