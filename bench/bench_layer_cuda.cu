@@ -436,6 +436,8 @@ typedef struct {
     size_t win_rows;
     float *x, *x0, *pre_in, *pre_a, *pre_f, *post, *comb;
     uint16_t *xin, *qr, *q, *win, *comp, *attn, *attn_g, *oa_g, *oa, *o_attn, *h, *sh;
+    float *att_ws; /* attention's split-key partials (decode) */
+    size_t att_ws_n;
     float *kv, *ikeys, *qi, *iw, *scores, *logits, *rw, *row_w, *gu, *y2, *sgu, *sy, *moe;
     int32_t *sel, *sel_n, *win_idx, *win_n, *kv_row, *ridx, *offs, *rows, *row_of;
     int64_t *pos, *visible;
@@ -471,6 +473,8 @@ static bt_status_t case_make(arena_t *a, case_t *c, uint32_t seed, cudaStream_t 
     DALLOC(a, c->pos, (size_t)T * 8);
     DALLOC(a, c->visible, (size_t)T * 8);
     DALLOC(a, c->attn, (size_t)T * NH * HD * 2);
+    c->att_ws_n = bt_cuda_attention_ws_floats(T, NH, HD, WIN + ITOPK);
+    DALLOC(a, c->att_ws, c->att_ws_n * 4);
     DALLOC(a, c->attn_g, (size_t)T * NH * HD * 2);
     DALLOC(a, c->oa_g, (size_t)T * OG * OL * 2);
     DALLOC(a, c->oa, (size_t)T * OG * OL * 2);
@@ -616,9 +620,9 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
     BT_TRY(mark(ev, 3, st, capture));
 
     /* attention core */
-    BT_TRY(bt_cuda_attention(c->attn, c->q, c->win, c->win_idx, c->win_n, WIN, c->comp, c->sel,
-                             c->sel_n, ITOPK, W->sink, c->pos, W->inv_freq, ROPE_HALF, BF16, T,
-                             NH, HD, st));
+    BT_TRY(bt_cuda_attention_ws(c->attn, c->q, c->win, c->win_idx, c->win_n, WIN, c->comp, c->sel,
+                                c->sel_n, ITOPK, W->sink, c->pos, W->inv_freq, ROPE_HALF, BF16, T,
+                                NH, HD, c->att_ws, c->att_ws_n, st));
     BT_TRY(mark(ev, 4, st, capture));
 
     /* attention projections (out): wo_a per group of 8 heads, then wo_b */

@@ -23,7 +23,7 @@ static int att_splits(int T, int H, int max_keys)
 /* splits == 1: the whole softmax, normalized and rotated, into out. splits > 1: block z takes
  * keys [z * chunk, z * chunk + chunk) and writes its unnormalized partial (max, sum, o[dim])
  * to work[((t * H + h) * splits + z) * (dim + 2)], for attention_combine_kernel. */
-template <typename T>
+template <typename T, bool SPLIT>
 __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(
     T *out, const T *q, const T *win_kv, const int32_t *win_idx, const int32_t *win_n,
     int win_stride, const T *comp_kv, const int32_t *sel, const int32_t *sel_n, int sel_stride,
@@ -37,7 +37,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(
     int nd = (dim + 31) / 32, dimr = nd * 32; /* lanes past dim hold zeros */
     int nw = win_n[t], ns = sel_n ? sel_n[t] : 0, nk = nw + ns;
     int k_lo = 0;
-    if (splits > 1) {
+    if (SPLIT) {
         k_lo = blockIdx.z * chunk;
         nk = min(nk, k_lo + chunk);
     }
@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(
         o[i] = 0.0f;
     }
     /* the whole softmax starts from the sink (m = sink, l = 1); a partial from nothing */
-    float m = splits > 1 ? -INFINITY : (active ? sink[h] : 0.0f), l = splits > 1 ? 0.0f : 1.0f;
+    float m = SPLIT ? -INFINITY : (active ? sink[h] : 0.0f), l = SPLIT ? 0.0f : 1.0f;
 
     for (int c0 = k_lo; c0 < nk; c0 += ATT_KEYS) {
         int kc = min(ATT_KEYS, nk - c0);
@@ -78,7 +78,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(
             }
             s[c] = p;
         }
-        float mn = fmaxf(m, mc), alpha = m == -INFINITY ? 0.0f : expf(m - mn);
+        float mn = fmaxf(m, mc), alpha = SPLIT && m == -INFINITY ? 0.0f : expf(m - mn);
         l *= alpha;
 #pragma unroll
         for (int i = 0; i < ATT_PER_LANE; i++) o[i] *= alpha;
@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(
         m = mn;
     }
     if (!active) return;
-    if (splits > 1) {
+    if (SPLIT) {
         float *w = work + (((size_t)t * H + h) * splits + blockIdx.z) * (dim + 2);
         if (lane == 0) w[0] = m, w[1] = l;
 #pragma unroll
@@ -204,16 +204,21 @@ extern "C" bt_status_t bt_cuda_attention_ws(void *out, const void *q, const void
     if (splits > 1) splits = bt__cdiv(max_keys, chunk);
     dim3 grid(bt__cdiv(H, ATT_WARPS), T, splits);
     typedef __nv_bfloat16 bf;
-    if (dtype == BT_CUDA_F32)
-        attention_kernel<<<grid, ATT_WARPS * 32, 0, stream>>>(
-            (float *)out, (const float *)q, (const float *)win_kv, win_idx, win_n, win_stride,
-            (const float *)comp_kv, sel, sel_n, sel_stride, sink, pos, inv_freq, half, H, dim,
-            splits, chunk, work);
-    else
-        attention_kernel<<<grid, ATT_WARPS * 32, 0, stream>>>(
-            (bf *)out, (const bf *)q, (const bf *)win_kv, win_idx, win_n, win_stride,
-            (const bf *)comp_kv, sel, sel_n, sel_stride, sink, pos, inv_freq, half, H, dim,
-            splits, chunk, work);
+    /* the split and the whole kernel are separate instances: the whole one (prefill) keeps the
+     * registers and code it had before splits existed */
+#define ATT_LAUNCH(TY, SP)                                                                          \
+    attention_kernel<TY, SP><<<grid, ATT_WARPS * 32, 0, stream>>>(                                  \
+        (TY *)out, (const TY *)q, (const TY *)win_kv, win_idx, win_n, win_stride,                  \
+        (const TY *)comp_kv, sel, sel_n, sel_stride, sink, pos, inv_freq, half, H, dim, splits,    \
+        chunk, work)
+    if (dtype == BT_CUDA_F32) {
+        if (splits > 1) ATT_LAUNCH(float, true);
+        else ATT_LAUNCH(float, false);
+    } else {
+        if (splits > 1) ATT_LAUNCH(bf, true);
+        else ATT_LAUNCH(bf, false);
+    }
+#undef ATT_LAUNCH
     if (splits > 1) {
         dim3 cgrid(H, T);
         int threads = min(256, (dim / 2 + 31) / 32 * 32);
