@@ -438,6 +438,8 @@ typedef struct {
     uint16_t *xin, *qr, *q, *win, *comp, *attn, *attn_g, *oa_g, *oa, *o_attn, *h, *sh;
     float *att_ws; /* attention's split-key partials (decode) */
     size_t att_ws_n;
+    int32_t *elist; /* the experts the routing hit (read back at warm-up), for the FP4 GEMMs */
+    int n_elist;
     float *kv, *ikeys, *qi, *iw, *scores, *logits, *rw, *row_w, *gu, *y2, *sgu, *sy, *moe;
     int32_t *sel, *sel_n, *win_idx, *win_n, *kv_row, *ridx, *offs, *rows, *row_of;
     int64_t *pos, *visible;
@@ -666,12 +668,21 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
     LAUNCHED("moe_dispatch");
     BT_TRY(mark(ev, 7, st, capture));
 
-    /* experts: routed (FP4, grouped; the routing weight before w2), shared (FP8) */
-    BT_TRY(bt_cuda_gemm_fp4_grouped(c->gu, F32, c->xin, c->rows, c->offs, NE, c->max_rows,
-                                    W->w13, W->w13_s, 2 * MI, HID, st));
-    BT_TRY(bt_cuda_swiglu(c->h, BF16, c->gu, c->row_w, R, MI, SWIGLU_LIMIT, st));
-    BT_TRY(bt_cuda_gemm_fp4_grouped(c->y2, F32, c->h, NULL, c->offs, NE, c->max_rows, W->w2,
-                                    W->w2_s, HID, MI, st));
+    /* experts: routed (FP4, grouped over the experts hit once the warm-up read them back;
+     * the routing weight before w2), shared (FP8) */
+    if (c->elist) {
+        BT_TRY(bt_cuda_gemm_fp4_grouped_list(c->gu, F32, c->xin, c->rows, c->offs, c->elist, c->n_elist,
+                                             c->max_rows, W->w13, W->w13_s, 2 * MI, HID, st));
+        BT_TRY(bt_cuda_swiglu(c->h, BF16, c->gu, c->row_w, R, MI, SWIGLU_LIMIT, st));
+        BT_TRY(bt_cuda_gemm_fp4_grouped_list(c->y2, F32, c->h, NULL, c->offs, c->elist, c->n_elist,
+                                             c->max_rows, W->w2, W->w2_s, HID, MI, st));
+    } else {
+        BT_TRY(bt_cuda_gemm_fp4_grouped(c->gu, F32, c->xin, c->rows, c->offs, NE, c->max_rows,
+                                        W->w13, W->w13_s, 2 * MI, HID, st));
+        BT_TRY(bt_cuda_swiglu(c->h, BF16, c->gu, c->row_w, R, MI, SWIGLU_LIMIT, st));
+        BT_TRY(bt_cuda_gemm_fp4_grouped(c->y2, F32, c->h, NULL, c->offs, NE, c->max_rows, W->w2,
+                                        W->w2_s, HID, MI, st));
+    }
     BT_TRY(bt_cuda_gemm_fp8(c->sgu, F32, c->xin, W->sw13.w, W->sw13.s, T, 2 * MI, HID, st));
     BT_TRY(bt_cuda_swiglu(c->sh, BF16, c->sgu, NULL, T, MI, SWIGLU_LIMIT, st));
     BT_TRY(bt_cuda_gemm_fp8(c->sy, F32, c->sh, W->sw2.w, W->sw2.s, T, HID, MI, st));
@@ -1103,6 +1114,15 @@ static bt_status_t case_measure(const weights_t *W, bt_cuda_blas_t *blas, case_t
     }
     c->max_rows = mx;
     c->hit = hit;
+    {
+        int32_t list[NE];
+        int k = 0;
+        for (int e = 0; e < NE; e++)
+            if (offs[e + 1] > offs[e]) list[k++] = e;
+        if (!c->elist) CU_TRY(cudaMalloc((void **)&c->elist, sizeof list));
+        CU_TRY(cudaMemcpy(c->elist, list, (size_t)k * sizeof(int32_t), cudaMemcpyHostToDevice));
+        c->n_elist = k;
+    }
 
     /* the output of one run from the restored X with that bound: finite, dumped on request */
     CU_TRY(cudaMemcpyAsync(c->x, c->x0, xbytes, cudaMemcpyDeviceToDevice, st));

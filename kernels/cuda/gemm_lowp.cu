@@ -109,14 +109,14 @@ template <int FMT, typename OT>
 __global__ void __launch_bounds__(TILE_THREADS) gemm_tile(OT *y, const __nv_bfloat16 *x,
                                                           const int32_t *rows, const int32_t *offs,
                                                           const uint8_t *w, const uint8_t *ws,
-                                                          int M, int N, int K)
+                                                          int M, int N, int K, const int32_t *elist)
 {
     __shared__ __align__(128) unsigned char smem[BM * LDC * 4];
     __nv_bfloat16(*sa)[LDS] = (__nv_bfloat16(*)[LDS])smem;
     __nv_bfloat16(*sb)[LDS] = (__nv_bfloat16(*)[LDS])(smem + BM * LDS * 2);
     float(*sc)[LDC] = (float(*)[LDC])smem;
 
-    int e = blockIdx.z, tid = threadIdx.x, warp = tid >> 5;
+    int e = elist ? elist[blockIdx.z] : blockIdx.z, tid = threadIdx.x, warp = tid >> 5;
     int r0 = offs ? offs[e] : 0, r1 = offs ? offs[e + 1] : M;
     int m0 = r0 + blockIdx.y * BM, n0 = blockIdx.x * BN;
     if (m0 >= r1) return;
@@ -213,9 +213,11 @@ template <int FMT, typename OT>
 __global__ void __launch_bounds__(SK_WARPS * 32) gemm_skinny(OT *y, const __nv_bfloat16 *x,
                                                              const int32_t *rows,
                                                              const int32_t *offs, const uint8_t *w,
-                                                             const uint8_t *ws, int M, int N, int K)
+                                                             const uint8_t *ws, int M, int N, int K,
+                                                             const int32_t *elist)
 {
-    int lane = threadIdx.x & 31, n = blockIdx.x * SK_WARPS + (threadIdx.x >> 5), e = blockIdx.y;
+    int lane = threadIdx.x & 31, n = blockIdx.x * SK_WARPS + (threadIdx.x >> 5);
+    int e = elist ? elist[blockIdx.y] : blockIdx.y;
     if (n >= N) return; /* no block barriers below */
     int r0 = offs ? offs[e] : 0, r1 = offs ? offs[e + 1] : M;
     expert_weights<FMT>(w, ws, e, N, K);
@@ -309,25 +311,26 @@ __global__ void __launch_bounds__(SK_WARPS * 32) gemm_skinny(OT *y, const __nv_b
 template <int FMT>
 static bt_status_t launch(void *y, bt_cuda_dtype_t yd, const uint16_t *x, const int32_t *rows,
                           const int32_t *offs, int groups, int max_rows, const uint8_t *w,
-                          const uint8_t *ws, int M, int N, int K, cudaStream_t stream)
+                          const uint8_t *ws, int M, int N, int K, const int32_t *elist,
+                          cudaStream_t stream)
 {
     const __nv_bfloat16 *xb = (const __nv_bfloat16 *)x;
     if (max_rows <= SKINNY_MAX_ROWS) {
         dim3 grid(bt__cdiv(N, SK_WARPS), groups);
         if (yd == BT_CUDA_BF16)
             gemm_skinny<FMT><<<grid, SK_WARPS * 32, 0, stream>>>((__nv_bfloat16 *)y, xb, rows,
-                                                                 offs, w, ws, M, N, K);
+                                                                 offs, w, ws, M, N, K, elist);
         else
             gemm_skinny<FMT><<<grid, SK_WARPS * 32, 0, stream>>>((float *)y, xb, rows, offs, w,
-                                                                 ws, M, N, K);
+                                                                 ws, M, N, K, elist);
     } else {
         dim3 grid(bt__cdiv(N, BN), bt__cdiv(max_rows, BM), groups);
         if (yd == BT_CUDA_BF16)
             gemm_tile<FMT><<<grid, TILE_THREADS, 0, stream>>>((__nv_bfloat16 *)y, xb, rows, offs,
-                                                              w, ws, M, N, K);
+                                                              w, ws, M, N, K, elist);
         else
             gemm_tile<FMT><<<grid, TILE_THREADS, 0, stream>>>((float *)y, xb, rows, offs, w, ws,
-                                                              M, N, K);
+                                                              M, N, K, elist);
     }
     return bt__cuda_launched(FMT == FMT_FP8 ? "gemm_fp8" : "gemm_fp4_grouped");
 }
@@ -338,7 +341,7 @@ extern "C" bt_status_t bt_cuda_gemm_fp8(void *y, bt_cuda_dtype_t y_dtype, const 
 {
     BT_CUDA_REQUIRE(y && x && w && w_scale && bt__dtype_ok(y_dtype));
     BT_CUDA_REQUIRE(M > 0 && N > 0 && K > 0 && M <= 65535 * BM);
-    return launch<FMT_FP8>(y, y_dtype, x, NULL, NULL, 1, M, w, w_scale, M, N, K, stream);
+    return launch<FMT_FP8>(y, y_dtype, x, NULL, NULL, 1, M, w, w_scale, M, N, K, NULL, stream);
 }
 
 extern "C" bt_status_t bt_cuda_gemm_fp4_grouped(void *y, bt_cuda_dtype_t y_dtype,
@@ -351,5 +354,19 @@ extern "C" bt_status_t bt_cuda_gemm_fp4_grouped(void *y, bt_cuda_dtype_t y_dtype
     BT_CUDA_REQUIRE(n_experts > 0 && n_experts <= 65535 && max_rows > 0 && N > 0);
     BT_CUDA_REQUIRE(K > 0 && K % 32 == 0 && max_rows <= 65535 * BM);
     return launch<FMT_FP4>(y, y_dtype, x, rows, offs, n_experts, max_rows, w, w_scale, 0, N, K,
-                           stream);
+                           NULL, stream);
+}
+
+extern "C" bt_status_t bt_cuda_gemm_fp4_grouped_list(void *y, bt_cuda_dtype_t y_dtype,
+                                                     const uint16_t *x, const int32_t *rows,
+                                                     const int32_t *offs, const int32_t *experts,
+                                                     int n_listed, int max_rows, const uint8_t *w,
+                                                     const uint8_t *w_scale, int N, int K,
+                                                     cudaStream_t stream)
+{
+    BT_CUDA_REQUIRE(y && x && offs && experts && w && w_scale && bt__dtype_ok(y_dtype));
+    BT_CUDA_REQUIRE(n_listed > 0 && n_listed <= 65535 && max_rows > 0 && N > 0);
+    BT_CUDA_REQUIRE(K > 0 && K % 32 == 0 && max_rows <= 65535 * BM);
+    return launch<FMT_FP4>(y, y_dtype, x, rows, offs, n_listed, max_rows, w, w_scale, 0, N, K,
+                           experts, stream);
 }

@@ -1104,23 +1104,26 @@ static bt_status_t moe(fwd_t *f, int l)
     CK(plan_send(cu, cnt, cnt_d, (size_t)N * sizeof(int32_t), err, errlen));
     if (w->w13_q) {
         /* packed FP4 experts, grouped: each expert's rows read their token's bf16 input */
-        int32_t *row32, *row32_d, *offs, *offs_d;
+        int32_t *row32, *row32_d, *offs, *offs_d, *hit, *hit_d;
         PLAN(f, int32_t, total, row32, row32_d);
         PLAN(f, int32_t, E + 1, offs, offs_d);
+        PLAN(f, int32_t, E, hit, hit_d);
         for (int r = 0; r < total; r++) row32[r] = (int32_t)xrow[r];
-        int max_rows = 0;
+        int max_rows = 0, n_hit = 0;
         for (int e = 0; e <= E; e++) {
             offs[e] = off[e];
+            if (e < E && off[e + 1] > off[e]) hit[n_hit++] = e; /* blocks only for experts with rows */
             if (e < E && off[e + 1] - off[e] > max_rows) max_rows = off[e + 1] - off[e];
         }
         CK(plan_send(cu, row32, row32_d, (size_t)total * sizeof(int32_t), err, errlen));
         CK(plan_send(cu, offs, offs_d, (size_t)(E + 1) * sizeof(int32_t), err, errlen));
+        CK(plan_send(cu, hit, hit_d, (size_t)n_hit * sizeof(int32_t), err, errlen));
         CK(bt_cuda_to_bf16(cu->xb, cu->xin, N, D, D, st));
-        CK(bt_cuda_gemm_fp4_grouped(cu->gu, BT_CUDA_F32, cu->xb, row32_d, offs_d, E, max_rows, w->w13_q, w->w13_s,
-                                    2 * I, D, st));
+        CK(bt_cuda_gemm_fp4_grouped_list(cu->gu, BT_CUDA_F32, cu->xb, row32_d, offs_d, hit_d, n_hit, max_rows,
+                                         w->w13_q, w->w13_s, 2 * I, D, st));
         CK(bt_cuda_swiglu(cu->hb, BT_CUDA_BF16, cu->gu, wt_d, total, I, limit, st));
-        CK(bt_cuda_gemm_fp4_grouped(cu->yg, BT_CUDA_F32, cu->hb, NULL, offs_d, E, max_rows, w->w2_q, w->w2_s, D, I,
-                                    st));
+        CK(bt_cuda_gemm_fp4_grouped_list(cu->yg, BT_CUDA_F32, cu->hb, NULL, offs_d, hit_d, n_hit, max_rows, w->w2_q,
+                                         w->w2_s, D, I, st));
     } else if (w->w13_bf) {
         /* bf16 experts, one cuBLASLt product per expert hit */
         CK(plan_send(cu, xrow, xrow_d, (size_t)total * sizeof(int64_t), err, errlen));

@@ -55,6 +55,7 @@ typedef enum {
     OP_TRIM_SEL,    /* s: T stride */
     OP_TO_BF16,     /* s: rows cols pad */
     OP_ATTENTION_WS, /* s: as OP_ATTENTION, keys split over blocks (flash-decoding) */
+    OP_GEMM_FP4_LIST, /* s: as OP_GEMM_FP4, launched over the experts with rows only */
 } op_t;
 
 static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped", "rmsnorm",
@@ -63,7 +64,8 @@ static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped
                                  "moe_route",  "swiglu",       "engram_gather",    "engram_inject",
                                  "sample",     "gemm_f32",     "embed_streams",    "gather_rows",
                                  "scale",      "moe_combine",  "compress_pool",    "block_max",
-                                 "mask_blocks", "trim_sel",   "to_bf16",          "attention_ws"};
+                                 "mask_blocks", "trim_sel",   "to_bf16",          "attention_ws",
+                                 "gemm_fp4_listed"};
 
 typedef struct {
     op_t op;
@@ -170,6 +172,8 @@ static const case_t cases[] = {
     {OP_ATTENTION_WS, F32, {3, 8, 512, 32, 128, 64}, 0},
     {OP_ATTENTION_WS, F32, {2, 5, 96, 8, 7, 0}, 0},
     {OP_ATTENTION_WS, BF16, {16, 64, 512, 32, 128, 512}, 0},
+    {OP_GEMM_FP4_LIST, F32, {384, 256, 512, 6, 1}, 0},
+    {OP_GEMM_FP4_LIST, BF16, {16, 130, 2560, 200, 40}, 0},
     /* large: timed with --perf (GEMM references on a few sampled rows) */
     {OP_GEMM_BF16, BF16, {4096, 4096, 4096}, 1},
     {OP_GEMM_BF16, BF16, {8, 32768, 1280}, 1},
@@ -177,6 +181,8 @@ static const case_t cases[] = {
     {OP_GEMM_FP8, BF16, {8, 5120, 8192}, 1},
     {OP_GEMM_FP8, BF16, {4096, 5120, 8192}, 1},
     {OP_GEMM_FP4, BF16, {64, 2304, 5120, 48, 8}, 1},
+    {OP_GEMM_FP4, BF16, {384, 2304, 5120, 6, 1}, 1},
+    {OP_GEMM_FP4_LIST, BF16, {384, 2304, 5120, 6, 1}, 1},
     {OP_GEMM_FP4, BF16, {64, 2304, 5120, 8192, 1365}, 1},
     {OP_RMSNORM, BF16, {4096, 5120, 1}, 1},
     {OP_HC_MIX, F32, {1024, 4, 5120}, 1},
@@ -398,6 +404,8 @@ typedef struct {
     const uint8_t *w8, *s8;
     const int32_t *rows, *offs;
     int M, N, K, E, max_rows;
+    int32_t *elist; /* OP_GEMM_FP4_LIST: the experts with rows */
+    int n_listed;
 } gemm_ctx_t;
 
 static void launch_gemm_bf16(void *p)
@@ -415,8 +423,12 @@ static void launch_gemm_fp8(void *p)
 static void launch_gemm_fp4(void *p)
 {
     gemm_ctx_t *c = p;
-    BT_OK_OR_DIE(bt_cuda_gemm_fp4_grouped(c->y, c->yd, c->x, c->rows, c->offs, c->E, c->max_rows,
-                                          c->w8, c->s8, c->N, c->K, 0));
+    if (c->elist)
+        BT_OK_OR_DIE(bt_cuda_gemm_fp4_grouped_list(c->y, c->yd, c->x, c->rows, c->offs, c->elist, c->n_listed,
+                                                   c->max_rows, c->w8, c->s8, c->N, c->K, 0));
+    else
+        BT_OK_OR_DIE(bt_cuda_gemm_fp4_grouped(c->y, c->yd, c->x, c->rows, c->offs, c->E, c->max_rows,
+                                              c->w8, c->s8, c->N, c->K, 0));
 }
 
 /* random e4m3 byte, never NaN */
@@ -523,6 +535,14 @@ static void run_gemm_fp4(const case_t *cs, result_t *r)
     c.K = K;
     c.yd = cs->dt;
     c.max_rows = max_rows > 0 ? max_rows : 1;
+    if (cs->op == OP_GEMM_FP4_LIST && n_touched > 0) {
+        int32_t *el = xmalloc((size_t)n_touched * 4);
+        for (int e = 0, k = 0; e < E; e++)
+            if (touched[e]) el[k++] = e;
+        c.elist = dup(el, (size_t)n_touched * 4);
+        c.n_listed = n_touched;
+        free(el);
+    }
     size_t ysz = (size_t)R * N * (cs->dt == BF16 ? 2 : 4);
     c.y = dalloc(ysz);
     poison(c.y, ysz);
@@ -1528,6 +1548,7 @@ static void run_case(const case_t *cs, result_t *r)
     case OP_TRIM_SEL: run_trim_sel(cs, r); break;
     case OP_TO_BF16: run_to_bf16(cs, r); break;
     case OP_ATTENTION_WS: run_attention(cs, r); break;
+    case OP_GEMM_FP4_LIST: run_gemm_fp4(cs, r); break;
     }
 }
 
