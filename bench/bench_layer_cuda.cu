@@ -439,6 +439,8 @@ typedef struct {
     float *att_ws; /* attention's split-key partials (decode) */
     size_t att_ws_n;
     int32_t *elist; /* the experts the routing hit (read back at warm-up), for the FP4 GEMMs */
+    int64_t *key_off; /* each token's index-key set (floats into ikeys): one scoring launch */
+    int32_t *n_keys;
     int n_elist;
     float *kv, *ikeys, *qi, *iw, *scores, *logits, *rw, *row_w, *gu, *y2, *sgu, *sy, *moe;
     int32_t *sel, *sel_n, *win_idx, *win_n, *kv_row, *ridx, *offs, *rows, *row_of;
@@ -474,6 +476,8 @@ static bt_status_t case_make(arena_t *a, case_t *c, uint32_t seed, cudaStream_t 
     DALLOC(a, c->kv_row, (size_t)T * 4);
     DALLOC(a, c->pos, (size_t)T * 8);
     DALLOC(a, c->visible, (size_t)T * 8);
+    DALLOC(a, c->key_off, (size_t)T * 8);
+    DALLOC(a, c->n_keys, (size_t)T * 4);
     DALLOC(a, c->attn, (size_t)T * NH * HD * 2);
     c->att_ws_n = bt_cuda_attention_ws_floats(T, NH, HD, WIN + ITOPK);
     DALLOC(a, c->att_ws, c->att_ws_n * 4);
@@ -543,6 +547,18 @@ static bt_status_t case_make(arena_t *a, case_t *c, uint32_t seed, cudaStream_t 
     if (e == cudaSuccess) e = cudaMemcpy(c->kv_row, kv_row, (size_t)T * 4, cudaMemcpyHostToDevice);
     if (e == cudaSuccess) e = cudaMemcpy(c->pos, pos, (size_t)T * 8, cudaMemcpyHostToDevice);
     if (e == cudaSuccess) e = cudaMemcpy(c->visible, vis, (size_t)T * 8, cudaMemcpyHostToDevice);
+    {
+        int64_t *ko = (int64_t *)malloc((size_t)T * 8);
+        int32_t *nk = (int32_t *)malloc((size_t)T * 4);
+        for (int t = 0; t < T; t++) {
+            ko[t] = (int64_t)(t / c->tps) * c->n * ID;
+            nk[t] = c->n;
+        }
+        if (e == cudaSuccess) e = cudaMemcpy(c->key_off, ko, (size_t)T * 8, cudaMemcpyHostToDevice);
+        if (e == cudaSuccess) e = cudaMemcpy(c->n_keys, nk, (size_t)T * 4, cudaMemcpyHostToDevice);
+        free(ko);
+        free(nk);
+    }
     free(win_idx);
     free(win_n);
     free(kv_row);
@@ -606,13 +622,9 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
     BT_TRY(bt_cuda_rope(c->qi, F32, T, IH, ID, c->pos, W->inv_freq, ROPE_HALF, 0, st));
     BT_TRY(bt_cuda_fake_quant(c->qi, T * IH, ID, 32, BT_CUDA_FQ_FP4_UE8M0, st));
     BT_TRY(bt_cuda_gemm_bf16(blas, c->iw, F32, c->xin, W->wproj, T, IH, HID, st));
-    /* one key set per call: a decode batch scores each sequence against its own cache */
-    for (int s = 0; s < c->seqs; s++) {
-        int t0 = s * c->tps;
-        BT_TRY(bt_cuda_index_scores(c->scores + (size_t)t0 * c->n, c->qi + (size_t)t0 * IH * ID,
-                                    c->iw + (size_t)t0 * IH, c->ikeys + (size_t)s * c->n * ID,
-                                    c->visible + t0, c->tps, IH, ID, c->n, st));
-    }
+    /* every token against its own sequence's keys, in one launch */
+    BT_TRY(bt_cuda_index_scores_sets(c->scores, c->qi, c->iw, c->ikeys, c->key_off, c->n_keys, c->visible, T,
+                                     IH, ID, c->n, st));
     BT_TRY(bt_cuda_topk(c->sel, c->sel_n, ITOPK, c->scores, T, c->n, ITOPK, st));
     if (c->seqs > 1) {
         sel_offset_kernel<<<cdiv((size_t)T * ITOPK, thr), thr, 0, st>>>(c->sel, T, ITOPK, c->tps,

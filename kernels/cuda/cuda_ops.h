@@ -146,6 +146,14 @@ bt_status_t bt_cuda_index_scores(float *scores, const float *q, const float *w, 
                                  const int64_t *visible, int T, int heads, int dim, int n,
                                  cudaStream_t stream);
 
+/* The same for a batch of sequences in one launch: token t scores its own key set, keys +
+ * key_off[t] (in floats) of n_keys[t] rows; scores[t, j] = -inf for j >= min(visible[t],
+ * n_keys[t]), rows n apart (n >= every n_keys). */
+bt_status_t bt_cuda_index_scores_sets(float *scores, const float *q, const float *w,
+                                      const float *keys, const int64_t *key_off,
+                                      const int32_t *n_keys, const int64_t *visible, int T,
+                                      int heads, int dim, int n, cudaStream_t stream);
+
 /* Top min(k, n) of each row of scores[T, n] (ties: the lower index), as the engine's
  * indexer keeps them: the finite picks' indices ascending in out[t, 0..count), count in
  * out_n[t], the rest of the row -1. k <= n_stride (out's row length). */

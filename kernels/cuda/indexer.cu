@@ -9,12 +9,19 @@ enum { IX_KEYS = 128, IX_DCHUNK = 32, IX_MAXH = 32, IX_MAXD = 128 };
 __global__ void __launch_bounds__(IX_KEYS) index_scores_kernel(float *scores, const float *q,
                                                                const float *w, const float *keys,
                                                                const int64_t *visible, int heads,
-                                                               int dim, int n)
+                                                               int dim, int n,
+                                                               const int64_t *key_off,
+                                                               const int32_t *n_keys)
 {
     __shared__ float sq[IX_MAXH * IX_MAXD];
     __shared__ float sk[IX_KEYS][IX_DCHUNK + 1];
     int t = blockIdx.y, j0 = blockIdx.x * IX_KEYS, j = j0 + threadIdx.x;
     int64_t vis = visible[t];
+    if (key_off) { /* the token's own key set (a batch of sequences in one launch) */
+        keys += key_off[t];
+        if (vis > n_keys[t]) vis = n_keys[t];
+    }
+    if (vis > n) vis = n; /* keys are read below vis only */
     float *srow = scores + (size_t)t * n;
     if (j0 >= vis) { /* the whole tile is invisible */
         if (j < n) srow[j] = -INFINITY;
@@ -29,7 +36,7 @@ __global__ void __launch_bounds__(IX_KEYS) index_scores_kernel(float *scores, co
         __syncthreads();
         for (int e = threadIdx.x; e < IX_KEYS * IX_DCHUNK; e += IX_KEYS) {
             int r = e / IX_DCHUNK, c = e % IX_DCHUNK, jj = j0 + r;
-            sk[r][c] = (jj < n && c < dc) ? keys[(size_t)jj * dim + d0 + c] : 0.0f;
+            sk[r][c] = (jj < vis && c < dc) ? keys[(size_t)jj * dim + d0 + c] : 0.0f;
         }
         __syncthreads();
         for (int c = 0; c < dc; c++) {
@@ -60,8 +67,24 @@ extern "C" bt_status_t bt_cuda_index_scores(float *scores, const float *q, const
     BT_CUDA_REQUIRE(T > 0 && n > 0 && heads > 0 && heads <= IX_MAXH && dim > 0);
     BT_CUDA_REQUIRE(heads * dim <= IX_MAXH * IX_MAXD);
     dim3 grid(bt__cdiv(n, IX_KEYS), T);
-    index_scores_kernel<<<grid, IX_KEYS, 0, stream>>>(scores, q, w, keys, visible, heads, dim, n);
+    index_scores_kernel<<<grid, IX_KEYS, 0, stream>>>(scores, q, w, keys, visible, heads, dim, n,
+                                                      NULL, NULL);
     return bt__cuda_launched("index_scores");
+}
+
+extern "C" bt_status_t bt_cuda_index_scores_sets(float *scores, const float *q, const float *w,
+                                                 const float *keys, const int64_t *key_off,
+                                                 const int32_t *n_keys, const int64_t *visible,
+                                                 int T, int heads, int dim, int n,
+                                                 cudaStream_t stream)
+{
+    BT_CUDA_REQUIRE(scores && q && w && keys && key_off && n_keys && visible);
+    BT_CUDA_REQUIRE(T > 0 && n > 0 && heads > 0 && heads <= IX_MAXH && dim > 0);
+    BT_CUDA_REQUIRE(heads * dim <= IX_MAXH * IX_MAXD);
+    dim3 grid(bt__cdiv(n, IX_KEYS), T);
+    index_scores_kernel<<<grid, IX_KEYS, 0, stream>>>(scores, q, w, keys, visible, heads, dim, n,
+                                                      key_off, n_keys);
+    return bt__cuda_launched("index_scores_sets");
 }
 
 /* ---- top-k ------------------------------------------------------------------------------ */

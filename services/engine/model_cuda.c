@@ -894,6 +894,59 @@ static bt_status_t indexer(fwd_t *f, int l)
         for (int i = 0; i < f->seqs[q].n; i++, t++) vis[t] = (start + i + 1) / L->compress_ratio;
     }
     CK(plan_send(cu, vis, vis_d, (size_t)f->N * sizeof(int64_t), err, errlen));
+
+    /* a batch of sequences that all have entries (decode): every token against its own
+     * sequence's keys in one launch, rows padded to the longest with -inf, which no top-k
+     * keeps; the candidate pin is left out where the CPU leaves it out (newest visible block
+     * past the sequence's entries) */
+    bool batched = f->n_seqs > 1;
+    int64_t nmax = 0;
+    for (int q = 0; q < f->n_seqs && batched; q++) {
+        int64_t ne = bt_kv_header(f->seqs[q].state)->entries[owner];
+        if (ne == 0) batched = false;
+        if (ne > nmax) nmax = ne;
+    }
+    if (batched && (size_t)f->N * (size_t)nmax <= cu->score_cap && nmax / bs + 1 <= cu->nblk_cap) {
+        int64_t *koff, *koff_d, *vpin, *vpin_d;
+        int32_t *nk, *nk_d;
+        PLAN(f, int64_t, f->N, koff, koff_d);
+        PLAN(f, int64_t, f->N, vpin, vpin_d);
+        PLAN(f, int32_t, f->N, nk, nk_d);
+        for (int q = 0; q < f->n_seqs; q++) {
+            int64_t ne = bt_kv_header(f->seqs[q].state)->entries[owner];
+            int64_t at = (int64_t)(f->dslot[q] + f->lay->ikey_off[owner] - cu->mirror_mem) / (int64_t)sizeof(float);
+            for (int i = 0; i < f->seqs[q].n; i++) {
+                int t = f->first[q] + i;
+                koff[t] = at;
+                nk[t] = (int32_t)ne;
+                vpin[t] = vis[t] > 0 && (vis[t] - 1) / bs < (ne + bs - 1) / bs ? vis[t] : 0;
+            }
+        }
+        CK(plan_send(cu, koff, koff_d, (size_t)f->N * sizeof(int64_t), err, errlen));
+        CK(plan_send(cu, vpin, vpin_d, (size_t)f->N * sizeof(int64_t), err, errlen));
+        CK(plan_send(cu, nk, nk_d, (size_t)f->N * sizeof(int32_t), err, errlen));
+        int n = (int)nmax;
+        CK(bt_cuda_index_scores_sets(cu->scores, cu->qi, cu->iw, (const float *)cu->mirror_mem, koff_d, nk_d, vis_d,
+                                     f->N, ih, ihd, n, st));
+        for (int q = 0; q < f->n_seqs; q++)
+            if (c->candidate_source >= 0 && c->candidate_source < l && f->cand_set[q]) {
+                int t0 = f->first[q];
+                CK(bt_cuda_mask_blocks(cu->scores + (size_t)t0 * n, cu->cand + (size_t)t0 * cbk, cu->cand_n + t0, cbk,
+                                       f->seqs[q].n, n, bs, st));
+            }
+        if (l == c->candidate_source) {
+            int nblocks = (n + bs - 1) / bs;
+            CK(bt_cuda_block_max(cu->bmax, cu->scores, vpin_d, f->N, n, bs, nblocks, st));
+            CK(bt_cuda_topk(cu->cand, cu->cand_n, cbk, cu->bmax, f->N, nblocks, cbk < nblocks ? cbk : nblocks, st));
+        }
+        CK(bt_cuda_topk(cu->topk, cu->topk_n, itopk, cu->scores, f->N, n, itopk < n ? itopk : n, st));
+        for (int q = 0; q < f->n_seqs; q++) {
+            if (l == c->candidate_source) f->cand_set[q] = true;
+            f->topk_set[q] = true;
+        }
+        return BT_OK;
+    }
+
     for (int q = 0; q < f->n_seqs; q++) {
         int64_t n_entries = bt_kv_header(f->seqs[q].state)->entries[owner];
         if (n_entries == 0) continue; /* the reference publishes nothing: earlier picks stay */

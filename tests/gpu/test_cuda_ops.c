@@ -17,6 +17,7 @@
 
 #include <cuda_runtime_api.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,6 +57,7 @@ typedef enum {
     OP_TO_BF16,     /* s: rows cols pad */
     OP_ATTENTION_WS, /* s: as OP_ATTENTION, keys split over blocks (flash-decoding) */
     OP_GEMM_FP4_LIST, /* s: as OP_GEMM_FP4, launched over the experts with rows only */
+    OP_INDEX_SETS,  /* s: as OP_INDEX, every token its own key set (a decode batch) */
 } op_t;
 
 static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped", "rmsnorm",
@@ -65,7 +67,7 @@ static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped
                                  "sample",     "gemm_f32",     "embed_streams",    "gather_rows",
                                  "scale",      "moe_combine",  "compress_pool",    "block_max",
                                  "mask_blocks", "trim_sel",   "to_bf16",          "attention_ws",
-                                 "gemm_fp4_listed"};
+                                 "gemm_fp4_listed", "index_scores_sets"};
 
 typedef struct {
     op_t op;
@@ -174,6 +176,8 @@ static const case_t cases[] = {
     {OP_ATTENTION_WS, BF16, {16, 64, 512, 32, 128, 512}, 0},
     {OP_GEMM_FP4_LIST, F32, {384, 256, 512, 6, 1}, 0},
     {OP_GEMM_FP4_LIST, BF16, {16, 130, 2560, 200, 40}, 0},
+    {OP_INDEX_SETS, F32, {5, 32, 128, 1000}, 0},
+    {OP_INDEX_SETS, F32, {3, 8, 40, 77}, 0},
     /* large: timed with --perf (GEMM references on a few sampled rows) */
     {OP_GEMM_BF16, BF16, {4096, 4096, 4096}, 1},
     {OP_GEMM_BF16, BF16, {8, 32768, 1280}, 1},
@@ -192,6 +196,8 @@ static const case_t cases[] = {
     {OP_ATTENTION_WS, BF16, {1, 64, 512, 32, 128, 512}, 1},
     {OP_ATTENTION_WS, BF16, {16, 64, 512, 32, 128, 512}, 1},
     {OP_INDEX, F32, {16, 32, 128, 32768}, 1},
+    {OP_INDEX, F32, {1, 32, 128, 8192}, 1},
+    {OP_INDEX_SETS, F32, {16, 32, 128, 8192}, 1},
     {OP_TOPK, F32, {64, 65536, 512, 0}, 1},
     {OP_MOE_ROUTE, F32, {4096, 384, 6}, 1},
     {OP_SAMPLE, F32, {64, 129280, 0, 0}, 1},
@@ -967,13 +973,19 @@ typedef struct {
     int64_t *vis;
     int32_t *out, *out_n;
     int T, heads, dim, n, k;
+    int64_t *key_off; /* OP_INDEX_SETS: token t's key set at keys + key_off[t], n_keys[t] rows */
+    int32_t *n_keys;
 } ix_ctx_t;
 
 static void launch_index(void *p)
 {
     ix_ctx_t *c = p;
-    BT_OK_OR_DIE(
-        bt_cuda_index_scores(c->scores, c->q, c->w, c->keys, c->vis, c->T, c->heads, c->dim, c->n, 0));
+    if (c->key_off)
+        BT_OK_OR_DIE(bt_cuda_index_scores_sets(c->scores, c->q, c->w, c->keys, c->key_off, c->n_keys, c->vis,
+                                               c->T, c->heads, c->dim, c->n, 0));
+    else
+        BT_OK_OR_DIE(
+            bt_cuda_index_scores(c->scores, c->q, c->w, c->keys, c->vis, c->T, c->heads, c->dim, c->n, 0));
 }
 
 static void launch_topk(void *p)
@@ -985,15 +997,26 @@ static void launch_topk(void *p)
 static void run_index(const case_t *cs, result_t *r)
 {
     int T = cs->s[0], H = cs->s[1], dim = cs->s[2], n = cs->s[3];
+    bool sets = cs->op == OP_INDEX_SETS; /* every token its own key set of n_keys[t] <= n rows */
+    size_t key_rows = sets ? (size_t)T * n : (size_t)n;
     float *q = frandv((size_t)T * H * dim, 1.0f), *w = frandv((size_t)T * H, 0.2f);
-    float *keys = frandv((size_t)n * dim, 1.0f);
-    int64_t *vis = xmalloc((size_t)T * 8);
-    for (int t = 0; t < T; t++) vis[t] = t == 0 ? n : irand(n + 1);
+    float *keys = frandv(key_rows * dim, 1.0f);
+    int64_t *vis = xmalloc((size_t)T * 8), *koff = xmalloc((size_t)T * 8);
+    int32_t *nk = xmalloc((size_t)T * 4);
+    for (int t = 0; t < T; t++) {
+        vis[t] = t == 0 ? n : irand(n + 1);
+        nk[t] = sets ? (t == 1 ? n : 1 + irand(n)) : n;
+        koff[t] = sets ? (int64_t)(T - 1 - t) * n * dim : 0; /* sets stored in reverse order */
+    }
     ix_ctx_t c = {0};
+    if (sets) {
+        c.key_off = dup(koff, (size_t)T * 8);
+        c.n_keys = dup(nk, (size_t)T * 4);
+    }
     c.T = T, c.heads = H, c.dim = dim, c.n = n;
     c.q = dup(q, (size_t)T * H * dim * 4);
     c.w = dup(w, (size_t)T * H * 4);
-    c.keys = dup(keys, (size_t)n * dim * 4);
+    c.keys = dup(keys, key_rows * dim * 4);
     c.vis = dup(vis, (size_t)T * 8);
     c.scores = dalloc((size_t)T * n * 4);
     poison(c.scores, (size_t)T * n * 4);
@@ -1005,7 +1028,7 @@ static void run_index(const case_t *cs, result_t *r)
     for (int t = 0; t < T; t++) /* model.c index_token's scores */
         for (int j = 0; j < n; j++) {
             float acc = 0.0f;
-            if (j >= vis[t]) {
+            if (j >= vis[t] || j >= nk[t]) {
                 ref[(size_t)t * n + j] = -INFINITY;
                 if (y[(size_t)t * n + j] != -INFINITY) bad_inf++;
                 y[(size_t)t * n + j] = 0.0f; /* compare the finite part below */
@@ -1013,7 +1036,7 @@ static void run_index(const case_t *cs, result_t *r)
                 continue;
             }
             for (int h = 0; h < H; h++) {
-                float d = bt_cpu_dot(q + ((size_t)t * H + h) * dim, keys + (size_t)j * dim, dim);
+                float d = bt_cpu_dot(q + ((size_t)t * H + h) * dim, keys + koff[t] + (size_t)j * dim, dim);
                 acc += (fmaxf(d, 0.0f) * scale) * w[t * H + h];
             }
             ref[(size_t)t * n + j] = acc;
@@ -1024,7 +1047,7 @@ static void run_index(const case_t *cs, result_t *r)
     r->bytes = (double)n * dim * 4 + (double)T * n * 4;
     r->flops = 2.0 * T * n * H * dim;
     if (g_perf && cs->perf) r->ms = time_it(launch_index, &c);
-    free(q), free(w), free(keys), free(vis), free(y), free(ref);
+    free(q), free(w), free(keys), free(vis), free(koff), free(nk), free(y), free(ref);
 }
 
 static const float *g_sort_scores;
@@ -1549,6 +1572,7 @@ static void run_case(const case_t *cs, result_t *r)
     case OP_TO_BF16: run_to_bf16(cs, r); break;
     case OP_ATTENTION_WS: run_attention(cs, r); break;
     case OP_GEMM_FP4_LIST: run_gemm_fp4(cs, r); break;
+    case OP_INDEX_SETS: run_index(cs, r); break;
     }
 }
 
