@@ -14,8 +14,7 @@
 #include "bt_test.h"
 #include "common/alloc.h"
 #include "common/comm/comm.h"
-#include "services/engine/model.h"
-#include "services/engine/safetensors.h"
+#include "unit/services/engine/golden_util.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -27,22 +26,6 @@
 /* The TP comm a rank's thread loads its model with (NULL: TP 1). */
 static __thread bt_comm_t *tp_comm_of_thread;
 
-static const char *golden_dir(void)
-{
-    const char *e = getenv("BT_GOLDEN_DIR");
-    return e && *e ? e : BT_GOLDEN_DIR;
-}
-
-static void *tensor(const bt_safetensors_t *st, const char *name, size_t *bytes)
-{
-    const bt_tensor_view_t *t = bt_safetensors_find(st, name);
-    if (!t) return NULL;
-    void *v = malloc(t->nbytes ? t->nbytes : 8);
-    memcpy(v, t->data, t->nbytes);
-    if (bytes) *bytes = t->nbytes;
-    return v;
-}
-
 static bt_model_t *load_ref(const char *name, const bt_safetensors_t *gold, int device, int weights, bool ref_gemms);
 static bt_model_t *load(const char *name, const bt_safetensors_t *gold, int device, int weights)
 {
@@ -53,9 +36,8 @@ static bt_model_t *load_ref(const char *name, const bt_safetensors_t *gold, int 
 {
     char dir[1024], err[512];
     snprintf(dir, sizeof dir, "%s/%s", golden_dir(), name);
-    size_t bytes = 0;
-    int64_t *map64 = tensor(gold, "engram.token_map", &bytes);
-    size_t n = bytes / 8;
+    size_t n = 0;
+    int64_t *map64 = golden_i64(gold, "engram.token_map", &n);
     int32_t *map = calloc(n ? n : 1, sizeof *map);
     int classes = 0;
     for (size_t i = 0; i < n; i++) {
@@ -81,31 +63,6 @@ static bt_model_t *load_ref(const char *name, const bt_safetensors_t *gold, int 
     free(map64);
     free(map);
     return m;
-}
-
-static float max_abs(const float *a, size_t n)
-{
-    float m = 0.0f;
-    for (size_t i = 0; i < n; i++) m = fmaxf(m, fabsf(a[i]));
-    return m;
-}
-
-static float max_diff(const float *a, const float *b, size_t n)
-{
-    float m = 0.0f;
-    for (size_t i = 0; i < n; i++) {
-        float d = fabsf(a[i] - b[i]);
-        if (!(d <= m)) m = d; /* NaN propagates as a failure */
-    }
-    return m;
-}
-
-static int argmax(const float *v, int n)
-{
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (v[i] > v[best]) best = i;
-    return best;
 }
 
 /* ids through `state` from position 0 (or from where it is, fresh = false) in chunks of
@@ -144,25 +101,25 @@ static int load_prompts(const bt_safetensors_t *gold, prompt_t *p, int max)
     int n = 0;
     for (; n < max; n++) {
         char key[128];
-        size_t bytes = 0;
+        size_t count = 0;
         snprintf(key, sizeof key, "prompt%d.input_ids", n);
-        int64_t *ids64 = tensor(gold, key, &bytes);
+        int64_t *ids64 = golden_i64(gold, key, &count);
         if (!ids64) break;
-        p[n].S = (int)(bytes / 8);
-        p[n].ids = malloc(bytes / 2);
+        p[n].S = (int)count;
+        p[n].ids = malloc(count * sizeof(int32_t));
         for (int i = 0; i < p[n].S; i++) p[n].ids[i] = (int32_t)ids64[i];
         free(ids64);
         snprintf(key, sizeof key, "prompt%d.logits", n);
-        p[n].glog = tensor(gold, key, NULL);
+        p[n].glog = golden_f32(gold, key, NULL);
         snprintf(key, sizeof key, "prompt%d.robust", n);
-        p[n].robust = tensor(gold, key, NULL);
+        p[n].robust = golden_u8(gold, key, NULL);
         snprintf(key, sizeof key, "prompt%d.gen_ids", n);
-        p[n].gen_ids = tensor(gold, key, &bytes);
-        p[n].G = (int)(bytes / 8);
+        p[n].gen_ids = golden_i64(gold, key, &count);
+        p[n].G = (int)count;
         snprintf(key, sizeof key, "prompt%d.gen_logits", n);
-        p[n].gen_logits = tensor(gold, key, NULL);
+        p[n].gen_logits = golden_f32(gold, key, NULL);
         snprintf(key, sizeof key, "prompt%d.gen_robust_len", n);
-        int64_t *grl = tensor(gold, key, NULL);
+        int64_t *grl = golden_i64(gold, key, NULL);
         p[n].robust_gen = grl ? (int)grl[0] : 0;
         free(grl);
     }
@@ -243,7 +200,7 @@ static void check_bf16(const char *name, bool exact, int weights, double bound, 
         for (int i = 0; i < S; i++) {
             const float *a = lg + (size_t)i * V, *g = P[p].glog + (size_t)i * V;
             positions++;
-            if (argmax(a, V) == argmax(g, V)) top1++;
+            if (golden_argmax(a, V) == golden_argmax(g, V)) top1++;
             if (!exact && !P[p].robust[i]) continue;
             robust++;
             double e = rel_l2(a, g, V);
@@ -262,7 +219,7 @@ static void check_bf16(const char *name, bool exact, int weights, double bound, 
         memcpy(step, lg + (size_t)(S - 1) * V, (size_t)V * sizeof(float));
         int matched = 0, must = exact ? P[p].G : P[p].robust_gen;
         for (int g = 0; g < P[p].G && S + g < MAX_CTX; g++) {
-            int tok = argmax(step, V);
+            int tok = golden_argmax(step, V);
             if (tok != P[p].gen_ids[g]) break;
             matched++;
             int32_t t32 = tok;
@@ -320,18 +277,18 @@ static void check_fixture(const char *name, bool exact)
         float *whole = malloc(SV * sizeof(float)), *other = malloc(SV * sizeof(float));
         float *ref = malloc(SV * sizeof(float));
         BT_CHECK(run(gpu, &lay, state, P[p].ids, S, 0, whole, true) == 0);
-        float gmax = max_abs(P[p].glog, SV);
+        float gmax = golden_max_abs(P[p].glog, SV);
         if (exact) {
-            float d = max_diff(whole, P[p].glog, SV);
+            float d = golden_max_diff(whole, P[p].glog, SV);
             BT_CHECK_MSG(d <= 1e-4f * gmax, "%s prompt%d: max|d|/max|g| = %g", name, p, (double)(d / gmax));
             fprintf(stderr, "  %s prompt%d (%d tokens) on the GPU: max|d|/max|g| = %.3g\n", name, p, S,
                     (double)(d / gmax));
         }
         for (int i = 0; i < S; i++) {
             positions++;
-            if (argmax(whole + (size_t)i * V, V) == argmax(P[p].glog + (size_t)i * V, V)) top1++;
+            if (golden_argmax(whole + (size_t)i * V, V) == golden_argmax(P[p].glog + (size_t)i * V, V)) top1++;
             if (!exact && P[p].robust[i]) {
-                float d = max_diff(whole + (size_t)i * V, P[p].glog + (size_t)i * V, V);
+                float d = golden_max_diff(whole + (size_t)i * V, P[p].glog + (size_t)i * V, V);
                 robust_total++;
                 if (d <= 2e-2f) robust_ok++;
                 BT_CHECK_MSG(d <= 2e-2f, "%s prompt%d pos %d (robust): max|d| %g", name, p, i, (double)d);
@@ -341,7 +298,7 @@ static void check_fixture(const char *name, bool exact)
          * step (FP8/FP4) can flip on a last-bit difference and move a non-robust position far
          * (MODEL-DS41.md), so there only robust positions are held, to the golden bound */
         BT_CHECK(run(cpu, &lay, state2, P[p].ids, S, 0, ref, true) == 0);
-        float rmax = max_abs(ref, SV);
+        float rmax = golden_max_abs(ref, SV);
         int chunks[] = {0, 7, 1};
         for (int k = 0; k < 3; k++) {
             const float *a = ref;
@@ -352,13 +309,13 @@ static void check_fixture(const char *name, bool exact)
             const char *what = k == 0 ? "GPU vs CPU" : k == 1 ? "GPU chunks of 7 vs whole" : "GPU token by token vs whole";
             float bound = k == 0 ? 1e-4f * rmax : 1e-5f * rmax;
             if (exact) {
-                float d = max_diff(whole, a, SV);
+                float d = golden_max_diff(whole, a, SV);
                 BT_CHECK_MSG(d <= bound, "%s prompt%d: %s max|d|/max = %g", name, p, what, (double)(d / rmax));
                 if (k == 0) fprintf(stderr, "  %s prompt%d: %s max|d|/max = %.3g\n", name, p, what, (double)(d / rmax));
             } else {
                 int moved = 0;
                 for (int i = 0; i < S; i++) {
-                    float d = max_diff(whole + (size_t)i * V, a + (size_t)i * V, V);
+                    float d = golden_max_diff(whole + (size_t)i * V, a + (size_t)i * V, V);
                     if (P[p].robust[i])
                         BT_CHECK_MSG(d <= 2e-2f, "%s prompt%d pos %d (robust): %s max|d| %g", name, p, i, what, (double)d);
                     else if (d > 2e-2f)
@@ -373,13 +330,13 @@ static void check_fixture(const char *name, bool exact)
         float *step = malloc((size_t)V * sizeof(float));
         memcpy(step, other + (size_t)(S - 1) * V, (size_t)V * sizeof(float));
         for (int g = 0; g < P[p].G && S + g < MAX_CTX; g++) {
-            int tok = argmax(step, V);
+            int tok = golden_argmax(step, V);
             if (g < must) {
                 BT_CHECK_MSG(tok == P[p].gen_ids[g], "%s prompt%d gen %d: %d != golden %lld", name, p, g, tok,
                              (long long)P[p].gen_ids[g]);
                 if (exact) {
-                    float d = max_diff(step, P[p].gen_logits + (size_t)g * V, V);
-                    BT_CHECK_MSG(d <= 1e-4f * max_abs(P[p].gen_logits + (size_t)g * V, V),
+                    float d = golden_max_diff(step, P[p].gen_logits + (size_t)g * V, V);
+                    BT_CHECK_MSG(d <= 1e-4f * golden_max_abs(P[p].gen_logits + (size_t)g * V, V),
                                  "%s prompt%d gen %d logits max|d| %g", name, p, g, (double)d);
                 }
             }
@@ -412,16 +369,16 @@ static void check_fixture(const char *name, bool exact)
         float amax;
         /* (1) prefill the first half on the CPU, continue on the GPU */
         BT_CHECK(run(gpu, &lay, state, P[0].ids, S, 0, a, true) == 0);
-        amax = max_abs(a, SV);
+        amax = golden_max_abs(a, SV);
         BT_CHECK(run(cpu, &lay, state2, P[0].ids, h, 0, b, true) == 0);
         BT_CHECK(run(gpu, &lay, state2, P[0].ids + h, S - h, 0, b + (size_t)h * V, false) == 0);
-        BT_CHECK_MSG(max_diff(a + (size_t)h * V, b + (size_t)h * V, (size_t)(S - h) * V) <= 1e-4f * amax,
+        BT_CHECK_MSG(golden_max_diff(a + (size_t)h * V, b + (size_t)h * V, (size_t)(S - h) * V) <= 1e-4f * amax,
                      "%s: CPU prefill -> GPU continuation differs", name);
         /* (2) a slot copied elsewhere (as a transfer does) continues the same */
         BT_CHECK(run(gpu, &lay, state, P[0].ids, h, 0, b, true) == 0);
         memcpy(state2, state, lay.slot_bytes);
         BT_CHECK(run(gpu, &lay, state2, P[0].ids + h, S - h, 0, b + (size_t)h * V, false) == 0);
-        BT_CHECK_MSG(max_diff(a + (size_t)h * V, b + (size_t)h * V, (size_t)(S - h) * V) <= 1e-5f * amax,
+        BT_CHECK_MSG(golden_max_diff(a + (size_t)h * V, b + (size_t)h * V, (size_t)(S - h) * V) <= 1e-5f * amax,
                      "%s: copied slot continues differently", name);
         /* (3) reset and refill with another prompt's first S tokens: no stale device cache */
         int S1 = P[1].S < h ? P[1].S : h;
@@ -431,8 +388,8 @@ static void check_fixture(const char *name, bool exact)
         BT_CHECK(run(gpu, &lay, state, P[1].ids, S1, 0, c2, true) == 0);
         BT_CHECK(run(gpu, &lay, state, P[1].ids + S1 - 1, 1, 0, b, false) == 0);
         BT_CHECK(run(gpu, &lay, state2, P[1].ids + S1 - 1, 1, 0, a, false) == 0);
-        BT_CHECK_MSG(max_diff(c1, c2, (size_t)S1 * V) <= 1e-5f * max_abs(c1, (size_t)S1 * V) &&
-                         max_diff(a, b, (size_t)V) <= 1e-5f * max_abs(a, (size_t)V),
+        BT_CHECK_MSG(golden_max_diff(c1, c2, (size_t)S1 * V) <= 1e-5f * golden_max_abs(c1, (size_t)S1 * V) &&
+                         golden_max_diff(a, b, (size_t)V) <= 1e-5f * golden_max_abs(a, (size_t)V),
                      "%s: a reset slot reused stale device state", name);
         free(c1);
         free(c2);
@@ -458,8 +415,8 @@ static void check_fixture(const char *name, bool exact)
         float *row = batch;
         for (int q = 0; q < 3; q++) {
             size_t n = (size_t)P[q].S * V;
-            float d = max_diff(row, alone[q], n);
-            BT_CHECK_MSG(d <= 1e-5f * max_abs(alone[q], n), "%s: batch member %d differs by %g", name, q, (double)d);
+            float d = golden_max_diff(row, alone[q], n);
+            BT_CHECK_MSG(d <= 1e-5f * golden_max_abs(alone[q], n), "%s: batch member %d differs by %g", name, q, (double)d);
             row += n;
         }
         (void)total;
@@ -481,8 +438,8 @@ static void check_fixture(const char *name, bool exact)
                 for (int k = 0; k <= step; k++) hist[P[q].S + k] = (int32_t)((q * 7 + k * 13) % V);
                 BT_CHECK(run(cpu, &lay, s, hist, P[q].S + step + 1, 0, cl, true) == 0);
                 float *last = cl + (size_t)(P[q].S + step) * V;
-                float d = max_diff(out + (size_t)q * V, last, (size_t)V);
-                BT_CHECK_MSG(d <= 1e-4f * max_abs(last, (size_t)V), "%s: batched decode step %d seq %d: %g", name,
+                float d = golden_max_diff(out + (size_t)q * V, last, (size_t)V);
+                BT_CHECK_MSG(d <= 1e-4f * golden_max_abs(last, (size_t)V), "%s: batched decode step %d seq %d: %g", name,
                              step, q, (double)d);
                 bt_aligned_free(s);
                 free(cl);
@@ -557,7 +514,7 @@ static void *tp_rank(void *arg)
     r->ok = run(m, &lay, state, r->p->ids, S, 0, r->logits, true) == 0;
     float *row = r->logits + (size_t)(S - 1) * V;
     for (int g = 0; g < TP_GEN && r->ok; g++) {
-        r->gen[g] = argmax(row, V);
+        r->gen[g] = golden_argmax(row, V);
         int32_t t = r->gen[g];
         row = r->logits + (size_t)(S + g) * V;
         bt_forward_seq_t seq = {state, &t, 1, true};
@@ -603,11 +560,11 @@ static void test_tp_on_one_gpu(void)
                 pthread_create(&th[k], NULL, tp_rank, &r[k]);
             }
             for (int k = 0; k < T; k++) pthread_join(th[k], NULL);
-            float mx = max_abs(one.logits, n * V);
+            float mx = golden_max_abs(one.logits, n * V);
             for (int k = 0; k < T; k++) {
                 BT_CHECK_MSG(r[k].ok, "TP%d rank %d prompt%d did not run", T, k, pi);
                 if (!r[k].ok) continue;
-                float d = max_diff(r[k].logits, one.logits, n * V);
+                float d = golden_max_diff(r[k].logits, one.logits, n * V);
                 BT_CHECK_MSG(d <= 1e-5f * mx, "TP%d rank %d prompt%d: max|d|/max = %g", T, k, pi, (double)(d / mx));
                 BT_CHECK_MSG(!memcmp(r[k].gen, one.gen, sizeof one.gen), "TP%d rank %d prompt%d: greedy ids differ", T, k,
                              pi);

@@ -6,9 +6,45 @@
 #include "services/engine/model.h"
 #include "services/engine/safetensors.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* The fixtures' directory: $BT_GOLDEN_DIR when set (a GPU machine that has them elsewhere),
+ * else the one beside the checkout (compiled in). */
+static inline const char *golden_dir(void)
+{
+    const char *e = getenv("BT_GOLDEN_DIR");
+    return e && *e ? e : BT_GOLDEN_DIR;
+}
+
+static inline float golden_max_abs(const float *a, size_t n)
+{
+    float m = 0.0f;
+    for (size_t i = 0; i < n; i++) m = fabsf(a[i]) > m ? fabsf(a[i]) : m;
+    return m;
+}
+
+/* max |a - b|; a NaN anywhere comes back as NaN, which fails every bound */
+static inline float golden_max_diff(const float *a, const float *b, size_t n)
+{
+    float m = 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        float d = fabsf(a[i] - b[i]);
+        if (!(d <= m)) m = d;
+    }
+    return m;
+}
+
+/* the index of the largest value (the lower index on ties) */
+static inline int golden_argmax(const float *v, int n)
+{
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[best]) best = i;
+    return best;
+}
 
 /* Copies a tensor out as float32/int64 (malloc'd), with its element count; NULL if absent. */
 static inline float *golden_f32(const bt_safetensors_t *st, const char *name, size_t *n_p)
@@ -47,7 +83,7 @@ static inline bt_model_t *golden_model(const char *name, const bt_safetensors_t 
                                        int n_threads, int64_t max_ctx)
 {
     char dir[1024], err[512];
-    snprintf(dir, sizeof dir, "%s/%s", BT_GOLDEN_DIR, name);
+    snprintf(dir, sizeof dir, "%s/%s", golden_dir(), name);
     size_t n = 0;
     int64_t *map64 = golden_i64(gold, "engram.token_map", &n);
     int32_t *map = calloc(n ? n : 1, sizeof *map);

@@ -34,31 +34,6 @@ static void record_tap(void *ctx, bt_tap_t tap, int layer, const void *data, int
         memcpy(t->hash, data, (size_t)n * t->hash_cols * sizeof(int64_t));
 }
 
-static float max_abs(const float *a, size_t n)
-{
-    float m = 0.0f;
-    for (size_t i = 0; i < n; i++) m = fmaxf(m, fabsf(a[i]));
-    return m;
-}
-
-static float max_diff(const float *a, const float *b, size_t n)
-{
-    float m = 0.0f;
-    for (size_t i = 0; i < n; i++) {
-        float d = fabsf(a[i] - b[i]);
-        if (!(d <= m)) m = d; /* NaN propagates as a failure */
-    }
-    return m;
-}
-
-static int argmax(const float *v, int n)
-{
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (v[i] > v[best]) best = i;
-    return best;
-}
-
 /* Runs ids through a fresh slot in chunks of `chunk` (0 = whole), all logits. */
 static int run_chunked(bt_model_t *m, const bt_kv_layout_t *lay, uint8_t *state, const int32_t *ids,
                        int S, int chunk, float *logits)
@@ -81,7 +56,7 @@ static int run_chunked(bt_model_t *m, const bt_kv_layout_t *lay, uint8_t *state,
 static void check_fixture(const char *name, bool exact)
 {
     char path[1024];
-    snprintf(path, sizeof path, "%s/%s/golden.safetensors", BT_GOLDEN_DIR, name);
+    snprintf(path, sizeof path, "%s/%s/golden.safetensors", golden_dir(), name);
     bt_safetensors_t *gold = NULL;
     char err[512];
     if (bt_safetensors_open(path, &gold, err, sizeof err) != BT_OK) {
@@ -106,12 +81,12 @@ static void check_fixture(const char *name, bool exact)
         size_t n;
         float *g = golden_f32(gold, "rope.main_inv_freq", &n);
         bt_rope_inv_freq(&c->rope_main, inv);
-        BT_CHECK_MSG(g && max_diff(inv, g, n) <= 1e-7f * max_abs(g, n), "%s main rope", name);
+        BT_CHECK_MSG(g && golden_max_diff(inv, g, n) <= 1e-7f * golden_max_abs(g, n), "%s main rope", name);
         free(g);
         g = golden_f32(gold, "rope.compress_inv_freq", &n);
         bt_rope_inv_freq(&c->rope_compress, inv);
-        BT_CHECK_MSG(g && max_diff(inv, g, n) <= 1e-6f * max_abs(g, n), "%s compress rope %g", name,
-                     g ? (double)max_diff(inv, g, n) : -1.0);
+        BT_CHECK_MSG(g && golden_max_diff(inv, g, n) <= 1e-6f * golden_max_abs(g, n), "%s compress rope %g", name,
+                     g ? (double)golden_max_diff(inv, g, n) : -1.0);
         free(g);
     }
 
@@ -155,8 +130,8 @@ static void check_fixture(const char *name, bool exact)
         if (glo) {
             for (int l = 0; l < c->n_layers; l++) {
                 size_t per = S * (size_t)c->hc_mult * c->hidden;
-                float d = max_diff(taps.layer_out + l * per, glo + l * per, per);
-                float ref = max_abs(glo + l * per, per);
+                float d = golden_max_diff(taps.layer_out + l * per, glo + l * per, per);
+                float ref = golden_max_abs(glo + l * per, per);
                 if (exact) BT_CHECK_MSG(d <= 1e-4f * ref, "%s prompt%d layer %d out: max|d| %g (ref %g)", name, p, l, (double)d, (double)ref);
                 else if (d > 1e-2f) fprintf(stderr, "  %s prompt%d layer %d out: max|d| %g (not asserted)\n", name, p, l, (double)d);
             }
@@ -164,12 +139,12 @@ static void check_fixture(const char *name, bool exact)
 
         /* against the golden logits */
         if (exact) {
-            float d = max_diff(whole, glog, S * V), ref = max_abs(glog, S * V);
+            float d = golden_max_diff(whole, glog, S * V), ref = golden_max_abs(glog, S * V);
             BT_CHECK_MSG(d <= 1e-4f * ref, "%s prompt%d whole: max|d|/max|g| = %g", name, p, (double)(d / ref));
             fprintf(stderr, "  %s prompt%d (%zu tokens): max|d|/max|g| = %.3g\n", name, p, S, (double)(d / ref));
         } else {
             for (size_t i = 0; i < S; i++) {
-                float d = max_diff(whole + i * V, glog + i * V, V);
+                float d = golden_max_diff(whole + i * V, glog + i * V, V);
                 if (robust[i]) {
                     robust_total++;
                     if (d <= 2e-2f) robust_ok++;
@@ -187,7 +162,7 @@ static void check_fixture(const char *name, bool exact)
             BT_CHECK(run_chunked(m, &lay, state, ids, (int)S, chunks[k], other) == 0);
             BT_CHECK_MSG(memcmp(whole, other, S * V * sizeof(float)) == 0,
                          "%s prompt%d chunk %d differs from whole (max|d| %g)", name, p, chunks[k],
-                         (double)max_diff(whole, other, S * V));
+                         (double)golden_max_diff(whole, other, S * V));
         }
 
         /* greedy continuation from the prefilled state */
@@ -206,14 +181,14 @@ static void check_fixture(const char *name, bool exact)
         memcpy(step, other + (S - 1) * V, V * sizeof(float));
         int matched = 0;
         for (size_t g = 0; g < G && S + g < MAX_CTX; g++) {
-            int tok = argmax(step, V);
-            float d = max_diff(step, glogits + g * V, V);
+            int tok = golden_argmax(step, V);
+            float d = golden_max_diff(step, glogits + g * V, V);
             if (g < must) {
                 BT_CHECK_MSG(tok == gids[g], "%s prompt%d gen %zu: %d != golden %lld", name, p, g, tok, (long long)gids[g]);
                 /* the QAT fixtures mark robust logits per prompt position only; a greedy
                  * step's logits are compared where every prompt position is robust */
                 if (exact || all_robust)
-                    BT_CHECK_MSG(d <= (exact ? 1e-4f * max_abs(glogits + g * V, V) : 2e-2f),
+                    BT_CHECK_MSG(d <= (exact ? 1e-4f * golden_max_abs(glogits + g * V, V) : 2e-2f),
                                  "%s prompt%d gen %zu logits max|d| %g", name, p, g, (double)d);
             }
             if (tok != gids[g]) break;
