@@ -121,26 +121,35 @@ static plan_t *plan_get(bt_cuda_blas_t *b, int M, int N, int K, bt_cuda_dtype_t 
     return p;
 }
 
-extern "C" bt_status_t bt_cuda_gemm_bf16(bt_cuda_blas_t *blas, void *y, bt_cuda_dtype_t y_dtype,
-                                         const uint16_t *x, const uint16_t *w, int M, int N,
-                                         int K, cudaStream_t stream)
+/* Plans (or finds) the product and runs it: y = x . w^T. */
+static bt_status_t matmul(bt_cuda_blas_t *blas, void *y, bt_cuda_dtype_t y_dtype, const void *x,
+                          const void *w, int M, int N, int K, int x_f32, int ldx, int ldy,
+                          cudaStream_t stream)
 {
-    BT_CUDA_REQUIRE(blas && y && x && w && bt__dtype_ok(y_dtype));
-    BT_CUDA_REQUIRE(M > 0 && N > 0 && K > 0);
-    plan_t *p = plan_get(blas, M, N, K, y_dtype, 0, K, N);
+    const char *what = x_f32 ? "f32" : "bf16";
+    plan_t *p = plan_get(blas, M, N, K, y_dtype, x_f32, ldx, ldy);
     if (!p) {
-        fprintf(stderr, "cuda: no cuBLASLt algorithm for %dx%dx%d\n", M, N, K);
+        fprintf(stderr, "cuda: no cuBLASLt %s algorithm for %dx%dx%d\n", what, M, N, K);
         return BT_ERR_DEVICE;
     }
     float alpha = 1.0f, beta = 0.0f;
     cublasStatus_t st = cublasLtMatmul(blas->lt, p->op, &alpha, w, p->a, x, p->b, &beta, y, p->c,
                                        y, p->c, &p->algo, blas->workspace, WORKSPACE_BYTES, stream);
     if (st != CUBLAS_STATUS_SUCCESS) {
-        fprintf(stderr, "cuda: cublasLtMatmul %dx%dx%d: status %d\n", M, N, K, (int)st);
+        fprintf(stderr, "cuda: cublasLtMatmul %s %dx%dx%d: status %d\n", what, M, N, K, (int)st);
         cudaGetLastError();
         return BT_ERR_DEVICE;
     }
     return BT_OK;
+}
+
+extern "C" bt_status_t bt_cuda_gemm_bf16(bt_cuda_blas_t *blas, void *y, bt_cuda_dtype_t y_dtype,
+                                         const uint16_t *x, const uint16_t *w, int M, int N,
+                                         int K, cudaStream_t stream)
+{
+    BT_CUDA_REQUIRE(blas && y && x && w && bt__dtype_ok(y_dtype));
+    BT_CUDA_REQUIRE(M > 0 && N > 0 && K > 0);
+    return matmul(blas, y, y_dtype, x, w, M, N, K, 0, K, N, stream);
 }
 
 extern "C" bt_status_t bt_cuda_gemm_f32(bt_cuda_blas_t *blas, float *y, int ldy, const float *x,
@@ -149,18 +158,5 @@ extern "C" bt_status_t bt_cuda_gemm_f32(bt_cuda_blas_t *blas, float *y, int ldy,
 {
     BT_CUDA_REQUIRE(blas && y && x && w);
     BT_CUDA_REQUIRE(M > 0 && N > 0 && K > 0 && ldx >= K && ldy >= N);
-    plan_t *p = plan_get(blas, M, N, K, BT_CUDA_F32, 1, ldx, ldy);
-    if (!p) {
-        fprintf(stderr, "cuda: no cuBLASLt f32 algorithm for %dx%dx%d\n", M, N, K);
-        return BT_ERR_DEVICE;
-    }
-    float alpha = 1.0f, beta = 0.0f;
-    cublasStatus_t st = cublasLtMatmul(blas->lt, p->op, &alpha, w, p->a, x, p->b, &beta, y, p->c,
-                                       y, p->c, &p->algo, blas->workspace, WORKSPACE_BYTES, stream);
-    if (st != CUBLAS_STATUS_SUCCESS) {
-        fprintf(stderr, "cuda: cublasLtMatmul f32 %dx%dx%d: status %d\n", M, N, K, (int)st);
-        cudaGetLastError();
-        return BT_ERR_DEVICE;
-    }
-    return BT_OK;
+    return matmul(blas, y, BT_CUDA_F32, x, w, M, N, K, 1, ldx, ldy, stream);
 }
