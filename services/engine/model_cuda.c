@@ -1140,17 +1140,15 @@ static bt_status_t moe(fwd_t *f, int l)
     memset(cnt, 0, (size_t)N * sizeof(int32_t));
     int fill[1024];
     memcpy(fill, off, sizeof(int) * (size_t)E);
-    /* experts ascending, tokens ascending within one: each token's list comes out in expert
-     * order, the order the CPU sums them */
-    for (int e = 0; e < E; e++)
-        for (int t = 0; t < N; t++)
-            for (int i = 0; i < K; i++) {
-                if (cu->moe_idx_h[t * K + i] != e) continue;
-                int r = fill[e]++;
-                xrow[r] = t;
-                wt[r] = cu->moe_wts_h[t * K + i];
-                rows[t * K + cnt[t]++] = r;
-            }
+    /* a counting sort: rows grouped by expert, tokens ascending within one; then each token's
+     * list in expert order, the order the CPU sums them (linear in tokens, once per layer) */
+    for (int t = 0; t < N; t++)
+        for (int i = 0; i < K; i++) {
+            int r = fill[cu->moe_idx_h[t * K + i]]++;
+            xrow[r] = t;
+            wt[r] = cu->moe_wts_h[t * K + i];
+        }
+    for (int r = 0; r < N * K; r++) rows[xrow[r] * K + cnt[xrow[r]]++] = r;
     int total = N * K;
     CK(plan_send(cu, wt, wt_d, (size_t)total * sizeof(float), err, errlen));
     CK(plan_send(cu, rows, rows_d, (size_t)total * sizeof(int32_t), err, errlen));
