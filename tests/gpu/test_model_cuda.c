@@ -26,27 +26,9 @@
 /* The TP comm a rank's thread loads its model with (NULL: TP 1). */
 static __thread bt_comm_t *tp_comm_of_thread;
 
-static bt_model_t *load_ref(const char *name, const bt_safetensors_t *gold, int device, int weights, bool ref_gemms);
-static bt_model_t *load(const char *name, const bt_safetensors_t *gold, int device, int weights)
-{
-    return load_ref(name, gold, device, weights, false);
-}
-
 static bt_model_t *load_ref(const char *name, const bt_safetensors_t *gold, int device, int weights, bool ref_gemms)
 {
-    char dir[1024], err[512];
-    snprintf(dir, sizeof dir, "%s/%s", golden_dir(), name);
-    size_t n = 0;
-    int64_t *map64 = golden_i64(gold, "engram.token_map", &n);
-    int32_t *map = calloc(n ? n : 1, sizeof *map);
-    int classes = 0;
-    for (size_t i = 0; i < n; i++) {
-        map[i] = (int32_t)map64[i];
-        if (map[i] + 1 > classes) classes = map[i] + 1;
-    }
     bt_model_options_t opt = bt_model_options_default();
-    opt.engram_token_map = map;
-    opt.engram_classes = classes;
     opt.n_threads = 2;
     opt.max_ctx = MAX_CTX;
     opt.max_batch_tokens = MAX_CTX;
@@ -55,14 +37,12 @@ static bt_model_t *load_ref(const char *name, const bt_safetensors_t *gold, int 
     opt.cuda_weights = weights;
     opt.cuda_reference_gemms = ref_gemms;
     opt.comm = tp_comm_of_thread;
-    bt_model_t *m = NULL;
-    if (bt_model_load(dir, &opt, &m, err, sizeof err) != BT_OK) {
-        fprintf(stderr, "load %s on %s: %s\n", name, device ? "cuda" : "cpu", err);
-        m = NULL;
-    }
-    free(map64);
-    free(map);
-    return m;
+    return golden_model_with(name, gold, &opt);
+}
+
+static bt_model_t *load(const char *name, const bt_safetensors_t *gold, int device, int weights)
+{
+    return load_ref(name, gold, device, weights, false);
 }
 
 /* ids through `state` from position 0 (or from where it is, fresh = false) in chunks of

@@ -77,10 +77,10 @@ static inline uint8_t *golden_u8(const bt_safetensors_t *st, const char *name, s
     return v;
 }
 
-/* Loads fixture `name` (a directory under BT_GOLDEN_DIR) with the token map the reference
- * stored in golden.safetensors. */
-static inline bt_model_t *golden_model(const char *name, const bt_safetensors_t *gold,
-                                       int n_threads, int64_t max_ctx)
+/* Loads fixture `name` (a directory under golden_dir()) with `base`'s options and the token
+ * map the reference stored in golden.safetensors. */
+static inline bt_model_t *golden_model_with(const char *name, const bt_safetensors_t *gold,
+                                            const bt_model_options_t *base)
 {
     char dir[1024], err[512];
     snprintf(dir, sizeof dir, "%s/%s", golden_dir(), name);
@@ -92,20 +92,28 @@ static inline bt_model_t *golden_model(const char *name, const bt_safetensors_t 
         map[i] = (int32_t)map64[i];
         if (map[i] + 1 > classes) classes = map[i] + 1;
     }
-    bt_model_options_t opt = bt_model_options_default();
+    bt_model_options_t opt = *base;
     opt.engram_token_map = map;
     opt.engram_classes = classes;
-    opt.n_threads = n_threads;
-    opt.max_ctx = max_ctx;
-    opt.max_batch_tokens = (int)max_ctx;
     bt_model_t *m = NULL;
     if (bt_model_load(dir, &opt, &m, err, sizeof err) != BT_OK) {
-        fprintf(stderr, "load %s: %s\n", name, err);
+        fprintf(stderr, "load %s (%s): %s\n", name, opt.device == BT_DEVICE_CUDA ? "cuda" : "cpu", err);
         m = NULL;
     }
     free(map64);
     free(map);
     return m;
+}
+
+/* The same on the CPU with n_threads threads and max_ctx positions (and batch tokens). */
+static inline bt_model_t *golden_model(const char *name, const bt_safetensors_t *gold,
+                                       int n_threads, int64_t max_ctx)
+{
+    bt_model_options_t opt = bt_model_options_default();
+    opt.n_threads = n_threads;
+    opt.max_ctx = max_ctx;
+    opt.max_batch_tokens = (int)max_ctx;
+    return golden_model_with(name, gold, &opt);
 }
 
 #endif
