@@ -8,7 +8,7 @@ out=${1:-build-gpu}
 arch=${2:-90a}
 mkdir -p "$out/obj"
 for f in kernels/cuda/*.cu; do
-  nvcc -std=c++17 -O3 -I. -gencode "arch=compute_${arch},code=sm_${arch}" -Xcompiler -Wall \
+  nvcc -std=c++17 -O3 -I. -gencode "arch=compute_${arch},code=sm_${arch}" -Xcompiler -Wall,-fmacro-prefix-map=$PWD/= \
     -c "$f" -o "$out/obj/cu_$(basename "$f" .cu).o" &
 done
 for f in kernels/cpu/*.c common/status.c common/threads.c common/alloc.c common/log.c tests/gpu/test_cuda_ops.c; do
