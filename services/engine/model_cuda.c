@@ -675,6 +675,7 @@ typedef struct {
     const int *first;
     uint8_t *dslot[64];          /* each sequence's mirror */
     bool topk_set[64], cand_set[64];
+    int64_t topk_bound[64];      /* the published picks are below this (their owner's entries) */
     int64_t *pos_d;              /* [N] positions, device */
     int32_t *win_idx_d, *win_n_d;
     int64_t *eng_ids_d;          /* [n_engram][N][cols] */
@@ -943,6 +944,7 @@ static bt_status_t indexer(fwd_t *f, int l)
         for (int q = 0; q < f->n_seqs; q++) {
             if (l == c->candidate_source) f->cand_set[q] = true;
             f->topk_set[q] = true;
+            f->topk_bound[q] = bt_kv_header(f->seqs[q].state)->entries[owner];
         }
         return BT_OK;
     }
@@ -978,6 +980,7 @@ static bt_status_t indexer(fwd_t *f, int l)
         }
         if (level_one) f->cand_set[q] = true;
         f->topk_set[q] = true;
+        f->topk_bound[q] = n_entries;
     }
     return BT_OK;
 }
@@ -1042,9 +1045,12 @@ static bt_status_t attention(fwd_t *f, int l)
             sel = cu->topk + (size_t)first * c->index_topk;
             sel_n = cu->topk_n + first;
             int64_t have = h->entries[L->kv_source];
-            /* picks past the kv source's entries (a key owner ahead of it) are dropped */
-            CK(bt_cuda_trim_sel(cu->sel_n + first, sel, sel_n, c->index_topk, n, have, st));
-            sel_n = cu->sel_n + first;
+            /* picks past the kv source's entries (a key owner ahead of it) are dropped; a launch
+             * only when some pick can be past them */
+            if (f->topk_bound[q] > have) {
+                CK(bt_cuda_trim_sel(cu->sel_n + first, sel, sel_n, c->index_topk, n, have, st));
+                sel_n = cu->sel_n + first;
+            }
         }
         CK(bt_cuda_attention_ws(cu->attn + (size_t)first * H * hd, cu->q + (size_t)first * H * hd, stage,
                                 f->win_idx_d + (size_t)first * W, f->win_n_d + first, W, comp_kv, sel, sel_n,
