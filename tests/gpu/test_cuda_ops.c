@@ -36,7 +36,7 @@ typedef enum {
     OP_HC_MIX,      /* s: T hc D */
     OP_HC_COLLAPSE, /* s: T hc D */
     OP_HC_EXPAND,   /* s: T hc D */
-    OP_ATTENTION,   /* s: T H dim half max-window max-selected */
+    OP_ATTENTION,   /* s: T H dim half max-window max-selected (-1: sel_n, sel, comp_kv NULL) */
     OP_INDEX,       /* s: T heads dim n */
     OP_TOPK,        /* s: T n k ties */
     OP_MOE_ROUTE,   /* s: T E k */
@@ -58,6 +58,10 @@ typedef enum {
     OP_ATTENTION_WS, /* s: as OP_ATTENTION, keys split over blocks (flash-decoding) */
     OP_GEMM_FP4_LIST, /* s: as OP_GEMM_FP4, launched over the experts with rows only */
     OP_INDEX_SETS,  /* s: as OP_INDEX, every token its own key set (a decode batch) */
+    OP_ATTENTION_TC, /* s: as OP_ATTENTION, on the tensor cores (bf16 MMAs) */
+    OP_INDEX_TC,    /* s: as OP_INDEX, on the tensor cores; s[4] 1: q, keys not FP4-rounded */
+    OP_INDEX_SETS_TC, /* s: as OP_INDEX_SETS, on the tensor cores; s[4] as OP_INDEX_TC */
+    OP_DEQUANT_FP8, /* s: N K */
 } op_t;
 
 static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped", "rmsnorm",
@@ -67,7 +71,8 @@ static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped
                                  "sample",     "gemm_f32",     "embed_streams",    "gather_rows",
                                  "scale",      "moe_combine",  "compress_pool",    "block_max",
                                  "mask_blocks", "trim_sel",   "to_bf16",          "attention_ws",
-                                 "gemm_fp4_listed", "index_scores_sets"};
+                                 "gemm_fp4_listed", "index_scores_sets", "attention_tc",
+                                 "index_scores_tc", "index_sets_tc", "dequant_fp8"};
 
 typedef struct {
     op_t op;
@@ -178,6 +183,37 @@ static const case_t cases[] = {
     {OP_GEMM_FP4_LIST, BF16, {16, 130, 2560, 200, 40}, 0},
     {OP_INDEX_SETS, F32, {5, 32, 128, 1000}, 0},
     {OP_INDEX_SETS, F32, {3, 8, 40, 77}, 0},
+    /* tensor-core attention: the model's shape (64 heads, 128 window + 512 selected keys), the
+     * key limit (1024), head counts off the 32-head tile, small dims, no rotation, no lists */
+    {OP_ATTENTION_TC, BF16, {3, 64, 512, 32, 128, 512}, 0},
+    {OP_ATTENTION_TC, F32, {2, 64, 512, 32, 128, 512}, 0},
+    {OP_ATTENTION_TC, BF16, {2, 64, 512, 32, 512, 512}, 0},
+    {OP_ATTENTION_TC, F32, {5, 8, 512, 32, 128, 64}, 0},
+    {OP_ATTENTION_TC, BF16, {4, 20, 96, 0, 7, 0}, 0},
+    {OP_ATTENTION_TC, F32, {3, 33, 64, 16, 1, 33}, 0},
+    {OP_ATTENTION_TC, BF16, {5, 33, 16, 8, 3, 5}, 0},
+    {OP_ATTENTION_TC, F32, {4, 20, 64, 32, 40, -1}, 0},
+    {OP_ATTENTION_TC, BF16, {2, 64, 512, 32, 128, -1}, 0},
+    {OP_ATTENTION_TC, F32, {1, 1, 16, 0, 1, -1}, 0},
+    /* tensor-core indexer: the model's shape (32 heads x 128, 8192 keys, causal-like visible),
+     * token counts off the tile, key counts off 128, small heads and dims, unrounded inputs */
+    {OP_INDEX_TC, F32, {64, 32, 128, 8192, 0}, 0},
+    {OP_INDEX_TC, F32, {1, 32, 128, 4096, 0}, 0},
+    {OP_INDEX_TC, F32, {5, 32, 128, 1000, 0}, 0},
+    {OP_INDEX_TC, F32, {3, 7, 64, 1000, 0}, 0},
+    {OP_INDEX_TC, F32, {1, 1, 16, 37, 0}, 0},
+    {OP_INDEX_TC, F32, {3, 32, 16, 37, 0}, 0},
+    {OP_INDEX_TC, F32, {5, 32, 128, 1000, 1}, 0},
+    {OP_INDEX_SETS_TC, F32, {64, 32, 128, 8192, 0}, 0},
+    {OP_INDEX_SETS_TC, F32, {5, 32, 128, 1000, 0}, 0},
+    {OP_INDEX_SETS_TC, F32, {3, 7, 64, 77, 0}, 0},
+    {OP_INDEX_SETS_TC, F32, {1, 1, 16, 37, 0}, 0},
+    {OP_INDEX_SETS_TC, F32, {4, 32, 128, 1000, 1}, 0},
+    {OP_DEQUANT_FP8, BF16, {1, 1}, 0},
+    {OP_DEQUANT_FP8, BF16, {33, 70}, 0},
+    {OP_DEQUANT_FP8, BF16, {31, 32}, 0},
+    {OP_DEQUANT_FP8, BF16, {4096, 512}, 0},
+    {OP_DEQUANT_FP8, BF16, {2304, 5120}, 0},
     /* large: timed with --perf (GEMM references on a few sampled rows) */
     {OP_GEMM_BF16, BF16, {4096, 4096, 4096}, 1},
     {OP_GEMM_BF16, BF16, {8, 32768, 1280}, 1},
@@ -198,6 +234,9 @@ static const case_t cases[] = {
     {OP_INDEX, F32, {16, 32, 128, 32768}, 1},
     {OP_INDEX, F32, {1, 32, 128, 8192}, 1},
     {OP_INDEX_SETS, F32, {16, 32, 128, 8192}, 1},
+    {OP_ATTENTION_TC, BF16, {4096, 64, 512, 32, 128, 512}, 1},
+    {OP_INDEX_TC, F32, {4096, 32, 128, 8192, 0}, 1},
+    {OP_DEQUANT_FP8, BF16, {32768, 1280}, 1},
     {OP_TOPK, F32, {64, 65536, 512, 0}, 1},
     {OP_MOE_ROUTE, F32, {4096, 384, 6}, 1},
     {OP_SAMPLE, F32, {64, 129280, 0, 0}, 1},
@@ -502,6 +541,49 @@ static void run_gemm(const case_t *cs, result_t *r)
     if (nr < M) snprintf(r->note, sizeof(r->note), "%d rows checked", nr);
     if (g_perf && cs->perf) r->ms = time_it(fn, &c);
     free(x), free(w), free(y), free(rows), free(yo), free(ref);
+}
+
+static void launch_dequant_fp8(void *p)
+{
+    gemm_ctx_t *c = p;
+    BT_OK_OR_DIE(bt_cuda_dequant_fp8(c->y, c->w8, c->s8, c->N, c->K, 0));
+}
+
+/* s = N K: weights and scales made as run_gemm makes them (scales over a wider range); the
+ * dequantized values are exact in bf16, so every output's bits must match */
+static void run_dequant_fp8(const case_t *cs, result_t *r)
+{
+    int N = cs->s[0], K = cs->s[1], ks = (K + 31) / 32, ns = (N + 31) / 32;
+    size_t nw = (size_t)N * K;
+    uint8_t *w8 = xmalloc(nw), *s8 = xmalloc((size_t)ns * ks);
+    for (size_t i = 0; i < (size_t)ns * ks; i++) s8[i] = (uint8_t)(112 + irand(24));
+    for (size_t i = 0; i < nw; i++) w8[i] = rand_e4m3();
+    gemm_ctx_t c = {0};
+    c.N = N;
+    c.K = K;
+    c.w8 = dup(w8, nw);
+    c.s8 = dup(s8, (size_t)ns * ks);
+    c.y = dalloc(nw * 2);
+    poison(c.y, nw * 2);
+    launch_dequant_fp8(&c);
+    uint16_t *y = xmalloc(nw * 2);
+    get(y, c.y, nw * 2);
+    size_t diff = 0;
+    for (int n = 0; n < N; n++)
+        for (int k = 0; k < K; k++) {
+            size_t i = (size_t)n * K + k;
+            float v = bt_e4m3_to_f32(w8[i]) * bt_e8m0_to_f32(s8[(size_t)(n / 32) * ks + k / 32]);
+            uint16_t want = bt_f32_to_bf16(v);
+            if (!isfinite(bt_bf16_to_f32(y[i]))) r->finite = 0;
+            diff += y[i] != want;
+        }
+    r->bound = 0.0;
+    r->err = (double)diff;
+    r->exact_ok = diff == 0;
+    snprintf(r->note, sizeof(r->note), "bit-exact: %zu of %zu differ", diff, nw);
+    r->bytes = 3.0 * nw + (double)ns * ks;
+    if (g_perf && cs->perf) r->ms = time_it(launch_dequant_fp8, &c);
+    free(w8), free(s8), free(y);
 }
 
 /* grouped FP4: s = experts N K rows tokens; each row picks a random expert and token */
@@ -870,12 +952,17 @@ typedef struct {
     bt_cuda_dtype_t dt;
     float *work; /* OP_ATTENTION_WS */
     size_t work_floats;
+    bool tc; /* OP_ATTENTION_TC */
 } att_ctx_t;
 
 static void launch_attention(void *p)
 {
     att_ctx_t *c = p;
-    if (c->work)
+    if (c->tc)
+        BT_OK_OR_DIE(bt_cuda_attention_tc(c->out, c->q, c->win, c->widx, c->wn, c->W, c->comp, c->sel,
+                                          c->sn, c->S, c->sink, c->pos, c->freq, c->half, c->dt, c->T,
+                                          c->H, c->dim, 0));
+    else if (c->work)
         BT_OK_OR_DIE(bt_cuda_attention_ws(c->out, c->q, c->win, c->widx, c->wn, c->W, c->comp, c->sel,
                                           c->sn, c->S, c->sink, c->pos, c->freq, c->half, c->dt, c->T,
                                           c->H, c->dim, c->work, c->work_floats, 0));
@@ -888,6 +975,8 @@ static void launch_attention(void *p)
 static void run_attention(const case_t *cs, result_t *r)
 {
     int T = cs->s[0], H = cs->s[1], dim = cs->s[2], half = cs->s[3], W = cs->s[4], S = cs->s[5];
+    bool tc = cs->op == OP_ATTENTION_TC, no_sel = S < 0; /* no_sel: sel_n, sel, comp_kv NULL */
+    if (no_sel) S = 0;
     int NW = W + 50, NC = S + 300, Sst = S > 0 ? S : 1;
     float *q = frandv((size_t)T * H * dim, 1.0f), *win = frandv((size_t)NW * dim, 1.0f);
     float *comp = frandv((size_t)NC * dim, 1.0f), *sink = frandv((size_t)H, 2.0f);
@@ -900,6 +989,16 @@ static void run_attention(const case_t *cs, result_t *r)
     for (int t = 0; t < T; t++) {
         wn[t] = t == 0 ? W : 1 + irand(W);
         sn[t] = S > 0 ? (t == 0 ? S : irand(S + 1)) : 0;
+        if (tc && cs->perf) { /* the model's prefill: every token its full lists */
+            wn[t] = W;
+            sn[t] = S;
+        } else if (tc && t % 4 == 1) { /* a single key */
+            wn[t] = 1;
+            sn[t] = 0;
+        } else if (tc && t % 4 == 2 && S > 0) { /* selected keys only (either list may be empty) */
+            wn[t] = 0;
+            sn[t] = 1 + irand(S);
+        }
         for (int j = 0; j < W; j++) widx[(size_t)t * W + j] = irand(NW);
         for (int j = 0; j < Sst; j++) sel[(size_t)t * Sst + j] = irand(NC);
         pos[t] = (int64_t)(rnd() % 1000000);
@@ -917,6 +1016,15 @@ static void run_attention(const case_t *cs, result_t *r)
     c.sink = dup(sink, (size_t)H * 4);
     c.freq = dup(freq, (size_t)(half > 0 ? half : 1) * 4);
     c.pos = dup(pos, (size_t)T * 8);
+    c.tc = tc;
+    if (no_sel) {
+        c.comp = NULL;
+        c.sel = c.sn = NULL;
+        c.S = 0;
+    }
+    /* q and keys go in as bf16 (f32 inputs rounded by the kernel) and so do the
+     * probabilities: bf16-level against the f32 reference whatever the dtype */
+    if (tc) r->bound = bound_for(BF16);
     if (cs->op == OP_ATTENTION_WS) {
         c.work_floats = bt_cuda_attention_ws_floats(T, H, dim, W + Sst);
         c.work = dalloc(c.work_floats * 4);
@@ -931,8 +1039,10 @@ static void run_attention(const case_t *cs, result_t *r)
     float *p = xmalloc((size_t)(W + S + 1) * 4), *cs_ = xmalloc((size_t)(half + 1) * 4),
           *sn_ = xmalloc((size_t)(half + 1) * 4);
     float scale = 1.0f / sqrtf((float)dim);
-    for (int t = 0; t < T; t++) { /* model.c attend_token */
-        int n = wn[t] + sn[t];
+    int *chk = xmalloc((size_t)T * sizeof(int));
+    int nchk = check_rows(T, (double)T * H * (W + S) * dim, chk); /* tokens checked */
+    for (int i = 0; i < nchk; i++) { /* model.c attend_token */
+        int t = chk[i], n = wn[t] + sn[t];
         bt_cpu_rope_angles(cs_, sn_, freq, half, pos[t]);
         for (int h = 0; h < H; h++) {
             const float *qh = q + ((size_t)t * H + h) * dim;
@@ -958,12 +1068,28 @@ static void run_attention(const case_t *cs, result_t *r)
             bt_cpu_rope(o, dim, cs_, sn_, half, 1);
         }
     }
-    relerr(r, y, ref, on);
+    if (nchk < T) { /* compare the checked tokens' rows; every row must be finite */
+        size_t rl = (size_t)H * dim;
+        float *yo = xmalloc((size_t)nchk * rl * 4), *ro = xmalloc((size_t)nchk * rl * 4);
+        for (int i = 0; i < nchk; i++) {
+            memcpy(yo + i * rl, y + (size_t)chk[i] * rl, rl * 4);
+            memcpy(ro + i * rl, ref + (size_t)chk[i] * rl, rl * 4);
+        }
+        relerr(r, yo, ro, (size_t)nchk * rl);
+        for (size_t i = 0; i < on; i++)
+            if (!isfinite(y[i])) r->finite = 0;
+        free(yo), free(ro);
+    } else {
+        relerr(r, y, ref, on);
+    }
+    if (nchk < T || (tc && cs->perf))
+        snprintf(r->note, sizeof r->note, "%d of %d tokens checked%s", nchk, T,
+                 tc && cs->perf ? ", full key lists" : "");
     r->bytes = (double)keys * dim * esz + 2.0 * on * esz;
     r->flops = 4.0 * keys * H * dim;
     if (g_perf && cs->perf) r->ms = time_it(launch_attention, &c);
     free(q), free(win), free(comp), free(sink), free(freq), free(widx), free(wn), free(sel);
-    free(sn), free(pos), free(y), free(ref), free(p), free(cs_), free(sn_);
+    free(sn), free(pos), free(y), free(ref), free(p), free(cs_), free(sn_), free(chk);
 }
 
 /* ---- indexer ---------------------------------------------------------------------------- */
@@ -975,12 +1101,16 @@ typedef struct {
     int T, heads, dim, n, k;
     int64_t *key_off; /* OP_INDEX_SETS: token t's key set at keys + key_off[t], n_keys[t] rows */
     int32_t *n_keys;
+    bool tc; /* OP_INDEX_TC, OP_INDEX_SETS_TC */
 } ix_ctx_t;
 
 static void launch_index(void *p)
 {
     ix_ctx_t *c = p;
-    if (c->key_off)
+    if (c->tc)
+        BT_OK_OR_DIE(bt_cuda_index_scores_tc(c->scores, c->q, c->w, c->keys, c->key_off,
+                                             c->n_keys, c->vis, c->T, c->heads, c->dim, c->n, 0));
+    else if (c->key_off)
         BT_OK_OR_DIE(bt_cuda_index_scores_sets(c->scores, c->q, c->w, c->keys, c->key_off, c->n_keys, c->vis,
                                                c->T, c->heads, c->dim, c->n, 0));
     else
@@ -996,19 +1126,44 @@ static void launch_topk(void *p)
 
 static void run_index(const case_t *cs, result_t *r)
 {
-    int T = cs->s[0], H = cs->s[1], dim = cs->s[2], n = cs->s[3];
-    bool sets = cs->op == OP_INDEX_SETS; /* every token its own key set of n_keys[t] <= n rows */
+    int T = cs->s[0], H = cs->s[1], dim = cs->s[2], n = cs->s[3], raw = cs->s[4];
+    bool tc = cs->op == OP_INDEX_TC || cs->op == OP_INDEX_SETS_TC;
+    /* every token its own key set of n_keys[t] <= n rows */
+    bool sets = cs->op == OP_INDEX_SETS || cs->op == OP_INDEX_SETS_TC;
     size_t key_rows = sets ? (size_t)T * n : (size_t)n;
     float *q = frandv((size_t)T * H * dim, 1.0f), *w = frandv((size_t)T * H, 0.2f);
     float *keys = frandv(key_rows * dim, 1.0f);
+    if (tc && !raw) {
+        /* the model's FP4 rounding of the indexer's q and keys (per head row, block 32), then
+         * bf16 (a no-op on FP4 values; dims off 32, which the fake quant leaves alone, made
+         * bf16 too): the kernel's bf16 products are then exact and only the order of the fp32
+         * sums differs from the f32 reference, so the f32 bound holds */
+        float *v[2] = {q, keys};
+        size_t rows[2] = {(size_t)T * H, key_rows};
+        for (int a = 0; a < 2; a++)
+            for (size_t i = 0; i < rows[a]; i++) {
+                float *x = v[a] + i * dim;
+                bt_fake_quant_fp4_ue8m0(x, dim, 32);
+                for (int d = 0; d < dim; d++) x[d] = bt_bf16_to_f32(bt_f32_to_bf16(x[d]));
+            }
+    }
+    if (tc && raw) r->bound = bound_for(BF16); /* q and keys rounded to bf16 by the kernel */
     int64_t *vis = xmalloc((size_t)T * 8), *koff = xmalloc((size_t)T * 8);
     int32_t *nk = xmalloc((size_t)T * 4);
     for (int t = 0; t < T; t++) {
         vis[t] = t == 0 ? n : irand(n + 1);
         nk[t] = sets ? (t == 1 ? n : 1 + irand(n)) : n;
         koff[t] = sets ? (int64_t)(T - 1 - t) * n * dim : 0; /* sets stored in reverse order */
+        if (tc) { /* causal-like (the last token sees every key), off the key tiles; some
+                   * tokens see nothing, some key sets are empty */
+            int64_t v = (int64_t)n * (t + 1) / T;
+            if (t < T - 1) v = t % 5 == 3 ? 0 : v - irand((int)(v < 127 ? v : 127) + 1);
+            vis[t] = v;
+            if (sets && t % 4 == 2) nk[t] = 0;
+        }
     }
     ix_ctx_t c = {0};
+    c.tc = tc;
     if (sets) {
         c.key_off = dup(koff, (size_t)T * 8);
         c.n_keys = dup(nk, (size_t)T * 4);
@@ -1022,9 +1177,14 @@ static void run_index(const case_t *cs, result_t *r)
     poison(c.scores, (size_t)T * n * 4);
     launch_index(&c);
     float *y = xmalloc((size_t)T * n * 4), *ref = xmalloc((size_t)T * n * 4);
+    memset(ref, 0, (size_t)T * n * 4); /* every entry is written below; gcc cannot tell */
     get(y, c.scores, (size_t)T * n * 4);
     float scale = 1.0f / sqrtf((float)dim);
     size_t bad_inf = 0;
+    int *chk = xmalloc((size_t)T * sizeof(int));
+    int nchk = check_rows(T, (double)T * H * dim * n, chk); /* tokens whose scores are computed */
+    char *checked = calloc((size_t)T, 1);
+    for (int i = 0; i < nchk; i++) checked[chk[i]] = 1;
     for (int t = 0; t < T; t++) /* model.c index_token's scores */
         for (int j = 0; j < n; j++) {
             float acc = 0.0f;
@@ -1033,6 +1193,11 @@ static void run_index(const case_t *cs, result_t *r)
                 if (y[(size_t)t * n + j] != -INFINITY) bad_inf++;
                 y[(size_t)t * n + j] = 0.0f; /* compare the finite part below */
                 ref[(size_t)t * n + j] = 0.0f;
+                continue;
+            }
+            if (!checked[t]) { /* not recomputed: finite is all that is checked */
+                if (!isfinite(y[(size_t)t * n + j])) r->finite = 0;
+                y[(size_t)t * n + j] = ref[(size_t)t * n + j] = 0.0f;
                 continue;
             }
             for (int h = 0; h < H; h++) {
@@ -1044,10 +1209,14 @@ static void run_index(const case_t *cs, result_t *r)
     relerr(r, y, ref, (size_t)T * n);
     r->exact_ok = bad_inf == 0;
     snprintf(r->note, sizeof(r->note), "invisible -> -inf: %zu wrong", bad_inf);
+    if (nchk < T)
+        snprintf(r->note + strlen(r->note), sizeof(r->note) - strlen(r->note),
+                 "; %d of %d tokens checked", nchk, T);
     r->bytes = (double)n * dim * 4 + (double)T * n * 4;
     r->flops = 2.0 * T * n * H * dim;
     if (g_perf && cs->perf) r->ms = time_it(launch_index, &c);
-    free(q), free(w), free(keys), free(vis), free(koff), free(nk), free(y), free(ref);
+    free(q), free(w), free(keys), free(vis), free(koff), free(nk), free(y), free(ref), free(chk);
+    free(checked);
 }
 
 static const float *g_sort_scores;
@@ -1573,23 +1742,71 @@ static void run_case(const case_t *cs, result_t *r)
     case OP_ATTENTION_WS: run_attention(cs, r); break;
     case OP_GEMM_FP4_LIST: run_gemm_fp4(cs, r); break;
     case OP_INDEX_SETS: run_index(cs, r); break;
+    case OP_ATTENTION_TC: run_attention(cs, r); break;
+    case OP_INDEX_TC:
+    case OP_INDEX_SETS_TC: run_index(cs, r); break;
+    case OP_DEQUANT_FP8: run_dequant_fp8(cs, r); break;
     }
 }
 
 /* the launchers' own argument checks: refused, nothing launched, no sticky error */
+static int not_refused(bt_status_t st, const char *what)
+{
+    if (st == BT_ERR_INVALID_ARG) return 0;
+    fprintf(stderr, "not refused: %s\n", what);
+    return 1;
+}
+#define REFUSED(call) not_refused((call), #call)
+
+/* a 1-token, 1-head bt_cuda_attention_tc of dim with win_stride W and sel_stride S */
+static bt_status_t attention_tc_args(void *d, int dim, int W, int S)
+{
+    int32_t *di = d;
+    return bt_cuda_attention_tc(d, d, d, di, di, W, d, di, di, S, d, d, d, 0, BT_CUDA_BF16, 1, 1,
+                                dim, 0);
+}
+
+static int fits_wrong(int dim, int max_keys, int want)
+{
+    if (!bt_cuda_attention_tc_fits(dim, max_keys) == !want) return 0;
+    fprintf(stderr, "bt_cuda_attention_tc_fits(%d, %d) != %d\n", dim, max_keys, want);
+    return 1;
+}
+
+/* a 1-token bt_cuda_index_scores_tc over 8 keys, shared keys or (sets) one key set */
+static bt_status_t index_tc_args(void *d, int sets, int heads, int dim)
+{
+    return bt_cuda_index_scores_tc(d, d, d, d, sets ? d : NULL, sets ? d : NULL, d, 1, heads, dim,
+                                   8, 0);
+}
+
 static int check_refusals(void)
 {
     int bad = 0;
-    float *d = dalloc(4096);
-    bad += bt_cuda_rmsnorm(d, BT_CUDA_F32, d, (bt_cuda_dtype_t)7, NULL, 1, 4, 1e-6f, 0) !=
-           BT_ERR_INVALID_ARG;
-    bad += bt_cuda_gemm_fp4_grouped(d, BT_CUDA_F32, (uint16_t *)d, NULL, (int32_t *)d, 1, 1,
-                                    (uint8_t *)d, (uint8_t *)d, 4, 33, 0) != BT_ERR_INVALID_ARG;
-    bad += bt_cuda_attention(d, d, d, (int32_t *)d, (int32_t *)d, 1, NULL, NULL, NULL, 0, d, NULL,
-                             NULL, 0, BT_CUDA_F32, 1, 1, 101, 0) != BT_ERR_INVALID_ARG;
-    bad += bt_cuda_gemm_f32(g_blas, d, 4, d, 3, d, 2, 4, 4, 0) != BT_ERR_INVALID_ARG; /* ldx < K */
-    bad += bt_cuda_compress_pool(d, d, d, 0, 4, 8, 0) != BT_ERR_INVALID_ARG;
-    bad += bt_cuda_topk((int32_t *)d, (int32_t *)d, 4, d, 1, 10, 5, 0) != BT_ERR_INVALID_ARG;
+    enum { BYTES = 1 << 16 };
+    float *d = dalloc(BYTES);
+    CUDA_OK(cudaMemset(d, 0, BYTES)); /* zero counts and indices: a wrong launch stays in bounds */
+    bad += REFUSED(bt_cuda_rmsnorm(d, BT_CUDA_F32, d, (bt_cuda_dtype_t)7, NULL, 1, 4, 1e-6f, 0));
+    bad += REFUSED(bt_cuda_gemm_fp4_grouped(d, BT_CUDA_F32, (uint16_t *)d, NULL, (int32_t *)d, 1,
+                                            1, (uint8_t *)d, (uint8_t *)d, 4, 33, 0));
+    bad += REFUSED(bt_cuda_attention(d, d, d, (int32_t *)d, (int32_t *)d, 1, NULL, NULL, NULL, 0,
+                                     d, NULL, NULL, 0, BT_CUDA_F32, 1, 1, 101, 0));
+    bad += REFUSED(bt_cuda_gemm_f32(g_blas, d, 4, d, 3, d, 2, 4, 4, 0)); /* ldx < K */
+    bad += REFUSED(bt_cuda_compress_pool(d, d, d, 0, 4, 8, 0));
+    bad += REFUSED(bt_cuda_topk((int32_t *)d, (int32_t *)d, 4, d, 1, 10, 5, 0));
+    /* tensor-core attention: dim off 16, dim over 512, more keys than one block holds */
+    bad += REFUSED(attention_tc_args(d, 18, 128, 512));
+    bad += REFUSED(attention_tc_args(d, 528, 128, 512));
+    bad += REFUSED(attention_tc_args(d, 512, 128, BT_CUDA_ATTENTION_TC_MAX_KEYS - 127));
+    bad += fits_wrong(512, 640, 1) + fits_wrong(16, BT_CUDA_ATTENTION_TC_MAX_KEYS, 1);
+    bad += fits_wrong(18, 640, 0) + fits_wrong(528, 640, 0);
+    bad += fits_wrong(512, BT_CUDA_ATTENTION_TC_MAX_KEYS + 1, 0);
+    /* tensor-core indexer: dim off 16, dim over 128, heads over 32 */
+    for (int sets = 0; sets < 2; sets++) {
+        bad += REFUSED(index_tc_args(d, sets, 32, 24));
+        bad += REFUSED(index_tc_args(d, sets, 32, 144));
+        bad += REFUSED(index_tc_args(d, sets, 33, 128));
+    }
     bad += cudaGetLastError() != cudaSuccess;
     dfree_all();
     return bad;
