@@ -80,6 +80,8 @@ enum {
     MI = 2304,        /* expert width */
     N_PARTS = 6,
     N_SEGS = 9,       /* timed segments of one layer (parts recur) */
+    FP8_WIDE_ROWS = 64, /* rows from which an FP8 product dequantizes its weight once and
+                           runs cuBLASLt bf16 (as the engine's mm does) */
 };
 
 static const float RMS_EPS = 1e-20f, HC_EPS = 1e-6f, ROUTE_SCALE = 1.5f, SWIGLU_LIMIT = 10.0f;
@@ -446,6 +448,7 @@ typedef struct {
     int32_t *sel, *sel_n, *win_idx, *win_n, *kv_row, *ridx, *offs, *rows, *row_of;
     int64_t *pos, *visible;
     int32_t *offs_zero; /* diagnostics: every expert empty */
+    uint16_t *wdq; /* a dequantized FP8 weight (bf16), for products of many rows */
 } case_t;
 
 static bt_status_t case_make(arena_t *a, case_t *c, uint32_t seed, cudaStream_t st)
@@ -498,6 +501,13 @@ static bt_status_t case_make(arena_t *a, case_t *c, uint32_t seed, cudaStream_t 
     DALLOC(a, c->y2, R * HID * 4);
     DALLOC(a, c->sgu, (size_t)T * 2 * MI * 4);
     DALLOC(a, c->sh, (size_t)T * MI * 2);
+    if (T >= FP8_WIDE_ROWS) { /* the largest FP8 weight of the layer */
+        size_t big = 0, nk[] = {(size_t)QL * HID, (size_t)NH * HD * QL, (size_t)HD * HID,
+                                (size_t)IH * ID * QL, (size_t)OL * OGIN, (size_t)HID * OG * OL,
+                                (size_t)2 * MI * HID, (size_t)HID * MI};
+        for (size_t i = 0; i < sizeof nk / sizeof nk[0]; i++) big = nk[i] > big ? nk[i] : big;
+        DALLOC(a, c->wdq, big * 2);
+    }
     DALLOC(a, c->sy, (size_t)T * HID * 4);
     DALLOC(a, c->moe, (size_t)T * HID * 4);
     CU_TRY(cudaMemsetAsync(c->offs_zero, 0, (NE + 1) * 4, st));
@@ -507,6 +517,8 @@ static bt_status_t case_make(arena_t *a, case_t *c, uint32_t seed, cudaStream_t 
     BT_TRY(gen(c->comp, N * HD, 1, seed, TAG_COMP, G_BF16, 0, 0.0f, st));
     BT_TRY(gen(c->win, c->win_rows * HD, 1, seed, TAG_WIN, G_BF16, 0, 0.0f, st));
     BT_TRY(gen(c->ikeys, N * ID, 1, seed, TAG_IKEY, G_F32, 0, 0.0f, st));
+    /* the model's index keys carry the compressor's FP4 rounding, as its queries do */
+    BT_TRY(bt_cuda_fake_quant(c->ikeys, (int)N, ID, 32, BT_CUDA_FQ_FP4_UE8M0, st));
 
     /* positions and the window's rows. Decode: every sequence at position n-1 (it sees all n
      * entries), its window in its own 128-row ring. Prefill: one sequence, the chunk at
@@ -576,6 +588,20 @@ static bt_status_t case_make(arena_t *a, case_t *c, uint32_t seed, cudaStream_t 
 #define F32 BT_CUDA_F32
 #define BF16 BT_CUDA_BF16
 
+/* --cuda-cores: the attention core, the indexer scores and the FP8 products of many rows on
+ * the kernels that preceded the tensor-core paths (for before/after in one run) */
+static int g_tensor_cores = 1;
+
+static bt_status_t fp8_mm(bt_cuda_blas_t *blas, case_t *c, void *y, bt_cuda_dtype_t yt,
+                          const uint16_t *x, const uint8_t *w, const uint8_t *s, int M, int N,
+                          int K, cudaStream_t st)
+{
+    if (!g_tensor_cores || M < FP8_WIDE_ROWS || !c->wdq)
+        return bt_cuda_gemm_fp8(y, yt, x, w, s, M, N, K, st);
+    BT_TRY(bt_cuda_dequant_fp8(c->wdq, w, s, N, K, st));
+    return bt_cuda_gemm_bf16(blas, y, yt, x, c->wdq, M, N, K, st);
+}
+
 /* In a stream capture a plain cudaEventRecord only joins streams; an external record becomes
  * an event-record node of the graph, which is what timing inside a replay needs. */
 static bt_status_t mark(cudaEvent_t *ev, int i, cudaStream_t st, int capture)
@@ -604,11 +630,11 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
     BT_TRY(mark(ev, 1, st, capture));
 
     /* attention projections (in) */
-    BT_TRY(bt_cuda_gemm_fp8(c->qr, BF16, c->xin, W->wq_a.w, W->wq_a.s, T, QL, HID, st));
+    BT_TRY(fp8_mm(blas, c, c->qr, BF16, c->xin, W->wq_a.w, W->wq_a.s, T, QL, HID, st));
     BT_TRY(bt_cuda_rmsnorm(c->qr, BF16, c->qr, BF16, W->q_norm, T, QL, RMS_EPS, st));
-    BT_TRY(bt_cuda_gemm_fp8(c->q, BF16, c->qr, W->wq_b.w, W->wq_b.s, T, NH * HD, QL, st));
+    BT_TRY(fp8_mm(blas, c, c->q, BF16, c->qr, W->wq_b.w, W->wq_b.s, T, NH * HD, QL, st));
     BT_TRY(bt_cuda_rope(c->q, BF16, T, NH, HD, c->pos, W->inv_freq, ROPE_HALF, 0, st));
-    BT_TRY(bt_cuda_gemm_fp8(c->kv, F32, c->xin, W->wkv.w, W->wkv.s, T, HD, HID, st));
+    BT_TRY(fp8_mm(blas, c, c->kv, F32, c->xin, W->wkv.w, W->wkv.s, T, HD, HID, st));
     BT_TRY(bt_cuda_rmsnorm(c->kv, F32, c->kv, F32, W->kv_norm, T, HD, RMS_EPS, st));
     BT_TRY(bt_cuda_rope(c->kv, F32, T, 1, HD, c->pos, W->inv_freq, ROPE_HALF, 0, st));
     BT_TRY(bt_cuda_fake_quant(c->kv, T, HD, 32, BT_CUDA_FQ_FP8_UE8M0, st));
@@ -618,13 +644,20 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
     BT_TRY(mark(ev, 2, st, capture));
 
     /* indexer */
-    BT_TRY(bt_cuda_gemm_fp8(c->qi, F32, c->qr, W->iwq_b.w, W->iwq_b.s, T, IH * ID, QL, st));
+    BT_TRY(fp8_mm(blas, c, c->qi, F32, c->qr, W->iwq_b.w, W->iwq_b.s, T, IH * ID, QL, st));
     BT_TRY(bt_cuda_rope(c->qi, F32, T, IH, ID, c->pos, W->inv_freq, ROPE_HALF, 0, st));
     BT_TRY(bt_cuda_fake_quant(c->qi, T * IH, ID, 32, BT_CUDA_FQ_FP4_UE8M0, st));
     BT_TRY(bt_cuda_gemm_bf16(blas, c->iw, F32, c->xin, W->wproj, T, IH, HID, st));
     /* every token against its own sequence's keys, in one launch */
-    BT_TRY(bt_cuda_index_scores_sets(c->scores, c->qi, c->iw, c->ikeys, c->key_off, c->n_keys, c->visible, T,
-                                     IH, ID, c->n, st));
+    if (!g_tensor_cores)
+        BT_TRY(bt_cuda_index_scores_sets(c->scores, c->qi, c->iw, c->ikeys, c->key_off, c->n_keys,
+                                         c->visible, T, IH, ID, c->n, st));
+    else if (c->seqs == 1) /* one sequence: every token against the same keys */
+        BT_TRY(bt_cuda_index_scores_tc(c->scores, c->qi, c->iw, c->ikeys, NULL, NULL, c->visible,
+                                       T, IH, ID, c->n, st));
+    else
+        BT_TRY(bt_cuda_index_scores_tc(c->scores, c->qi, c->iw, c->ikeys, c->key_off, c->n_keys,
+                                       c->visible, T, IH, ID, c->n, st));
     BT_TRY(bt_cuda_topk(c->sel, c->sel_n, ITOPK, c->scores, T, c->n, ITOPK, st));
     if (c->seqs > 1) {
         sel_offset_kernel<<<cdiv((size_t)T * ITOPK, thr), thr, 0, st>>>(c->sel, T, ITOPK, c->tps,
@@ -634,9 +667,14 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
     BT_TRY(mark(ev, 3, st, capture));
 
     /* attention core */
-    BT_TRY(bt_cuda_attention_ws(c->attn, c->q, c->win, c->win_idx, c->win_n, WIN, c->comp, c->sel,
-                                c->sel_n, ITOPK, W->sink, c->pos, W->inv_freq, ROPE_HALF, BF16, T,
-                                NH, HD, c->att_ws, c->att_ws_n, st));
+    if (g_tensor_cores)
+        BT_TRY(bt_cuda_attention_tc(c->attn, c->q, c->win, c->win_idx, c->win_n, WIN, c->comp,
+                                    c->sel, c->sel_n, ITOPK, W->sink, c->pos, W->inv_freq,
+                                    ROPE_HALF, BF16, T, NH, HD, st));
+    else
+        BT_TRY(bt_cuda_attention_ws(c->attn, c->q, c->win, c->win_idx, c->win_n, WIN, c->comp,
+                                    c->sel, c->sel_n, ITOPK, W->sink, c->pos, W->inv_freq,
+                                    ROPE_HALF, BF16, T, NH, HD, c->att_ws, c->att_ws_n, st));
     BT_TRY(mark(ev, 4, st, capture));
 
     /* attention projections (out): wo_a per group of 8 heads, then wo_b */
@@ -652,7 +690,7 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
     for (int g = 0; g < OG; g++) {
         const uint8_t *w = W->wo_a.w + (size_t)g * OL * OGIN;
         const uint8_t *s = W->wo_a.s + (size_t)g * (OL / 32) * (OGIN / 32);
-        BT_TRY(bt_cuda_gemm_fp8(og + (size_t)g * T * OL, BF16, ag + (size_t)g * T * OGIN, w, s, T,
+        BT_TRY(fp8_mm(blas, c, og + (size_t)g * T * OL, BF16, ag + (size_t)g * T * OGIN, w, s, T,
                                 OL, OGIN, st));
     }
     if (T > 1) {
@@ -660,7 +698,7 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
             (uint4 *)c->oa, (const uint4 *)c->oa_g, OG, T, OL / 8);
         LAUNCHED("swap12 groups");
     }
-    BT_TRY(bt_cuda_gemm_fp8(c->o_attn, BF16, c->oa, W->wo_b.w, W->wo_b.s, T, HID, OG * OL, st));
+    BT_TRY(fp8_mm(blas, c, c->o_attn, BF16, c->oa, W->wo_b.w, W->wo_b.s, T, HID, OG * OL, st));
     BT_TRY(mark(ev, 5, st, capture));
 
     /* mHC: attention output into the streams; FFN site mix and collapse */
@@ -695,9 +733,9 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
         BT_TRY(bt_cuda_gemm_fp4_grouped(c->y2, F32, c->h, NULL, c->offs, NE, c->max_rows, W->w2,
                                         W->w2_s, HID, MI, st));
     }
-    BT_TRY(bt_cuda_gemm_fp8(c->sgu, F32, c->xin, W->sw13.w, W->sw13.s, T, 2 * MI, HID, st));
+    BT_TRY(fp8_mm(blas, c, c->sgu, F32, c->xin, W->sw13.w, W->sw13.s, T, 2 * MI, HID, st));
     BT_TRY(bt_cuda_swiglu(c->sh, BF16, c->sgu, NULL, T, MI, SWIGLU_LIMIT, st));
-    BT_TRY(bt_cuda_gemm_fp8(c->sy, F32, c->sh, W->sw2.w, W->sw2.s, T, HID, MI, st));
+    BT_TRY(fp8_mm(blas, c, c->sy, F32, c->sh, W->sw2.w, W->sw2.s, T, HID, MI, st));
     moe_combine_kernel<<<cdiv((size_t)T * HID, thr), thr, 0, st>>>(c->moe, c->y2, c->row_of,
                                                                     c->sy, T, TOPK, HID);
     LAUNCHED("moe_combine");
@@ -1259,7 +1297,8 @@ static int usage(const char *argv0)
 {
     fprintf(stderr,
             "usage: %s [--cases decode_b1,decode_b16,prefill] [--reps N>=20] [--warmup N]\n"
-            "          [--seed N] [--entries N] [--prefill T] [--dump DIR] [--no-graph]\n",
+            "          [--seed N] [--entries N] [--prefill T] [--dump DIR] [--no-graph]\n"
+            "          [--cuda-cores]\n",
             argv0);
     return 2;
 }
@@ -1273,6 +1312,10 @@ int main(int argc, char **argv)
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--no-graph")) {
             o.graph = 0;
+            continue;
+        }
+        if (!strcmp(a, "--cuda-cores")) {
+            g_tensor_cores = 0;
             continue;
         }
         if (!v) return usage(argv[0]);

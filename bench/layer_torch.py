@@ -300,7 +300,8 @@ class Case:
         self.pre_in = gen_f32((T, d.hc), seed, TAG_PRE_IN, 2, 0.5, dev)
         self.comp = gen_f32((self.seqs * n, d.hd), seed, TAG_COMP, 0, 0.0, dev).to(torch.bfloat16)
         self.win = gen_f32((win_rows, d.hd), seed, TAG_WIN, 0, 0.0, dev).to(torch.bfloat16)
-        self.ikeys32 = gen_f32((self.seqs, n, d.id), seed, TAG_IKEY, 0, 0.0, dev)
+        # the model's index keys carry the compressor's FP4 rounding, as its queries do
+        self.ikeys32 = fake_quant_fp4(gen_f32((self.seqs, n, d.id), seed, TAG_IKEY, 0, 0.0, dev))
         self.ikeys = self.ikeys32.to(torch.bfloat16)
         t = torch.arange(T)
         s = t // self.tps

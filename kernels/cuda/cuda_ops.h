@@ -50,6 +50,12 @@ bt_status_t bt_cuda_gemm_fp8(void *y, bt_cuda_dtype_t y_dtype, const uint16_t *x
                              const uint8_t *w, const uint8_t *w_scale, int M, int N, int K,
                              cudaStream_t stream);
 
+/* w_bf16[N,K] = dequant(w) (FP8 e4m3 [N,K], UE8M0 scales [ceil(N/32), ceil(K/32)]), exact.
+ * For many rows (prefill), dequantizing a weight once and running cuBLASLt's bf16 GEMM beats
+ * bt_cuda_gemm_fp8's tiles: the weight is read three more times, the rows thousands. */
+bt_status_t bt_cuda_dequant_fp8(uint16_t *w_bf16, const uint8_t *w, const uint8_t *w_scale, int N,
+                                int K, cudaStream_t stream);
+
 /* Grouped FP4 GEMM over experts. Rows are grouped by expert: expert e owns rows
  * offs[e] .. offs[e+1]-1 (offs: n_experts+1 int32, device). Row r reads input row
  * rows ? rows[r] : r of x[*,K] (bf16) and writes y[r, 0..N). Expert weights w[e] are
@@ -138,6 +144,22 @@ bt_status_t bt_cuda_attention_ws(void *out, const void *q, const void *win_kv,
                                  int H, int dim, float *work, size_t work_floats,
                                  cudaStream_t stream);
 
+/* The same on the tensor cores (bf16 MMAs, fp32 accumulation and softmax) for the whole
+ * attention of a token at once: one block per (token, 32 heads) computes the scores against
+ * every key of the token, the exact softmax with the sink, then the value product. q, keys and
+ * the probabilities are rounded to bf16 on the way in (exact for keys that the model's FP8/FP4
+ * roundings left on a bf16 grid; q and the probabilities are bf16-level: use bt_cuda_attention
+ * for float32 accuracy). dim a multiple of 8 and <= 512, win_stride + sel_stride <=
+ * BT_CUDA_ATTENTION_TC_MAX_KEYS; anything else is refused (use bt_cuda_attention). */
+enum { BT_CUDA_ATTENTION_TC_MAX_KEYS = 1024 };
+int bt_cuda_attention_tc_fits(int dim, int max_keys);
+bt_status_t bt_cuda_attention_tc(void *out, const void *q, const void *win_kv,
+                                 const int32_t *win_idx, const int32_t *win_n, int win_stride,
+                                 const void *comp_kv, const int32_t *sel, const int32_t *sel_n,
+                                 int sel_stride, const float *sink, const int64_t *pos,
+                                 const float *inv_freq, int half, bt_cuda_dtype_t dtype, int T,
+                                 int H, int dim, cudaStream_t stream);
+
 /* ---- indexer ---------------------------------------------------------------------------- */
 
 /* scores[t, j] = sum_h w[t,h] * ReLU(q[t,h,:] . keys[j,:]) * dim^-0.5 for j < visible[t],
@@ -153,6 +175,17 @@ bt_status_t bt_cuda_index_scores_sets(float *scores, const float *q, const float
                                       const float *keys, const int64_t *key_off,
                                       const int32_t *n_keys, const int64_t *visible, int T,
                                       int heads, int dim, int n, cudaStream_t stream);
+
+/* bt_cuda_index_scores (key_off == NULL: every token against the same keys) or
+ * bt_cuda_index_scores_sets (key_off, n_keys: each token its own set) on the tensor cores:
+ * q and keys are rounded to bf16 as they are loaded and multiplied with fp32 accumulation.
+ * The indexer's queries and keys carry the model's FP4 rounding (e2m1 times a power of two),
+ * which bf16 holds exactly: the products are then exact and only the summation order differs
+ * from the f32 kernel. dim <= 128 (padded with zeros to a multiple of 16), heads <= 32. */
+bt_status_t bt_cuda_index_scores_tc(float *scores, const float *q, const float *w,
+                                    const float *keys, const int64_t *key_off,
+                                    const int32_t *n_keys, const int64_t *visible, int T,
+                                    int heads, int dim, int n, cudaStream_t stream);
 
 /* Top min(k, n) of each row of scores[T, n] (ties: the lower index), as the engine's
  * indexer keeps them: the finite picks' indices ascending in out[t, 0..count), count in

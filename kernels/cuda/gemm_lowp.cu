@@ -370,3 +370,36 @@ extern "C" bt_status_t bt_cuda_gemm_fp4_grouped_list(void *y, bt_cuda_dtype_t y_
     return launch<FMT_FP4>(y, y_dtype, x, rows, offs, n_listed, max_rows, w, w_scale, 0, N, K,
                            experts, stream);
 }
+
+/* ---- dequantization for the many-row path ---------------------------------------------- */
+
+/* A thread per 16 weights of a row (K % 16 == 0: one uint4 in, two out) or per weight. */
+__global__ void dequant_fp8_kernel(__nv_bfloat16 *out, const uint8_t *w, const uint8_t *ws, int N,
+                                   int K, int vec)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, per = vec ? 16 : 1;
+    size_t e = i * per;
+    if (e >= (size_t)N * K) return;
+    int n = (int)(e / K), k = (int)(e % K), ks = (K + 31) / 32;
+    if (!vec) {
+        out[e] = __float2bfloat16_rn(weight_at<FMT_FP8>(w, ws, n, k, K));
+        return;
+    }
+    float f[16];
+    dequant_fp8x16(*(const uint4 *)(w + e), bt_e8m0(ws[(size_t)(n / 32) * ks + k / 32]), f);
+    *(uint4 *)(out + e) = f32x8_to_bf16(f);
+    *(uint4 *)(out + e + 8) = f32x8_to_bf16(f + 8);
+}
+
+extern "C" bt_status_t bt_cuda_dequant_fp8(uint16_t *w_bf16, const uint8_t *w,
+                                           const uint8_t *w_scale, int N, int K,
+                                           cudaStream_t stream)
+{
+    BT_CUDA_REQUIRE(w_bf16 && w && w_scale && N > 0 && K > 0);
+    /* 16-byte loads and stores need aligned rows */
+    int vec = K % 16 == 0 && (uintptr_t)w % 16 == 0 && (uintptr_t)w_bf16 % 16 == 0;
+    size_t threads = ((size_t)N * K + (vec ? 15 : 0)) / (vec ? 16 : 1);
+    dequant_fp8_kernel<<<(unsigned)((threads + 255) / 256), 256, 0, stream>>>(
+        (__nv_bfloat16 *)w_bf16, w, w_scale, N, K, vec);
+    return bt__cuda_launched("dequant_fp8");
+}

@@ -87,6 +87,139 @@ extern "C" bt_status_t bt_cuda_index_scores_sets(float *scores, const float *q, 
     return bt__cuda_launched("index_scores_sets");
 }
 
+/* ---- the same on the tensor cores ------------------------------------------------------- */
+
+#include <mma.h>
+
+enum { IXT_KEYS = 128, IXT_HEADS = 32, IXT_PAD = 8, IXT_WARPS = 8 };
+
+/* block = (128 keys, TOK tokens): rows r = token * 32 + head of Q [TOK*32, dim] and the keys
+ * [128, dim], both rounded to bf16 into shared memory; S = Q . K^T by 16x16x16 MMAs, warp w
+ * owning TOK*2 of its tiles; then S (over the operands' bytes) is reduced over the heads:
+ * score = sum_h w[t,h] * relu(S) * dim^-0.5, in head order as the f32 kernel adds. TOK = 4
+ * when tokens share the keys (prefill), 1 when each token has its own set (decode batch). */
+template <int TOK>
+__global__ void __launch_bounds__(IXT_WARPS * 32) index_scores_tc_kernel(
+    float *scores, const float *q, const float *w, const float *keys, const int64_t *visible,
+    int T, int heads, int dim, int n, const int64_t *key_off, const int32_t *n_keys)
+{
+    using namespace nvcuda;
+    enum { ROWS = TOK * IXT_HEADS, TILES = ROWS / 16 * (IXT_KEYS / 16), PER = TILES / IXT_WARPS };
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int dp = (dim + 15) / 16 * 16, ld = dp + IXT_PAD, lds = IXT_KEYS + 4;
+    __nv_bfloat16 *sq = (__nv_bfloat16 *)smem;
+    __nv_bfloat16 *sk = sq + (size_t)ROWS * ld;
+    float *ss = (float *)smem; /* after the products */
+    __shared__ int64_t vis_s[TOK];
+    __shared__ float w_s[TOK][IXT_HEADS];
+
+    const int t0 = blockIdx.y * TOK, j0 = blockIdx.x * IXT_KEYS, tid = threadIdx.x;
+    const int warp = tid >> 5;
+    if (key_off) keys += key_off[t0]; /* TOK == 1 */
+    int64_t vmax = 0;
+    for (int i = 0; i < TOK; i++) {
+        int t = t0 + i;
+        int64_t v = 0;
+        if (t < T) {
+            v = visible[t];
+            if (key_off && v > n_keys[t]) v = n_keys[t];
+            if (v > n) v = n;
+        }
+        if (tid == 0) vis_s[i] = v;
+        if (v > vmax) vmax = v;
+    }
+    if (j0 >= vmax) { /* the whole tile is invisible to every token of the block */
+        for (int e = tid; e < TOK * IXT_KEYS; e += IXT_WARPS * 32) {
+            int i = e / IXT_KEYS, j = j0 + e % IXT_KEYS;
+            if (t0 + i < T && j < n) scores[(size_t)(t0 + i) * n + j] = -INFINITY;
+        }
+        return;
+    }
+    for (int e = tid; e < ROWS * dp; e += IXT_WARPS * 32) {
+        int r = e / dp, c = e % dp, i = r / IXT_HEADS, h = r % IXT_HEADS, t = t0 + i;
+        float v = t < T && h < heads && c < dim ? q[((size_t)t * heads + h) * dim + c] : 0.0f;
+        sq[(size_t)r * ld + c] = __float2bfloat16_rn(v);
+    }
+    for (int e = tid; e < IXT_KEYS * dp; e += IXT_WARPS * 32) {
+        int r = e / dp, c = e % dp, j = j0 + r;
+        float v = j < vmax && c < dim ? keys[(size_t)j * dim + c] : 0.0f;
+        sk[(size_t)r * ld + c] = __float2bfloat16_rn(v);
+    }
+    for (int e = tid; e < TOK * IXT_HEADS; e += IXT_WARPS * 32) {
+        int i = e / IXT_HEADS, h = e % IXT_HEADS, t = t0 + i;
+        w_s[i][h] = t < T && h < heads ? w[(size_t)t * heads + h] : 0.0f;
+    }
+    __syncthreads();
+
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[PER];
+#pragma unroll
+    for (int f = 0; f < PER; f++) wmma::fill_fragment(acc[f], 0.0f);
+    for (int k = 0; k < dp; k += 16) {
+        /* the warp's tiles share one row tile: (warp * PER) / 8 */
+        const int rt = warp * PER / (IXT_KEYS / 16), ct0 = warp * PER % (IXT_KEYS / 16);
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
+        wmma::load_matrix_sync(a, sq + (size_t)rt * 16 * ld + k, ld);
+#pragma unroll
+        for (int f = 0; f < PER; f++) {
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> b;
+            wmma::load_matrix_sync(b, sk + (size_t)(ct0 + f) * 16 * ld + k, ld);
+            wmma::mma_sync(acc[f], a, b, acc[f]);
+        }
+    }
+    __syncthreads(); /* the operands' bytes become S */
+    {
+        const int rt = warp * PER / (IXT_KEYS / 16), ct0 = warp * PER % (IXT_KEYS / 16);
+#pragma unroll
+        for (int f = 0; f < PER; f++)
+            wmma::store_matrix_sync(ss + (size_t)rt * 16 * lds + (ct0 + f) * 16, acc[f], lds,
+                                    wmma::mem_row_major);
+    }
+    __syncthreads();
+    const float scale = 1.0f / sqrtf((float)dim);
+    for (int e = tid; e < TOK * IXT_KEYS; e += IXT_WARPS * 32) {
+        int i = e / IXT_KEYS, jj = e % IXT_KEYS, j = j0 + jj, t = t0 + i;
+        if (t >= T || j >= n) continue;
+        float s = 0.0f;
+        for (int h = 0; h < heads; h++)
+            s += (fmaxf(ss[(size_t)(i * IXT_HEADS + h) * lds + jj], 0.0f) * scale) * w_s[i][h];
+        scores[(size_t)t * n + j] = j < vis_s[i] ? s : -INFINITY;
+    }
+}
+
+template <int TOK> static size_t ixt_smem(int dim)
+{
+    size_t ops = (size_t)(TOK * IXT_HEADS + IXT_KEYS) * ((dim + 15) / 16 * 16 + IXT_PAD) * 2;
+    size_t s = (size_t)TOK * IXT_HEADS * (IXT_KEYS + 4) * 4;
+    return ops > s ? ops : s;
+}
+
+extern "C" bt_status_t bt_cuda_index_scores_tc(float *scores, const float *q, const float *w,
+                                               const float *keys, const int64_t *key_off,
+                                               const int32_t *n_keys, const int64_t *visible,
+                                               int T, int heads, int dim, int n,
+                                               cudaStream_t stream)
+{
+    BT_CUDA_REQUIRE(scores && q && w && keys && visible && (!key_off || n_keys));
+    BT_CUDA_REQUIRE(T > 0 && n > 0 && heads > 0 && heads <= IXT_HEADS);
+    BT_CUDA_REQUIRE(dim > 0 && dim <= IX_MAXD);
+    if (key_off) {
+        size_t bytes = ixt_smem<1>(dim);
+        cudaFuncSetAttribute(index_scores_tc_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)bytes);
+        dim3 grid(bt__cdiv(n, IXT_KEYS), T);
+        index_scores_tc_kernel<1><<<grid, IXT_WARPS * 32, bytes, stream>>>(
+            scores, q, w, keys, visible, T, heads, dim, n, key_off, n_keys);
+    } else {
+        size_t bytes = ixt_smem<4>(dim);
+        cudaFuncSetAttribute(index_scores_tc_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)bytes);
+        dim3 grid(bt__cdiv(n, IXT_KEYS), bt__cdiv(T, 4));
+        index_scores_tc_kernel<4><<<grid, IXT_WARPS * 32, bytes, stream>>>(
+            scores, q, w, keys, visible, T, heads, dim, n, NULL, NULL);
+    }
+    return bt__cuda_launched("index_scores_tc");
+}
+
 /* ---- top-k ------------------------------------------------------------------------------ */
 
 enum { TK_THREADS = 1024 };

@@ -45,6 +45,9 @@
 
 /* A weight matrix [N, K] on the device in the format it is multiplied in. */
 typedef enum { MAT_NONE = 0, MAT_F32, MAT_BF16, MAT_FP8 } mat_kind_t;
+
+/* rows from which an FP8 product dequantizes its weight and runs cuBLASLt (mm) */
+enum { FP8_WIDE_ROWS = 64 };
 typedef struct {
     mat_kind_t kind;
     int N, K;
@@ -103,6 +106,13 @@ struct bt_model_cuda {
     float *e_cat, *e_kv, *hidden, *hsel, *dlogits, *ytmp;
     uint16_t *xb, *hb;       /* bf16 activations on their way into FP8/FP4/BF16 GEMMs */
     size_t xb_cap, ytmp_cap; /* elements */
+    /* a dequantized FP8 weight (bf16) for products of at least FP8_WIDE_ROWS rows; fp8_max:
+     * the largest FP8 weight's elements, counted while loading */
+    uint16_t *wdq;
+    size_t fp8_max;
+    /* attention on the tensor cores (bf16 scores and probabilities): in every mode but
+     * --dtype float32, where the f32 kernel keeps float32 accuracy */
+    bool att_tc;
     int32_t *topk, *topk_n, *cand, *cand_n, *sel_n, *moe_idx;
     size_t score_cap;  /* floats in scores */
     float *att_ws;     /* attention's split-key partials (decode) */
@@ -243,6 +253,7 @@ static void load_mat(up_t *u, dev_mat_t *d, float *host, int64_t N, int64_t K, c
         }
         if (s && s->shape[0] == (N + 31) / 32 && s->shape[1] == (K + 31) / 32) {
             d->kind = MAT_FP8;
+            if ((size_t)N * (size_t)K > u->c->fp8_max) u->c->fp8_max = (size_t)N * (size_t)K;
             d->w = upload_bytes(u, t->data, t->nbytes);
             d->scale = upload_bytes(u, s->data, s->nbytes);
             u->c->n_fp8++;
@@ -436,6 +447,8 @@ static void alloc_scratch(up_t *u)
     cu->win_stage = scratch(u, (S * W + N) * hd);
     cu->att_ws_cap = bt_cuda_attention_ws_floats(1, m->hl, (int)hd, (int)W + (c->index_topk > 0 ? c->index_topk : 1));
     cu->att_ws = scratch(u, cu->att_ws_cap);
+    cu->att_tc = cu->weights != BT_WEIGHTS_F32 &&
+                 bt_cuda_attention_tc_fits((int)hd, (int)W + (c->index_topk > 0 ? c->index_topk : 0));
     cu->cstage_kv = scratch(u, lat * hd);
     cu->cstage_gate = scratch(u, lat * hd);
     cu->latent = scratch(u, lat * hd);
@@ -480,6 +493,8 @@ static void alloc_scratch(up_t *u)
         cu->hb = (uint16_t *)dev_alloc(u, N * K * I * 2, &cu->scratch_bytes);
         cu->ytmp_cap = N * (R > I ? R : I);
         cu->ytmp = scratch(u, cu->ytmp_cap);
+        if (N >= FP8_WIDE_ROWS && cu->fp8_max)
+            cu->wdq = (uint16_t *)dev_alloc(u, cu->fp8_max * 2, &cu->scratch_bytes);
     }
     cu->logit_rows = N < 256 ? (int)N : 256;
     cu->hsel = scratch(u, (size_t)cu->logit_rows * D);
@@ -779,7 +794,9 @@ static bt_status_t tp_all_gather(fwd_t *f, const void *dsend, size_t bytes, bool
 }
 
 /* y[M, N] (rows ldy apart) = x[M, K] (rows ldx apart, f32) . w^T in w's format: f32 on the
- * CUDA cores' FMAs; FP8 and BF16 with x rounded to bf16, fp32 accumulation. */
+ * CUDA cores' FMAs; FP8 and BF16 with x rounded to bf16, fp32 accumulation. An FP8 weight
+ * against FP8_WIDE_ROWS rows or more (prefill) is dequantized once (exactly, into bf16) and
+ * multiplied by cuBLASLt: the same products, at the tensor cores' bf16 rate. */
 static bt_status_t mm(fwd_t *f, float *y, int ldy, const float *x, int ldx, const dev_mat_t *w, int M)
 {
     struct bt_model_cuda *cu = f->cu;
@@ -794,7 +811,10 @@ static bt_status_t mm(fwd_t *f, float *y, int ldy, const float *x, int ldx, cons
     }
     CK(bt_cuda_to_bf16(cu->xb, x, M, K, ldx, st));
     float *out = ldy == N ? y : cu->ytmp;
-    if (w->kind == MAT_FP8)
+    if (w->kind == MAT_FP8 && M >= FP8_WIDE_ROWS && cu->wdq) {
+        CK(bt_cuda_dequant_fp8(cu->wdq, (const uint8_t *)w->w, w->scale, N, K, st));
+        CK(bt_cuda_gemm_bf16(cu->blas, out, BT_CUDA_F32, cu->xb, cu->wdq, M, N, K, st));
+    } else if (w->kind == MAT_FP8)
         CK(bt_cuda_gemm_fp8(out, BT_CUDA_F32, cu->xb, (const uint8_t *)w->w, w->scale, M, N, K, st));
     else
         CK(bt_cuda_gemm_bf16(cu->blas, out, BT_CUDA_F32, cu->xb, (const uint16_t *)w->w, M, N, K, st));
@@ -888,6 +908,10 @@ static bt_status_t indexer(fwd_t *f, int l)
     int ih = c->index_heads, ihd = c->index_head_dim, owner = L->index_key_owner;
     int bs = c->candidate_block_size > 0 ? c->candidate_block_size : 1, cbk = c->candidate_topk_blocks > 0 ? c->candidate_topk_blocks : 1;
     int itopk = c->index_topk;
+    /* the tensor-core scorer where queries and keys carry the FP4 rounding (it rounds per 32
+     * channels, so only when the head dim is whole blocks): bf16 holds them exactly and the
+     * products match the f32 kernel's */
+    bool ix_tc = ihd % 32 == 0 && ihd <= 128 && ih <= 32;
     int64_t *vis, *vis_d;
     PLAN(f, int64_t, f->N, vis, vis_d);
     for (int t = 0, q = 0; q < f->n_seqs; q++) {
@@ -927,8 +951,12 @@ static bt_status_t indexer(fwd_t *f, int l)
         CK(plan_send(cu, vpin, vpin_d, (size_t)f->N * sizeof(int64_t), err, errlen));
         CK(plan_send(cu, nk, nk_d, (size_t)f->N * sizeof(int32_t), err, errlen));
         int n = (int)nmax;
-        CK(bt_cuda_index_scores_sets(cu->scores, cu->qi, cu->iw, (const float *)cu->mirror_mem, koff_d, nk_d, vis_d,
-                                     f->N, ih, ihd, n, st));
+        if (ix_tc)
+            CK(bt_cuda_index_scores_tc(cu->scores, cu->qi, cu->iw, (const float *)cu->mirror_mem, koff_d, nk_d,
+                                       vis_d, f->N, ih, ihd, n, st));
+        else
+            CK(bt_cuda_index_scores_sets(cu->scores, cu->qi, cu->iw, (const float *)cu->mirror_mem, koff_d, nk_d,
+                                         vis_d, f->N, ih, ihd, n, st));
         for (int q = 0; q < f->n_seqs; q++)
             if (c->candidate_source >= 0 && c->candidate_source < l && f->cand_set[q]) {
                 int t0 = f->first[q];
@@ -964,8 +992,12 @@ static bt_status_t indexer(fwd_t *f, int l)
         if (per < 1) per = 1;
         for (int i0 = 0; i0 < f->seqs[q].n; i0 += per) {
             int tn = f->seqs[q].n - i0 < per ? f->seqs[q].n - i0 : per, t0 = f->first[q] + i0;
-            CK(bt_cuda_index_scores(cu->scores, cu->qi + (size_t)t0 * ih * ihd, cu->iw + (size_t)t0 * ih,
-                                    keys, vis_d + t0, tn, ih, ihd, ne, st));
+            if (ix_tc)
+                CK(bt_cuda_index_scores_tc(cu->scores, cu->qi + (size_t)t0 * ih * ihd, cu->iw + (size_t)t0 * ih,
+                                           keys, NULL, NULL, vis_d + t0, tn, ih, ihd, ne, st));
+            else
+                CK(bt_cuda_index_scores(cu->scores, cu->qi + (size_t)t0 * ih * ihd, cu->iw + (size_t)t0 * ih,
+                                        keys, vis_d + t0, tn, ih, ihd, ne, st));
             if (use_cand)
                 CK(bt_cuda_mask_blocks(cu->scores, cu->cand + (size_t)t0 * cbk, cu->cand_n + t0, cbk, tn,
                                        ne, bs, st));
@@ -1052,10 +1084,16 @@ static bt_status_t attention(fwd_t *f, int l)
                 sel_n = cu->sel_n + first;
             }
         }
-        CK(bt_cuda_attention_ws(cu->attn + (size_t)first * H * hd, cu->q + (size_t)first * H * hd, stage,
-                                f->win_idx_d + (size_t)first * W, f->win_n_d + first, W, comp_kv, sel, sel_n,
-                                c->index_topk, w->attn_sink, f->pos_d + first, inv, half, BT_CUDA_F32, n, H,
-                                hd, cu->att_ws, cu->att_ws_cap, st));
+        if (cu->att_tc)
+            CK(bt_cuda_attention_tc(cu->attn + (size_t)first * H * hd, cu->q + (size_t)first * H * hd, stage,
+                                    f->win_idx_d + (size_t)first * W, f->win_n_d + first, W, comp_kv, sel, sel_n,
+                                    c->index_topk, w->attn_sink, f->pos_d + first, inv, half, BT_CUDA_F32, n, H,
+                                    hd, st));
+        else
+            CK(bt_cuda_attention_ws(cu->attn + (size_t)first * H * hd, cu->q + (size_t)first * H * hd, stage,
+                                    f->win_idx_d + (size_t)first * W, f->win_n_d + first, W, comp_kv, sel, sel_n,
+                                    c->index_topk, w->attn_sink, f->pos_d + first, inv, half, BT_CUDA_F32, n, H,
+                                    hd, cu->att_ws, cu->att_ws_cap, st));
     }
     /* the output groups: this rank's, over its own heads; or, when the groups do not split
      * over the ranks, all of them over every rank's heads ([rank][token][heads] gathered) */

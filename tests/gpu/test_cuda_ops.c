@@ -195,6 +195,9 @@ static const case_t cases[] = {
     {OP_ATTENTION_TC, F32, {4, 20, 64, 32, 40, -1}, 0},
     {OP_ATTENTION_TC, BF16, {2, 64, 512, 32, 128, -1}, 0},
     {OP_ATTENTION_TC, F32, {1, 1, 16, 0, 1, -1}, 0},
+    /* head dims padded to whole 16-wide MMA steps: the golden fixtures' 40, and 24 */
+    {OP_ATTENTION_TC, F32, {4, 8, 40, 10, 12, 6}, 0},
+    {OP_ATTENTION_TC, BF16, {3, 8, 24, 4, 5, 3}, 0},
     /* tensor-core indexer: the model's shape (32 heads x 128, 8192 keys, causal-like visible),
      * token counts off the tile, key counts off 128, small heads and dims, unrounded inputs */
     {OP_INDEX_TC, F32, {64, 32, 128, 8192, 0}, 0},
@@ -204,11 +207,16 @@ static const case_t cases[] = {
     {OP_INDEX_TC, F32, {1, 1, 16, 37, 0}, 0},
     {OP_INDEX_TC, F32, {3, 32, 16, 37, 0}, 0},
     {OP_INDEX_TC, F32, {5, 32, 128, 1000, 1}, 0},
+    /* head dims that are not whole 16-wide MMA steps are padded with zeros (the golden
+     * fixtures' 40; 24 un-rounded, at the bf16 bound) */
+    {OP_INDEX_TC, F32, {6, 8, 40, 300, 0}, 0},
+    {OP_INDEX_TC, F32, {3, 8, 24, 100, 1}, 0},
     {OP_INDEX_SETS_TC, F32, {64, 32, 128, 8192, 0}, 0},
     {OP_INDEX_SETS_TC, F32, {5, 32, 128, 1000, 0}, 0},
     {OP_INDEX_SETS_TC, F32, {3, 7, 64, 77, 0}, 0},
     {OP_INDEX_SETS_TC, F32, {1, 1, 16, 37, 0}, 0},
     {OP_INDEX_SETS_TC, F32, {4, 32, 128, 1000, 1}, 0},
+    {OP_INDEX_SETS_TC, F32, {5, 8, 40, 300, 0}, 0},
     {OP_DEQUANT_FP8, BF16, {1, 1}, 0},
     {OP_DEQUANT_FP8, BF16, {33, 70}, 0},
     {OP_DEQUANT_FP8, BF16, {31, 32}, 0},
@@ -1801,9 +1809,8 @@ static int check_refusals(void)
     bad += fits_wrong(512, 640, 1) + fits_wrong(16, BT_CUDA_ATTENTION_TC_MAX_KEYS, 1);
     bad += fits_wrong(18, 640, 0) + fits_wrong(528, 640, 0);
     bad += fits_wrong(512, BT_CUDA_ATTENTION_TC_MAX_KEYS + 1, 0);
-    /* tensor-core indexer: dim off 16, dim over 128, heads over 32 */
+    /* tensor-core indexer: dim over 128, heads over 32 */
     for (int sets = 0; sets < 2; sets++) {
-        bad += REFUSED(index_tc_args(d, sets, 32, 24));
         bad += REFUSED(index_tc_args(d, sets, 32, 144));
         bad += REFUSED(index_tc_args(d, sets, 33, 128));
     }

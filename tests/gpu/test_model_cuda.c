@@ -136,9 +136,11 @@ static double rel_l2(const float *a, const float *ref, int n)
  *    tiny random models route experts, pick indexer entries and round the KV (QAT: FP8/FP4)
  *    by hard decisions; bf16 noise (2^-9 per rounding) flips some, and from there a run
  *    follows another trajectory (measured on an H200: golden-a-exact in bf16, first
- *    positions within 1e-2, later ones up to 0.9 apart; golden-a-quant, whose first position
- *    already rounds the KV, 4.2e-2 there). So `bound` holds each prompt's first position on
- *    a fixture without QAT (`exact`) only;
+ *    positions within 1e-2 with the attention core in f32, 1.09e-2 since it runs on the
+ *    tensor cores with q and the probabilities in bf16 too, as bf16 attention kernels do;
+ *    later ones up to 0.9 apart; golden-a-quant, whose first position already rounds the KV,
+ *    4.2e-2 there). So `bound` (1.5e-2: one more bf16 rounding's worth over 1e-2) holds
+ *    each prompt's first position on a fixture without QAT (`exact`) only;
  *  - `twin`: the same fixture with the FP8/FP4 weights multiplied through cuBLASLt in bf16
  *    (opt.cuda_reference_gemms; e4m3/e2m1 x UE8M0 are exact in bf16): the same products in
  *    another summation order. Baton's FP8/FP4 kernels inside the model are held to 1e-3 of
@@ -579,7 +581,7 @@ static void test_golden_a_quant(void)
 
 static void test_golden_a_exact_bf16(void)
 {
-    check_bf16("golden-a-exact", true, BT_WEIGHTS_BF16, 1e-2, false);
+    check_bf16("golden-a-exact", true, BT_WEIGHTS_BF16, 1.5e-2, false);
 }
 
 static void test_golden_a_quant_native(void)

@@ -1,0 +1,255 @@
+/* Window + sparse attention on the tensor cores: the operation of attention.cu for a whole
+ * token at a time, as two small GEMMs per (token, 32 heads) with an exact softmax between them.
+ *
+ *   scores S[32 heads, nk] = Q[32, dim] . K[nk, dim]^T   (keys gathered 64 at a time)
+ *   P = softmax(S * dim^-0.5) with the sink in the denominator, kept in shared memory
+ *   O[32, dim] = P[32, nk] . V[nk, dim]                 (V = K, gathered again)
+ *
+ * One block of 8 warps per (token, group of 32 heads); bf16 16x16x16 MMAs (wmma) with fp32
+ * accumulators. The scores of every key stay in shared memory, so the softmax is computed once
+ * and exactly (no running rescale of the output), and P is written over them as bf16. K = V
+ * means every key row is gathered twice (once per GEMM); the rows are L2-resident in practice
+ * (a sequence's window and compressed cache are a few MB). */
+#include "kernels/cuda/common.cuh"
+
+#include <mma.h>
+
+using namespace nvcuda;
+
+enum { TC_WARPS = 8, TC_HEADS = 32, TC_KEYS = 64, TC_PAD = 8, TC_MAXD = 512 };
+
+/* dim is padded with zeros to dp, a multiple of 16; shared memory: Q [32][dp+8] bf16 | S [32][ldS] f32 (P over it as bf16) | K [64][dim+8] bf16
+ * (the output [32][dim+8] f32 is staged over K at the end: the same bytes) */
+static size_t tc_smem(int dim, int max_keys, int *ld_s)
+{
+    dim = (dim + 15) / 16 * 16;
+    int kp = bt__cdiv(max_keys > 0 ? max_keys : 1, TC_KEYS) * TC_KEYS;
+    *ld_s = kp + TC_PAD;
+    return (size_t)TC_HEADS * (dim + TC_PAD) * 2 + (size_t)TC_HEADS * *ld_s * 4 +
+           (size_t)TC_KEYS * (dim + TC_PAD) * 2;
+}
+
+/* 8 consecutive elements of a row as bf16, 16 bytes */
+__device__ __forceinline__ uint4 load8_bf16(const float *p)
+{
+    float4 a = *(const float4 *)p, b = *(const float4 *)(p + 4);
+    __nv_bfloat162 r[4] = {__floats2bfloat162_rn(a.x, a.y), __floats2bfloat162_rn(a.z, a.w),
+                           __floats2bfloat162_rn(b.x, b.y), __floats2bfloat162_rn(b.z, b.w)};
+    return *(uint4 *)r;
+}
+__device__ __forceinline__ uint4 load8_bf16(const __nv_bfloat16 *p) { return *(const uint4 *)p; }
+
+template <typename T>
+__global__ void __launch_bounds__(TC_WARPS * 32) attention_tc_kernel(
+    T *out, const T *q, const T *win_kv, const int32_t *win_idx, const int32_t *win_n,
+    int win_stride, const T *comp_kv, const int32_t *sel, const int32_t *sel_n, int sel_stride,
+    const float *sink, const int64_t *pos, const float *inv_freq, int half, int H, int dim,
+    int ld_s)
+{
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int dp = (dim + 15) / 16 * 16, ldq = dp + TC_PAD;
+    __nv_bfloat16 *sq = (__nv_bfloat16 *)smem;
+    float *ss = (float *)(smem + (size_t)TC_HEADS * ldq * 2);
+    __nv_bfloat16 *sk = (__nv_bfloat16 *)((unsigned char *)ss + (size_t)TC_HEADS * ld_s * 4);
+    float *so = (float *)sk; /* output staging, after the last product */
+    __shared__ float inv_l[TC_HEADS];
+
+    const int t = blockIdx.y, h0 = blockIdx.x * TC_HEADS, tid = threadIdx.x;
+    const int warp = tid >> 5, lane = tid & 31, vec = dp / 8;
+    const int nw = win_n[t], nk = nw + (sel_n ? sel_n[t] : 0);
+    const int nchunks = (nk + TC_KEYS - 1) / TC_KEYS;
+
+    /* Q rows of this block's heads (zeros past H) */
+    for (int e = tid; e < TC_HEADS * vec; e += TC_WARPS * 32) {
+        int r = e / vec, c = (e % vec) * 8;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (h0 + r < H && c < dim) v = load8_bf16(q + ((size_t)t * H + h0 + r) * dim + c);
+        *(uint4 *)(sq + (size_t)r * ldq + c) = v;
+    }
+
+    /* gathers key rows [c0, c0 + 64) of the token into sk (zeros past nk): the rows' addresses
+     * first, then 8 independent 16-byte loads per thread in flight before their stores (the
+     * gather is latency-bound: one at a time, the block waited on L2 for most of its time).
+     * Called between barriers; has one of its own. */
+    __shared__ int rowi[TC_KEYS]; /* 2 * window row, 2 * compressed row + 1, or -1 */
+    auto load_keys = [&](int c0) {
+        if (tid < TC_KEYS) {
+            int j = c0 + tid;
+            rowi[tid] = j >= nk ? -1
+                        : j < nw ? 2 * win_idx[(size_t)t * win_stride + j]
+                                 : 2 * sel[(size_t)t * sel_stride + (j - nw)] + 1;
+        }
+        __syncthreads();
+        const int total = TC_KEYS * vec;
+        for (int base = 0; base < total; base += 8 * TC_WARPS * 32) {
+            uint4 v[8];
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                int e = base + i * TC_WARPS * 32 + tid, r = e / vec, c = (e % vec) * 8;
+                v[i] = make_uint4(0, 0, 0, 0);
+                int ri = e < total ? rowi[r] : -1;
+                if (ri >= 0 && c < dim)
+                    v[i] = load8_bf16((ri & 1 ? comp_kv : win_kv) + (size_t)(ri >> 1) * dim + c);
+            }
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                int e = base + i * TC_WARPS * 32 + tid, r = e / vec, c = (e % vec) * 8;
+                if (e < total) *(uint4 *)(sk + (size_t)r * ldq + c) = v[i];
+            }
+        }
+    };
+
+    /* pass 1: S[:, chunk] = Q . K_chunk^T; warp w owns the 16x16 tile (w / 4, w % 4) */
+    const int rw = warp >> 2, cw = warp & 3;
+    for (int ch = 0; ch < nchunks; ch++) {
+        __syncthreads();
+        load_keys(ch * TC_KEYS);
+        __syncthreads();
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+        wmma::fill_fragment(acc, 0.0f);
+        for (int k = 0; k < dp; k += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> b;
+            wmma::load_matrix_sync(a, sq + (size_t)rw * 16 * ldq + k, ldq);
+            wmma::load_matrix_sync(b, sk + (size_t)cw * 16 * ldq + k, ldq);
+            wmma::mma_sync(acc, a, b, acc);
+        }
+        wmma::store_matrix_sync(ss + (size_t)rw * 16 * ld_s + ch * TC_KEYS + cw * 16, acc, ld_s,
+                                wmma::mem_row_major);
+    }
+    __syncthreads();
+
+    /* softmax per row (a warp per 4 rows), exact: m over the sink and every score, then
+     * p = e^(s - m) written as bf16 over the row's own scores (P[j] takes the bytes of S[j/2],
+     * which this warp has read already: the __syncwarp orders the first 32) */
+    const float scale = rsqrtf((float)dim);
+    const int kpad = nchunks * TC_KEYS;
+    for (int r = warp * (TC_HEADS / TC_WARPS); r < (warp + 1) * (TC_HEADS / TC_WARPS); r++) {
+        float *srow = ss + (size_t)r * ld_s;
+        __nv_bfloat16 *prow = (__nv_bfloat16 *)srow;
+        float sk_h = h0 + r < H ? sink[h0 + r] : 0.0f;
+        float m = sk_h;
+        for (int j = lane; j < nk; j += 32) m = fmaxf(m, srow[j] * scale);
+        m = bt_warp_max(m);
+        float l = 0.0f;
+        for (int j0 = 0; j0 < kpad; j0 += 32) {
+            int j = j0 + lane;
+            float p = j < nk ? __expf(srow[j] * scale - m) : 0.0f;
+            __syncwarp();
+            prow[j] = __float2bfloat16_rn(p);
+            l += p;
+        }
+        l = bt_warp_sum(l) + __expf(sk_h - m);
+        if (lane == 0) inv_l[r] = 1.0f / l;
+    }
+
+    /* pass 2: O = P . V; warp w owns column tiles w, w + 8, ... of both row tiles */
+    const int nct = dp / 16;
+    const int ldp = 2 * ld_s;
+    const __nv_bfloat16 *sp = (const __nv_bfloat16 *)ss;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> o[2][TC_MAXD / 16 / TC_WARPS];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int c = 0; c < TC_MAXD / 16 / TC_WARPS; c++) wmma::fill_fragment(o[i][c], 0.0f);
+    for (int ch = 0; ch < nchunks; ch++) {
+        __syncthreads();
+        load_keys(ch * TC_KEYS);
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < TC_KEYS; k += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a0, a1;
+            wmma::load_matrix_sync(a0, sp + ch * TC_KEYS + k, ldp);
+            wmma::load_matrix_sync(a1, sp + (size_t)16 * ldp + ch * TC_KEYS + k, ldp);
+#pragma unroll
+            for (int c = 0; c < TC_MAXD / 16 / TC_WARPS; c++) {
+                int ct = warp + c * TC_WARPS;
+                if (ct >= nct) break;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> b;
+                wmma::load_matrix_sync(b, sk + (size_t)k * ldq + ct * 16, ldq);
+                wmma::mma_sync(o[0][c], a0, b, o[0][c]);
+                wmma::mma_sync(o[1][c], a1, b, o[1][c]);
+            }
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int c = 0; c < TC_MAXD / 16 / TC_WARPS; c++) {
+        int ct = warp + c * TC_WARPS;
+        if (ct >= nct) break;
+        wmma::store_matrix_sync(so + ct * 16, o[0][c], ldq, wmma::mem_row_major);
+        wmma::store_matrix_sync(so + (size_t)16 * ldq + ct * 16, o[1][c], ldq, wmma::mem_row_major);
+    }
+    __syncthreads();
+
+    /* normalize, inverse RoPE of the last 2*half channels, store; a thread per channel pair */
+    const int r0 = dim - 2 * half, pairs = dim / 2;
+    const float p64 = (float)pos[t];
+    for (int e = tid; e < TC_HEADS * pairs; e += TC_WARPS * 32) {
+        int r = e / pairs, d = (e % pairs) * 2;
+        if (h0 + r >= H) continue;
+        float a = so[(size_t)r * ldq + d] * inv_l[r], b = so[(size_t)r * ldq + d + 1] * inv_l[r];
+        if (d >= r0) {
+            float f = inv_freq[(d - r0) >> 1] * p64;
+            float cs = cosf(f), sn = -sinf(f);
+            float a2 = a * cs - b * sn;
+            b = b * cs + a * sn;
+            a = a2;
+        }
+        T *oh = out + ((size_t)t * H + h0 + r) * dim;
+        bt_st(oh, d, a);
+        bt_st(oh, d + 1, b);
+    }
+}
+
+extern "C" int bt_cuda_attention_tc_fits(int dim, int max_keys)
+{
+    if (dim <= 0 || dim % 8 || dim > TC_MAXD || max_keys < 0 ||
+        max_keys > BT_CUDA_ATTENTION_TC_MAX_KEYS)
+        return 0;
+    int ld_s, dev = 0, limit = 0;
+    size_t bytes = tc_smem(dim, max_keys, &ld_s);
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+        return 0;
+    cudaFuncAttributes fa; /* the kernel's static shared memory comes on top */
+    if (cudaFuncGetAttributes(&fa, attention_tc_kernel<float>) != cudaSuccess) return 0;
+    return bytes + fa.sharedSizeBytes <= (size_t)limit;
+}
+
+extern "C" bt_status_t bt_cuda_attention_tc(void *out, const void *q, const void *win_kv,
+                                            const int32_t *win_idx, const int32_t *win_n,
+                                            int win_stride, const void *comp_kv, const int32_t *sel,
+                                            const int32_t *sel_n, int sel_stride, const float *sink,
+                                            const int64_t *pos, const float *inv_freq, int half,
+                                            bt_cuda_dtype_t dtype, int T, int H, int dim,
+                                            cudaStream_t stream)
+{
+    BT_CUDA_REQUIRE(out && q && win_kv && win_idx && win_n && sink && pos && bt__dtype_ok(dtype));
+    BT_CUDA_REQUIRE(!sel_n || (sel && comp_kv));
+    BT_CUDA_REQUIRE(T > 0 && H > 0 && win_stride >= 0 && sel_stride >= 0);
+    BT_CUDA_REQUIRE(half >= 0 && 2 * half <= dim && (half == 0 || inv_freq));
+    int max_keys = win_stride + (sel_n ? sel_stride : 0);
+    BT_CUDA_REQUIRE(bt_cuda_attention_tc_fits(dim, max_keys));
+    /* rows are read 16 bytes at a time */
+    BT_CUDA_REQUIRE((uintptr_t)q % 16 == 0 && (uintptr_t)win_kv % 16 == 0 &&
+                    (uintptr_t)comp_kv % 16 == 0);
+    int ld_s;
+    size_t bytes = tc_smem(dim, max_keys, &ld_s);
+    dim3 grid(bt__cdiv(H, TC_HEADS), T);
+    typedef __nv_bfloat16 bf;
+#define TC_LAUNCH(TY)                                                                              \
+    do {                                                                                           \
+        cudaFuncSetAttribute(attention_tc_kernel<TY>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
+                             (int)bytes);                                                          \
+        attention_tc_kernel<TY><<<grid, TC_WARPS * 32, bytes, stream>>>(                           \
+            (TY *)out, (const TY *)q, (const TY *)win_kv, win_idx, win_n, win_stride,              \
+            (const TY *)comp_kv, sel, sel_n, sel_stride, sink, pos, inv_freq, half, H, dim, ld_s); \
+    } while (0)
+    if (dtype == BT_CUDA_F32)
+        TC_LAUNCH(float);
+    else
+        TC_LAUNCH(bf);
+#undef TC_LAUNCH
+    return bt__cuda_launched("attention_tc");
+}
