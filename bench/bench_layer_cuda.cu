@@ -449,6 +449,8 @@ typedef struct {
     int64_t *pos, *visible;
     int32_t *offs_zero; /* diagnostics: every expert empty */
     uint16_t *wdq; /* a dequantized FP8 weight (bf16), for products of many rows */
+    float *hc_ws;  /* mHC mixes split over blocks (decode) */
+    size_t hc_ws_n;
 } case_t;
 
 static bt_status_t case_make(arena_t *a, case_t *c, uint32_t seed, cudaStream_t st)
@@ -483,6 +485,8 @@ static bt_status_t case_make(arena_t *a, case_t *c, uint32_t seed, cudaStream_t 
     DALLOC(a, c->n_keys, (size_t)T * 4);
     DALLOC(a, c->attn, (size_t)T * NH * HD * 2);
     c->att_ws_n = bt_cuda_attention_ws_floats(T, NH, HD, WIN + ITOPK);
+    c->hc_ws_n = bt_cuda_hc_mix_ws_floats(T, HC, HID);
+    if (c->hc_ws_n) DALLOC(a, c->hc_ws, c->hc_ws_n * 4);
     DALLOC(a, c->att_ws, c->att_ws_n * 4);
     DALLOC(a, c->attn_g, (size_t)T * NH * HD * 2);
     DALLOC(a, c->oa_g, (size_t)T * OG * OL * 2);
@@ -623,8 +627,9 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
 
     BT_TRY(mark(ev, 0, st, capture));
     /* mHC, attention site: the attention collapses with the previous layer's FFN pre */
-    BT_TRY(bt_cuda_hc_mix(c->pre_a, c->post, c->comb, c->x, W->hc_fn[0], W->hc_base[0],
-                          W->hc_scale[0], T, HC, HID, RMS_EPS, HC_EPS, HC_ITERS, st));
+    BT_TRY(bt_cuda_hc_mix_ws(c->pre_a, c->post, c->comb, c->x, W->hc_fn[0], W->hc_base[0],
+                             W->hc_scale[0], T, HC, HID, RMS_EPS, HC_EPS, HC_ITERS,
+                             g_tensor_cores ? c->hc_ws : NULL, c->hc_ws_n, st));
     BT_TRY(bt_cuda_hc_collapse_norm(c->xin, BF16, c->x, c->pre_in, W->attn_norm, T, HC, HID,
                                     RMS_EPS, st));
     BT_TRY(mark(ev, 1, st, capture));
@@ -703,8 +708,9 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
 
     /* mHC: attention output into the streams; FFN site mix and collapse */
     BT_TRY(bt_cuda_hc_expand(c->x, c->o_attn, BF16, c->post, c->comb, T, HC, HID, st));
-    BT_TRY(bt_cuda_hc_mix(c->pre_f, c->post, c->comb, c->x, W->hc_fn[1], W->hc_base[1],
-                          W->hc_scale[1], T, HC, HID, RMS_EPS, HC_EPS, HC_ITERS, st));
+    BT_TRY(bt_cuda_hc_mix_ws(c->pre_f, c->post, c->comb, c->x, W->hc_fn[1], W->hc_base[1],
+                             W->hc_scale[1], T, HC, HID, RMS_EPS, HC_EPS, HC_ITERS,
+                             g_tensor_cores ? c->hc_ws : NULL, c->hc_ws_n, st));
     BT_TRY(bt_cuda_hc_collapse_norm(c->xin, BF16, c->x, c->pre_a, W->ffn_norm, T, HC, HID,
                                     RMS_EPS, st));
     BT_TRY(mark(ev, 6, st, capture));

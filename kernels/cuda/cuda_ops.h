@@ -107,6 +107,16 @@ bt_status_t bt_cuda_hc_mix(float *pre, float *post, float *comb, const float *x,
                            const float *base, const float *scale, int T, int hc, int D,
                            float eps, float hc_eps, int iters, cudaStream_t stream);
 
+/* The same with a workspace: for few tokens (decode) the streams are split over blocks and
+ * the partial sums folded in a second kernel (one block per token reads the whole fn, 2 MB at
+ * the real widths, at one SM's bandwidth). work: bt_cuda_hc_mix_ws_floats(T, hc, D) floats
+ * (0 when T needs no split; NULL or too few: no split). */
+size_t bt_cuda_hc_mix_ws_floats(int T, int hc, int D);
+bt_status_t bt_cuda_hc_mix_ws(float *pre, float *post, float *comb, const float *x,
+                              const float *fn, const float *base, const float *scale, int T,
+                              int hc, int D, float eps, float hc_eps, int iters, float *work,
+                              size_t work_floats, cudaStream_t stream);
+
 /* out[T,D] = RMSNorm(sum_s w[t,s] x[t,s,:]) with weight norm_w (may be NULL). */
 bt_status_t bt_cuda_hc_collapse_norm(void *out, bt_cuda_dtype_t out_dtype, const float *x,
                                      const float *w, const float *norm_w, int T, int hc, int D,

@@ -308,6 +308,137 @@ __global__ void __launch_bounds__(SK_WARPS * 32) gemm_skinny(OT *y, const __nv_b
     }
 }
 
+/* ---- few rows on the tensor cores ----------------------------------------------------------
+ * Up to 16 rows (a decode batch, an expert's share of it) against 32 weight columns per block:
+ * one m16n8k16 bf16 MMA has exactly the 16 rows as A, and 8 columns as B. The weights are read
+ * once, 16 bytes a lane, dequantized into bf16 in registers (exact: e4m3/e2m1 times a power of
+ * two) straight into B fragments. A dot product does not care in which order K is walked, so
+ * each MMA's 16 logical k are mapped onto memory such that lane c's B (and A) elements are
+ * contiguous: in a chunk of 64 (FP8; 128 for FP4) k, MMA s gives lane c the actual k
+ * chunk + W*c + 4s + {0,1,2,3} (W = 16 or 32: the lane's 16 weight bytes), logical
+ * {2c, 2c+1, 2c+8, 2c+9}. The 8 warps split K; their partial sums meet in shared memory.
+ * A block takes TILES x 8 columns: 4 where that leaves enough blocks, else 1 (a [512, 5120]
+ * weight in blocks of 32 columns would run on 16 SMs). Each warp loads the next chunk's
+ * weights before it multiplies the current one. */
+enum { MT_WARPS = 8 };
+
+__device__ __forceinline__ void mma_bf16_16816(float *d, const unsigned *a, unsigned b0,
+                                               unsigned b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ unsigned pack_bf16(float lo, float hi)
+{
+    __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
+    return *(unsigned *)&b;
+}
+
+template <int FMT, int TILES, typename OT>
+__global__ void __launch_bounds__(MT_WARPS * 32, 2) gemm_mma16(OT *y, const __nv_bfloat16 *x,
+                                                            const int32_t *rows,
+                                                            const int32_t *offs,
+                                                            const uint8_t *w, const uint8_t *ws,
+                                                            int M, int N, int K,
+                                                            const int32_t *elist)
+{
+    constexpr int KW = FMT == FMT_FP8 ? 16 : 32; /* k per lane per chunk */
+    constexpr int CHUNK = 4 * KW, STEPS = KW / 4, XW = KW / 8; /* uint4 of x per row */
+    constexpr int COLS = 8 * TILES;
+    __shared__ float red[MT_WARPS][16][COLS + 1];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+    const int e = elist ? elist[blockIdx.y] : blockIdx.y, n0 = blockIdx.x * COLS;
+    const int r0 = offs ? offs[e] : 0, r1 = offs ? offs[e + 1] : M, mr = r1 - r0;
+    if (mr <= 0) return; /* the whole block: no barrier is skipped by part of it */
+    expert_weights<FMT>(w, ws, e, N, K);
+    const __nv_bfloat16 *xa = g < mr ? x + (size_t)(rows ? rows[r0 + g] : r0 + g) * K : NULL;
+    const __nv_bfloat16 *xb =
+        g + 8 < mr ? x + (size_t)(rows ? rows[r0 + g + 8] : r0 + g + 8) * K : NULL;
+    const int ks8 = (K + 31) / 32;
+
+    float acc[TILES][4];
+#pragma unroll
+    for (int i = 0; i < TILES; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
+
+    /* this lane's 16 weight bytes of tile i at the chunk that starts at k0 */
+    auto load_w = [&](uint4 *v, int k0) {
+        const int kl = k0 + KW * c;
+#pragma unroll
+        for (int i = 0; i < TILES; i++) {
+            int n = n0 + 8 * i + g;
+            v[i] = make_uint4(0, 0, 0, 0);
+            if (n < N && k0 < K)
+                v[i] = __ldg((const uint4 *)(w + (FMT == FMT_FP8 ? (size_t)n * K + kl
+                                                                  : (size_t)n * (K / 2) + kl / 2)));
+        }
+    };
+    uint4 wv[TILES], wnext[TILES];
+    load_w(wv, warp * CHUNK);
+    for (int k0 = warp * CHUNK; k0 < K; k0 += MT_WARPS * CHUNK) {
+        const int kl = k0 + KW * c; /* this lane's first k */
+        load_w(wnext, k0 + MT_WARPS * CHUNK);
+        uint4 xv[2][XW];
+#pragma unroll
+        for (int q = 0; q < XW; q++) {
+            xv[0][q] = xa ? *(const uint4 *)(xa + kl + 8 * q) : make_uint4(0, 0, 0, 0);
+            xv[1][q] = xb ? *(const uint4 *)(xb + kl + 8 * q) : make_uint4(0, 0, 0, 0);
+        }
+        const unsigned *xw0 = (const unsigned *)xv[0], *xw1 = (const unsigned *)xv[1];
+        float s8 = 0.0f;
+        if (FMT == FMT_FP8) s8 = n0 < N ? bt_e8m0(ws[(size_t)(n0 / 32) * ks8 + kl / 32]) : 0.0f;
+#pragma unroll
+        for (int i = 0; i < TILES; i++) {
+            unsigned bw[KW / 2]; /* the lane's KW weights as bf16 pairs, in k order */
+            if (FMT == FMT_FP8) {
+                float f[16];
+                dequant_fp8x16(wv[i], s8, f);
+#pragma unroll
+                for (int j = 0; j < 8; j++) bw[j] = pack_bf16(f[2 * j], f[2 * j + 1]);
+            } else {
+                int n = n0 + 8 * i + g;
+                float s4 = n < N ? bt_e8m0(ws[(size_t)n * (K / 32) + kl / 32]) * 16384.0f : 0.0f;
+                const unsigned u[4] = {wv[i].x, wv[i].y, wv[i].z, wv[i].w};
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    float f[8];
+                    fp4x8(u[q], s4, f);
+#pragma unroll
+                    for (int j = 0; j < 4; j++) bw[4 * q + j] = pack_bf16(f[2 * j], f[2 * j + 1]);
+                }
+            }
+#pragma unroll
+            for (int st = 0; st < STEPS; st++) {
+                const unsigned a[4] = {xw0[2 * st], xw1[2 * st], xw0[2 * st + 1], xw1[2 * st + 1]};
+                mma_bf16_16816(acc[i], a, bw[2 * st], bw[2 * st + 1]);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < TILES; i++) wv[i] = wnext[i];
+    }
+    /* C fragment: (g, 2c..2c+1) and (g + 8, 2c..2c+1) of each 16 x 8 tile */
+#pragma unroll
+    for (int i = 0; i < TILES; i++) {
+        red[warp][g][8 * i + 2 * c] = acc[i][0];
+        red[warp][g][8 * i + 2 * c + 1] = acc[i][1];
+        red[warp][g + 8][8 * i + 2 * c] = acc[i][2];
+        red[warp][g + 8][8 * i + 2 * c + 1] = acc[i][3];
+    }
+    __syncthreads();
+    for (int o = threadIdx.x; o < 16 * COLS; o += MT_WARPS * 32) {
+        int r = o / COLS, col = o % COLS;
+        if (r >= mr || n0 + col >= N) continue;
+        float v = 0.0f;
+#pragma unroll
+        for (int q = 0; q < MT_WARPS; q++) v += red[q][r][col];
+        bt_st(y, (size_t)(r0 + r) * N + n0 + col, v);
+    }
+}
+
 template <int FMT>
 static bt_status_t launch(void *y, bt_cuda_dtype_t yd, const uint16_t *x, const int32_t *rows,
                           const int32_t *offs, int groups, int max_rows, const uint8_t *w,
@@ -315,7 +446,28 @@ static bt_status_t launch(void *y, bt_cuda_dtype_t yd, const uint16_t *x, const 
                           cudaStream_t stream)
 {
     const __nv_bfloat16 *xb = (const __nv_bfloat16 *)x;
-    if (max_rows <= SKINNY_MAX_ROWS) {
+    /* whole chunks of K and 16-byte rows: the tensor-core kernel for few rows */
+    bool mma_ok = K % (FMT == FMT_FP8 ? 64 : 128) == 0 && (uintptr_t)x % 16 == 0 &&
+                  (uintptr_t)w % 16 == 0;
+    if (max_rows <= SKINNY_MAX_ROWS && mma_ok) {
+        bool wide = (long)bt__cdiv(N, 32) * groups >= 264; /* two blocks an SM */
+#define BT__MMA16(TL)                                                                              \
+        do {                                                                                       \
+            dim3 grid(bt__cdiv(N, 8 * TL), groups);                                                \
+            if (yd == BT_CUDA_BF16)                                                                \
+                gemm_mma16<FMT, TL><<<grid, MT_WARPS * 32, 0, stream>>>(                           \
+                    (__nv_bfloat16 *)y, xb, rows, offs, w, ws, M, N, K, elist);                    \
+            else                                                                                   \
+                gemm_mma16<FMT, TL><<<grid, MT_WARPS * 32, 0, stream>>>((float *)y, xb, rows,     \
+                                                                        offs, w, ws, M, N, K,      \
+                                                                        elist);                    \
+        } while (0)
+        if (wide)
+            BT__MMA16(4);
+        else
+            BT__MMA16(1);
+#undef BT__MMA16
+    } else if (max_rows <= SKINNY_MAX_ROWS) {
         dim3 grid(bt__cdiv(N, SK_WARPS), groups);
         if (yd == BT_CUDA_BF16)
             gemm_skinny<FMT><<<grid, SK_WARPS * 32, 0, stream>>>((__nv_bfloat16 *)y, xb, rows,

@@ -7,6 +7,47 @@ enum { MIX_THREADS = 256 };
 
 __device__ __forceinline__ float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
 
+/* From the token's mixes m[(2+HC)*HC]: pre, post and comb (softmax rows, then Sinkhorn). */
+template <int HC>
+__device__ void hc_mix_finish(float *pre, float *post, float *comb, const float *m,
+                              const float *base, const float *scale, int t, float hc_eps,
+                              int iters)
+{
+    for (int k = 0; k < HC; k++) {
+        pre[t * HC + k] = sigm(m[k] * scale[0] + base[k]) + hc_eps;
+        post[t * HC + k] = 2.0f * sigm(m[HC + k] * scale[1] + base[HC + k]);
+    }
+    float c[HC * HC];
+    for (int j = 0; j < HC; j++) {
+        float mx = -INFINITY;
+        for (int k = 0; k < HC; k++) {
+            c[j * HC + k] = m[2 * HC + j * HC + k] * scale[2] + base[2 * HC + j * HC + k];
+            mx = fmaxf(mx, c[j * HC + k]);
+        }
+        float sum = 0.0f;
+        for (int k = 0; k < HC; k++) {
+            c[j * HC + k] = expf(c[j * HC + k] - mx);
+            sum += c[j * HC + k];
+        }
+        for (int k = 0; k < HC; k++) c[j * HC + k] = c[j * HC + k] / sum + hc_eps;
+    }
+    for (int it = 0; it < iters; it++) {
+        if (it > 0) {
+            for (int j = 0; j < HC; j++) {
+                float sum = 0.0f;
+                for (int k = 0; k < HC; k++) sum += c[j * HC + k];
+                for (int k = 0; k < HC; k++) c[j * HC + k] /= sum + hc_eps;
+            }
+        }
+        for (int k = 0; k < HC; k++) {
+            float sum = 0.0f;
+            for (int j = 0; j < HC; j++) sum += c[j * HC + k];
+            for (int j = 0; j < HC; j++) c[j * HC + k] /= sum + hc_eps;
+        }
+    }
+    for (int i = 0; i < HC * HC; i++) comb[(size_t)t * HC * HC + i] = c[i];
+}
+
 template <int HC>
 __global__ void __launch_bounds__(MIX_THREADS) hc_mix_kernel(float *pre, float *post, float *comb,
                                                              const float *x, const float *fn,
@@ -45,52 +86,97 @@ __global__ void __launch_bounds__(MIX_THREADS) hc_mix_kernel(float *pre, float *
     }
     __syncthreads();
     if (threadIdx.x != 0) return;
-    for (int k = 0; k < HC; k++) {
-        pre[t * HC + k] = sigm(m[k] * scale[0] + base[k]) + hc_eps;
-        post[t * HC + k] = 2.0f * sigm(m[HC + k] * scale[1] + base[HC + k]);
-    }
-    float c[HC * HC];
-    for (int j = 0; j < HC; j++) {
-        float mx = -INFINITY;
-        for (int k = 0; k < HC; k++) {
-            c[j * HC + k] = m[2 * HC + j * HC + k] * scale[2] + base[2 * HC + j * HC + k];
-            mx = fmaxf(mx, c[j * HC + k]);
-        }
-        float sum = 0.0f;
-        for (int k = 0; k < HC; k++) {
-            c[j * HC + k] = expf(c[j * HC + k] - mx);
-            sum += c[j * HC + k];
-        }
-        for (int k = 0; k < HC; k++) c[j * HC + k] = c[j * HC + k] / sum + hc_eps;
-    }
-    for (int it = 0; it < iters; it++) {
-        if (it > 0) {
-            for (int j = 0; j < HC; j++) {
-                float sum = 0.0f;
-                for (int k = 0; k < HC; k++) sum += c[j * HC + k];
-                for (int k = 0; k < HC; k++) c[j * HC + k] /= sum + hc_eps;
-            }
-        }
-        for (int k = 0; k < HC; k++) {
-            float sum = 0.0f;
-            for (int j = 0; j < HC; j++) sum += c[j * HC + k];
-            for (int j = 0; j < HC; j++) c[j * HC + k] /= sum + hc_eps;
-        }
-    }
-    for (int i = 0; i < HC * HC; i++) comb[(size_t)t * HC * HC + i] = c[i];
+    hc_mix_finish<HC>(pre, post, comb, m, base, scale, t, hc_eps, iters);
 }
 
-extern "C" bt_status_t bt_cuda_hc_mix(float *pre, float *post, float *comb, const float *x,
-                                      const float *fn, const float *base, const float *scale,
-                                      int T, int hc, int D, float eps, float hc_eps, int iters,
-                                      cudaStream_t stream)
+/* Few tokens (decode): one block per token streams all of fn ((2+hc)*hc rows of hc*D floats,
+ * 2 MB at the real widths), at a block's bandwidth. Split instead: block (z, t) takes the
+ * MIX_THREADS elements z*MIX_THREADS.. of the flattened streams and writes its partial
+ * sum of squares and unnormalized mixes to work[(t * splits + z) * (MIX + 1)]; the finishing
+ * kernel adds them up, so the mix is r * sum(fn x) where the one-block kernel sums fn (x r):
+ * the same up to rounding. */
+template <int HC>
+__global__ void __launch_bounds__(MIX_THREADS) hc_mix_split_kernel(float *work, const float *x,
+                                                                   const float *fn, int D,
+                                                                   int splits)
+{
+    constexpr int MIX = (2 + HC) * HC;
+    __shared__ float part[MIX_THREADS / 32][MIX + 1];
+    int z = blockIdx.x, t = blockIdx.y, n = HC * D, lane = threadIdx.x & 31,
+        warp = threadIdx.x >> 5;
+    int i = z * MIX_THREADS + threadIdx.x;
+    float v = i < n ? x[(size_t)t * n + i] : 0.0f;
+    float acc[MIX + 1];
+#pragma unroll
+    for (int k = 0; k < MIX; k++) acc[k] = i < n ? fn[(size_t)k * n + i] * v : 0.0f;
+    acc[MIX] = v * v;
+#pragma unroll
+    for (int k = 0; k <= MIX; k++) {
+        float a = bt_warp_sum(acc[k]);
+        if (lane == 0) part[warp][k] = a;
+    }
+    __syncthreads();
+    if (threadIdx.x <= MIX) {
+        float a = 0.0f;
+        for (int w = 0; w < MIX_THREADS / 32; w++) a += part[w][threadIdx.x];
+        work[((size_t)t * splits + z) * (MIX + 1) + threadIdx.x] = a;
+    }
+}
+
+template <int HC>
+__global__ void hc_mix_fold_kernel(float *pre, float *post, float *comb, const float *work,
+                                   const float *base, const float *scale, int D, float eps,
+                                   float hc_eps, int iters, int splits)
+{
+    constexpr int MIX = (2 + HC) * HC;
+    __shared__ float m[MIX + 1];
+    int t = blockIdx.x;
+    if (threadIdx.x <= MIX) {
+        float a = 0.0f;
+        for (int z = 0; z < splits; z++) a += work[((size_t)t * splits + z) * (MIX + 1) + threadIdx.x];
+        m[threadIdx.x] = a;
+    }
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    float r = 1.0f / sqrtf(m[MIX] / (float)(HC * D) + eps);
+    for (int k = 0; k < MIX; k++) m[k] *= r;
+    hc_mix_finish<HC>(pre, post, comb, m, base, scale, t, hc_eps, iters);
+}
+
+/* split the mix when the tokens alone leave most of the GPU idle */
+static int hc_splits(int T, int hc, int D)
+{
+    return T * 2 > 132 ? 1 : bt__cdiv((long long)hc * D, MIX_THREADS);
+}
+
+extern "C" size_t bt_cuda_hc_mix_ws_floats(int T, int hc, int D)
+{
+    int s = hc_splits(T, hc, D);
+    return s > 1 ? (size_t)T * s * ((2 + hc) * hc + 1) : 0;
+}
+
+extern "C" bt_status_t bt_cuda_hc_mix_ws(float *pre, float *post, float *comb, const float *x,
+                                         const float *fn, const float *base, const float *scale,
+                                         int T, int hc, int D, float eps, float hc_eps, int iters,
+                                         float *work, size_t work_floats, cudaStream_t stream)
 {
     BT_CUDA_REQUIRE(pre && post && comb && x && fn && base && scale);
     BT_CUDA_REQUIRE(T > 0 && D > 0 && iters >= 0);
     BT_CUDA_REQUIRE(hc == 1 || hc == 2 || hc == 4);
+    int splits = hc_splits(T, hc, D);
+    if (!work || work_floats < bt_cuda_hc_mix_ws_floats(T, hc, D)) splits = 1;
 #define BT__MIX(H)                                                                                 \
-    hc_mix_kernel<H><<<T, MIX_THREADS, 0, stream>>>(pre, post, comb, x, fn, base, scale, D, eps, \
-                                                     hc_eps, iters)
+    do {                                                                                           \
+        if (splits > 1) {                                                                          \
+            hc_mix_split_kernel<H><<<dim3(splits, T), MIX_THREADS, 0, stream>>>(work, x, fn, D,    \
+                                                                                splits);           \
+            hc_mix_fold_kernel<H><<<T, 32, 0, stream>>>(pre, post, comb, work, base, scale, D, eps, \
+                                                        hc_eps, iters, splits);                    \
+        } else {                                                                                   \
+            hc_mix_kernel<H><<<T, MIX_THREADS, 0, stream>>>(pre, post, comb, x, fn, base, scale,   \
+                                                            D, eps, hc_eps, iters);                \
+        }                                                                                          \
+    } while (0)
     if (hc == 4)
         BT__MIX(4);
     else if (hc == 2)
@@ -99,6 +185,15 @@ extern "C" bt_status_t bt_cuda_hc_mix(float *pre, float *post, float *comb, cons
         BT__MIX(1);
 #undef BT__MIX
     return bt__cuda_launched("hc_mix");
+}
+
+extern "C" bt_status_t bt_cuda_hc_mix(float *pre, float *post, float *comb, const float *x,
+                                      const float *fn, const float *base, const float *scale,
+                                      int T, int hc, int D, float eps, float hc_eps, int iters,
+                                      cudaStream_t stream)
+{
+    return bt_cuda_hc_mix_ws(pre, post, comb, x, fn, base, scale, T, hc, D, eps, hc_eps, iters,
+                             NULL, 0, stream);
 }
 
 template <typename OT>

@@ -116,6 +116,8 @@ struct bt_model_cuda {
     int32_t *topk, *topk_n, *cand, *cand_n, *sel_n, *moe_idx;
     size_t score_cap;  /* floats in scores */
     float *att_ws;     /* attention's split-key partials (decode) */
+    float *hc_ws;      /* mHC mixes split over blocks (few tokens) */
+    size_t hc_ws_cap;
     size_t att_ws_cap;
     int nblk_cap;      /* candidate blocks a row of bmax holds */
     int logit_rows;    /* rows of dlogits */
@@ -447,6 +449,13 @@ static void alloc_scratch(up_t *u)
     cu->win_stage = scratch(u, (S * W + N) * hd);
     cu->att_ws_cap = bt_cuda_attention_ws_floats(1, m->hl, (int)hd, (int)W + (c->index_topk > 0 ? c->index_topk : 1));
     cu->att_ws = scratch(u, cu->att_ws_cap);
+    /* the split mix's partials grow with the tokens until the tokens fill the GPU alone */
+    for (size_t t = 1; t <= N; t++) {
+        size_t need = bt_cuda_hc_mix_ws_floats((int)t, (int)hc, (int)D);
+        if (need == 0) break;
+        cu->hc_ws_cap = need;
+    }
+    if (cu->hc_ws_cap) cu->hc_ws = scratch(u, cu->hc_ws_cap);
     cu->att_tc = cu->weights != BT_WEIGHTS_F32 &&
                  bt_cuda_attention_tc_fits((int)hd, (int)W + (c->index_topk > 0 ? c->index_topk : 0));
     cu->cstage_kv = scratch(u, lat * hd);
@@ -1280,8 +1289,9 @@ static bt_status_t site(fwd_t *f, const float *fn, const float *base, const floa
     struct bt_model_cuda *cu = f->cu;
     char *err = f->err;
     size_t errlen = f->errlen;
-    CK(bt_cuda_hc_mix(pre_out, cu->post, cu->comb, cu->x, fn, base, scale, f->N, c->hc_mult, c->hidden,
-                      (float)c->rms_eps, (float)c->hc_eps, c->sinkhorn_iters, cu->stream));
+    CK(bt_cuda_hc_mix_ws(pre_out, cu->post, cu->comb, cu->x, fn, base, scale, f->N, c->hc_mult, c->hidden,
+                         (float)c->rms_eps, (float)c->hc_eps, c->sinkhorn_iters, cu->hc_ws, cu->hc_ws_cap,
+                         cu->stream));
     CK(bt_cuda_hc_collapse_norm(cu->xin, BT_CUDA_F32, cu->x, collapse_w, norm_w, f->N, c->hc_mult,
                                 c->hidden, (float)c->rms_eps, cu->stream));
     return BT_OK;

@@ -62,6 +62,7 @@ typedef enum {
     OP_INDEX_TC,    /* s: as OP_INDEX, on the tensor cores; s[4] 1: q, keys not FP4-rounded */
     OP_INDEX_SETS_TC, /* s: as OP_INDEX_SETS, on the tensor cores; s[4] as OP_INDEX_TC */
     OP_DEQUANT_FP8, /* s: N K */
+    OP_HC_MIX_WS,   /* s: as OP_HC_MIX, with the workspace (split over blocks for few tokens) */
 } op_t;
 
 static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped", "rmsnorm",
@@ -72,7 +73,7 @@ static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped
                                  "scale",      "moe_combine",  "compress_pool",    "block_max",
                                  "mask_blocks", "trim_sel",   "to_bf16",          "attention_ws",
                                  "gemm_fp4_listed", "index_scores_sets", "attention_tc",
-                                 "index_scores_tc", "index_sets_tc", "dequant_fp8"};
+                                 "index_scores_tc", "index_sets_tc", "dequant_fp8", "hc_mix_ws"};
 
 typedef struct {
     op_t op;
@@ -97,11 +98,21 @@ static const case_t cases[] = {
     {OP_GEMM_FP8, F32, {64, 256, 512}, 0},
     {OP_GEMM_FP8, BF16, {200, 300, 1000}, 0},
     {OP_GEMM_FP8, F32, {130, 1024, 2048}, 0},
+    /* few rows, K whole 64-chunks: the tensor-core kernel for few rows (odd N, 1..16 rows) */
+    {OP_GEMM_FP8, F32, {5, 33, 128}, 0},
+    {OP_GEMM_FP8, BF16, {16, 1000, 320}, 0},
+    {OP_GEMM_FP8, F32, {2, 40, 64}, 0},
+    {OP_GEMM_FP8, F32, {11, 70, 1280}, 0},
+    {OP_GEMM_FP8, BF16, {4, 8470, 128}, 0}, /* enough columns for 4 tiles a block */
     {OP_GEMM_FP4, F32, {4, 64, 64, 5, 3}, 0},
     {OP_GEMM_FP4, F32, {8, 100, 96, 12, 5}, 0},
     {OP_GEMM_FP4, BF16, {3, 33, 32, 2, 2}, 0},
     {OP_GEMM_FP4, F32, {16, 256, 512, 300, 50}, 0},
     {OP_GEMM_FP4, BF16, {6, 130, 2560, 200, 40}, 0},
+    /* few rows per expert, K whole 128-chunks: the tensor-core kernel for few rows */
+    {OP_GEMM_FP4, F32, {8, 77, 256, 24, 12}, 0},
+    {OP_GEMM_FP4, BF16, {3, 40, 128, 6, 2}, 0},
+    {OP_GEMM_FP4, F32, {40, 232, 256, 60, 20}, 0}, /* 4 tiles a block */
     {OP_RMSNORM, F32, {1, 7, 1}, 0},
     {OP_RMSNORM, F32, {3, 512, 1}, 0},
     {OP_RMSNORM, F32, {17, 5120, 0}, 0},
@@ -122,6 +133,14 @@ static const case_t cases[] = {
     {OP_HC_MIX, F32, {3, 4, 100}, 0},
     {OP_HC_MIX, F32, {2, 4, 37}, 0},
     {OP_HC_MIX, F32, {5, 2, 64}, 0},
+    /* split over blocks up to 66 tokens (67: one block per token, the workspace unused) */
+    {OP_HC_MIX_WS, F32, {1, 4, 5120}, 0},
+    {OP_HC_MIX_WS, F32, {16, 4, 5120}, 0},
+    {OP_HC_MIX_WS, F32, {3, 4, 100}, 0},
+    {OP_HC_MIX_WS, F32, {2, 2, 37}, 0},
+    {OP_HC_MIX_WS, F32, {5, 1, 300}, 0},
+    {OP_HC_MIX_WS, F32, {66, 4, 64}, 0},
+    {OP_HC_MIX_WS, F32, {67, 4, 64}, 0},
     {OP_HC_COLLAPSE, F32, {3, 4, 5120}, 0},
     {OP_HC_COLLAPSE, BF16, {2, 4, 37}, 0},
     {OP_HC_EXPAND, F32, {3, 4, 5120}, 0},
@@ -227,13 +246,19 @@ static const case_t cases[] = {
     {OP_GEMM_BF16, BF16, {8, 32768, 1280}, 1},
     {OP_GEMM_FP8, BF16, {1, 32768, 1280}, 1},
     {OP_GEMM_FP8, BF16, {8, 5120, 8192}, 1},
+    {OP_GEMM_FP8, BF16, {16, 32768, 1280}, 1},
+    {OP_GEMM_FP8, BF16, {16, 1280, 5120}, 1},
     {OP_GEMM_FP8, BF16, {4096, 5120, 8192}, 1},
     {OP_GEMM_FP4, BF16, {64, 2304, 5120, 48, 8}, 1},
     {OP_GEMM_FP4, BF16, {384, 2304, 5120, 6, 1}, 1},
     {OP_GEMM_FP4_LIST, BF16, {384, 2304, 5120, 6, 1}, 1},
+    {OP_GEMM_FP4_LIST, BF16, {384, 2304, 5120, 96, 16}, 1},
     {OP_GEMM_FP4, BF16, {64, 2304, 5120, 8192, 1365}, 1},
     {OP_RMSNORM, BF16, {4096, 5120, 1}, 1},
     {OP_HC_MIX, F32, {1024, 4, 5120}, 1},
+    {OP_HC_MIX, F32, {1, 4, 5120}, 1},
+    {OP_HC_MIX_WS, F32, {1, 4, 5120}, 1},
+    {OP_HC_MIX_WS, F32, {16, 4, 5120}, 1},
     {OP_HC_EXPAND, BF16, {4096, 4, 5120}, 1},
     {OP_ATTENTION, BF16, {64, 64, 512, 32, 128, 512}, 1},
     {OP_ATTENTION, BF16, {1, 64, 512, 32, 128, 512}, 1},
@@ -842,13 +867,19 @@ typedef struct {
     void *o;
     bt_cuda_dtype_t dt;
     int T, hc, D;
+    float *work; /* OP_HC_MIX_WS */
+    size_t work_n;
 } hc_ctx_t;
 
 static void launch_hc_mix(void *p)
 {
     hc_ctx_t *c = p;
-    BT_OK_OR_DIE(bt_cuda_hc_mix(c->pre, c->post, c->comb, c->x, c->fn, c->base, c->scale, c->T,
-                                c->hc, c->D, 1e-20f, 1e-6f, 20, 0));
+    if (c->work)
+        BT_OK_OR_DIE(bt_cuda_hc_mix_ws(c->pre, c->post, c->comb, c->x, c->fn, c->base, c->scale,
+                                       c->T, c->hc, c->D, 1e-20f, 1e-6f, 20, c->work, c->work_n, 0));
+    else
+        BT_OK_OR_DIE(bt_cuda_hc_mix(c->pre, c->post, c->comb, c->x, c->fn, c->base, c->scale, c->T,
+                                    c->hc, c->D, 1e-20f, 1e-6f, 20, 0));
 }
 
 static void launch_hc_expand(void *p)
@@ -870,6 +901,11 @@ static void run_hc_mix(const case_t *cs, result_t *r)
     c.fn = dup(fn, (size_t)mix * n * 4);
     c.base = dup(base, (size_t)mix * 4);
     c.scale = dup(scale, 12);
+    if (cs->op == OP_HC_MIX_WS) {
+        c.work_n = bt_cuda_hc_mix_ws_floats(T, hc, D);
+        c.work = dalloc((c.work_n ? c.work_n : 1) * 4);
+        poison(c.work, (c.work_n ? c.work_n : 1) * 4);
+    }
     size_t outn = (size_t)T * (2 * hc + hc * hc);
     float *dout = dalloc(outn * 4);
     poison(dout, outn * 4);
@@ -1726,7 +1762,8 @@ static void run_case(const case_t *cs, result_t *r)
     case OP_RMSNORM: run_rmsnorm(cs, r); break;
     case OP_ROPE: run_rope(cs, r); break;
     case OP_FAKE_QUANT: run_fake_quant(cs, r); break;
-    case OP_HC_MIX: run_hc_mix(cs, r); break;
+    case OP_HC_MIX:
+    case OP_HC_MIX_WS: run_hc_mix(cs, r); break;
     case OP_HC_COLLAPSE: run_hc_collapse(cs, r); break;
     case OP_HC_EXPAND: run_hc_expand(cs, r); break;
     case OP_ATTENTION: run_attention(cs, r); break;
