@@ -365,23 +365,29 @@ __global__ void __launch_bounds__(MT_WARPS * 32, 2) gemm_mma16(OT *y, const __nv
 #pragma unroll
         for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
 
-    /* this lane's 16 weight bytes of tile i at the chunk that starts at k0 */
-    auto load_w = [&](uint4 *v, int k0) {
+    /* this lane's 16 weight bytes of tile i at the chunk that starts at k0, and their scale
+     * bytes (FP8: one 32x32 block for every tile; FP4: one per row); both a chunk ahead */
+    auto load_w = [&](uint4 *v, uint8_t *sb, int k0) {
         const int kl = k0 + KW * c;
 #pragma unroll
         for (int i = 0; i < TILES; i++) {
             int n = n0 + 8 * i + g;
             v[i] = make_uint4(0, 0, 0, 0);
-            if (n < N && k0 < K)
+            sb[i] = 0;
+            if (n < N && k0 < K) {
                 v[i] = __ldg((const uint4 *)(w + (FMT == FMT_FP8 ? (size_t)n * K + kl
                                                                   : (size_t)n * (K / 2) + kl / 2)));
+                sb[i] = __ldg(ws + (FMT == FMT_FP8 ? (size_t)(n / 32) * ks8 + kl / 32
+                                                   : (size_t)n * (K / 32) + kl / 32));
+            }
         }
     };
     uint4 wv[TILES], wnext[TILES];
-    load_w(wv, warp * CHUNK);
+    uint8_t sv[TILES], snext[TILES];
+    load_w(wv, sv, warp * CHUNK);
     for (int k0 = warp * CHUNK; k0 < K; k0 += MT_WARPS * CHUNK) {
         const int kl = k0 + KW * c; /* this lane's first k */
-        load_w(wnext, k0 + MT_WARPS * CHUNK);
+        load_w(wnext, snext, k0 + MT_WARPS * CHUNK);
         uint4 xv[2][XW];
 #pragma unroll
         for (int q = 0; q < XW; q++) {
@@ -389,19 +395,16 @@ __global__ void __launch_bounds__(MT_WARPS * 32, 2) gemm_mma16(OT *y, const __nv
             xv[1][q] = xb ? *(const uint4 *)(xb + kl + 8 * q) : make_uint4(0, 0, 0, 0);
         }
         const unsigned *xw0 = (const unsigned *)xv[0], *xw1 = (const unsigned *)xv[1];
-        float s8 = 0.0f;
-        if (FMT == FMT_FP8) s8 = n0 < N ? bt_e8m0(ws[(size_t)(n0 / 32) * ks8 + kl / 32]) : 0.0f;
 #pragma unroll
         for (int i = 0; i < TILES; i++) {
             unsigned bw[KW / 2]; /* the lane's KW weights as bf16 pairs, in k order */
             if (FMT == FMT_FP8) {
                 float f[16];
-                dequant_fp8x16(wv[i], s8, f);
+                dequant_fp8x16(wv[i], bt_e8m0(sv[i]), f);
 #pragma unroll
                 for (int j = 0; j < 8; j++) bw[j] = pack_bf16(f[2 * j], f[2 * j + 1]);
             } else {
-                int n = n0 + 8 * i + g;
-                float s4 = n < N ? bt_e8m0(ws[(size_t)n * (K / 32) + kl / 32]) * 16384.0f : 0.0f;
+                float s4 = bt_e8m0(sv[i]) * 16384.0f;
                 const unsigned u[4] = {wv[i].x, wv[i].y, wv[i].z, wv[i].w};
 #pragma unroll
                 for (int q = 0; q < 4; q++) {
@@ -418,7 +421,7 @@ __global__ void __launch_bounds__(MT_WARPS * 32, 2) gemm_mma16(OT *y, const __nv
             }
         }
 #pragma unroll
-        for (int i = 0; i < TILES; i++) wv[i] = wnext[i];
+        for (int i = 0; i < TILES; i++) wv[i] = wnext[i], sv[i] = snext[i];
     }
     /* C fragment: (g, 2c..2c+1) and (g + 8, 2c..2c+1) of each 16 x 8 tile */
 #pragma unroll

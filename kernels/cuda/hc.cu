@@ -7,45 +7,39 @@ enum { MIX_THREADS = 256 };
 
 __device__ __forceinline__ float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-/* From the token's mixes m[(2+HC)*HC]: pre, post and comb (softmax rows, then Sinkhorn). */
+/* From the token's mixes m[(2+HC)*HC]: pre, post and comb (softmax rows, then Sinkhorn), by
+ * one warp: lane j*HC+k holds comb[j][k], its row's lanes are neighbours (sums by xor < HC),
+ * its column's lanes HC apart (xor HC.. HC*HC/2). Twenty dependent iterations of divides on one
+ * thread were most of a decode step's mix. */
 template <int HC>
 __device__ void hc_mix_finish(float *pre, float *post, float *comb, const float *m,
                               const float *base, const float *scale, int t, float hc_eps,
                               int iters)
 {
-    for (int k = 0; k < HC; k++) {
-        pre[t * HC + k] = sigm(m[k] * scale[0] + base[k]) + hc_eps;
-        post[t * HC + k] = 2.0f * sigm(m[HC + k] * scale[1] + base[HC + k]);
+    int lane = threadIdx.x & 31;
+    if (lane < HC) {
+        pre[t * HC + lane] = sigm(m[lane] * scale[0] + base[lane]) + hc_eps;
+        post[t * HC + lane] = 2.0f * sigm(m[HC + lane] * scale[1] + base[HC + lane]);
     }
-    float c[HC * HC];
-    for (int j = 0; j < HC; j++) {
-        float mx = -INFINITY;
-        for (int k = 0; k < HC; k++) {
-            c[j * HC + k] = m[2 * HC + j * HC + k] * scale[2] + base[2 * HC + j * HC + k];
-            mx = fmaxf(mx, c[j * HC + k]);
-        }
-        float sum = 0.0f;
-        for (int k = 0; k < HC; k++) {
-            c[j * HC + k] = expf(c[j * HC + k] - mx);
-            sum += c[j * HC + k];
-        }
-        for (int k = 0; k < HC; k++) c[j * HC + k] = c[j * HC + k] / sum + hc_eps;
-    }
+    bool on = lane < HC * HC;
+    float v = on ? m[2 * HC + lane] * scale[2] + base[2 * HC + lane] : 0.0f;
+    auto row_sum = [](float x) {
+        for (int o = 1; o < HC; o <<= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+        return x;
+    };
+    auto col_sum = [](float x) {
+        for (int o = HC; o < HC * HC; o <<= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+        return x;
+    };
+    float mx = v;
+    for (int o = 1; o < HC; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float ex = expf(v - mx);
+    float c = ex / row_sum(ex) + hc_eps;
     for (int it = 0; it < iters; it++) {
-        if (it > 0) {
-            for (int j = 0; j < HC; j++) {
-                float sum = 0.0f;
-                for (int k = 0; k < HC; k++) sum += c[j * HC + k];
-                for (int k = 0; k < HC; k++) c[j * HC + k] /= sum + hc_eps;
-            }
-        }
-        for (int k = 0; k < HC; k++) {
-            float sum = 0.0f;
-            for (int j = 0; j < HC; j++) sum += c[j * HC + k];
-            for (int j = 0; j < HC; j++) c[j * HC + k] /= sum + hc_eps;
-        }
+        if (it > 0) c /= row_sum(c) + hc_eps;
+        c /= col_sum(c) + hc_eps;
     }
-    for (int i = 0; i < HC * HC; i++) comb[(size_t)t * HC * HC + i] = c[i];
+    if (on) comb[(size_t)t * HC * HC + lane] = c;
 }
 
 template <int HC>
@@ -85,7 +79,7 @@ __global__ void __launch_bounds__(MIX_THREADS) hc_mix_kernel(float *pre, float *
         m[threadIdx.x] = v;
     }
     __syncthreads();
-    if (threadIdx.x != 0) return;
+    if (threadIdx.x >= 32) return;
     hc_mix_finish<HC>(pre, post, comb, m, base, scale, t, hc_eps, iters);
 }
 
@@ -137,9 +131,9 @@ __global__ void hc_mix_fold_kernel(float *pre, float *post, float *comb, const f
         m[threadIdx.x] = a;
     }
     __syncthreads();
-    if (threadIdx.x != 0) return;
     float r = 1.0f / sqrtf(m[MIX] / (float)(HC * D) + eps);
-    for (int k = 0; k < MIX; k++) m[k] *= r;
+    if (threadIdx.x < MIX) m[threadIdx.x] *= r;
+    __syncwarp();
     hc_mix_finish<HC>(pre, post, comb, m, base, scale, t, hc_eps, iters);
 }
 
