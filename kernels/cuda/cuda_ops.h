@@ -66,9 +66,10 @@ bt_status_t bt_cuda_gemm_fp4_grouped(void *y, bt_cuda_dtype_t y_dtype, const uin
                                      int max_rows, const uint8_t *w, const uint8_t *w_scale,
                                      int N, int K, cudaStream_t stream);
 
-/* The same over the listed experts only (experts: n_listed ids, device): blocks for experts
- * without rows cost about as much as a decode step's real work (384 experts, 6 hit). Rows of
- * unlisted experts are left unwritten. */
+/* The same over the listed experts only (experts: n_listed ids, device; an id < 0 is skipped,
+ * so a list padded by bt_cuda_moe_group works with n_listed its slot count): blocks for
+ * experts without rows cost about as much as a decode step's real work (384 experts, 6 hit).
+ * Rows of unlisted experts are left unwritten. */
 bt_status_t bt_cuda_gemm_fp4_grouped_list(void *y, bt_cuda_dtype_t y_dtype, const uint16_t *x,
                                           const int32_t *rows, const int32_t *offs,
                                           const int32_t *experts, int n_listed, int max_rows,
@@ -263,6 +264,18 @@ bt_status_t bt_cuda_scale(float *x, size_t n, float s, cudaStream_t stream);
 bt_status_t bt_cuda_moe_combine(float *out, const float *y, const int32_t *rows,
                                 const int32_t *n, int stride, const float *shared, int T, int D,
                                 cudaStream_t stream);
+
+/* The routing's rows grouped by expert without the host (a decode step captured in a graph
+ * cannot wait for the host): idx, wts [N, K] (moe_route's) -> offs [E+1] (expert e owns
+ * grouped rows offs[e] ..), xrow [N*K] (the token of each grouped row, tokens ascending within
+ * an expert), wt_g [N*K] (its weight), rows [N, K] (each token's grouped rows in expert order,
+ * for moe_combine), cnt [N], hit [n_hit_slots] (the experts with rows, ascending, then -1: the
+ * expert list of bt_cuda_gemm_fp4_grouped_list). An expert id out of range sets *bad = 1 and
+ * its item is dropped. N * K <= 1024, E <= 1024, n_hit_slots >= min(E, N * K). */
+bt_status_t bt_cuda_moe_group(int32_t *offs, int32_t *xrow, float *wt_g, int32_t *rows,
+                              int32_t *cnt, int32_t *hit, int n_hit_slots, int32_t *bad,
+                              const int32_t *idx, const float *wts, int N, int K, int E,
+                              cudaStream_t stream);
 
 /* Compressor pooling: group g of r consecutive rows of kv / gate [g * r .. g * r + r) becomes
  * latent[g, d] = sum_j kv[j, d] * softmax_j(gate[j, d]) (r == 1 or gate NULL: the row). */

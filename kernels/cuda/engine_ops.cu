@@ -185,3 +185,71 @@ extern "C" bt_status_t bt_cuda_trim_sel(int32_t *n_out, const int32_t *sel, cons
     trim_sel_kernel<<<bt__cdiv(T, 128), 128, 0, stream>>>(n_out, sel, n_in, stride, T, limit);
     return bt__cuda_launched("trim_sel");
 }
+
+/* ---- MoE rows grouped by expert, on the device -------------------------------------------
+ * One block; item j = t * K + i (token t's i-th pick). An expert's rows keep token order, as
+ * the host's counting sort: item j lands at off[e] + (items before j that chose e). The
+ * quadratic rank is fine for the sizes it takes (a decode step: N * K <= 1024). */
+enum { GROUP_THREADS = 1024 };
+
+__global__ void __launch_bounds__(GROUP_THREADS) moe_group_kernel(
+    int32_t *offs, int32_t *xrow, float *wt_g, int32_t *rows, int32_t *cnt, int32_t *hit,
+    int n_hit_slots, int32_t *bad, const int32_t *idx, const float *wts, int N, int K, int E)
+{
+    __shared__ int count[GROUP_THREADS + 1];
+    __shared__ int pos_of[GROUP_THREADS];
+    int total = N * K, j = threadIdx.x;
+    for (int e = j; e <= E; e += GROUP_THREADS) count[e] = 0;
+    __syncthreads();
+    int e = j < total ? idx[j] : -1;
+    if (j < total && (e < 0 || e >= E)) {
+        *bad = 1; /* the caller fails the forward; the item is dropped here */
+        e = -1;
+    }
+    if (e >= 0) atomicAdd(&count[e + 1], 1);
+    __syncthreads();
+    if (j == 0) { /* exclusive scan (E <= 1024, once per layer) and the list of experts hit */
+        int n_hit = 0;
+        for (int x = 0; x < E; x++) {
+            if (count[x + 1] > 0 && n_hit < n_hit_slots) hit[n_hit++] = x;
+            count[x + 1] += count[x];
+        }
+        for (int x = n_hit; x < n_hit_slots; x++) hit[x] = -1;
+    }
+    __syncthreads();
+    for (int x = j; x <= E; x += GROUP_THREADS) offs[x] = count[x];
+    int p = -1;
+    if (e >= 0) {
+        int before = 0;
+        for (int q = 0; q < j; q++) before += idx[q] == e;
+        p = count[e] + before;
+        xrow[p] = j / K;
+        wt_g[p] = wts[j];
+    }
+    if (j < total) pos_of[j] = p;
+    __syncthreads();
+    /* each token's rows in expert order (ascending grouped position) */
+    if (j < total && p >= 0) {
+        int t = j / K, rank = 0;
+        for (int q = t * K; q < t * K + K; q++) rank += pos_of[q] >= 0 && pos_of[q] < p;
+        rows[t * K + rank] = p;
+    }
+    if (j < N) {
+        int c = 0;
+        for (int q = j * K; q < j * K + K; q++) c += pos_of[q] >= 0;
+        cnt[j] = c;
+    }
+}
+
+extern "C" bt_status_t bt_cuda_moe_group(int32_t *offs, int32_t *xrow, float *wt_g, int32_t *rows,
+                                         int32_t *cnt, int32_t *hit, int n_hit_slots, int32_t *bad,
+                                         const int32_t *idx, const float *wts, int N, int K, int E,
+                                         cudaStream_t stream)
+{
+    BT_CUDA_REQUIRE(offs && xrow && wt_g && rows && cnt && hit && bad && idx && wts);
+    BT_CUDA_REQUIRE(N > 0 && K > 0 && E > 0 && E <= GROUP_THREADS && N * K <= GROUP_THREADS);
+    BT_CUDA_REQUIRE(n_hit_slots >= (E < N * K ? E : N * K));
+    moe_group_kernel<<<1, GROUP_THREADS, 0, stream>>>(offs, xrow, wt_g, rows, cnt, hit, n_hit_slots,
+                                                      bad, idx, wts, N, K, E);
+    return bt__cuda_launched("moe_group");
+}

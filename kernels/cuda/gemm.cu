@@ -63,6 +63,8 @@ extern "C" void bt_cuda_blas_destroy(bt_cuda_blas_t *b)
 }
 
 /* x_f32: x and w are f32 (exact fp32 FMAs, no TF32), else bf16. ldx / ldy: row strides. */
+enum { BATCH_INVARIANT_ROWS = 16 };
+
 static plan_t *plan_get(bt_cuda_blas_t *b, int M, int N, int K, bt_cuda_dtype_t yd, int x_f32,
                         int ldx, int ldy)
 {
@@ -102,9 +104,27 @@ static plan_t *plan_get(bt_cuda_blas_t *b, int M, int N, int K, bt_cuda_dtype_t 
         cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align, sizeof(align));
         cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align, sizeof(align));
     }
-    if (cublasLtMatmulAlgoGetHeuristic(b->lt, p->op, p->a, p->b, p->c, p->c, pref, 1, &res,
-                                       &found) != CUBLAS_STATUS_SUCCESS ||
-        found == 0) {
+    /* Up to 16 rows (a decode step) take the algorithm chosen for 16: each output element is
+     * then summed in the same order whatever the batch, so a sequence decodes bit for bit as
+     * it does alone (cuBLASLt's choice for M = 1 and M = 3 differ in their reductions) */
+    if (M < BATCH_INVARIANT_ROWS) {
+        cublasLtMatrixLayout_t hb = NULL, hc = NULL;
+        cublasLtMatrixLayoutCreate(&hb, it, K, BATCH_INVARIANT_ROWS, ldx > K ? ldx : K);
+        cublasLtMatrixLayoutCreate(&hc, ct, N, BATCH_INVARIANT_ROWS, ldy > N ? ldy : N);
+        cublasLtMatmulHeuristicResult_t r16;
+        cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(b->lt, p->op, p->a, hb, hc, hc, pref, 1, &r16, &found);
+        if (hs == CUBLAS_STATUS_SUCCESS && found &&
+            cublasLtMatmulAlgoCheck(b->lt, p->op, p->a, p->b, p->c, p->c, &r16.algo, &res) == CUBLAS_STATUS_SUCCESS &&
+            res.workspaceSize <= ws)
+            res.algo = r16.algo;
+        else
+            found = 0;
+        cublasLtMatrixLayoutDestroy(hb);
+        cublasLtMatrixLayoutDestroy(hc);
+    }
+    if (!found && (cublasLtMatmulAlgoGetHeuristic(b->lt, p->op, p->a, p->b, p->c, p->c, pref, 1, &res,
+                                                  &found) != CUBLAS_STATUS_SUCCESS ||
+                   found == 0)) {
         cublasLtMatmulPreferenceDestroy(pref);
         plan_clear(p);
         return NULL;
@@ -152,11 +172,48 @@ extern "C" bt_status_t bt_cuda_gemm_bf16(bt_cuda_blas_t *blas, void *y, bt_cuda_
     return matmul(blas, y, y_dtype, x, w, M, N, K, 0, K, N, stream);
 }
 
+/* Few rows (a decode step) in f32: a warp per output column, rows 8 at a time against the same
+ * weights, each lane's k in a fixed order and a fixed reduction tree: an element's sum does not
+ * depend on how many rows came with it (cuBLASLt's algorithms for 1 and 3 rows reduce
+ * differently), so a sequence decodes bit for bit as it does alone. */
+enum { F32S_WARPS = 8, F32S_ROWS = 8 };
+
+__global__ void __launch_bounds__(F32S_WARPS * 32) gemm_f32_rows_kernel(float *y, int ldy,
+                                                                        const float *x, int ldx,
+                                                                        const float *w, int M,
+                                                                        int N, int K)
+{
+    int lane = threadIdx.x & 31, n = blockIdx.x * F32S_WARPS + (threadIdx.x >> 5);
+    if (n >= N) return;
+    const float *wr = w + (size_t)n * K;
+    for (int m0 = 0; m0 < M; m0 += F32S_ROWS) {
+        float acc[F32S_ROWS];
+#pragma unroll
+        for (int r = 0; r < F32S_ROWS; r++) acc[r] = 0.0f;
+        for (int k = lane; k < K; k += 32) {
+            float wv = __ldg(wr + k);
+#pragma unroll
+            for (int r = 0; r < F32S_ROWS; r++)
+                if (m0 + r < M) acc[r] = fmaf(wv, x[(size_t)(m0 + r) * ldx + k], acc[r]);
+        }
+#pragma unroll
+        for (int r = 0; r < F32S_ROWS; r++) {
+            float v = bt_warp_sum(acc[r]);
+            if (lane == 0 && m0 + r < M) y[(size_t)(m0 + r) * ldy + n] = v;
+        }
+    }
+}
+
 extern "C" bt_status_t bt_cuda_gemm_f32(bt_cuda_blas_t *blas, float *y, int ldy, const float *x,
                                         int ldx, const float *w, int M, int N, int K,
                                         cudaStream_t stream)
 {
     BT_CUDA_REQUIRE(blas && y && x && w);
     BT_CUDA_REQUIRE(M > 0 && N > 0 && K > 0 && ldx >= K && ldy >= N);
+    if (M <= BATCH_INVARIANT_ROWS) {
+        gemm_f32_rows_kernel<<<bt__cdiv(N, F32S_WARPS), F32S_WARPS * 32, 0, stream>>>(y, ldy, x, ldx,
+                                                                                      w, M, N, K);
+        return bt__cuda_launched("gemm_f32 (rows)");
+    }
     return matmul(blas, y, BT_CUDA_F32, x, w, M, N, K, 1, ldx, ldy, stream);
 }

@@ -117,6 +117,7 @@ __global__ void __launch_bounds__(TILE_THREADS) gemm_tile(OT *y, const __nv_bflo
     float(*sc)[LDC] = (float(*)[LDC])smem;
 
     int e = elist ? elist[blockIdx.z] : blockIdx.z, tid = threadIdx.x, warp = tid >> 5;
+    if (e < 0) return; /* a padded slot of the expert list */
     int r0 = offs ? offs[e] : 0, r1 = offs ? offs[e + 1] : M;
     int m0 = r0 + blockIdx.y * BM, n0 = blockIdx.x * BN;
     if (m0 >= r1) return;
@@ -218,7 +219,7 @@ __global__ void __launch_bounds__(SK_WARPS * 32) gemm_skinny(OT *y, const __nv_b
 {
     int lane = threadIdx.x & 31, n = blockIdx.x * SK_WARPS + (threadIdx.x >> 5);
     int e = elist ? elist[blockIdx.y] : blockIdx.y;
-    if (n >= N) return; /* no block barriers below */
+    if (n >= N || e < 0) return; /* no block barriers below */
     int r0 = offs ? offs[e] : 0, r1 = offs ? offs[e + 1] : M;
     expert_weights<FMT>(w, ws, e, N, K);
     const int ks8 = (K + 31) / 32;
@@ -351,6 +352,7 @@ __global__ void __launch_bounds__(MT_WARPS * 32, 2) gemm_mma16(OT *y, const __nv
     __shared__ float red[MT_WARPS][16][COLS + 1];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
     const int e = elist ? elist[blockIdx.y] : blockIdx.y, n0 = blockIdx.x * COLS;
+    if (e < 0) return; /* a padded slot of the expert list (the whole block) */
     const int r0 = offs ? offs[e] : 0, r1 = offs ? offs[e + 1] : M, mr = r1 - r0;
     if (mr <= 0) return; /* the whole block: no barrier is skipped by part of it */
     expert_weights<FMT>(w, ws, e, N, K);

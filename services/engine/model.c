@@ -519,6 +519,14 @@ fail:
     return rc;
 }
 
+void bt_model_graph_stats(const bt_model_t *m, uint64_t *steps, uint64_t *instances)
+{
+    *steps = *instances = 0;
+#ifdef BT_HAVE_CUDA_MODEL
+    if (m->cuda) bt_model_cuda_graph_stats(m->cuda, steps, instances);
+#endif
+}
+
 void bt_model_destroy(bt_model_t *m)
 {
     if (!m) return;

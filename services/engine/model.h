@@ -54,6 +54,9 @@ typedef struct {
     /* CUDA, tests: multiply the weights stored FP8/FP4 through cuBLASLt in bf16 (exactly
      * dequantized) instead of Baton's FP8/FP4 kernels: the yardstick for those kernels. */
     bool cuda_reference_gemms;
+    /* CUDA: run decode steps (1..16 sequences of one token, TP 1, FP4 experts) eagerly instead
+     * of as CUDA graphs; for comparisons (the environment's BT_CUDA_GRAPHS=0 does the same). */
+    bool cuda_graphs_off;
 } bt_model_options_t;
 
 enum { BT_DEVICE_CPU = 0, BT_DEVICE_CUDA = 1 };
@@ -72,6 +75,9 @@ bt_status_t bt_model_load(const char *dir, const bt_model_options_t *opt, bt_mod
                           char *err, size_t errlen);
 void bt_model_destroy(bt_model_t *model);
 const bt_model_config_t *bt_model_config(const bt_model_t *model);
+/* CUDA: the forwards that ran as CUDA graphs and the executable graphs instantiated for them
+ * (both 0 on the CPU). */
+void bt_model_graph_stats(const bt_model_t *model, uint64_t *steps, uint64_t *instances);
 /* TP rank and size (0 and 1 without a comm). */
 int bt_model_tp_rank(const bt_model_t *model);
 int bt_model_tp_size(const bt_model_t *model);

@@ -48,6 +48,8 @@ typedef enum { MAT_NONE = 0, MAT_F32, MAT_BF16, MAT_FP8 } mat_kind_t;
 
 /* rows from which an FP8 product dequantizes its weight and runs cuBLASLt (mm) */
 enum { FP8_WIDE_ROWS = 64 };
+/* decode steps of up to GRAPH_MAX_SEQS sequences run as CUDA graphs, GRAPH_SLOTS kept per size */
+enum { GRAPH_MAX_SEQS = 16, GRAPH_SLOTS = 4, GROUP_MAX_ROWS = 1024 };
 typedef struct {
     mat_kind_t kind;
     int N, K;
@@ -118,6 +120,17 @@ struct bt_model_cuda {
     float *att_ws;     /* attention's split-key partials (decode) */
     float *hc_ws;      /* mHC mixes split over blocks (few tokens) */
     size_t hc_ws_cap;
+    /* MoE rows grouped on the device (bt_cuda_moe_group) for up to group_cap routed rows */
+    int32_t *g_offs, *g_xrow, *g_rows, *g_cnt, *g_hit, *group_bad, *group_bad_h;
+    float *g_wt;
+    int group_cap;
+    /* decode steps as CUDA graphs: per batch size 1..GRAPH_MAX_SEQS, a few executable graphs
+     * (the launches of a step change with the compressors' and indexer's progress; a step
+     * whose topology one of them has takes it by cudaGraphExecUpdate) */
+    bool graphs;
+    cudaGraphExec_t graph_exec[GRAPH_MAX_SEQS + 1][GRAPH_SLOTS];
+    uint64_t graph_used[GRAPH_MAX_SEQS + 1][GRAPH_SLOTS], graph_clock;
+    uint64_t graph_steps, graph_updates, graph_instances;
     size_t att_ws_cap;
     int nblk_cap;      /* candidate blocks a row of bmax holds */
     int logit_rows;    /* rows of dlogits */
@@ -477,6 +490,24 @@ static void alloc_scratch(up_t *u)
     cu->cand = (int32_t *)scratch(u, N * cb);
     cu->cand_n = (int32_t *)scratch(u, N);
     cu->gate_logits = scratch(u, N * E);
+    cu->group_cap = (int)(N * K < GROUP_MAX_ROWS ? N * K : GROUP_MAX_ROWS);
+    if (E <= GROUP_MAX_ROWS && cu->group_cap > 0) {
+        size_t gc = (size_t)cu->group_cap;
+        cu->g_offs = (int32_t *)scratch(u, E + 1);
+        cu->g_xrow = (int32_t *)scratch(u, gc);
+        cu->g_rows = (int32_t *)scratch(u, gc);
+        cu->g_hit = (int32_t *)scratch(u, gc);
+        cu->g_cnt = (int32_t *)scratch(u, N);
+        cu->g_wt = scratch(u, gc);
+        cu->group_bad = (int32_t *)scratch(u, 1);
+        if (u->rc == BT_OK && cudaMallocHost((void **)&cu->group_bad_h, sizeof(int32_t)) != cudaSuccess) {
+            cudaGetLastError();
+            snprintf(u->err, u->errlen, "cannot allocate pinned host memory for the MoE grouping's flag");
+            u->rc = BT_ERR_NO_MEMORY;
+        }
+    } else {
+        cu->group_cap = 0;
+    }
     cu->moe_idx = (int32_t *)scratch(u, N * K);
     cu->moe_wts = scratch(u, N * K);
     cu->xg = scratch(u, N * K * D);
@@ -606,6 +637,10 @@ bt_status_t bt_model_cuda_attach(bt_model_t *m, const char *dir, char *err, size
         if (c->layer[l].compress_ratio > cu->rmax) cu->rmax = c->layer[l].compress_ratio;
     cu->tag_base = random_tag();
     cu->weights = m->opt.cuda_weights;
+    {
+        const char *g = getenv("BT_CUDA_GRAPHS");
+        cu->graphs = !m->opt.cuda_graphs_off && !(g && !strcmp(g, "0"));
+    }
     bt_safetensors_t *st = NULL;
     rc = bt_safetensors_open_dir(dir, &st, err, errlen);
     if (rc != BT_OK) return rc;
@@ -657,6 +692,12 @@ static void dev_free_layer(dev_layer_t *d)
     }
 }
 
+void bt_model_cuda_graph_stats(const struct bt_model_cuda *cu, uint64_t *steps, uint64_t *instances)
+{
+    *steps = cu->graph_steps;
+    *instances = cu->graph_instances;
+}
+
 void bt_model_cuda_destroy(struct bt_model_cuda *cu)
 {
     if (!cu) return;
@@ -671,7 +712,9 @@ void bt_model_cuda_destroy(struct bt_model_cuda *cu)
                      cu->yg, cu->sh_gu, cu->sh_h, cu->sh, cu->e_cat, cu->e_kv, cu->hidden,
                      cu->hsel, cu->dlogits, cu->ytmp, cu->att_ws, (float *)cu->xb, (float *)cu->hb, (float *)cu->topk, (float *)cu->topk_n,
                      (float *)cu->cand, (float *)cu->cand_n, (float *)cu->sel_n,
-                     (float *)cu->moe_idx, (float *)cu->meta_d, (float *)cu->mirror_mem};
+                     (float *)cu->moe_idx, (float *)cu->meta_d, (float *)cu->mirror_mem, cu->hc_ws,
+                     (float *)cu->wdq, (float *)cu->g_offs, (float *)cu->g_xrow, (float *)cu->g_rows,
+                     (float *)cu->g_hit, (float *)cu->g_cnt, cu->g_wt, (float *)cu->group_bad};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cudaFree(bufs[i]);
     cudaFree(cu->tp_recv);
     cudaFree(cu->attn_all);
@@ -679,6 +722,14 @@ void bt_model_cuda_destroy(struct bt_model_cuda *cu)
     cudaFreeHost(cu->meta_h);
     cudaFreeHost(cu->moe_idx_h);
     cudaFreeHost(cu->moe_wts_h);
+    cudaFreeHost(cu->group_bad_h);
+    if (cu->graph_steps)
+        BT_LOG_INFO("GPU %d: %llu decode steps ran as CUDA graphs (%llu updated an executable graph, %llu instantiated one)",
+                    cu->gpu, (unsigned long long)cu->graph_steps, (unsigned long long)cu->graph_updates,
+                    (unsigned long long)cu->graph_instances);
+    for (int n = 0; n <= GRAPH_MAX_SEQS; n++)
+        for (int i = 0; i < GRAPH_SLOTS; i++)
+            if (cu->graph_exec[n][i]) cudaGraphExecDestroy(cu->graph_exec[n][i]);
     free(cu->before);
     free(cu->cid_h);
     free(cu->hash_h);
@@ -698,6 +749,8 @@ typedef struct {
     int n_seqs, N;
     const int *first;
     uint8_t *dslot[64];          /* each sequence's mirror */
+    bool graph;                  /* this forward's launches are captured into a CUDA graph */
+    int logit_rows;              /* rows of logits the forward produced */
     bool topk_set[64], cand_set[64];
     int64_t topk_bound[64];      /* the published picks are below this (their owner's entries) */
     int64_t *pos_d;              /* [N] positions, device */
@@ -1152,6 +1205,41 @@ static bt_status_t attention(fwd_t *f, int l)
     return BT_OK;
 }
 
+/* Whether layer l's routed rows are grouped on the device: packed FP4 experts and a routing
+ * small enough for one block (a decode step). */
+static bool moe_on_device(const fwd_t *f, int l)
+{
+    const bt_model_config_t *c = &f->m->cfg;
+    return f->cu->layer[l].w13_q && f->cu->group_cap > 0 && f->N * c->n_active <= f->cu->group_cap &&
+           c->n_experts <= GROUP_MAX_ROWS;
+}
+
+/* The shared expert, the routed outputs summed per token (rows: each token's grouped rows in
+ * expert order, cnt: how many), and the TP reduction. */
+static bt_status_t moe_finish(fwd_t *f, int l, const int32_t *rows_d, const int32_t *cnt_d)
+{
+    bt_model_t *m = f->m;
+    struct bt_model_cuda *cu = f->cu;
+    const bt_model_config_t *c = &m->cfg;
+    const dev_layer_t *w = &cu->layer[l];
+    char *err = f->err;
+    size_t errlen = f->errlen;
+    cudaStream_t st = cu->stream;
+    int N = f->N, D = c->hidden, K = c->n_active, I = m->il;
+    float limit = (float)c->swiglu_limit;
+    bool shared = w->sw1.kind != MAT_NONE;
+    if (shared) {
+        CK(mm(f, cu->sh_gu, 2 * I, cu->xin, D, &w->sw1, N));
+        CK(mm(f, cu->sh_gu + I, 2 * I, cu->xin, D, &w->sw3, N));
+        CK(bt_cuda_swiglu(cu->sh_h, BT_CUDA_F32, cu->sh_gu, NULL, N, I, limit, st));
+        CK(mm(f, cu->sh, D, cu->sh_h, I, &w->sw2, N));
+    }
+    CK(bt_cuda_moe_combine(cu->out, cu->yg, rows_d, cnt_d, K, shared ? cu->sh : NULL, N, D, st));
+    /* each rank summed its slice of every expert's width */
+    if (cu->tp > 1) CK(tp_all_reduce(f, cu->out, (size_t)N * D));
+    return BT_OK;
+}
+
 static bt_status_t moe(fwd_t *f, int l)
 {
     bt_model_t *m = f->m;
@@ -1168,6 +1256,21 @@ static bt_status_t moe(fwd_t *f, int l)
     CK(bt_cuda_gemm_f32(b, cu->gate_logits, E, cu->xin, D, w->gate_w, N, E, D, st));
     CK(bt_cuda_moe_route(cu->moe_idx, cu->moe_wts, cu->gate_logits, w->gate_bias, N, E, K,
                          (float)c->gate_temp, c->norm_topk_prob, (float)c->route_scale, st));
+    if (moe_on_device(f, l)) {
+        /* grouped on the device: no wait for the host, so a decode step can be one graph. The
+         * expert list has a slot per routed row at most (padding skipped by the GEMMs), and an
+         * expert holds each token once: N bounds its rows */
+        int total = N * K, slots = E < total ? E : total;
+        CK(bt_cuda_moe_group(cu->g_offs, cu->g_xrow, cu->g_wt, cu->g_rows, cu->g_cnt, cu->g_hit, slots,
+                             cu->group_bad, cu->moe_idx, cu->moe_wts, N, K, E, st));
+        CK(bt_cuda_to_bf16(cu->xb, cu->xin, N, D, D, st));
+        CK(bt_cuda_gemm_fp4_grouped_list(cu->gu, BT_CUDA_F32, cu->xb, cu->g_xrow, cu->g_offs, cu->g_hit, slots, N,
+                                         w->w13_q, w->w13_s, 2 * I, D, st));
+        CK(bt_cuda_swiglu(cu->hb, BT_CUDA_BF16, cu->gu, cu->g_wt, total, I, limit, st));
+        CK(bt_cuda_gemm_fp4_grouped_list(cu->yg, BT_CUDA_F32, cu->hb, NULL, cu->g_offs, cu->g_hit, slots, N,
+                                         w->w2_q, w->w2_s, D, I, st));
+        return moe_finish(f, l, cu->g_rows, cu->g_cnt);
+    }
     /* the grouping by expert is planned on the host */
     CK_CUDA(cudaMemcpyAsync(cu->moe_idx_h, cu->moe_idx, (size_t)N * K * sizeof(int32_t), cudaMemcpyDeviceToHost, st));
     CK_CUDA(cudaMemcpyAsync(cu->moe_wts_h, cu->moe_wts, (size_t)N * K * sizeof(float), cudaMemcpyDeviceToHost, st));
@@ -1267,17 +1370,7 @@ static bt_status_t moe(fwd_t *f, int l)
                                 w->w2 + (size_t)e * D * I, rc, D, I, st));
         }
     }
-    bool shared = w->sw1.kind != MAT_NONE;
-    if (shared) {
-        CK(mm(f, cu->sh_gu, 2 * I, cu->xin, D, &w->sw1, N));
-        CK(mm(f, cu->sh_gu + I, 2 * I, cu->xin, D, &w->sw3, N));
-        CK(bt_cuda_swiglu(cu->sh_h, BT_CUDA_F32, cu->sh_gu, NULL, N, I, limit, st));
-        CK(mm(f, cu->sh, D, cu->sh_h, I, &w->sw2, N));
-    }
-    CK(bt_cuda_moe_combine(cu->out, cu->yg, rows_d, cnt_d, K, shared ? cu->sh : NULL, N, D, st));
-    /* each rank summed its slice of every expert's width */
-    if (cu->tp > 1) CK(tp_all_reduce(f, cu->out, (size_t)N * D));
-    return BT_OK;
+    return moe_finish(f, l, rows_d, cnt_d);
 }
 
 /* One mHC site: the mapping from the streams, then the sublayer input collapsed with the
@@ -1356,7 +1449,81 @@ static bt_status_t bind_mirrors(fwd_t *f)
     return BT_OK;
 }
 
-static bt_status_t forward(fwd_t *f, float *logits, bt_kv_header_t *before)
+/* A decode step that can run as one CUDA graph: one token per sequence, at most
+ * GRAPH_MAX_SEQS of them, TP 1 (the TP collectives wait on the host), every layer's routed rows
+ * grouped on the device, the logits in one chunk. */
+static bool graph_step(const fwd_t *f)
+{
+    struct bt_model_cuda *cu = f->cu;
+    if (!cu->graphs || cu->tp != 1 || f->N > GRAPH_MAX_SEQS || f->N > cu->logit_rows) return false;
+    for (int q = 0; q < f->n_seqs; q++)
+        if (f->seqs[q].n != 1) return false;
+    for (int l = 0; l < f->m->cfg.n_layers; l++)
+        if (!moe_on_device(f, l)) return false;
+    return true;
+}
+
+/* Ends the capture and runs it: into the most recently used executable graph of this batch
+ * size that takes it by cudaGraphExecUpdate (same launches, other arguments), else into a newly
+ * instantiated one in place of the least recently used. rc: the capture's own outcome. */
+static bt_status_t graph_run(fwd_t *f, bt_status_t rc)
+{
+    struct bt_model_cuda *cu = f->cu;
+    char *err = f->err;
+    size_t errlen = f->errlen;
+    cudaGraph_t g = NULL;
+    cudaError_t e = cudaStreamEndCapture(cu->stream, &g);
+    if (rc != BT_OK || e != cudaSuccess) {
+        if (g) cudaGraphDestroy(g);
+        cudaGetLastError();
+        if (rc == BT_OK) snprintf(err, errlen, "cuda forward: capturing the decode step: %s", cudaGetErrorString(e));
+        return rc != BT_OK ? rc : BT_ERR_DEVICE;
+    }
+    cudaGraphExec_t *ex = cu->graph_exec[f->N];
+    uint64_t *used = cu->graph_used[f->N];
+    int pick = -1;
+    for (int tries = 0; tries < GRAPH_SLOTS && pick < 0; tries++) {
+        int best = -1; /* the most recent slot not tried yet */
+        for (int i = 0; i < GRAPH_SLOTS; i++)
+            if (ex[i] && used[i] != UINT64_MAX && (best < 0 || used[i] > used[best])) best = i;
+        if (best < 0) break;
+        cudaGraphExecUpdateResultInfo info;
+        if (cudaGraphExecUpdate(ex[best], g, &info) == cudaSuccess) {
+            pick = best;
+            cu->graph_updates++;
+        } else {
+            cudaGetLastError();
+            used[best] = UINT64_MAX; /* tried: skip it in this round */
+        }
+    }
+    for (int i = 0; i < GRAPH_SLOTS; i++) /* restore the marks of this round */
+        if (used[i] == UINT64_MAX) used[i] = 0;
+    if (pick < 0) {
+        pick = 0;
+        for (int i = 1; i < GRAPH_SLOTS; i++)
+            if (!ex[i] || (ex[pick] && used[i] < used[pick])) pick = i;
+        if (ex[pick]) cudaGraphExecDestroy(ex[pick]);
+        ex[pick] = NULL;
+        e = cudaGraphInstantiate(&ex[pick], g, 0);
+        if (e != cudaSuccess) {
+            ex[pick] = NULL;
+            cudaGraphDestroy(g);
+            cudaGetLastError();
+            snprintf(err, errlen, "cuda forward: instantiating the decode step's graph: %s", cudaGetErrorString(e));
+            return BT_ERR_DEVICE;
+        }
+        cu->graph_instances++;
+    }
+    used[pick] = ++cu->graph_clock;
+    cudaGraphDestroy(g);
+    cu->graph_steps++;
+    CK_CUDA(cudaGraphLaunch(ex[pick], cu->stream));
+    return BT_OK;
+}
+
+/* The forward's launches, from the plans to the logits: eager, or captured into a graph
+ * (f->graph; then the logits stay in cu->dlogits). */
+static bt_status_t forward_body(fwd_t *f, float *logits, bt_kv_header_t *before)
 {
     bt_model_t *m = f->m;
     struct bt_model_cuda *cu = f->cu;
@@ -1366,7 +1533,7 @@ static bt_status_t forward(fwd_t *f, float *logits, bt_kv_header_t *before)
     cudaStream_t st = cu->stream;
     int N = f->N, W = c->window, hc = c->hc_mult, D = c->hidden;
 
-    CK(bind_mirrors(f));
+    if (cu->group_cap > 0) CK_CUDA(cudaMemsetAsync(cu->group_bad, 0, sizeof(int32_t), st));
     int32_t *ids, *ids_d, *win_n;
     int64_t *pos;
     int32_t *win_idx;
@@ -1444,14 +1611,18 @@ static bt_status_t forward(fwd_t *f, float *logits, bt_kv_header_t *before)
             for (int i = f->seqs[q].all_logits ? 0 : f->seqs[q].n - 1; i < f->seqs[q].n; i++)
                 hrow[rows++] = f->first[q] + i;
         CK(plan_send(cu, hrow, hrow_d, (size_t)rows * sizeof(int64_t), err, errlen));
+        f->logit_rows = rows;
         size_t V = (size_t)c->vocab, vpad = (size_t)m->vpad;
         for (int r0 = 0; r0 < rows; r0 += cu->logit_rows) {
             int rc = rows - r0 < cu->logit_rows ? rows - r0 : cu->logit_rows;
             CK(bt_cuda_gather_rows(cu->hsel, cu->hidden, hrow_d + r0, rc, D, st));
             if (cu->tp == 1) {
                 CK(bt_cuda_gemm_f32(cu->blas, cu->dlogits, (int)V, cu->hsel, D, cu->head, rc, (int)V, D, st));
-                CK_CUDA(cudaMemcpyAsync(logits + (size_t)r0 * V, cu->dlogits, (size_t)rc * V * sizeof(float),
-                                        cudaMemcpyDeviceToHost, st));
+                /* a graph's rows (one chunk) are copied out after it ran: host memory the caller
+                 * passes is not a graph's to write */
+                if (!f->graph)
+                    CK_CUDA(cudaMemcpyAsync(logits + (size_t)r0 * V, cu->dlogits, (size_t)rc * V * sizeof(float),
+                                            cudaMemcpyDeviceToHost, st));
                 continue;
             }
             /* each rank scores its vocabulary rows; gather [rank][row][vpad] and lay them out */
@@ -1470,6 +1641,29 @@ static bt_status_t forward(fwd_t *f, float *logits, bt_kv_header_t *before)
         }
     }
 
+    return BT_OK;
+}
+
+static bt_status_t forward(fwd_t *f, float *logits, bt_kv_header_t *before)
+{
+    bt_model_t *m = f->m;
+    struct bt_model_cuda *cu = f->cu;
+    const bt_model_config_t *c = &m->cfg;
+    char *err = f->err;
+    size_t errlen = f->errlen;
+    cudaStream_t st = cu->stream;
+
+    CK(bind_mirrors(f));
+    f->graph = graph_step(f);
+    if (f->graph) CK_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    bt_status_t rc = forward_body(f, logits, before);
+    if (f->graph) rc = graph_run(f, rc);
+    if (rc != BT_OK) return rc;
+    if (f->graph && logits && f->logit_rows > 0)
+        CK_CUDA(cudaMemcpyAsync(logits, cu->dlogits, (size_t)f->logit_rows * c->vocab * sizeof(float),
+                                cudaMemcpyDeviceToHost, st));
+    if (cu->group_cap > 0)
+        CK_CUDA(cudaMemcpyAsync(cu->group_bad_h, cu->group_bad, sizeof(int32_t), cudaMemcpyDeviceToHost, st));
     /* advance the sequences (engram history, positions), copy what the forward wrote back into
      * the host slots, and tag both copies */
     for (int q = 0; q < f->n_seqs; q++) {
@@ -1487,6 +1681,10 @@ static bt_status_t forward(fwd_t *f, float *logits, bt_kv_header_t *before)
                                         cudaMemcpyDeviceToHost, st));
     }
     CK_CUDA(cudaStreamSynchronize(st));
+    if (cu->group_cap > 0 && *cu->group_bad_h) {
+        snprintf(err, errlen, "cuda forward: the router picked an expert out of range (corrupt weights?)");
+        return BT_ERR_INTERNAL;
+    }
     for (int q = 0; q < f->n_seqs; q++) {
         uint64_t tag = cu->tag_base | (++cu->tags & 0xffffffffull);
         if (tag == 0) tag = cu->tag_base | (++cu->tags & 0xffffffffull);

@@ -120,6 +120,7 @@ bt_status_t bt_model_cuda_forward(bt_model_t *m, const bt_kv_layout_t *lay,
                                   const bt_forward_seq_t *seqs, int n_seqs, const int *seq_first,
                                   int n_tokens, float *logits, char *err, size_t errlen);
 void bt_model_cuda_destroy(struct bt_model_cuda *cuda);
+void bt_model_cuda_graph_stats(const struct bt_model_cuda *cuda, uint64_t *steps, uint64_t *instances);
 #endif
 
 #endif

@@ -173,6 +173,9 @@ static const case_t cases[] = {
     {OP_SAMPLE, F32, {4, 129280, 100, 0}, 0},
     {OP_GEMM_F32, F32, {1, 1014, 64, 0, 0}, 0},
     {OP_GEMM_F32, F32, {7, 33, 40, 40, 17}, 0},
+    /* 16 rows: the last the per-column kernel takes; 17: cuBLASLt */
+    {OP_GEMM_F32, F32, {16, 77, 300, 5, 3}, 0},
+    {OP_GEMM_F32, F32, {17, 77, 300, 0, 2}, 0},
     {OP_GEMM_F32, F32, {120, 2304, 5120, 3, 1}, 0},
     {OP_EMBED, F32, {5, 4, 64, 1014}, 0},
     {OP_EMBED, F32, {3, 1, 5120, 100}, 0},

@@ -15,11 +15,14 @@
 #include "common/alloc.h"
 #include "common/comm/comm.h"
 #include "unit/services/engine/golden_util.h"
+#include "common/text/tokenizer.h"
+#include "services/engine/demo_model.h"
 
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #define MAX_CTX 256
 
@@ -589,6 +592,214 @@ static void test_golden_a_quant_native(void)
     check_bf16("golden-a-quant", false, BT_WEIGHTS_AUTO, 1e-2, true);
 }
 
+/* Decode steps as CUDA graphs (golden-a-quant in its checkpoint formats: FP4 experts, whose
+ * rows are grouped on the device) against the same model run eagerly: every step's logits
+ * bit-identical (the same launches, replayed), one sequence and a batch of three, over enough
+ * steps that the compressors' and the indexer's launches change (graphs updated or added). */
+static void test_graphs_match_eager(void)
+{
+    const char *name = "golden-a-quant";
+    char path[1024], err[256];
+    snprintf(path, sizeof path, "%s/%s/golden.safetensors", golden_dir(), name);
+    bt_safetensors_t *gold = NULL;
+    if (bt_safetensors_open(path, &gold, err, sizeof err) != BT_OK) {
+        BT_CHECK_MSG(0, "%s", err);
+        return;
+    }
+    bt_model_t *mg = NULL, *me = NULL;
+    for (int k = 0; k < 2; k++) {
+        bt_model_options_t opt = bt_model_options_default();
+        opt.n_threads = 2;
+        opt.max_ctx = MAX_CTX;
+        opt.max_batch_tokens = MAX_CTX;
+        opt.max_batch_seqs = 4;
+        opt.device = BT_DEVICE_CUDA;
+        opt.cuda_weights = BT_WEIGHTS_AUTO;
+        opt.cuda_graphs_off = k == 1;
+        *(k ? &me : &mg) = golden_model_with(name, gold, &opt);
+    }
+    BT_CHECK(mg && me);
+    if (!mg || !me) {
+        bt_model_destroy(mg);
+        bt_model_destroy(me);
+        bt_safetensors_close(gold);
+        return;
+    }
+    const bt_model_config_t *c = bt_model_config(mg);
+    int V = c->vocab;
+    bt_kv_layout_t lay;
+    BT_CHECK(bt_kv_layout_init(&lay, c, MAX_CTX) == BT_OK);
+    prompt_t P[16];
+    int np = load_prompts(gold, P, 16);
+    enum { B = 3, STEPS = 40 };
+    BT_CHECK(np >= B);
+    uint8_t *st[2][B];
+    float *lg[2];
+    for (int k = 0; k < 2; k++) {
+        for (int b = 0; b < B; b++) st[k][b] = bt_aligned_alloc(64, lay.slot_bytes);
+        lg[k] = malloc((size_t)MAX_CTX * V * sizeof(float));
+    }
+    int differ = 0, steps = 0;
+    double secs[2] = {0, 0}; /* reported, not asserted: a tiny model's step is launch-bound */
+    /* one sequence, then three together: prompts prefilled eagerly in both models */
+    for (int batch = 1; batch <= B && np >= B; batch += B - 1) {
+        int32_t tok[B];
+        for (int b = 0; b < batch; b++)
+            for (int k = 0; k < 2; k++) {
+                BT_CHECK(run(k ? me : mg, &lay, st[k][b], P[b].ids, P[b].S, 0, lg[k], true) == 0);
+                if (k == 0) tok[b] = golden_argmax(lg[0] + (size_t)(P[b].S - 1) * V, V);
+            }
+        int smax = 0;
+        for (int b = 0; b < batch; b++) smax = P[b].S > smax ? P[b].S : smax;
+        for (int s = 0; s < STEPS && smax + s + 1 < MAX_CTX; s++) {
+            for (int k = 0; k < 2; k++) {
+                bt_forward_seq_t seq[B];
+                for (int b = 0; b < batch; b++) seq[b] = (bt_forward_seq_t){st[k][b], &tok[b], 1, false};
+                struct timespec t0, t1;
+                clock_gettime(CLOCK_MONOTONIC, &t0);
+                BT_CHECK(bt_model_forward(k ? me : mg, &lay, seq, batch, lg[k], err, sizeof err) == BT_OK);
+                clock_gettime(CLOCK_MONOTONIC, &t1);
+                secs[k] += (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+            }
+            steps++;
+            if (memcmp(lg[0], lg[1], (size_t)batch * V * sizeof(float)) != 0) differ++;
+            for (int b = 0; b < batch; b++) tok[b] = golden_argmax(lg[0] + (size_t)b * V, V);
+        }
+    }
+    uint64_t g_steps, g_inst, e_steps, e_inst;
+    bt_model_graph_stats(mg, &g_steps, &g_inst);
+    bt_model_graph_stats(me, &e_steps, &e_inst);
+    fprintf(stderr, "  graphs: %d decode steps, %d with other logits than eager; %llu ran as graphs, %llu graphs instantiated; "
+                    "%.3f ms a step as graphs, %.3f ms eager (the first steps of each size instantiate)\n",
+            steps, differ, (unsigned long long)g_steps, (unsigned long long)g_inst, 1e3 * secs[0] / steps,
+            1e3 * secs[1] / steps);
+    BT_CHECK_MSG(differ == 0, "%d of %d decode steps gave other logits as graphs", differ, steps);
+    /* a one-token prompt's prefill is a decode step too */
+    BT_CHECK_MSG(g_steps >= (uint64_t)steps, "%llu of %d decode steps ran as graphs", (unsigned long long)g_steps, steps);
+    BT_CHECK(e_steps == 0);
+    /* the launches repeat with the compressors' period: a few graphs per batch size, not one a step */
+    BT_CHECK_MSG(g_inst <= 16, "%llu graphs instantiated for %d steps", (unsigned long long)g_inst, steps);
+    for (int k = 0; k < 2; k++) {
+        for (int b = 0; b < B; b++) bt_aligned_free(st[k][b]);
+        free(lg[k]);
+    }
+    free_prompts(P, np);
+    bt_model_destroy(mg);
+    bt_model_destroy(me);
+    bt_safetensors_close(gold);
+}
+
+/* The built-in demo model (services/engine/demo_model.c: its QAT shapes put the indexer and
+ * the FP4 experts on the MMA kernels, which the golden fixtures' 40-wide heads do not). */
+static bt_model_t *load_demo(const char *dir, bool graphs_off)
+{
+    char err[512];
+    int32_t *map = NULL;
+    int classes = 0;
+    bt_tokenizer_t *tok = NULL;
+    if (bt_tokenizer_load(dir, &tok, err, sizeof err) != BT_OK || bt_tokenizer_engram_token_map(tok, &map, &classes) != BT_OK) {
+        fprintf(stderr, "demo tokenizer: %s\n", err);
+        bt_tokenizer_destroy(tok);
+        return NULL;
+    }
+    bt_tokenizer_destroy(tok);
+    bt_model_options_t opt = bt_model_options_default();
+    opt.n_threads = 2;
+    opt.max_ctx = MAX_CTX;
+    opt.max_batch_tokens = MAX_CTX;
+    opt.max_batch_seqs = 4;
+    opt.device = BT_DEVICE_CUDA;
+    opt.cuda_weights = BT_WEIGHTS_AUTO;
+    opt.cuda_graphs_off = graphs_off;
+    opt.engram_token_map = map;
+    opt.engram_classes = classes;
+    bt_model_t *m = NULL;
+    if (bt_model_load(dir, &opt, &m, err, sizeof err) != BT_OK) {
+        fprintf(stderr, "load demo: %s\n", err);
+        m = NULL;
+    }
+    free(map);
+    return m;
+}
+
+/* A sequence decoded alone and in a batch of three gives bit-identical logits at every step
+ * (what the services promise: `baton up` answers as `baton generate` does, whatever the decode
+ * group batches): three prompts prefilled, then STEPS steps each alone, teacher-forced with
+ * its own greedy ids, then the same steps batched. */
+static void check_batch_equals_single(const char *what, bt_model_t *m)
+{
+    enum { B = 3, STEPS = 24, PL = 9 };
+    char err[256];
+    const bt_model_config_t *c = bt_model_config(m);
+    int V = c->vocab;
+    bt_kv_layout_t lay;
+    BT_CHECK(bt_kv_layout_init(&lay, c, MAX_CTX) == BT_OK);
+    uint8_t *st[B];
+    int32_t prompt[B][PL], ids[B][STEPS + 1];
+    float *solo = malloc((size_t)B * STEPS * V * sizeof(float)), *lg = malloc((size_t)MAX_CTX * V * sizeof(float));
+    for (int b = 0; b < B; b++) {
+        st[b] = bt_aligned_alloc(64, lay.slot_bytes);
+        for (int i = 0; i < PL; i++) prompt[b][i] = (int32_t)((b * 37 + i * 11 + 3) % V);
+    }
+    for (int b = 0; b < B; b++) {
+        BT_CHECK(run(m, &lay, st[b], prompt[b], PL - b, 0, lg, true) == 0); /* lengths 9, 8, 7 */
+        ids[b][0] = golden_argmax(lg + (size_t)(PL - b - 1) * V, V);
+        for (int s = 0; s < STEPS; s++) {
+            bt_forward_seq_t seq = {st[b], &ids[b][s], 1, false};
+            BT_CHECK(bt_model_forward(m, &lay, &seq, 1, solo + ((size_t)b * STEPS + s) * V, err, sizeof err) == BT_OK);
+            ids[b][s + 1] = golden_argmax(solo + ((size_t)b * STEPS + s) * V, V);
+        }
+    }
+    int first_bad = -1, bad = 0;
+    for (int b = 0; b < B; b++) BT_CHECK(run(m, &lay, st[b], prompt[b], PL - b, 0, lg, true) == 0);
+    for (int s = 0; s < STEPS; s++) {
+        bt_forward_seq_t seq[B];
+        for (int b = 0; b < B; b++) seq[b] = (bt_forward_seq_t){st[b], &ids[b][s], 1, false};
+        BT_CHECK(bt_model_forward(m, &lay, seq, B, lg, err, sizeof err) == BT_OK);
+        for (int b = 0; b < B; b++)
+            if (memcmp(lg + (size_t)b * V, solo + ((size_t)b * STEPS + s) * V, (size_t)V * sizeof(float)) != 0) {
+                double worst = 0;
+                for (int v = 0; v < V; v++) {
+                    double d = fabs((double)lg[(size_t)b * V + v] - solo[((size_t)b * STEPS + s) * V + v]);
+                    if (d > worst) worst = d;
+                }
+                if (first_bad < 0) fprintf(stderr, "  %s: step %d sequence %d: batched logits differ by up to %g\n", what, s, b, worst);
+                if (first_bad < 0) first_bad = s;
+                bad++;
+            }
+    }
+    fprintf(stderr, "  %s: %d of %d batched rows differ from the same sequence alone\n", what, bad, B * STEPS);
+    BT_CHECK_MSG(bad == 0, "%s: %d batched rows differ (first at step %d)", what, bad, first_bad);
+    for (int b = 0; b < B; b++) bt_aligned_free(st[b]);
+    free(solo);
+    free(lg);
+}
+
+static void test_batch_equals_single(void)
+{
+    char dir[] = "/tmp/baton-demo-XXXXXX", err[256];
+    BT_CHECK(mkdtemp(dir) != NULL);
+    BT_CHECK(bt_demo_model_write(dir, "demo", err, sizeof err) == BT_OK);
+    for (int off = 0; off < 2; off++) {
+        bt_model_t *m = load_demo(dir, off);
+        BT_CHECK(m != NULL);
+        if (m) check_batch_equals_single(off ? "demo, eager" : "demo, graphs", m);
+        bt_model_destroy(m);
+    }
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s/golden.safetensors", golden_dir(), "golden-a-quant");
+    bt_safetensors_t *gold = NULL;
+    if (bt_safetensors_open(path, &gold, err, sizeof err) == BT_OK) {
+        bt_model_t *m = load("golden-a-quant", gold, BT_DEVICE_CUDA, BT_WEIGHTS_AUTO);
+        if (m) check_batch_equals_single("golden-a-quant", m);
+        bt_model_destroy(m);
+        bt_safetensors_close(gold);
+    }
+    char cmd[1100];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    BT_CHECK(system(cmd) == 0);
+}
+
 int main(void)
 {
     BT_RUN(test_golden_a_exact);
@@ -597,5 +808,7 @@ int main(void)
     BT_RUN(test_golden_a_exact_bf16);
     BT_RUN(test_tp_on_one_gpu);
     BT_RUN(test_golden_a_quant_native);
+    BT_RUN(test_graphs_match_eager);
+    BT_RUN(test_batch_equals_single);
     return bt_test_summary();
 }
