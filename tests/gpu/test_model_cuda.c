@@ -777,7 +777,9 @@ static void check_batch_equals_single(const char *what, bt_model_t *m)
 
 static void test_batch_equals_single(void)
 {
-    char dir[] = "/tmp/baton-demo-XXXXXX", err[256];
+    char dir[1024], err[256];
+    const char *tmp = getenv("TMPDIR");
+    snprintf(dir, sizeof dir, "%s/baton-demo-XXXXXX", tmp && *tmp ? tmp : "/tmp");
     BT_CHECK(mkdtemp(dir) != NULL);
     BT_CHECK(bt_demo_model_write(dir, "demo", err, sizeof err) == BT_OK);
     for (int off = 0; off < 2; off++) {
