@@ -332,6 +332,26 @@ __device__ __forceinline__ void mma_bf16_16816(float *d, const unsigned *a, unsi
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/* 8 e2m1 codes (a word, low nibble first) -> 4 words of bf16 pairs in k order, unscaled. The
+ * magnitude (3 bits) picks each value's low and high byte from two 8-byte tables (prmt), two
+ * more permutes interleave them, the code's sign bit goes to bit 15 of its half. */
+__device__ __forceinline__ void e2m1x8_to_bf16(unsigned v, unsigned *out)
+{
+    /* bf16 of 0, .5, 1, 1.5, 2, 3, 4, 6: low bytes 00 00 80 c0 00 40 80 c0, high 00 3f 3f 3f 40 40 40 40 */
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        unsigned c = (v >> (16 * h)) & 0x7777u;
+        unsigned lo = __byte_perm(0xc0800000u, 0xc0804000u, c);
+        unsigned hi = __byte_perm(0x3f3f3f00u, 0x40404040u, c);
+        unsigned w0 = __byte_perm(lo, hi, 0x5140), w1 = __byte_perm(lo, hi, 0x7362);
+        unsigned x = v >> (16 * h);
+        w0 |= ((x << 12) & 0x8000u) | ((x << 24) & 0x80000000u);
+        w1 |= ((x << 4) & 0x8000u) | ((x << 16) & 0x80000000u);
+        out[2 * h] = w0;
+        out[2 * h + 1] = w1;
+    }
+}
+
 __device__ __forceinline__ unsigned pack_bf16(float lo, float hi)
 {
     __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
@@ -405,7 +425,23 @@ __global__ void __launch_bounds__(MT_WARPS * 32, 2) gemm_mma16(OT *y, const __nv
                 dequant_fp8x16(wv[i], bt_e8m0(sv[i]), f);
 #pragma unroll
                 for (int j = 0; j < 8; j++) bw[j] = pack_bf16(f[2 * j], f[2 * j + 1]);
-            } else {
+            } else if (sv[i] >= 8 && sv[i] != 0xff) {
+                /* the e2m1 codes straight into bf16 by byte permutes, times the scale in bf16:
+                 * the products stay normal numbers (scale >= 2^-119), so both steps are exact;
+                 * the NaN scale (0xff) takes the f32 path too */
+                __nv_bfloat162 s2 = __halves2bfloat162(__ushort_as_bfloat16((unsigned short)(sv[i] << 7)),
+                                                       __ushort_as_bfloat16((unsigned short)(sv[i] << 7)));
+                const unsigned u[4] = {wv[i].x, wv[i].y, wv[i].z, wv[i].w};
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    e2m1x8_to_bf16(u[q], bw + 4 * q);
+#pragma unroll
+                    for (int j = 0; j < 4; j++) {
+                        __nv_bfloat162 p = __hmul2(*(__nv_bfloat162 *)&bw[4 * q + j], s2);
+                        bw[4 * q + j] = *(unsigned *)&p;
+                    }
+                }
+            } else { /* tiny scales: through f32, where the products may be subnormal */
                 float s4 = bt_e8m0(sv[i]) * 16384.0f;
                 const unsigned u[4] = {wv[i].x, wv[i].y, wv[i].z, wv[i].w};
 #pragma unroll

@@ -29,7 +29,7 @@
 typedef enum {
     OP_GEMM_BF16,   /* s: M N K */
     OP_GEMM_FP8,    /* s: M N K */
-    OP_GEMM_FP4,    /* s: experts N K rows tokens */
+    OP_GEMM_FP4,    /* s: experts N K rows tokens tiny-scales */
     OP_RMSNORM,     /* s: rows n weighted */
     OP_ROPE,        /* s: rows heads dim half inverse */
     OP_FAKE_QUANT,  /* s: rows n block kind special-values */
@@ -113,6 +113,7 @@ static const case_t cases[] = {
     {OP_GEMM_FP4, F32, {8, 77, 256, 24, 12}, 0},
     {OP_GEMM_FP4, BF16, {3, 40, 128, 6, 2}, 0},
     {OP_GEMM_FP4, F32, {40, 232, 256, 60, 20}, 0}, /* 4 tiles a block */
+    {OP_GEMM_FP4, BF16, {5, 96, 384, 12, 6, 1}, 0}, /* some tiny scales */
     {OP_RMSNORM, F32, {1, 7, 1}, 0},
     {OP_RMSNORM, F32, {3, 512, 1}, 0},
     {OP_RMSNORM, F32, {17, 5120, 0}, 0},
@@ -630,7 +631,9 @@ static void run_gemm_fp4(const case_t *cs, result_t *r)
     size_t wbytes = (size_t)E * N * (K / 2), sbytes = (size_t)E * N * (K / 32);
     uint8_t *w = xmalloc(wbytes), *s = xmalloc(sbytes);
     for (size_t i = 0; i < wbytes; i++) w[i] = (uint8_t)rnd();
-    for (size_t i = 0; i < sbytes; i++) s[i] = (uint8_t)(122 + irand(8));
+    /* s[5] 1: every 7th scale tiny (2^-127 .. 2^-120: the FP4 MMA kernel's f32 path) */
+    for (size_t i = 0; i < sbytes; i++)
+        s[i] = (uint8_t)(cs->s[5] && i % 7 == 3 ? irand(8) : 122 + irand(8));
     int *expert = xmalloc((size_t)R * sizeof(int));
     int32_t *offs = xmalloc((size_t)(E + 1) * 4), *rows = xmalloc((size_t)R * 4);
     for (int i = 0; i < R; i++) expert[i] = irand(E);
