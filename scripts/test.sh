@@ -12,7 +12,10 @@ echo "== npm packages for the OpenAI client tests"
 (cd tests/integration/openai && npm ci --no-audit --no-fund --loglevel=error)
 
 echo "== build (RelWithDebInfo)"
-cmake -S . -B build -DBT_CUDA=AUTO >/dev/null
+configure=$(cmake -S . -B build -DBT_CUDA=AUTO)
+grep -E "CUDA backend" <<<"$configure" || true
+# with a CUDA compiler the kernels, the GPU model and the GPU test binaries are compiled and
+# linked here too (for sm_90a and sm_121); the tests labelled gpu need a GPU and are skipped
 cmake --build build -j"$jobs"
 echo "== tests"
 (cd build && ctest --output-on-failure -j"$jobs" -LE gpu)
