@@ -249,7 +249,10 @@ static void chunk_done(uv_work_t *w, int status)
     p->busy = false;
     if (p->tp_noop) {
         p->tp_noop = false;
-        if (p->step_status != BT_OK) group_failed(p);
+        if (p->step_status != BT_OK)
+            group_failed(p);
+        else
+            run_next(p); /* a job that arrived during the heartbeat found us busy: start it now */
         return;
     }
     if (p->comm && p->step_status != BT_OK) {

@@ -511,6 +511,61 @@ static void test_kill_follower_rank(void)
 }
 #endif
 
+#if CLUSTER_TP > 1
+/* A request that reaches an idle TP prefill leader while it is inside its heartbeat (the
+ * NOOP plan it sends its other ranks once a second) must start when the heartbeat ends. It
+ * did not: the heartbeat's completion never looked at the queue, so the request waited for
+ * the next request to arrive (a prefill stalled until the client's deadline, seen on a GPU
+ * machine). The window is microseconds wide; an LD_PRELOAD shim (slow_heartbeat.c) makes
+ * the prefill group's heartbeats take 2 s and says when one starts. */
+static void test_request_during_heartbeat(void)
+{
+    char mark[128];
+    snprintf(mark, sizeof mark, "/tmp/bt-it-heartbeat-%d", (int)getpid());
+    cluster_t c;
+    memset(&c, 0, sizeof c);
+    c.model = golden_exact;
+    c.tls = "tcp";
+    c.chunk = "4096";
+    c.watchdog = "30";
+    BT_CHECK(proc_start(&c.router, "baton-router", "--port", "0", "--model-path", golden_exact, "--served-model-name",
+                        "m", "--heartbeat-ms", "200", "--watchdog-timeout", c.watchdog, NULL) == 0);
+    snprintf(c.router_addr, sizeof c.router_addr, "%s", c.router.addr);
+    setenv("LD_PRELOAD", BT_SLOW_HEARTBEAT_LIB, 1);
+    setenv("BT_TEST_HEARTBEAT_DELAY_MS", "2000", 1);
+    setenv("BT_TEST_HEARTBEAT_MARK", mark, 1);
+    BT_CHECK(group_start(&c, false, context, c.chunk) == 0);
+    unsetenv("LD_PRELOAD");
+    unsetenv("BT_TEST_HEARTBEAT_DELAY_MS");
+    unsetenv("BT_TEST_HEARTBEAT_MARK");
+    BT_CHECK(group_start(&c, true, context, c.chunk) == 0);
+    client_t cl;
+    client_open(&cl, c.router_addr);
+    BT_CHECK(serving(&cl));
+    int32_t prompt[4] = {3, 1, 4, 1};
+    for (int round = 0; round < 2; round++) {
+        unlink(mark);
+        int64_t until = ms_now() + 10000;
+        while (access(mark, F_OK) != 0 && ms_now() < until) usleep(1000);
+        BT_CHECK_MSG(access(mark, F_OK) == 0, "no heartbeat of the prefill leader in 10 s");
+        /* the leader is now inside a 2 s heartbeat */
+        gen_t g;
+        int64_t t0 = ms_now();
+        prompt[3] = 1 + round;
+        gen_start(&cl, &g, prompt, 4, 4, true, 10000);
+        BT_CHECK(run_until(&cl, gen_done, &g, 15000));
+        fprintf(stderr, "  request sent during a prefill heartbeat: %s after %lld ms\n", bt_rpc_code_name(g.code),
+                (long long)(g.t_done - t0));
+        BT_CHECK_MSG(g.code == BT_RPC_OK && g.n == 4, "round %d: %s %s, %d tokens", round, bt_rpc_code_name(g.code),
+                     g.message, g.n);
+        BT_CHECK_MSG(g.t_done - t0 < 6000, "round %d took %lld ms", round, (long long)(g.t_done - t0));
+    }
+    unlink(mark);
+    client_close(&cl);
+    cluster_stop(&c);
+}
+#endif
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -524,6 +579,7 @@ int main(void)
     BT_RUN(test_incompatible_groups);
 #if CLUSTER_TP > 1
     BT_RUN(test_kill_follower_rank);
+    BT_RUN(test_request_during_heartbeat);
 #else
     BT_RUN(test_stalled_decode);
 #endif
