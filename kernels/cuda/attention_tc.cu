@@ -56,7 +56,8 @@ __global__ void __launch_bounds__(TC_WARPS * 32) attention_tc_kernel(
 
     const int t = blockIdx.y, h0 = blockIdx.x * TC_HEADS, tid = threadIdx.x;
     const int warp = tid >> 5, lane = tid & 31, vec = dp / 8;
-    const int nw = win_n[t], nk = nw + (sel_n ? sel_n[t] : 0);
+    /* counts past their lists' strides would write scores past ld_s: clamped */
+    const int nw = min(win_n[t], win_stride), nk = nw + (sel_n ? min(sel_n[t], sel_stride) : 0);
     const int nchunks = (nk + TC_KEYS - 1) / TC_KEYS;
 
     /* Q rows of this block's heads (zeros past H) */
@@ -202,19 +203,42 @@ __global__ void __launch_bounds__(TC_WARPS * 32) attention_tc_kernel(
     }
 }
 
+/* The dynamic shared memory a block may take on this device (the opt-in limit less the
+ * kernel's static part); both kernels are allowed it once per device, so a launch needs no
+ * attribute call (one per launch raced between models of one process and cost every step). */
+static size_t tc_dynamic_limit(void)
+{
+    enum { MAX_DEVICES = 64 };
+    static size_t limit[MAX_DEVICES]; /* 0: not asked yet */
+    int dev = 0, optin = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= MAX_DEVICES) return 0;
+    if (limit[dev]) return limit[dev];
+    cudaFuncAttributes fa; /* the kernel's static shared memory comes on top */
+    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
+        cudaFuncGetAttributes(&fa, attention_tc_kernel<float>) != cudaSuccess ||
+        (size_t)optin <= fa.sharedSizeBytes) {
+        cudaGetLastError();
+        return 0;
+    }
+    size_t l = (size_t)optin - fa.sharedSizeBytes;
+    if (cudaFuncSetAttribute(attention_tc_kernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)l) !=
+            cudaSuccess ||
+        cudaFuncSetAttribute(attention_tc_kernel<__nv_bfloat16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)l) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    limit[dev] = l; /* the same value from any thread: a benign race */
+    return l;
+}
+
 extern "C" int bt_cuda_attention_tc_fits(int dim, int max_keys)
 {
     if (dim <= 0 || dim % 8 || dim > TC_MAXD || max_keys < 0 ||
         max_keys > BT_CUDA_ATTENTION_TC_MAX_KEYS)
         return 0;
-    int ld_s, dev = 0, limit = 0;
-    size_t bytes = tc_smem(dim, max_keys, &ld_s);
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
-        return 0;
-    cudaFuncAttributes fa; /* the kernel's static shared memory comes on top */
-    if (cudaFuncGetAttributes(&fa, attention_tc_kernel<float>) != cudaSuccess) return 0;
-    return bytes + fa.sharedSizeBytes <= (size_t)limit;
+    int ld_s;
+    return tc_smem(dim, max_keys, &ld_s) <= tc_dynamic_limit();
 }
 
 extern "C" bt_status_t bt_cuda_attention_tc(void *out, const void *q, const void *win_kv,
@@ -240,8 +264,6 @@ extern "C" bt_status_t bt_cuda_attention_tc(void *out, const void *q, const void
     typedef __nv_bfloat16 bf;
 #define TC_LAUNCH(TY)                                                                              \
     do {                                                                                           \
-        cudaFuncSetAttribute(attention_tc_kernel<TY>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
-                             (int)bytes);                                                          \
         attention_tc_kernel<TY><<<grid, TC_WARPS * 32, bytes, stream>>>(                           \
             (TY *)out, (const TY *)q, (const TY *)win_kv, win_idx, win_n, win_stride,              \
             (const TY *)comp_kv, sel, sel_n, sel_stride, sink, pos, inv_freq, half, H, dim, ld_s); \

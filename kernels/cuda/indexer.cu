@@ -202,17 +202,27 @@ extern "C" bt_status_t bt_cuda_index_scores_tc(float *scores, const float *q, co
     BT_CUDA_REQUIRE(scores && q && w && keys && visible && (!key_off || n_keys));
     BT_CUDA_REQUIRE(T > 0 && n > 0 && heads > 0 && heads <= IXT_HEADS);
     BT_CUDA_REQUIRE(dim > 0 && dim <= IX_MAXD);
+    /* both instances are allowed their largest (dim 128) shared memory once per device: no
+     * attribute call per launch (they raced between models of a process and cost every step) */
+    enum { MAX_DEVICES = 64 };
+    static bool allowed[MAX_DEVICES];
+    int dev = 0;
+    if (cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < MAX_DEVICES && !allowed[dev]) {
+        if (cudaFuncSetAttribute(index_scores_tc_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)ixt_smem<1>(IX_MAXD)) == cudaSuccess &&
+            cudaFuncSetAttribute(index_scores_tc_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)ixt_smem<4>(IX_MAXD)) == cudaSuccess)
+            allowed[dev] = true;
+        else
+            cudaGetLastError();
+    }
     if (key_off) {
         size_t bytes = ixt_smem<1>(dim);
-        cudaFuncSetAttribute(index_scores_tc_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)bytes);
         dim3 grid(bt__cdiv(n, IXT_KEYS), T);
         index_scores_tc_kernel<1><<<grid, IXT_WARPS * 32, bytes, stream>>>(
             scores, q, w, keys, visible, T, heads, dim, n, key_off, n_keys);
     } else {
         size_t bytes = ixt_smem<4>(dim);
-        cudaFuncSetAttribute(index_scores_tc_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)bytes);
         dim3 grid(bt__cdiv(n, IXT_KEYS), bt__cdiv(T, 4));
         index_scores_tc_kernel<4><<<grid, IXT_WARPS * 32, bytes, stream>>>(
             scores, q, w, keys, visible, T, heads, dim, n, NULL, NULL);

@@ -1205,13 +1205,14 @@ static bt_status_t attention(fwd_t *f, int l)
     return BT_OK;
 }
 
-/* Whether layer l's routed rows are grouped on the device: packed FP4 experts and a routing
- * small enough for one block (a decode step). */
+/* Whether layer l's routed rows are grouped on the device: packed FP4 experts and a decode-sized
+ * batch (up to GRAPH_MAX_SEQS tokens: the few-row MMA kernel then takes every expert, as it does
+ * on the host path, whose bound is the real largest group rather than N). */
 static bool moe_on_device(const fwd_t *f, int l)
 {
     const bt_model_config_t *c = &f->m->cfg;
-    return f->cu->layer[l].w13_q && f->cu->group_cap > 0 && f->N * c->n_active <= f->cu->group_cap &&
-           c->n_experts <= GROUP_MAX_ROWS;
+    return f->cu->layer[l].w13_q && f->cu->group_cap > 0 && f->N <= GRAPH_MAX_SEQS &&
+           f->N * c->n_active <= f->cu->group_cap && c->n_experts <= GROUP_MAX_ROWS;
 }
 
 /* The shared expert, the routed outputs summed per token (rows: each token's grouped rows in
@@ -1482,22 +1483,21 @@ static bt_status_t graph_run(fwd_t *f, bt_status_t rc)
     cudaGraphExec_t *ex = cu->graph_exec[f->N];
     uint64_t *used = cu->graph_used[f->N];
     int pick = -1;
-    for (int tries = 0; tries < GRAPH_SLOTS && pick < 0; tries++) {
+    bool tried[GRAPH_SLOTS] = {false};
+    for (int round = 0; round < GRAPH_SLOTS && pick < 0; round++) {
         int best = -1; /* the most recent slot not tried yet */
         for (int i = 0; i < GRAPH_SLOTS; i++)
-            if (ex[i] && used[i] != UINT64_MAX && (best < 0 || used[i] > used[best])) best = i;
+            if (ex[i] && !tried[i] && (best < 0 || used[i] > used[best])) best = i;
         if (best < 0) break;
+        tried[best] = true;
         cudaGraphExecUpdateResultInfo info;
         if (cudaGraphExecUpdate(ex[best], g, &info) == cudaSuccess) {
             pick = best;
             cu->graph_updates++;
         } else {
-            cudaGetLastError();
-            used[best] = UINT64_MAX; /* tried: skip it in this round */
+            cudaGetLastError(); /* a failed update leaves that graph as it was */
         }
     }
-    for (int i = 0; i < GRAPH_SLOTS; i++) /* restore the marks of this round */
-        if (used[i] == UINT64_MAX) used[i] = 0;
     if (pick < 0) {
         pick = 0;
         for (int i = 1; i < GRAPH_SLOTS; i++)
