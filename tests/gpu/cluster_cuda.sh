@@ -26,11 +26,18 @@ up=$!
 cleanup() { kill -TERM "$up" 2>/dev/null; wait "$up" 2>/dev/null; rm -rf "$work"; }
 trap cleanup EXIT
 keep_log() { cp "$work/up.log" /tmp/cluster_cuda_up.log; }
+ready=0
 for _ in $(seq 1 120); do  # bounded: 60 s for the cluster to answer
   if "$bin/baton" complete --router "127.0.0.1:$router" --input-ids 1 --max-new-tokens 1 \
-       --timeout 5 >/dev/null 2>&1; then break; fi
+       --timeout 5 >/dev/null 2>&1; then ready=1; break; fi
   sleep 0.5
 done
+if [ $ready = 0 ]; then
+  echo "FAIL the cluster did not answer within 60 s"
+  keep_log
+  tail -20 "$work/up.log"
+  exit 1
+fi
 prompts=("1,2,3,4,5,6,7,8,9" "42" "7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7"
          "100,200,30,250,150,50,10,20,30,40,50,60,70,80,90,99,98,97,96,95,94,93,92,91,90,89,88,87,86,85,84,83,82,81,80,79,78,77,76,75,74,73,72,71,70"
          "5,4,3,2,1" "11,22,33,44,55,66" "250,251,252,253,254,255,256,257,258,259,260" "3,1,4,1,5,9,2,6,5,3,5,8,9,7,9,3,2,3,8,4,6,2,6,4,3,3,8,3,2,7,9,5")
@@ -41,7 +48,11 @@ for i in "${!prompts[@]}"; do
 done
 check() {  # $1: label
   for i in "${!prompts[@]}"; do
-    if ! cmp -s "$work/ref.$i" "$work/got.$i"; then
+    # two empty outputs (both sides failing) must not pass as equal
+    if ! grep -qE '^[0-9]+(,[0-9]+)*$' "$work/ref.$i"; then
+      echo "FAIL $1 prompt $i: baton generate gave no ids"
+      fail=1
+    elif ! cmp -s "$work/ref.$i" "$work/got.$i"; then
       echo "FAIL $1 prompt $i: generate $(cat "$work/ref.$i") vs cluster $(cat "$work/got.$i")"
       grep -a "baton complete\|finish" "$work/err.$i" | head -3
       fail=1

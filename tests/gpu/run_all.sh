@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Every GPU check in one call, for a GPU machine with a bundle made by scripts/device-bundle.sh
+# (with --golden and the binaries test_cuda_ops test_model_cuda baton baton-router
+# baton-prefill baton-decode baton-gateway): the operators against the CPU reference, the model
+# against the golden fixtures (graphs, batch invariance, TP on one GPU), and the services'
+# greedy ids against `baton generate` (auto TP 1, float32 TP 2). Each step is bounded in time;
+# logs go to OUT_DIR, one summary line per step to stdout; the exit status is the number of
+# steps that failed.
+#   tests/gpu/run_all.sh BUNDLE_DIR OUT_DIR [--perf] [--only NAME]
+set -uo pipefail
+bundle=${1:?usage: run_all.sh BUNDLE_DIR OUT_DIR [--perf] [--only NAME]}
+out=${2:?usage: run_all.sh BUNDLE_DIR OUT_DIR [--perf] [--only NAME]}
+shift 2
+perf= only=
+while [ $# -gt 0 ]; do
+  case $1 in
+    --perf) perf=--perf; shift ;;
+    --only) only=$2; shift 2 ;;
+    *) echo "run_all.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+here=$(cd "$(dirname "$0")" && pwd)
+bundle=$(cd "$bundle" && pwd)
+mkdir -p "$out"
+export LD_LIBRARY_PATH="$bundle/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export UCX_MODULE_DIR="$bundle/lib/ucx"
+[ -d "$bundle/golden" ] && export BT_GOLDEN_DIR="$bundle/golden"
+failed=0
+step() { # name seconds command...
+  local name=$1 secs=$2
+  shift 2
+  if [ -n "$only" ] && [ "$only" != "$name" ]; then return; fi
+  local t0=$SECONDS
+  timeout "$secs" "$@" >"$out/$name.log" 2>&1
+  local rc=$?
+  local last
+  last=$(grep -E "cases passed|checks,|identical|^FAIL" "$out/$name.log" | tail -1)
+  printf '%-22s rc=%-3s %4ss  %s\n' "$name" "$rc" "$((SECONDS - t0))" "$last"
+  [ "$rc" = 0 ] || failed=$((failed + 1))
+}
+step test_cuda_ops 300 "$bundle/bin/test_cuda_ops" $perf
+step test_model_cuda 300 "$bundle/bin/test_model_cuda"
+step cluster_auto_tp1 200 bash "$here/cluster_cuda.sh" "$bundle/bin"
+step cluster_f32_tp2 200 bash "$here/cluster_cuda.sh" "$bundle/bin" --dtype float32 --tp 2
+exit $failed
