@@ -270,12 +270,13 @@ bt_status_t bt_cuda_moe_combine(float *out, const float *y, const int32_t *rows,
  * grouped rows offs[e] ..), xrow [N*K] (the token of each grouped row, tokens ascending within
  * an expert), wt_g [N*K] (its weight), rows [N, K] (each token's grouped rows in expert order,
  * for moe_combine), cnt [N], hit [n_hit_slots] (the experts with rows, ascending, then -1: the
- * expert list of bt_cuda_gemm_fp4_grouped_list). An expert id out of range sets *bad = 1 and
- * its item is dropped. N * K <= 1024, E <= 1024, n_hit_slots >= min(E, N * K). */
+ * expert list of bt_cuda_gemm_fp4_grouped_list). An expert id out of range drops its item and
+ * sets *bad to bad_value (nonzero: the caller's tag, e.g. the layer) unless *bad is set already.
+ * N * K <= 1024, E <= 1024, n_hit_slots >= min(E, N * K). */
 bt_status_t bt_cuda_moe_group(int32_t *offs, int32_t *xrow, float *wt_g, int32_t *rows,
                               int32_t *cnt, int32_t *hit, int n_hit_slots, int32_t *bad,
-                              const int32_t *idx, const float *wts, int N, int K, int E,
-                              cudaStream_t stream);
+                              int32_t bad_value, const int32_t *idx, const float *wts, int N, int K,
+                              int E, cudaStream_t stream);
 
 /* Compressor pooling: group g of r consecutive rows of kv / gate [g * r .. g * r + r) becomes
  * latent[g, d] = sum_j kv[j, d] * softmax_j(gate[j, d]) (r == 1 or gate NULL: the row). */

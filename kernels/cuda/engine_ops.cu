@@ -194,7 +194,8 @@ enum { GROUP_THREADS = 1024 };
 
 __global__ void __launch_bounds__(GROUP_THREADS) moe_group_kernel(
     int32_t *offs, int32_t *xrow, float *wt_g, int32_t *rows, int32_t *cnt, int32_t *hit,
-    int n_hit_slots, int32_t *bad, const int32_t *idx, const float *wts, int N, int K, int E)
+    int n_hit_slots, int32_t *bad, int32_t bad_value, const int32_t *idx, const float *wts, int N,
+    int K, int E)
 {
     __shared__ int count[GROUP_THREADS + 1];
     __shared__ int pos_of[GROUP_THREADS];
@@ -203,7 +204,7 @@ __global__ void __launch_bounds__(GROUP_THREADS) moe_group_kernel(
     __syncthreads();
     int e = j < total ? idx[j] : -1;
     if (j < total && (e < 0 || e >= E)) {
-        *bad = 1; /* the caller fails the forward; the item is dropped here */
+        atomicCAS(bad, 0, bad_value); /* the first to report; the caller fails the forward */
         e = -1;
     }
     if (e >= 0) atomicAdd(&count[e + 1], 1);
@@ -243,13 +244,13 @@ __global__ void __launch_bounds__(GROUP_THREADS) moe_group_kernel(
 
 extern "C" bt_status_t bt_cuda_moe_group(int32_t *offs, int32_t *xrow, float *wt_g, int32_t *rows,
                                          int32_t *cnt, int32_t *hit, int n_hit_slots, int32_t *bad,
-                                         const int32_t *idx, const float *wts, int N, int K, int E,
-                                         cudaStream_t stream)
+                                         int32_t bad_value, const int32_t *idx, const float *wts,
+                                         int N, int K, int E, cudaStream_t stream)
 {
-    BT_CUDA_REQUIRE(offs && xrow && wt_g && rows && cnt && hit && bad && idx && wts);
+    BT_CUDA_REQUIRE(offs && xrow && wt_g && rows && cnt && hit && bad && idx && wts && bad_value != 0);
     BT_CUDA_REQUIRE(N > 0 && K > 0 && E > 0 && E <= GROUP_THREADS && N * K <= GROUP_THREADS);
     BT_CUDA_REQUIRE(n_hit_slots >= (E < N * K ? E : N * K));
     moe_group_kernel<<<1, GROUP_THREADS, 0, stream>>>(offs, xrow, wt_g, rows, cnt, hit, n_hit_slots,
-                                                      bad, idx, wts, N, K, E);
+                                                      bad, bad_value, idx, wts, N, K, E);
     return bt__cuda_launched("moe_group");
 }

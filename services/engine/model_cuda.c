@@ -1241,6 +1241,28 @@ static bt_status_t moe_finish(fwd_t *f, int l, const int32_t *rows_d, const int3
     return BT_OK;
 }
 
+/* The routed FP4 experts over grouped rows: expert e owns rows offs[e] .. of gu/yg, row r
+ * reads token xrow[r]'s input; experts: the n_listed experts with rows (ids < 0 skipped),
+ * max_rows: a bound on any expert's rows; wt: each row's routing weight (before w2). */
+static bt_status_t fp4_experts(fwd_t *f, int l, const int32_t *xrow_d, const int32_t *offs_d,
+                               const int32_t *experts_d, int n_listed, int max_rows, const float *wt_d)
+{
+    const bt_model_config_t *c = &f->m->cfg;
+    struct bt_model_cuda *cu = f->cu;
+    const dev_layer_t *w = &cu->layer[l];
+    char *err = f->err;
+    size_t errlen = f->errlen;
+    cudaStream_t st = cu->stream;
+    int N = f->N, D = c->hidden, I = f->m->il, total = N * c->n_active;
+    CK(bt_cuda_to_bf16(cu->xb, cu->xin, N, D, D, st));
+    CK(bt_cuda_gemm_fp4_grouped_list(cu->gu, BT_CUDA_F32, cu->xb, xrow_d, offs_d, experts_d, n_listed, max_rows,
+                                     w->w13_q, w->w13_s, 2 * I, D, st));
+    CK(bt_cuda_swiglu(cu->hb, BT_CUDA_BF16, cu->gu, wt_d, total, I, (float)c->swiglu_limit, st));
+    CK(bt_cuda_gemm_fp4_grouped_list(cu->yg, BT_CUDA_F32, cu->hb, NULL, offs_d, experts_d, n_listed, max_rows,
+                                     w->w2_q, w->w2_s, D, I, st));
+    return BT_OK;
+}
+
 static bt_status_t moe(fwd_t *f, int l)
 {
     bt_model_t *m = f->m;
@@ -1263,13 +1285,8 @@ static bt_status_t moe(fwd_t *f, int l)
          * expert holds each token once: N bounds its rows */
         int total = N * K, slots = E < total ? E : total;
         CK(bt_cuda_moe_group(cu->g_offs, cu->g_xrow, cu->g_wt, cu->g_rows, cu->g_cnt, cu->g_hit, slots,
-                             cu->group_bad, cu->moe_idx, cu->moe_wts, N, K, E, st));
-        CK(bt_cuda_to_bf16(cu->xb, cu->xin, N, D, D, st));
-        CK(bt_cuda_gemm_fp4_grouped_list(cu->gu, BT_CUDA_F32, cu->xb, cu->g_xrow, cu->g_offs, cu->g_hit, slots, N,
-                                         w->w13_q, w->w13_s, 2 * I, D, st));
-        CK(bt_cuda_swiglu(cu->hb, BT_CUDA_BF16, cu->gu, cu->g_wt, total, I, limit, st));
-        CK(bt_cuda_gemm_fp4_grouped_list(cu->yg, BT_CUDA_F32, cu->hb, NULL, cu->g_offs, cu->g_hit, slots, N,
-                                         w->w2_q, w->w2_s, D, I, st));
+                             cu->group_bad, l + 1, cu->moe_idx, cu->moe_wts, N, K, E, st));
+        CK(fp4_experts(f, l, cu->g_xrow, cu->g_offs, cu->g_hit, slots, N, cu->g_wt));
         return moe_finish(f, l, cu->g_rows, cu->g_cnt);
     }
     /* the grouping by expert is planned on the host */
@@ -1326,12 +1343,7 @@ static bt_status_t moe(fwd_t *f, int l)
         CK(plan_send(cu, row32, row32_d, (size_t)total * sizeof(int32_t), err, errlen));
         CK(plan_send(cu, offs, offs_d, (size_t)(E + 1) * sizeof(int32_t), err, errlen));
         CK(plan_send(cu, hit, hit_d, (size_t)n_hit * sizeof(int32_t), err, errlen));
-        CK(bt_cuda_to_bf16(cu->xb, cu->xin, N, D, D, st));
-        CK(bt_cuda_gemm_fp4_grouped_list(cu->gu, BT_CUDA_F32, cu->xb, row32_d, offs_d, hit_d, n_hit, max_rows,
-                                         w->w13_q, w->w13_s, 2 * I, D, st));
-        CK(bt_cuda_swiglu(cu->hb, BT_CUDA_BF16, cu->gu, wt_d, total, I, limit, st));
-        CK(bt_cuda_gemm_fp4_grouped_list(cu->yg, BT_CUDA_F32, cu->hb, NULL, offs_d, hit_d, n_hit, max_rows, w->w2_q,
-                                         w->w2_s, D, I, st));
+        CK(fp4_experts(f, l, row32_d, offs_d, hit_d, n_hit, max_rows, wt_d));
     } else if (w->w13_bf) {
         /* bf16 experts, one cuBLASLt product per expert hit */
         CK(plan_send(cu, xrow, xrow_d, (size_t)total * sizeof(int64_t), err, errlen));
@@ -1682,7 +1694,8 @@ static bt_status_t forward(fwd_t *f, float *logits, bt_kv_header_t *before)
     }
     CK_CUDA(cudaStreamSynchronize(st));
     if (cu->group_cap > 0 && *cu->group_bad_h) {
-        snprintf(err, errlen, "cuda forward: the router picked an expert out of range (corrupt weights?)");
+        snprintf(err, errlen, "cuda forward: layer %d routed a token to an expert outside 0..%d",
+                 *cu->group_bad_h - 1, c->n_experts - 1);
         return BT_ERR_INTERNAL;
     }
     for (int q = 0; q < f->n_seqs; q++) {
