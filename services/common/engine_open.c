@@ -22,27 +22,43 @@ bt_status_t bt_service_engine_open(const char *model_path, const char *served_na
                                      max_batch_tokens, threads, NULL, NULL, eng, err, errlen);
 }
 
-bt_status_t bt_service_engine_open_tp(const char *model_path, const char *served_name,
-                                      int64_t context_length, int max_batch_seqs,
-                                      int max_batch_tokens, int threads, struct bt_comm *comm,
-                                      const bt_service_device_t *dev, bt_service_engine_t *eng, char *err, size_t errlen)
+/* The model's directory (the built-in demo model when model_path is NULL, written on first use)
+ * and the name it is served under; both openers start here. */
+static bt_status_t locate_model(const char *model_path, const char *served_name, bool announce,
+                                bt_service_engine_t *eng, char *err, size_t errlen)
 {
     memset(eng, 0, sizeof *eng);
-    bt_status_t st;
     if (!model_path) {
         bt_demo_model_default_dir(eng->model_dir, sizeof eng->model_dir);
-        st = bt_demo_model_ensure(eng->model_dir, err, errlen);
+        bt_status_t st = bt_demo_model_ensure(eng->model_dir, err, errlen);
         if (st != BT_OK) return st;
-        BT_LOG_INFO("serving the built-in demo model (tiny, untrained) from %s", eng->model_dir);
+        if (announce) BT_LOG_INFO("serving the built-in demo model (tiny, untrained) from %s", eng->model_dir);
     } else {
         snprintf(eng->model_dir, sizeof eng->model_dir, "%s", model_path);
     }
     snprintf(eng->served_name, sizeof eng->served_name, "%s",
              served_name ? served_name : (model_path ? model_path : "baton-demo"));
+    return BT_OK;
+}
+
+/* The context a worker serves when none is asked for: the model's, at most 8192. */
+static int64_t default_context(const bt_model_config_t *cfg, int64_t context_length)
+{
+    if (context_length > 0) return context_length;
+    return cfg->max_position < 8192 ? cfg->max_position : 8192;
+}
+
+bt_status_t bt_service_engine_open_tp(const char *model_path, const char *served_name,
+                                      int64_t context_length, int max_batch_seqs,
+                                      int max_batch_tokens, int threads, struct bt_comm *comm,
+                                      const bt_service_device_t *dev, bt_service_engine_t *eng, char *err, size_t errlen)
+{
+    bt_status_t st = locate_model(model_path, served_name, true, eng, err, errlen);
+    if (st != BT_OK) return st;
     bt_model_config_t cfg;
     st = bt_model_config_load(eng->model_dir, &cfg, err, errlen);
     if (st != BT_OK) return st;
-    if (context_length <= 0) context_length = cfg.max_position < 8192 ? cfg.max_position : 8192;
+    context_length = default_context(&cfg, context_length);
     int32_t *map = NULL;
     int classes = 0;
     if (cfg.n_engram > 0) {
@@ -69,7 +85,12 @@ bt_status_t bt_service_engine_open_tp(const char *model_path, const char *served
     free(map);
     if (st != BT_OK) return st;
     eng->cfg = bt_model_config(eng->model);
-    bt_kv_layout_init(&eng->layout, eng->cfg, context_length);
+    st = bt_kv_layout_init(&eng->layout, eng->cfg, context_length);
+    if (st != BT_OK) {
+        snprintf(err, errlen, "no KV layout for a %lld-token context", (long long)context_length);
+        bt_service_engine_close(eng);
+        return st;
+    }
     eng->compat_hash = bt_kv_compat_hash(eng->cfg, &eng->layout, bt_model_tp_size(eng->model));
     BT_LOG_INFO("model %s: %d layers, hidden %d, vocab %d; context %lld, KV slot %.1f KiB",
                 eng->model_dir, eng->cfg->n_layers, eng->cfg->hidden, eng->cfg->vocab,
@@ -81,20 +102,11 @@ bt_status_t bt_service_engine_open_sim(const char *model_path, const char *serve
                                        int64_t context_length, bt_service_engine_t *eng,
                                        char *err, size_t errlen)
 {
-    memset(eng, 0, sizeof *eng);
-    bt_status_t st;
-    if (!model_path) {
-        bt_demo_model_default_dir(eng->model_dir, sizeof eng->model_dir);
-        st = bt_demo_model_ensure(eng->model_dir, err, errlen);
-        if (st != BT_OK) return st;
-    } else {
-        snprintf(eng->model_dir, sizeof eng->model_dir, "%s", model_path);
-    }
-    snprintf(eng->served_name, sizeof eng->served_name, "%s",
-             served_name ? served_name : (model_path ? model_path : "baton-demo"));
+    bt_status_t st = locate_model(model_path, served_name, false, eng, err, errlen);
+    if (st != BT_OK) return st;
     st = bt_model_config_load(eng->model_dir, &eng->sim_cfg, err, errlen);
     if (st != BT_OK) return st;
-    if (context_length <= 0) context_length = eng->sim_cfg.max_position < 8192 ? eng->sim_cfg.max_position : 8192;
+    context_length = default_context(&eng->sim_cfg, context_length);
     eng->cfg = &eng->sim_cfg;
     st = bt_kv_layout_init(&eng->layout, eng->cfg, context_length);
     if (st != BT_OK) {
