@@ -59,17 +59,28 @@ __global__ void __launch_bounds__(IX_KEYS) index_scores_kernel(float *scores, co
     srow[j] = s;
 }
 
-extern "C" bt_status_t bt_cuda_index_scores(float *scores, const float *q, const float *w,
-                                            const float *keys, const int64_t *visible, int T,
-                                            int heads, int dim, int n, cudaStream_t stream)
+/* Both f32 scorers: key_off / n_keys NULL (every token against the same keys) or given. */
+static bt_status_t index_scores_launch(float *scores, const float *q, const float *w,
+                                       const float *keys, const int64_t *key_off,
+                                       const int32_t *n_keys, const int64_t *visible, int T,
+                                       int heads, int dim, int n, cudaStream_t stream,
+                                       const char *what)
 {
     BT_CUDA_REQUIRE(scores && q && w && keys && visible);
     BT_CUDA_REQUIRE(T > 0 && n > 0 && heads > 0 && heads <= IX_MAXH && dim > 0);
     BT_CUDA_REQUIRE(heads * dim <= IX_MAXH * IX_MAXD);
     dim3 grid(bt__cdiv(n, IX_KEYS), T);
     index_scores_kernel<<<grid, IX_KEYS, 0, stream>>>(scores, q, w, keys, visible, heads, dim, n,
-                                                      NULL, NULL);
-    return bt__cuda_launched("index_scores");
+                                                      key_off, n_keys);
+    return bt__cuda_launched(what);
+}
+
+extern "C" bt_status_t bt_cuda_index_scores(float *scores, const float *q, const float *w,
+                                            const float *keys, const int64_t *visible, int T,
+                                            int heads, int dim, int n, cudaStream_t stream)
+{
+    return index_scores_launch(scores, q, w, keys, NULL, NULL, visible, T, heads, dim, n, stream,
+                               "index_scores");
 }
 
 extern "C" bt_status_t bt_cuda_index_scores_sets(float *scores, const float *q, const float *w,
@@ -78,13 +89,9 @@ extern "C" bt_status_t bt_cuda_index_scores_sets(float *scores, const float *q, 
                                                  int T, int heads, int dim, int n,
                                                  cudaStream_t stream)
 {
-    BT_CUDA_REQUIRE(scores && q && w && keys && key_off && n_keys && visible);
-    BT_CUDA_REQUIRE(T > 0 && n > 0 && heads > 0 && heads <= IX_MAXH && dim > 0);
-    BT_CUDA_REQUIRE(heads * dim <= IX_MAXH * IX_MAXD);
-    dim3 grid(bt__cdiv(n, IX_KEYS), T);
-    index_scores_kernel<<<grid, IX_KEYS, 0, stream>>>(scores, q, w, keys, visible, heads, dim, n,
-                                                      key_off, n_keys);
-    return bt__cuda_launched("index_scores_sets");
+    BT_CUDA_REQUIRE(key_off && n_keys);
+    return index_scores_launch(scores, q, w, keys, key_off, n_keys, visible, T, heads, dim, n,
+                               stream, "index_scores_sets");
 }
 
 /* ---- the same on the tensor cores ------------------------------------------------------- */
