@@ -29,7 +29,8 @@
 /* The TP comm a rank's thread loads its model with (NULL: TP 1). */
 static __thread bt_comm_t *tp_comm_of_thread;
 
-static bt_model_t *load_ref(const char *name, const bt_safetensors_t *gold, int device, int weights, bool ref_gemms)
+/* The options every model of this file loads with: MAX_CTX positions in up to 4 sequences. */
+static bt_model_options_t test_options(int device, int weights)
 {
     bt_model_options_t opt = bt_model_options_default();
     opt.n_threads = 2;
@@ -38,6 +39,12 @@ static bt_model_t *load_ref(const char *name, const bt_safetensors_t *gold, int 
     opt.max_batch_seqs = 4;
     opt.device = device;
     opt.cuda_weights = weights;
+    return opt;
+}
+
+static bt_model_t *load_ref(const char *name, const bt_safetensors_t *gold, int device, int weights, bool ref_gemms)
+{
+    bt_model_options_t opt = test_options(device, weights);
     opt.cuda_reference_gemms = ref_gemms;
     opt.comm = tp_comm_of_thread;
     return golden_model_with(name, gold, &opt);
@@ -151,11 +158,10 @@ static double rel_l2(const float *a, const float *ref, int n)
  *    differences; their worst is reported). */
 static void check_bf16(const char *name, bool exact, int weights, double bound, bool twin)
 {
-    char path[1024], err[512];
-    snprintf(path, sizeof path, "%s/%s/golden.safetensors", golden_dir(), name);
-    bt_safetensors_t *gold = NULL;
-    if (bt_safetensors_open(path, &gold, err, sizeof err) != BT_OK) {
-        BT_CHECK_MSG(0, "%s", err);
+    char err[512];
+    bt_safetensors_t *gold = golden_open(name);
+    if (!gold) {
+        BT_CHECK_MSG(0, "%s: no golden.safetensors", name);
         return;
     }
     const char *mode = weights == BT_WEIGHTS_BF16 ? "bf16 weights" : "checkpoint formats";
@@ -230,11 +236,10 @@ static void check_bf16(const char *name, bool exact, int weights, double bound, 
 
 static void check_fixture(const char *name, bool exact)
 {
-    char path[1024], err[512];
-    snprintf(path, sizeof path, "%s/%s/golden.safetensors", golden_dir(), name);
-    bt_safetensors_t *gold = NULL;
-    if (bt_safetensors_open(path, &gold, err, sizeof err) != BT_OK) {
-        BT_CHECK_MSG(0, "%s", err);
+    char err[512];
+    bt_safetensors_t *gold = golden_open(name);
+    if (!gold) {
+        BT_CHECK_MSG(0, "%s: no golden.safetensors", name);
         return;
     }
     /* f32 weights: the comparisons with the CPU engine hold to float32 rounding */
@@ -475,10 +480,9 @@ typedef struct {
 static void *tp_rank(void *arg)
 {
     tp_run_t *r = arg;
-    char path[1024], err[512];
-    snprintf(path, sizeof path, "%s/golden-a-exact/golden.safetensors", golden_dir());
-    bt_safetensors_t *gold = NULL;
-    if (bt_safetensors_open(path, &gold, err, sizeof err) != BT_OK) return NULL;
+    char err[512];
+    bt_safetensors_t *gold = golden_open("golden-a-exact");
+    if (!gold) return NULL;
     tp_comm_of_thread = r->comm;
     bt_model_t *m = load("golden-a-exact", gold, BT_DEVICE_CUDA, BT_WEIGHTS_F32);
     tp_comm_of_thread = NULL;
@@ -518,11 +522,9 @@ static void *tp_rank(void *arg)
  * order), greedy ids identical. */
 static void test_tp_on_one_gpu(void)
 {
-    char path[1024], err[512];
-    snprintf(path, sizeof path, "%s/golden-a-exact/golden.safetensors", golden_dir());
-    bt_safetensors_t *gold = NULL;
-    if (bt_safetensors_open(path, &gold, err, sizeof err) != BT_OK) {
-        BT_CHECK_MSG(0, "%s", err);
+    bt_safetensors_t *gold = golden_open("golden-a-exact");
+    if (!gold) {
+        BT_CHECK_MSG(0, "%s: no golden.safetensors", "golden-a-exact");
         return;
     }
     prompt_t P[16];
@@ -599,22 +601,15 @@ static void test_golden_a_quant_native(void)
 static void test_graphs_match_eager(void)
 {
     const char *name = "golden-a-quant";
-    char path[1024], err[256];
-    snprintf(path, sizeof path, "%s/%s/golden.safetensors", golden_dir(), name);
-    bt_safetensors_t *gold = NULL;
-    if (bt_safetensors_open(path, &gold, err, sizeof err) != BT_OK) {
-        BT_CHECK_MSG(0, "%s", err);
+    char err[256];
+    bt_safetensors_t *gold = golden_open(name);
+    if (!gold) {
+        BT_CHECK_MSG(0, "%s: no golden.safetensors", name);
         return;
     }
     bt_model_t *mg = NULL, *me = NULL;
     for (int k = 0; k < 2; k++) {
-        bt_model_options_t opt = bt_model_options_default();
-        opt.n_threads = 2;
-        opt.max_ctx = MAX_CTX;
-        opt.max_batch_tokens = MAX_CTX;
-        opt.max_batch_seqs = 4;
-        opt.device = BT_DEVICE_CUDA;
-        opt.cuda_weights = BT_WEIGHTS_AUTO;
+        bt_model_options_t opt = test_options(BT_DEVICE_CUDA, BT_WEIGHTS_AUTO);
         opt.cuda_graphs_off = k == 1;
         *(k ? &me : &mg) = golden_model_with(name, gold, &opt);
     }
@@ -703,13 +698,7 @@ static bt_model_t *load_demo(const char *dir, bool graphs_off)
         return NULL;
     }
     bt_tokenizer_destroy(tok);
-    bt_model_options_t opt = bt_model_options_default();
-    opt.n_threads = 2;
-    opt.max_ctx = MAX_CTX;
-    opt.max_batch_tokens = MAX_CTX;
-    opt.max_batch_seqs = 4;
-    opt.device = BT_DEVICE_CUDA;
-    opt.cuda_weights = BT_WEIGHTS_AUTO;
+    bt_model_options_t opt = test_options(BT_DEVICE_CUDA, BT_WEIGHTS_AUTO);
     opt.cuda_graphs_off = graphs_off;
     opt.engram_token_map = map;
     opt.engram_classes = classes;
@@ -788,10 +777,8 @@ static void test_batch_equals_single(void)
         if (m) check_batch_equals_single(off ? "demo, eager" : "demo, graphs", m);
         bt_model_destroy(m);
     }
-    char path[1024];
-    snprintf(path, sizeof path, "%s/%s/golden.safetensors", golden_dir(), "golden-a-quant");
-    bt_safetensors_t *gold = NULL;
-    if (bt_safetensors_open(path, &gold, err, sizeof err) == BT_OK) {
+    bt_safetensors_t *gold = golden_open("golden-a-quant");
+    if (gold) {
         bt_model_t *m = load("golden-a-quant", gold, BT_DEVICE_CUDA, BT_WEIGHTS_AUTO);
         if (m) check_batch_equals_single("golden-a-quant", m);
         bt_model_destroy(m);

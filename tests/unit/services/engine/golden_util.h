@@ -19,6 +19,20 @@ static inline const char *golden_dir(void)
     return e && *e ? e : BT_GOLDEN_DIR;
 }
 
+/* The fixture's golden.safetensors (the reference's logits, prompts, engram map), or NULL with
+ * the reason on stderr. */
+static inline bt_safetensors_t *golden_open(const char *name)
+{
+    char path[1024], err[512];
+    snprintf(path, sizeof path, "%s/%s/golden.safetensors", golden_dir(), name);
+    bt_safetensors_t *gold = NULL;
+    if (bt_safetensors_open(path, &gold, err, sizeof err) != BT_OK) {
+        fprintf(stderr, "%s: %s\n", path, err);
+        return NULL;
+    }
+    return gold;
+}
+
 static inline float golden_max_abs(const float *a, size_t n)
 {
     float m = 0.0f;

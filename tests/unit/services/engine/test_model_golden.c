@@ -55,12 +55,10 @@ static int run_chunked(bt_model_t *m, const bt_kv_layout_t *lay, uint8_t *state,
 
 static void check_fixture(const char *name, bool exact)
 {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/%s/golden.safetensors", golden_dir(), name);
-    bt_safetensors_t *gold = NULL;
     char err[512];
-    if (bt_safetensors_open(path, &gold, err, sizeof err) != BT_OK) {
-        BT_CHECK_MSG(0, "%s", err);
+    bt_safetensors_t *gold = golden_open(name);
+    if (!gold) {
+        BT_CHECK_MSG(0, "%s: no golden.safetensors", name);
         return;
     }
     bt_model_t *m = golden_model(name, gold, 2, MAX_CTX);
