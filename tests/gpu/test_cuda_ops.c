@@ -56,13 +56,15 @@ typedef enum {
     OP_TRIM_SEL,    /* s: T stride */
     OP_TO_BF16,     /* s: rows cols pad */
     OP_ATTENTION_WS, /* s: as OP_ATTENTION, keys split over blocks (flash-decoding) */
-    OP_GEMM_FP4_LIST, /* s: as OP_GEMM_FP4, launched over the experts with rows only */
+    OP_GEMM_FP4_LIST, /* s: as OP_GEMM_FP4, over the experts with rows only; s[5] 2: the list
+                       * padded with -1 slots (and, as 1, some tiny scales) */
     OP_INDEX_SETS,  /* s: as OP_INDEX, every token its own key set (a decode batch) */
     OP_ATTENTION_TC, /* s: as OP_ATTENTION, on the tensor cores (bf16 MMAs) */
     OP_INDEX_TC,    /* s: as OP_INDEX, on the tensor cores; s[4] 1: q, keys not FP4-rounded */
     OP_INDEX_SETS_TC, /* s: as OP_INDEX_SETS, on the tensor cores; s[4] as OP_INDEX_TC */
     OP_DEQUANT_FP8, /* s: N K */
     OP_HC_MIX_WS,   /* s: as OP_HC_MIX, with the workspace (split over blocks for few tokens) */
+    OP_MOE_GROUP,   /* s: N K E bad-id (1: one pick out of range) */
 } op_t;
 
 static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped", "rmsnorm",
@@ -73,7 +75,7 @@ static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped
                                  "scale",      "moe_combine",  "compress_pool",    "block_max",
                                  "mask_blocks", "trim_sel",   "to_bf16",          "attention_ws",
                                  "gemm_fp4_listed", "index_scores_sets", "attention_tc",
-                                 "index_scores_tc", "index_sets_tc", "dequant_fp8", "hc_mix_ws"};
+                                 "index_scores_tc", "index_sets_tc", "dequant_fp8", "hc_mix_ws", "moe_group"};
 
 typedef struct {
     op_t op;
@@ -197,6 +199,12 @@ static const case_t cases[] = {
     {OP_MASK_BLOCKS, F32, {3, 1000, 64, 5}, 0},
     {OP_MASK_BLOCKS, F32, {2, 77, 8, 0}, 0},
     {OP_TRIM_SEL, F32, {9, 12}, 0},
+    /* the routing grouped on the device, against the engine's host counting sort */
+    {OP_MOE_GROUP, F32, {1, 6, 384, 0}, 0},
+    {OP_MOE_GROUP, F32, {16, 6, 384, 0}, 0},
+    {OP_MOE_GROUP, F32, {16, 6, 8, 0}, 0}, /* fewer experts than picks: every slot used */
+    {OP_MOE_GROUP, F32, {170, 6, 1024, 0}, 0},
+    {OP_MOE_GROUP, F32, {5, 3, 7, 1}, 0},
     {OP_TO_BF16, BF16, {7, 40, 3}, 0},
     {OP_TO_BF16, BF16, {64, 5120, 0}, 0},
     {OP_ATTENTION_WS, F32, {1, 64, 512, 32, 128, 512}, 0},
@@ -207,6 +215,8 @@ static const case_t cases[] = {
     {OP_ATTENTION_WS, BF16, {16, 64, 512, 32, 128, 512}, 0},
     {OP_GEMM_FP4_LIST, F32, {384, 256, 512, 6, 1}, 0},
     {OP_GEMM_FP4_LIST, BF16, {16, 130, 2560, 200, 40}, 0},
+    {OP_GEMM_FP4_LIST, F32, {40, 77, 256, 24, 12, 2}, 0}, /* padded list, few rows */
+    {OP_GEMM_FP4_LIST, F32, {12, 96, 320, 200, 30, 2}, 0}, /* padded list, tile kernel */
     {OP_INDEX_SETS, F32, {5, 32, 128, 1000}, 0},
     {OP_INDEX_SETS, F32, {3, 8, 40, 77}, 0},
     /* tensor-core attention: the model's shape (64 heads, 128 window + 512 selected keys), the
@@ -685,11 +695,14 @@ static void run_gemm_fp4(const case_t *cs, result_t *r)
     c.yd = cs->dt;
     c.max_rows = max_rows > 0 ? max_rows : 1;
     if (cs->op == OP_GEMM_FP4_LIST && n_touched > 0) {
-        int32_t *el = xmalloc((size_t)n_touched * 4);
+        /* s[5] 2: the list padded with -1 slots, as bt_cuda_moe_group leaves it */
+        int pad = cs->s[5] == 2 ? 5 : 0;
+        int32_t *el = xmalloc((size_t)(n_touched + pad) * 4);
         for (int e = 0, k = 0; e < E; e++)
             if (touched[e]) el[k++] = e;
-        c.elist = dup(el, (size_t)n_touched * 4);
-        c.n_listed = n_touched;
+        for (int k = n_touched; k < n_touched + pad; k++) el[k] = -1;
+        c.elist = dup(el, (size_t)(n_touched + pad) * 4);
+        c.n_listed = n_touched + pad;
         free(el);
     }
     size_t ysz = (size_t)R * N * (cs->dt == BF16 ? 2 : 4);
@@ -1763,6 +1776,72 @@ static void run_trim_sel(const case_t *cs, result_t *r)
     free(sel), free(nin), free(nout);
 }
 
+static void run_moe_group(const case_t *cs, result_t *r)
+{
+    int N = cs->s[0], K = cs->s[1], E = cs->s[2], bad = cs->s[3], total = N * K;
+    int slots = E < total ? E : total;
+    int32_t *idx = xmalloc((size_t)total * 4);
+    float *wts = frandv((size_t)total, 1.0f);
+    for (int t = 0; t < N; t++) /* each token picks K distinct experts, in no particular order */
+        for (int i = 0; i < K; i++) {
+            int e, dupl;
+            do {
+                e = irand(E);
+                dupl = 0;
+                for (int j = 0; j < i; j++) dupl |= idx[t * K + j] == e;
+            } while (dupl && K <= E);
+            idx[t * K + i] = e;
+        }
+    if (bad) idx[total / 2] = E + 3;
+    /* the reference: model_cuda.c moe()'s host grouping (a counting sort, items dropped where
+     * the id is out of range) */
+    int32_t *offs = calloc((size_t)E + 1, 4), *fill = xmalloc((size_t)E * 4), *xrow = xmalloc((size_t)total * 4);
+    int32_t *rows = xmalloc((size_t)total * 4), *cnt = calloc((size_t)N, 4), *hit = xmalloc((size_t)slots * 4);
+    float *wt = xmalloc((size_t)total * 4);
+    for (int j = 0; j < total; j++)
+        if (idx[j] >= 0 && idx[j] < E) offs[idx[j] + 1]++;
+    for (int e = 0; e < E; e++) offs[e + 1] += offs[e];
+    memcpy(fill, offs, (size_t)E * 4);
+    for (int j = 0; j < total; j++) {
+        if (idx[j] < 0 || idx[j] >= E) continue;
+        int p = fill[idx[j]]++;
+        xrow[p] = j / K;
+        wt[p] = wts[j];
+    }
+    for (int p = 0; p < offs[E]; p++) rows[xrow[p] * K + cnt[xrow[p]]++] = p;
+    int n_hit = 0;
+    for (int e = 0; e < E; e++)
+        if (offs[e + 1] > offs[e]) hit[n_hit++] = e;
+    for (int i = n_hit; i < slots; i++) hit[i] = -1;
+
+    int32_t *d_offs = dalloc(((size_t)E + 1) * 4), *d_xrow = dalloc((size_t)total * 4), *d_rows = dalloc((size_t)total * 4);
+    int32_t *d_cnt = dalloc((size_t)N * 4), *d_hit = dalloc((size_t)slots * 4), *d_bad = dalloc(4);
+    float *d_wt = dalloc((size_t)total * 4);
+    poison_int(d_offs, ((size_t)E + 1) * 4), poison_int(d_xrow, (size_t)total * 4), poison_int(d_rows, (size_t)total * 4);
+    poison_int(d_cnt, (size_t)N * 4), poison_int(d_hit, (size_t)slots * 4), poison(d_wt, (size_t)total * 4);
+    CUDA_OK(cudaMemset(d_bad, 0, 4));
+    BT_OK_OR_DIE(bt_cuda_moe_group(d_offs, d_xrow, d_wt, d_rows, d_cnt, d_hit, slots, d_bad, 42,
+                                   dup(idx, (size_t)total * 4), dup(wts, (size_t)total * 4), N, K, E, 0));
+    int32_t *g_offs = xmalloc(((size_t)E + 1) * 4), *g_xrow = xmalloc((size_t)total * 4), *g_rows = xmalloc((size_t)total * 4);
+    int32_t *g_cnt = xmalloc((size_t)N * 4), *g_hit = xmalloc((size_t)slots * 4), g_bad = 0;
+    float *g_wt = xmalloc((size_t)total * 4);
+    get(g_offs, d_offs, ((size_t)E + 1) * 4), get(g_xrow, d_xrow, (size_t)total * 4), get(g_cnt, d_cnt, (size_t)N * 4);
+    get(g_hit, d_hit, (size_t)slots * 4), get(g_wt, d_wt, (size_t)total * 4), get(&g_bad, d_bad, 4);
+    get(g_rows, d_rows, (size_t)total * 4);
+    int placed = offs[E], wrong = 0;
+    wrong += memcmp(g_offs, offs, ((size_t)E + 1) * 4) != 0;
+    wrong += memcmp(g_xrow, xrow, (size_t)placed * 4) != 0;
+    wrong += memcmp(g_wt, wt, (size_t)placed * 4) != 0;
+    wrong += memcmp(g_cnt, cnt, (size_t)N * 4) != 0;
+    wrong += memcmp(g_hit, hit, (size_t)slots * 4) != 0;
+    for (int t = 0; t < N; t++) wrong += memcmp(g_rows + t * K, rows + t * K, (size_t)cnt[t] * 4) != 0;
+    wrong += g_bad != (bad ? 42 : 0);
+    r->exact_ok = wrong == 0;
+    snprintf(r->note, sizeof r->note, "exact: %d of 7 outputs differ; %d experts hit", wrong, n_hit);
+    free(idx), free(wts), free(offs), free(fill), free(xrow), free(rows), free(cnt), free(hit), free(wt);
+    free(g_offs), free(g_xrow), free(g_rows), free(g_cnt), free(g_hit), free(g_wt);
+}
+
 static void run_to_bf16(const case_t *cs, result_t *r)
 {
     int rows = cs->s[0], cols = cs->s[1], ld = cols + cs->s[2];
@@ -1811,6 +1890,7 @@ static void run_case(const case_t *cs, result_t *r)
     case OP_BLOCK_MAX: run_block_max(cs, r); break;
     case OP_MASK_BLOCKS: run_mask_blocks(cs, r); break;
     case OP_TRIM_SEL: run_trim_sel(cs, r); break;
+    case OP_MOE_GROUP: run_moe_group(cs, r); break;
     case OP_TO_BF16: run_to_bf16(cs, r); break;
     case OP_ATTENTION_WS: run_attention(cs, r); break;
     case OP_GEMM_FP4_LIST: run_gemm_fp4(cs, r); break;
