@@ -62,9 +62,11 @@ extern "C" void bt_cuda_blas_destroy(bt_cuda_blas_t *b)
     free(b);
 }
 
-/* x_f32: x and w are f32 (exact fp32 FMAs, no TF32), else bf16. ldx / ldy: row strides. */
+/* Products of up to this many rows (a decode step) are summed in an order that does not
+ * depend on the row count: plan_get's algorithm choice, bt_cuda_gemm_f32's own kernel. */
 enum { BATCH_INVARIANT_ROWS = 16 };
 
+/* x_f32: x and w are f32 (exact fp32 FMAs, no TF32), else bf16. ldx / ldy: row strides. */
 static plan_t *plan_get(bt_cuda_blas_t *b, int M, int N, int K, bt_cuda_dtype_t yd, int x_f32,
                         int ldx, int ldy)
 {
