@@ -485,6 +485,8 @@ static bt_status_t case_make(arena_t *a, case_t *c, uint32_t seed, cudaStream_t 
     DALLOC(a, c->n_keys, (size_t)T * 4);
     DALLOC(a, c->attn, (size_t)T * NH * HD * 2);
     c->att_ws_n = bt_cuda_attention_ws_floats(T, NH, HD, WIN + ITOPK);
+    if (bt_cuda_attention_tc_ws_floats(T, NH, HD, WIN + ITOPK) > c->att_ws_n)
+        c->att_ws_n = bt_cuda_attention_tc_ws_floats(T, NH, HD, WIN + ITOPK);
     c->hc_ws_n = bt_cuda_hc_mix_ws_floats(T, HC, HID);
     if (c->hc_ws_n) DALLOC(a, c->hc_ws, c->hc_ws_n * 4);
     DALLOC(a, c->att_ws, c->att_ws_n * 4);
@@ -673,9 +675,9 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
 
     /* attention core */
     if (g_tensor_cores)
-        BT_TRY(bt_cuda_attention_tc(c->attn, c->q, c->win, c->win_idx, c->win_n, WIN, c->comp,
-                                    c->sel, c->sel_n, ITOPK, W->sink, c->pos, W->inv_freq,
-                                    ROPE_HALF, BF16, T, NH, HD, st));
+        BT_TRY(bt_cuda_attention_tc_ws(c->attn, c->q, c->win, c->win_idx, c->win_n, WIN, c->comp,
+                                       c->sel, c->sel_n, ITOPK, W->sink, c->pos, W->inv_freq,
+                                       ROPE_HALF, BF16, T, NH, HD, c->att_ws, c->att_ws_n, st));
     else
         BT_TRY(bt_cuda_attention_ws(c->attn, c->q, c->win, c->win_idx, c->win_n, WIN, c->comp,
                                     c->sel, c->sel_n, ITOPK, W->sink, c->pos, W->inv_freq,

@@ -219,15 +219,24 @@ extern "C" bt_status_t bt_cuda_attention_ws(void *out, const void *q, const void
         else ATT_LAUNCH(bf, false);
     }
 #undef ATT_LAUNCH
-    if (splits > 1) {
-        dim3 cgrid(H, T);
-        int threads = min(256, (dim / 2 + 31) / 32 * 32);
-        if (dtype == BT_CUDA_F32)
-            attention_combine_kernel<<<cgrid, threads, 0, stream>>>((float *)out, work, sink, pos,
-                                                                    inv_freq, half, H, dim, splits);
-        else
-            attention_combine_kernel<<<cgrid, threads, 0, stream>>>((bf *)out, work, sink, pos,
-                                                                    inv_freq, half, H, dim, splits);
-    }
-    return bt__cuda_launched("attention");
+    bt_status_t st = bt__cuda_launched("attention");
+    if (st != BT_OK || splits == 1) return st;
+    return bt__attention_combine(out, dtype, work, sink, pos, inv_freq, half, T, H, dim, splits,
+                                 stream);
+}
+
+bt_status_t bt__attention_combine(void *out, bt_cuda_dtype_t dtype, const float *work,
+                                  const float *sink, const int64_t *pos, const float *inv_freq,
+                                  int half, int T, int H, int dim, int splits, cudaStream_t stream)
+{
+    dim3 cgrid(H, T);
+    int threads = min(256, (dim / 2 + 31) / 32 * 32);
+    if (dtype == BT_CUDA_F32)
+        attention_combine_kernel<<<cgrid, threads, 0, stream>>>((float *)out, work, sink, pos,
+                                                                inv_freq, half, H, dim, splits);
+    else
+        attention_combine_kernel<<<cgrid, threads, 0, stream>>>((__nv_bfloat16 *)out, work, sink,
+                                                                pos, inv_freq, half, H, dim,
+                                                                splits);
+    return bt__cuda_launched("attention_combine");
 }

@@ -9,7 +9,12 @@
  * accumulators. The scores of every key stay in shared memory, so the softmax is computed once
  * and exactly (no running rescale of the output), and P is written over them as bf16. K = V
  * means every key row is gathered twice (once per GEMM); the rows are L2-resident in practice
- * (a sequence's window and compressed cache are a few MB). */
+ * (a sequence's window and compressed cache are a few MB).
+ *
+ * Decode (a token or a few: too few blocks for the GPU) splits a token's keys over blocks
+ * (flash-decoding): block z takes keys [z * chunk, z * chunk + chunk), keeps its own exact
+ * softmax over them without the sink, and leaves (max, sum, unnormalized output) in a
+ * workspace for attention.cu's combine kernel, which folds the splits and the sink. */
 #include "kernels/cuda/common.cuh"
 
 #include <mma.h>
@@ -39,12 +44,12 @@ __device__ __forceinline__ uint4 load8_bf16(const float *p)
 }
 __device__ __forceinline__ uint4 load8_bf16(const __nv_bfloat16 *p) { return *(const uint4 *)p; }
 
-template <typename T>
+template <typename T, bool SPLIT>
 __global__ void __launch_bounds__(TC_WARPS * 32) attention_tc_kernel(
     T *out, const T *q, const T *win_kv, const int32_t *win_idx, const int32_t *win_n,
     int win_stride, const T *comp_kv, const int32_t *sel, const int32_t *sel_n, int sel_stride,
     const float *sink, const int64_t *pos, const float *inv_freq, int half, int H, int dim,
-    int ld_s)
+    int ld_s, int splits, int chunk, float *work)
 {
     extern __shared__ __align__(128) unsigned char smem[];
     const int dp = (dim + 15) / 16 * 16, ldq = dp + TC_PAD;
@@ -52,13 +57,21 @@ __global__ void __launch_bounds__(TC_WARPS * 32) attention_tc_kernel(
     float *ss = (float *)(smem + (size_t)TC_HEADS * ldq * 2);
     __nv_bfloat16 *sk = (__nv_bfloat16 *)((unsigned char *)ss + (size_t)TC_HEADS * ld_s * 4);
     float *so = (float *)sk; /* output staging, after the last product */
-    __shared__ float inv_l[TC_HEADS];
+    __shared__ float inv_l[TC_HEADS], row_m[TC_HEADS];
 
     const int t = blockIdx.y, h0 = blockIdx.x * TC_HEADS, tid = threadIdx.x;
     const int warp = tid >> 5, lane = tid & 31, vec = dp / 8;
     /* counts past their lists' strides would write scores past ld_s: clamped */
     const int nw = min(win_n[t], win_stride), nk = nw + (sel_n ? min(sel_n[t], sel_stride) : 0);
-    const int nchunks = (nk + TC_KEYS - 1) / TC_KEYS;
+    /* this block's keys [kb, ke) of the token's nk (all of them unless SPLIT) */
+    const int kb = SPLIT ? blockIdx.z * chunk : 0, ke = SPLIT ? min(nk, kb + chunk) : nk;
+    if (SPLIT && ke <= kb) { /* no keys here: an empty partial, skipped by the combine */
+        float *w = work + (((size_t)t * H + h0) * splits + blockIdx.z) * (dim + 2);
+        for (int r = tid; r < TC_HEADS && h0 + r < H; r += TC_WARPS * 32)
+            w[(size_t)r * splits * (dim + 2) + 1] = 0.0f;
+        return; /* the whole block */
+    }
+    const int nl = ke - kb, nchunks = (nl + TC_KEYS - 1) / TC_KEYS;
 
     /* Q rows of this block's heads (zeros past H) */
     for (int e = tid; e < TC_HEADS * vec; e += TC_WARPS * 32) {
@@ -75,8 +88,8 @@ __global__ void __launch_bounds__(TC_WARPS * 32) attention_tc_kernel(
     __shared__ int rowi[TC_KEYS]; /* 2 * window row, 2 * compressed row + 1, or -1 */
     auto load_keys = [&](int c0) {
         if (tid < TC_KEYS) {
-            int j = c0 + tid;
-            rowi[tid] = j >= nk ? -1
+            int j = kb + c0 + tid;
+            rowi[tid] = j >= ke ? -1
                         : j < nw ? 2 * win_idx[(size_t)t * win_stride + j]
                                  : 2 * sel[(size_t)t * sel_stride + (j - nw)] + 1;
         }
@@ -120,28 +133,31 @@ __global__ void __launch_bounds__(TC_WARPS * 32) attention_tc_kernel(
     }
     __syncthreads();
 
-    /* softmax per row (a warp per 4 rows), exact: m over the sink and every score, then
-     * p = e^(s - m) written as bf16 over the row's own scores (P[j] takes the bytes of S[j/2],
-     * which this warp has read already: the __syncwarp orders the first 32) */
+    /* softmax per row (a warp per 4 rows), exact: m over the sink (not in a split) and every
+     * score, then p = e^(s - m) written as bf16 over the row's own scores (P[j] takes the bytes
+     * of S[j/2], which this warp has read already: the __syncwarp orders the first 32) */
     const float scale = rsqrtf((float)dim);
     const int kpad = nchunks * TC_KEYS;
     for (int r = warp * (TC_HEADS / TC_WARPS); r < (warp + 1) * (TC_HEADS / TC_WARPS); r++) {
         float *srow = ss + (size_t)r * ld_s;
         __nv_bfloat16 *prow = (__nv_bfloat16 *)srow;
         float sk_h = h0 + r < H ? sink[h0 + r] : 0.0f;
-        float m = sk_h;
-        for (int j = lane; j < nk; j += 32) m = fmaxf(m, srow[j] * scale);
+        float m = SPLIT ? -INFINITY : sk_h;
+        for (int j = lane; j < nl; j += 32) m = fmaxf(m, srow[j] * scale);
         m = bt_warp_max(m);
         float l = 0.0f;
         for (int j0 = 0; j0 < kpad; j0 += 32) {
             int j = j0 + lane;
-            float p = j < nk ? __expf(srow[j] * scale - m) : 0.0f;
+            float p = j < nl ? __expf(srow[j] * scale - m) : 0.0f;
             __syncwarp();
             prow[j] = __float2bfloat16_rn(p);
             l += p;
         }
-        l = bt_warp_sum(l) + __expf(sk_h - m);
-        if (lane == 0) inv_l[r] = 1.0f / l;
+        l = bt_warp_sum(l) + (SPLIT ? 0.0f : __expf(sk_h - m));
+        if (lane == 0) {
+            inv_l[r] = SPLIT ? l : 1.0f / l; /* a split keeps its sum for the combine */
+            row_m[r] = m;
+        }
     }
 
     /* pass 2: O = P . V; warp w owns column tiles w, w + 8, ... of both row tiles */
@@ -183,6 +199,16 @@ __global__ void __launch_bounds__(TC_WARPS * 32) attention_tc_kernel(
     }
     __syncthreads();
 
+    if (SPLIT) { /* the partial: max, sum, unnormalized output */
+        for (int r = warp; r < TC_HEADS; r += TC_WARPS) {
+            if (h0 + r >= H) break;
+            float *w = work + (((size_t)t * H + h0 + r) * splits + blockIdx.z) * (dim + 2);
+            if (lane == 0) w[0] = row_m[r], w[1] = inv_l[r];
+            for (int d = lane; d < dim; d += 32) w[2 + d] = so[(size_t)r * ldq + d];
+        }
+        return;
+    }
+
     /* normalize, inverse RoPE of the last 2*half channels, store; a thread per channel pair */
     const int r0 = dim - 2 * half, pairs = dim / 2;
     const float p64 = (float)pos[t];
@@ -215,16 +241,20 @@ static size_t tc_dynamic_limit(void)
     if (limit[dev]) return limit[dev];
     cudaFuncAttributes fa; /* the kernel's static shared memory comes on top */
     if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
-        cudaFuncGetAttributes(&fa, attention_tc_kernel<float>) != cudaSuccess ||
+        cudaFuncGetAttributes(&fa, attention_tc_kernel<float, true>) != cudaSuccess ||
         (size_t)optin <= fa.sharedSizeBytes) {
         cudaGetLastError();
         return 0;
     }
     size_t l = (size_t)optin - fa.sharedSizeBytes;
-    if (cudaFuncSetAttribute(attention_tc_kernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)l) !=
-            cudaSuccess ||
-        cudaFuncSetAttribute(attention_tc_kernel<__nv_bfloat16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)l) != cudaSuccess) {
+    if (cudaFuncSetAttribute(attention_tc_kernel<float, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)l) != cudaSuccess ||
+        cudaFuncSetAttribute(attention_tc_kernel<__nv_bfloat16, false>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)l) != cudaSuccess ||
+        cudaFuncSetAttribute(attention_tc_kernel<float, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)l) != cudaSuccess ||
+        cudaFuncSetAttribute(attention_tc_kernel<__nv_bfloat16, true>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)l) != cudaSuccess) {
         cudaGetLastError();
         return 0;
     }
@@ -241,13 +271,35 @@ extern "C" int bt_cuda_attention_tc_fits(int dim, int max_keys)
     return tc_smem(dim, max_keys, &ld_s) <= tc_dynamic_limit();
 }
 
-extern "C" bt_status_t bt_cuda_attention_tc(void *out, const void *q, const void *win_kv,
-                                            const int32_t *win_idx, const int32_t *win_n,
-                                            int win_stride, const void *comp_kv, const int32_t *sel,
-                                            const int32_t *sel_n, int sel_stride, const float *sink,
-                                            const int64_t *pos, const float *inv_freq, int half,
-                                            bt_cuda_dtype_t dtype, int T, int H, int dim,
-                                            cudaStream_t stream)
+/* Key splits when (tokens x head groups) fill less than a wave of 132 SMs: at least one
+ * 64-key staging round a split, at most 16 splits. A function of T, H and the key lists'
+ * length only, so a token decodes the same in any batch that the caller launches per
+ * sequence. */
+static int tc_splits(int T, int H, int max_keys)
+{
+    long blocks = (long)T * bt__cdiv(H, TC_HEADS);
+    int s = (int)((132 + blocks - 1) / blocks);
+    int by_keys = bt__cdiv(max_keys > 0 ? max_keys : 1, TC_KEYS);
+    if (s > by_keys) s = by_keys;
+    if (s > 16) s = 16;
+    return s < 1 ? 1 : s;
+}
+
+extern "C" size_t bt_cuda_attention_tc_ws_floats(int T, int H, int dim, int max_keys)
+{
+    int s = tc_splits(T, H, max_keys);
+    return s > 1 ? (size_t)T * H * (size_t)s * (size_t)(dim + 2) : 0;
+}
+
+extern "C" bt_status_t bt_cuda_attention_tc_ws(void *out, const void *q, const void *win_kv,
+                                               const int32_t *win_idx, const int32_t *win_n,
+                                               int win_stride, const void *comp_kv,
+                                               const int32_t *sel, const int32_t *sel_n,
+                                               int sel_stride, const float *sink,
+                                               const int64_t *pos, const float *inv_freq, int half,
+                                               bt_cuda_dtype_t dtype, int T, int H, int dim,
+                                               float *work, size_t work_floats,
+                                               cudaStream_t stream)
 {
     BT_CUDA_REQUIRE(out && q && win_kv && win_idx && win_n && sink && pos && bt__dtype_ok(dtype));
     BT_CUDA_REQUIRE(!sel_n || (sel && comp_kv));
@@ -258,20 +310,43 @@ extern "C" bt_status_t bt_cuda_attention_tc(void *out, const void *q, const void
     /* rows are read 16 bytes at a time */
     BT_CUDA_REQUIRE((uintptr_t)q % 16 == 0 && (uintptr_t)win_kv % 16 == 0 &&
                     (uintptr_t)comp_kv % 16 == 0);
+    int splits = work ? tc_splits(T, H, max_keys) : 1;
+    while (splits > 1 && (size_t)T * H * splits * (dim + 2) > work_floats) splits--;
+    /* whole staging rounds per split; the splits that are left hold keys */
+    int chunk = bt__cdiv(bt__cdiv(max_keys > 0 ? max_keys : 1, splits), TC_KEYS) * TC_KEYS;
+    if (splits > 1) splits = bt__cdiv(max_keys, chunk);
     int ld_s;
-    size_t bytes = tc_smem(dim, max_keys, &ld_s);
-    dim3 grid(bt__cdiv(H, TC_HEADS), T);
+    size_t bytes = tc_smem(dim, splits > 1 ? chunk : max_keys, &ld_s);
+    dim3 grid(bt__cdiv(H, TC_HEADS), T, splits);
     typedef __nv_bfloat16 bf;
-#define TC_LAUNCH(TY)                                                                              \
-    do {                                                                                           \
-        attention_tc_kernel<TY><<<grid, TC_WARPS * 32, bytes, stream>>>(                           \
-            (TY *)out, (const TY *)q, (const TY *)win_kv, win_idx, win_n, win_stride,              \
-            (const TY *)comp_kv, sel, sel_n, sel_stride, sink, pos, inv_freq, half, H, dim, ld_s); \
-    } while (0)
-    if (dtype == BT_CUDA_F32)
-        TC_LAUNCH(float);
-    else
-        TC_LAUNCH(bf);
+#define TC_LAUNCH(TY, SP)                                                                          \
+    attention_tc_kernel<TY, SP><<<grid, TC_WARPS * 32, bytes, stream>>>(                           \
+        (TY *)out, (const TY *)q, (const TY *)win_kv, win_idx, win_n, win_stride,                  \
+        (const TY *)comp_kv, sel, sel_n, sel_stride, sink, pos, inv_freq, half, H, dim, ld_s,      \
+        splits, chunk, work)
+    if (dtype == BT_CUDA_F32) {
+        if (splits > 1) TC_LAUNCH(float, true);
+        else TC_LAUNCH(float, false);
+    } else {
+        if (splits > 1) TC_LAUNCH(bf, true);
+        else TC_LAUNCH(bf, false);
+    }
 #undef TC_LAUNCH
-    return bt__cuda_launched("attention_tc");
+    bt_status_t st = bt__cuda_launched("attention_tc");
+    if (st != BT_OK || splits == 1) return st;
+    return bt__attention_combine(out, dtype, work, sink, pos, inv_freq, half, T, H, dim, splits,
+                                 stream);
+}
+
+extern "C" bt_status_t bt_cuda_attention_tc(void *out, const void *q, const void *win_kv,
+                                            const int32_t *win_idx, const int32_t *win_n,
+                                            int win_stride, const void *comp_kv, const int32_t *sel,
+                                            const int32_t *sel_n, int sel_stride, const float *sink,
+                                            const int64_t *pos, const float *inv_freq, int half,
+                                            bt_cuda_dtype_t dtype, int T, int H, int dim,
+                                            cudaStream_t stream)
+{
+    return bt_cuda_attention_tc_ws(out, q, win_kv, win_idx, win_n, win_stride, comp_kv, sel,
+                                   sel_n, sel_stride, sink, pos, inv_freq, half, dtype, T, H, dim,
+                                   NULL, 0, stream);
 }

@@ -28,6 +28,13 @@ static inline bt_status_t bt__cuda_launched(const char *what)
     return BT_ERR_DEVICE;
 }
 
+/* attention.cu: folds the split-key partials work[((t * H + h) * splits + z) * (dim + 2)]
+ * = (max, sum, unnormalized output) of both attention kernels with the sink, normalizes,
+ * applies the inverse RoPE and stores out [T, H, dim]. */
+bt_status_t bt__attention_combine(void *out, bt_cuda_dtype_t dtype, const float *work,
+                                  const float *sink, const int64_t *pos, const float *inv_freq,
+                                  int half, int T, int H, int dim, int splits, cudaStream_t stream);
+
 static inline int bt__dtype_ok(bt_cuda_dtype_t d)
 {
     return d == BT_CUDA_F32 || d == BT_CUDA_BF16;

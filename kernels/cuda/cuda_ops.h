@@ -171,6 +171,20 @@ bt_status_t bt_cuda_attention_tc(void *out, const void *q, const void *win_kv,
                                  const float *inv_freq, int half, bt_cuda_dtype_t dtype, int T,
                                  int H, int dim, cudaStream_t stream);
 
+/* The same with a workspace: when tokens x head groups leave the GPU idle (decode), a token's
+ * keys are split over blocks and the partials folded with the sink by a second kernel (the
+ * probabilities then round to bf16 against their split's maximum, not the token's). work: f32
+ * device memory of bt_cuda_attention_tc_ws_floats(T, H, dim, win_stride + sel_stride)
+ * floats (0: no split; fewer: fewer splits; NULL: none). */
+size_t bt_cuda_attention_tc_ws_floats(int T, int H, int dim, int max_keys);
+bt_status_t bt_cuda_attention_tc_ws(void *out, const void *q, const void *win_kv,
+                                    const int32_t *win_idx, const int32_t *win_n, int win_stride,
+                                    const void *comp_kv, const int32_t *sel, const int32_t *sel_n,
+                                    int sel_stride, const float *sink, const int64_t *pos,
+                                    const float *inv_freq, int half, bt_cuda_dtype_t dtype, int T,
+                                    int H, int dim, float *work, size_t work_floats,
+                                    cudaStream_t stream);
+
 /* ---- indexer ---------------------------------------------------------------------------- */
 
 /* scores[t, j] = sum_h w[t,h] * ReLU(q[t,h,:] . keys[j,:]) * dim^-0.5 for j < visible[t],

@@ -332,23 +332,18 @@ __device__ __forceinline__ void mma_bf16_16816(float *d, const unsigned *a, unsi
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-/* 8 e2m1 codes (a word, low nibble first) -> 4 words of bf16 pairs in k order, unscaled. The
- * magnitude (3 bits) picks each value's low and high byte from two 8-byte tables (prmt), two
- * more permutes interleave them, the code's sign bit goes to bit 15 of its half. */
-__device__ __forceinline__ void e2m1x8_to_bf16(unsigned v, unsigned *out)
+/* 8 e2m1 codes (a word, low nibble first) -> 4 words of bf16 pairs in k order, each value the
+ * code's times 2^-126. A permute puts the byte of codes 2j, 2j+1 and the same byte shifted by a
+ * nibble into the low and high half; one shift moves both magnitudes (3 bits) onto a bf16's
+ * two low exponent bits and top mantissa bit, another both signs onto bit 15: e2m1 and bf16
+ * then agree bit for bit up to the exponent bias (code 1, 0.5, lands on the subnormal 2^-127). */
+__device__ __forceinline__ void e2m1x8_to_bf16_2m126(unsigned v, unsigned *out)
 {
-    /* bf16 of 0, .5, 1, 1.5, 2, 3, 4, 6: low bytes 00 00 80 c0 00 40 80 c0, high 00 3f 3f 3f 40 40 40 40 */
+    const unsigned vh = v >> 4;
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-        unsigned c = (v >> (16 * h)) & 0x7777u;
-        unsigned lo = __byte_perm(0xc0800000u, 0xc0804000u, c);
-        unsigned hi = __byte_perm(0x3f3f3f00u, 0x40404040u, c);
-        unsigned w0 = __byte_perm(lo, hi, 0x5140), w1 = __byte_perm(lo, hi, 0x7362);
-        unsigned x = v >> (16 * h);
-        w0 |= ((x << 12) & 0x8000u) | ((x << 24) & 0x80000000u);
-        w1 |= ((x << 4) & 0x8000u) | ((x << 16) & 0x80000000u);
-        out[2 * h] = w0;
-        out[2 * h + 1] = w1;
+    for (int j = 0; j < 4; j++) {
+        unsigned r = __byte_perm(v, vh, j | j << 4 | (4 + j) << 8 | (4 + j) << 12);
+        out[j] = ((r << 6) & 0x01c001c0u) | ((r << 12) & 0x80008000u);
     }
 }
 
@@ -356,6 +351,30 @@ __device__ __forceinline__ unsigned pack_bf16(float lo, float hi)
 {
     __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
     return *(unsigned *)&b;
+}
+
+/* 8 e2m1 codes (a word, low nibble first) times their UE8M0 scale -> 4 words of bf16 pairs in
+ * k order, exact. The codes as bf16 times 2^-126, then times 2^126 * scale in bf16 (subnormal
+ * inputs are exact in bf16 multiplies): the products stay normal numbers when the scale is
+ * >= 2^-119, and 2^126 * scale is a bf16 up to scale 2; other scales (weights beyond 12 or
+ * under 2^-120 in magnitude) and the NaN scale (0xff) go through f32. */
+__device__ __forceinline__ void fp4x8_to_bf16_scaled(unsigned v, uint8_t sv, unsigned *out)
+{
+    if (sv >= 8 && sv <= 128) {
+        const __nv_bfloat16 sb = __ushort_as_bfloat16((unsigned short)((sv + 126) << 7));
+        const __nv_bfloat162 s2 = __halves2bfloat162(sb, sb);
+        e2m1x8_to_bf16_2m126(v, out);
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            __nv_bfloat162 p = __hmul2(*(__nv_bfloat162 *)&out[j], s2);
+            out[j] = *(unsigned *)&p;
+        }
+    } else {
+        float f[8];
+        fp4x8(v, bt_e8m0(sv) * 16384.0f, f);
+#pragma unroll
+        for (int j = 0; j < 4; j++) out[j] = pack_bf16(f[2 * j], f[2 * j + 1]);
+    }
 }
 
 template <int FMT, int TILES, typename OT>
@@ -425,32 +444,10 @@ __global__ void __launch_bounds__(MT_WARPS * 32, 2) gemm_mma16(OT *y, const __nv
                 dequant_fp8x16(wv[i], bt_e8m0(sv[i]), f);
 #pragma unroll
                 for (int j = 0; j < 8; j++) bw[j] = pack_bf16(f[2 * j], f[2 * j + 1]);
-            } else if (sv[i] >= 8 && sv[i] != 0xff) {
-                /* the e2m1 codes straight into bf16 by byte permutes, times the scale in bf16:
-                 * the products stay normal numbers (scale >= 2^-119), so both steps are exact;
-                 * the NaN scale (0xff) takes the f32 path too */
-                __nv_bfloat162 s2 = __halves2bfloat162(__ushort_as_bfloat16((unsigned short)(sv[i] << 7)),
-                                                       __ushort_as_bfloat16((unsigned short)(sv[i] << 7)));
+            } else {
                 const unsigned u[4] = {wv[i].x, wv[i].y, wv[i].z, wv[i].w};
 #pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    e2m1x8_to_bf16(u[q], bw + 4 * q);
-#pragma unroll
-                    for (int j = 0; j < 4; j++) {
-                        __nv_bfloat162 p = __hmul2(*(__nv_bfloat162 *)&bw[4 * q + j], s2);
-                        bw[4 * q + j] = *(unsigned *)&p;
-                    }
-                }
-            } else { /* tiny scales: through f32, where the products may be subnormal */
-                float s4 = bt_e8m0(sv[i]) * 16384.0f;
-                const unsigned u[4] = {wv[i].x, wv[i].y, wv[i].z, wv[i].w};
-#pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    float f[8];
-                    fp4x8(u[q], s4, f);
-#pragma unroll
-                    for (int j = 0; j < 4; j++) bw[4 * q + j] = pack_bf16(f[2 * j], f[2 * j + 1]);
-                }
+                for (int q = 0; q < 4; q++) fp4x8_to_bf16_scaled(u[q], sv[i], bw + 4 * q);
             }
 #pragma unroll
             for (int st = 0; st < STEPS; st++) {
@@ -478,6 +475,173 @@ __global__ void __launch_bounds__(MT_WARPS * 32, 2) gemm_mma16(OT *y, const __nv
         for (int q = 0; q < MT_WARPS; q++) v += red[q][r][col];
         bt_st(y, (size_t)(r0 + r) * N + n0 + col, v);
     }
+}
+
+/* ---- many rows of FP4 experts on the tensor cores ------------------------------------------
+ * A prefill's routed experts: an expert's rows (about 64 at 4096 tokens) against its weights.
+ * A block takes 64 rows x 128 columns; each of its 4 warps 64 rows x 32 columns (4 x 4
+ * m16n8k16 tiles), so every B fragment a warp dequantizes serves four A tiles. K goes in
+ * chunks of 128 through a 3-stage cp.async pipeline into shared memory: the rows' bf16
+ * (gathered), the columns' packed e2m1 bytes and their scales, all still as stored. Each lane
+ * then reads its operands with 16-byte loads in the permuted k order of gemm_mma16 (lane c:
+ * 32 contiguous k, 16 weight bytes, one scale) and dequantizes B in registers. The shared rows
+ * are swizzled (16-byte unit u of row r at u ^ 2 * bit3(u) ^ (r & 1)) so that a quarter warp's
+ * eight loads hit all 32 banks; the weight bytes are conflict-free as they lie. */
+enum { FT_ROWS = 64, FT_COLS = 128, FT_WARPS = 4, FT_CHUNK = 128, FT_UNITS = FT_CHUNK / 8,
+       FT_STAGES = 3 };
+enum { FT_A_UNITS = FT_ROWS * FT_UNITS, FT_B_UNITS = FT_COLS * (FT_CHUNK / 32),
+       FT_STAGE_BYTES = 16 * (FT_A_UNITS + FT_B_UNITS) + 4 * FT_COLS,
+       FT_SMEM = FT_STAGES * FT_STAGE_BYTES };
+
+__device__ __forceinline__ int ft_unit(int row, int u) { return u ^ ((u >> 3 & 1) << 1) ^ (row & 1); }
+
+/* bytes (4, 8 or 16) from global to shared memory, asynchronously; zeros where !valid */
+template <int BYTES>
+__device__ __forceinline__ void cp_async(void *smem, const void *gmem, bool valid)
+{
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    if (BYTES == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
+                     "r"(valid ? 16 : 0));
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(s), "l"(gmem),
+                     "n"(BYTES), "r"(valid ? BYTES : 0));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+template <typename OT>
+__global__ void __launch_bounds__(FT_WARPS * 32, 3) gemm_fp4_tiles(OT *y, const __nv_bfloat16 *x,
+                                                                    const int32_t *rows,
+                                                                    const int32_t *offs,
+                                                                    const uint8_t *w,
+                                                                    const uint8_t *ws, int N,
+                                                                    int K, const int32_t *elist)
+{
+    extern __shared__ __align__(16) unsigned char ft_smem[];
+    __shared__ const __nv_bfloat16 *arow[FT_ROWS];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, c = lane & 3;
+    const int e = elist ? elist[blockIdx.z] : blockIdx.z;
+    if (e < 0) return; /* a padded slot of the expert list (the whole block) */
+    const int r0 = offs[e], m0 = r0 + blockIdx.y * FT_ROWS, r1 = offs[e + 1];
+    if (m0 >= r1) return; /* the whole block */
+    const int mr = min(FT_ROWS, r1 - m0), n0 = blockIdx.x * FT_COLS;
+    w += (size_t)e * N * (K / 2);
+    ws += (size_t)e * N * (K / 32);
+    /* the rows' sources, resolved once (in shared memory: registers are the scarcer) */
+    if (tid < FT_ROWS)
+        arow[tid] = tid < mr ? x + (size_t)(rows ? rows[m0 + tid] : m0 + tid) * K : x;
+    __syncthreads();
+
+    auto stage_a = [&](int st) { return (uint4 *)(ft_smem + st * FT_STAGE_BYTES); };
+    auto stage_b = [&](int st) { return stage_a(st) + FT_A_UNITS; };
+    auto stage_s = [&](int st) { return (uint32_t *)(stage_b(st) + FT_B_UNITS); };
+    /* a chunk's loads: per thread 8 row units (rows tid/16 + 8j, unit tid % 16), 4 weight
+     * units (columns tid/4 + 32j, unit tid % 4: four threads read a column's 64 bytes) and one
+     * column's 4 scale bytes */
+    auto load = [&](int ch) {
+        const int st = ch % FT_STAGES, k0 = ch * FT_CHUNK;
+        uint4 *sa = stage_a(st), *sb = stage_b(st);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const int r = tid / FT_UNITS + 8 * j, u = tid % FT_UNITS;
+            cp_async<16>(&sa[r * FT_UNITS + ft_unit(r, u)], arow[r] + k0 + 8 * u, r < mr);
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int col = tid / 4 + 32 * j, n = n0 + col;
+            const uint8_t *src = w + (size_t)(n < N ? n : 0) * (K / 2) + k0 / 2 + 16 * (tid % 4);
+            cp_async<16>(&sb[col * 4 + tid % 4], src, n < N);
+        }
+        const int n = n0 + tid;
+        cp_async<4>(&stage_s(st)[tid], ws + (size_t)(n < N ? n : 0) * (K / 32) + k0 / 32, n < N);
+    };
+
+    float acc[4][4][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int t = 0; t < 4; t++) acc[i][j][t] = 0.0f;
+
+    const int chunks = K / FT_CHUNK;
+#pragma unroll
+    for (int ch = 0; ch < FT_STAGES - 1; ch++) {
+        if (ch < chunks) load(ch);
+        cp_async_commit();
+    }
+    for (int ch = 0; ch < chunks; ch++) {
+        /* chunk ch has landed once at most the newest group is pending */
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(FT_STAGES - 2));
+        __syncthreads(); /* ... for every thread; and the stage refilled next is read by none */
+        if (ch + FT_STAGES - 1 < chunks) load(ch + FT_STAGES - 1);
+        cp_async_commit(); /* (empty past the end: keeps the count) */
+
+        const int st = ch % FT_STAGES;
+        const uint4 *sa = stage_a(st), *sb = stage_b(st);
+        uint4 wv[4];
+        uint8_t sv[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int col = 32 * warp + 8 * j + g;
+            wv[j] = sb[col * 4 + c];
+            sv[j] = (uint8_t)(stage_s(st)[col] >> (8 * c));
+        }
+#pragma unroll
+        for (int q = 0; q < 4; q++) { /* k 32c + 8q .. +8 of the lane: MMA steps 2q, 2q+1 */
+            unsigned b[4][4]; /* the warp's four B fragments for both steps */
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const unsigned u[4] = {wv[j].x, wv[j].y, wv[j].z, wv[j].w};
+                fp4x8_to_bf16_scaled(u[q], sv[j], b[j]);
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int r = 16 * i + g;
+                const uint4 lo = sa[r * FT_UNITS + ft_unit(r, 4 * c + q)];
+                const uint4 hi = sa[(r + 8) * FT_UNITS + ft_unit(r + 8, 4 * c + q)];
+                const unsigned a0[4] = {lo.x, hi.x, lo.y, hi.y};
+                const unsigned a1[4] = {lo.z, hi.z, lo.w, hi.w};
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    mma_bf16_16816(acc[i][j], a0, b[j][0], b[j][1]);
+                    mma_bf16_16816(acc[i][j], a1, b[j][2], b[j][3]);
+                }
+            }
+        }
+    }
+    asm volatile("cp.async.wait_group 0;\n" ::);
+    /* C fragment of tile (i, j): rows 16i + g (+8), columns 8j + 2c, +1 */
+    const int nw = n0 + 32 * warp;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int t = 0; t < 4; t++) {
+                int r = 16 * i + g + 8 * (t >> 1), n = nw + 8 * j + 2 * c + (t & 1);
+                if (r < mr && n < N) bt_st(y, (size_t)(m0 + r) * N + n, acc[i][j][t]);
+            }
+}
+
+/* gemm_fp4_tiles' shared memory is over the 48 KB default: raised once per device */
+static bool ft_smem_ready(void)
+{
+    static int done[64];
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
+    if (!done[dev]) {
+        if (cudaFuncSetAttribute(gemm_fp4_tiles<__nv_bfloat16>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, FT_SMEM) != cudaSuccess ||
+            cudaFuncSetAttribute(gemm_fp4_tiles<float>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 FT_SMEM) != cudaSuccess) {
+            cudaGetLastError(); /* not sticky: the caller takes the other kernel */
+            return false;
+        }
+        done[dev] = 1; /* the same value from any thread: a benign race */
+    }
+    return true;
 }
 
 template <int FMT>
@@ -516,6 +680,14 @@ static bt_status_t launch(void *y, bt_cuda_dtype_t yd, const uint16_t *x, const 
         else
             gemm_skinny<FMT><<<grid, SK_WARPS * 32, 0, stream>>>((float *)y, xb, rows, offs, w,
                                                                  ws, M, N, K, elist);
+    } else if (FMT == FMT_FP4 && mma_ok && (uintptr_t)ws % 4 == 0 && ft_smem_ready()) {
+        dim3 grid(bt__cdiv(N, FT_COLS), bt__cdiv(max_rows, FT_ROWS), groups);
+        if (yd == BT_CUDA_BF16)
+            gemm_fp4_tiles<<<grid, FT_WARPS * 32, FT_SMEM, stream>>>((__nv_bfloat16 *)y, xb, rows,
+                                                                     offs, w, ws, N, K, elist);
+        else
+            gemm_fp4_tiles<<<grid, FT_WARPS * 32, FT_SMEM, stream>>>((float *)y, xb, rows, offs,
+                                                                     w, ws, N, K, elist);
     } else {
         dim3 grid(bt__cdiv(N, BN), bt__cdiv(max_rows, BM), groups);
         if (yd == BT_CUDA_BF16)

@@ -460,7 +460,12 @@ static void alloc_scratch(up_t *u)
     cu->qi = scratch(u, N * ih * ihd);
     cu->iw = scratch(u, N * ih);
     cu->win_stage = scratch(u, (S * W + N) * hd);
-    cu->att_ws_cap = bt_cuda_attention_ws_floats(1, m->hl, (int)hd, (int)W + (c->index_topk > 0 ? c->index_topk : 1));
+    /* attention's split-key partials for a decode token (a sequence's attention is one launch),
+     * for whichever of the two kernels runs */
+    int att_keys = (int)W + (c->index_topk > 0 ? c->index_topk : 1);
+    cu->att_ws_cap = bt_cuda_attention_ws_floats(1, m->hl, (int)hd, att_keys);
+    if (bt_cuda_attention_tc_ws_floats(1, m->hl, (int)hd, att_keys) > cu->att_ws_cap)
+        cu->att_ws_cap = bt_cuda_attention_tc_ws_floats(1, m->hl, (int)hd, att_keys);
     cu->att_ws = scratch(u, cu->att_ws_cap);
     /* the split mix's partials grow with the tokens until the tokens fill the GPU alone */
     for (size_t t = 1; t <= N; t++) {
@@ -1147,10 +1152,10 @@ static bt_status_t attention(fwd_t *f, int l)
             }
         }
         if (cu->att_tc)
-            CK(bt_cuda_attention_tc(cu->attn + (size_t)first * H * hd, cu->q + (size_t)first * H * hd, stage,
-                                    f->win_idx_d + (size_t)first * W, f->win_n_d + first, W, comp_kv, sel, sel_n,
-                                    c->index_topk, w->attn_sink, f->pos_d + first, inv, half, BT_CUDA_F32, n, H,
-                                    hd, st));
+            CK(bt_cuda_attention_tc_ws(cu->attn + (size_t)first * H * hd, cu->q + (size_t)first * H * hd, stage,
+                                       f->win_idx_d + (size_t)first * W, f->win_n_d + first, W, comp_kv, sel,
+                                       sel_n, c->index_topk, w->attn_sink, f->pos_d + first, inv, half,
+                                       BT_CUDA_F32, n, H, hd, cu->att_ws, cu->att_ws_cap, st));
         else
             CK(bt_cuda_attention_ws(cu->attn + (size_t)first * H * hd, cu->q + (size_t)first * H * hd, stage,
                                     f->win_idx_d + (size_t)first * W, f->win_n_d + first, W, comp_kv, sel, sel_n,

@@ -65,6 +65,7 @@ typedef enum {
     OP_DEQUANT_FP8, /* s: N K */
     OP_HC_MIX_WS,   /* s: as OP_HC_MIX, with the workspace (split over blocks for few tokens) */
     OP_MOE_GROUP,   /* s: N K E bad-id (1: one pick out of range) */
+    OP_ATTENTION_TC_WS, /* s: as OP_ATTENTION_TC, keys split over blocks (flash-decoding) */
 } op_t;
 
 static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped", "rmsnorm",
@@ -75,7 +76,8 @@ static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped
                                  "scale",      "moe_combine",  "compress_pool",    "block_max",
                                  "mask_blocks", "trim_sel",   "to_bf16",          "attention_ws",
                                  "gemm_fp4_listed", "index_scores_sets", "attention_tc",
-                                 "index_scores_tc", "index_sets_tc", "dequant_fp8", "hc_mix_ws", "moe_group"};
+                                 "index_scores_tc", "index_sets_tc", "dequant_fp8", "hc_mix_ws", "moe_group",
+                                 "attention_tc_ws"};
 
 typedef struct {
     op_t op;
@@ -119,6 +121,13 @@ static const case_t cases[] = {
     {OP_GEMM_FP4, BF16, {3, 40, 128, 6, 2}, 0},
     {OP_GEMM_FP4, F32, {40, 232, 256, 60, 20}, 0}, /* 4 tiles a block */
     {OP_GEMM_FP4, BF16, {5, 96, 384, 12, 6, 1}, 0}, /* some tiny scales */
+    /* many rows per expert, K whole 128-chunks: the tensor-core tile kernel (gemm_fp4_tiles;
+     * partial row tiles, more than one row tile an expert, N not whole tiles) */
+    {OP_GEMM_FP4, F32, {3, 200, 384, 300, 100}, 0},
+    {OP_GEMM_FP4, BF16, {4, 130, 2304, 400, 200, 1}, 0}, /* some tiny scales */
+    {OP_GEMM_FP4, BF16, {2, 256, 128, 130, 130}, 0},
+    /* many rows, K not whole 128-chunks: the wmma tile kernel */
+    {OP_GEMM_FP4, F32, {6, 70, 160, 150, 60}, 0},
     {OP_RMSNORM, F32, {1, 7, 1}, 0},
     {OP_RMSNORM, F32, {3, 512, 1}, 0},
     {OP_RMSNORM, F32, {17, 5120, 0}, 0},
@@ -217,6 +226,7 @@ static const case_t cases[] = {
     {OP_GEMM_FP4_LIST, BF16, {16, 130, 2560, 200, 40}, 0},
     {OP_GEMM_FP4_LIST, F32, {40, 77, 256, 24, 12, 2}, 0}, /* padded list, few rows */
     {OP_GEMM_FP4_LIST, F32, {12, 96, 320, 200, 30, 2}, 0}, /* padded list, tile kernel */
+    {OP_GEMM_FP4_LIST, F32, {12, 96, 256, 400, 100, 2}, 0}, /* padded list, MMA tiles */
     {OP_INDEX_SETS, F32, {5, 32, 128, 1000}, 0},
     {OP_INDEX_SETS, F32, {3, 8, 40, 77}, 0},
     /* tensor-core attention: the model's shape (64 heads, 128 window + 512 selected keys), the
@@ -234,6 +244,13 @@ static const case_t cases[] = {
     /* head dims padded to whole 16-wide MMA steps: the golden fixtures' 40, and 24 */
     {OP_ATTENTION_TC, F32, {4, 8, 40, 10, 12, 6}, 0},
     {OP_ATTENTION_TC, BF16, {3, 8, 24, 4, 5, 3}, 0},
+    /* decode: a token's keys split over blocks, partials folded with the sink (single keys,
+     * selected-only and empty splits come from the token patterns above) */
+    {OP_ATTENTION_TC_WS, BF16, {1, 64, 512, 32, 128, 512}, 0},
+    {OP_ATTENTION_TC_WS, F32, {4, 64, 512, 32, 128, 512}, 0},
+    {OP_ATTENTION_TC_WS, BF16, {16, 64, 512, 32, 128, 512}, 0},
+    {OP_ATTENTION_TC_WS, F32, {3, 20, 96, 8, 40, 200}, 0},
+    {OP_ATTENTION_TC_WS, BF16, {2, 33, 64, 16, 100, -1}, 0},
     /* tensor-core indexer: the model's shape (32 heads x 128, 8192 keys, causal-like visible),
      * token counts off the tile, key counts off 128, small heads and dims, unrounded inputs */
     {OP_INDEX_TC, F32, {64, 32, 128, 8192, 0}, 0},
@@ -271,6 +288,7 @@ static const case_t cases[] = {
     {OP_GEMM_FP4_LIST, BF16, {384, 2304, 5120, 6, 1}, 1},
     {OP_GEMM_FP4_LIST, BF16, {384, 2304, 5120, 96, 16}, 1},
     {OP_GEMM_FP4, BF16, {64, 2304, 5120, 8192, 1365}, 1},
+    {OP_GEMM_FP4, BF16, {64, 5120, 2304, 8192, 1365}, 1},
     {OP_RMSNORM, BF16, {4096, 5120, 1}, 1},
     {OP_HC_MIX, F32, {1024, 4, 5120}, 1},
     {OP_HC_MIX, F32, {1, 4, 5120}, 1},
@@ -280,6 +298,9 @@ static const case_t cases[] = {
     {OP_ATTENTION, BF16, {64, 64, 512, 32, 128, 512}, 1},
     {OP_ATTENTION, BF16, {1, 64, 512, 32, 128, 512}, 1},
     {OP_ATTENTION_WS, BF16, {1, 64, 512, 32, 128, 512}, 1},
+    {OP_ATTENTION_TC, BF16, {1, 64, 512, 32, 128, 512}, 1},
+    {OP_ATTENTION_TC_WS, BF16, {1, 64, 512, 32, 128, 512}, 1},
+    {OP_ATTENTION_TC_WS, BF16, {16, 64, 512, 32, 128, 512}, 1},
     {OP_ATTENTION_WS, BF16, {16, 64, 512, 32, 128, 512}, 1},
     {OP_INDEX, F32, {16, 32, 128, 32768}, 1},
     {OP_INDEX, F32, {1, 32, 128, 8192}, 1},
@@ -1043,7 +1064,11 @@ typedef struct {
 static void launch_attention(void *p)
 {
     att_ctx_t *c = p;
-    if (c->tc)
+    if (c->tc && c->work)
+        BT_OK_OR_DIE(bt_cuda_attention_tc_ws(c->out, c->q, c->win, c->widx, c->wn, c->W, c->comp,
+                                             c->sel, c->sn, c->S, c->sink, c->pos, c->freq, c->half,
+                                             c->dt, c->T, c->H, c->dim, c->work, c->work_floats, 0));
+    else if (c->tc)
         BT_OK_OR_DIE(bt_cuda_attention_tc(c->out, c->q, c->win, c->widx, c->wn, c->W, c->comp, c->sel,
                                           c->sn, c->S, c->sink, c->pos, c->freq, c->half, c->dt, c->T,
                                           c->H, c->dim, 0));
@@ -1060,7 +1085,8 @@ static void launch_attention(void *p)
 static void run_attention(const case_t *cs, result_t *r)
 {
     int T = cs->s[0], H = cs->s[1], dim = cs->s[2], half = cs->s[3], W = cs->s[4], S = cs->s[5];
-    bool tc = cs->op == OP_ATTENTION_TC, no_sel = S < 0; /* no_sel: sel_n, sel, comp_kv NULL */
+    bool tc = cs->op == OP_ATTENTION_TC || cs->op == OP_ATTENTION_TC_WS;
+    bool no_sel = S < 0; /* no_sel: sel_n, sel, comp_kv NULL */
     if (no_sel) S = 0;
     int NW = W + 50, NC = S + 300, Sst = S > 0 ? S : 1;
     float *q = frandv((size_t)T * H * dim, 1.0f), *win = frandv((size_t)NW * dim, 1.0f);
@@ -1112,6 +1138,16 @@ static void run_attention(const case_t *cs, result_t *r)
     if (tc) r->bound = bound_for(BF16);
     if (cs->op == OP_ATTENTION_WS) {
         c.work_floats = bt_cuda_attention_ws_floats(T, H, dim, W + Sst);
+        c.work = dalloc(c.work_floats * 4);
+        poison(c.work, c.work_floats * 4);
+        snprintf(r->note, sizeof r->note, "%zu splits", c.work_floats / ((size_t)T * H * (dim + 2)));
+    }
+    if (cs->op == OP_ATTENTION_TC_WS) {
+        c.work_floats = bt_cuda_attention_tc_ws_floats(T, H, dim, W + Sst);
+        if (c.work_floats == 0) { /* the case would test the unsplit kernel again */
+            fprintf(stderr, "attention_tc_ws: no splits for this shape\n");
+            exit(1);
+        }
         c.work = dalloc(c.work_floats * 4);
         poison(c.work, c.work_floats * 4);
         snprintf(r->note, sizeof r->note, "%zu splits", c.work_floats / ((size_t)T * H * (dim + 2)));
@@ -1896,6 +1932,7 @@ static void run_case(const case_t *cs, result_t *r)
     case OP_GEMM_FP4_LIST: run_gemm_fp4(cs, r); break;
     case OP_INDEX_SETS: run_index(cs, r); break;
     case OP_ATTENTION_TC: run_attention(cs, r); break;
+    case OP_ATTENTION_TC_WS: run_attention(cs, r); break;
     case OP_INDEX_TC:
     case OP_INDEX_SETS_TC: run_index(cs, r); break;
     case OP_DEQUANT_FP8: run_dequant_fp8(cs, r); break;
