@@ -16,6 +16,8 @@
 #include <cuda_fp8.h>
 #include <mma.h>
 
+#include <type_traits>
+
 using namespace nvcuda;
 
 enum { FMT_FP8 = 0, FMT_FP4 = 1 };
@@ -326,10 +328,10 @@ enum { MT_WARPS = 8 };
 __device__ __forceinline__ void mma_bf16_16816(float *d, const unsigned *a, unsigned b0,
                                                unsigned b1)
 {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 /* 8 e2m1 codes (a word, low nibble first) -> 4 words of bf16 pairs in k order, each value the
@@ -353,27 +355,47 @@ __device__ __forceinline__ unsigned pack_bf16(float lo, float hi)
     return *(unsigned *)&b;
 }
 
-/* 8 e2m1 codes (a word, low nibble first) times their UE8M0 scale -> 4 words of bf16 pairs in
- * k order, exact. The codes as bf16 times 2^-126, then times 2^126 * scale in bf16 (subnormal
- * inputs are exact in bf16 multiplies): the products stay normal numbers when the scale is
- * >= 2^-119, and 2^126 * scale is a bf16 up to scale 2; other scales (weights beyond 12 or
- * under 2^-120 in magnitude) and the NaN scale (0xff) go through f32. */
+/* The scales with which fp4x8_to_bf16_fast is exact: 2^126 * scale is a bf16 up to scale 2,
+ * and the products stay normal numbers from scale 2^-119 on. Real checkpoints' scales (their
+ * weights are far under 12 in magnitude) are all such. */
+__device__ __forceinline__ bool fp4_scale_fast(uint8_t sv) { return sv >= 8 && sv <= 128; }
+
+/* 2^126 * scale, twice, for fp4x8_to_bf16_fast */
+__device__ __forceinline__ __nv_bfloat162 fp4_scale2(uint8_t sv)
+{
+    const __nv_bfloat16 sb = __ushort_as_bfloat16((unsigned short)((sv + 126) << 7));
+    return __halves2bfloat162(sb, sb);
+}
+
+/* 8 e2m1 codes (a word, low nibble first) times their scale -> 4 words of bf16 pairs in k
+ * order, exact for a fp4_scale_fast scale: the codes as bf16 times 2^-126, then times
+ * s2 = fp4_scale2 (subnormal inputs are exact in bf16 multiplies). No branch: the kernels pick
+ * this or fp4x8_to_bf16_scaled once per chunk, so the MMAs around it can be interleaved. */
+__device__ __forceinline__ void fp4x8_to_bf16_fast(unsigned v, __nv_bfloat162 s2, unsigned *out)
+{
+    e2m1x8_to_bf16_2m126(v, out);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        __nv_bfloat162 p = __hmul2(*(__nv_bfloat162 *)&out[j], s2);
+        out[j] = *(unsigned *)&p;
+    }
+}
+
+/* The same for any scale byte, in two multiplies: by 2^126 (the codes' values, exact), then by
+ * the scale as a bf16 (2^-127 a subnormal, 0xff NaN), exact but where a product falls under
+ * 2^-126 and the multiply flushes it (scales under 2^-119: contributions no output shows);
+ * overflow gives infinity as f32 does. Branch-free and light on registers: the slow path of
+ * kernels whose fast path holds many. */
 __device__ __forceinline__ void fp4x8_to_bf16_scaled(unsigned v, uint8_t sv, unsigned *out)
 {
-    if (sv >= 8 && sv <= 128) {
-        const __nv_bfloat16 sb = __ushort_as_bfloat16((unsigned short)((sv + 126) << 7));
-        const __nv_bfloat162 s2 = __halves2bfloat162(sb, sb);
-        e2m1x8_to_bf16_2m126(v, out);
+    const unsigned short bits = sv == 0 ? 0x0040 : sv == 0xff ? 0x7fc0 : (unsigned short)(sv << 7);
+    const __nv_bfloat16 sb = __ushort_as_bfloat16(bits), up = __ushort_as_bfloat16(0x7e80);
+    const __nv_bfloat162 s2 = __halves2bfloat162(sb, sb), up2 = __halves2bfloat162(up, up);
+    e2m1x8_to_bf16_2m126(v, out);
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            __nv_bfloat162 p = __hmul2(*(__nv_bfloat162 *)&out[j], s2);
-            out[j] = *(unsigned *)&p;
-        }
-    } else {
-        float f[8];
-        fp4x8(v, bt_e8m0(sv) * 16384.0f, f);
-#pragma unroll
-        for (int j = 0; j < 4; j++) out[j] = pack_bf16(f[2 * j], f[2 * j + 1]);
+    for (int j = 0; j < 4; j++) {
+        __nv_bfloat162 p = __hmul2(__hmul2(*(__nv_bfloat162 *)&out[j], up2), s2);
+        out[j] = *(unsigned *)&p;
     }
 }
 
@@ -436,25 +458,43 @@ __global__ void __launch_bounds__(MT_WARPS * 32, 2) gemm_mma16(OT *y, const __nv
             xv[1][q] = xb ? *(const uint4 *)(xb + kl + 8 * q) : make_uint4(0, 0, 0, 0);
         }
         const unsigned *xw0 = (const unsigned *)xv[0], *xw1 = (const unsigned *)xv[1];
+        /* FAST: every FP4 scale of the warp's chunk converts in bf16, checked once */
+        auto tiles = [&](auto fast_c) {
+            constexpr bool FAST = decltype(fast_c)::value;
 #pragma unroll
-        for (int i = 0; i < TILES; i++) {
-            unsigned bw[KW / 2]; /* the lane's KW weights as bf16 pairs, in k order */
-            if (FMT == FMT_FP8) {
-                float f[16];
-                dequant_fp8x16(wv[i], bt_e8m0(sv[i]), f);
+            for (int i = 0; i < TILES; i++) {
+                unsigned bw[KW / 2]; /* the lane's KW weights as bf16 pairs, in k order */
+                if (FMT == FMT_FP8) {
+                    float f[16];
+                    dequant_fp8x16(wv[i], bt_e8m0(sv[i]), f);
 #pragma unroll
-                for (int j = 0; j < 8; j++) bw[j] = pack_bf16(f[2 * j], f[2 * j + 1]);
-            } else {
-                const unsigned u[4] = {wv[i].x, wv[i].y, wv[i].z, wv[i].w};
+                    for (int j = 0; j < 8; j++) bw[j] = pack_bf16(f[2 * j], f[2 * j + 1]);
+                } else {
+                    const unsigned u[4] = {wv[i].x, wv[i].y, wv[i].z, wv[i].w};
+                    const __nv_bfloat162 s2 = fp4_scale2(sv[i]);
 #pragma unroll
-                for (int q = 0; q < 4; q++) fp4x8_to_bf16_scaled(u[q], sv[i], bw + 4 * q);
+                    for (int q = 0; q < 4; q++) {
+                        if (FAST)
+                            fp4x8_to_bf16_fast(u[q], s2, bw + 4 * q);
+                        else
+                            fp4x8_to_bf16_scaled(u[q], sv[i], bw + 4 * q);
+                    }
+                }
+#pragma unroll
+                for (int st = 0; st < STEPS; st++) {
+                    const unsigned a[4] = {xw0[2 * st], xw1[2 * st], xw0[2 * st + 1],
+                                           xw1[2 * st + 1]};
+                    mma_bf16_16816(acc[i], a, bw[2 * st], bw[2 * st + 1]);
+                }
             }
+        };
+        bool fast = FMT == FMT_FP4;
 #pragma unroll
-            for (int st = 0; st < STEPS; st++) {
-                const unsigned a[4] = {xw0[2 * st], xw1[2 * st], xw0[2 * st + 1], xw1[2 * st + 1]};
-                mma_bf16_16816(acc[i], a, bw[2 * st], bw[2 * st + 1]);
-            }
-        }
+        for (int i = 0; i < TILES; i++) fast = fast && fp4_scale_fast(sv[i]);
+        if (__all_sync(0xffffffffu, fast))
+            tiles(std::true_type());
+        else
+            tiles(std::false_type());
 #pragma unroll
         for (int i = 0; i < TILES; i++) wv[i] = wnext[i], sv[i] = snext[i];
     }
@@ -582,34 +622,52 @@ __global__ void __launch_bounds__(FT_WARPS * 32, 3) gemm_fp4_tiles(OT *y, const 
         const uint4 *sa = stage_a(st), *sb = stage_b(st);
         uint4 wv[4];
         uint8_t sv[4];
+        bool fast = true;
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             const int col = 32 * warp + 8 * j + g;
             wv[j] = sb[col * 4 + c];
             sv[j] = (uint8_t)(stage_s(st)[col] >> (8 * c));
+            fast = fast && fp4_scale_fast(sv[j]);
         }
+        /* FAST: every scale of the warp's chunk converts in bf16, checked once, so the chunk is
+         * one branch-free block in which the conversions and the MMAs interleave */
+        auto chunk = [&](auto fast_c) {
+            constexpr bool FAST = decltype(fast_c)::value;
+            __nv_bfloat162 s2[4];
 #pragma unroll
-        for (int q = 0; q < 4; q++) { /* k 32c + 8q .. +8 of the lane: MMA steps 2q, 2q+1 */
-            unsigned b[4][4]; /* the warp's four B fragments for both steps */
+            for (int j = 0; j < 4; j++) s2[j] = fp4_scale2(sv[j]);
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const unsigned u[4] = {wv[j].x, wv[j].y, wv[j].z, wv[j].w};
-                fp4x8_to_bf16_scaled(u[q], sv[j], b[j]);
-            }
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int r = 16 * i + g;
-                const uint4 lo = sa[r * FT_UNITS + ft_unit(r, 4 * c + q)];
-                const uint4 hi = sa[(r + 8) * FT_UNITS + ft_unit(r + 8, 4 * c + q)];
-                const unsigned a0[4] = {lo.x, hi.x, lo.y, hi.y};
-                const unsigned a1[4] = {lo.z, hi.z, lo.w, hi.w};
+            for (int q = 0; q < 4; q++) { /* k 32c + 8q .. +8 of the lane: steps 2q, 2q+1 */
+                unsigned b[4][4]; /* the warp's four B fragments for both steps */
 #pragma unroll
                 for (int j = 0; j < 4; j++) {
-                    mma_bf16_16816(acc[i][j], a0, b[j][0], b[j][1]);
-                    mma_bf16_16816(acc[i][j], a1, b[j][2], b[j][3]);
+                    const unsigned u[4] = {wv[j].x, wv[j].y, wv[j].z, wv[j].w};
+                    if (FAST)
+                        fp4x8_to_bf16_fast(u[q], s2[j], b[j]);
+                    else
+                        fp4x8_to_bf16_scaled(u[q], sv[j], b[j]);
+                }
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int r = 16 * i + g;
+                    const uint4 lo = sa[r * FT_UNITS + ft_unit(r, 4 * c + q)];
+                    const uint4 hi = sa[(r + 8) * FT_UNITS + ft_unit(r + 8, 4 * c + q)];
+                    const unsigned a0[4] = {lo.x, hi.x, lo.y, hi.y};
+                    const unsigned a1[4] = {lo.z, hi.z, lo.w, hi.w};
+                    /* the four tiles' first steps, then their second: no MMA waits on the
+                     * one just issued */
+#pragma unroll
+                    for (int j = 0; j < 4; j++) mma_bf16_16816(acc[i][j], a0, b[j][0], b[j][1]);
+#pragma unroll
+                    for (int j = 0; j < 4; j++) mma_bf16_16816(acc[i][j], a1, b[j][2], b[j][3]);
                 }
             }
-        }
+        };
+        if (__all_sync(0xffffffffu, fast))
+            chunk(std::true_type());
+        else
+            chunk(std::false_type());
     }
     asm volatile("cp.async.wait_group 0;\n" ::);
     /* C fragment of tile (i, j): rows 16i + g (+8), columns 8j + 2c, +1 */
