@@ -42,45 +42,64 @@ __device__ void hc_mix_finish(float *pre, float *post, float *comb, const float 
     if (on) comb[(size_t)t * HC * HC + lane] = c;
 }
 
-template <int HC>
+/* TOK tokens a block (many tokens: prefill): each fn element a thread loads serves all of
+ * them, so fn ((2+hc)*hc rows of hc*D floats, 2 MB at the real widths) crosses L2 once per TOK
+ * tokens instead of once per token (the one-token block was bound by exactly that). A token's
+ * arithmetic is the same in any TOK: the same sums in the same order. */
+template <int HC, int TOK>
 __global__ void __launch_bounds__(MIX_THREADS) hc_mix_kernel(float *pre, float *post, float *comb,
                                                              const float *x, const float *fn,
                                                              const float *base,
-                                                             const float *scale, int D, float eps,
-                                                             float hc_eps, int iters)
+                                                             const float *scale, int T, int D,
+                                                             float eps, float hc_eps, int iters)
 {
     constexpr int MIX = (2 + HC) * HC;
     __shared__ float red[32];
-    __shared__ float part[MIX_THREADS / 32][MIX];
-    __shared__ float m[MIX];
-    int t = blockIdx.x, n = HC * D, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const float *xt = x + (size_t)t * n;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < n; i += MIX_THREADS) ss += xt[i] * xt[i];
-    ss = bt_block_sum(ss, red);
-    float r = 1.0f / sqrtf(ss / (float)n + eps);
-    float acc[MIX];
+    __shared__ float part[MIX_THREADS / 32][TOK][MIX];
+    __shared__ float m[TOK][MIX];
+    const int t0 = blockIdx.x * TOK, n = HC * D, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const float *xt[TOK];
+    float r[TOK];
 #pragma unroll
-    for (int k = 0; k < MIX; k++) acc[k] = 0.0f;
+    for (int u = 0; u < TOK; u++) {
+        xt[u] = x + (size_t)min(t0 + u, T - 1) * n; /* past T: a copy of the last, not stored */
+        float ss = 0.0f;
+        for (int i = threadIdx.x; i < n; i += MIX_THREADS) ss += xt[u][i] * xt[u][i];
+        ss = bt_block_sum(ss, red);
+        r[u] = 1.0f / sqrtf(ss / (float)n + eps);
+    }
+    float acc[TOK][MIX];
+#pragma unroll
+    for (int u = 0; u < TOK; u++)
+#pragma unroll
+        for (int k = 0; k < MIX; k++) acc[u][k] = 0.0f;
     for (int i = threadIdx.x; i < n; i += MIX_THREADS) {
-        float v = xt[i] * r; /* rounded per element, as the reference */
+        float v[TOK];
 #pragma unroll
-        for (int k = 0; k < MIX; k++) acc[k] += fn[(size_t)k * n + i] * v;
+        for (int u = 0; u < TOK; u++) v[u] = xt[u][i] * r[u]; /* rounded per element, as the reference */
+#pragma unroll
+        for (int k = 0; k < MIX; k++) {
+            const float f = fn[(size_t)k * n + i];
+#pragma unroll
+            for (int u = 0; u < TOK; u++) acc[u][k] += f * v[u];
+        }
     }
 #pragma unroll
-    for (int k = 0; k < MIX; k++) {
-        float v = bt_warp_sum(acc[k]);
-        if (lane == 0) part[warp][k] = v;
-    }
+    for (int u = 0; u < TOK; u++)
+#pragma unroll
+        for (int k = 0; k < MIX; k++) {
+            float v = bt_warp_sum(acc[u][k]);
+            if (lane == 0) part[warp][u][k] = v;
+        }
     __syncthreads();
-    if (threadIdx.x < MIX) {
+    for (int e = threadIdx.x; e < TOK * MIX; e += MIX_THREADS) {
         float v = 0.0f;
-        for (int w = 0; w < MIX_THREADS / 32; w++) v += part[w][threadIdx.x];
-        m[threadIdx.x] = v;
+        for (int w = 0; w < MIX_THREADS / 32; w++) v += part[w][e / MIX][e % MIX];
+        m[e / MIX][e % MIX] = v;
     }
     __syncthreads();
-    if (threadIdx.x >= 32) return;
-    hc_mix_finish<HC>(pre, post, comb, m, base, scale, t, hc_eps, iters);
+    if (warp < TOK && t0 + warp < T) /* a warp per token */
+        hc_mix_finish<HC>(pre, post, comb, m[warp], base, scale, t0 + warp, hc_eps, iters);
 }
 
 /* Few tokens (decode): one block per token streams all of fn ((2+hc)*hc rows of hc*D floats,
@@ -166,9 +185,12 @@ extern "C" bt_status_t bt_cuda_hc_mix_ws(float *pre, float *post, float *comb, c
                                                                                 splits);           \
             hc_mix_fold_kernel<H><<<T, 32, 0, stream>>>(pre, post, comb, work, base, scale, D, eps, \
                                                         hc_eps, iters, splits);                    \
+        } else if (T >= 4 * 132) { /* four tokens a block still fill the GPU */                 \
+            hc_mix_kernel<H, 4><<<bt__cdiv(T, 4), MIX_THREADS, 0, stream>>>(                       \
+                pre, post, comb, x, fn, base, scale, T, D, eps, hc_eps, iters);                    \
         } else {                                                                                   \
-            hc_mix_kernel<H><<<T, MIX_THREADS, 0, stream>>>(pre, post, comb, x, fn, base, scale,   \
-                                                            D, eps, hc_eps, iters);                \
+            hc_mix_kernel<H, 1><<<T, MIX_THREADS, 0, stream>>>(pre, post, comb, x, fn, base,       \
+                                                               scale, T, D, eps, hc_eps, iters);   \
         }                                                                                          \
     } while (0)
     if (hc == 4)

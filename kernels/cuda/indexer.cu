@@ -100,12 +100,15 @@ extern "C" bt_status_t bt_cuda_index_scores_sets(float *scores, const float *q, 
 
 enum { IXT_KEYS = 128, IXT_HEADS = 32, IXT_PAD = 8, IXT_WARPS = 8 };
 
-/* block = (128 keys, TOK tokens): rows r = token * 32 + head of Q [TOK*32, dim] and the keys
- * [128, dim], both rounded to bf16 into shared memory; S = Q . K^T by 16x16x16 MMAs, warp w
- * owning TOK*2 of its tiles; then S (over the operands' bytes) is reduced over the heads:
- * score = sum_h w[t,h] * relu(S) * dim^-0.5, in head order as the f32 kernel adds. TOK = 4
- * when tokens share the keys (prefill), 1 when each token has its own set (decode batch). */
-template <int TOK>
+/* block = (TOK tokens, KT tiles of 128 keys): rows r = token * 32 + head of Q [TOK*32, dim],
+ * rounded to bf16 into shared memory once, then per key tile the keys [128, dim] (rounded
+ * likewise); S = Q . K^T by 16x16x16 MMAs, warp w owning TOK*2 of its tiles; S (over the keys'
+ * bytes and, at the last tile, the queries') is reduced over the heads: score = sum_h w[t,h] *
+ * relu(S) * dim^-0.5, in head order as the f32 kernel adds. TOK = 4 when tokens share the keys,
+ * with KT = 4 when that leaves enough blocks (prefill: the queries cross L2 once per 512 keys,
+ * not per 128); TOK = KT = 1 when each token has its own set (decode batch). A score is the
+ * same in any instance. Rows load 4 floats at a time when dim allows. */
+template <int TOK, int KT>
 __global__ void __launch_bounds__(IXT_WARPS * 32) index_scores_tc_kernel(
     float *scores, const float *q, const float *w, const float *keys, const int64_t *visible,
     int T, int heads, int dim, int n, const int64_t *key_off, const int32_t *n_keys)
@@ -116,13 +119,16 @@ __global__ void __launch_bounds__(IXT_WARPS * 32) index_scores_tc_kernel(
     const int dp = (dim + 15) / 16 * 16, ld = dp + IXT_PAD, lds = IXT_KEYS + 4;
     __nv_bfloat16 *sq = (__nv_bfloat16 *)smem;
     __nv_bfloat16 *sk = sq + (size_t)ROWS * ld;
-    float *ss = (float *)smem; /* after the products */
+    /* S after the products: over the keys (enough for it when KT > 1, see ixt_smem) */
+    float *ss = KT > 1 ? (float *)sk : (float *)smem;
     __shared__ int64_t vis_s[TOK];
     __shared__ float w_s[TOK][IXT_HEADS];
 
-    const int t0 = blockIdx.y * TOK, j0 = blockIdx.x * IXT_KEYS, tid = threadIdx.x;
+    const int t0 = blockIdx.y * TOK, tid = threadIdx.x;
     const int warp = tid >> 5;
     if (key_off) keys += key_off[t0]; /* TOK == 1 */
+    /* 16-byte row loads where every row is 16-byte aligned */
+    const bool vec = dim % 4 == 0 && (uintptr_t)q % 16 == 0 && (uintptr_t)keys % 16 == 0;
     int64_t vmax = 0;
     for (int i = 0; i < TOK; i++) {
         int t = t0 + i;
@@ -135,69 +141,97 @@ __global__ void __launch_bounds__(IXT_WARPS * 32) index_scores_tc_kernel(
         if (tid == 0) vis_s[i] = v;
         if (v > vmax) vmax = v;
     }
-    if (j0 >= vmax) { /* the whole tile is invisible to every token of the block */
-        for (int e = tid; e < TOK * IXT_KEYS; e += IXT_WARPS * 32) {
-            int i = e / IXT_KEYS, j = j0 + e % IXT_KEYS;
-            if (t0 + i < T && j < n) scores[(size_t)(t0 + i) * n + j] = -INFINITY;
+    /* nr rows of a [*, dim] f32 matrix into bf16 rows of sm; zeros past `valid` rows and past
+     * dim */
+    auto stage = [&](__nv_bfloat16 *sm, const float *src, int nr, int valid) {
+        if (vec) {
+            const int q4 = dp / 4;
+            for (int e = tid; e < nr * q4; e += IXT_WARPS * 32) {
+                int r = e / q4, c = (e % q4) * 4;
+                float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                if (r < valid && c < dim) v = *(const float4 *)(src + (size_t)r * dim + c);
+                __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+                *(uint2 *)(sm + (size_t)r * ld + c) = make_uint2(*(unsigned *)&lo, *(unsigned *)&hi);
+            }
+        } else {
+            for (int e = tid; e < nr * dp; e += IXT_WARPS * 32) {
+                int r = e / dp, c = e % dp;
+                float v = r < valid && c < dim ? src[(size_t)r * dim + c] : 0.0f;
+                sm[(size_t)r * ld + c] = __float2bfloat16_rn(v);
+            }
         }
-        return;
-    }
-    for (int e = tid; e < ROWS * dp; e += IXT_WARPS * 32) {
-        int r = e / dp, c = e % dp, i = r / IXT_HEADS, h = r % IXT_HEADS, t = t0 + i;
-        float v = t < T && h < heads && c < dim ? q[((size_t)t * heads + h) * dim + c] : 0.0f;
-        sq[(size_t)r * ld + c] = __float2bfloat16_rn(v);
-    }
-    for (int e = tid; e < IXT_KEYS * dp; e += IXT_WARPS * 32) {
-        int r = e / dp, c = e % dp, j = j0 + r;
-        float v = j < vmax && c < dim ? keys[(size_t)j * dim + c] : 0.0f;
-        sk[(size_t)r * ld + c] = __float2bfloat16_rn(v);
-    }
-    for (int e = tid; e < TOK * IXT_HEADS; e += IXT_WARPS * 32) {
-        int i = e / IXT_HEADS, h = e % IXT_HEADS, t = t0 + i;
-        w_s[i][h] = t < T && h < heads ? w[(size_t)t * heads + h] : 0.0f;
-    }
-    __syncthreads();
+    };
+    bool q_staged = false;
+    for (int kt = 0; kt < KT; kt++) {
+        const int j0 = (blockIdx.x * KT + kt) * IXT_KEYS;
+        if (j0 >= n) break; /* block-uniform */
+        if (j0 >= vmax) { /* the whole tile is invisible to every token of the block */
+            for (int e = tid; e < TOK * IXT_KEYS; e += IXT_WARPS * 32) {
+                int i = e / IXT_KEYS, j = j0 + e % IXT_KEYS;
+                if (t0 + i < T && j < n) scores[(size_t)(t0 + i) * n + j] = -INFINITY;
+            }
+            continue;
+        }
+        if (!q_staged) {
+            /* the token rows: heads past `heads` and tokens past T are zeros */
+            for (int i = 0; i < TOK; i++) {
+                const int t = t0 + i;
+                stage(sq + (size_t)i * IXT_HEADS * ld, q + (size_t)(t < T ? t : 0) * heads * dim,
+                      IXT_HEADS, t < T ? heads : 0);
+            }
+            for (int e = tid; e < TOK * IXT_HEADS; e += IXT_WARPS * 32) {
+                int i = e / IXT_HEADS, h = e % IXT_HEADS, t = t0 + i;
+                w_s[i][h] = t < T && h < heads ? w[(size_t)t * heads + h] : 0.0f;
+            }
+            q_staged = true;
+        }
+        int kv = (int)(vmax - j0 < IXT_KEYS ? vmax - j0 : IXT_KEYS);
+        stage(sk, keys + (size_t)j0 * dim, IXT_KEYS, kv);
+        __syncthreads();
 
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[PER];
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[PER];
 #pragma unroll
-    for (int f = 0; f < PER; f++) wmma::fill_fragment(acc[f], 0.0f);
-    for (int k = 0; k < dp; k += 16) {
+        for (int f = 0; f < PER; f++) wmma::fill_fragment(acc[f], 0.0f);
         /* the warp's tiles share one row tile: (warp * PER) / 8 */
         const int rt = warp * PER / (IXT_KEYS / 16), ct0 = warp * PER % (IXT_KEYS / 16);
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
-        wmma::load_matrix_sync(a, sq + (size_t)rt * 16 * ld + k, ld);
+        for (int k = 0; k < dp; k += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
+            wmma::load_matrix_sync(a, sq + (size_t)rt * 16 * ld + k, ld);
 #pragma unroll
-        for (int f = 0; f < PER; f++) {
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> b;
-            wmma::load_matrix_sync(b, sk + (size_t)(ct0 + f) * 16 * ld + k, ld);
-            wmma::mma_sync(acc[f], a, b, acc[f]);
+            for (int f = 0; f < PER; f++) {
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> b;
+                wmma::load_matrix_sync(b, sk + (size_t)(ct0 + f) * 16 * ld + k, ld);
+                wmma::mma_sync(acc[f], a, b, acc[f]);
+            }
         }
-    }
-    __syncthreads(); /* the operands' bytes become S */
-    {
-        const int rt = warp * PER / (IXT_KEYS / 16), ct0 = warp * PER % (IXT_KEYS / 16);
+        __syncthreads(); /* the operands' bytes become S */
 #pragma unroll
         for (int f = 0; f < PER; f++)
             wmma::store_matrix_sync(ss + (size_t)rt * 16 * lds + (ct0 + f) * 16, acc[f], lds,
                                     wmma::mem_row_major);
-    }
-    __syncthreads();
-    const float scale = 1.0f / sqrtf((float)dim);
-    for (int e = tid; e < TOK * IXT_KEYS; e += IXT_WARPS * 32) {
-        int i = e / IXT_KEYS, jj = e % IXT_KEYS, j = j0 + jj, t = t0 + i;
-        if (t >= T || j >= n) continue;
-        float s = 0.0f;
-        for (int h = 0; h < heads; h++)
-            s += (fmaxf(ss[(size_t)(i * IXT_HEADS + h) * lds + jj], 0.0f) * scale) * w_s[i][h];
-        scores[(size_t)t * n + j] = j < vis_s[i] ? s : -INFINITY;
+        __syncthreads();
+        const float scale = 1.0f / sqrtf((float)dim);
+        for (int e = tid; e < TOK * IXT_KEYS; e += IXT_WARPS * 32) {
+            int i = e / IXT_KEYS, jj = e % IXT_KEYS, j = j0 + jj, t = t0 + i;
+            if (t >= T || j >= n) continue;
+            float s = 0.0f;
+            for (int h = 0; h < heads; h++)
+                s += (fmaxf(ss[(size_t)(i * IXT_HEADS + h) * lds + jj], 0.0f) * scale) * w_s[i][h];
+            scores[(size_t)t * n + j] = j < vis_s[i] ? s : -INFINITY;
+        }
+        __syncthreads(); /* S is read before the next tile's keys land over it */
     }
 }
 
-template <int TOK> static size_t ixt_smem(int dim)
+/* Q [TOK*32] and keys [128] rows of dim (padded) bf16; S [TOK*32][132] f32 over the keys when
+ * KT > 1 (the queries stay for the next tile), else over both */
+template <int TOK, int KT> static size_t ixt_smem(int dim)
 {
-    size_t ops = (size_t)(TOK * IXT_HEADS + IXT_KEYS) * ((dim + 15) / 16 * 16 + IXT_PAD) * 2;
+    size_t row = (size_t)((dim + 15) / 16 * 16 + IXT_PAD) * 2;
+    size_t q = (size_t)TOK * IXT_HEADS * row, k = (size_t)IXT_KEYS * row;
     size_t s = (size_t)TOK * IXT_HEADS * (IXT_KEYS + 4) * 4;
-    return ops > s ? ops : s;
+    if (KT > 1) return q + (k > s ? k : s);
+    return q + k > s ? q + k : s;
 }
 
 extern "C" bt_status_t bt_cuda_index_scores_tc(float *scores, const float *q, const float *w,
@@ -215,23 +249,31 @@ extern "C" bt_status_t bt_cuda_index_scores_tc(float *scores, const float *q, co
     static bool allowed[MAX_DEVICES];
     int dev = 0;
     if (cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < MAX_DEVICES && !allowed[dev]) {
-        if (cudaFuncSetAttribute(index_scores_tc_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)ixt_smem<1>(IX_MAXD)) == cudaSuccess &&
-            cudaFuncSetAttribute(index_scores_tc_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)ixt_smem<4>(IX_MAXD)) == cudaSuccess)
+        if (cudaFuncSetAttribute(index_scores_tc_kernel<1, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)ixt_smem<1, 1>(IX_MAXD)) == cudaSuccess &&
+            cudaFuncSetAttribute(index_scores_tc_kernel<4, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)ixt_smem<4, 4>(IX_MAXD)) == cudaSuccess &&
+            cudaFuncSetAttribute(index_scores_tc_kernel<4, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)ixt_smem<4, 1>(IX_MAXD)) == cudaSuccess)
             allowed[dev] = true;
         else
             cudaGetLastError();
     }
     if (key_off) {
-        size_t bytes = ixt_smem<1>(dim);
+        size_t bytes = ixt_smem<1, 1>(dim);
         dim3 grid(bt__cdiv(n, IXT_KEYS), T);
-        index_scores_tc_kernel<1><<<grid, IXT_WARPS * 32, bytes, stream>>>(
+        index_scores_tc_kernel<1, 1><<<grid, IXT_WARPS * 32, bytes, stream>>>(
             scores, q, w, keys, visible, T, heads, dim, n, key_off, n_keys);
-    } else {
-        size_t bytes = ixt_smem<4>(dim);
+    } else if ((long)bt__cdiv(n, 4 * IXT_KEYS) * bt__cdiv(T, 4) >= 264) {
+        /* four key tiles a block while that still leaves two blocks an SM (prefill) */
+        size_t bytes = ixt_smem<4, 4>(dim);
+        dim3 grid(bt__cdiv(n, 4 * IXT_KEYS), bt__cdiv(T, 4));
+        index_scores_tc_kernel<4, 4><<<grid, IXT_WARPS * 32, bytes, stream>>>(
+            scores, q, w, keys, visible, T, heads, dim, n, NULL, NULL);
+    } else { /* few tokens: a block per key tile */
+        size_t bytes = ixt_smem<4, 1>(dim);
         dim3 grid(bt__cdiv(n, IXT_KEYS), bt__cdiv(T, 4));
-        index_scores_tc_kernel<4><<<grid, IXT_WARPS * 32, bytes, stream>>>(
+        index_scores_tc_kernel<4, 1><<<grid, IXT_WARPS * 32, bytes, stream>>>(
             scores, q, w, keys, visible, T, heads, dim, n, NULL, NULL);
     }
     return bt__cuda_launched("index_scores_tc");

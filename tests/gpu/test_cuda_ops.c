@@ -148,6 +148,10 @@ static const case_t cases[] = {
     {OP_HC_MIX, F32, {3, 4, 100}, 0},
     {OP_HC_MIX, F32, {2, 4, 37}, 0},
     {OP_HC_MIX, F32, {5, 2, 64}, 0},
+    /* many tokens: four a block (a partial last block); rows checked against the one-token
+     * kernel bit for bit */
+    {OP_HC_MIX, F32, {530, 4, 256}, 0},
+    {OP_HC_MIX, F32, {600, 2, 64}, 0},
     /* split over blocks up to 66 tokens (67: one block per token, the workspace unused) */
     {OP_HC_MIX_WS, F32, {1, 4, 5120}, 0},
     {OP_HC_MIX_WS, F32, {16, 4, 5120}, 0},
@@ -260,6 +264,12 @@ static const case_t cases[] = {
     {OP_INDEX_TC, F32, {1, 1, 16, 37, 0}, 0},
     {OP_INDEX_TC, F32, {3, 32, 16, 37, 0}, 0},
     {OP_INDEX_TC, F32, {5, 32, 128, 1000, 1}, 0},
+    /* partial key tiles, tokens not a multiple of 4; rows of 4-float loads and (dim 30) of
+     * single floats; then enough blocks for four key tiles a block (a partial last group) */
+    {OP_INDEX_TC, F32, {9, 32, 128, 2000, 0}, 0},
+    {OP_INDEX_TC, F32, {6, 5, 30, 700, 0}, 0},
+    {OP_INDEX_TC, F32, {1060, 4, 16, 700, 0}, 0}, /* enough blocks for 4 key tiles a block */
+    {OP_INDEX_TC, F32, {600, 8, 40, 1300, 0}, 0},
     /* head dims that are not whole 16-wide MMA steps are padded with zeros (the golden
      * fixtures' 40; 24 un-rounded, at the bf16 bound) */
     {OP_INDEX_TC, F32, {6, 8, 40, 300, 0}, 0},
@@ -981,6 +991,32 @@ static void run_hc_mix(const case_t *cs, result_t *r)
         ref_hc_mix(x + (size_t)t * n, fn, base, scale, hc, D, 1e-20f, 1e-6f, 20, ref + t * hc,
                    ref + (size_t)T * hc + t * hc, ref + (size_t)2 * T * hc + (size_t)t * hc * hc);
     relerr(r, out, ref, outn);
+    if (cs->op == OP_HC_MIX && T >= 4 * 132) {
+        /* the first 100 tokens alone take the one-token-a-block kernel: the same bits */
+        int T1 = 100;
+        size_t n1 = (size_t)T1 * (2 * hc + hc * hc);
+        float *d1 = dalloc(n1 * 4), *o1 = xmalloc(n1 * 4);
+        poison(d1, n1 * 4);
+        hc_ctx_t c1 = c;
+        c1.T = T1;
+        c1.pre = d1;
+        c1.post = d1 + (size_t)T1 * hc;
+        c1.comb = d1 + (size_t)2 * T1 * hc;
+        launch_hc_mix(&c1);
+        get(o1, d1, n1 * 4);
+        size_t diff = 0;
+        for (int t = 0; t < T1; t++) {
+            diff += memcmp(o1 + (size_t)t * hc, out + (size_t)t * hc, (size_t)hc * 4) != 0;
+            diff += memcmp(o1 + (size_t)T1 * hc + (size_t)t * hc, out + (size_t)T * hc + (size_t)t * hc,
+                           (size_t)hc * 4) != 0;
+            diff += memcmp(o1 + (size_t)2 * T1 * hc + (size_t)t * hc * hc,
+                           out + (size_t)2 * T * hc + (size_t)t * hc * hc, (size_t)hc * hc * 4) != 0;
+        }
+        if (diff) r->exact_ok = 0;
+        snprintf(r->note, sizeof r->note, "first %d tokens alone: %s", T1,
+                 diff ? "DIFFERENT bits" : "same bits");
+        free(o1);
+    }
     r->bytes = (double)T * n * 4 + (double)mix * n * 4;
     r->flops = 2.0 * T * mix * n;
     if (g_perf && cs->perf) r->ms = time_it(launch_hc_mix, &c);
