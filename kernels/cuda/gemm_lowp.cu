@@ -385,9 +385,9 @@ __device__ __forceinline__ void fp4x8_to_bf16_fast(unsigned v, __nv_bfloat162 s2
 }
 
 /* The same for any scale byte, in two multiplies: by 2^126 (the codes' values, exact), then by
- * the scale as a bf16 (2^-127 a subnormal, 0xff NaN), exact but where a product falls under
- * 2^-126 and the multiply flushes it (scales under 2^-119: contributions no output shows);
- * overflow gives infinity as f32 does. Branch-free and light on registers: the slow path of
+ * the scale as a bf16 (2^-127 a subnormal, 0xff NaN): exact, products under 2^-126 included
+ * (bf16 multiplies keep subnormals, and e2m1 times a power of two has at most 2 significant
+ * bits); overflow gives infinity as f32 does. Branch-free and light on registers: the slow path of
  * kernels whose fast path holds many. */
 __device__ __forceinline__ void fp4x8_to_bf16_scaled(unsigned v, uint8_t sv, unsigned *out)
 {
@@ -439,7 +439,7 @@ __global__ void __launch_bounds__(MT_WARPS * 32, 2) gemm_mma16(OT *y, const __nv
         for (int i = 0; i < TILES; i++) {
             int n = n0 + 8 * i + g;
             v[i] = make_uint4(0, 0, 0, 0);
-            sb[i] = 0;
+            sb[i] = 127; /* neutral: a column past N (zero weights) keeps the fast path */
             if (n < N && k0 < K) {
                 v[i] = __ldg((const uint4 *)(w + (FMT == FMT_FP8 ? (size_t)n * K + kl
                                                                   : (size_t)n * (K / 2) + kl / 2)));
@@ -632,7 +632,7 @@ __global__ void __launch_bounds__(FT_WARPS * 32, 3) gemm_fp4_tiles(OT *y, const 
         for (int j = 0; j < 4; j++) {
             const int col = 32 * warp + 8 * j + g;
             wv[j] = sb[col * 4 + c];
-            sv[j] = (uint8_t)(stage_s(st)[col] >> (8 * c));
+            sv[j] = (uint8_t)(stage_s(st)[col] >> (8 * c)); /* 0 past N: the slow path there */
             fast = fast && fp4_scale_fast(sv[j]);
         }
         /* FAST: every scale of the warp's chunk converts in bf16, checked once, so the chunk is
@@ -699,20 +699,21 @@ __global__ void __launch_bounds__(FT_WARPS * 32, 3) gemm_fp4_tiles(OT *y, const 
 /* gemm_fp4_tiles' shared memory is over the 48 KB default: raised once per device */
 static bool ft_smem_ready(void)
 {
-    static int done[64];
+    static signed char state[64]; /* 0 not asked, 1 allowed, -1 refused (then never asked again) */
     int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
-    if (!done[dev]) {
-        if (cudaFuncSetAttribute(gemm_fp4_tiles<__nv_bfloat16>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, FT_SMEM) != cudaSuccess ||
-            cudaFuncSetAttribute(gemm_fp4_tiles<float>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 FT_SMEM) != cudaSuccess) {
-            cudaGetLastError(); /* not sticky: the caller takes the other kernel */
-            return false;
-        }
-        done[dev] = 1; /* the same value from any thread: a benign race */
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+        cudaGetLastError();
+        return false;
     }
-    return true;
+    if (!state[dev]) { /* the same value from any thread: a benign race */
+        bool ok = cudaFuncSetAttribute(gemm_fp4_tiles<__nv_bfloat16>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, FT_SMEM) == cudaSuccess &&
+                  cudaFuncSetAttribute(gemm_fp4_tiles<float>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       FT_SMEM) == cudaSuccess;
+        if (!ok) cudaGetLastError(); /* not sticky: the caller takes the other kernel */
+        state[dev] = ok ? 1 : -1;
+    }
+    return state[dev] > 0;
 }
 
 template <int FMT>
