@@ -197,11 +197,9 @@ extern "C" bt_status_t bt_cuda_attention_ws(void *out, const void *q, const void
     BT_CUDA_REQUIRE(T > 0 && H > 0 && dim > 0 && dim % 2 == 0 && dim <= ATT_MAXD);
     BT_CUDA_REQUIRE(half >= 0 && 2 * half <= dim && (half == 0 || inv_freq));
     int max_keys = win_stride + (sel_n ? sel_stride : 0);
-    int splits = work ? att_splits(T, H, max_keys) : 1;
-    while (splits > 1 && (size_t)T * H * splits * (dim + 2) > work_floats) splits--;
-    int chunk = bt__cdiv(max_keys, splits);
-    chunk = bt__cdiv(chunk, ATT_KEYS) * ATT_KEYS; /* whole staging rounds per split */
-    if (splits > 1) splits = bt__cdiv(max_keys, chunk);
+    int chunk;
+    int splits = bt__attention_fit_splits(work ? att_splits(T, H, max_keys) : 1, T, H, dim,
+                                          max_keys, ATT_KEYS, work_floats, &chunk);
     dim3 grid(bt__cdiv(H, ATT_WARPS), T, splits);
     typedef __nv_bfloat16 bf;
     /* the split and the whole kernel are separate instances: the whole one (prefill) keeps the
@@ -223,6 +221,15 @@ extern "C" bt_status_t bt_cuda_attention_ws(void *out, const void *q, const void
     if (st != BT_OK || splits == 1) return st;
     return bt__attention_combine(out, dtype, work, sink, pos, inv_freq, half, T, H, dim, splits,
                                  stream);
+}
+
+int bt__attention_fit_splits(int splits, int T, int H, int dim, int max_keys, int unit,
+                             size_t work_floats, int *chunk)
+{
+    while (splits > 1 && (size_t)T * H * splits * (dim + 2) > work_floats) splits--;
+    /* whole staging rounds per split; the splits that are left hold keys */
+    *chunk = bt__cdiv(bt__cdiv(max_keys > 0 ? max_keys : 1, splits), unit) * unit;
+    return splits > 1 ? bt__cdiv(max_keys, *chunk) : 1;
 }
 
 bt_status_t bt__attention_combine(void *out, bt_cuda_dtype_t dtype, const float *work,

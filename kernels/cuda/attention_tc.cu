@@ -310,11 +310,9 @@ extern "C" bt_status_t bt_cuda_attention_tc_ws(void *out, const void *q, const v
     /* rows are read 16 bytes at a time */
     BT_CUDA_REQUIRE((uintptr_t)q % 16 == 0 && (uintptr_t)win_kv % 16 == 0 &&
                     (uintptr_t)comp_kv % 16 == 0);
-    int splits = work ? tc_splits(T, H, max_keys) : 1;
-    while (splits > 1 && (size_t)T * H * splits * (dim + 2) > work_floats) splits--;
-    /* whole staging rounds per split; the splits that are left hold keys */
-    int chunk = bt__cdiv(bt__cdiv(max_keys > 0 ? max_keys : 1, splits), TC_KEYS) * TC_KEYS;
-    if (splits > 1) splits = bt__cdiv(max_keys, chunk);
+    int chunk;
+    int splits = bt__attention_fit_splits(work ? tc_splits(T, H, max_keys) : 1, T, H, dim,
+                                          max_keys, TC_KEYS, work_floats, &chunk);
     int ld_s;
     size_t bytes = tc_smem(dim, splits > 1 ? chunk : max_keys, &ld_s);
     dim3 grid(bt__cdiv(H, TC_HEADS), T, splits);

@@ -28,12 +28,41 @@ static inline bt_status_t bt__cuda_launched(const char *what)
     return BT_ERR_DEVICE;
 }
 
+/* attention.cu: the key splits both attention kernels launch: `splits` (their policy's count)
+ * lowered until the partials fit work_floats, then *chunk = keys a split in whole staging
+ * rounds of `unit`, and as many splits as hold keys. */
+int bt__attention_fit_splits(int splits, int T, int H, int dim, int max_keys, int unit,
+                             size_t work_floats, int *chunk);
+
 /* attention.cu: folds the split-key partials work[((t * H + h) * splits + z) * (dim + 2)]
  * = (max, sum, unnormalized output) of both attention kernels with the sink, normalizes,
  * applies the inverse RoPE and stores out [T, H, dim]. */
 bt_status_t bt__attention_combine(void *out, bt_cuda_dtype_t dtype, const float *work,
                                   const float *sink, const int64_t *pos, const float *inv_freq,
                                   int half, int T, int H, int dim, int splits, cudaStream_t stream);
+
+enum { BT__MAX_DEVICES = 64 };
+
+/* Lets kernel fn take `bytes` of dynamic shared memory (past the 48 KB default), asked once per
+ * device and kept in state[BT__MAX_DEVICES] (one array per kernel, zeroed: 0 not asked, 1
+ * allowed, -1 refused, its error cleared): no attribute call per launch, where they raced
+ * between models of one process and cost every step. Any thread may write the same value: a
+ * benign race. */
+static inline bool bt__smem_allowed(const void *fn, size_t bytes, signed char *state)
+{
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= BT__MAX_DEVICES) {
+        cudaGetLastError();
+        return false;
+    }
+    if (!state[dev]) {
+        bool ok = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)bytes) == cudaSuccess;
+        if (!ok) cudaGetLastError(); /* not sticky */
+        state[dev] = ok ? 1 : -1;
+    }
+    return state[dev] > 0;
+}
 
 static inline int bt__dtype_ok(bt_cuda_dtype_t d)
 {

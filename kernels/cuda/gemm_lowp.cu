@@ -491,13 +491,17 @@ __global__ void __launch_bounds__(MT_WARPS * 32, 2) gemm_mma16(OT *y, const __nv
                 }
             }
         };
-        bool fast = FMT == FMT_FP4;
+        if constexpr (FMT == FMT_FP4) {
+            bool fast = true;
 #pragma unroll
-        for (int i = 0; i < TILES; i++) fast = fast && fp4_scale_fast(sv[i]);
-        if (__all_sync(0xffffffffu, fast))
-            tiles(std::true_type());
-        else
+            for (int i = 0; i < TILES; i++) fast = fast && fp4_scale_fast(sv[i]);
+            if (__all_sync(0xffffffffu, fast))
+                tiles(std::true_type());
+            else
+                tiles(std::false_type());
+        } else { /* FP8 has no fast variant */
             tiles(std::false_type());
+        }
 #pragma unroll
         for (int i = 0; i < TILES; i++) wv[i] = wnext[i], sv[i] = snext[i];
     }
@@ -696,24 +700,13 @@ __global__ void __launch_bounds__(FT_WARPS * 32, 3) gemm_fp4_tiles(OT *y, const 
             }
 }
 
-/* gemm_fp4_tiles' shared memory is over the 48 KB default: raised once per device */
+/* gemm_fp4_tiles' shared memory is over the 48 KB default (refused: the caller takes the
+ * other kernel) */
 static bool ft_smem_ready(void)
 {
-    static signed char state[64]; /* 0 not asked, 1 allowed, -1 refused (then never asked again) */
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
-        cudaGetLastError();
-        return false;
-    }
-    if (!state[dev]) { /* the same value from any thread: a benign race */
-        bool ok = cudaFuncSetAttribute(gemm_fp4_tiles<__nv_bfloat16>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, FT_SMEM) == cudaSuccess &&
-                  cudaFuncSetAttribute(gemm_fp4_tiles<float>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       FT_SMEM) == cudaSuccess;
-        if (!ok) cudaGetLastError(); /* not sticky: the caller takes the other kernel */
-        state[dev] = ok ? 1 : -1;
-    }
-    return state[dev] > 0;
+    static signed char bf16_out[BT__MAX_DEVICES], f32_out[BT__MAX_DEVICES];
+    return bt__smem_allowed((const void *)gemm_fp4_tiles<__nv_bfloat16>, FT_SMEM, bf16_out) &&
+           bt__smem_allowed((const void *)gemm_fp4_tiles<float>, FT_SMEM, f32_out);
 }
 
 template <int FMT>

@@ -243,42 +243,28 @@ extern "C" bt_status_t bt_cuda_index_scores_tc(float *scores, const float *q, co
     BT_CUDA_REQUIRE(scores && q && w && keys && visible && (!key_off || n_keys));
     BT_CUDA_REQUIRE(T > 0 && n > 0 && heads > 0 && heads <= IXT_HEADS);
     BT_CUDA_REQUIRE(dim > 0 && dim <= IX_MAXD);
-    /* each instance is allowed its largest (dim 128) shared memory once per device (no
-     * attribute call per launch: they raced between models of a process and cost every step),
-     * each on its own: four key tiles a block (100 KB) are over what some GPUs allow a block
-     * (GB10: 99 KB), and then only that instance is passed over */
-    enum { MAX_DEVICES = 64, N_INST = 3 };
-    static signed char allowed[MAX_DEVICES][N_INST]; /* 0 not asked, 1 yes, -1 no */
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= MAX_DEVICES) {
-        cudaGetLastError();
-        dev = -1;
-    }
-    auto allow = [&](int i, const void *fn, size_t bytes) {
-        if (dev < 0) return false;
-        if (!allowed[dev][i]) { /* the same value from any thread: a benign race */
-            bool ok = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           (int)bytes) == cudaSuccess;
-            if (!ok) cudaGetLastError(); /* not sticky */
-            allowed[dev][i] = ok ? 1 : -1;
-        }
-        return allowed[dev][i] > 0;
-    };
+    /* each instance is allowed its largest (dim 128) shared memory on its own: four key tiles
+     * a block (100 KB) are over what some GPUs allow a block (GB10: 99 KB), and then only that
+     * instance is passed over */
+    static signed char allowed[3][BT__MAX_DEVICES];
     if (key_off) {
-        allow(0, (const void *)index_scores_tc_kernel<1, 1>, ixt_smem<1, 1>(IX_MAXD));
+        bt__smem_allowed((const void *)index_scores_tc_kernel<1, 1>, ixt_smem<1, 1>(IX_MAXD),
+                         allowed[0]);
         size_t bytes = ixt_smem<1, 1>(dim);
         dim3 grid(bt__cdiv(n, IXT_KEYS), T);
         index_scores_tc_kernel<1, 1><<<grid, IXT_WARPS * 32, bytes, stream>>>(
             scores, q, w, keys, visible, T, heads, dim, n, key_off, n_keys);
     } else if ((long)bt__cdiv(n, 4 * IXT_KEYS) * bt__cdiv(T, 4) >= 264 &&
-               allow(1, (const void *)index_scores_tc_kernel<4, 4>, ixt_smem<4, 4>(IX_MAXD))) {
+               bt__smem_allowed((const void *)index_scores_tc_kernel<4, 4>, ixt_smem<4, 4>(IX_MAXD),
+                                allowed[1])) {
         /* four key tiles a block while that still leaves two blocks an SM (prefill) */
         size_t bytes = ixt_smem<4, 4>(dim);
         dim3 grid(bt__cdiv(n, 4 * IXT_KEYS), bt__cdiv(T, 4));
         index_scores_tc_kernel<4, 4><<<grid, IXT_WARPS * 32, bytes, stream>>>(
             scores, q, w, keys, visible, T, heads, dim, n, NULL, NULL);
     } else { /* few tokens: a block per key tile */
-        allow(2, (const void *)index_scores_tc_kernel<4, 1>, ixt_smem<4, 1>(IX_MAXD));
+        bt__smem_allowed((const void *)index_scores_tc_kernel<4, 1>, ixt_smem<4, 1>(IX_MAXD),
+                         allowed[2]);
         size_t bytes = ixt_smem<4, 1>(dim);
         dim3 grid(bt__cdiv(n, IXT_KEYS), bt__cdiv(T, 4));
         index_scores_tc_kernel<4, 1><<<grid, IXT_WARPS * 32, bytes, stream>>>(
