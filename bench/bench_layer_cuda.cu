@@ -20,7 +20,8 @@
  *   index qI = fq4(rope(i_wq_b qr)); w = weights_proj x;       gemm_fp8, rope, fake_quant,
  *         scores over the cached index keys, top 512           gemm_bf16, index_scores, topk
  *   core  attention over window + selected, sink, inverse rope attention
- *   proj  wo_a per group (8 x 1024), wo_b                      gemm_fp8 (x9), swap12 (here)
+ *   proj  wo_a per group (8 x 1024), wo_b                      gemm_fp8_batched (decode) or
+ *                                                               swap12 (here) + gemm_fp8 x8, gemm_fp8
  *   mHC   expand; mix (FFN site), collapse + ffn_norm           hc_expand, hc_mix, collapse
  *   route router logits (bf16 weights, fp32 out), top-6        gemm_bf16, moe_route,
  *         rows grouped by expert                                moe_dispatch (here)
@@ -231,9 +232,9 @@ __global__ void kv_store_kernel(__nv_bfloat16 *win, const int32_t *kv_row, const
     win[(size_t)kv_row[t] * HD + d] = __float2bfloat16_rn(kv[i]);
 }
 
-/* out[B, A, C] = in[A, B, C] for bf16 rows, C a multiple of 8 (16-byte moves). wo_a runs per
- * group over contiguous rows, so the heads of group g of every token are gathered first, and
- * the groups' outputs are put back token-major for wo_b. */
+/* out[B, A, C] = in[A, B, C] for bf16 rows, C a multiple of 8 (16-byte moves). Many rows run
+ * wo_a per group through cuBLASLt over contiguous rows, so the heads of group g of every token
+ * are gathered first, and the groups' outputs are put back token-major for wo_b. */
 __global__ void swap12_kernel(uint4 *out, const uint4 *in, int A, int B, int C8)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -685,22 +686,20 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
     BT_TRY(mark(ev, 4, st, capture));
 
     /* attention projections (out): wo_a per group of 8 heads, then wo_b */
-    const uint16_t *ag = c->attn;
-    uint16_t *og = c->oa;
-    if (T > 1) { /* for one token [1, 8, 4096] already is [8, 1, 4096] */
+    if (!g_tensor_cores || T < FP8_WIDE_ROWS || !c->wdq) {
+        /* the groups in one launch, each reading its heads and writing its columns in place */
+        BT_TRY(bt_cuda_gemm_fp8_batched(c->oa, BF16, OG * OL, OL, c->attn, OG * OGIN, OGIN,
+                                        W->wo_a.w, W->wo_a.s, OG, T, OL, OGIN, st));
+    } else { /* many rows: each group's rows gathered for cuBLASLt, its output scattered back */
         swap12_kernel<<<cdiv((size_t)T * NH * HD / 8, thr), thr, 0, st>>>(
             (uint4 *)c->attn_g, (const uint4 *)c->attn, T, OG, OGIN / 8);
         LAUNCHED("swap12 heads");
-        ag = c->attn_g;
-        og = c->oa_g;
-    }
-    for (int g = 0; g < OG; g++) {
-        const uint8_t *w = W->wo_a.w + (size_t)g * OL * OGIN;
-        const uint8_t *s = W->wo_a.s + (size_t)g * (OL / 32) * (OGIN / 32);
-        BT_TRY(fp8_mm(blas, c, og + (size_t)g * T * OL, BF16, ag + (size_t)g * T * OGIN, w, s, T,
-                                OL, OGIN, st));
-    }
-    if (T > 1) {
+        for (int g = 0; g < OG; g++) {
+            const uint8_t *w = W->wo_a.w + (size_t)g * OL * OGIN;
+            const uint8_t *s = W->wo_a.s + (size_t)g * (OL / 32) * (OGIN / 32);
+            BT_TRY(fp8_mm(blas, c, c->oa_g + (size_t)g * T * OL, BF16,
+                          c->attn_g + (size_t)g * T * OGIN, w, s, T, OL, OGIN, st));
+        }
         swap12_kernel<<<cdiv((size_t)T * OG * OL / 8, thr), thr, 0, st>>>(
             (uint4 *)c->oa, (const uint4 *)c->oa_g, OG, T, OL / 8);
         LAUNCHED("swap12 groups");

@@ -123,35 +123,46 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(
     }
 }
 
-/* Folds the partials of every split with the sink: M = max(sink, m_z), L = e^(sink - M) +
- * sum l_z e^(m_z - M), out = sum o_z e^(m_z - M) / L, then the inverse RoPE. One block per
- * (head, token), a thread per pair of channels. */
+/* Folds the partials of every split (at most 32) with the sink: M = max(sink, m_z),
+ * L = e^(sink - M) + sum l_z e^(m_z - M), out = sum o_z e^(m_z - M) / L, then the inverse
+ * RoPE; splits with l_z = 0 (no keys) left out. One block per (head, token), a thread per pair
+ * of channels; the first warp folds the (m, l) pairs a lane each (one thread walking them
+ * twice, dependent loads, was most of a decode step's combine). */
 template <typename T>
 __global__ void attention_combine_kernel(T *out, const float *work, const float *sink,
                                          const int64_t *pos, const float *inv_freq, int half, int H,
                                          int dim, int splits)
 {
+    __shared__ float ez_s[32], inv_s;
+    __shared__ unsigned used_s;
     int h = blockIdx.x, t = blockIdx.y;
     const float *w = work + ((size_t)t * H + h) * splits * (dim + 2);
-    float M = sink[h];
-    for (int z = 0; z < splits; z++)
-        if (w[z * (dim + 2) + 1] > 0.0f) M = fmaxf(M, w[z * (dim + 2)]);
-    float L = expf(sink[h] - M);
-    for (int z = 0; z < splits; z++) {
-        float lz = w[z * (dim + 2) + 1];
-        if (lz > 0.0f) L += lz * expf(w[z * (dim + 2)] - M);
+    if (threadIdx.x < 32) {
+        const int z = threadIdx.x;
+        const float mz = z < splits ? w[z * (dim + 2)] : 0.0f;
+        const float lz = z < splits ? w[z * (dim + 2) + 1] : 0.0f;
+        const bool has = z < splits && lz > 0.0f;
+        const float M = fmaxf(sink[h], bt_warp_max(has ? mz : -INFINITY));
+        const float ez = has ? expf(mz - M) : 0.0f;
+        const float L = expf(sink[h] - M) + bt_warp_sum(has ? lz * ez : 0.0f);
+        ez_s[z] = ez;
+        const unsigned used = __ballot_sync(0xffffffffu, has);
+        if (z == 0) {
+            used_s = used;
+            inv_s = 1.0f / L;
+        }
     }
-    float inv = 1.0f / L, p64 = (float)pos[t];
+    __syncthreads();
+    const unsigned used = used_s;
+    const float inv = inv_s, p64 = (float)pos[t];
     int r0 = dim - 2 * half;
     T *oh = out + ((size_t)t * H + h) * dim;
     for (int d = 2 * threadIdx.x; d < dim; d += 2 * blockDim.x) {
         float v[2];
         for (int e = 0; e < 2; e++) {
             float acc = 0.0f;
-            for (int z = 0; z < splits; z++) {
-                const float *wz = w + (size_t)z * (dim + 2);
-                if (wz[1] > 0.0f) acc += wz[2 + d + e] * expf(wz[0] - M);
-            }
+            for (int z = 0; z < splits; z++)
+                if (used >> z & 1) acc += w[(size_t)z * (dim + 2) + 2 + d + e] * ez_s[z];
             v[e] = acc * inv;
         }
         if (d >= r0) {
@@ -236,8 +247,9 @@ bt_status_t bt__attention_combine(void *out, bt_cuda_dtype_t dtype, const float 
                                   const float *sink, const int64_t *pos, const float *inv_freq,
                                   int half, int T, int H, int dim, int splits, cudaStream_t stream)
 {
+    BT_CUDA_REQUIRE(splits >= 1 && splits <= 32);
     dim3 cgrid(H, T);
-    int threads = min(256, (dim / 2 + 31) / 32 * 32);
+    int threads = min(256, (dim / 2 + 31) / 32 * 32); /* a warp at least */
     if (dtype == BT_CUDA_F32)
         attention_combine_kernel<<<cgrid, threads, 0, stream>>>((float *)out, work, sink, pos,
                                                                 inv_freq, half, H, dim, splits);

@@ -50,6 +50,17 @@ bt_status_t bt_cuda_gemm_fp8(void *y, bt_cuda_dtype_t y_dtype, const uint16_t *x
                              const uint8_t *w, const uint8_t *w_scale, int M, int N, int K,
                              cudaStream_t stream);
 
+/* A batch of such products in one launch (strided, as cuBLAS's strided batched GEMMs):
+ * y_b = x_b . dequant(w_b)^T for b < batch, row m of x_b at x + b * x_stride + m * ldx, of y_b
+ * at y + b * y_stride + m * ldy (elements); w [batch][N][K], scales
+ * [batch][ceil(N/32)][ceil(K/32)]. x 16-byte aligned, ldx and x_stride multiples of 8. For
+ * the grouped low-rank output projection: one launch for its groups, reading the heads where
+ * they lie and writing each group's columns in place. */
+bt_status_t bt_cuda_gemm_fp8_batched(void *y, bt_cuda_dtype_t y_dtype, int ldy,
+                                     long long y_stride, const uint16_t *x, int ldx,
+                                     long long x_stride, const uint8_t *w, const uint8_t *w_scale,
+                                     int batch, int M, int N, int K, cudaStream_t stream);
+
 /* w_bf16[N,K] = dequant(w) (FP8 e4m3 [N,K], UE8M0 scales [ceil(N/32), ceil(K/32)]), exact.
  * For many rows (prefill), dequantizing a weight once and running cuBLASLt's bf16 GEMM beats
  * bt_cuda_gemm_fp8's tiles: the weight is read three more times, the rows thousands. */

@@ -107,14 +107,25 @@ __device__ __forceinline__ void expert_weights(const uint8_t *&w, const uint8_t 
     if (FMT == FMT_FP4) {
         w += (size_t)e * N * (K / 2);
         ws += (size_t)e * N * (K / 32);
+    } else { /* a batch of FP8 matrices (one, e = 0, for a plain product) */
+        w += (size_t)e * N * K;
+        ws += (size_t)e * ((N + 31) / 32) * ((K + 31) / 32);
     }
 }
+
+/* Where the rows lie. Grouped (offs given): row r of x (r global, or rows[r]) at x + r * ldx,
+ * of y at y + r * ldy. A batch (offs NULL): group e's M rows at x + e * x_group + r * ldx and
+ * y + e * y_group + r * ldy, r < M. Plain: ldx = K, ldy = N. */
+struct gemm_io {
+    long long ldx, x_group, ldy, y_group;
+};
 
 template <int FMT, typename OT>
 __global__ void __launch_bounds__(TILE_THREADS) gemm_tile(OT *y, const __nv_bfloat16 *x,
                                                           const int32_t *rows, const int32_t *offs,
                                                           const uint8_t *w, const uint8_t *ws,
-                                                          int M, int N, int K, const int32_t *elist)
+                                                          int M, int N, int K, const int32_t *elist,
+                                                          gemm_io io)
 {
     __shared__ __align__(128) unsigned char smem[BM * LDC * 4];
     __nv_bfloat16(*sa)[LDS] = (__nv_bfloat16(*)[LDS])smem;
@@ -125,6 +136,8 @@ __global__ void __launch_bounds__(TILE_THREADS) gemm_tile(OT *y, const __nv_bflo
     if (e < 0) return; /* a padded slot of the expert list */
     int r0 = offs ? offs[e] : 0, r1 = offs ? offs[e + 1] : M;
     int m0 = r0 + blockIdx.y * BM, n0 = blockIdx.x * BN;
+    x += (size_t)e * io.x_group;
+    y += (size_t)e * io.y_group;
     if (m0 >= r1) return;
     int mrows = min(BM, r1 - m0);
     expert_weights<FMT>(w, ws, e, N, K);
@@ -154,7 +167,7 @@ __global__ void __launch_bounds__(TILE_THREADS) gemm_tile(OT *y, const __nv_bflo
             int idx = tid + TILE_THREADS * i, row = idx >> 2, kc = (idx & 3) * 8, k = k0 + kc;
             uint4 v = make_uint4(0, 0, 0, 0);
             if (a_src[i] >= 0) {
-                const __nv_bfloat16 *src = x + (size_t)a_src[i] * K + k;
+                const __nv_bfloat16 *src = x + (size_t)a_src[i] * io.ldx + k;
                 if (a_vec && k + 8 <= K) {
                     v = *(const uint4 *)src;
                 } else {
@@ -211,7 +224,7 @@ __global__ void __launch_bounds__(TILE_THREADS) gemm_tile(OT *y, const __nv_bflo
     __syncthreads();
     for (int idx = tid; idx < BM * BN; idx += TILE_THREADS) {
         int r = idx / BN, c = idx % BN;
-        if (r < mrows && n0 + c < N) bt_st(y, (size_t)(m0 + r) * N + n0 + c, sc[r][c]);
+        if (r < mrows && n0 + c < N) bt_st(y, (size_t)(m0 + r) * io.ldy + n0 + c, sc[r][c]);
     }
 }
 
@@ -220,13 +233,15 @@ __global__ void __launch_bounds__(SK_WARPS * 32) gemm_skinny(OT *y, const __nv_b
                                                              const int32_t *rows,
                                                              const int32_t *offs, const uint8_t *w,
                                                              const uint8_t *ws, int M, int N, int K,
-                                                             const int32_t *elist)
+                                                             const int32_t *elist, gemm_io io)
 {
     int lane = threadIdx.x & 31, n = blockIdx.x * SK_WARPS + (threadIdx.x >> 5);
     int e = elist ? elist[blockIdx.y] : blockIdx.y;
     if (n >= N || e < 0) return; /* no block barriers below */
     int r0 = offs ? offs[e] : 0, r1 = offs ? offs[e + 1] : M;
     expert_weights<FMT>(w, ws, e, N, K);
+    x += (size_t)e * io.x_group;
+    y += (size_t)e * io.y_group;
     const int ks8 = (K + 31) / 32;
     for (int mb = r0; mb < r1; mb += SK_ROWS) {
         int mr = min(SK_ROWS, r1 - mb);
@@ -236,7 +251,7 @@ __global__ void __launch_bounds__(SK_WARPS * 32) gemm_skinny(OT *y, const __nv_b
         for (int m = 0; m < SK_ROWS; m++) {
             acc[m] = 0.0f;
             int src = m < mr ? (rows ? rows[mb + m] : mb + m) : 0;
-            xr[m] = x + (size_t)src * K;
+            xr[m] = x + (size_t)src * io.ldx;
         }
         if (FMT == FMT_FP8 && (K % 16) == 0) {
             const uint8_t *wr = w + (size_t)n * K, *sr = ws + (size_t)(n / 32) * ks8;
@@ -309,7 +324,7 @@ __global__ void __launch_bounds__(SK_WARPS * 32) gemm_skinny(OT *y, const __nv_b
 #pragma unroll
         for (int m = 0; m < SK_ROWS; m++) {
             float v = bt_warp_sum(acc[m]);
-            if (lane == 0 && m < mr) bt_st(y, (size_t)(mb + m) * N + n, v);
+            if (lane == 0 && m < mr) bt_st(y, (size_t)(mb + m) * io.ldy + n, v);
         }
     }
 }
@@ -322,7 +337,9 @@ __global__ void __launch_bounds__(SK_WARPS * 32) gemm_skinny(OT *y, const __nv_b
  * each MMA's 16 logical k are mapped onto memory such that lane c's B (and A) elements are
  * contiguous: in a chunk of 64 (FP8; 128 for FP4) k, MMA s gives lane c the actual k
  * chunk + W*c + 4s + {0,1,2,3} (W = 16 or 32: the lane's 16 weight bytes), logical
- * {2c, 2c+1, 2c+8, 2c+9}. The 8 warps split K; their partial sums meet in shared memory.
+ * {2c, 2c+1, 2c+8, 2c+9}. FP4 goes one step further: a bf16 pair holds k j and j + 4 of each 8
+ * (e2m1x8_to_bf16_2m126_spread: shifts only), the rows' pairs permuted to match once a chunk
+ * for all tiles. The 8 warps split K; their partial sums meet in shared memory.
  * A block takes TILES x 8 columns: 4 where that leaves enough blocks, else 1 (a [512, 5120]
  * weight in blocks of 32 columns would run on 16 SMs). Each warp loads the next chunk's
  * weights before it multiplies the current one. */
@@ -352,6 +369,28 @@ __device__ __forceinline__ void e2m1x8_to_bf16_2m126(unsigned v, unsigned *out)
     }
 }
 
+/* The same 8 codes as 4 words whose pair j is codes j and j + 4 (k j, j + 4 of the word): the
+ * two nibbles of such a pair lie 16 bits apart, so shifts alone (no byte permute) put both
+ * magnitudes and both signs in place; 15 operations for the 21 above. The few-row kernel pairs
+ * its rows' bf16 the same way, permuted once for all its tiles. */
+__device__ __forceinline__ void e2m1x8_to_bf16_2m126_spread(unsigned v, unsigned *out)
+{
+    out[0] = ((v << 6) & 0x01c001c0u) | ((v << 12) & 0x80008000u);
+    out[1] = ((v << 2) & 0x01c001c0u) | ((v << 8) & 0x80008000u);
+    out[2] = ((v >> 2) & 0x01c001c0u) | ((v << 4) & 0x80008000u);
+    out[3] = ((v >> 6) & 0x01c001c0u) | (v & 0x80008000u);
+}
+
+/* e2m1 codes into bf16 pairs, in k order (SPREAD false) or pairs (j, j + 4) (true) */
+template <bool SPREAD>
+__device__ __forceinline__ void e2m1x8_to_bf16_pairs(unsigned v, unsigned *out)
+{
+    if (SPREAD)
+        e2m1x8_to_bf16_2m126_spread(v, out);
+    else
+        e2m1x8_to_bf16_2m126(v, out);
+}
+
 __device__ __forceinline__ unsigned pack_bf16(float lo, float hi)
 {
     __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
@@ -374,9 +413,10 @@ __device__ __forceinline__ __nv_bfloat162 fp4_scale2(uint8_t sv)
  * order, exact for a fp4_scale_fast scale: the codes as bf16 times 2^-126, then times
  * s2 = fp4_scale2 (subnormal inputs are exact in bf16 multiplies). No branch: the kernels pick
  * this or fp4x8_to_bf16_scaled once per chunk, so the MMAs around it can be interleaved. */
+template <bool SPREAD = false>
 __device__ __forceinline__ void fp4x8_to_bf16_fast(unsigned v, __nv_bfloat162 s2, unsigned *out)
 {
-    e2m1x8_to_bf16_2m126(v, out);
+    e2m1x8_to_bf16_pairs<SPREAD>(v, out);
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         __nv_bfloat162 p = __hmul2(*(__nv_bfloat162 *)&out[j], s2);
@@ -389,12 +429,13 @@ __device__ __forceinline__ void fp4x8_to_bf16_fast(unsigned v, __nv_bfloat162 s2
  * (bf16 multiplies keep subnormals, and e2m1 times a power of two has at most 2 significant
  * bits); overflow gives infinity as f32 does. Branch-free and light on registers: the slow path of
  * kernels whose fast path holds many. */
+template <bool SPREAD = false>
 __device__ __forceinline__ void fp4x8_to_bf16_scaled(unsigned v, uint8_t sv, unsigned *out)
 {
     const unsigned short bits = sv == 0 ? 0x0040 : sv == 0xff ? 0x7fc0 : (unsigned short)(sv << 7);
     const __nv_bfloat16 sb = __ushort_as_bfloat16(bits), up = __ushort_as_bfloat16(0x7e80);
     const __nv_bfloat162 s2 = __halves2bfloat162(sb, sb), up2 = __halves2bfloat162(up, up);
-    e2m1x8_to_bf16_2m126(v, out);
+    e2m1x8_to_bf16_pairs<SPREAD>(v, out);
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         __nv_bfloat162 p = __hmul2(__hmul2(*(__nv_bfloat162 *)&out[j], up2), s2);
@@ -408,7 +449,7 @@ __global__ void __launch_bounds__(MT_WARPS * 32, 2) gemm_mma16(OT *y, const __nv
                                                             const int32_t *offs,
                                                             const uint8_t *w, const uint8_t *ws,
                                                             int M, int N, int K,
-                                                            const int32_t *elist)
+                                                            const int32_t *elist, gemm_io io)
 {
     constexpr int KW = FMT == FMT_FP8 ? 16 : 32; /* k per lane per chunk */
     constexpr int CHUNK = 4 * KW, STEPS = KW / 4, XW = KW / 8; /* uint4 of x per row */
@@ -420,9 +461,11 @@ __global__ void __launch_bounds__(MT_WARPS * 32, 2) gemm_mma16(OT *y, const __nv
     const int r0 = offs ? offs[e] : 0, r1 = offs ? offs[e + 1] : M, mr = r1 - r0;
     if (mr <= 0) return; /* the whole block: no barrier is skipped by part of it */
     expert_weights<FMT>(w, ws, e, N, K);
-    const __nv_bfloat16 *xa = g < mr ? x + (size_t)(rows ? rows[r0 + g] : r0 + g) * K : NULL;
+    x += (size_t)e * io.x_group;
+    y += (size_t)e * io.y_group;
+    const __nv_bfloat16 *xa = g < mr ? x + (size_t)(rows ? rows[r0 + g] : r0 + g) * io.ldx : NULL;
     const __nv_bfloat16 *xb =
-        g + 8 < mr ? x + (size_t)(rows ? rows[r0 + g + 8] : r0 + g + 8) * K : NULL;
+        g + 8 < mr ? x + (size_t)(rows ? rows[r0 + g + 8] : r0 + g + 8) * io.ldx : NULL;
     const int ks8 = (K + 31) / 32;
 
     float acc[TILES][4];
@@ -460,6 +503,20 @@ __global__ void __launch_bounds__(MT_WARPS * 32, 2) gemm_mma16(OT *y, const __nv
             xv[0][q] = xa ? *(const uint4 *)(xa + kl + 8 * q) : make_uint4(0, 0, 0, 0);
             xv[1][q] = xb ? *(const uint4 *)(xb + kl + 8 * q) : make_uint4(0, 0, 0, 0);
         }
+        /* FP4: the rows' bf16 re-paired in place as the weights are (k j, j + 4 of each 8);
+         * rows 8..15 only when there are such (else zeros: no permutes) */
+        if (FMT == FMT_FP4) {
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                if (r == 1 && mr <= 8) break;
+#pragma unroll
+                for (int q = 0; q < XW; q++) {
+                    const uint4 v = xv[r][q];
+                    xv[r][q] = make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632),
+                                          __byte_perm(v.y, v.w, 0x5410), __byte_perm(v.y, v.w, 0x7632));
+                }
+            }
+        }
         const unsigned *xw0 = (const unsigned *)xv[0], *xw1 = (const unsigned *)xv[1];
         /* FAST: every FP4 scale of the warp's chunk converts in bf16, checked once */
         auto tiles = [&](auto fast_c) {
@@ -478,9 +535,9 @@ __global__ void __launch_bounds__(MT_WARPS * 32, 2) gemm_mma16(OT *y, const __nv
 #pragma unroll
                     for (int q = 0; q < 4; q++) {
                         if (FAST)
-                            fp4x8_to_bf16_fast(u[q], s2, bw + 4 * q);
+                            fp4x8_to_bf16_fast<true>(u[q], s2, bw + 4 * q);
                         else
-                            fp4x8_to_bf16_scaled(u[q], sv[i], bw + 4 * q);
+                            fp4x8_to_bf16_scaled<true>(u[q], sv[i], bw + 4 * q);
                     }
                 }
 #pragma unroll
@@ -520,7 +577,7 @@ __global__ void __launch_bounds__(MT_WARPS * 32, 2) gemm_mma16(OT *y, const __nv
         float v = 0.0f;
 #pragma unroll
         for (int q = 0; q < MT_WARPS; q++) v += red[q][r][col];
-        bt_st(y, (size_t)(r0 + r) * N + n0 + col, v);
+        bt_st(y, (size_t)(r0 + r) * io.ldy + n0 + col, v);
     }
 }
 
@@ -713,12 +770,12 @@ template <int FMT>
 static bt_status_t launch(void *y, bt_cuda_dtype_t yd, const uint16_t *x, const int32_t *rows,
                           const int32_t *offs, int groups, int max_rows, const uint8_t *w,
                           const uint8_t *ws, int M, int N, int K, const int32_t *elist,
-                          cudaStream_t stream)
+                          gemm_io io, cudaStream_t stream)
 {
     const __nv_bfloat16 *xb = (const __nv_bfloat16 *)x;
     /* whole chunks of K and 16-byte rows: the tensor-core kernel for few rows */
     bool mma_ok = K % (FMT == FMT_FP8 ? 64 : 128) == 0 && (uintptr_t)x % 16 == 0 &&
-                  (uintptr_t)w % 16 == 0;
+                  (uintptr_t)w % 16 == 0 && io.ldx % 8 == 0 && io.x_group % 8 == 0;
     if (max_rows <= SKINNY_MAX_ROWS && mma_ok) {
         bool wide = (long)bt__cdiv(N, 32) * groups >= 264; /* two blocks an SM */
 #define BT__MMA16(TL)                                                                              \
@@ -726,11 +783,10 @@ static bt_status_t launch(void *y, bt_cuda_dtype_t yd, const uint16_t *x, const 
             dim3 grid(bt__cdiv(N, 8 * TL), groups);                                                \
             if (yd == BT_CUDA_BF16)                                                                \
                 gemm_mma16<FMT, TL><<<grid, MT_WARPS * 32, 0, stream>>>(                           \
-                    (__nv_bfloat16 *)y, xb, rows, offs, w, ws, M, N, K, elist);                    \
+                    (__nv_bfloat16 *)y, xb, rows, offs, w, ws, M, N, K, elist, io);                \
             else                                                                                   \
-                gemm_mma16<FMT, TL><<<grid, MT_WARPS * 32, 0, stream>>>((float *)y, xb, rows,     \
-                                                                        offs, w, ws, M, N, K,      \
-                                                                        elist);                    \
+                gemm_mma16<FMT, TL><<<grid, MT_WARPS * 32, 0, stream>>>(                           \
+                    (float *)y, xb, rows, offs, w, ws, M, N, K, elist, io);                        \
         } while (0)
         if (wide)
             BT__MMA16(4);
@@ -741,11 +797,12 @@ static bt_status_t launch(void *y, bt_cuda_dtype_t yd, const uint16_t *x, const 
         dim3 grid(bt__cdiv(N, SK_WARPS), groups);
         if (yd == BT_CUDA_BF16)
             gemm_skinny<FMT><<<grid, SK_WARPS * 32, 0, stream>>>((__nv_bfloat16 *)y, xb, rows,
-                                                                 offs, w, ws, M, N, K, elist);
+                                                                 offs, w, ws, M, N, K, elist, io);
         else
             gemm_skinny<FMT><<<grid, SK_WARPS * 32, 0, stream>>>((float *)y, xb, rows, offs, w,
-                                                                 ws, M, N, K, elist);
+                                                                 ws, M, N, K, elist, io);
     } else if (FMT == FMT_FP4 && mma_ok && (uintptr_t)ws % 4 == 0 && ft_smem_ready()) {
+        /* (grouped only: rows K and N apart, as the plain layout) */
         dim3 grid(bt__cdiv(N, FT_COLS), bt__cdiv(max_rows, FT_ROWS), groups);
         if (yd == BT_CUDA_BF16)
             gemm_fp4_tiles<<<grid, FT_WARPS * 32, FT_SMEM, stream>>>((__nv_bfloat16 *)y, xb, rows,
@@ -757,10 +814,10 @@ static bt_status_t launch(void *y, bt_cuda_dtype_t yd, const uint16_t *x, const 
         dim3 grid(bt__cdiv(N, BN), bt__cdiv(max_rows, BM), groups);
         if (yd == BT_CUDA_BF16)
             gemm_tile<FMT><<<grid, TILE_THREADS, 0, stream>>>((__nv_bfloat16 *)y, xb, rows, offs,
-                                                              w, ws, M, N, K, elist);
+                                                              w, ws, M, N, K, elist, io);
         else
             gemm_tile<FMT><<<grid, TILE_THREADS, 0, stream>>>((float *)y, xb, rows, offs, w, ws,
-                                                              M, N, K, elist);
+                                                              M, N, K, elist, io);
     }
     return bt__cuda_launched(FMT == FMT_FP8 ? "gemm_fp8" : "gemm_fp4_grouped");
 }
@@ -771,7 +828,23 @@ extern "C" bt_status_t bt_cuda_gemm_fp8(void *y, bt_cuda_dtype_t y_dtype, const 
 {
     BT_CUDA_REQUIRE(y && x && w && w_scale && bt__dtype_ok(y_dtype));
     BT_CUDA_REQUIRE(M > 0 && N > 0 && K > 0 && M <= 65535 * BM);
-    return launch<FMT_FP8>(y, y_dtype, x, NULL, NULL, 1, M, w, w_scale, M, N, K, NULL, stream);
+    return launch<FMT_FP8>(y, y_dtype, x, NULL, NULL, 1, M, w, w_scale, M, N, K, NULL,
+                           gemm_io{K, 0, N, 0}, stream);
+}
+
+extern "C" bt_status_t bt_cuda_gemm_fp8_batched(void *y, bt_cuda_dtype_t y_dtype, int ldy,
+                                                long long y_stride, const uint16_t *x, int ldx,
+                                                long long x_stride, const uint8_t *w,
+                                                const uint8_t *w_scale, int batch, int M, int N,
+                                                int K, cudaStream_t stream)
+{
+    BT_CUDA_REQUIRE(y && x && w && w_scale && bt__dtype_ok(y_dtype));
+    BT_CUDA_REQUIRE(batch > 0 && batch <= 65535 && M > 0 && N > 0 && K > 0 && M <= 65535 * BM);
+    BT_CUDA_REQUIRE(ldx >= K && ldx % 8 == 0 && x_stride >= 0 && x_stride % 8 == 0 &&
+                    (uintptr_t)x % 16 == 0);
+    BT_CUDA_REQUIRE(ldy >= N && y_stride >= 0);
+    return launch<FMT_FP8>(y, y_dtype, x, NULL, NULL, batch, M, w, w_scale, M, N, K, NULL,
+                           gemm_io{ldx, x_stride, ldy, y_stride}, stream);
 }
 
 extern "C" bt_status_t bt_cuda_gemm_fp4_grouped(void *y, bt_cuda_dtype_t y_dtype,
@@ -784,7 +857,7 @@ extern "C" bt_status_t bt_cuda_gemm_fp4_grouped(void *y, bt_cuda_dtype_t y_dtype
     BT_CUDA_REQUIRE(n_experts > 0 && n_experts <= 65535 && max_rows > 0 && N > 0);
     BT_CUDA_REQUIRE(K > 0 && K % 32 == 0 && max_rows <= 65535 * BM);
     return launch<FMT_FP4>(y, y_dtype, x, rows, offs, n_experts, max_rows, w, w_scale, 0, N, K,
-                           NULL, stream);
+                           NULL, gemm_io{K, 0, N, 0}, stream);
 }
 
 extern "C" bt_status_t bt_cuda_gemm_fp4_grouped_list(void *y, bt_cuda_dtype_t y_dtype,
@@ -798,7 +871,7 @@ extern "C" bt_status_t bt_cuda_gemm_fp4_grouped_list(void *y, bt_cuda_dtype_t y_
     BT_CUDA_REQUIRE(n_listed > 0 && n_listed <= 65535 && max_rows > 0 && N > 0);
     BT_CUDA_REQUIRE(K > 0 && K % 32 == 0 && max_rows <= 65535 * BM);
     return launch<FMT_FP4>(y, y_dtype, x, rows, offs, n_listed, max_rows, w, w_scale, 0, N, K,
-                           experts, stream);
+                           experts, gemm_io{K, 0, N, 0}, stream);
 }
 
 /* ---- dequantization for the many-row path ---------------------------------------------- */

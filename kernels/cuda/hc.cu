@@ -212,26 +212,46 @@ extern "C" bt_status_t bt_cuda_hc_mix(float *pre, float *post, float *comb, cons
                              NULL, 0, stream);
 }
 
+/* A block per token, HC_PER values a thread (up to 1024 threads), the collapsed row kept in
+ * registers between the norm's sum and the store: one read of the streams (a decode step's
+ * few blocks were latency-bound at 256 threads reading them twice). Past 1024 * HC_PER values
+ * the rest is read again. */
+enum { HC_PER = 8 };
+
 template <typename OT>
-__global__ void hc_collapse_kernel(OT *out, const float *x, const float *w, const float *norm_w,
-                                   int hc, int D, float eps)
+__global__ void __launch_bounds__(1024) hc_collapse_kernel(OT *out, const float *x, const float *w,
+                                                           const float *norm_w, int hc, int D,
+                                                           float eps)
 {
     __shared__ float red[32];
-    int t = blockIdx.x;
+    const int t = blockIdx.x;
     const float *xt = x + (size_t)t * hc * D, *wt = w + (size_t)t * hc;
-    float ss = 0.0f;
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float v[HC_PER], ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < HC_PER; i++) {
+        const int d = threadIdx.x + i * blockDim.x;
+        v[i] = 0.0f;
+        if (d < D) {
+            for (int s = 0; s < hc; s++) v[i] += wt[s] * xt[(size_t)s * D + d];
+            ss += v[i] * v[i];
+        }
+    }
+    for (int d = threadIdx.x + HC_PER * blockDim.x; d < D; d += blockDim.x) {
         float acc = 0.0f;
         for (int s = 0; s < hc; s++) acc += wt[s] * xt[(size_t)s * D + d];
         ss += acc * acc;
     }
     ss = bt_block_sum(ss, red);
-    float r = 1.0f / sqrtf(ss / (float)D + eps);
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    const float r = 1.0f / sqrtf(ss / (float)D + eps);
+#pragma unroll
+    for (int i = 0; i < HC_PER; i++) {
+        const int d = threadIdx.x + i * blockDim.x;
+        if (d < D) bt_st(out, (size_t)t * D + d, norm_w ? norm_w[d] * (v[i] * r) : v[i] * r);
+    }
+    for (int d = threadIdx.x + HC_PER * blockDim.x; d < D; d += blockDim.x) {
         float acc = 0.0f;
         for (int s = 0; s < hc; s++) acc += wt[s] * xt[(size_t)s * D + d];
-        float v = acc * r;
-        bt_st(out, (size_t)t * D + d, norm_w ? norm_w[d] * v : v);
+        bt_st(out, (size_t)t * D + d, norm_w ? norm_w[d] * (acc * r) : acc * r);
     }
 }
 
@@ -242,10 +262,14 @@ extern "C" bt_status_t bt_cuda_hc_collapse_norm(void *out, bt_cuda_dtype_t out_d
 {
     BT_CUDA_REQUIRE(out && x && w && bt__dtype_ok(out_dtype));
     BT_CUDA_REQUIRE(T > 0 && hc > 0 && D > 0);
+    /* threads: D / HC_PER rounded up to warps, at most 1024 */
+    int threads = (bt__cdiv(D, HC_PER) + 31) / 32 * 32;
+    threads = threads > 1024 ? 1024 : threads;
     if (out_dtype == BT_CUDA_F32)
-        hc_collapse_kernel<<<T, 256, 0, stream>>>((float *)out, x, w, norm_w, hc, D, eps);
+        hc_collapse_kernel<<<T, threads, 0, stream>>>((float *)out, x, w, norm_w, hc, D, eps);
     else
-        hc_collapse_kernel<<<T, 256, 0, stream>>>((__nv_bfloat16 *)out, x, w, norm_w, hc, D, eps);
+        hc_collapse_kernel<<<T, threads, 0, stream>>>((__nv_bfloat16 *)out, x, w, norm_w, hc, D,
+                                                       eps);
     return bt__cuda_launched("hc_collapse_norm");
 }
 

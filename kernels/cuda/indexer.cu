@@ -330,14 +330,26 @@ __global__ void __launch_bounds__(TK_THREADS) topk_kernel(int32_t *out, int32_t 
             if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 0xffu], 1);
         }
         __syncthreads();
-        if (threadIdx.x == 0) {
-            int run = 0, b = 255;
-            for (; b > 0; b--) {
-                if (run + hist[b] >= need) break;
-                run += hist[b];
+        if (threadIdx.x < 32) { /* the bin where the count from the top reaches `need`: lane
+                                 * l holds bins 8l..8l+7, the lanes above it counted by a scan
+                                 * (one thread walking 256 bins cost ~4 us a pass) */
+            const int lane = threadIdx.x;
+            int cnt[8], mine = 0;
+#pragma unroll
+            for (int i = 0; i < 8; i++) mine += cnt[i] = hist[8 * lane + i];
+            int incl = mine; /* bins of lanes >= this one */
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                int v = __shfl_down_sync(0xffffffffu, incl, o);
+                if (lane + o < 32) incl += v;
             }
-            s_prefix = prefix | ((unsigned)b << shift);
-            s_need = need - run;
+            int run = incl - mine;
+            if (run < need && need <= incl) { /* exactly one lane: the counts reach `need` */
+                int b = 8 * lane + 7;
+                for (int i = 7; i > 0 && run + cnt[i] < need; i--, b--) run += cnt[i];
+                s_prefix = prefix | ((unsigned)b << shift);
+                s_need = need - run;
+            }
         }
         __syncthreads();
         prefix = s_prefix;

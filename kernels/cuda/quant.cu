@@ -1,10 +1,26 @@
-/* The model's QAT fake-quantizers on the GPU: one thread per block of values. */
+/* The model's QAT fake-quantizers on the GPU: a warp per block of values. */
 #include "kernels/cuda/quant.cuh"
 
+/* A warp per block of values (a decode step has a few dozen blocks: one thread each left the
+ * GPU idle for ~10 us): the lanes' amax meet by shuffles (NaN when any value is, as the
+ * reference's tensor max), then each lane rounds its values. */
 __global__ void fake_quant_kernel(float *x, size_t blocks, int block, int kind)
 {
-    size_t b = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (b < blocks) bt_dev_fake_quant_block(x + b * block, block, kind);
+    const size_t b = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (b >= blocks) return; /* the whole warp */
+    float *xb = x + b * block;
+    float amax = 0.0f;
+    bool nan = false;
+    for (int i = lane; i < block; i += 32) {
+        float a = fabsf(xb[i]);
+        nan = nan || isnan(a);
+        amax = fmaxf(amax, a);
+    }
+    amax = bt_warp_max(amax);
+    if (__any_sync(0xffffffffu, nan)) amax = __int_as_float(0x7fc00000);
+    const float scale = bt_dev_fake_quant_scale(amax, kind);
+    for (int i = lane; i < block; i += 32) xb[i] = bt_dev_fake_quant_value(xb[i], scale, kind);
 }
 
 extern "C" bt_status_t bt_cuda_fake_quant(float *x, int rows, int n, int block,
@@ -15,7 +31,6 @@ extern "C" bt_status_t bt_cuda_fake_quant(float *x, int rows, int n, int block,
                     kind == BT_CUDA_FQ_FP4_E4M3);
     if (n % block) return BT_OK; /* the reference leaves such vectors unquantized */
     size_t blocks = (size_t)rows * (n / block);
-    fake_quant_kernel<<<bt__cdiv((long long)blocks, 128), 128, 0, stream>>>(x, blocks, block,
-                                                                             (int)kind);
+    fake_quant_kernel<<<bt__cdiv((long long)blocks, 8), 256, 0, stream>>>(x, blocks, block, (int)kind);
     return bt__cuda_launched("fake_quant");
 }

@@ -65,27 +65,26 @@ __device__ __forceinline__ float bt_dev_clamp_abs(float x, float m)
     return x < -m ? -m : (x > m ? m : x);
 }
 
-/* One block of `block` values in place; kind as bt_cuda_fake_quant_t. */
-__device__ __forceinline__ void bt_dev_fake_quant_block(float *x, int block, int kind)
+/* The scale of a block whose amax (NaN when any value is) is `amax`; kind as
+ * bt_cuda_fake_quant_t. */
+__device__ __forceinline__ float bt_dev_fake_quant_scale(float amax, int kind)
 {
-    float amax = bt_dev_block_amax(x, block);
-    if (kind == 0) {
-        float scale = bt_dev_pow2_ceil(__fmul_rn(bt_dev_floor_at(amax, 1e-4f), 1.0f / 448.0f));
-        for (int i = 0; i < block; i++) {
-            float q = bt_dev_clamp_abs(__fdiv_rn(x[i], scale), 448.0f);
-            x[i] = __fmul_rn(bt_e4m3(bt_dev_f32_to_e4m3(q)), scale);
-        }
-        return;
-    }
-    float scale;
+    if (kind == 0)
+        return bt_dev_pow2_ceil(__fmul_rn(bt_dev_floor_at(amax, 1e-4f), 1.0f / 448.0f));
     if (kind == 2)
-        scale = bt_e4m3(bt_dev_f32_to_e4m3(__fdiv_rn(bt_dev_floor_at(amax, 6.0f * 0x1p-9f), 6.0f)));
-    else
-        scale = bt_dev_pow2_ceil(__fmul_rn(bt_dev_floor_at(amax, 6.0f * 0x1p-126f), 1.0f / 6.0f));
-    for (int i = 0; i < block; i++) {
-        float q = bt_dev_clamp_abs(__fdiv_rn(x[i], scale), 6.0f);
-        x[i] = __fmul_rn(bt_e2m1(bt_dev_f32_to_e2m1(q)), scale);
+        return bt_e4m3(bt_dev_f32_to_e4m3(__fdiv_rn(bt_dev_floor_at(amax, 6.0f * 0x1p-9f), 6.0f)));
+    return bt_dev_pow2_ceil(__fmul_rn(bt_dev_floor_at(amax, 6.0f * 0x1p-126f), 1.0f / 6.0f));
+}
+
+/* One value of a block with that scale, rounded to the grid and back */
+__device__ __forceinline__ float bt_dev_fake_quant_value(float x, float scale, int kind)
+{
+    if (kind == 0) {
+        float q = bt_dev_clamp_abs(__fdiv_rn(x, scale), 448.0f);
+        return __fmul_rn(bt_e4m3(bt_dev_f32_to_e4m3(q)), scale);
     }
+    float q = bt_dev_clamp_abs(__fdiv_rn(x, scale), 6.0f);
+    return __fmul_rn(bt_e2m1(bt_dev_f32_to_e2m1(q)), scale);
 }
 
 #endif

@@ -1176,7 +1176,17 @@ static bt_status_t attention(fwd_t *f, int l)
         a_src = cu->attn_all;
         a_ld = cu->tp * H * hd;
     }
-    for (int g = 0; g < G; g++) {
+    bool one_launch = w->wo_a.kind == MAT_FP8 && R % 32 == 0 && gin % 8 == 0 &&
+                      !(N >= FP8_WIDE_ROWS && cu->wdq) && (size_t)N * G * gin <= cu->xb_cap;
+    if (one_launch) {
+        /* every group in one launch (a decode step): the heads converted once and read where
+         * they lie, each group's R columns written in place; the loop below takes three
+         * launches a group (convert, multiply, copy into place) */
+        CK(bt_cuda_to_bf16(cu->xb, a_src, N, G * gin, a_ld, st));
+        CK(bt_cuda_gemm_fp8_batched(cu->oa, BT_CUDA_F32, G * R, R, cu->xb, G * gin, gin,
+                                    (const uint8_t *)w->wo_a.w, w->wo_a.scale, G, N, R, gin, st));
+    }
+    for (int g = 0; g < G && !one_launch; g++) {
         /* group g's rows of wo_a: a [R, gin] matrix of its own (FP8 blocks stay whole when R
          * is a multiple of 32) */
         dev_mat_t wg = w->wo_a;

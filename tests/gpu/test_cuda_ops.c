@@ -66,6 +66,8 @@ typedef enum {
     OP_HC_MIX_WS,   /* s: as OP_HC_MIX, with the workspace (split over blocks for few tokens) */
     OP_MOE_GROUP,   /* s: N K E bad-id (1: one pick out of range) */
     OP_ATTENTION_TC_WS, /* s: as OP_ATTENTION_TC, keys split over blocks (flash-decoding) */
+    OP_GEMM_FP8_BATCHED, /* s: batch M N K token-major (1: x [M][batch][K], y [M][batch][N],
+                          * rows padded) */
 } op_t;
 
 static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped", "rmsnorm",
@@ -77,7 +79,7 @@ static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped
                                  "mask_blocks", "trim_sel",   "to_bf16",          "attention_ws",
                                  "gemm_fp4_listed", "index_scores_sets", "attention_tc",
                                  "index_scores_tc", "index_sets_tc", "dequant_fp8", "hc_mix_ws", "moe_group",
-                                 "attention_tc_ws"};
+                                 "attention_tc_ws", "gemm_fp8_batched"};
 
 typedef struct {
     op_t op;
@@ -111,6 +113,17 @@ static const case_t cases[] = {
     {OP_GEMM_FP8, F32, {2, 40, 64}, 0},
     {OP_GEMM_FP8, F32, {11, 70, 1280}, 0},
     {OP_GEMM_FP8, BF16, {4, 8470, 128}, 0}, /* enough columns for 4 tiles a block */
+    {OP_GEMM_FP8, F32, {3, 40000, 128}, 0},  /* more items than resident blocks */
+    {OP_GEMM_FP8, BF16, {12, 20, 64}, 0},    /* rows 8..15 through the ring too */
+    {OP_GEMM_FP8_BATCHED, BF16, {8, 1, 1024, 4096}, 0}, /* the output groups at decode */
+    {OP_GEMM_FP8_BATCHED, F32, {8, 16, 1024, 4096}, 0},
+    {OP_GEMM_FP8_BATCHED, F32, {3, 5, 20, 64}, 0},  /* scale words 2 bytes off alignment */
+    {OP_GEMM_FP8_BATCHED, BF16, {5, 3, 70, 192}, 0},
+    {OP_GEMM_FP8_BATCHED, F32, {2, 40, 100, 128}, 0}, /* the tile kernel's batch */
+    {OP_GEMM_FP8_BATCHED, F32, {8, 3, 64, 512, 1}, 0}, /* the model's layout: heads in place */
+    {OP_GEMM_FP8_BATCHED, BF16, {4, 16, 96, 256, 1}, 0},
+    {OP_GEMM_FP8_BATCHED, F32, {3, 70, 40, 64, 1}, 0},
+    {OP_GEMM_FP8_BATCHED, F32, {2, 5, 33, 72, 1}, 0}, /* K not whole chunks: CUDA cores */
     {OP_GEMM_FP4, F32, {4, 64, 64, 5, 3}, 0},
     {OP_GEMM_FP4, F32, {8, 100, 96, 12, 5}, 0},
     {OP_GEMM_FP4, BF16, {3, 33, 32, 2, 2}, 0},
@@ -128,6 +141,9 @@ static const case_t cases[] = {
     {OP_GEMM_FP4, BF16, {2, 256, 128, 130, 130}, 0},
     /* many rows, K not whole 128-chunks: the wmma tile kernel */
     {OP_GEMM_FP4, F32, {6, 70, 160, 150, 60}, 0},
+    {OP_GEMM_FP4, F32, {300, 256, 256, 600, 300}, 0}, /* more items than resident blocks */
+    {OP_GEMM_FP4, BF16, {8, 160, 384, 80, 40}, 0},    /* rows 8..15 through the ring */
+    {OP_GEMM_FP4, F32, {6, 200, 256, 66, 30, 1}, 0},
     {OP_RMSNORM, F32, {1, 7, 1}, 0},
     {OP_RMSNORM, F32, {3, 512, 1}, 0},
     {OP_RMSNORM, F32, {17, 5120, 0}, 0},
@@ -144,6 +160,7 @@ static const case_t cases[] = {
     {OP_FAKE_QUANT, F32, {4, 512, 32, 0, 1}, 0},
     {OP_FAKE_QUANT, F32, {4, 128, 32, 1, 1}, 0},
     {OP_FAKE_QUANT, F32, {4, 512, 16, 2, 1}, 0},
+    {OP_FAKE_QUANT, F32, {3, 256, 64, 1, 1}, 0}, /* two values a lane */
     {OP_HC_MIX, F32, {1, 4, 5120}, 0},
     {OP_HC_MIX, F32, {3, 4, 100}, 0},
     {OP_HC_MIX, F32, {2, 4, 37}, 0},
@@ -162,6 +179,8 @@ static const case_t cases[] = {
     {OP_HC_MIX_WS, F32, {67, 4, 64}, 0},
     {OP_HC_COLLAPSE, F32, {3, 4, 5120}, 0},
     {OP_HC_COLLAPSE, BF16, {2, 4, 37}, 0},
+    {OP_HC_COLLAPSE, F32, {2, 4, 9000}, 0}, /* past the values a thread keeps */
+    {OP_HC_COLLAPSE, BF16, {5, 2, 1000}, 0},
     {OP_HC_EXPAND, F32, {3, 4, 5120}, 0},
     {OP_HC_EXPAND, BF16, {2, 4, 37}, 0},
     {OP_HC_EXPAND, F32, {1, 2, 7}, 0},
@@ -292,6 +311,8 @@ static const case_t cases[] = {
     {OP_GEMM_FP8, BF16, {8, 5120, 8192}, 1},
     {OP_GEMM_FP8, BF16, {16, 32768, 1280}, 1},
     {OP_GEMM_FP8, BF16, {16, 1280, 5120}, 1},
+    {OP_GEMM_FP8_BATCHED, BF16, {8, 1, 1024, 4096}, 1},
+    {OP_GEMM_FP8_BATCHED, BF16, {8, 16, 1024, 4096}, 1},
     {OP_GEMM_FP8, BF16, {4096, 5120, 8192}, 1},
     {OP_GEMM_FP4, BF16, {64, 2304, 5120, 48, 8}, 1},
     {OP_GEMM_FP4, BF16, {384, 2304, 5120, 6, 1}, 1},
@@ -532,6 +553,8 @@ typedef struct {
     int M, N, K, E, max_rows;
     int32_t *elist; /* OP_GEMM_FP4_LIST: the experts with rows */
     int n_listed;
+    int ldx, ldy; /* OP_GEMM_FP8_BATCHED: row and batch strides (elements) */
+    long long x_stride, y_stride;
 } gemm_ctx_t;
 
 static void launch_gemm_bf16(void *p)
@@ -641,6 +664,79 @@ static void run_gemm(const case_t *cs, result_t *r)
     }
     if (g_perf && cs->perf) r->ms = time_it(fn, &c);
     free(x), free(w), free(y), free(rows), free(yo), free(ref);
+}
+
+static void launch_gemm_fp8_batched(void *p)
+{
+    gemm_ctx_t *c = p;
+    BT_OK_OR_DIE(bt_cuda_gemm_fp8_batched(c->y, c->yd, c->ldy, c->y_stride, c->x, c->ldx,
+                                          c->x_stride, c->w8, c->s8, c->E, c->M, c->N, c->K, 0));
+}
+
+/* s = batch M N K token-major: `batch` independent FP8 products, each with its own weights and
+ * scales; token-major as the model's grouped output projection lays them out (row m of product
+ * b at m * ldx + b * K), rows padded by 8 elements, the output's padding checked untouched */
+static void run_gemm_fp8_batched(const case_t *cs, result_t *r)
+{
+    int B = cs->s[0], M = cs->s[1], N = cs->s[2], K = cs->s[3], tm = cs->s[4];
+    int ks = (K + 31) / 32, ns = (N + 31) / 32;
+    size_t nw = (size_t)B * N * K, nsc = (size_t)B * ns * ks;
+    gemm_ctx_t c = {0};
+    c.E = B;
+    c.M = M;
+    c.N = N;
+    c.K = K;
+    c.yd = cs->dt;
+    c.ldx = tm ? B * K + 8 : K;
+    c.x_stride = tm ? K : (long long)M * K;
+    c.ldy = tm ? B * N + 8 : N;
+    c.y_stride = tm ? N : (long long)M * N;
+    size_t nx = (size_t)(tm ? M : B * M) * c.ldx, ny = (size_t)(tm ? M : B * M) * c.ldy;
+    float *x = frandv(nx, 1.0f), *w = xmalloc(nw * 4);
+    uint8_t *w8 = xmalloc(nw), *s8 = xmalloc(nsc);
+    for (size_t i = 0; i < nsc; i++) s8[i] = (uint8_t)(120 + irand(8));
+    for (int b = 0; b < B; b++)
+        for (int n = 0; n < N; n++)
+            for (int k = 0; k < K; k++) {
+                size_t i = ((size_t)b * N + n) * K + k;
+                w8[i] = rand_e4m3();
+                w[i] = bt_e4m3_to_f32(w8[i]) *
+                       bt_e8m0_to_f32(s8[(size_t)b * ns * ks + (size_t)(n / 32) * ks + k / 32]);
+            }
+    c.x = dup_bf16(x, nx); /* (x is rounded to bf16 in place: the reference reads the same) */
+    c.w8 = dup(w8, nw);
+    c.s8 = dup(s8, nsc);
+    size_t ysz = ny * (cs->dt == BF16 ? 2 : 4);
+    c.y = dalloc(ysz);
+    poison(c.y, ysz);
+    launch_gemm_fp8_batched(&c);
+    float *y = get_act(c.y, ny, cs->dt), *yo = xmalloc((size_t)B * M * N * 4),
+          *ref = xmalloc((size_t)B * M * N * 4);
+    size_t untouched = 0, pad = 0;
+    for (int b = 0; b < B; b++)
+        for (int m = 0; m < M; m++) {
+            const float *xr = x + b * c.x_stride + (size_t)m * c.ldx;
+            for (int n = 0; n < N; n++) {
+                double acc = 0.0;
+                const float *wr = w + ((size_t)b * N + n) * K;
+                for (int k = 0; k < K; k++) acc += (double)xr[k] * wr[k];
+                size_t o = ((size_t)b * M + m) * N + n;
+                ref[o] = (float)acc;
+                yo[o] = y[b * c.y_stride + (size_t)m * c.ldy + n];
+            }
+        }
+    if (tm) /* the 8 padding elements of every output row stay poisoned (NaN) */
+        for (int m = 0; m < M; m++)
+            for (int j = 0; j < 8; j++, pad++) untouched += isnan(y[(size_t)m * c.ldy + B * N + j]);
+    relerr(r, yo, ref, (size_t)B * M * N);
+    for (size_t i = 0; i < (size_t)B * M * N; i++)
+        if (!isfinite(yo[i])) r->finite = 0;
+    if (untouched != pad) r->exact_ok = 0;
+    if (tm) snprintf(r->note, sizeof(r->note), "padding untouched: %zu of %zu", untouched, pad);
+    r->bytes = (double)nw + (double)nsc + 2.0 * B * M * K + (double)B * M * N * (cs->dt == BF16 ? 2 : 4);
+    r->flops = 2.0 * B * M * N * K;
+    if (g_perf && cs->perf) r->ms = time_it(launch_gemm_fp8_batched, &c);
+    free(x), free(w), free(w8), free(s8), free(y), free(yo), free(ref);
 }
 
 static void launch_dequant_fp8(void *p)
@@ -1938,6 +2034,7 @@ static void run_case(const case_t *cs, result_t *r)
     case OP_GEMM_BF16:
     case OP_GEMM_FP8: run_gemm(cs, r); break;
     case OP_GEMM_FP4: run_gemm_fp4(cs, r); break;
+    case OP_GEMM_FP8_BATCHED: run_gemm_fp8_batched(cs, r); break;
     case OP_RMSNORM: run_rmsnorm(cs, r); break;
     case OP_ROPE: run_rope(cs, r); break;
     case OP_FAKE_QUANT: run_fake_quant(cs, r); break;
