@@ -475,19 +475,27 @@ __global__ void __launch_bounds__(MT_WARPS * 32, 2) gemm_mma16(OT *y, const __nv
         for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
 
     /* this lane's 16 weight bytes of tile i at the chunk that starts at k0, and their scale
-     * bytes (FP8: one 32x32 block for every tile; FP4: one per row); both a chunk ahead */
+     * bytes (FP8: one 32x32 block for every tile; FP4: one per row); both a chunk ahead. The
+     * offsets of each tile's row are resolved once (32 bits: the launcher keeps a matrix under
+     * 2 GB), so a load is an add away: the 64-bit products per load and chunk cost more issue
+     * slots than the loads themselves. */
+    unsigned woff[TILES], soff[TILES];
+    bool col_ok[TILES];
+#pragma unroll
+    for (int i = 0; i < TILES; i++) {
+        const unsigned n = (unsigned)(n0 + 8 * i + g);
+        col_ok[i] = n < (unsigned)N;
+        woff[i] = FMT == FMT_FP8 ? n * K + KW * c : n * (K / 2) + KW * c / 2;
+        soff[i] = FMT == FMT_FP8 ? (n / 32) * ks8 + (c >> 1) : n * (K / 32) + c;
+    }
     auto load_w = [&](uint4 *v, uint8_t *sb, int k0) {
-        const int kl = k0 + KW * c;
 #pragma unroll
         for (int i = 0; i < TILES; i++) {
-            int n = n0 + 8 * i + g;
             v[i] = make_uint4(0, 0, 0, 0);
             sb[i] = 127; /* neutral: a column past N (zero weights) keeps the fast path */
-            if (n < N && k0 < K) {
-                v[i] = __ldg((const uint4 *)(w + (FMT == FMT_FP8 ? (size_t)n * K + kl
-                                                                  : (size_t)n * (K / 2) + kl / 2)));
-                sb[i] = __ldg(ws + (FMT == FMT_FP8 ? (size_t)(n / 32) * ks8 + kl / 32
-                                                   : (size_t)n * (K / 32) + kl / 32));
+            if (col_ok[i] && k0 < K) {
+                v[i] = __ldg((const uint4 *)(w + woff[i] + (FMT == FMT_FP8 ? k0 : k0 / 2)));
+                sb[i] = __ldg(ws + soff[i] + k0 / 32);
             }
         }
     };
@@ -775,7 +783,8 @@ static bt_status_t launch(void *y, bt_cuda_dtype_t yd, const uint16_t *x, const 
     const __nv_bfloat16 *xb = (const __nv_bfloat16 *)x;
     /* whole chunks of K and 16-byte rows: the tensor-core kernel for few rows */
     bool mma_ok = K % (FMT == FMT_FP8 ? 64 : 128) == 0 && (uintptr_t)x % 16 == 0 &&
-                  (uintptr_t)w % 16 == 0 && io.ldx % 8 == 0 && io.x_group % 8 == 0;
+                  (uintptr_t)w % 16 == 0 && io.ldx % 8 == 0 && io.x_group % 8 == 0 &&
+                  (long long)N * K < (1ll << 31); /* (its offsets in a matrix are 32-bit) */
     if (max_rows <= SKINNY_MAX_ROWS && mma_ok) {
         bool wide = (long)bt__cdiv(N, 32) * groups >= 264; /* two blocks an SM */
 #define BT__MMA16(TL)                                                                              \

@@ -3,7 +3,7 @@
  * expansion of a sub-layer's output back into the streams. */
 #include "kernels/cuda/common.cuh"
 
-enum { MIX_THREADS = 256 };
+enum { MIX_THREADS = 256, FOLD_WARPS = 8 };
 
 __device__ __forceinline__ float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
 
@@ -142,14 +142,25 @@ __global__ void hc_mix_fold_kernel(float *pre, float *post, float *comb, const f
                                    float hc_eps, int iters, int splits)
 {
     constexpr int MIX = (2 + HC) * HC;
-    __shared__ float m[MIX + 1];
-    int t = blockIdx.x;
+    __shared__ float part[FOLD_WARPS][MIX + 1], m[MIX + 1];
+    const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    /* warp w adds splits w, w + FOLD_WARPS, ...; then the warps' sums in order (one lane
+     * walking all ~80 splits was most of a decode step's fold) */
+    if (lane <= MIX) {
+        float a = 0.0f;
+        for (int z = warp; z < splits; z += FOLD_WARPS)
+            a += work[((size_t)t * splits + z) * (MIX + 1) + lane];
+        part[warp][lane] = a;
+    }
+    __syncthreads();
     if (threadIdx.x <= MIX) {
         float a = 0.0f;
-        for (int z = 0; z < splits; z++) a += work[((size_t)t * splits + z) * (MIX + 1) + threadIdx.x];
+#pragma unroll
+        for (int w = 0; w < FOLD_WARPS; w++) a += part[w][threadIdx.x];
         m[threadIdx.x] = a;
     }
     __syncthreads();
+    if (warp > 0) return; /* (no barriers below) */
     float r = 1.0f / sqrtf(m[MIX] / (float)(HC * D) + eps);
     if (threadIdx.x < MIX) m[threadIdx.x] *= r;
     __syncwarp();
@@ -183,8 +194,9 @@ extern "C" bt_status_t bt_cuda_hc_mix_ws(float *pre, float *post, float *comb, c
         if (splits > 1) {                                                                          \
             hc_mix_split_kernel<H><<<dim3(splits, T), MIX_THREADS, 0, stream>>>(work, x, fn, D,    \
                                                                                 splits);           \
-            hc_mix_fold_kernel<H><<<T, 32, 0, stream>>>(pre, post, comb, work, base, scale, D, eps, \
-                                                        hc_eps, iters, splits);                    \
+            hc_mix_fold_kernel<H><<<T, FOLD_WARPS * 32, 0, stream>>>(pre, post, comb, work, base, \
+                                                                   scale, D, eps, hc_eps, iters,   \
+                                                                   splits);                        \
         } else if (T >= 4 * 132) { /* four tokens a block still fill the GPU */                 \
             hc_mix_kernel<H, 4><<<bt__cdiv(T, 4), MIX_THREADS, 0, stream>>>(                       \
                 pre, post, comb, x, fn, base, scale, T, D, eps, hc_eps, iters);                    \
