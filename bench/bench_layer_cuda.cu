@@ -599,12 +599,17 @@ static bt_status_t case_make(arena_t *a, case_t *c, uint32_t seed, cudaStream_t 
  * the kernels that preceded the tensor-core paths (for before/after in one run) */
 static int g_tensor_cores = 1;
 
+/* whether an FP8 product of M rows dequantizes its weight for cuBLASLt */
+static int fp8_via_cublas(const case_t *c, int M)
+{
+    return g_tensor_cores && M >= FP8_WIDE_ROWS && c->wdq;
+}
+
 static bt_status_t fp8_mm(bt_cuda_blas_t *blas, case_t *c, void *y, bt_cuda_dtype_t yt,
                           const uint16_t *x, const uint8_t *w, const uint8_t *s, int M, int N,
                           int K, cudaStream_t st)
 {
-    if (!g_tensor_cores || M < FP8_WIDE_ROWS || !c->wdq)
-        return bt_cuda_gemm_fp8(y, yt, x, w, s, M, N, K, st);
+    if (!fp8_via_cublas(c, M)) return bt_cuda_gemm_fp8(y, yt, x, w, s, M, N, K, st);
     BT_TRY(bt_cuda_dequant_fp8(c->wdq, w, s, N, K, st));
     return bt_cuda_gemm_bf16(blas, y, yt, x, c->wdq, M, N, K, st);
 }
@@ -686,7 +691,7 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
     BT_TRY(mark(ev, 4, st, capture));
 
     /* attention projections (out): wo_a per group of 8 heads, then wo_b */
-    if (!g_tensor_cores || T < FP8_WIDE_ROWS || !c->wdq) {
+    if (!fp8_via_cublas(c, T)) {
         /* the groups in one launch, each reading its heads and writing its columns in place */
         BT_TRY(bt_cuda_gemm_fp8_batched(c->oa, BF16, OG * OL, OL, c->attn, OG * OGIN, OGIN,
                                         W->wo_a.w, W->wo_a.s, OG, T, OL, OGIN, st));

@@ -120,6 +120,8 @@ struct gemm_io {
     long long ldx, x_group, ldy, y_group;
 };
 
+static inline gemm_io plain_io(int N, int K) { return gemm_io{K, 0, N, 0}; }
+
 template <int FMT, typename OT>
 __global__ void __launch_bounds__(TILE_THREADS) gemm_tile(OT *y, const __nv_bfloat16 *x,
                                                           const int32_t *rows, const int32_t *offs,
@@ -783,9 +785,9 @@ static bt_status_t launch(void *y, bt_cuda_dtype_t yd, const uint16_t *x, const 
     const __nv_bfloat16 *xb = (const __nv_bfloat16 *)x;
     /* whole chunks of K and 16-byte rows: the tensor-core kernel for few rows */
     bool mma_ok = K % (FMT == FMT_FP8 ? 64 : 128) == 0 && (uintptr_t)x % 16 == 0 &&
-                  (uintptr_t)w % 16 == 0 && io.ldx % 8 == 0 && io.x_group % 8 == 0 &&
-                  (long long)N * K < (1ll << 31); /* (its offsets in a matrix are 32-bit) */
-    if (max_rows <= SKINNY_MAX_ROWS && mma_ok) {
+                  (uintptr_t)w % 16 == 0 && io.ldx % 8 == 0 && io.x_group % 8 == 0;
+    /* (gemm_mma16's offsets in a matrix are 32-bit) */
+    if (max_rows <= SKINNY_MAX_ROWS && mma_ok && (long long)N * K < (1ll << 31)) {
         bool wide = (long)bt__cdiv(N, 32) * groups >= 264; /* two blocks an SM */
 #define BT__MMA16(TL)                                                                              \
         do {                                                                                       \
@@ -838,7 +840,7 @@ extern "C" bt_status_t bt_cuda_gemm_fp8(void *y, bt_cuda_dtype_t y_dtype, const 
     BT_CUDA_REQUIRE(y && x && w && w_scale && bt__dtype_ok(y_dtype));
     BT_CUDA_REQUIRE(M > 0 && N > 0 && K > 0 && M <= 65535 * BM);
     return launch<FMT_FP8>(y, y_dtype, x, NULL, NULL, 1, M, w, w_scale, M, N, K, NULL,
-                           gemm_io{K, 0, N, 0}, stream);
+                           plain_io(N, K), stream);
 }
 
 extern "C" bt_status_t bt_cuda_gemm_fp8_batched(void *y, bt_cuda_dtype_t y_dtype, int ldy,
@@ -866,7 +868,7 @@ extern "C" bt_status_t bt_cuda_gemm_fp4_grouped(void *y, bt_cuda_dtype_t y_dtype
     BT_CUDA_REQUIRE(n_experts > 0 && n_experts <= 65535 && max_rows > 0 && N > 0);
     BT_CUDA_REQUIRE(K > 0 && K % 32 == 0 && max_rows <= 65535 * BM);
     return launch<FMT_FP4>(y, y_dtype, x, rows, offs, n_experts, max_rows, w, w_scale, 0, N, K,
-                           NULL, gemm_io{K, 0, N, 0}, stream);
+                           NULL, plain_io(N, K), stream);
 }
 
 extern "C" bt_status_t bt_cuda_gemm_fp4_grouped_list(void *y, bt_cuda_dtype_t y_dtype,
@@ -880,7 +882,7 @@ extern "C" bt_status_t bt_cuda_gemm_fp4_grouped_list(void *y, bt_cuda_dtype_t y_
     BT_CUDA_REQUIRE(n_listed > 0 && n_listed <= 65535 && max_rows > 0 && N > 0);
     BT_CUDA_REQUIRE(K > 0 && K % 32 == 0 && max_rows <= 65535 * BM);
     return launch<FMT_FP4>(y, y_dtype, x, rows, offs, n_listed, max_rows, w, w_scale, 0, N, K,
-                           experts, gemm_io{K, 0, N, 0}, stream);
+                           experts, plain_io(N, K), stream);
 }
 
 /* ---- dequantization for the many-row path ---------------------------------------------- */

@@ -1,6 +1,8 @@
 /* The model's QAT fake-quantizers on the GPU: a warp per block of values. */
 #include "kernels/cuda/quant.cuh"
 
+enum { FQ_WARPS = 8 }; /* warps (blocks of values) a CUDA block */
+
 /* A warp per block of values (a decode step has a few dozen blocks: one thread each left the
  * GPU idle for ~10 us): the lanes' amax meet by shuffles (NaN when any value is, as the
  * reference's tensor max), then each lane rounds its values. */
@@ -31,6 +33,7 @@ extern "C" bt_status_t bt_cuda_fake_quant(float *x, int rows, int n, int block,
                     kind == BT_CUDA_FQ_FP4_E4M3);
     if (n % block) return BT_OK; /* the reference leaves such vectors unquantized */
     size_t blocks = (size_t)rows * (n / block);
-    fake_quant_kernel<<<bt__cdiv((long long)blocks, 8), 256, 0, stream>>>(x, blocks, block, (int)kind);
+    fake_quant_kernel<<<bt__cdiv((long long)blocks, FQ_WARPS), FQ_WARPS * 32, 0, stream>>>(
+        x, blocks, block, (int)kind);
     return bt__cuda_launched("fake_quant");
 }

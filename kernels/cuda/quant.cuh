@@ -47,18 +47,6 @@ __device__ __forceinline__ float bt_dev_pow2_ceil(float t)
     return ldexpf(1.0f, k);
 }
 
-/* NaN-propagating amax of a block, as the reference's tensor max */
-__device__ __forceinline__ float bt_dev_block_amax(const float *x, int n)
-{
-    float amax = 0.0f;
-    for (int i = 0; i < n; i++) {
-        float a = fabsf(x[i]);
-        if (isnan(a)) return a;
-        if (a > amax) amax = a;
-    }
-    return amax;
-}
-
 __device__ __forceinline__ float bt_dev_floor_at(float x, float lo) { return x < lo ? lo : x; }
 __device__ __forceinline__ float bt_dev_clamp_abs(float x, float m)
 {

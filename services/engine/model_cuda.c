@@ -864,6 +864,11 @@ static bt_status_t tp_all_gather(fwd_t *f, const void *dsend, size_t bytes, bool
  * CUDA cores' FMAs; FP8 and BF16 with x rounded to bf16, fp32 accumulation. An FP8 weight
  * against FP8_WIDE_ROWS rows or more (prefill) is dequantized once (exactly, into bf16) and
  * multiplied by cuBLASLt: the same products, at the tensor cores' bf16 rate. */
+static bool fp8_via_cublas(const struct bt_model_cuda *cu, int M)
+{
+    return M >= FP8_WIDE_ROWS && cu->wdq;
+}
+
 static bt_status_t mm(fwd_t *f, float *y, int ldy, const float *x, int ldx, const dev_mat_t *w, int M)
 {
     struct bt_model_cuda *cu = f->cu;
@@ -878,7 +883,7 @@ static bt_status_t mm(fwd_t *f, float *y, int ldy, const float *x, int ldx, cons
     }
     CK(bt_cuda_to_bf16(cu->xb, x, M, K, ldx, st));
     float *out = ldy == N ? y : cu->ytmp;
-    if (w->kind == MAT_FP8 && M >= FP8_WIDE_ROWS && cu->wdq) {
+    if (w->kind == MAT_FP8 && fp8_via_cublas(cu, M)) {
         CK(bt_cuda_dequant_fp8(cu->wdq, (const uint8_t *)w->w, w->scale, N, K, st));
         CK(bt_cuda_gemm_bf16(cu->blas, out, BT_CUDA_F32, cu->xb, cu->wdq, M, N, K, st));
     } else if (w->kind == MAT_FP8)
@@ -1177,16 +1182,15 @@ static bt_status_t attention(fwd_t *f, int l)
         a_ld = cu->tp * H * hd;
     }
     bool one_launch = w->wo_a.kind == MAT_FP8 && R % 32 == 0 && gin % 8 == 0 &&
-                      !(N >= FP8_WIDE_ROWS && cu->wdq) && (size_t)N * G * gin <= cu->xb_cap;
+                      !fp8_via_cublas(cu, N) && (size_t)N * G * gin <= cu->xb_cap;
     if (one_launch) {
         /* every group in one launch (a decode step): the heads converted once and read where
-         * they lie, each group's R columns written in place; the loop below takes three
-         * launches a group (convert, multiply, copy into place) */
+         * they lie, each group's R columns written in place; the per-group path takes
+         * three launches a group (convert, multiply, copy into place) */
         CK(bt_cuda_to_bf16(cu->xb, a_src, N, G * gin, a_ld, st));
         CK(bt_cuda_gemm_fp8_batched(cu->oa, BT_CUDA_F32, G * R, R, cu->xb, G * gin, gin,
                                     (const uint8_t *)w->wo_a.w, w->wo_a.scale, G, N, R, gin, st));
-    }
-    for (int g = 0; g < G && !one_launch; g++) {
+    } else for (int g = 0; g < G; g++) {
         /* group g's rows of wo_a: a [R, gin] matrix of its own (FP8 blocks stay whole when R
          * is a multiple of 32) */
         dev_mat_t wg = w->wo_a;
