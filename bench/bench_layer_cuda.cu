@@ -13,16 +13,16 @@
  * 128 tokens plus the 512 compressed entries that the layer's own indexer selects from the
  * kv source's cache. The compressor (the kv source's job) and the candidate-block mask are not
  * part of it. Per token, in the order of services/engine/model.c:
- *   mHC   mix (attention site), collapse + attn_norm           hc_mix, hc_collapse_norm
+ *   mHC   mix (attention site), collapse + attn_norm           hc_mix_collapse
  *   proj  qr = q_norm(wq_a x); q = rope(wq_b qr);              gemm_fp8, rmsnorm, rope
- *         kv = fq8(rope(kv_norm(wkv x))) into the window ring  gemm_fp8, rmsnorm, rope,
- *                                                              fake_quant, kv_store (here)
- *   index qI = fq4(rope(i_wq_b qr)); w = weights_proj x;       gemm_fp8, rope, fake_quant,
+ *         kv = fq8(rope(kv_norm(wkv x))) into the window ring  gemm_fp8, head_finish,
+ *                                                              kv_store (here)
+ *   index qI = fq4(rope(i_wq_b qr)); w = weights_proj x;       gemm_fp8, head_finish,
  *         scores over the cached index keys, top 512           gemm_bf16, index_scores, topk
  *   core  attention over window + selected, sink, inverse rope attention
  *   proj  wo_a per group (8 x 1024), wo_b                      gemm_fp8_batched (decode) or
  *                                                               swap12 (here) + gemm_fp8 x8, gemm_fp8
- *   mHC   expand; mix (FFN site), collapse + ffn_norm           hc_expand, hc_mix, collapse
+ *   mHC   expand; mix (FFN site), collapse + ffn_norm           hc_expand, hc_mix_collapse
  *   route router logits (bf16 weights, fp32 out), top-6        gemm_bf16, moe_route,
  *         rows grouped by expert                                moe_dispatch (here)
  *   exp   384 routed FP4 experts (grouped), 1 FP8 shared       gemm_fp4_grouped, swiglu,
@@ -635,11 +635,10 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
 
     BT_TRY(mark(ev, 0, st, capture));
     /* mHC, attention site: the attention collapses with the previous layer's FFN pre */
-    BT_TRY(bt_cuda_hc_mix_ws(c->pre_a, c->post, c->comb, c->x, W->hc_fn[0], W->hc_base[0],
-                             W->hc_scale[0], T, HC, HID, RMS_EPS, HC_EPS, HC_ITERS,
-                             g_tensor_cores ? c->hc_ws : NULL, c->hc_ws_n, st));
-    BT_TRY(bt_cuda_hc_collapse_norm(c->xin, BF16, c->x, c->pre_in, W->attn_norm, T, HC, HID,
-                                    RMS_EPS, st));
+    BT_TRY(bt_cuda_hc_mix_collapse_ws(c->pre_a, c->post, c->comb, c->x, W->hc_fn[0], W->hc_base[0],
+                                      W->hc_scale[0], T, HC, HID, RMS_EPS, HC_EPS, HC_ITERS,
+                                      g_tensor_cores ? c->hc_ws : NULL, c->hc_ws_n, c->xin, BF16,
+                                      c->pre_in, W->attn_norm, RMS_EPS, st));
     BT_TRY(mark(ev, 1, st, capture));
 
     /* attention projections (in) */
@@ -648,9 +647,8 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
     BT_TRY(fp8_mm(blas, c, c->q, BF16, c->qr, W->wq_b.w, W->wq_b.s, T, NH * HD, QL, st));
     BT_TRY(bt_cuda_rope(c->q, BF16, T, NH, HD, c->pos, W->inv_freq, ROPE_HALF, 0, st));
     BT_TRY(fp8_mm(blas, c, c->kv, F32, c->xin, W->wkv.w, W->wkv.s, T, HD, HID, st));
-    BT_TRY(bt_cuda_rmsnorm(c->kv, F32, c->kv, F32, W->kv_norm, T, HD, RMS_EPS, st));
-    BT_TRY(bt_cuda_rope(c->kv, F32, T, 1, HD, c->pos, W->inv_freq, ROPE_HALF, 0, st));
-    BT_TRY(bt_cuda_fake_quant(c->kv, T, HD, 32, BT_CUDA_FQ_FP8_UE8M0, st));
+    BT_TRY(bt_cuda_head_finish(c->kv, T, 1, HD, 1, W->kv_norm, RMS_EPS, c->pos, W->inv_freq,
+                               ROPE_HALF, 32, BT_CUDA_FQ_FP8_UE8M0, st)); /* norm, rope, FP8 */
     kv_store_kernel<<<cdiv((size_t)T * HD, thr), thr, 0, st>>>((__nv_bfloat16 *)c->win,
                                                               c->kv_row, c->kv, T);
     LAUNCHED("kv_store");
@@ -658,8 +656,8 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
 
     /* indexer */
     BT_TRY(fp8_mm(blas, c, c->qi, F32, c->qr, W->iwq_b.w, W->iwq_b.s, T, IH * ID, QL, st));
-    BT_TRY(bt_cuda_rope(c->qi, F32, T, IH, ID, c->pos, W->inv_freq, ROPE_HALF, 0, st));
-    BT_TRY(bt_cuda_fake_quant(c->qi, T * IH, ID, 32, BT_CUDA_FQ_FP4_UE8M0, st));
+    BT_TRY(bt_cuda_head_finish(c->qi, T, IH, ID, 0, NULL, 0.0f, c->pos, W->inv_freq, ROPE_HALF, 32,
+                               BT_CUDA_FQ_FP4_UE8M0, st)); /* rope, FP4 */
     BT_TRY(bt_cuda_gemm_bf16(blas, c->iw, F32, c->xin, W->wproj, T, IH, HID, st));
     /* every token against its own sequence's keys, in one launch */
     if (!g_tensor_cores)
@@ -714,11 +712,10 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
 
     /* mHC: attention output into the streams; FFN site mix and collapse */
     BT_TRY(bt_cuda_hc_expand(c->x, c->o_attn, BF16, c->post, c->comb, T, HC, HID, st));
-    BT_TRY(bt_cuda_hc_mix_ws(c->pre_f, c->post, c->comb, c->x, W->hc_fn[1], W->hc_base[1],
-                             W->hc_scale[1], T, HC, HID, RMS_EPS, HC_EPS, HC_ITERS,
-                             g_tensor_cores ? c->hc_ws : NULL, c->hc_ws_n, st));
-    BT_TRY(bt_cuda_hc_collapse_norm(c->xin, BF16, c->x, c->pre_a, W->ffn_norm, T, HC, HID,
-                                    RMS_EPS, st));
+    BT_TRY(bt_cuda_hc_mix_collapse_ws(c->pre_f, c->post, c->comb, c->x, W->hc_fn[1], W->hc_base[1],
+                                      W->hc_scale[1], T, HC, HID, RMS_EPS, HC_EPS, HC_ITERS,
+                                      g_tensor_cores ? c->hc_ws : NULL, c->hc_ws_n, c->xin, BF16,
+                                      c->pre_a, W->ffn_norm, RMS_EPS, st));
     BT_TRY(mark(ev, 6, st, capture));
 
     /* MoE routing */

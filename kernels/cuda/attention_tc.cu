@@ -73,12 +73,22 @@ __global__ void __launch_bounds__(TC_WARPS * 32) attention_tc_kernel(
     }
     const int nl = ke - kb, nchunks = (nl + TC_KEYS - 1) / TC_KEYS;
 
-    /* Q rows of this block's heads (zeros past H) */
-    for (int e = tid; e < TC_HEADS * vec; e += TC_WARPS * 32) {
-        int r = e / vec, c = (e % vec) * 8;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (h0 + r < H && c < dim) v = load8_bf16(q + ((size_t)t * H + h0 + r) * dim + c);
-        *(uint4 *)(sq + (size_t)r * ldq + c) = v;
+    /* Q rows of this block's heads (zeros past H): 8 loads a thread in flight before their
+     * stores (a load then a store at a time was ~8 latencies of a decode block's ~14) */
+    for (int base = 0; base < TC_HEADS * vec; base += 8 * TC_WARPS * 32) {
+        uint4 v[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            int e = base + i * TC_WARPS * 32 + tid, r = e / vec, c = (e % vec) * 8;
+            v[i] = make_uint4(0, 0, 0, 0);
+            if (e < TC_HEADS * vec && h0 + r < H && c < dim)
+                v[i] = load8_bf16(q + ((size_t)t * H + h0 + r) * dim + c);
+        }
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            int e = base + i * TC_WARPS * 32 + tid, r = e / vec, c = (e % vec) * 8;
+            if (e < TC_HEADS * vec) *(uint4 *)(sq + (size_t)r * ldq + c) = v[i];
+        }
     }
 
     /* gathers key rows [c0, c0 + 64) of the token into sk (zeros past nk): the rows' addresses
@@ -171,8 +181,10 @@ __global__ void __launch_bounds__(TC_WARPS * 32) attention_tc_kernel(
         for (int c = 0; c < TC_MAXD / 16 / TC_WARPS; c++) wmma::fill_fragment(o[i][c], 0.0f);
     for (int ch = 0; ch < nchunks; ch++) {
         __syncthreads();
-        load_keys(ch * TC_KEYS);
-        __syncthreads();
+        if (nchunks > 1) { /* (one chunk: pass 1 left its keys in sk) */
+            load_keys(ch * TC_KEYS);
+            __syncthreads();
+        }
 #pragma unroll
         for (int k = 0; k < TC_KEYS; k += 16) {
             wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a0, a1;

@@ -110,6 +110,15 @@ typedef enum {
 bt_status_t bt_cuda_fake_quant(float *x, int rows, int n, int block, bt_cuda_fake_quant_t kind,
                                cudaStream_t stream);
 
+/* In place on f32 x[rows, heads, dim], per head vector, each step optional: RMSNorm with
+ * weight norm_w (norm != 0; norm_w may be NULL; heads must then be 1), RoPE as bt_cuda_rope
+ * (pos NULL: none), the fake-quantizer as bt_cuda_fake_quant in blocks of fq_block (0: none).
+ * Bit for bit the same as those launches in that order; one launch. dim <= 4096. */
+bt_status_t bt_cuda_head_finish(float *x, int rows, int heads, int dim, int norm,
+                                const float *norm_w, float eps, const int64_t *pos,
+                                const float *inv_freq, int half, int fq_block,
+                                bt_cuda_fake_quant_t fq_kind, cudaStream_t stream);
+
 /* ---- mHC -------------------------------------------------------------------------------- */
 
 /* One mHC mapping per token from the streams x[T, hc*D] (f32): fn [(2+hc)*hc, hc*D],
@@ -129,10 +138,20 @@ bt_status_t bt_cuda_hc_mix_ws(float *pre, float *post, float *comb, const float 
                               int hc, int D, float eps, float hc_eps, int iters, float *work,
                               size_t work_floats, cudaStream_t stream);
 
-/* out[T,D] = RMSNorm(sum_s w[t,s] x[t,s,:]) with weight norm_w (may be NULL). */
+/* out[T,D] = RMSNorm(sum_s w[t,s] x[t,s,:]) with weight norm_w (may be NULL); hc 1, 2 or 4. */
 bt_status_t bt_cuda_hc_collapse_norm(void *out, bt_cuda_dtype_t out_dtype, const float *x,
                                      const float *w, const float *norm_w, int T, int hc, int D,
                                      float eps, cudaStream_t stream);
+
+/* bt_cuda_hc_mix_ws and then bt_cuda_hc_collapse_norm of the same streams with weights w mixed
+ * earlier (not this mix's pre), the same results; for few tokens the mix's fold and the
+ * collapse share one launch (2 launches where there were 3). */
+bt_status_t bt_cuda_hc_mix_collapse_ws(float *pre, float *post, float *comb, const float *x,
+                                       const float *fn, const float *base, const float *scale,
+                                       int T, int hc, int D, float mix_eps, float hc_eps,
+                                       int iters, float *work, size_t work_floats, void *out,
+                                       bt_cuda_dtype_t out_dtype, const float *w,
+                                       const float *norm_w, float eps, cudaStream_t stream);
 
 /* In place on x[T, hc, D]: x_k <- post_k * o + sum_j comb[j][k] x_j; o [T,D] f32 or bf16. */
 bt_status_t bt_cuda_hc_expand(float *x, const void *o, bt_cuda_dtype_t o_dtype,

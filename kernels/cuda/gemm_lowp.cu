@@ -7,7 +7,9 @@
  *
  * The kernels, by rows per weight matrix (an expert's share for grouped FP4):
  *   <= 16 rows, K whole chunks (64 FP8 / 128 FP4), 16-byte rows: gemm_mma16, m16n8k16 MMAs
- *           with the weights dequantized in registers straight into B fragments (decode);
+ *           with the weights dequantized in registers straight into B fragments (decode;
+ *           also bf16 weights for gemm.cu); a product of few column tiles has K sliced over
+ *           the blocks of a cluster, which add their sums through distributed shared memory;
  *   <= 16 rows otherwise: gemm_skinny, one warp per output column on the CUDA cores;
  *   more FP4 rows, K whole 128-chunks: gemm_fp4_tiles, 64 x 128 tiles of m16n8k16 MMAs fed by a
  *           cp.async pipeline of the rows, packed weights and scales (prefill experts);
@@ -16,14 +18,16 @@
  * (Dense FP8 products of >= 64 rows go through bt_cuda_dequant_fp8 and cuBLASLt instead.) */
 #include "kernels/cuda/common.cuh"
 
+#include <cooperative_groups.h>
 #include <cuda_fp8.h>
 #include <mma.h>
 
 #include <type_traits>
 
 using namespace nvcuda;
+namespace cg = cooperative_groups;
 
-enum { FMT_FP8 = 0, FMT_FP4 = 1 };
+enum { FMT_FP8 = 0, FMT_FP4 = 1, FMT_BF16 = 2 }; /* (bf16: the few-row kernel only) */
 enum { BM = 64, BN = 64, BK = 32, LDS = BK + 8, LDC = BN + 4, TILE_THREADS = 128 };
 enum { SK_WARPS = 8, SK_ROWS = 8, SKINNY_MAX_ROWS = 16 };
 
@@ -107,9 +111,11 @@ __device__ __forceinline__ void expert_weights(const uint8_t *&w, const uint8_t 
     if (FMT == FMT_FP4) {
         w += (size_t)e * N * (K / 2);
         ws += (size_t)e * N * (K / 32);
-    } else { /* a batch of FP8 matrices (one, e = 0, for a plain product) */
+    } else if (FMT == FMT_FP8) { /* a batch of FP8 matrices (one, e = 0, for a plain product) */
         w += (size_t)e * N * K;
         ws += (size_t)e * ((N + 31) / 32) * ((K + 31) / 32);
+    } else { /* bf16, no scales */
+        w += (size_t)e * N * K * 2;
     }
 }
 
@@ -411,6 +417,30 @@ __device__ __forceinline__ __nv_bfloat162 fp4_scale2(uint8_t sv)
     return __halves2bfloat162(sb, sb);
 }
 
+/* FP8: two e4m3 codes (the low 16 bits of v) become an exact f16 pair in one conversion;
+ * moving each half's exponent and mantissa down 3 bits makes it the bf16 of the same value
+ * times 2^-112 (f16 and bf16 differ by their exponent widths; e4m3 values are f16 normals),
+ * and one bf16 multiply by 2^112 * scale finishes it. 5 operations a pair where the f32 route
+ * (two conversions to f32, two multiplies, one packing) took 6. Exact while the scale keeps
+ * every product a bf16 with its 4 significant bits: scale bytes 8..142 (fp8_scale_fast);
+ * real checkpoints' are all such, others take the f32 route. */
+__device__ __forceinline__ bool fp8_scale_fast(uint8_t sv) { return sv >= 8 && sv <= 142; }
+
+__device__ __forceinline__ __nv_bfloat162 fp8_scale2(uint8_t sv)
+{
+    const __nv_bfloat16 sb = __ushort_as_bfloat16((unsigned short)((sv + 112) << 7));
+    return __halves2bfloat162(sb, sb);
+}
+
+__device__ __forceinline__ unsigned e4m3x2_to_bf16_scaled(unsigned v, __nv_bfloat162 s2)
+{
+    const __half2_raw h2 = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(v & 0xffffu), __NV_E4M3);
+    const unsigned h = (unsigned)h2.x | (unsigned)h2.y << 16;
+    unsigned b = ((h >> 3) & 0x0fff0fffu) | (h & 0x80008000u);
+    __nv_bfloat162 p = __hmul2(*(__nv_bfloat162 *)&b, s2);
+    return *(unsigned *)&p;
+}
+
 /* 8 e2m1 codes (a word, low nibble first) times their scale -> 4 words of bf16 pairs in k
  * order, exact for a fp4_scale_fast scale: the codes as bf16 times 2^-126, then times
  * s2 = fp4_scale2 (subnormal inputs are exact in bf16 multiplies). No branch: the kernels pick
@@ -445,29 +475,47 @@ __device__ __forceinline__ void fp4x8_to_bf16_scaled(unsigned v, uint8_t sv, uns
     }
 }
 
+/* blocks an SM the registers must allow: 5 for the narrow FP8 and bf16 instances (at most 51
+ * registers; 4 measured the same within noise: decode b1 0.328 ms for 0.325), 2 for those
+ * that hold 4 tiles or FP4 pairs in registers */
+#ifndef MMA16_NARROW_FP8_BLOCKS /* (a compile-time knob for measuring) */
+#define MMA16_NARROW_FP8_BLOCKS 5
+#endif
+#define MMA16_MIN_BLOCKS(FMT, TILES) ((FMT) != FMT_FP4 && (TILES) == 1 ? MMA16_NARROW_FP8_BLOCKS : 2)
+
 template <int FMT, int TILES, typename OT>
-__global__ void __launch_bounds__(MT_WARPS * 32, 2) gemm_mma16(OT *y, const __nv_bfloat16 *x,
+__global__ void __launch_bounds__(MT_WARPS * 32, MMA16_MIN_BLOCKS(FMT, TILES)) gemm_mma16(OT *y, const __nv_bfloat16 *x,
                                                             const int32_t *rows,
                                                             const int32_t *offs,
                                                             const uint8_t *w, const uint8_t *ws,
                                                             int M, int N, int K,
-                                                            const int32_t *elist, gemm_io io)
+                                                            const int32_t *elist, gemm_io io,
+                                                            int ksplit)
 {
-    constexpr int KW = FMT == FMT_FP8 ? 16 : 32; /* k per lane per chunk */
+    /* k per lane per chunk: the 16 bytes a lane loads */
+    constexpr int KW = FMT == FMT_FP8 ? 16 : FMT == FMT_FP4 ? 32 : 8;
     constexpr int CHUNK = 4 * KW, STEPS = KW / 4, XW = KW / 8; /* uint4 of x per row */
     constexpr int COLS = 8 * TILES;
     __shared__ float red[MT_WARPS][16][COLS + 1];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
-    const int e = elist ? elist[blockIdx.y] : blockIdx.y, n0 = blockIdx.x * COLS;
+    /* ksplit > 1: the blocks of a cluster take consecutive slices of K for the same columns
+     * (never for FP4, whose instances then compile without it: it cost them 8% at b16) */
+    if (FMT == FMT_FP4) ksplit = 1;
+    const int split = blockIdx.x % ksplit, n0 = blockIdx.x / ksplit * COLS;
+    const int kslice = (K / CHUNK + ksplit - 1) / ksplit * CHUNK;
+    const int kbeg = split * kslice, kend = min(K, kbeg + kslice);
+    const int e = elist ? elist[blockIdx.y] : blockIdx.y;
     if (e < 0) return; /* a padded slot of the expert list (the whole block) */
     const int r0 = offs ? offs[e] : 0, r1 = offs ? offs[e + 1] : M, mr = r1 - r0;
     if (mr <= 0) return; /* the whole block: no barrier is skipped by part of it */
     expert_weights<FMT>(w, ws, e, N, K);
     x += (size_t)e * io.x_group;
     y += (size_t)e * io.y_group;
-    const __nv_bfloat16 *xa = g < mr ? x + (size_t)(rows ? rows[r0 + g] : r0 + g) * io.ldx : NULL;
-    const __nv_bfloat16 *xb =
-        g + 8 < mr ? x + (size_t)(rows ? rows[r0 + g + 8] : r0 + g + 8) * io.ldx : NULL;
+    /* rows past mr read the last real row: their products land in accumulator rows that are
+     * never stored, and the loads need neither predicates nor zeroed registers each chunk */
+    const int ga = min(g, mr - 1), gb = min(g + 8, mr - 1);
+    const __nv_bfloat16 *xa = x + (size_t)(rows ? rows[r0 + ga] : r0 + ga) * io.ldx;
+    const __nv_bfloat16 *xb = x + (size_t)(rows ? rows[r0 + gb] : r0 + gb) * io.ldx;
     const int ks8 = (K + 31) / 32;
 
     float acc[TILES][4];
@@ -487,7 +535,9 @@ __global__ void __launch_bounds__(MT_WARPS * 32, 2) gemm_mma16(OT *y, const __nv
     for (int i = 0; i < TILES; i++) {
         const unsigned n = (unsigned)(n0 + 8 * i + g);
         col_ok[i] = n < (unsigned)N;
-        woff[i] = FMT == FMT_FP8 ? n * K + KW * c : n * (K / 2) + KW * c / 2;
+        woff[i] = FMT == FMT_FP8 ? n * K + KW * c
+                  : FMT == FMT_FP4 ? n * (K / 2) + KW * c / 2
+                                   : (n * K + KW * c) * 2;
         soff[i] = FMT == FMT_FP8 ? (n / 32) * ks8 + (c >> 1) : n * (K / 32) + c;
     }
     auto load_w = [&](uint4 *v, uint8_t *sb, int k0) {
@@ -495,26 +545,27 @@ __global__ void __launch_bounds__(MT_WARPS * 32, 2) gemm_mma16(OT *y, const __nv
         for (int i = 0; i < TILES; i++) {
             v[i] = make_uint4(0, 0, 0, 0);
             sb[i] = 127; /* neutral: a column past N (zero weights) keeps the fast path */
-            if (col_ok[i] && k0 < K) {
-                v[i] = __ldg((const uint4 *)(w + woff[i] + (FMT == FMT_FP8 ? k0 : k0 / 2)));
-                sb[i] = __ldg(ws + soff[i] + k0 / 32);
+            if (col_ok[i] && k0 < kend) {
+                v[i] = __ldg((const uint4 *)(w + woff[i] +
+                                             (FMT == FMT_FP8 ? k0 : FMT == FMT_FP4 ? k0 / 2 : 2 * k0)));
+                if (FMT != FMT_BF16) sb[i] = __ldg(ws + soff[i] + k0 / 32);
             }
         }
     };
     uint4 wv[TILES], wnext[TILES];
     uint8_t sv[TILES], snext[TILES];
-    load_w(wv, sv, warp * CHUNK);
-    for (int k0 = warp * CHUNK; k0 < K; k0 += MT_WARPS * CHUNK) {
+    load_w(wv, sv, kbeg + warp * CHUNK);
+    for (int k0 = kbeg + warp * CHUNK; k0 < kend; k0 += MT_WARPS * CHUNK) {
         const int kl = k0 + KW * c; /* this lane's first k */
         load_w(wnext, snext, k0 + MT_WARPS * CHUNK);
         uint4 xv[2][XW];
 #pragma unroll
         for (int q = 0; q < XW; q++) {
-            xv[0][q] = xa ? *(const uint4 *)(xa + kl + 8 * q) : make_uint4(0, 0, 0, 0);
-            xv[1][q] = xb ? *(const uint4 *)(xb + kl + 8 * q) : make_uint4(0, 0, 0, 0);
+            xv[0][q] = *(const uint4 *)(xa + kl + 8 * q);
+            xv[1][q] = *(const uint4 *)(xb + kl + 8 * q);
         }
         /* FP4: the rows' bf16 re-paired in place as the weights are (k j, j + 4 of each 8);
-         * rows 8..15 only when there are such (else zeros: no permutes) */
+         * rows 8..15 only when there are such (else the rows never stored: no permutes) */
         if (FMT == FMT_FP4) {
 #pragma unroll
             for (int r = 0; r < 2; r++) {
@@ -528,13 +579,20 @@ __global__ void __launch_bounds__(MT_WARPS * 32, 2) gemm_mma16(OT *y, const __nv
             }
         }
         const unsigned *xw0 = (const unsigned *)xv[0], *xw1 = (const unsigned *)xv[1];
-        /* FAST: every FP4 scale of the warp's chunk converts in bf16, checked once */
+        /* FAST: every scale of the warp's chunk takes the bf16 route (fp4/fp8_scale_fast), checked once */
         auto tiles = [&](auto fast_c) {
             constexpr bool FAST = decltype(fast_c)::value;
 #pragma unroll
             for (int i = 0; i < TILES; i++) {
                 unsigned bw[KW / 2]; /* the lane's KW weights as bf16 pairs, in k order */
-                if (FMT == FMT_FP8) {
+                if constexpr (FMT == FMT_BF16) { /* already bf16 pairs in k order */
+                    bw[0] = wv[i].x, bw[1] = wv[i].y, bw[2] = wv[i].z, bw[3] = wv[i].w;
+                } else if constexpr (FMT == FMT_FP8 && FAST) {
+                    const unsigned u[4] = {wv[i].x, wv[i].y, wv[i].z, wv[i].w};
+                    const __nv_bfloat162 s2 = fp8_scale2(sv[i]);
+#pragma unroll
+                    for (int j = 0; j < 8; j++) bw[j] = e4m3x2_to_bf16_scaled(u[j / 2] >> (16 * (j & 1)), s2);
+                } else if constexpr (FMT == FMT_FP8) {
                     float f[16];
                     dequant_fp8x16(wv[i], bt_e8m0(sv[i]), f);
 #pragma unroll
@@ -558,17 +616,14 @@ __global__ void __launch_bounds__(MT_WARPS * 32, 2) gemm_mma16(OT *y, const __nv
                 }
             }
         };
-        if constexpr (FMT == FMT_FP4) {
-            bool fast = true;
+        bool fast = true;
 #pragma unroll
-            for (int i = 0; i < TILES; i++) fast = fast && fp4_scale_fast(sv[i]);
-            if (__all_sync(0xffffffffu, fast))
-                tiles(std::true_type());
-            else
-                tiles(std::false_type());
-        } else { /* FP8 has no fast variant */
+        for (int i = 0; i < TILES; i++)
+            fast = fast && (FMT == FMT_FP4 ? fp4_scale_fast(sv[i]) : fp8_scale_fast(sv[i]));
+        if (FMT == FMT_BF16 || __all_sync(0xffffffffu, fast))
+            tiles(std::true_type());
+        else
             tiles(std::false_type());
-        }
 #pragma unroll
         for (int i = 0; i < TILES; i++) wv[i] = wnext[i], sv[i] = snext[i];
     }
@@ -581,6 +636,32 @@ __global__ void __launch_bounds__(MT_WARPS * 32, 2) gemm_mma16(OT *y, const __nv
         red[warp][g + 8][8 * i + 2 * c + 1] = acc[i][3];
     }
     __syncthreads();
+    if (ksplit > 1) {
+        /* the block's sum over its warps into red[0] (each element by the thread that reads
+         * it), then the cluster's first block adds the blocks' sums in rank order from their
+         * shared memory: deterministic, no workspace */
+        for (int o = threadIdx.x; o < 16 * COLS; o += MT_WARPS * 32) {
+            int r = o / COLS, col = o % COLS;
+            float v = 0.0f;
+#pragma unroll
+            for (int q = 0; q < MT_WARPS; q++) v += red[q][r][col];
+            red[0][r][col] = v;
+        }
+        cg::cluster_group cluster = cg::this_cluster();
+        cluster.sync();
+        if (split == 0) {
+            for (int o = threadIdx.x; o < 16 * COLS; o += MT_WARPS * 32) {
+                int r = o / COLS, col = o % COLS;
+                if (r >= mr || n0 + col >= N) continue;
+                float v = 0.0f;
+                for (int q = 0; q < ksplit; q++)
+                    v += cluster.map_shared_rank(&red[0][0][0], q)[r * (COLS + 1) + col];
+                bt_st(y, (size_t)(r0 + r) * io.ldy + n0 + col, v);
+            }
+        }
+        cluster.sync(); /* (the others' shared memory stays until it is read) */
+        return;
+    }
     for (int o = threadIdx.x; o < 16 * COLS; o += MT_WARPS * 32) {
         int r = o / COLS, col = o % COLS;
         if (r >= mr || n0 + col >= N) continue;
@@ -776,6 +857,73 @@ static bool ft_smem_ready(void)
            bt__smem_allowed((const void *)gemm_fp4_tiles<float>, FT_SMEM, f32_out);
 }
 
+/* K slices for a narrow FP8 product whose column tiles fill less than one wave of resident
+ * blocks (5 an SM on 132 SMs): the few blocks of e.g. a [512, 5120] projection each walked
+ * all of K, one chunk a warp at a time, with most SMs idle. A cluster of 2..8 blocks takes a
+ * column tile, a slice of K each (every warp at least one chunk). A function of the shape
+ * alone, so a row sums the same in any batch. */
+static int mma16_ksplit(int N, int K, int groups, int chunk)
+{
+    const long tiles = (long)bt__cdiv(N, 8) * groups, wave = 132L * 5;
+    int s = 1;
+    while (s < 8 && tiles * s * 2 <= wave && K / (2 * s) >= MT_WARPS * chunk) s *= 2;
+    return s;
+}
+
+/* The few-row kernel's launch: 32 columns a block when that leaves two blocks an SM, else 8,
+ * the narrow ones with K in slices over a cluster when they fill less than a wave. */
+template <int FMT>
+static bt_status_t mma16_launch(void *y, bt_cuda_dtype_t yd, const __nv_bfloat16 *xb,
+                                const int32_t *rows, const int32_t *offs, int groups,
+                                const uint8_t *w, const uint8_t *ws, int M, int N, int K,
+                                const int32_t *elist, gemm_io io, cudaStream_t stream)
+{
+    bool wide = (long)bt__cdiv(N, 32) * groups >= 264; /* two blocks an SM */
+#define BT__MMA16(TL)                                                                              \
+    do {                                                                                           \
+        dim3 grid(bt__cdiv(N, 8 * TL), groups);                                                    \
+        if (yd == BT_CUDA_BF16)                                                                    \
+            gemm_mma16<FMT, TL><<<grid, MT_WARPS * 32, 0, stream>>>(                               \
+                (__nv_bfloat16 *)y, xb, rows, offs, w, ws, M, N, K, elist, io, 1);                 \
+        else                                                                                       \
+            gemm_mma16<FMT, TL><<<grid, MT_WARPS * 32, 0, stream>>>(                               \
+                (float *)y, xb, rows, offs, w, ws, M, N, K, elist, io, 1);                         \
+    } while (0)
+    const int split =
+        FMT != FMT_FP4 && !wide && !offs ? mma16_ksplit(N, K, groups, FMT == FMT_FP8 ? 64 : 32) : 1;
+    if (split > 1) {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(bt__cdiv(N, 8) * split, groups);
+        cfg.blockDim = dim3(MT_WARPS * 32);
+        cfg.stream = stream;
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = split;
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        cudaError_t ce;
+        if (yd == BT_CUDA_BF16)
+            ce = cudaLaunchKernelEx(&cfg, gemm_mma16<FMT, 1, __nv_bfloat16>, (__nv_bfloat16 *)y,
+                                    xb, rows, offs, w, ws, M, N, K, elist, io, split);
+        else
+            ce = cudaLaunchKernelEx(&cfg, gemm_mma16<FMT, 1, float>, (float *)y, xb, rows,
+                                    offs, w, ws, M, N, K, elist, io, split);
+        if (ce != cudaSuccess) {
+            cudaGetLastError(); /* (not sticky) */
+            fprintf(stderr, "cuda: gemm_mma16 (%d K slices a cluster): %s\n", split,
+                    cudaGetErrorString(ce));
+            return BT_ERR_DEVICE;
+        }
+    } else if (wide)
+        BT__MMA16(4);
+    else
+        BT__MMA16(1);
+#undef BT__MMA16
+    return BT_OK;
+}
+
 template <int FMT>
 static bt_status_t launch(void *y, bt_cuda_dtype_t yd, const uint16_t *x, const int32_t *rows,
                           const int32_t *offs, int groups, int max_rows, const uint8_t *w,
@@ -788,22 +936,9 @@ static bt_status_t launch(void *y, bt_cuda_dtype_t yd, const uint16_t *x, const 
                   (uintptr_t)w % 16 == 0 && io.ldx % 8 == 0 && io.x_group % 8 == 0;
     /* (gemm_mma16's offsets in a matrix are 32-bit) */
     if (max_rows <= SKINNY_MAX_ROWS && mma_ok && (long long)N * K < (1ll << 31)) {
-        bool wide = (long)bt__cdiv(N, 32) * groups >= 264; /* two blocks an SM */
-#define BT__MMA16(TL)                                                                              \
-        do {                                                                                       \
-            dim3 grid(bt__cdiv(N, 8 * TL), groups);                                                \
-            if (yd == BT_CUDA_BF16)                                                                \
-                gemm_mma16<FMT, TL><<<grid, MT_WARPS * 32, 0, stream>>>(                           \
-                    (__nv_bfloat16 *)y, xb, rows, offs, w, ws, M, N, K, elist, io);                \
-            else                                                                                   \
-                gemm_mma16<FMT, TL><<<grid, MT_WARPS * 32, 0, stream>>>(                           \
-                    (float *)y, xb, rows, offs, w, ws, M, N, K, elist, io);                        \
-        } while (0)
-        if (wide)
-            BT__MMA16(4);
-        else
-            BT__MMA16(1);
-#undef BT__MMA16
+        bt_status_t st = mma16_launch<FMT>(y, yd, xb, rows, offs, groups, w, ws, M, N, K, elist,
+                                           io, stream);
+        if (st != BT_OK) return st;
     } else if (max_rows <= SKINNY_MAX_ROWS) {
         dim3 grid(bt__cdiv(N, SK_WARPS), groups);
         if (yd == BT_CUDA_BF16)
@@ -916,4 +1051,23 @@ extern "C" bt_status_t bt_cuda_dequant_fp8(uint16_t *w_bf16, const uint8_t *w,
     dequant_fp8_kernel<<<(unsigned)((threads + 255) / 256), 256, 0, stream>>>(
         (__nv_bfloat16 *)w_bf16, w, w_scale, N, K, vec);
     return bt__cuda_launched("dequant_fp8");
+}
+
+/* y[M,N] = x[M,K] . w[N,K]^T with bf16 weights and up to 16 rows (a decode step), on the
+ * few-row kernel: gemm.cu's path for such products (cuBLASLt split them over two kernels of
+ * ~5 us each for the router's [384, 5120]). Each row's sums do not depend on M. */
+extern "C" bool bt__gemm_bf16_rows_fits(const void *x, const void *w, int M, int N, int K)
+{
+    return M >= 1 && M <= SKINNY_MAX_ROWS && N > 0 && K > 0 && K % 32 == 0 &&
+           (uintptr_t)x % 16 == 0 && (uintptr_t)w % 16 == 0 && 2ll * N * K < (1ll << 31);
+}
+
+extern "C" bt_status_t bt__gemm_bf16_rows(void *y, bt_cuda_dtype_t yd, const uint16_t *x,
+                                          const uint16_t *w, int M, int N, int K,
+                                          cudaStream_t stream)
+{
+    bt_status_t st = mma16_launch<FMT_BF16>(y, yd, (const __nv_bfloat16 *)x, NULL, NULL, 1,
+                                            (const uint8_t *)w, NULL, M, N, K, NULL,
+                                            plain_io(N, K), stream);
+    return st != BT_OK ? st : bt__cuda_launched("gemm_bf16 (rows)");
 }

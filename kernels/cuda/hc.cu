@@ -136,18 +136,22 @@ __global__ void __launch_bounds__(MIX_THREADS) hc_mix_split_kernel(float *work, 
     }
 }
 
+/* token t's fold, by the block's first FOLD_WARPS warps (the others must have left) */
 template <int HC>
-__global__ void hc_mix_fold_kernel(float *pre, float *post, float *comb, const float *work,
-                                   const float *base, const float *scale, int D, float eps,
-                                   float hc_eps, int iters, int splits)
+__device__ void hc_mix_fold(float *pre, float *post, float *comb, const float *work,
+                            const float *base, const float *scale, int D, float eps,
+                            float hc_eps, int iters, int splits, int t)
 {
     constexpr int MIX = (2 + HC) * HC;
     __shared__ float part[FOLD_WARPS][MIX + 1], m[MIX + 1];
-    const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     /* warp w adds splits w, w + FOLD_WARPS, ...; then the warps' sums in order (one lane
      * walking all ~80 splits was most of a decode step's fold) */
     if (lane <= MIX) {
         float a = 0.0f;
+        /* unrolled so the loads of several splits are in flight at once (the sum's order
+         * is the same) */
+#pragma unroll 4
         for (int z = warp; z < splits; z += FOLD_WARPS)
             a += work[((size_t)t * splits + z) * (MIX + 1) + lane];
         part[warp][lane] = a;
@@ -165,6 +169,14 @@ __global__ void hc_mix_fold_kernel(float *pre, float *post, float *comb, const f
     if (threadIdx.x < MIX) m[threadIdx.x] *= r;
     __syncwarp();
     hc_mix_finish<HC>(pre, post, comb, m, base, scale, t, hc_eps, iters);
+}
+
+template <int HC>
+__global__ void hc_mix_fold_kernel(float *pre, float *post, float *comb, const float *work,
+                                   const float *base, const float *scale, int D, float eps,
+                                   float hc_eps, int iters, int splits)
+{
+    hc_mix_fold<HC>(pre, post, comb, work, base, scale, D, eps, hc_eps, iters, splits, blockIdx.x);
 }
 
 /* split the mix when the tokens alone leave most of the GPU idle */
@@ -226,31 +238,38 @@ extern "C" bt_status_t bt_cuda_hc_mix(float *pre, float *post, float *comb, cons
 
 /* A block per token, HC_PER values a thread (up to 1024 threads), the collapsed row kept in
  * registers between the norm's sum and the store: one read of the streams (a decode step's
- * few blocks were latency-bound at 256 threads reading them twice). Past 1024 * HC_PER values
- * the rest is read again. */
+ * few blocks were latency-bound at 256 threads reading them twice). The stream count is a
+ * template argument so a thread's HC_PER x HC loads are all issued before the first sum
+ * (a loop over a runtime count left them one latency each). Past 1024 * HC_PER values the
+ * rest is read again. */
 enum { HC_PER = 8 };
 
-template <typename OT>
-__global__ void __launch_bounds__(1024) hc_collapse_kernel(OT *out, const float *x, const float *w,
-                                                           const float *norm_w, int hc, int D,
-                                                           float eps)
+template <int HC, typename OT>
+__device__ void hc_collapse(OT *out, const float *x, const float *w, const float *norm_w, int D,
+                            float eps, int t)
 {
     __shared__ float red[32];
-    const int t = blockIdx.x;
-    const float *xt = x + (size_t)t * hc * D, *wt = w + (size_t)t * hc;
-    float v[HC_PER], ss = 0.0f;
+    const float *xt = x + (size_t)t * HC * D, *wt = w + (size_t)t * HC;
+    float ws[HC], xv[HC_PER][HC], v[HC_PER], ss = 0.0f;
+#pragma unroll
+    for (int s = 0; s < HC; s++) ws[s] = wt[s];
 #pragma unroll
     for (int i = 0; i < HC_PER; i++) {
         const int d = threadIdx.x + i * blockDim.x;
+#pragma unroll
+        for (int s = 0; s < HC; s++) xv[i][s] = d < D ? xt[(size_t)s * D + d] : 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < HC_PER; i++) {
         v[i] = 0.0f;
-        if (d < D) {
-            for (int s = 0; s < hc; s++) v[i] += wt[s] * xt[(size_t)s * D + d];
-            ss += v[i] * v[i];
-        }
+#pragma unroll
+        for (int s = 0; s < HC; s++) v[i] += ws[s] * xv[i][s];
+        ss += v[i] * v[i]; /* zero past D */
     }
     for (int d = threadIdx.x + HC_PER * blockDim.x; d < D; d += blockDim.x) {
         float acc = 0.0f;
-        for (int s = 0; s < hc; s++) acc += wt[s] * xt[(size_t)s * D + d];
+#pragma unroll
+        for (int s = 0; s < HC; s++) acc += ws[s] * xt[(size_t)s * D + d];
         ss += acc * acc;
     }
     ss = bt_block_sum(ss, red);
@@ -262,9 +281,42 @@ __global__ void __launch_bounds__(1024) hc_collapse_kernel(OT *out, const float 
     }
     for (int d = threadIdx.x + HC_PER * blockDim.x; d < D; d += blockDim.x) {
         float acc = 0.0f;
-        for (int s = 0; s < hc; s++) acc += wt[s] * xt[(size_t)s * D + d];
+#pragma unroll
+        for (int s = 0; s < HC; s++) acc += ws[s] * xt[(size_t)s * D + d];
         bt_st(out, (size_t)t * D + d, norm_w ? norm_w[d] * (acc * r) : acc * r);
     }
+}
+
+template <int HC, typename OT>
+__global__ void __launch_bounds__(1024) hc_collapse_kernel(OT *out, const float *x, const float *w,
+                                                           const float *norm_w, int D, float eps)
+{
+    hc_collapse<HC>(out, x, w, norm_w, D, eps, blockIdx.x);
+}
+
+/* A decode step's mix fold and the collapse beside it (which uses weights mixed earlier, not
+ * these) in one launch: blocks [0, T) collapse, blocks [T, 2T) fold. */
+template <int HC, typename OT>
+__global__ void __launch_bounds__(1024) hc_fold_collapse_kernel(
+    float *pre, float *post, float *comb, const float *work, const float *base,
+    const float *scale, float mix_eps, float hc_eps, int iters, int splits, OT *out,
+    const float *x, const float *w, const float *norm_w, int T, int D, float eps)
+{
+    if (blockIdx.x < T) {
+        hc_collapse<HC>(out, x, w, norm_w, D, eps, blockIdx.x);
+    } else if (threadIdx.x < FOLD_WARPS * 32) { /* (the rest leave: the fold's barriers) */
+        hc_mix_fold<HC>(pre, post, comb, work, base, scale, D, mix_eps, hc_eps, iters, splits,
+                        blockIdx.x - T);
+    }
+}
+
+/* the collapse's threads: D / HC_PER rounded up to warps, from the fold's FOLD_WARPS warps
+ * (the fused launch's fold blocks need them; the norm's sum is split the same way in either
+ * launch, so both give the same bits) to 1024 */
+static int collapse_threads(int D)
+{
+    int threads = (bt__cdiv(D, HC_PER) + 31) / 32 * 32;
+    return threads > 1024 ? 1024 : threads < FOLD_WARPS * 32 ? FOLD_WARPS * 32 : threads;
 }
 
 extern "C" bt_status_t bt_cuda_hc_collapse_norm(void *out, bt_cuda_dtype_t out_dtype,
@@ -273,16 +325,66 @@ extern "C" bt_status_t bt_cuda_hc_collapse_norm(void *out, bt_cuda_dtype_t out_d
                                                 float eps, cudaStream_t stream)
 {
     BT_CUDA_REQUIRE(out && x && w && bt__dtype_ok(out_dtype));
-    BT_CUDA_REQUIRE(T > 0 && hc > 0 && D > 0);
-    /* threads: D / HC_PER rounded up to warps, at most 1024 */
-    int threads = (bt__cdiv(D, HC_PER) + 31) / 32 * 32;
-    threads = threads > 1024 ? 1024 : threads;
-    if (out_dtype == BT_CUDA_F32)
-        hc_collapse_kernel<<<T, threads, 0, stream>>>((float *)out, x, w, norm_w, hc, D, eps);
+    BT_CUDA_REQUIRE(T > 0 && D > 0 && (hc == 1 || hc == 2 || hc == 4));
+    const int threads = collapse_threads(D);
+#define BT__COLLAPSE(H)                                                                            \
+    do {                                                                                           \
+        if (out_dtype == BT_CUDA_F32)                                                              \
+            hc_collapse_kernel<H><<<T, threads, 0, stream>>>((float *)out, x, w, norm_w, D, eps);  \
+        else                                                                                       \
+            hc_collapse_kernel<H><<<T, threads, 0, stream>>>((__nv_bfloat16 *)out, x, w, norm_w,   \
+                                                             D, eps);                              \
+    } while (0)
+    if (hc == 4)
+        BT__COLLAPSE(4);
+    else if (hc == 2)
+        BT__COLLAPSE(2);
     else
-        hc_collapse_kernel<<<T, threads, 0, stream>>>((__nv_bfloat16 *)out, x, w, norm_w, hc, D,
-                                                       eps);
+        BT__COLLAPSE(1);
+#undef BT__COLLAPSE
     return bt__cuda_launched("hc_collapse_norm");
+}
+
+extern "C" bt_status_t bt_cuda_hc_mix_collapse_ws(
+    float *pre, float *post, float *comb, const float *x, const float *fn, const float *base,
+    const float *scale, int T, int hc, int D, float mix_eps, float hc_eps, int iters,
+    float *work, size_t work_floats, void *out, bt_cuda_dtype_t out_dtype, const float *w,
+    const float *norm_w, float eps, cudaStream_t stream)
+{
+    BT_CUDA_REQUIRE(pre && post && comb && x && fn && base && scale && out && w);
+    BT_CUDA_REQUIRE(w != pre); /* (earlier weights: the two run side by side) */
+    BT_CUDA_REQUIRE(T > 0 && D > 0 && iters >= 0 && bt__dtype_ok(out_dtype));
+    BT_CUDA_REQUIRE(hc == 1 || hc == 2 || hc == 4);
+    int splits = hc_splits(T, hc, D);
+    if (splits == 1 || !work || work_floats < bt_cuda_hc_mix_ws_floats(T, hc, D)) {
+        /* (no split: the mix is one launch of its own) */
+        bt_status_t st = bt_cuda_hc_mix_ws(pre, post, comb, x, fn, base, scale, T, hc, D,
+                                           mix_eps, hc_eps, iters, work, work_floats, stream);
+        if (st != BT_OK) return st;
+        return bt_cuda_hc_collapse_norm(out, out_dtype, x, w, norm_w, T, hc, D, eps, stream);
+    }
+    const int threads = collapse_threads(D);
+#define BT__MC(H)                                                                                  \
+    do {                                                                                           \
+        hc_mix_split_kernel<H><<<dim3(splits, T), MIX_THREADS, 0, stream>>>(work, x, fn, D,        \
+                                                                            splits);               \
+        if (out_dtype == BT_CUDA_F32)                                                              \
+            hc_fold_collapse_kernel<H><<<2 * T, threads, 0, stream>>>(                             \
+                pre, post, comb, work, base, scale, mix_eps, hc_eps, iters, splits, (float *)out,  \
+                x, w, norm_w, T, D, eps);                                                          \
+        else                                                                                       \
+            hc_fold_collapse_kernel<H><<<2 * T, threads, 0, stream>>>(                             \
+                pre, post, comb, work, base, scale, mix_eps, hc_eps, iters, splits,                \
+                (__nv_bfloat16 *)out, x, w, norm_w, T, D, eps);                                    \
+    } while (0)
+    if (hc == 4)
+        BT__MC(4);
+    else if (hc == 2)
+        BT__MC(2);
+    else
+        BT__MC(1);
+#undef BT__MC
+    return bt__cuda_launched("hc_mix_collapse");
 }
 
 template <int HC, typename OT>

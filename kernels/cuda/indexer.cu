@@ -275,7 +275,7 @@ extern "C" bt_status_t bt_cuda_index_scores_tc(float *scores, const float *q, co
 
 /* ---- top-k ------------------------------------------------------------------------------ */
 
-enum { TK_THREADS = 1024 };
+enum { TK_THREADS = 1024 }; /* (block_prefix: a lane per warp) */
 
 /* order-preserving map of a float onto uint32 (larger float -> larger key) */
 __device__ __forceinline__ unsigned ordered(float f)
@@ -293,14 +293,16 @@ __device__ __forceinline__ int block_prefix(int flag, int *warp_tot, int *total)
     __syncthreads();
     if (lane == 0) warp_tot[warp] = __popc(ballot);
     __syncthreads();
-    if (threadIdx.x == 0) {
-        int run = 0;
-        for (int i = 0; i < TK_THREADS / 32; i++) {
-            int v = warp_tot[i];
-            warp_tot[i] = run;
-            run += v;
+    if (warp == 0) { /* the 32 warps' counts scanned by a warp, not walked by one thread */
+        const int v = warp_tot[lane];
+        int incl = v;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            int u = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o) incl += u;
         }
-        warp_tot[TK_THREADS / 32] = run;
+        warp_tot[lane] = incl - v;
+        if (lane == 31) warp_tot[TK_THREADS / 32] = incl;
     }
     __syncthreads();
     *total = warp_tot[TK_THREADS / 32];

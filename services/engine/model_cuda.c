@@ -947,14 +947,12 @@ static bt_status_t compress(fwd_t *f, int l)
     bool keys = c->layer[l].is_index_source;
     if (keys) {
         CK(mm(f, cu->ikey, ihd, cu->latent, hd, &w->i_wk, n_lat));
-        CK(bt_cuda_rmsnorm(cu->ikey, BT_CUDA_F32, cu->ikey, BT_CUDA_F32, w->i_k_norm, n_lat, ihd, eps, st));
-        if (m->half_comp)
-            CK(bt_cuda_rope(cu->ikey, BT_CUDA_F32, n_lat, 1, ihd, epos_d, cu->inv_comp, m->half_comp, 0, st));
-        CK(bt_cuda_fake_quant(cu->ikey, n_lat, ihd, 32, BT_CUDA_FQ_FP4_UE8M0, st));
+        /* norm, rope, FP4 rounding: one launch */
+        CK(bt_cuda_head_finish(cu->ikey, n_lat, 1, ihd, 1, w->i_k_norm, eps, m->half_comp ? epos_d : NULL,
+                               cu->inv_comp, m->half_comp, 32, BT_CUDA_FQ_FP4_UE8M0, st));
     }
-    if (m->half_comp)
-        CK(bt_cuda_rope(cu->latent, BT_CUDA_F32, n_lat, 1, hd, epos_d, cu->inv_comp, m->half_comp, 0, st));
-    CK(bt_cuda_fake_quant(cu->latent, n_lat, hd, 16, BT_CUDA_FQ_FP4_E4M3, st));
+    CK(bt_cuda_head_finish(cu->latent, n_lat, 1, hd, 0, NULL, eps, m->half_comp ? epos_d : NULL, cu->inv_comp,
+                           m->half_comp, 16, BT_CUDA_FQ_FP4_E4M3, st));
     for (int q = 0; q < f->n_seqs; q++) {
         if (!lat_n[q]) continue;
         CK(d2d(f, region(f->dslot[q], f->lay->comp_off[l]) + (size_t)e0s[q] * hd,
@@ -1111,9 +1109,9 @@ static bt_status_t attention(fwd_t *f, int l)
     CK(mm(f, cu->q, H * hd, cu->q_res, qlr, &w->wq_b, N));
     CK(mm(f, cu->kv, hd, cu->xin, D, &w->wkv, N));
     if (half) CK(bt_cuda_rope(cu->q, BT_CUDA_F32, N, H, hd, f->pos_d, inv, half, 0, st));
-    CK(bt_cuda_rmsnorm(cu->kv, BT_CUDA_F32, cu->kv, BT_CUDA_F32, w->kv_norm, N, hd, eps, st));
-    if (half) CK(bt_cuda_rope(cu->kv, BT_CUDA_F32, N, 1, hd, f->pos_d, inv, half, 0, st));
-    CK(bt_cuda_fake_quant(cu->kv, N, hd, 32, BT_CUDA_FQ_FP8_UE8M0, st));
+    /* the latent KV row: norm, rope, FP8 rounding in one launch */
+    CK(bt_cuda_head_finish(cu->kv, N, 1, hd, 1, w->kv_norm, eps, half ? f->pos_d : NULL, inv, half, 32,
+                           BT_CUDA_FQ_FP8_UE8M0, st));
 
     if (comp) {
         if (L->is_kv_source) {
@@ -1125,9 +1123,8 @@ static bt_status_t attention(fwd_t *f, int l)
             int ih = c->index_heads, ihd = c->index_head_dim;
             CK(mm(f, cu->qi, ih * ihd, cu->q_res, qlr, &w->i_wq_b, N));
             CK(mm(f, cu->iw, ih, cu->xin, D, &w->i_weights_proj, N));
-            if (m->half_comp)
-                CK(bt_cuda_rope(cu->qi, BT_CUDA_F32, N, ih, ihd, f->pos_d, cu->inv_comp, m->half_comp, 0, st));
-            CK(bt_cuda_fake_quant(cu->qi, N * ih, ihd, 32, BT_CUDA_FQ_FP4_UE8M0, st));
+            CK(bt_cuda_head_finish(cu->qi, N, ih, ihd, 0, NULL, eps, m->half_comp ? f->pos_d : NULL,
+                                   cu->inv_comp, m->half_comp, 32, BT_CUDA_FQ_FP4_UE8M0, st));
             CK(bt_cuda_scale(cu->iw, (size_t)N * ih, 1.0f / sqrtf((float)ih), st));
             CK(indexer(f, l));
         }
@@ -1414,11 +1411,11 @@ static bt_status_t site(fwd_t *f, const float *fn, const float *base, const floa
     struct bt_model_cuda *cu = f->cu;
     char *err = f->err;
     size_t errlen = f->errlen;
-    CK(bt_cuda_hc_mix_ws(pre_out, cu->post, cu->comb, cu->x, fn, base, scale, f->N, c->hc_mult, c->hidden,
-                         (float)c->rms_eps, (float)c->hc_eps, c->sinkhorn_iters, cu->hc_ws, cu->hc_ws_cap,
-                         cu->stream));
-    CK(bt_cuda_hc_collapse_norm(cu->xin, BT_CUDA_F32, cu->x, collapse_w, norm_w, f->N, c->hc_mult,
-                                c->hidden, (float)c->rms_eps, cu->stream));
+    /* (a decode step's fold of the mix and the collapse share a launch) */
+    CK(bt_cuda_hc_mix_collapse_ws(pre_out, cu->post, cu->comb, cu->x, fn, base, scale, f->N, c->hc_mult,
+                                  c->hidden, (float)c->rms_eps, (float)c->hc_eps, c->sinkhorn_iters, cu->hc_ws,
+                                  cu->hc_ws_cap, cu->xin, BT_CUDA_F32, collapse_w, norm_w, (float)c->rms_eps,
+                                  cu->stream));
     return BT_OK;
 }
 

@@ -10,6 +10,7 @@
  *
  *   test_cuda_ops                 the correctness table
  *   test_cuda_ops --perf          also the large cases, timed: events, warm-up, median
+ *   test_cuda_ops --only topk,... only the cases of these ops
  *   test_cuda_ops --seed N        reproduce a run (the seed is printed) */
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/quant.h"
@@ -28,7 +29,7 @@
 
 typedef enum {
     OP_GEMM_BF16,   /* s: M N K */
-    OP_GEMM_FP8,    /* s: M N K */
+    OP_GEMM_FP8,    /* s: M N K wide-scales */
     OP_GEMM_FP4,    /* s: experts N K rows tokens tiny-scales */
     OP_RMSNORM,     /* s: rows n weighted */
     OP_ROPE,        /* s: rows heads dim half inverse */
@@ -68,6 +69,8 @@ typedef enum {
     OP_ATTENTION_TC_WS, /* s: as OP_ATTENTION_TC, keys split over blocks (flash-decoding) */
     OP_GEMM_FP8_BATCHED, /* s: batch M N K token-major (1: x [M][batch][K], y [M][batch][N],
                           * rows padded) */
+    OP_HEAD_FINISH, /* s: rows heads dim norm half fq (fq: block * 4 + kind, 0 none) */
+    OP_HC_MIX_COLLAPSE, /* s: T hc D: the mix and a collapse by other weights in 2 launches */
 } op_t;
 
 static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped", "rmsnorm",
@@ -79,7 +82,7 @@ static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped
                                  "mask_blocks", "trim_sel",   "to_bf16",          "attention_ws",
                                  "gemm_fp4_listed", "index_scores_sets", "attention_tc",
                                  "index_scores_tc", "index_sets_tc", "dequant_fp8", "hc_mix_ws", "moe_group",
-                                 "attention_tc_ws", "gemm_fp8_batched"};
+                                 "attention_tc_ws", "gemm_fp8_batched", "head_finish", "hc_mix_collapse"};
 
 typedef struct {
     op_t op;
@@ -100,6 +103,12 @@ static const case_t cases[] = {
     /* 16 and 11 rows against 1 and their first half (batch invariance) */
     {OP_GEMM_BF16, F32, {16, 1280, 5120}, 0},
     {OP_GEMM_BF16, BF16, {11, 4096, 1024}, 0},
+    /* up to 16 rows, K in whole 32s: the few-row kernel (K sliced over clusters of 8, 8, 1;
+     * 4 tiles a block; a partial tile) */
+    {OP_GEMM_BF16, F32, {1, 384, 5120}, 0},
+    {OP_GEMM_BF16, F32, {16, 64, 5120}, 0},
+    {OP_GEMM_BF16, BF16, {3, 8470, 64}, 0},
+    {OP_GEMM_BF16, F32, {2, 100, 96}, 0},
     {OP_GEMM_FP8, F32, {1, 96, 64}, 0},
     {OP_GEMM_FP8, F32, {3, 100, 200}, 0},
     {OP_GEMM_FP8, BF16, {16, 512, 1024}, 0},
@@ -115,6 +124,13 @@ static const case_t cases[] = {
     {OP_GEMM_FP8, BF16, {4, 8470, 128}, 0}, /* enough columns for 4 tiles a block */
     {OP_GEMM_FP8, F32, {3, 40000, 128}, 0},  /* more items than resident blocks */
     {OP_GEMM_FP8, BF16, {12, 20, 64}, 0},    /* rows 8..15 through the ring too */
+    {OP_GEMM_FP8, F32, {3, 300, 1024, 1}, 0},   /* scales for both dequantization routes */
+    /* few column tiles: K in slices over the blocks of a cluster (8, 4, 4, 2) */
+    {OP_GEMM_FP8, F32, {3, 512, 5120}, 0},
+    {OP_GEMM_FP8, BF16, {16, 1280, 5120}, 0},
+    {OP_GEMM_FP8, F32, {1, 200, 2048}, 0},
+    {OP_GEMM_FP8_BATCHED, F32, {2, 5, 64, 4096}, 0},
+    {OP_GEMM_FP8, BF16, {16, 8470, 256, 1}, 0}, /* the same, 4 tiles a block */
     {OP_GEMM_FP8_BATCHED, BF16, {8, 1, 1024, 4096}, 0}, /* the output groups at decode */
     {OP_GEMM_FP8_BATCHED, F32, {8, 16, 1024, 4096}, 0},
     {OP_GEMM_FP8_BATCHED, F32, {3, 5, 20, 64}, 0},  /* scale words 2 bytes off alignment */
@@ -177,10 +193,23 @@ static const case_t cases[] = {
     {OP_HC_MIX_WS, F32, {5, 1, 300}, 0},
     {OP_HC_MIX_WS, F32, {66, 4, 64}, 0},
     {OP_HC_MIX_WS, F32, {67, 4, 64}, 0},
+    /* norm, rope, fake quant in one launch against the three launches */
+    {OP_HEAD_FINISH, F32, {3, 1, 512, 1, 32, 32 * 4 + 0}, 0},  /* the latent KV row */
+    {OP_HEAD_FINISH, F32, {2, 64, 128, 0, 32, 32 * 4 + 1}, 0}, /* the indexer's queries */
+    {OP_HEAD_FINISH, F32, {5, 1, 512, 1, 32, 16 * 4 + 2}, 0},  /* the compressed latent */
+    {OP_HEAD_FINISH, F32, {4, 3, 100, 0, 7, 0}, 0},            /* rope alone, odd sizes */
+    {OP_HEAD_FINISH, F32, {3, 1, 1500, 1, 0, 64 * 4 + 0}, 0},  /* norm past 1024, no rope */
+    {OP_HEAD_FINISH, F32, {2, 1, 96, 1, 16, 64 * 4 + 1}, 0},   /* blocks that do not divide */
+    {OP_HC_MIX_COLLAPSE, BF16, {1, 4, 5120}, 0},
+    {OP_HC_MIX_COLLAPSE, F32, {16, 4, 5120}, 0},
+    {OP_HC_MIX_COLLAPSE, BF16, {3, 2, 300}, 0},  /* fewer threads than the fold's warps */
+    {OP_HC_MIX_COLLAPSE, F32, {2, 1, 700}, 0},
+    {OP_HC_MIX_COLLAPSE, F32, {70, 4, 64}, 0},   /* no split: the separate launches */
     {OP_HC_COLLAPSE, F32, {3, 4, 5120}, 0},
     {OP_HC_COLLAPSE, BF16, {2, 4, 37}, 0},
     {OP_HC_COLLAPSE, F32, {2, 4, 9000}, 0}, /* past the values a thread keeps */
     {OP_HC_COLLAPSE, BF16, {5, 2, 1000}, 0},
+    {OP_HC_COLLAPSE, F32, {2, 1, 129}, 0},
     {OP_HC_EXPAND, F32, {3, 4, 5120}, 0},
     {OP_HC_EXPAND, BF16, {2, 4, 37}, 0},
     {OP_HC_EXPAND, F32, {1, 2, 7}, 0},
@@ -195,10 +224,13 @@ static const case_t cases[] = {
     {OP_TOPK, F32, {2, 77, 512, 0}, 0},
     {OP_TOPK, F32, {4, 5000, 512, 1}, 0},
     {OP_TOPK, F32, {1, 20000, 2048, 0}, 0},
+    {OP_TOPK, F32, {2, 8192, 512, 1}, 0}, /* a decode step's shape, with ties */
     {OP_MOE_ROUTE, F32, {5, 384, 6}, 0},
     {OP_MOE_ROUTE, F32, {3, 64, 6}, 0},
     {OP_MOE_ROUTE, F32, {1, 17, 3}, 0},
-    {OP_MOE_ROUTE, F32, {64, 384, 6}, 0},
+    {OP_MOE_ROUTE, F32, {64, 384, 6}, 0},  /* the last token count with a block a token */
+    {OP_MOE_ROUTE, F32, {100, 384, 6}, 0}, /* a warp a token */
+    {OP_MOE_ROUTE, F32, {2, 1000, 16}, 0},
     {OP_SWIGLU, F32, {5, 2304, 1}, 0},
     {OP_SWIGLU, BF16, {3, 77, 0}, 0},
     {OP_ENGRAM_GATHER, F32, {3, 24, 256, 1000}, 0},
@@ -340,7 +372,10 @@ static const case_t cases[] = {
     {OP_INDEX_TC, F32, {4096, 32, 128, 8192, 0}, 1},
     {OP_DEQUANT_FP8, BF16, {32768, 1280}, 1},
     {OP_TOPK, F32, {64, 65536, 512, 0}, 1},
+    {OP_TOPK, F32, {1, 8192, 512, 0}, 1}, /* decode: one block a token */
+    {OP_TOPK, F32, {16, 8192, 512, 0}, 1},
     {OP_MOE_ROUTE, F32, {4096, 384, 6}, 1},
+    {OP_MOE_ROUTE, F32, {1, 384, 6}, 1},
     {OP_SAMPLE, F32, {64, 129280, 0, 0}, 1},
 };
 
@@ -476,6 +511,14 @@ static float *frandv(size_t n, float scale)
     return v;
 }
 
+/* n floats of host h onto the device; h freed */
+static float *dup_free(float *h, size_t n)
+{
+    float *d = dup(h, n * 4);
+    free(h);
+    return d;
+}
+
 typedef struct {
     double err, bound;
     int finite, exact_ok; /* exact_ok: integer outputs / bit patterns matched */
@@ -603,7 +646,10 @@ static void run_gemm(const case_t *cs, result_t *r)
     if (fp8) {
         int ks = (K + 31) / 32, ns = (N + 31) / 32;
         uint8_t *w8 = xmalloc((size_t)N * K), *s8 = xmalloc((size_t)ns * ks);
-        for (size_t i = 0; i < (size_t)ns * ks; i++) s8[i] = (uint8_t)(120 + irand(8));
+        /* s[3] 1: scale bytes 138..149, some past the few-row kernel's bf16 route (<= 142):
+         * both routes in one launch, chunk by chunk */
+        for (size_t i = 0; i < (size_t)ns * ks; i++)
+            s8[i] = (uint8_t)(cs->s[3] ? 138 + irand(12) : 120 + irand(8));
         for (int n = 0; n < N; n++)
             for (int k = 0; k < K; k++) {
                 w8[(size_t)n * K + k] = rand_e4m3();
@@ -930,6 +976,45 @@ static void run_rope(const case_t *cs, result_t *r)
     free(x), free(freq), free(pos), free(y), free(cs_), free(sn);
 }
 
+/* s = rows heads dim norm half fq: bt_cuda_head_finish against bt_cuda_rmsnorm, bt_cuda_rope
+ * and bt_cuda_fake_quant launched one after the other (each checked against the CPU on its
+ * own above): bit for bit */
+static void run_head_finish(const case_t *cs, result_t *r)
+{
+    int rows = cs->s[0], heads = cs->s[1], dim = cs->s[2], norm = cs->s[3], half = cs->s[4];
+    int fq_block = cs->s[5] / 4, kind = cs->s[5] % 4;
+    size_t tot = (size_t)rows * heads * dim;
+    float *x = frandv(tot, 3.0f), *nw = frandv((size_t)dim, 1.0f);
+    float *freq = xmalloc((size_t)(half > 0 ? half : 1) * 4);
+    int64_t *pos = xmalloc((size_t)rows * 8);
+    for (int i = 0; i < half; i++) freq[i] = powf(10000.0f, -(float)i / (float)half);
+    for (int i = 0; i < rows; i++) pos[i] = (int64_t)(rnd() % 100000);
+    float *dpos_f = half ? dup(freq, (size_t)half * 4) : NULL;
+    int64_t *dpos = half ? dup(pos, (size_t)rows * 8) : NULL;
+    float *dnw = dup(nw, (size_t)dim * 4), *a = dup(x, tot * 4), *b = dup(x, tot * 4);
+    BT_OK_OR_DIE(bt_cuda_head_finish(a, rows, heads, dim, norm, dnw, 1e-6f, dpos, dpos_f, half,
+                                     fq_block, (bt_cuda_fake_quant_t)kind, 0));
+    if (norm) BT_OK_OR_DIE(bt_cuda_rmsnorm(b, F32, b, F32, dnw, rows, dim, 1e-6f, 0));
+    if (half) BT_OK_OR_DIE(bt_cuda_rope(b, F32, rows, heads, dim, dpos, dpos_f, half, 0, 0));
+    if (fq_block)
+        BT_OK_OR_DIE(bt_cuda_fake_quant(b, rows * heads, dim, fq_block, (bt_cuda_fake_quant_t)kind, 0));
+    float *ya = xmalloc(tot * 4), *yb = xmalloc(tot * 4);
+    get(ya, a, tot * 4);
+    get(yb, b, tot * 4);
+    size_t diff = 0, changed = 0;
+    for (size_t i = 0; i < tot; i++) {
+        if (memcmp(&ya[i], &yb[i], 4) && !(isnan(ya[i]) && isnan(yb[i]))) diff++;
+        if (!isfinite(ya[i])) r->finite = 0;
+        changed += ya[i] != x[i];
+    }
+    r->bound = 0.0;
+    r->err = (double)diff;
+    r->exact_ok = diff == 0 && changed > 0; /* (and it did something) */
+    snprintf(r->note, sizeof(r->note), "bit-exact vs the separate launches: %zu of %zu differ", diff,
+             tot);
+    free(x), free(nw), free(freq), free(pos), free(ya), free(yb);
+}
+
 /* s = rows n block kind special: special mixes NaN, inf, zero blocks, subnormals and ties */
 static void run_fake_quant(const case_t *cs, result_t *r)
 {
@@ -1117,6 +1202,54 @@ static void run_hc_mix(const case_t *cs, result_t *r)
     r->flops = 2.0 * T * mix * n;
     if (g_perf && cs->perf) r->ms = time_it(launch_hc_mix, &c);
     free(x), free(fn), free(base), free(out), free(ref);
+}
+
+/* s = T hc D: bt_cuda_hc_mix_collapse_ws against bt_cuda_hc_mix_ws then
+ * bt_cuda_hc_collapse_norm (each checked against the CPU on its own): bit for bit */
+static void run_hc_mix_collapse(const case_t *cs, result_t *r)
+{
+    int T = cs->s[0], hc = cs->s[1], D = cs->s[2], mix = (2 + hc) * hc, n = hc * D;
+    float *x = dup_free(frandv((size_t)T * n, 2.0f), (size_t)T * n);
+    float *fn = dup_free(frandv((size_t)mix * n, 0.05f), (size_t)mix * n);
+    float *base = dup_free(frandv((size_t)mix, 1.0f), (size_t)mix), scale_h[3] = {0.7f, 1.3f, 0.9f};
+    float *scale = dup(scale_h, 12), *w = dup_free(frandv((size_t)T * hc, 1.0f), (size_t)T * hc);
+    float *nw = dup_free(frandv((size_t)D, 1.0f), (size_t)D);
+    size_t work_n = bt_cuda_hc_mix_ws_floats(T, hc, D), esz = cs->dt == BF16 ? 2 : 4;
+    size_t mixn = (size_t)T * (2 * hc + hc * hc), outn = (size_t)T * D;
+    float *work = dalloc((work_n ? work_n : 1) * 4);
+    float *outs[2][2]; /* [fused, separate][mix, collapse] */
+    for (int v = 0; v < 2; v++) {
+        outs[v][0] = dalloc(mixn * 4);
+        outs[v][1] = dalloc(outn * esz);
+        poison(outs[v][0], mixn * 4);
+        poison(outs[v][1], outn * esz);
+        float *pre = outs[v][0], *post = pre + (size_t)T * hc, *comb = post + (size_t)T * hc;
+        poison(work, (work_n ? work_n : 1) * 4);
+        if (v == 0) {
+            BT_OK_OR_DIE(bt_cuda_hc_mix_collapse_ws(pre, post, comb, x, fn, base, scale, T, hc, D,
+                                                    1e-20f, 1e-6f, 20, work, work_n, outs[v][1],
+                                                    cs->dt, w, nw, 1e-6f, 0));
+        } else {
+            BT_OK_OR_DIE(bt_cuda_hc_mix_ws(pre, post, comb, x, fn, base, scale, T, hc, D, 1e-20f,
+                                           1e-6f, 20, work, work_n, 0));
+            BT_OK_OR_DIE(bt_cuda_hc_collapse_norm(outs[v][1], cs->dt, x, w, nw, T, hc, D, 1e-6f, 0));
+        }
+    }
+    size_t diff = 0, sizes[2] = {mixn * 4, outn * esz};
+    for (int k = 0; k < 2; k++) {
+        unsigned char *a = xmalloc(sizes[k]), *b = xmalloc(sizes[k]);
+        get(a, outs[0][k], sizes[k]);
+        get(b, outs[1][k], sizes[k]);
+        diff += memcmp(a, b, sizes[k]) != 0;
+        if (k == 0)
+            for (size_t i = 0; i < mixn; i++) r->finite &= isfinite(((float *)a)[i]) != 0;
+        free(a), free(b);
+    }
+    r->bound = 0.0;
+    r->err = (double)diff;
+    r->exact_ok = diff == 0;
+    snprintf(r->note, sizeof(r->note), "bit-exact vs the separate launches: %s",
+             diff ? "DIFFERENT" : "same");
 }
 
 static void run_hc_collapse(const case_t *cs, result_t *r)
@@ -2041,6 +2174,8 @@ static void run_case(const case_t *cs, result_t *r)
     case OP_HC_MIX:
     case OP_HC_MIX_WS: run_hc_mix(cs, r); break;
     case OP_HC_COLLAPSE: run_hc_collapse(cs, r); break;
+    case OP_HEAD_FINISH: run_head_finish(cs, r); break;
+    case OP_HC_MIX_COLLAPSE: run_hc_mix_collapse(cs, r); break;
     case OP_HC_EXPAND: run_hc_expand(cs, r); break;
     case OP_ATTENTION: run_attention(cs, r); break;
     case OP_INDEX: run_index(cs, r); break;
@@ -2117,6 +2252,14 @@ static int check_refusals(void)
     bad += REFUSED(bt_cuda_gemm_f32(g_blas, d, 4, d, 3, d, 2, 4, 4, 0)); /* ldx < K */
     bad += REFUSED(bt_cuda_compress_pool(d, d, d, 0, 4, 8, 0));
     bad += REFUSED(bt_cuda_topk((int32_t *)d, (int32_t *)d, 4, d, 1, 10, 5, 0));
+    /* the collapse's weights the mix's own output (the two run side by side) */
+    bad += REFUSED(bt_cuda_hc_mix_collapse_ws(d, d, d, d, d, d, d, 1, 4, 64, 1e-6f, 1e-6f, 1, d,
+                                              BYTES / 4, d, BT_CUDA_F32, d, NULL, 1e-6f, 0));
+    /* a norm over several heads; a head over 4096 */
+    bad += REFUSED(bt_cuda_head_finish(d, 1, 2, 64, 1, NULL, 1e-6f, NULL, NULL, 0, 0, 0, 0));
+    bad += REFUSED(bt_cuda_head_finish(d, 1, 1, 4097, 0, NULL, 1e-6f, NULL, NULL, 0, 0, 0, 0));
+    /* three streams: the collapse is built for 1, 2 and 4 (as the mix) */
+    bad += REFUSED(bt_cuda_hc_collapse_norm(d, BT_CUDA_F32, d, d, NULL, 1, 3, 8, 1e-6f, 0));
     /* tensor-core attention: dim off 16, dim over 512, more keys than one block holds */
     bad += REFUSED(attention_tc_args(d, 18, 128, 512));
     bad += REFUSED(attention_tc_args(d, 528, 128, 512));
@@ -2134,16 +2277,32 @@ static int check_refusals(void)
     return bad;
 }
 
+/* name is one of the comma-separated list */
+static bool name_listed(const char *list, const char *name)
+{
+    size_t n = strlen(name);
+    for (const char *p = list; p && *p;) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len == n && !strncmp(p, name, n)) return true;
+        p = end ? end + 1 : NULL;
+    }
+    return false;
+}
+
 int main(int argc, char **argv)
 {
     uint64_t seed = (uint64_t)time(NULL) * 2654435761u;
+    const char *only = NULL; /* comma-separated op names */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--perf"))
             g_perf = 1;
         else if (!strcmp(argv[i], "--seed") && i + 1 < argc)
             seed = strtoull(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc)
+            only = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--perf] [--seed N]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--perf] [--seed N] [--only OP[,OP...]]\n", argv[0]);
             return 2;
         }
     }
@@ -2168,6 +2327,7 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         const case_t *cs = &cases[i];
         if (cs->perf && !g_perf) continue;
+        if (only && !name_listed(only, op_names[cs->op])) continue;
         result_t r = {0};
         r.finite = 1;
         r.exact_ok = 1;

@@ -1,0 +1,86 @@
+/* A head vector's last steps after its projection, in one launch: RMSNorm, RoPE on its last
+ * 2*half channels, the QAT fake-quantizer. At decode each of these was its own 3-4 us launch
+ * over a few hundred values (the latent KV row: norm, rope, FP8 rounding; the indexer's
+ * queries: rope, FP4 rounding). The arithmetic is that of bt_cuda_rmsnorm, bt_cuda_rope and
+ * bt_cuda_fake_quant, in their order and with their sums (the norm's partial sums are taken
+ * over the thread count bt_cuda_rmsnorm uses for the length), so the result is bit for bit
+ * that of the three launches. */
+#include "kernels/cuda/quant.cuh"
+
+enum { HF_MAXD = 4096 };
+
+/* bt_cuda_rmsnorm's threads for a row of n */
+static int norm_threads(int n) { return n >= 1024 ? 512 : (n >= 256 ? 256 : 64); }
+
+__global__ void head_finish_kernel(float *x, int heads, int dim, int norm, const float *norm_w,
+                                   float eps, const int64_t *pos, const float *inv_freq, int half,
+                                   int fq_block, int fq_kind)
+{
+    __shared__ float v[HF_MAXD];
+    __shared__ float red[32];
+    const size_t r = blockIdx.x;
+    float *xr = x + r * dim;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float a = xr[i];
+        v[i] = a;
+        ss += a * a;
+    }
+    if (norm) { /* (bt_block_sum's barriers also publish v) */
+        ss = bt_block_sum(ss, red);
+        const float rr = 1.0f / sqrtf(ss / (float)dim + eps);
+        for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+            const float a = v[i] * rr;
+            v[i] = norm_w ? norm_w[i] * a : a;
+        }
+    }
+    __syncthreads();
+    if (pos) {
+        const float p = (float)pos[r / heads];
+        for (int j = threadIdx.x; j < half; j += blockDim.x) {
+            const float f = inv_freq[j] * p, c = cosf(f), s = sinf(f);
+            const int at = dim - 2 * half + 2 * j;
+            const float e = v[at], o = v[at + 1];
+            v[at] = e * c - o * s;
+            v[at + 1] = e * s + o * c;
+        }
+        __syncthreads();
+    }
+    if (fq_block) { /* a warp per block of values, as fake_quant_kernel */
+        const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+        for (int b = threadIdx.x >> 5; b < dim / fq_block; b += warps) {
+            float *vb = v + b * fq_block, amax = 0.0f;
+            bool nan = false;
+            for (int i = lane; i < fq_block; i += 32) {
+                const float a = fabsf(vb[i]);
+                nan = nan || isnan(a);
+                amax = fmaxf(amax, a);
+            }
+            amax = bt_warp_max(amax);
+            if (__any_sync(0xffffffffu, nan)) amax = __int_as_float(0x7fc00000);
+            const float scale = bt_dev_fake_quant_scale(amax, fq_kind);
+            for (int i = lane; i < fq_block; i += 32)
+                vb[i] = bt_dev_fake_quant_value(vb[i], scale, fq_kind);
+        }
+        __syncthreads();
+    }
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) xr[i] = v[i];
+}
+
+extern "C" bt_status_t bt_cuda_head_finish(float *x, int rows, int heads, int dim, int norm,
+                                           const float *norm_w, float eps, const int64_t *pos,
+                                           const float *inv_freq, int half, int fq_block,
+                                           bt_cuda_fake_quant_t fq_kind, cudaStream_t stream)
+{
+    BT_CUDA_REQUIRE(x && rows > 0 && heads > 0 && dim > 0 && dim <= HF_MAXD);
+    BT_CUDA_REQUIRE(!pos || (inv_freq && half > 0 && 2 * half <= dim));
+    BT_CUDA_REQUIRE(fq_block >= 0);
+    BT_CUDA_REQUIRE(fq_kind == BT_CUDA_FQ_FP8_UE8M0 || fq_kind == BT_CUDA_FQ_FP4_UE8M0 ||
+                    fq_kind == BT_CUDA_FQ_FP4_E4M3);
+    if (fq_block && dim % fq_block) fq_block = 0; /* the reference leaves such vectors alone */
+    /* a norm over the head, not the row: the caller's heads are 1 when it asks for one */
+    BT_CUDA_REQUIRE(!norm || heads == 1);
+    head_finish_kernel<<<(unsigned)rows * heads, norm_threads(dim), 0, stream>>>(
+        x, heads, dim, norm, norm_w, eps, pos, inv_freq, half, fq_block, (int)fq_kind);
+    return bt__cuda_launched("head_finish");
+}
