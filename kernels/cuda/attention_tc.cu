@@ -283,14 +283,15 @@ extern "C" int bt_cuda_attention_tc_fits(int dim, int max_keys)
     return tc_smem(dim, max_keys, &ld_s) <= tc_dynamic_limit();
 }
 
-/* Key splits when (tokens x head groups) fill less than a wave of 132 SMs: at least one
- * 64-key staging round a split, at most 16 splits. A function of T, H and the key lists'
- * length only, so a token decodes the same in any batch that the caller launches per
- * sequence. */
+/* Key splits when (tokens x head groups) fill less than a wave of 132 SMs: as many as keep
+ * the blocks within one wave (a decode block's ~116 KB of shared memory leaves one an SM:
+ * rounding up, 16 tokens' 160 blocks ran as two waves of one), at least one 64-key staging
+ * round a split, at most 16 splits. A function of T, H and the key lists' length only, so a
+ * token decodes the same in any batch that the caller launches per sequence. */
 static int tc_splits(int T, int H, int max_keys)
 {
     long blocks = (long)T * bt__cdiv(H, TC_HEADS);
-    int s = (int)((132 + blocks - 1) / blocks);
+    int s = (int)(132 / blocks);
     int by_keys = bt__cdiv(max_keys > 0 ? max_keys : 1, TC_KEYS);
     if (s > by_keys) s = by_keys;
     if (s > 16) s = 16;

@@ -4,6 +4,24 @@
 
 enum { RT_WARPS = 4, RT_MAXE = 1024, RT_MAXK = 16 };
 
+/* token t's k picks (best first) and their weights: the unbiased scores, normalized to sum 1
+ * when asked, times route_scale */
+__device__ void rt_store_picks(int32_t *idx, float *wts, const float *s, const int *sel, int t,
+                               int K, int norm, float route_scale)
+{
+    float sum = 0.0f, w[RT_MAXK];
+    for (int i = 0; i < K; i++) {
+        w[i] = s[sel[i]];
+        sum += w[i];
+    }
+    for (int i = 0; i < K; i++) {
+        float v = w[i];
+        if (norm && K > 1) v = v / (sum + 1e-20f);
+        idx[(size_t)t * K + i] = sel[i];
+        wts[(size_t)t * K + i] = v * route_scale;
+    }
+}
+
 /* one warp per token; scores and biased scores staged in shared memory. Each lane keeps the
  * best of its experts (e = lane mod 32); a pick is a warp argmax of those, after which only
  * the winning lane looks through its experts again (every lane rescanning all of its experts
@@ -63,18 +81,7 @@ __global__ void __launch_bounds__(RT_WARPS * 32) moe_route_kernel(int32_t *idx, 
             lane_best(mv, mi);
         }
     }
-    if (lane != 0) return;
-    float sum = 0.0f, w[RT_MAXK];
-    for (int i = 0; i < K; i++) {
-        w[i] = s[sel[i]];
-        sum += w[i];
-    }
-    for (int i = 0; i < K; i++) {
-        float v = w[i];
-        if (norm && K > 1) v = v / (sum + 1e-20f);
-        idx[(size_t)t * K + i] = sel[i];
-        wts[(size_t)t * K + i] = v * route_scale;
-    }
+    if (lane == 0) rt_store_picks(idx, wts, s, sel, t, K, norm, route_scale);
 }
 
 /* the better of two (biased score, expert) candidates: the larger score, then the lower
@@ -141,18 +148,7 @@ __global__ void __launch_bounds__(RT_MAXE) moe_route_block_kernel(int32_t *idx, 
         __syncwarp();
         sel[i] = bi == 0x7fffffff ? 0 : bi; /* only NaNs left: not reachable with finite logits */
     }
-    if (lane != 0) return;
-    float sum = 0.0f, w[RT_MAXK];
-    for (int i = 0; i < K; i++) {
-        w[i] = s[sel[i]];
-        sum += w[i];
-    }
-    for (int i = 0; i < K; i++) {
-        float x = w[i];
-        if (norm && K > 1) x = x / (sum + 1e-20f);
-        idx[(size_t)t * K + i] = sel[i];
-        wts[(size_t)t * K + i] = x * route_scale;
-    }
+    if (lane == 0) rt_store_picks(idx, wts, s, sel, t, K, norm, route_scale);
 }
 
 /* tokens up to which a block per token beats a warp per token */
