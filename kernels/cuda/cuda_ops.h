@@ -111,7 +111,7 @@ bt_status_t bt_cuda_fake_quant(float *x, int rows, int n, int block, bt_cuda_fak
                                cudaStream_t stream);
 
 /* In place on f32 x[rows, heads, dim], per head vector, each step optional: RMSNorm with
- * weight norm_w (norm != 0; norm_w may be NULL; heads must then be 1), RoPE as bt_cuda_rope
+ * weight norm_w when norm != 0 (norm_w may be NULL; a norm needs heads == 1), RoPE as bt_cuda_rope
  * (pos NULL: none), the fake-quantizer as bt_cuda_fake_quant in blocks of fq_block (0: none).
  * Bit for bit the same as those launches in that order; one launch. dim <= 4096. */
 bt_status_t bt_cuda_head_finish(float *x, int rows, int heads, int dim, int norm,

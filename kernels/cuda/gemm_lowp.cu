@@ -423,7 +423,9 @@ __device__ __forceinline__ __nv_bfloat162 fp4_scale2(uint8_t sv)
  * and one bf16 multiply by 2^112 * scale finishes it. 5 operations a pair where the f32 route
  * (two conversions to f32, two multiplies, one packing) took 6. Exact while the scale keeps
  * every product a bf16 with its 4 significant bits: scale bytes 8..142 (fp8_scale_fast);
- * real checkpoints' are all such, others take the f32 route. */
+ * real checkpoints' are all such, others take the f32 route. The NaN codes (0x7f, 0xff) come
+ * out finite here (the f32 route keeps them NaN): no checkpoint has them, and checking every
+ * byte would cost a third of the conversion. */
 __device__ __forceinline__ bool fp8_scale_fast(uint8_t sv) { return sv >= 8 && sv <= 142; }
 
 __device__ __forceinline__ __nv_bfloat162 fp8_scale2(uint8_t sv)
@@ -857,11 +859,12 @@ static bool ft_smem_ready(void)
            bt__smem_allowed((const void *)gemm_fp4_tiles<float>, FT_SMEM, f32_out);
 }
 
-/* K slices for a narrow FP8 product whose column tiles fill less than one wave of resident
- * blocks (5 an SM on 132 SMs): the few blocks of e.g. a [512, 5120] projection each walked
- * all of K, one chunk a warp at a time, with most SMs idle. A cluster of 2..8 blocks takes a
- * column tile, a slice of K each (every warp at least one chunk). A function of the shape
- * alone, so a row sums the same in any batch. */
+/* K slices for a narrow FP8 or bf16 product whose column tiles fill less than one wave of
+ * resident blocks (5 an SM on 132 SMs): the few blocks of e.g. a [512, 5120] projection each
+ * walked all of K, one chunk a warp at a time, with most SMs idle. A cluster of 2..8 blocks
+ * takes a column tile, a slice of K each (slices of whole chunks, at least a chunk a warp on
+ * average; the last may be shorter). A function of the shape alone, so a row sums the same in
+ * any batch. */
 static int mma16_ksplit(int N, int K, int groups, int chunk)
 {
     const long tiles = (long)bt__cdiv(N, 8) * groups, wave = 132L * 5;

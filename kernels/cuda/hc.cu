@@ -136,7 +136,8 @@ __global__ void __launch_bounds__(MIX_THREADS) hc_mix_split_kernel(float *work, 
     }
 }
 
-/* token t's fold, by the block's first FOLD_WARPS warps (the others must have left) */
+/* token t's fold, by the block's first FOLD_WARPS warps; every thread of the block calls it
+ * (its barriers) */
 template <int HC>
 __device__ void hc_mix_fold(float *pre, float *post, float *comb, const float *work,
                             const float *base, const float *scale, int D, float eps,
@@ -147,7 +148,7 @@ __device__ void hc_mix_fold(float *pre, float *post, float *comb, const float *w
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     /* warp w adds splits w, w + FOLD_WARPS, ...; then the warps' sums in order (one lane
      * walking all ~80 splits was most of a decode step's fold) */
-    if (lane <= MIX) {
+    if (warp < FOLD_WARPS && lane <= MIX) {
         float a = 0.0f;
         /* unrolled so the loads of several splits are in flight at once (the sum's order
          * is the same) */
@@ -302,12 +303,11 @@ __global__ void __launch_bounds__(1024) hc_fold_collapse_kernel(
     const float *scale, float mix_eps, float hc_eps, int iters, int splits, OT *out,
     const float *x, const float *w, const float *norm_w, int T, int D, float eps)
 {
-    if (blockIdx.x < T) {
+    if (blockIdx.x < T)
         hc_collapse<HC>(out, x, w, norm_w, D, eps, blockIdx.x);
-    } else if (threadIdx.x < FOLD_WARPS * 32) { /* (the rest leave: the fold's barriers) */
+    else
         hc_mix_fold<HC>(pre, post, comb, work, base, scale, D, mix_eps, hc_eps, iters, splits,
                         blockIdx.x - T);
-    }
 }
 
 /* the collapse's threads: D / HC_PER rounded up to warps, from the fold's FOLD_WARPS warps
@@ -352,7 +352,8 @@ extern "C" bt_status_t bt_cuda_hc_mix_collapse_ws(
     const float *norm_w, float eps, cudaStream_t stream)
 {
     BT_CUDA_REQUIRE(pre && post && comb && x && fn && base && scale && out && w);
-    BT_CUDA_REQUIRE(w != pre); /* (earlier weights: the two run side by side) */
+    /* (the collapse's weights are earlier ones: the fold writes pre, post and comb beside it) */
+    BT_CUDA_REQUIRE(w != pre && w != post && w != comb);
     BT_CUDA_REQUIRE(T > 0 && D > 0 && iters >= 0 && bt__dtype_ok(out_dtype));
     BT_CUDA_REQUIRE(hc == 1 || hc == 2 || hc == 4);
     int splits = hc_splits(T, hc, D);

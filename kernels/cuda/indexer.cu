@@ -275,7 +275,8 @@ extern "C" bt_status_t bt_cuda_index_scores_tc(float *scores, const float *q, co
 
 /* ---- top-k ------------------------------------------------------------------------------ */
 
-enum { TK_THREADS = 1024 }; /* (block_prefix: a lane per warp) */
+enum { TK_THREADS = 1024 };
+static_assert(TK_THREADS == 32 * 32, "block_prefix scans the warps' counts a lane each");
 
 /* order-preserving map of a float onto uint32 (larger float -> larger key) */
 __device__ __forceinline__ unsigned ordered(float f)
