@@ -28,6 +28,12 @@ static inline bt_status_t bt__cuda_launched(const char *what)
     return BT_ERR_DEVICE;
 }
 
+/* gemm_lowp.cu: y[M,N] = x[M,K] . w[N,K]^T on bf16 weights by the few-row tensor-core kernel,
+ * for the products bt__gemm_bf16_rows_fits accepts (gemm.cu's path for a decode step's rows) */
+bool bt__gemm_bf16_rows_fits(const void *x, const void *w, int M, int N, int K);
+bt_status_t bt__gemm_bf16_rows(void *y, bt_cuda_dtype_t yd, const uint16_t *x,
+                               const uint16_t *w, int M, int N, int K, cudaStream_t stream);
+
 /* attention.cu: the key splits both attention kernels launch: `splits` (their policy's count)
  * lowered until the partials fit work_floats, then *chunk = keys a split in whole staging
  * rounds of `unit`, and as many splits as hold keys. */

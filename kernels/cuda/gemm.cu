@@ -165,12 +165,6 @@ static bt_status_t matmul(bt_cuda_blas_t *blas, void *y, bt_cuda_dtype_t y_dtype
     return BT_OK;
 }
 
-/* gemm_lowp.cu: the few-row tensor-core kernel on bf16 weights */
-extern "C" bool bt__gemm_bf16_rows_fits(const void *x, const void *w, int M, int N, int K);
-extern "C" bt_status_t bt__gemm_bf16_rows(void *y, bt_cuda_dtype_t yd, const uint16_t *x,
-                                          const uint16_t *w, int M, int N, int K,
-                                          cudaStream_t stream);
-
 extern "C" bt_status_t bt_cuda_gemm_bf16(bt_cuda_blas_t *blas, void *y, bt_cuda_dtype_t y_dtype,
                                          const uint16_t *x, const uint16_t *w, int M, int N,
                                          int K, cudaStream_t stream)

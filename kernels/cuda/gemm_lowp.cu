@@ -480,10 +480,7 @@ __device__ __forceinline__ void fp4x8_to_bf16_scaled(unsigned v, uint8_t sv, uns
 /* blocks an SM the registers must allow: 5 for the narrow FP8 and bf16 instances (at most 51
  * registers; 4 measured the same within noise: decode b1 0.328 ms for 0.325), 2 for those
  * that hold 4 tiles or FP4 pairs in registers */
-#ifndef MMA16_NARROW_FP8_BLOCKS /* (a compile-time knob for measuring) */
-#define MMA16_NARROW_FP8_BLOCKS 5
-#endif
-#define MMA16_MIN_BLOCKS(FMT, TILES) ((FMT) != FMT_FP4 && (TILES) == 1 ? MMA16_NARROW_FP8_BLOCKS : 2)
+#define MMA16_MIN_BLOCKS(FMT, TILES) ((FMT) != FMT_FP4 && (TILES) == 1 ? 5 : 2)
 
 template <int FMT, int TILES, typename OT>
 __global__ void __launch_bounds__(MT_WARPS * 32, MMA16_MIN_BLOCKS(FMT, TILES)) gemm_mma16(OT *y, const __nv_bfloat16 *x,
@@ -583,7 +580,7 @@ __global__ void __launch_bounds__(MT_WARPS * 32, MMA16_MIN_BLOCKS(FMT, TILES)) g
         const unsigned *xw0 = (const unsigned *)xv[0], *xw1 = (const unsigned *)xv[1];
         /* FAST: every scale of the warp's chunk takes the bf16 route (fp4/fp8_scale_fast), checked once */
         auto tiles = [&](auto fast_c) {
-            constexpr bool FAST = decltype(fast_c)::value;
+            [[maybe_unused]] constexpr bool FAST = decltype(fast_c)::value; /* (bf16: none) */
 #pragma unroll
             for (int i = 0; i < TILES; i++) {
                 unsigned bw[KW / 2]; /* the lane's KW weights as bf16 pairs, in k order */
@@ -1059,15 +1056,14 @@ extern "C" bt_status_t bt_cuda_dequant_fp8(uint16_t *w_bf16, const uint8_t *w,
 /* y[M,N] = x[M,K] . w[N,K]^T with bf16 weights and up to 16 rows (a decode step), on the
  * few-row kernel: gemm.cu's path for such products (cuBLASLt split them over two kernels of
  * ~5 us each for the router's [384, 5120]). Each row's sums do not depend on M. */
-extern "C" bool bt__gemm_bf16_rows_fits(const void *x, const void *w, int M, int N, int K)
+bool bt__gemm_bf16_rows_fits(const void *x, const void *w, int M, int N, int K)
 {
     return M >= 1 && M <= SKINNY_MAX_ROWS && N > 0 && K > 0 && K % 32 == 0 &&
            (uintptr_t)x % 16 == 0 && (uintptr_t)w % 16 == 0 && 2ll * N * K < (1ll << 31);
 }
 
-extern "C" bt_status_t bt__gemm_bf16_rows(void *y, bt_cuda_dtype_t yd, const uint16_t *x,
-                                          const uint16_t *w, int M, int N, int K,
-                                          cudaStream_t stream)
+bt_status_t bt__gemm_bf16_rows(void *y, bt_cuda_dtype_t yd, const uint16_t *x,
+                               const uint16_t *w, int M, int N, int K, cudaStream_t stream)
 {
     bt_status_t st = mma16_launch<FMT_BF16>(y, yd, (const __nv_bfloat16 *)x, NULL, NULL, 1,
                                             (const uint8_t *)w, NULL, M, N, K, NULL,

@@ -3,7 +3,32 @@
  * expansion of a sub-layer's output back into the streams. */
 #include "kernels/cuda/common.cuh"
 
+#include <type_traits>
+
 enum { MIX_THREADS = 256, FOLD_WARPS = 8 };
+
+/* f(std::integral_constant<int, H>()) for the stream count hc (1, 2 or 4, checked by the
+ * callers): the kernels keep a token's streams in registers, so H is a template argument */
+template <typename F>
+static void with_hc(int hc, F &&f)
+{
+    if (hc == 4)
+        f(std::integral_constant<int, 4>());
+    else if (hc == 2)
+        f(std::integral_constant<int, 2>());
+    else
+        f(std::integral_constant<int, 1>());
+}
+
+/* f(p as float * or __nv_bfloat16 *) by its dtype */
+template <typename F>
+static void with_dtype(void *p, bt_cuda_dtype_t dt, F &&f)
+{
+    if (dt == BT_CUDA_F32)
+        f((float *)p);
+    else
+        f((__nv_bfloat16 *)p);
+}
 
 __device__ __forceinline__ float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
 
@@ -202,29 +227,22 @@ extern "C" bt_status_t bt_cuda_hc_mix_ws(float *pre, float *post, float *comb, c
     BT_CUDA_REQUIRE(hc == 1 || hc == 2 || hc == 4);
     int splits = hc_splits(T, hc, D);
     if (!work || work_floats < bt_cuda_hc_mix_ws_floats(T, hc, D)) splits = 1;
-#define BT__MIX(H)                                                                                 \
-    do {                                                                                           \
-        if (splits > 1) {                                                                          \
-            hc_mix_split_kernel<H><<<dim3(splits, T), MIX_THREADS, 0, stream>>>(work, x, fn, D,    \
-                                                                                splits);           \
-            hc_mix_fold_kernel<H><<<T, FOLD_WARPS * 32, 0, stream>>>(pre, post, comb, work, base, \
-                                                                   scale, D, eps, hc_eps, iters,   \
-                                                                   splits);                        \
-        } else if (T >= 4 * 132) { /* four tokens a block still fill the GPU */                 \
-            hc_mix_kernel<H, 4><<<bt__cdiv(T, 4), MIX_THREADS, 0, stream>>>(                       \
-                pre, post, comb, x, fn, base, scale, T, D, eps, hc_eps, iters);                    \
-        } else {                                                                                   \
-            hc_mix_kernel<H, 1><<<T, MIX_THREADS, 0, stream>>>(pre, post, comb, x, fn, base,       \
-                                                               scale, T, D, eps, hc_eps, iters);   \
-        }                                                                                          \
-    } while (0)
-    if (hc == 4)
-        BT__MIX(4);
-    else if (hc == 2)
-        BT__MIX(2);
-    else
-        BT__MIX(1);
-#undef BT__MIX
+    with_hc(hc, [&](auto h) {
+        constexpr int H = decltype(h)::value;
+        if (splits > 1) {
+            hc_mix_split_kernel<H><<<dim3(splits, T), MIX_THREADS, 0, stream>>>(work, x, fn, D,
+                                                                                splits);
+            hc_mix_fold_kernel<H><<<T, FOLD_WARPS * 32, 0, stream>>>(pre, post, comb, work, base,
+                                                                   scale, D, eps, hc_eps, iters,
+                                                                   splits);
+        } else if (T >= 4 * 132) { /* four tokens a block still fill the GPU */
+            hc_mix_kernel<H, 4><<<bt__cdiv(T, 4), MIX_THREADS, 0, stream>>>(
+                pre, post, comb, x, fn, base, scale, T, D, eps, hc_eps, iters);
+        } else {
+            hc_mix_kernel<H, 1><<<T, MIX_THREADS, 0, stream>>>(pre, post, comb, x, fn, base,
+                                                               scale, T, D, eps, hc_eps, iters);
+        }
+    });
     return bt__cuda_launched("hc_mix");
 }
 
@@ -327,21 +345,12 @@ extern "C" bt_status_t bt_cuda_hc_collapse_norm(void *out, bt_cuda_dtype_t out_d
     BT_CUDA_REQUIRE(out && x && w && bt__dtype_ok(out_dtype));
     BT_CUDA_REQUIRE(T > 0 && D > 0 && (hc == 1 || hc == 2 || hc == 4));
     const int threads = collapse_threads(D);
-#define BT__COLLAPSE(H)                                                                            \
-    do {                                                                                           \
-        if (out_dtype == BT_CUDA_F32)                                                              \
-            hc_collapse_kernel<H><<<T, threads, 0, stream>>>((float *)out, x, w, norm_w, D, eps);  \
-        else                                                                                       \
-            hc_collapse_kernel<H><<<T, threads, 0, stream>>>((__nv_bfloat16 *)out, x, w, norm_w,   \
-                                                             D, eps);                              \
-    } while (0)
-    if (hc == 4)
-        BT__COLLAPSE(4);
-    else if (hc == 2)
-        BT__COLLAPSE(2);
-    else
-        BT__COLLAPSE(1);
-#undef BT__COLLAPSE
+    with_hc(hc, [&](auto h) {
+        with_dtype(out, out_dtype, [&](auto *o) {
+            hc_collapse_kernel<decltype(h)::value><<<T, threads, 0, stream>>>(o, x, w, norm_w, D,
+                                                                              eps);
+        });
+    });
     return bt__cuda_launched("hc_collapse_norm");
 }
 
@@ -365,26 +374,16 @@ extern "C" bt_status_t bt_cuda_hc_mix_collapse_ws(
         return bt_cuda_hc_collapse_norm(out, out_dtype, x, w, norm_w, T, hc, D, eps, stream);
     }
     const int threads = collapse_threads(D);
-#define BT__MC(H)                                                                                  \
-    do {                                                                                           \
-        hc_mix_split_kernel<H><<<dim3(splits, T), MIX_THREADS, 0, stream>>>(work, x, fn, D,        \
-                                                                            splits);               \
-        if (out_dtype == BT_CUDA_F32)                                                              \
-            hc_fold_collapse_kernel<H><<<2 * T, threads, 0, stream>>>(                             \
-                pre, post, comb, work, base, scale, mix_eps, hc_eps, iters, splits, (float *)out,  \
-                x, w, norm_w, T, D, eps);                                                          \
-        else                                                                                       \
-            hc_fold_collapse_kernel<H><<<2 * T, threads, 0, stream>>>(                             \
-                pre, post, comb, work, base, scale, mix_eps, hc_eps, iters, splits,                \
-                (__nv_bfloat16 *)out, x, w, norm_w, T, D, eps);                                    \
-    } while (0)
-    if (hc == 4)
-        BT__MC(4);
-    else if (hc == 2)
-        BT__MC(2);
-    else
-        BT__MC(1);
-#undef BT__MC
+    with_hc(hc, [&](auto h) {
+        constexpr int H = decltype(h)::value;
+        hc_mix_split_kernel<H><<<dim3(splits, T), MIX_THREADS, 0, stream>>>(work, x, fn, D,
+                                                                            splits);
+        with_dtype(out, out_dtype, [&](auto *o) {
+            hc_fold_collapse_kernel<H><<<2 * T, threads, 0, stream>>>(
+                pre, post, comb, work, base, scale, mix_eps, hc_eps, iters, splits, o, x, w,
+                norm_w, T, D, eps);
+        });
+    });
     return bt__cuda_launched("hc_mix_collapse");
 }
 
@@ -418,21 +417,11 @@ extern "C" bt_status_t bt_cuda_hc_expand(float *x, const void *o, bt_cuda_dtype_
     BT_CUDA_REQUIRE(x && o && post && comb && bt__dtype_ok(o_dtype));
     BT_CUDA_REQUIRE(T > 0 && D > 0 && (hc == 1 || hc == 2 || hc == 4));
     int blocks = bt__cdiv((long long)T * D, 256);
-#define BT__EXP(H)                                                                                 \
-    do {                                                                                           \
-        if (o_dtype == BT_CUDA_F32)                                                                \
-            hc_expand_kernel<H><<<blocks, 256, 0, stream>>>(x, (const float *)o, post, comb, T,  \
-                                                             D);                                   \
-        else                                                                                       \
-            hc_expand_kernel<H><<<blocks, 256, 0, stream>>>(x, (const __nv_bfloat16 *)o, post,   \
-                                                             comb, T, D);                          \
-    } while (0)
-    if (hc == 4)
-        BT__EXP(4);
-    else if (hc == 2)
-        BT__EXP(2);
-    else
-        BT__EXP(1);
-#undef BT__EXP
+    with_hc(hc, [&](auto h) {
+        with_dtype(const_cast<void *>(o), o_dtype, [&](auto *ov) { /* (read only) */
+            hc_expand_kernel<decltype(h)::value><<<blocks, 256, 0, stream>>>(x, ov, post, comb, T,
+                                                                             D);
+        });
+    });
     return bt__cuda_launched("hc_expand");
 }

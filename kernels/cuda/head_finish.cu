@@ -47,21 +47,9 @@ __global__ void head_finish_kernel(float *x, int heads, int dim, int norm, const
         __syncthreads();
     }
     if (fq_block) { /* a warp per block of values, as fake_quant_kernel */
-        const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-        for (int b = threadIdx.x >> 5; b < dim / fq_block; b += warps) {
-            float *vb = v + b * fq_block, amax = 0.0f;
-            bool nan = false;
-            for (int i = lane; i < fq_block; i += 32) {
-                const float a = fabsf(vb[i]);
-                nan = nan || isnan(a);
-                amax = fmaxf(amax, a);
-            }
-            amax = bt_warp_max(amax);
-            if (__any_sync(0xffffffffu, nan)) amax = __int_as_float(0x7fc00000);
-            const float scale = bt_dev_fake_quant_scale(amax, fq_kind);
-            for (int i = lane; i < fq_block; i += 32)
-                vb[i] = bt_dev_fake_quant_value(vb[i], scale, fq_kind);
-        }
+        const int warps = blockDim.x >> 5;
+        for (int b = threadIdx.x >> 5; b < dim / fq_block; b += warps)
+            bt_dev_fake_quant_warp(v + b * fq_block, fq_block, fq_kind, threadIdx.x & 31);
         __syncthreads();
     }
     for (int i = threadIdx.x; i < dim; i += blockDim.x) xr[i] = v[i];

@@ -22,6 +22,27 @@ __device__ void rt_store_picks(int32_t *idx, float *wts, const float *s, const i
     }
 }
 
+/* the better of two (biased score, expert) candidates: the larger score, then the lower
+ * index; NaN (and taken) never, the index 0x7fffffff standing for none */
+__device__ __forceinline__ bool rt_better(float &bv, int &bi, float ov, int oi)
+{
+    if (!isnan(ov) && (isnan(bv) || ov > bv || (ov == bv && oi < bi))) {
+        bv = ov;
+        bi = oi;
+        return true;
+    }
+    return false;
+}
+
+__device__ __forceinline__ void rt_warp_best(float &bv, int &bi)
+{
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        rt_better(bv, bi, ov, oi);
+    }
+}
+
 /* one warp per token; scores and biased scores staged in shared memory. Each lane keeps the
  * best of its experts (e = lane mod 32); a pick is a warp argmax of those, after which only
  * the winning lane looks through its experts again (every lane rescanning all of its experts
@@ -51,13 +72,7 @@ __global__ void __launch_bounds__(RT_WARPS * 32) moe_route_kernel(int32_t *idx, 
         bv = -INFINITY;
         bi = 0x7fffffff;
 #pragma unroll 4
-        for (int e = lane; e < E; e += 32) {
-            float v = b[e];
-            if (!isnan(v) && (v > bv || (v == bv && e < bi))) {
-                bv = v;
-                bi = e;
-            }
-        }
+        for (int e = lane; e < E; e += 32) rt_better(bv, bi, b[e], e);
     };
     float mv;
     int mi;
@@ -66,14 +81,7 @@ __global__ void __launch_bounds__(RT_WARPS * 32) moe_route_kernel(int32_t *idx, 
     for (int i = 0; i < K; i++) {
         float bv = mv;
         int bi = mi;
-        for (int o = 16; o > 0; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ov > bv || (ov == bv && oi < bi)) {
-                bv = ov;
-                bi = oi;
-            }
-        }
+        rt_warp_best(bv, bi);
         if (bi == 0x7fffffff) bi = 0; /* only NaNs left: not reachable with finite logits */
         sel[i < RT_MAXK ? i : 0] = bi;
         if (lane == (bi & 31)) { /* the winner's lane: mark it taken, find its next best */
@@ -82,27 +90,6 @@ __global__ void __launch_bounds__(RT_WARPS * 32) moe_route_kernel(int32_t *idx, 
         }
     }
     if (lane == 0) rt_store_picks(idx, wts, s, sel, t, K, norm, route_scale);
-}
-
-/* the better of two (biased score, expert) candidates: the larger score, then the lower
- * index; NaN (and taken) never, the index 0x7fffffff standing for none */
-__device__ __forceinline__ bool rt_better(float &bv, int &bi, float ov, int oi)
-{
-    if (!isnan(ov) && (isnan(bv) || ov > bv || (ov == bv && oi < bi))) {
-        bv = ov;
-        bi = oi;
-        return true;
-    }
-    return false;
-}
-
-__device__ __forceinline__ void rt_warp_best(float &bv, int &bi)
-{
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        rt_better(bv, bi, ov, oi);
-    }
 }
 
 /* Few tokens (decode): a block per token, a thread per expert, so the E scores are computed

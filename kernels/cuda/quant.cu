@@ -4,25 +4,12 @@
 enum { FQ_WARPS = 8 }; /* warps (blocks of values) a CUDA block */
 
 /* A warp per block of values (a decode step has a few dozen blocks: one thread each left the
- * GPU idle for ~10 us): the lanes' amax meet by shuffles (NaN when any value is, as the
- * reference's tensor max), then each lane rounds its values. */
+ * GPU idle for ~10 us). */
 __global__ void fake_quant_kernel(float *x, size_t blocks, int block, int kind)
 {
     const size_t b = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const int lane = threadIdx.x & 31;
     if (b >= blocks) return; /* the whole warp */
-    float *xb = x + b * block;
-    float amax = 0.0f;
-    bool nan = false;
-    for (int i = lane; i < block; i += 32) {
-        float a = fabsf(xb[i]);
-        nan = nan || isnan(a);
-        amax = fmaxf(amax, a);
-    }
-    amax = bt_warp_max(amax);
-    if (__any_sync(0xffffffffu, nan)) amax = __int_as_float(0x7fc00000);
-    const float scale = bt_dev_fake_quant_scale(amax, kind);
-    for (int i = lane; i < block; i += 32) xb[i] = bt_dev_fake_quant_value(xb[i], scale, kind);
+    bt_dev_fake_quant_warp(x + b * block, block, kind, threadIdx.x & 31);
 }
 
 extern "C" bt_status_t bt_cuda_fake_quant(float *x, int rows, int n, int block,

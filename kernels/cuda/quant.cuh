@@ -75,4 +75,22 @@ __device__ __forceinline__ float bt_dev_fake_quant_value(float x, float scale, i
     return __fmul_rn(bt_e2m1(bt_dev_f32_to_e2m1(q)), scale);
 }
 
+/* One block of `block` values in place by a whole warp (lane: this thread's): the lanes' amax
+ * meet by shuffles (NaN when any value is, as the reference's tensor max), then each lane
+ * rounds its values. */
+__device__ __forceinline__ void bt_dev_fake_quant_warp(float *xb, int block, int kind, int lane)
+{
+    float amax = 0.0f;
+    bool nan = false;
+    for (int i = lane; i < block; i += 32) {
+        float a = fabsf(xb[i]);
+        nan = nan || isnan(a);
+        amax = fmaxf(amax, a);
+    }
+    amax = bt_warp_max(amax);
+    if (__any_sync(0xffffffffu, nan)) amax = __int_as_float(0x7fc00000);
+    const float scale = bt_dev_fake_quant_scale(amax, kind);
+    for (int i = lane; i < block; i += 32) xb[i] = bt_dev_fake_quant_value(xb[i], scale, kind);
+}
+
 #endif
