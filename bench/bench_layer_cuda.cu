@@ -243,15 +243,6 @@ __global__ void swap12_kernel(uint4 *out, const uint4 *in, int A, int B, int C8)
     out[(b * A + a) * C8 + c] = in[i];
 }
 
-/* decode batches: each sequence's top-k indexes its own block of the concatenated caches */
-__global__ void sel_offset_kernel(int32_t *sel, int T, int stride, int tps, int n)
-{
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)T * stride) return;
-    int t = (int)(i / stride);
-    if (sel[i] >= 0) sel[i] += (t / tps) * n;
-}
-
 /* exclusive prefix sum over the block (1024 threads) */
 __device__ static int block_excl_scan(int v, int *warp_tot)
 {
@@ -443,6 +434,7 @@ typedef struct {
     size_t att_ws_n;
     int32_t *elist; /* the experts the routing hit (read back at warm-up), for the FP4 GEMMs */
     int64_t *key_off; /* each token's index-key set (floats into ikeys): one scoring launch */
+    int64_t *comp_off; /* each token's compressed cache (elements into comp): one attention launch */
     int32_t *n_keys;
     int n_elist;
     float *kv, *ikeys, *qi, *iw, *scores, *logits, *rw, *row_w, *gu, *y2, *sgu, *sy, *moe;
@@ -483,11 +475,15 @@ static bt_status_t case_make(arena_t *a, case_t *c, uint32_t seed, cudaStream_t 
     DALLOC(a, c->pos, (size_t)T * 8);
     DALLOC(a, c->visible, (size_t)T * 8);
     DALLOC(a, c->key_off, (size_t)T * 8);
+    DALLOC(a, c->comp_off, (size_t)T * 8);
     DALLOC(a, c->n_keys, (size_t)T * 4);
     DALLOC(a, c->attn, (size_t)T * NH * HD * 2);
-    c->att_ws_n = bt_cuda_attention_ws_floats(T, NH, HD, WIN + ITOPK);
-    if (bt_cuda_attention_tc_ws_floats(T, NH, HD, WIN + ITOPK) > c->att_ws_n)
-        c->att_ws_n = bt_cuda_attention_tc_ws_floats(T, NH, HD, WIN + ITOPK);
+    /* a decode batch splits each token's keys as the model does: as the token's alone */
+    int ws_t = c->tps == 1 ? 1 : T;
+    c->att_ws_n = bt_cuda_attention_ws_floats(ws_t, NH, HD, WIN + ITOPK);
+    if (bt_cuda_attention_tc_ws_floats(ws_t, NH, HD, WIN + ITOPK) > c->att_ws_n)
+        c->att_ws_n = bt_cuda_attention_tc_ws_floats(ws_t, NH, HD, WIN + ITOPK);
+    c->att_ws_n *= (size_t)(T / ws_t);
     c->hc_ws_n = bt_cuda_hc_mix_ws_floats(T, HC, HID);
     if (c->hc_ws_n) DALLOC(a, c->hc_ws, c->hc_ws_n * 4);
     DALLOC(a, c->att_ws, c->att_ws_n * 4);
@@ -570,9 +566,11 @@ static bt_status_t case_make(arena_t *a, case_t *c, uint32_t seed, cudaStream_t 
         int64_t *ko = (int64_t *)malloc((size_t)T * 8);
         int32_t *nk = (int32_t *)malloc((size_t)T * 4);
         for (int t = 0; t < T; t++) {
-            ko[t] = (int64_t)(t / c->tps) * c->n * ID;
+            ko[t] = (int64_t)(t / c->tps) * c->n * HD;
             nk[t] = c->n;
         }
+        if (e == cudaSuccess) e = cudaMemcpy(c->comp_off, ko, (size_t)T * 8, cudaMemcpyHostToDevice);
+        for (int t = 0; t < T; t++) ko[t] = (int64_t)(t / c->tps) * c->n * ID;
         if (e == cudaSuccess) e = cudaMemcpy(c->key_off, ko, (size_t)T * 8, cudaMemcpyHostToDevice);
         if (e == cudaSuccess) e = cudaMemcpy(c->n_keys, nk, (size_t)T * 4, cudaMemcpyHostToDevice);
         free(ko);
@@ -670,22 +668,20 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
         BT_TRY(bt_cuda_index_scores_tc(c->scores, c->qi, c->iw, c->ikeys, c->key_off, c->n_keys,
                                        c->visible, T, IH, ID, c->n, st));
     BT_TRY(bt_cuda_topk(c->sel, c->sel_n, ITOPK, c->scores, T, c->n, ITOPK, st));
-    if (c->seqs > 1) {
-        sel_offset_kernel<<<cdiv((size_t)T * ITOPK, thr), thr, 0, st>>>(c->sel, T, ITOPK, c->tps,
-                                                                         c->n);
-        LAUNCHED("sel_offset");
-    }
     BT_TRY(mark(ev, 3, st, capture));
 
-    /* attention core */
+    /* attention core: a decode batch as the model's (each sequence's compressed cache where it
+     * lies, each token's keys split as they would be alone) */
+    const bt_cuda_attention_batch_t batch = {NULL, c->comp_off, c->tps == 1};
+    const bt_cuda_attention_batch_t *bp = c->seqs > 1 ? &batch : NULL;
     if (g_tensor_cores)
         BT_TRY(bt_cuda_attention_tc_ws(c->attn, c->q, c->win, c->win_idx, c->win_n, WIN, c->comp,
                                        c->sel, c->sel_n, ITOPK, W->sink, c->pos, W->inv_freq,
-                                       ROPE_HALF, BF16, T, NH, HD, c->att_ws, c->att_ws_n, st));
+                                       ROPE_HALF, BF16, T, NH, HD, c->att_ws, c->att_ws_n, bp, st));
     else
         BT_TRY(bt_cuda_attention_ws(c->attn, c->q, c->win, c->win_idx, c->win_n, WIN, c->comp,
                                     c->sel, c->sel_n, ITOPK, W->sink, c->pos, W->inv_freq,
-                                    ROPE_HALF, BF16, T, NH, HD, c->att_ws, c->att_ws_n, st));
+                                    ROPE_HALF, BF16, T, NH, HD, c->att_ws, c->att_ws_n, bp, st));
     BT_TRY(mark(ev, 4, st, capture));
 
     /* attention projections (out): wo_a per group of 8 heads, then wo_b */

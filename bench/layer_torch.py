@@ -403,7 +403,7 @@ def layer(W, c, d, mark, f32_index=False):
     mark(9)
     return {"attn": o_attn.float(), "moe": y, "x": X, "idx": idx, "pre_attn": pre_a,
             "post_ffn": post, "comb_ffn": comb,
-            "sel": torch.where(valid, sel + c.seq_base[:, None], -1)}
+            "sel": torch.where(valid, sel, -1)}  # each sequence's own entries, as ours dumps them
 
 
 class Marks:

@@ -25,17 +25,22 @@ static int att_splits(int T, int H, int max_keys)
  * to work[((t * H + h) * splits + z) * (dim + 2)], for attention_combine_kernel. */
 template <typename T, bool SPLIT>
 __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(
-    T *out, const T *q, const T *win_kv, const int32_t *win_idx, const int32_t *win_n,
-    int win_stride, const T *comp_kv, const int32_t *sel, const int32_t *sel_n, int sel_stride,
-    const float *sink, const int64_t *pos, const float *inv_freq, int half, int H, int dim,
-    int splits, int chunk, float *work)
+    T *out, const T *q, const T *win_kv, const int64_t *win_off, const int32_t *win_idx,
+    const int32_t *win_n, int win_stride, const T *comp_kv, const int64_t *comp_off,
+    const int32_t *sel, const int32_t *sel_n, int sel_stride, const float *sink,
+    const int64_t *pos, const float *inv_freq, int half, int H, int dim, int splits, int chunk,
+    float *work)
 {
     __shared__ float keys[ATT_KEYS][ATT_MAXD];
     int t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int h = blockIdx.x * ATT_WARPS + warp;
     bool active = h < H;
     int nd = (dim + 31) / 32, dimr = nd * 32; /* lanes past dim hold zeros */
-    int nw = win_n[t], ns = sel_n ? sel_n[t] : 0, nk = nw + ns;
+    /* this token's caches (apart per sequence in a batch) */
+    const int64_t coff = comp_off ? comp_off[t] : 0;
+    const bool has_sel = sel_n && coff >= 0;
+    const T *wkv = win_kv + (win_off ? win_off[t] : 0), *ckv = has_sel ? comp_kv + coff : comp_kv;
+    int nw = win_n[t], ns = has_sel ? sel_n[t] : 0, nk = nw + ns;
     int k_lo = 0;
     if (SPLIT) {
         k_lo = blockIdx.z * chunk;
@@ -58,8 +63,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(
         __syncthreads();
         for (int e = threadIdx.x; e < kc * dimr; e += ATT_WARPS * 32) {
             int c = e / dimr, d = e % dimr, j = c0 + c;
-            const T *row = j < nw ? win_kv + (size_t)win_idx[(size_t)t * win_stride + j] * dim
-                                  : comp_kv + (size_t)sel[(size_t)t * sel_stride + (j - nw)] * dim;
+            const T *row = j < nw ? wkv + (size_t)win_idx[(size_t)t * win_stride + j] * dim
+                                  : ckv + (size_t)sel[(size_t)t * sel_stride + (j - nw)] * dim;
             keys[c][d] = d < dim ? bt_ld(row, d) : 0.0f;
         }
         __syncthreads();
@@ -187,7 +192,7 @@ extern "C" bt_status_t bt_cuda_attention(void *out, const void *q, const void *w
 {
     return bt_cuda_attention_ws(out, q, win_kv, win_idx, win_n, win_stride, comp_kv, sel, sel_n,
                                 sel_stride, sink, pos, inv_freq, half, dtype, T, H, dim, NULL, 0,
-                                stream);
+                                NULL, stream);
 }
 
 extern "C" size_t bt_cuda_attention_ws_floats(int T, int H, int dim, int max_keys)
@@ -201,25 +206,31 @@ extern "C" bt_status_t bt_cuda_attention_ws(void *out, const void *q, const void
                                          const int32_t *sel_n, int sel_stride, const float *sink,
                                          const int64_t *pos, const float *inv_freq, int half,
                                          bt_cuda_dtype_t dtype, int T, int H, int dim,
-                                         float *work, size_t work_floats, cudaStream_t stream)
+                                         float *work, size_t work_floats,
+                                         const bt_cuda_attention_batch_t *batch,
+                                         cudaStream_t stream)
 {
     BT_CUDA_REQUIRE(out && q && win_kv && win_idx && win_n && sink && pos && bt__dtype_ok(dtype));
     BT_CUDA_REQUIRE(!sel_n || (sel && comp_kv));
     BT_CUDA_REQUIRE(T > 0 && H > 0 && dim > 0 && dim % 2 == 0 && dim <= ATT_MAXD);
     BT_CUDA_REQUIRE(half >= 0 && 2 * half <= dim && (half == 0 || inv_freq));
     int max_keys = win_stride + (sel_n ? sel_stride : 0);
+    bool per_token = batch && batch->split_per_token;
     int chunk;
-    int splits = bt__attention_fit_splits(work ? att_splits(T, H, max_keys) : 1, T, H, dim,
-                                          max_keys, ATT_KEYS, work_floats, &chunk);
+    int splits = bt__attention_fit_splits(work ? att_splits(per_token ? 1 : T, H, max_keys) : 1, T,
+                                          H, dim, max_keys, ATT_KEYS, work_floats, per_token,
+                                          &chunk);
+    BT_CUDA_REQUIRE(splits >= 1); /* per token: the workspace holds every token's splits */
     dim3 grid(bt__cdiv(H, ATT_WARPS), T, splits);
+    const int64_t *win_off = batch ? batch->win_off : NULL, *comp_off = batch ? batch->comp_off : NULL;
     typedef __nv_bfloat16 bf;
     /* the split and the whole kernel are separate instances: the whole one (prefill) keeps the
      * registers and code it had before splits existed */
 #define ATT_LAUNCH(TY, SP)                                                                          \
     attention_kernel<TY, SP><<<grid, ATT_WARPS * 32, 0, stream>>>(                                  \
-        (TY *)out, (const TY *)q, (const TY *)win_kv, win_idx, win_n, win_stride,                  \
-        (const TY *)comp_kv, sel, sel_n, sel_stride, sink, pos, inv_freq, half, H, dim, splits,    \
-        chunk, work)
+        (TY *)out, (const TY *)q, (const TY *)win_kv, win_off, win_idx, win_n, win_stride,         \
+        (const TY *)comp_kv, comp_off, sel, sel_n, sel_stride, sink, pos, inv_freq, half, H, dim,  \
+        splits, chunk, work)
     if (dtype == BT_CUDA_F32) {
         if (splits > 1) ATT_LAUNCH(float, true);
         else ATT_LAUNCH(float, false);
@@ -235,8 +246,9 @@ extern "C" bt_status_t bt_cuda_attention_ws(void *out, const void *q, const void
 }
 
 int bt__attention_fit_splits(int splits, int T, int H, int dim, int max_keys, int unit,
-                             size_t work_floats, int *chunk)
+                             size_t work_floats, bool fixed, int *chunk)
 {
+    if (fixed && splits > 1 && (size_t)T * H * splits * (dim + 2) > work_floats) return -1;
     while (splits > 1 && (size_t)T * H * splits * (dim + 2) > work_floats) splits--;
     /* whole staging rounds per split; the splits that are left hold keys */
     *chunk = bt__cdiv(bt__cdiv(max_keys > 0 ? max_keys : 1, splits), unit) * unit;

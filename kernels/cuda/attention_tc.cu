@@ -46,10 +46,11 @@ __device__ __forceinline__ uint4 load8_bf16(const __nv_bfloat16 *p) { return *(c
 
 template <typename T, bool SPLIT>
 __global__ void __launch_bounds__(TC_WARPS * 32) attention_tc_kernel(
-    T *out, const T *q, const T *win_kv, const int32_t *win_idx, const int32_t *win_n,
-    int win_stride, const T *comp_kv, const int32_t *sel, const int32_t *sel_n, int sel_stride,
-    const float *sink, const int64_t *pos, const float *inv_freq, int half, int H, int dim,
-    int ld_s, int splits, int chunk, float *work)
+    T *out, const T *q, const T *win_kv, const int64_t *win_off, const int32_t *win_idx,
+    const int32_t *win_n, int win_stride, const T *comp_kv, const int64_t *comp_off,
+    const int32_t *sel, const int32_t *sel_n, int sel_stride, const float *sink,
+    const int64_t *pos, const float *inv_freq, int half, int H, int dim, int ld_s, int splits,
+    int chunk, float *work)
 {
     extern __shared__ __align__(128) unsigned char smem[];
     const int dp = (dim + 15) / 16 * 16, ldq = dp + TC_PAD;
@@ -61,8 +62,12 @@ __global__ void __launch_bounds__(TC_WARPS * 32) attention_tc_kernel(
 
     const int t = blockIdx.y, h0 = blockIdx.x * TC_HEADS, tid = threadIdx.x;
     const int warp = tid >> 5, lane = tid & 31, vec = dp / 8;
-    /* counts past their lists' strides would write scores past ld_s: clamped */
-    const int nw = min(win_n[t], win_stride), nk = nw + (sel_n ? min(sel_n[t], sel_stride) : 0);
+    /* this token's caches (apart per sequence in a batch); counts past their lists' strides
+     * would write scores past ld_s: clamped */
+    const int64_t coff = comp_off ? comp_off[t] : 0;
+    const bool has_sel = sel_n && coff >= 0;
+    const T *wkv = win_kv + (win_off ? win_off[t] : 0), *ckv = has_sel ? comp_kv + coff : comp_kv;
+    const int nw = min(win_n[t], win_stride), nk = nw + (has_sel ? min(sel_n[t], sel_stride) : 0);
     /* this block's keys [kb, ke) of the token's nk (all of them unless SPLIT) */
     const int kb = SPLIT ? blockIdx.z * chunk : 0, ke = SPLIT ? min(nk, kb + chunk) : nk;
     if (SPLIT && ke <= kb) { /* no keys here: an empty partial, skipped by the combine */
@@ -113,7 +118,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32) attention_tc_kernel(
                 v[i] = make_uint4(0, 0, 0, 0);
                 int ri = e < total ? rowi[r] : -1;
                 if (ri >= 0 && c < dim)
-                    v[i] = load8_bf16((ri & 1 ? comp_kv : win_kv) + (size_t)(ri >> 1) * dim + c);
+                    v[i] = load8_bf16((ri & 1 ? ckv : wkv) + (size_t)(ri >> 1) * dim + c);
             }
 #pragma unroll
             for (int i = 0; i < 8; i++) {
@@ -287,7 +292,8 @@ extern "C" int bt_cuda_attention_tc_fits(int dim, int max_keys)
  * the blocks within one wave (a decode block's ~116 KB of shared memory leaves one an SM:
  * rounding up, 16 tokens' 160 blocks ran as two waves of one), at least one 64-key staging
  * round a split, at most 16 splits. A function of T, H and the key lists' length only, so a
- * token decodes the same in any batch that the caller launches per sequence. */
+ * token decodes the same in any batch launched per sequence, or launched whole with the
+ * splits of T = 1 (bt_cuda_attention_batch_t.split_per_token). */
 static int tc_splits(int T, int H, int max_keys)
 {
     long blocks = (long)T * bt__cdiv(H, TC_HEADS);
@@ -312,6 +318,7 @@ extern "C" bt_status_t bt_cuda_attention_tc_ws(void *out, const void *q, const v
                                                const int64_t *pos, const float *inv_freq, int half,
                                                bt_cuda_dtype_t dtype, int T, int H, int dim,
                                                float *work, size_t work_floats,
+                                               const bt_cuda_attention_batch_t *batch,
                                                cudaStream_t stream)
 {
     BT_CUDA_REQUIRE(out && q && win_kv && win_idx && win_n && sink && pos && bt__dtype_ok(dtype));
@@ -320,21 +327,25 @@ extern "C" bt_status_t bt_cuda_attention_tc_ws(void *out, const void *q, const v
     BT_CUDA_REQUIRE(half >= 0 && 2 * half <= dim && (half == 0 || inv_freq));
     int max_keys = win_stride + (sel_n ? sel_stride : 0);
     BT_CUDA_REQUIRE(bt_cuda_attention_tc_fits(dim, max_keys));
-    /* rows are read 16 bytes at a time */
+    /* rows are read 16 bytes at a time (a batch's offsets are the caller's to keep so) */
     BT_CUDA_REQUIRE((uintptr_t)q % 16 == 0 && (uintptr_t)win_kv % 16 == 0 &&
                     (uintptr_t)comp_kv % 16 == 0);
+    bool per_token = batch && batch->split_per_token;
     int chunk;
-    int splits = bt__attention_fit_splits(work ? tc_splits(T, H, max_keys) : 1, T, H, dim,
-                                          max_keys, TC_KEYS, work_floats, &chunk);
+    int splits = bt__attention_fit_splits(work ? tc_splits(per_token ? 1 : T, H, max_keys) : 1, T,
+                                          H, dim, max_keys, TC_KEYS, work_floats, per_token,
+                                          &chunk);
+    BT_CUDA_REQUIRE(splits >= 1); /* per token: the workspace holds every token's splits */
     int ld_s;
     size_t bytes = tc_smem(dim, splits > 1 ? chunk : max_keys, &ld_s);
     dim3 grid(bt__cdiv(H, TC_HEADS), T, splits);
+    const int64_t *win_off = batch ? batch->win_off : NULL, *comp_off = batch ? batch->comp_off : NULL;
     typedef __nv_bfloat16 bf;
 #define TC_LAUNCH(TY, SP)                                                                          \
     attention_tc_kernel<TY, SP><<<grid, TC_WARPS * 32, bytes, stream>>>(                           \
-        (TY *)out, (const TY *)q, (const TY *)win_kv, win_idx, win_n, win_stride,                  \
-        (const TY *)comp_kv, sel, sel_n, sel_stride, sink, pos, inv_freq, half, H, dim, ld_s,      \
-        splits, chunk, work)
+        (TY *)out, (const TY *)q, (const TY *)win_kv, win_off, win_idx, win_n, win_stride,         \
+        (const TY *)comp_kv, comp_off, sel, sel_n, sel_stride, sink, pos, inv_freq, half, H, dim,  \
+        ld_s, splits, chunk, work)
     if (dtype == BT_CUDA_F32) {
         if (splits > 1) TC_LAUNCH(float, true);
         else TC_LAUNCH(float, false);
@@ -359,5 +370,5 @@ extern "C" bt_status_t bt_cuda_attention_tc(void *out, const void *q, const void
 {
     return bt_cuda_attention_tc_ws(out, q, win_kv, win_idx, win_n, win_stride, comp_kv, sel,
                                    sel_n, sel_stride, sink, pos, inv_freq, half, dtype, T, H, dim,
-                                   NULL, 0, stream);
+                                   NULL, 0, NULL, stream);
 }

@@ -36,9 +36,10 @@ bt_status_t bt__gemm_bf16_rows(void *y, bt_cuda_dtype_t yd, const uint16_t *x,
 
 /* attention.cu: the key splits both attention kernels launch: `splits` (their policy's count)
  * lowered until the partials fit work_floats, then *chunk = keys a split in whole staging
- * rounds of `unit`, and as many splits as hold keys. */
+ * rounds of `unit`, and as many splits as hold keys. fixed: the count may not be lowered (a
+ * batch's tokens split as each would alone): -1 when the partials do not fit. */
 int bt__attention_fit_splits(int splits, int T, int H, int dim, int max_keys, int unit,
-                             size_t work_floats, int *chunk);
+                             size_t work_floats, bool fixed, int *chunk);
 
 /* attention.cu: folds the split-key partials work[((t * H + h) * splits + z) * (dim + 2)]
  * = (max, sum, unnormalized output) of both attention kernels with the sink, normalizes,

@@ -18,6 +18,7 @@
 #include "common/status.h"
 
 #include <cuda_runtime_api.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -172,10 +173,23 @@ bt_status_t bt_cuda_attention(void *out, const void *q, const void *win_kv, cons
                               int half, bt_cuda_dtype_t dtype, int T, int H, int dim,
                               cudaStream_t stream);
 
+/* A batch of sequences in one launch (a decode step): each token's caches where they lie.
+ * Token t's window rows are win_kv + win_off[t] + row * dim and its compressed rows comp_kv +
+ * comp_off[t] + row * dim (elements; comp_off[t] < 0: the token has no compressed keys,
+ * whatever sel_n[t] says; an offset array NULL: 0 for every token). The offsets keep rows 16-byte
+ * aligned (the tensor-core kernel reads them 16 bytes at a time). split_per_token: every token's
+ * keys split as they would for T = 1, so a token's result does not depend on its batch; the
+ * workspace must then hold T times the floats of T = 1 (refused otherwise: fewer splits would
+ * change the result). */
+typedef struct {
+    const int64_t *win_off, *comp_off;
+    bool split_per_token;
+} bt_cuda_attention_batch_t;
+
 /* The same with a workspace: when tokens x head groups leave the GPU idle (decode), the keys
  * are split over blocks (flash-decoding) and the partials folded with the sink in a second
  * kernel. work: f32 device memory of bt_cuda_attention_ws_floats(T, H, dim, win_stride +
- * sel_stride) floats (fewer: fewer splits; NULL or 0: none). */
+ * sel_stride) floats (fewer: fewer splits; NULL or 0: none). batch: NULL, or as above. */
 size_t bt_cuda_attention_ws_floats(int T, int H, int dim, int max_keys);
 bt_status_t bt_cuda_attention_ws(void *out, const void *q, const void *win_kv,
                                  const int32_t *win_idx, const int32_t *win_n, int win_stride,
@@ -183,7 +197,7 @@ bt_status_t bt_cuda_attention_ws(void *out, const void *q, const void *win_kv,
                                  int sel_stride, const float *sink, const int64_t *pos,
                                  const float *inv_freq, int half, bt_cuda_dtype_t dtype, int T,
                                  int H, int dim, float *work, size_t work_floats,
-                                 cudaStream_t stream);
+                                 const bt_cuda_attention_batch_t *batch, cudaStream_t stream);
 
 /* The same on the tensor cores (bf16 MMAs, fp32 accumulation and softmax) for the whole
  * attention of a token at once: one block per (token, 32 heads) computes the scores against
@@ -205,7 +219,8 @@ bt_status_t bt_cuda_attention_tc(void *out, const void *q, const void *win_kv,
  * keys are split over blocks and the partials folded with the sink by a second kernel (the
  * probabilities then round to bf16 against their split's maximum, not the token's). work: f32
  * device memory of bt_cuda_attention_tc_ws_floats(T, H, dim, win_stride + sel_stride)
- * floats (0: no split; fewer: fewer splits; NULL: none). */
+ * floats (0: no split; fewer: fewer splits; NULL: none). batch: NULL, or as for
+ * bt_cuda_attention_ws. */
 size_t bt_cuda_attention_tc_ws_floats(int T, int H, int dim, int max_keys);
 bt_status_t bt_cuda_attention_tc_ws(void *out, const void *q, const void *win_kv,
                                     const int32_t *win_idx, const int32_t *win_n, int win_stride,
@@ -213,7 +228,7 @@ bt_status_t bt_cuda_attention_tc_ws(void *out, const void *q, const void *win_kv
                                     int sel_stride, const float *sink, const int64_t *pos,
                                     const float *inv_freq, int half, bt_cuda_dtype_t dtype, int T,
                                     int H, int dim, float *work, size_t work_floats,
-                                    cudaStream_t stream);
+                                    const bt_cuda_attention_batch_t *batch, cudaStream_t stream);
 
 /* ---- indexer ---------------------------------------------------------------------------- */
 
@@ -295,6 +310,11 @@ bt_status_t bt_cuda_embed_streams(float *x, float *pre, const float *table, cons
 /* dst[r, :] = src[idx[r], :] for r < n; rows of `width` floats. */
 bt_status_t bt_cuda_gather_rows(float *dst, const float *src, const int64_t *idx, int n, int width,
                                 cudaStream_t stream);
+
+/* dst[off[r] .. off[r] + width) = src[r, :] for r < n (off in elements: rows into caches that
+ * lie apart, e.g. each sequence's window ring). */
+bt_status_t bt_cuda_scatter_rows(float *dst, const int64_t *off, const float *src, int n,
+                                 int width, cudaStream_t stream);
 
 /* dst[r, c] = bf16(src[r * ld + c]) (round to nearest even), dst contiguous [rows, cols]. */
 bt_status_t bt_cuda_to_bf16(uint16_t *dst, const float *src, int rows, int cols, int ld,

@@ -40,6 +40,22 @@ extern "C" bt_status_t bt_cuda_gather_rows(float *dst, const float *src, const i
     return bt__cuda_launched("gather_rows");
 }
 
+__global__ void scatter_rows_kernel(float *dst, const int64_t *off, const float *src, int width)
+{
+    int r = blockIdx.x;
+    const float *s = src + (size_t)r * width;
+    float *d = dst + off[r];
+    for (int i = threadIdx.x; i < width; i += blockDim.x) d[i] = s[i];
+}
+
+extern "C" bt_status_t bt_cuda_scatter_rows(float *dst, const int64_t *off, const float *src, int n,
+                                            int width, cudaStream_t stream)
+{
+    BT_CUDA_REQUIRE(dst && src && off && n > 0 && width > 0);
+    scatter_rows_kernel<<<n, 256, 0, stream>>>(dst, off, src, width);
+    return bt__cuda_launched("scatter_rows");
+}
+
 __global__ void to_bf16_kernel(__nv_bfloat16 *dst, const float *src, int rows, int cols, int ld)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;

@@ -460,12 +460,13 @@ static void alloc_scratch(up_t *u)
     cu->qi = scratch(u, N * ih * ihd);
     cu->iw = scratch(u, N * ih);
     cu->win_stage = scratch(u, (S * W + N) * hd);
-    /* attention's split-key partials for a decode token (a sequence's attention is one launch),
-     * for whichever of the two kernels runs */
+    /* attention's split-key partials for a decode step's tokens (one a sequence, each split as
+     * it would be alone), for whichever of the two kernels runs */
     int att_keys = (int)W + (c->index_topk > 0 ? c->index_topk : 1);
     cu->att_ws_cap = bt_cuda_attention_ws_floats(1, m->hl, (int)hd, att_keys);
     if (bt_cuda_attention_tc_ws_floats(1, m->hl, (int)hd, att_keys) > cu->att_ws_cap)
         cu->att_ws_cap = bt_cuda_attention_tc_ws_floats(1, m->hl, (int)hd, att_keys);
+    cu->att_ws_cap *= S;
     cu->att_ws = scratch(u, cu->att_ws_cap);
     /* the split mix's partials grow with the tokens until the tokens fill the GPU alone */
     for (size_t t = 1; t <= N; t++) {
@@ -562,7 +563,7 @@ static void alloc_scratch(up_t *u)
     /* plans: ids, positions, window rows, engram ids and logit rows once; per layer the
      * visibility, entry positions and the expert grouping; 16-byte alignment per push */
     size_t L = (size_t)c->n_layers, cols = (size_t)(m->engram_cols ? m->engram_cols : 1);
-    size_t fixed = N * (4 + 8 + W * 4 + 4 + 8) + (size_t)c->n_engram * N * cols * 8;
+    size_t fixed = N * (4 + 8 + W * 4 + 4 + 8 + 8 + 8) + (size_t)c->n_engram * N * cols * 8;
     size_t per_layer = N * 8 + lat * 8 + N * K * (8 + 4 + 4) + N * 4 + (S + 8) * 3 * 32;
     cu->meta_cap = fixed + L * per_layer + ((size_t)1 << 20);
     if (cudaMallocHost((void **)&cu->meta_h, cu->meta_cap) != cudaSuccess ||
@@ -760,6 +761,11 @@ typedef struct {
     int64_t topk_bound[64];      /* the published picks are below this (their owner's entries) */
     int64_t *pos_d;              /* [N] positions, device */
     int32_t *win_idx_d, *win_n_d;
+    /* a decode step (one token a sequence): attention reads every sequence's caches where they
+     * lie, in one launch; slot_off_d [N]: the token's mirror slot from cu->mirror_mem, ring_at_d
+     * [N]: its own row's place in the window ring (both in floats, within any layer's ring) */
+    bool decode_rows;
+    int64_t *slot_off_d, *ring_at_d;
     int64_t *eng_ids_d;          /* [n_engram][N][cols] */
     char *err;
     size_t errlen;
@@ -1130,10 +1136,42 @@ static bt_status_t attention(fwd_t *f, int l)
         }
     }
 
-    /* per sequence: its ring and its new rows staged side by side (rows [0, W) and [W, W+n)),
-     * the window rows planned on the host once per forward index into that */
+    /* a decode step: the new rows into their rings, then every token over its own sequence's
+     * ring and compressed cache in one launch (offsets per token; each token's keys split as it
+     * would be alone, so its result does not depend on the batch) */
     size_t row = (size_t)hd * sizeof(float);
-    for (int q = 0; q < f->n_seqs; q++) {
+    const float *rings = region(cu->mirror_mem, f->lay->window_off[l]);
+    const float *comps = comp && L->kv_source >= 0 ? region(cu->mirror_mem, f->lay->comp_off[L->kv_source]) : NULL;
+    bool in_place = f->decode_rows && (!cu->att_tc || ((uintptr_t)rings % 16 == 0 && (uintptr_t)comps % 16 == 0));
+    if (in_place) {
+        CK(bt_cuda_scatter_rows((float *)rings, f->ring_at_d, cu->kv, N, hd, st));
+        const int32_t *sel_n = comps ? cu->topk_n : NULL;
+        bool trimmed = false;
+        for (int q = 0; q < f->n_seqs && comps; q++) {
+            /* picks past the kv source's entries (a key owner ahead of it) are dropped */
+            int64_t have = bt_kv_header(f->seqs[q].state)->entries[L->kv_source];
+            if (!f->topk_set[q] || f->topk_bound[q] <= have) continue;
+            if (!trimmed) CK(d2d(f, cu->sel_n, cu->topk_n, (size_t)N * sizeof(int32_t)));
+            trimmed = true;
+            int t = f->first[q];
+            CK(bt_cuda_trim_sel(cu->sel_n + t, cu->topk + (size_t)t * c->index_topk, cu->topk_n + t,
+                                c->index_topk, 1, have, st));
+        }
+        if (trimmed) sel_n = cu->sel_n;
+        const bt_cuda_attention_batch_t batch = {f->slot_off_d, f->slot_off_d, true};
+        if (cu->att_tc)
+            CK(bt_cuda_attention_tc_ws(cu->attn, cu->q, rings, f->win_idx_d, f->win_n_d, W, comps,
+                                       comps ? cu->topk : NULL, sel_n, c->index_topk, w->attn_sink, f->pos_d,
+                                       inv, half, BT_CUDA_F32, N, H, hd, cu->att_ws, cu->att_ws_cap, &batch, st));
+        else
+            CK(bt_cuda_attention_ws(cu->attn, cu->q, rings, f->win_idx_d, f->win_n_d, W, comps,
+                                    comps ? cu->topk : NULL, sel_n, c->index_topk, w->attn_sink, f->pos_d, inv,
+                                    half, BT_CUDA_F32, N, H, hd, cu->att_ws, cu->att_ws_cap, &batch, st));
+    }
+
+    /* else per sequence: its ring and its new rows staged side by side (rows [0, W) and
+     * [W, W+n)), the window rows planned on the host once per forward index into that */
+    for (int q = 0; q < f->n_seqs && !in_place; q++) {
         int n = f->seqs[q].n, first = f->first[q];
         bt_kv_header_t *h = bt_kv_header(f->seqs[q].state);
         float *stage = cu->win_stage + ((size_t)q * W + first) * hd;
@@ -1157,12 +1195,12 @@ static bt_status_t attention(fwd_t *f, int l)
             CK(bt_cuda_attention_tc_ws(cu->attn + (size_t)first * H * hd, cu->q + (size_t)first * H * hd, stage,
                                        f->win_idx_d + (size_t)first * W, f->win_n_d + first, W, comp_kv, sel,
                                        sel_n, c->index_topk, w->attn_sink, f->pos_d + first, inv, half,
-                                       BT_CUDA_F32, n, H, hd, cu->att_ws, cu->att_ws_cap, st));
+                                       BT_CUDA_F32, n, H, hd, cu->att_ws, cu->att_ws_cap, NULL, st));
         else
             CK(bt_cuda_attention_ws(cu->attn + (size_t)first * H * hd, cu->q + (size_t)first * H * hd, stage,
                                     f->win_idx_d + (size_t)first * W, f->win_n_d + first, W, comp_kv, sel, sel_n,
                                     c->index_topk, w->attn_sink, f->pos_d + first, inv, half, BT_CUDA_F32, n, H,
-                                    hd, cu->att_ws, cu->att_ws_cap, st));
+                                    hd, cu->att_ws, cu->att_ws_cap, NULL, st));
     }
     /* the output groups: this rank's, over its own heads; or, when the groups do not split
      * over the ranks, all of them over every rank's heads ([rank][token][heads] gathered) */
@@ -1208,7 +1246,7 @@ static bt_status_t attention(fwd_t *f, int l)
     if (cu->tp > 1 && m->group_split) CK(tp_all_reduce(f, cu->out, (size_t)N * D));
 
     /* the rings take the chunk's KV only now: earlier queries read older slots */
-    for (int q = 0; q < f->n_seqs; q++) {
+    for (int q = 0; q < f->n_seqs && !in_place; q++) {
         int n = f->seqs[q].n, first = f->first[q];
         int64_t start = bt_kv_header(f->seqs[q].state)->n_tokens;
         float *ring = region(f->dslot[q], f->lay->window_off[l]);
@@ -1569,6 +1607,15 @@ static bt_status_t forward_body(fwd_t *f, float *logits, bt_kv_header_t *before)
     PLAN(f, int64_t, N, pos, f->pos_d);
     PLAN(f, int32_t, (size_t)N * W, win_idx, f->win_idx_d);
     PLAN(f, int32_t, N, win_n, f->win_n_d);
+    /* a decode step reads the rings in place: the slots keep whole rows 16-byte aligned */
+    f->decode_rows = W > 0 && cu->slot_bytes % 16 == 0;
+    for (int q = 0; q < f->n_seqs; q++)
+        if (f->seqs[q].n != 1) f->decode_rows = false;
+    int64_t *slot_off = NULL, *ring_at = NULL;
+    if (f->decode_rows) {
+        PLAN(f, int64_t, N, slot_off, f->slot_off_d);
+        PLAN(f, int64_t, N, ring_at, f->ring_at_d);
+    }
     for (int q = 0; q < f->n_seqs; q++) {
         const bt_forward_seq_t *seq = &f->seqs[q];
         int64_t start = bt_kv_header(seq->state)->n_tokens;
@@ -1581,12 +1628,25 @@ static bt_status_t forward_body(fwd_t *f, float *logits, bt_kv_header_t *before)
             ids[t] = id >= 0 && id < m->vl ? id : -1;
             pos[t] = p;
             win_n[t] = (int32_t)(p - lo + 1);
-            /* staged rows: the ring at [0, W), the chunk's own rows from W */
+            /* a decode step: the ring's slots, the token's own row written into its slot first
+             * (that slot's old row has just left the window); else staged rows: the ring at
+             * [0, W), the chunk's own rows from W */
             for (int j = 0; j < win_n[t]; j++) {
                 int64_t kp = lo + j;
-                win_idx[(size_t)t * W + j] = (int32_t)(kp >= start ? W + (kp - start) : kp % W);
+                win_idx[(size_t)t * W + j] =
+                    (int32_t)(f->decode_rows || kp < start ? kp % W : W + (kp - start));
+            }
+            if (f->decode_rows) {
+                slot_off[t] = (int64_t)((f->dslot[q] - cu->mirror_mem) / sizeof(float));
+                ring_at[t] = slot_off[t] + (int64_t)(p % W) * c->head_dim;
             }
         }
+    }
+    if (f->decode_rows) {
+        CK(plan_send(cu, slot_off, f->slot_off_d, (size_t)N * sizeof(int64_t), err, errlen));
+        CK(plan_send(cu, ring_at, f->ring_at_d, (size_t)N * sizeof(int64_t), err, errlen));
+        /* no published picks yet reads as none (the per-sequence launches leave them out) */
+        CK_CUDA(cudaMemsetAsync(cu->topk_n, 0, (size_t)N * sizeof(int32_t), st));
     }
     CK(plan_send(cu, ids, ids_d, (size_t)N * sizeof(int32_t), err, errlen));
     CK(plan_send(cu, pos, f->pos_d, (size_t)N * sizeof(int64_t), err, errlen));

@@ -71,6 +71,11 @@ typedef enum {
                           * rows padded) */
     OP_HEAD_FINISH, /* s: rows heads dim norm half fq (fq: block * 4 + kind, 0 none) */
     OP_HC_MIX_COLLAPSE, /* s: T hc D: the mix and a collapse by other weights in 2 launches */
+    OP_ATTENTION_BATCH, /* s: as OP_ATTENTION_WS, each token's keys in its own part of one pool
+                         * (per-token offsets, every third token without compressed keys),
+                         * split per token: also bit for bit as each token launched alone */
+    OP_ATTENTION_TC_BATCH, /* s: as OP_ATTENTION_BATCH, on the tensor cores */
+    OP_SCATTER,     /* s: n width dst-rows */
 } op_t;
 
 static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped", "rmsnorm",
@@ -82,7 +87,8 @@ static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped
                                  "mask_blocks", "trim_sel",   "to_bf16",          "attention_ws",
                                  "gemm_fp4_listed", "index_scores_sets", "attention_tc",
                                  "index_scores_tc", "index_sets_tc", "dequant_fp8", "hc_mix_ws", "moe_group",
-                                 "attention_tc_ws", "gemm_fp8_batched", "head_finish", "hc_mix_collapse"};
+                                 "attention_tc_ws", "gemm_fp8_batched", "head_finish", "hc_mix_collapse",
+                                 "attention_batch", "attention_tc_batch", "scatter_rows"};
 
 typedef struct {
     op_t op;
@@ -251,6 +257,8 @@ static const case_t cases[] = {
     {OP_EMBED, F32, {3, 1, 5120, 100}, 0},
     {OP_GATHER, F32, {7, 40, 300}, 0},
     {OP_GATHER, F32, {100, 5120, 16}, 0},
+    {OP_SCATTER, F32, {7, 40, 300}, 0},
+    {OP_SCATTER, F32, {16, 512, 4096}, 0},
     {OP_SCALE, F32, {1}, 0},
     {OP_SCALE, F32, {100003}, 0},
     {OP_MOE_COMBINE, F32, {5, 64, 6, 1}, 0},
@@ -306,6 +314,11 @@ static const case_t cases[] = {
     {OP_ATTENTION_TC_WS, BF16, {16, 64, 512, 32, 128, 512}, 0},
     {OP_ATTENTION_TC_WS, F32, {3, 20, 96, 8, 40, 200}, 0},
     {OP_ATTENTION_TC_WS, BF16, {2, 33, 64, 16, 100, -1}, 0},
+    {OP_ATTENTION_TC_BATCH, F32, {16, 64, 512, 32, 128, 512}, 0}, /* the model's decode step */
+    {OP_ATTENTION_TC_BATCH, BF16, {5, 20, 96, 8, 40, 200}, 0},
+    {OP_ATTENTION_TC_BATCH, F32, {3, 33, 64, 16, 100, -1}, 0},
+    {OP_ATTENTION_BATCH, F32, {16, 64, 512, 32, 128, 512}, 0},
+    {OP_ATTENTION_BATCH, BF16, {4, 5, 96, 8, 70, 100}, 0},
     /* tensor-core indexer: the model's shape (32 heads x 128, 8192 keys, causal-like visible),
      * token counts off the tile, key counts off 128, small heads and dims, unrounded inputs */
     {OP_INDEX_TC, F32, {64, 32, 128, 8192, 0}, 0},
@@ -1324,6 +1337,7 @@ typedef struct {
     float *work; /* OP_ATTENTION_WS */
     size_t work_floats;
     bool tc; /* OP_ATTENTION_TC */
+    const bt_cuda_attention_batch_t *batch; /* OP_ATTENTION_BATCH */
 } att_ctx_t;
 
 static void launch_attention(void *p)
@@ -1332,7 +1346,8 @@ static void launch_attention(void *p)
     if (c->tc && c->work)
         BT_OK_OR_DIE(bt_cuda_attention_tc_ws(c->out, c->q, c->win, c->widx, c->wn, c->W, c->comp,
                                              c->sel, c->sn, c->S, c->sink, c->pos, c->freq, c->half,
-                                             c->dt, c->T, c->H, c->dim, c->work, c->work_floats, 0));
+                                             c->dt, c->T, c->H, c->dim, c->work, c->work_floats,
+                                             c->batch, 0));
     else if (c->tc)
         BT_OK_OR_DIE(bt_cuda_attention_tc(c->out, c->q, c->win, c->widx, c->wn, c->W, c->comp, c->sel,
                                           c->sn, c->S, c->sink, c->pos, c->freq, c->half, c->dt, c->T,
@@ -1340,7 +1355,7 @@ static void launch_attention(void *p)
     else if (c->work)
         BT_OK_OR_DIE(bt_cuda_attention_ws(c->out, c->q, c->win, c->widx, c->wn, c->W, c->comp, c->sel,
                                           c->sn, c->S, c->sink, c->pos, c->freq, c->half, c->dt, c->T,
-                                          c->H, c->dim, c->work, c->work_floats, 0));
+                                          c->H, c->dim, c->work, c->work_floats, c->batch, 0));
     else
         BT_OK_OR_DIE(bt_cuda_attention(c->out, c->q, c->win, c->widx, c->wn, c->W, c->comp, c->sel,
                                        c->sn, c->S, c->sink, c->pos, c->freq, c->half, c->dt, c->T,
@@ -1350,12 +1365,25 @@ static void launch_attention(void *p)
 static void run_attention(const case_t *cs, result_t *r)
 {
     int T = cs->s[0], H = cs->s[1], dim = cs->s[2], half = cs->s[3], W = cs->s[4], S = cs->s[5];
-    bool tc = cs->op == OP_ATTENTION_TC || cs->op == OP_ATTENTION_TC_WS;
+    bool tc = cs->op == OP_ATTENTION_TC || cs->op == OP_ATTENTION_TC_WS || cs->op == OP_ATTENTION_TC_BATCH;
+    bool pooled = cs->op == OP_ATTENTION_BATCH || cs->op == OP_ATTENTION_TC_BATCH;
     bool no_sel = S < 0; /* no_sel: sel_n, sel, comp_kv NULL */
     if (no_sel) S = 0;
     int NW = W + 50, NC = S + 300, Sst = S > 0 ? S : 1;
-    float *q = frandv((size_t)T * H * dim, 1.0f), *win = frandv((size_t)NW * dim, 1.0f);
-    float *comp = frandv((size_t)NC * dim, 1.0f), *sink = frandv((size_t)H, 2.0f);
+    /* pooled: token t's window rows at pool + t * RS, its compressed ones NW rows further (one
+     * base pointer each, per-token offsets, as the model's per-sequence caches); the regions
+     * hold different keys, so a token reading another's fails the reference */
+    size_t RS = pooled ? (size_t)(NW + NC) * dim + 8 : 0;
+    float *pool = pooled ? frandv((size_t)T * RS, 1.0f) : NULL;
+    int64_t *woff = xmalloc((size_t)T * 8), *coff = xmalloc((size_t)T * 8);
+    for (int t = 0; t < T; t++) {
+        woff[t] = (int64_t)(t * RS);
+        coff[t] = pooled && t % 3 == 2 ? -1 : (int64_t)(t * RS); /* -1: no compressed keys */
+    }
+    float *q = frandv((size_t)T * H * dim, 1.0f);
+    float *win = pooled ? pool : frandv((size_t)NW * dim, 1.0f);
+    float *comp = pooled ? pool + (size_t)NW * dim : frandv((size_t)NC * dim, 1.0f);
+    float *sink = frandv((size_t)H, 2.0f);
     float *freq = xmalloc((size_t)(half > 0 ? half : 1) * 4);
     for (int i = 0; i < half; i++) freq[i] = powf(10000.0f, -(float)i / (float)half);
     int32_t *widx = xmalloc((size_t)T * W * 4), *wn = xmalloc((size_t)T * 4);
@@ -1378,13 +1406,24 @@ static void run_attention(const case_t *cs, result_t *r)
         for (int j = 0; j < W; j++) widx[(size_t)t * W + j] = irand(NW);
         for (int j = 0; j < Sst; j++) sel[(size_t)t * Sst + j] = irand(NC);
         pos[t] = (int64_t)(rnd() % 1000000);
-        keys += wn[t] + sn[t];
+        keys += wn[t] + (coff[t] < 0 ? 0 : sn[t]);
     }
     att_ctx_t c = {0};
     c.T = T, c.H = H, c.dim = dim, c.half = half, c.W = W, c.S = Sst, c.dt = cs->dt;
     c.q = dup_act(q, (size_t)T * H * dim, cs->dt);
-    c.win = dup_act(win, (size_t)NW * dim, cs->dt);
-    c.comp = dup_act(comp, (size_t)NC * dim, cs->dt);
+    size_t esz = cs->dt == BF16 ? 2 : 4, on = (size_t)T * H * dim;
+    bt_cuda_attention_batch_t batch = {0};
+    if (pooled) {
+        c.win = dup_act(pool, (size_t)T * RS, cs->dt);
+        c.comp = (char *)c.win + (size_t)NW * dim * esz;
+        batch.win_off = dup(woff, (size_t)T * 8);
+        batch.comp_off = dup(coff, (size_t)T * 8);
+        batch.split_per_token = true;
+        c.batch = &batch;
+    } else {
+        c.win = dup_act(win, (size_t)NW * dim, cs->dt);
+        c.comp = dup_act(comp, (size_t)NC * dim, cs->dt);
+    }
     c.widx = dup(widx, (size_t)T * W * 4);
     c.wn = dup(wn, (size_t)T * 4);
     c.sel = dup(sel, (size_t)T * Sst * 4);
@@ -1417,10 +1456,49 @@ static void run_attention(const case_t *cs, result_t *r)
         poison(c.work, c.work_floats * 4);
         snprintf(r->note, sizeof r->note, "%zu splits", c.work_floats / ((size_t)T * H * (dim + 2)));
     }
-    size_t esz = cs->dt == BF16 ? 2 : 4, on = (size_t)T * H * dim;
+    if (pooled) { /* split per token: a lone token's splits for every token */
+        c.work_floats = (size_t)T * (tc ? bt_cuda_attention_tc_ws_floats(1, H, dim, W + Sst)
+                                        : bt_cuda_attention_ws_floats(1, H, dim, W + Sst));
+        if (c.work_floats == 0) {
+            fprintf(stderr, "attention batch: no splits for this shape\n");
+            exit(1);
+        }
+        c.work = dalloc(c.work_floats * 4);
+        poison(c.work, c.work_floats * 4);
+    }
     c.out = dalloc(on * esz);
     poison(c.out, on * esz);
     launch_attention(&c);
+    int alone_diff = -1;
+    if (pooled) { /* each token launched alone: the same bits (batch invariance) */
+        unsigned char *whole = xmalloc(on * esz), *alone = xmalloc(on * esz);
+        get(whole, c.out, on * esz);
+        void *dalone = dalloc(on * esz);
+        poison(dalone, on * esz);
+        alone_diff = 0;
+        for (int t = 0; t < T; t++) {
+            att_ctx_t one = c;
+            bt_cuda_attention_batch_t b1 = batch;
+            size_t ro = (size_t)t * H * dim * esz;
+            one.T = 1;
+            one.q = (char *)c.q + ro;
+            one.out = (char *)dalone + ro;
+            one.widx = c.widx + (size_t)t * W;
+            one.wn = c.wn + t;
+            one.sel = c.sel ? c.sel + (size_t)t * Sst : NULL;
+            one.sn = c.sn ? c.sn + t : NULL;
+            one.pos = c.pos + t;
+            b1.win_off = batch.win_off + t;
+            b1.comp_off = batch.comp_off + t;
+            one.batch = &b1;
+            launch_attention(&one);
+        }
+        get(alone, dalone, on * esz);
+        for (int t = 0; t < T; t++)
+            alone_diff += memcmp(whole + (size_t)t * H * dim * esz, alone + (size_t)t * H * dim * esz,
+                                 (size_t)H * dim * esz) != 0;
+        free(whole), free(alone);
+    }
     float *y = get_act(c.out, on, cs->dt), *ref = xmalloc(on * 4);
     float *p = xmalloc((size_t)(W + S + 1) * 4), *cs_ = xmalloc((size_t)(half + 1) * 4),
           *sn_ = xmalloc((size_t)(half + 1) * 4);
@@ -1428,14 +1506,15 @@ static void run_attention(const case_t *cs, result_t *r)
     int *chk = xmalloc((size_t)T * sizeof(int));
     int nchk = check_rows(T, (double)T * H * (W + S) * dim, chk); /* tokens checked */
     for (int i = 0; i < nchk; i++) { /* model.c attend_token */
-        int t = chk[i], n = wn[t] + sn[t];
+        int t = chk[i], n = wn[t] + (coff[t] < 0 ? 0 : sn[t]);
+        const float *wt = win + (pooled ? woff[t] : 0), *ct = comp + (pooled && coff[t] > 0 ? coff[t] : 0);
         bt_cpu_rope_angles(cs_, sn_, freq, half, pos[t]);
         for (int h = 0; h < H; h++) {
             const float *qh = q + ((size_t)t * H + h) * dim;
             float mx = sink[h], sum = 0.0f;
             for (int j = 0; j < n; j++) {
-                const float *k = j < wn[t] ? win + (size_t)widx[(size_t)t * W + j] * dim
-                                           : comp + (size_t)sel[(size_t)t * Sst + j - wn[t]] * dim;
+                const float *k = j < wn[t] ? wt + (size_t)widx[(size_t)t * W + j] * dim
+                                           : ct + (size_t)sel[(size_t)t * Sst + j - wn[t]] * dim;
                 p[j] = bt_cpu_dot(qh, k, dim) * scale;
                 mx = fmaxf(mx, p[j]);
             }
@@ -1447,8 +1526,8 @@ static void run_attention(const case_t *cs, result_t *r)
             float *o = ref + ((size_t)t * H + h) * dim;
             for (int d = 0; d < dim; d++) o[d] = 0.0f;
             for (int j = 0; j < n; j++) {
-                const float *k = j < wn[t] ? win + (size_t)widx[(size_t)t * W + j] * dim
-                                           : comp + (size_t)sel[(size_t)t * Sst + j - wn[t]] * dim;
+                const float *k = j < wn[t] ? wt + (size_t)widx[(size_t)t * W + j] * dim
+                                           : ct + (size_t)sel[(size_t)t * Sst + j - wn[t]] * dim;
                 for (int d = 0; d < dim; d++) o[d] += (p[j] / sum) * k[d];
             }
             bt_cpu_rope(o, dim, cs_, sn_, half, 1);
@@ -1471,10 +1550,17 @@ static void run_attention(const case_t *cs, result_t *r)
     if (nchk < T || (tc && cs->perf))
         snprintf(r->note, sizeof r->note, "%d of %d tokens checked%s", nchk, T,
                  tc && cs->perf ? ", full key lists" : "");
+    if (pooled) {
+        r->exact_ok = alone_diff == 0;
+        snprintf(r->note, sizeof r->note, "pooled, %zu splits a token; %d of %d tokens differ alone",
+                 c.work_floats / ((size_t)T * H * (dim + 2)), alone_diff, T);
+    }
     r->bytes = (double)keys * dim * esz + 2.0 * on * esz;
     r->flops = 4.0 * keys * H * dim;
     if (g_perf && cs->perf) r->ms = time_it(launch_attention, &c);
-    free(q), free(win), free(comp), free(sink), free(freq), free(widx), free(wn), free(sel);
+    if (pooled) free(pool);
+    else free(win), free(comp);
+    free(q), free(sink), free(freq), free(widx), free(wn), free(sel), free(woff), free(coff);
     free(sn), free(pos), free(y), free(ref), free(p), free(cs_), free(sn_), free(chk);
 }
 
@@ -1932,6 +2018,24 @@ static void run_gather(const case_t *cs, result_t *r)
     free(src), free(idx), free(y);
 }
 
+static void run_scatter(const case_t *cs, result_t *r)
+{
+    int n = cs->s[0], width = cs->s[1], rows = cs->s[2];
+    size_t total = (size_t)rows * width;
+    float *src = frandv((size_t)n * width, 1.0f), *before = frandv(total, 1.0f);
+    int64_t *off = xmalloc((size_t)n * 8);
+    for (int i = 0; i < n; i++) /* distinct rows, at element offsets that are not row multiples */
+        off[i] = (int64_t)(i * (rows / n)) * width + (i % 3);
+    float *dd = dup(before, total * 4);
+    BT_OK_OR_DIE(bt_cuda_scatter_rows(dd, dup(off, (size_t)n * 8), dup(src, (size_t)n * width * 4), n, width, 0));
+    float *y = xmalloc(total * 4);
+    get(y, dd, total * 4);
+    for (int i = 0; i < n; i++) memcpy(before + off[i], src + (size_t)i * width, (size_t)width * 4);
+    if (memcmp(y, before, total * 4)) r->exact_ok = 0; /* the rows written, nothing else */
+    snprintf(r->note, sizeof r->note, "bit-exact, the rest untouched");
+    free(src), free(before), free(off), free(y);
+}
+
 static void run_scale(const case_t *cs, result_t *r)
 {
     size_t n = (size_t)cs->s[0];
@@ -2188,6 +2292,9 @@ static void run_case(const case_t *cs, result_t *r)
     case OP_GEMM_F32: run_gemm_f32(cs, r); break;
     case OP_EMBED: run_embed(cs, r); break;
     case OP_GATHER: run_gather(cs, r); break;
+    case OP_SCATTER: run_scatter(cs, r); break;
+    case OP_ATTENTION_BATCH: run_attention(cs, r); break;
+    case OP_ATTENTION_TC_BATCH: run_attention(cs, r); break;
     case OP_SCALE: run_scale(cs, r); break;
     case OP_MOE_COMBINE: run_moe_combine(cs, r); break;
     case OP_COMPRESS: run_compress(cs, r); break;
@@ -2249,6 +2356,14 @@ static int check_refusals(void)
                                             1, (uint8_t *)d, (uint8_t *)d, 4, 33, 0));
     bad += REFUSED(bt_cuda_attention(d, d, d, (int32_t *)d, (int32_t *)d, 1, NULL, NULL, NULL, 0,
                                      d, NULL, NULL, 0, BT_CUDA_F32, 1, 1, 101, 0));
+    { /* split per token with a workspace short of every token's splits: fewer splits would
+       * change a token's result with its batch */
+        bt_cuda_attention_batch_t per = {NULL, NULL, true};
+        bad += REFUSED(bt_cuda_attention_tc_ws(d, d, d, (int32_t *)d, (int32_t *)d, 128, NULL, NULL, NULL,
+                                               0, d, (int64_t *)d, NULL, 0, BT_CUDA_BF16, 2, 64, 512, d, 64, &per, 0));
+        bad += REFUSED(bt_cuda_attention_ws(d, d, d, (int32_t *)d, (int32_t *)d, 128, NULL, NULL, NULL, 0,
+                                            d, (int64_t *)d, NULL, 0, BT_CUDA_BF16, 2, 64, 512, d, 64, &per, 0));
+    }
     bad += REFUSED(bt_cuda_gemm_f32(g_blas, d, 4, d, 3, d, 2, 4, 4, 0)); /* ldx < K */
     bad += REFUSED(bt_cuda_compress_pool(d, d, d, 0, 4, 8, 0));
     bad += REFUSED(bt_cuda_topk((int32_t *)d, (int32_t *)d, 4, d, 1, 10, 5, 0));
