@@ -856,6 +856,219 @@ static bool ft_smem_ready(void)
            bt__smem_allowed((const void *)gemm_fp4_tiles<float>, FT_SMEM, f32_out);
 }
 
+/* ---- many rows of FP4 experts on Hopper's warpgroup MMAs ------------------------------------
+ * The prefill's routed experts as gemm_fp4_tiles, with the products on wgmma (sm_90a; the
+ * other kernel elsewhere). A block of two warpgroups takes 64 rows x 128 columns, two blocks an
+ * SM. K goes in chunks of 64 through a 3-stage cp.async pipeline (issued by the first
+ * warpgroup): the rows' bf16, gathered straight into the layout the MMAs read, and the columns'
+ * packed e2m1 bytes as stored. Every thread then dequantizes half a column's chunk (its scale
+ * read a chunk ahead) into a bf16 buffer (two, alternating), and the first warpgroup's MMAs on it
+ * run asynchronously while the next chunk is dequantized: every weight is converted once per 64
+ * rows, the tensor cores do the rest. (One block an SM, with chunks of 128, left the
+ * conversions' latencies and the barriers bare: 23-26% issue, slower than gemm_fp4_tiles.)
+ * Both operands K-major with the 128-byte swizzle: a chunk's row is 128 contiguous bytes whose
+ * 16-byte units are permuted by the row's index within its group of 8 (so a row's loads and 8
+ * rows' same unit both spread over the banks); groups of 8 rows 1024 bytes apart. (Without the
+ * swizzle, a core matrix per 8 rows x 16 bytes, the rows' gathers split every sector: L2 at
+ * 61%.) */
+enum { WG_ROWS = 64, WG_COLS = 128, WG_CHUNK = 64, WG_UNITS = WG_CHUNK / 8, WG_STAGES = 3 };
+enum { WG_A_BYTES = WG_ROWS * WG_CHUNK * 2, WG_BRAW_BYTES = WG_COLS * WG_CHUNK / 2,
+       WG_STAGE_BYTES = WG_A_BYTES + WG_BRAW_BYTES, WG_B_BYTES = WG_COLS * WG_CHUNK * 2,
+       WG_SMEM = 2 * WG_B_BYTES + WG_STAGES * WG_STAGE_BYTES + 1024 /* alignment */ };
+
+/* whether this binary's device code has the warpgroup kernel (an sm_90a image) */
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define BT_WGMMA 1
+#endif
+#ifdef BT_WGMMA
+__device__ int wg_built = 1;
+#else
+__device__ int wg_built = 0;
+#endif
+
+/* byte offset of the 16 bytes holding k 8u..8u+7 of row r in an operand chunk: 128-byte rows,
+ * their 16-byte units permuted by the row's index within its 8 (the 128-byte swizzle) */
+__device__ __forceinline__ int wg_sw(int r, int u) { return r * 128 + ((u ^ (r & 7)) << 4); }
+
+/* an operand at smem (a 1024-byte aligned chunk, plus 32 bytes a 16-k step): K-major, 128-byte
+ * swizzle, 8-row groups 1024 bytes apart */
+__device__ __forceinline__ uint64_t wg_desc(const void *smem)
+{
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(smem);
+    return (uint64_t)((a & 0x3ffff) >> 4) | (uint64_t)1 << 16 | (uint64_t)(1024 >> 4) << 32 |
+           (uint64_t)1 << 62;
+}
+
+/* d[64 rows of the warpgroup, 128 columns] += A[64, 16] . B[128, 16]^T, both from shared memory */
+__device__ __forceinline__ void wgmma_m64n128k16(float *d, uint64_t da, uint64_t db)
+{
+#ifdef BT_WGMMA
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+                 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db), "r"(1)); /* (p: accumulate into d) */
+#endif
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+
+template <typename OT>
+__global__ void __launch_bounds__(256, 2) gemm_fp4_wgmma(OT *y, const __nv_bfloat16 *x,
+                                                          const int32_t *rows, const int32_t *offs,
+                                                          const uint8_t *w, const uint8_t *ws,
+                                                          int N, int K, const int32_t *elist)
+{
+#ifdef BT_WGMMA
+    extern __shared__ __align__(128) unsigned char wg_smem[];
+    __shared__ const __nv_bfloat16 *arow[WG_ROWS];
+    const int tid = threadIdx.x;
+    const bool mma_wg = tid < 128; /* the first warpgroup: copies, MMAs, output */
+    const int e = elist ? elist[blockIdx.z] : blockIdx.z;
+    if (e < 0) return; /* a padded slot of the expert list (the whole block) */
+    const int r0 = offs[e], m0 = r0 + blockIdx.y * WG_ROWS, r1 = offs[e + 1];
+    if (m0 >= r1) return; /* the whole block */
+    const int mr = min(WG_ROWS, r1 - m0), n0 = blockIdx.x * WG_COLS;
+    w += (size_t)e * N * (K / 2);
+    ws += (size_t)e * N * (K / 32);
+    if (tid < WG_ROWS) arow[tid] = tid < mr ? x + (size_t)(rows ? rows[m0 + tid] : m0 + tid) * K : x;
+    __syncthreads();
+
+    /* shared memory from a 1024-byte boundary (the swizzle's): the two bf16 B buffers, then the
+     * stages (A | raw B [column][2 x 16 bytes]) */
+    unsigned char *smem = wg_smem + ((1024 - ((uint32_t)__cvta_generic_to_shared(wg_smem) & 1023)) & 1023);
+    auto bbuf = [&](int i) { return smem + i * WG_B_BYTES; };
+    auto stage = [&](int st) { return smem + 2 * WG_B_BYTES + st * WG_STAGE_BYTES; };
+    auto load = [&](int ch) { /* (the first warpgroup's 128 threads) */
+        unsigned char *sa = stage(ch % WG_STAGES);
+        uint4 *sb = (uint4 *)(sa + WG_A_BYTES);
+        const int k0 = ch * WG_CHUNK;
+        /* A: 4 units a thread; 8 neighbouring threads take a row's 128 bytes (whole sectors),
+         * stored in 8 distinct bank groups (the swizzle) */
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int r = (tid >> 3) + 16 * j, u = tid & 7;
+            cp_async<16>(sa + wg_sw(r, u), arow[r] + k0 + 8 * u, r < mr);
+        }
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const int col = tid / 2 + 64 * j, n = n0 + col;
+            const uint8_t *src = w + (size_t)(n < N ? n : 0) * (K / 2) + k0 / 2 + 16 * (tid & 1);
+            cp_async<16>(&sb[col * 2 + (tid & 1)], src, n < N);
+        }
+    };
+    /* this thread's column and 32-k unit of each chunk, and that unit's scale, read a chunk
+     * ahead into a register (0 past N: zeros on the slow path) */
+    const int n = tid & (WG_COLS - 1), h2 = tid >> 7;
+    const uint8_t *scale = ws + (size_t)(n0 + n < N ? n0 + n : 0) * (K / 32) + h2;
+    auto scale_at = [&](int ch) { return n0 + n < N ? __ldg(scale + ch * (WG_CHUNK / 32)) : (uint8_t)0; };
+
+    float d[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++) d[i] = 0.0f;
+    const int chunks = K / WG_CHUNK;
+    uint8_t sv = scale_at(0);
+    if (mma_wg) {
+#pragma unroll
+        for (int ch = 0; ch < WG_STAGES - 1; ch++) {
+            if (ch < chunks) load(ch);
+            cp_async_commit();
+        }
+    }
+    for (int ch = 0; ch < chunks; ch++) {
+        if (mma_wg) asm volatile("cp.async.wait_group %0;\n" ::"n"(WG_STAGES - 2));
+        __syncthreads(); /* chunk ch has landed, for every thread to read */
+        /* column n's unit h2 (k 32 h2 .. + 31) into buffer ch & 1 (its last reader, chunk
+         * ch - 2's MMAs, was waited for before the barrier above); 8 neighbouring threads'
+         * stores, 16 bytes apart, fall in distinct banks */
+        const unsigned char *sa = stage(ch % WG_STAGES);
+        const uint8_t sv_next = ch + 1 < chunks ? scale_at(ch + 1) : (uint8_t)0;
+        {
+            const uint4 v = ((const uint4 *)(sa + WG_A_BYTES))[n * 2 + h2];
+            unsigned char *bb = bbuf(ch & 1);
+            const unsigned u[4] = {v.x, v.y, v.z, v.w};
+            const bool fast = fp4_scale_fast(sv);
+            const __nv_bfloat162 s2 = fp4_scale2(sv);
+#pragma unroll
+            for (int h = 0; h < 4; h++) {
+                unsigned o[4];
+                if (fast)
+                    fp4x8_to_bf16_fast(u[h], s2, o);
+                else
+                    fp4x8_to_bf16_scaled(u[h], sv, o);
+                *(uint4 *)(bb + wg_sw(n, 4 * h2 + h)) = make_uint4(o[0], o[1], o[2], o[3]);
+            }
+        }
+        sv = sv_next;
+        /* the buffer's ordinary stores (and the chunk's landed copies) before the MMAs read them */
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+        if (!mma_wg) continue;
+        wgmma_fence();
+        const unsigned char *bb = bbuf(ch & 1);
+#pragma unroll
+        for (int ks = 0; ks < WG_CHUNK / 16; ks++)
+            wgmma_m64n128k16(d, wg_desc(sa + ks * 32), wg_desc(bb + ks * 32));
+        wgmma_commit();
+        wgmma_wait<1>(); /* chunk ch - 1's MMAs are done: its stage may be refilled */
+        if (ch + WG_STAGES - 1 < chunks) load(ch + WG_STAGES - 1);
+        cp_async_commit(); /* (empty past the end: keeps the count) */
+    }
+    if (!mma_wg) return;
+    wgmma_wait<0>();
+    asm volatile("cp.async.wait_group 0;\n" ::);
+#pragma unroll
+    for (int i = 0; i < 64; i++) asm volatile("" : "+f"(d[i])::"memory"); /* read after the wait */
+    /* D of warp w: rows 16w + g (+8), columns 8j + 2c (+1) in d[4j ..] */
+    const int warp = tid >> 5, g = (tid & 31) >> 2, c = tid & 3;
+#pragma unroll
+    for (int j = 0; j < 16; j++)
+#pragma unroll
+        for (int t = 0; t < 4; t++) {
+            const int r = 16 * warp + g + 8 * (t >> 1), n = n0 + 8 * j + 2 * c + (t & 1);
+            if (r < mr && n < N) bt_st(y, (size_t)(m0 + r) * N + n, d[4 * j + t]);
+        }
+#else
+    __trap(); /* launched only where wg_ready() found the sm_90a image */
+#endif
+}
+
+/* gemm_fp4_wgmma runs here: a Hopper device, this binary's device code built for sm_90a, and
+ * its shared memory allowed */
+static bool wg_ready(void)
+{
+    static signed char built[BT__MAX_DEVICES], bf16_out[BT__MAX_DEVICES], f32_out[BT__MAX_DEVICES];
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= BT__MAX_DEVICES) {
+        cudaGetLastError();
+        return false;
+    }
+    if (!built[dev]) {
+        int major = 0, flag = 0;
+        bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                  major == 9 && cudaMemcpyFromSymbol(&flag, wg_built, sizeof flag) == cudaSuccess && flag == 1;
+        if (!ok) cudaGetLastError();
+        built[dev] = ok ? 1 : -1; /* (any thread writes the same value) */
+    }
+    return built[dev] > 0 &&
+           bt__smem_allowed((const void *)gemm_fp4_wgmma<__nv_bfloat16>, WG_SMEM, bf16_out) &&
+           bt__smem_allowed((const void *)gemm_fp4_wgmma<float>, WG_SMEM, f32_out);
+}
+
 /* K slices for a narrow FP8 or bf16 product whose column tiles fill less than one wave of
  * resident blocks (5 an SM on 132 SMs): the few blocks of e.g. a [512, 5120] projection each
  * walked all of K, one chunk a warp at a time, with most SMs idle. A cluster of 2..8 blocks
@@ -947,6 +1160,14 @@ static bt_status_t launch(void *y, bt_cuda_dtype_t yd, const uint16_t *x, const 
         else
             gemm_skinny<FMT><<<grid, SK_WARPS * 32, 0, stream>>>((float *)y, xb, rows, offs, w,
                                                                  ws, M, N, K, elist, io);
+    } else if (FMT == FMT_FP4 && mma_ok && wg_ready()) {
+        dim3 grid(bt__cdiv(N, WG_COLS), bt__cdiv(max_rows, WG_ROWS), groups);
+        if (yd == BT_CUDA_BF16)
+            gemm_fp4_wgmma<<<grid, 256, WG_SMEM, stream>>>((__nv_bfloat16 *)y, xb, rows, offs, w,
+                                                            ws, N, K, elist);
+        else
+            gemm_fp4_wgmma<<<grid, 256, WG_SMEM, stream>>>((float *)y, xb, rows, offs, w, ws, N,
+                                                            K, elist);
     } else if (FMT == FMT_FP4 && mma_ok && (uintptr_t)ws % 4 == 0 && ft_smem_ready()) {
         /* (grouped only: rows K and N apart, as the plain layout) */
         dim3 grid(bt__cdiv(N, FT_COLS), bt__cdiv(max_rows, FT_ROWS), groups);
