@@ -466,7 +466,7 @@ static void alloc_scratch(up_t *u)
     cu->att_ws_cap = bt_cuda_attention_ws_floats(1, m->hl, (int)hd, att_keys);
     if (bt_cuda_attention_tc_ws_floats(1, m->hl, (int)hd, att_keys) > cu->att_ws_cap)
         cu->att_ws_cap = bt_cuda_attention_tc_ws_floats(1, m->hl, (int)hd, att_keys);
-    cu->att_ws_cap *= S;
+    cu->att_ws_cap *= S < N ? S : N;
     cu->att_ws = scratch(u, cu->att_ws_cap);
     /* the split mix's partials grow with the tokens until the tokens fill the GPU alone */
     for (size_t t = 1; t <= N; t++) {
@@ -1142,7 +1142,7 @@ static bt_status_t attention(fwd_t *f, int l)
     size_t row = (size_t)hd * sizeof(float);
     const float *rings = region(cu->mirror_mem, f->lay->window_off[l]);
     const float *comps = comp && L->kv_source >= 0 ? region(cu->mirror_mem, f->lay->comp_off[L->kv_source]) : NULL;
-    bool in_place = f->decode_rows && (!cu->att_tc || ((uintptr_t)rings % 16 == 0 && (uintptr_t)comps % 16 == 0));
+    bool in_place = f->decode_rows;
     if (in_place) {
         CK(bt_cuda_scatter_rows((float *)rings, f->ring_at_d, cu->kv, N, hd, st));
         const int32_t *sel_n = comps ? cu->topk_n : NULL;
@@ -1179,14 +1179,14 @@ static bt_status_t attention(fwd_t *f, int l)
         CK(d2d(f, stage + (size_t)W * hd, cu->kv + (size_t)first * hd, (size_t)n * row));
         const float *comp_kv = NULL;
         const int32_t *sel = NULL, *sel_n = NULL;
-        if (comp && L->kv_source >= 0 && f->topk_set[q]) {
+        if (comp && L->kv_source >= 0) { /* (no picks yet: topk_n 0) */
             comp_kv = region(f->dslot[q], f->lay->comp_off[L->kv_source]);
             sel = cu->topk + (size_t)first * c->index_topk;
             sel_n = cu->topk_n + first;
             int64_t have = h->entries[L->kv_source];
             /* picks past the kv source's entries (a key owner ahead of it) are dropped; a launch
              * only when some pick can be past them */
-            if (f->topk_bound[q] > have) {
+            if (f->topk_set[q] && f->topk_bound[q] > have) {
                 CK(bt_cuda_trim_sel(cu->sel_n + first, sel, sel_n, c->index_topk, n, have, st));
                 sel_n = cu->sel_n + first;
             }
@@ -1607,8 +1607,11 @@ static bt_status_t forward_body(fwd_t *f, float *logits, bt_kv_header_t *before)
     PLAN(f, int64_t, N, pos, f->pos_d);
     PLAN(f, int32_t, (size_t)N * W, win_idx, f->win_idx_d);
     PLAN(f, int32_t, N, win_n, f->win_n_d);
-    /* a decode step reads the rings in place: the slots keep whole rows 16-byte aligned */
+    /* a decode step reads the rings in place: slots and every layer's caches keep whole rows
+     * 16-byte aligned (the tensor-core kernel's loads; the layout aligns them wider) */
     f->decode_rows = W > 0 && cu->slot_bytes % 16 == 0;
+    for (int l = 0; l < c->n_layers && f->decode_rows; l++)
+        if (f->lay->window_off[l] % 16 || f->lay->comp_off[l] % 16) f->decode_rows = false;
     for (int q = 0; q < f->n_seqs; q++)
         if (f->seqs[q].n != 1) f->decode_rows = false;
     int64_t *slot_off = NULL, *ring_at = NULL;
@@ -1645,9 +1648,11 @@ static bt_status_t forward_body(fwd_t *f, float *logits, bt_kv_header_t *before)
     if (f->decode_rows) {
         CK(plan_send(cu, slot_off, f->slot_off_d, (size_t)N * sizeof(int64_t), err, errlen));
         CK(plan_send(cu, ring_at, f->ring_at_d, (size_t)N * sizeof(int64_t), err, errlen));
-        /* no published picks yet reads as none (the per-sequence launches leave them out) */
-        CK_CUDA(cudaMemsetAsync(cu->topk_n, 0, (size_t)N * sizeof(int32_t), st));
     }
+    /* no published picks yet reads as none, in either attention path: a compressed layer's
+     * launch then has the same key lists, hence the same splits, for a token with or without
+     * picks, in a decode batch or beside a prefill chunk */
+    CK_CUDA(cudaMemsetAsync(cu->topk_n, 0, (size_t)N * sizeof(int32_t), st));
     CK(plan_send(cu, ids, ids_d, (size_t)N * sizeof(int32_t), err, errlen));
     CK(plan_send(cu, pos, f->pos_d, (size_t)N * sizeof(int64_t), err, errlen));
     CK(plan_send(cu, win_idx, f->win_idx_d, (size_t)N * W * sizeof(int32_t), err, errlen));

@@ -1370,15 +1370,16 @@ static void run_attention(const case_t *cs, result_t *r)
     bool no_sel = S < 0; /* no_sel: sel_n, sel, comp_kv NULL */
     if (no_sel) S = 0;
     int NW = W + 50, NC = S + 300, Sst = S > 0 ? S : 1;
-    /* pooled: token t's window rows at pool + t * RS, its compressed ones NW rows further (one
-     * base pointer each, per-token offsets, as the model's per-sequence caches); the regions
-     * hold different keys, so a token reading another's fails the reference */
+    /* pooled: token t's window rows at pool + t * RS, its compressed ones NW rows into region
+     * T - 1 - t (one base pointer each, per-token offsets, as the model's per-sequence caches);
+     * the regions hold different keys, so a token reading another's, or one offset for the
+     * other, fails the reference */
     size_t RS = pooled ? (size_t)(NW + NC) * dim + 8 : 0;
     float *pool = pooled ? frandv((size_t)T * RS, 1.0f) : NULL;
     int64_t *woff = xmalloc((size_t)T * 8), *coff = xmalloc((size_t)T * 8);
     for (int t = 0; t < T; t++) {
         woff[t] = (int64_t)(t * RS);
-        coff[t] = pooled && t % 3 == 2 ? -1 : (int64_t)(t * RS); /* -1: no compressed keys */
+        coff[t] = pooled && t % 3 == 2 ? -1 : (int64_t)((pooled ? T - 1 - t : t) * RS); /* -1: none */
     }
     float *q = frandv((size_t)T * H * dim, 1.0f);
     float *win = pooled ? pool : frandv((size_t)NW * dim, 1.0f);
@@ -1406,6 +1407,7 @@ static void run_attention(const case_t *cs, result_t *r)
         for (int j = 0; j < W; j++) widx[(size_t)t * W + j] = irand(NW);
         for (int j = 0; j < Sst; j++) sel[(size_t)t * Sst + j] = irand(NC);
         pos[t] = (int64_t)(rnd() % 1000000);
+        if (pooled && t % 5 == 3) sn[t] = 0; /* offsets, but no picks (the model's sequences without) */
         keys += wn[t] + (coff[t] < 0 ? 0 : sn[t]);
     }
     att_ctx_t c = {0};
