@@ -1124,3 +1124,18 @@ bt_status_t bt_tokenizer_engram_token_map(const bt_tokenizer_t *t, int32_t **map
     *n_classes_p = n_classes;
     return BT_OK;
 }
+
+bt_status_t bt_tokenizer_engram_token_map_for(const bt_tokenizer_t *t, int vocab, int32_t **map_p,
+                                              int *n_classes_p)
+{
+    if (!t || vocab < 1 || !map_p || !n_classes_p) return BT_ERR_INVALID_ARG;
+    int32_t *map;
+    int n_classes;
+    bt_status_t st = bt_tokenizer_engram_token_map(t, &map, &n_classes);
+    if (st != BT_OK) return st;
+    map = bt_realloc_or_die(map, (size_t)vocab * sizeof *map);
+    for (int id = t->n_ids; id < vocab; id++) map[id] = n_classes - 1;
+    *map_p = map;
+    *n_classes_p = n_classes;
+    return BT_OK;
+}

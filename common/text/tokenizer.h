@@ -84,6 +84,13 @@ bt_status_t bt_tokenizer_decode(const bt_tokenizer_t *tok, const int32_t *ids, s
 bt_status_t bt_tokenizer_engram_token_map(const bt_tokenizer_t *tok, int32_t **map_p,
                                           int *n_classes_p);
 
+/* The same map for a model of `vocab` token ids, whose embedding may have more rows than the
+ * tokenizer has ids (DeepSeek's 129280 rows for ~128.8k ids): *map_p is malloc'd [vocab], the
+ * ids the tokenizer lacks in the last class (they are never tokenized; a sampled one still
+ * hashes as something); a tokenizer with more ids than the model keeps the first vocab. */
+bt_status_t bt_tokenizer_engram_token_map_for(const bt_tokenizer_t *tok, int vocab,
+                                              int32_t **map_p, int *n_classes_p);
+
 /* ---- streaming detokenizer ------------------------------------------------------------- */
 
 /* Turns ids arriving one or a few at a time into text chunks that hold whole UTF-8

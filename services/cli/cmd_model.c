@@ -52,15 +52,10 @@ static bt_model_t *open_model(const common_args_t *a, int64_t max_ctx, int max_b
     if (cfg.n_engram > 0) {
         bt_tokenizer_t *tok = NULL;
         if (bt_tokenizer_load(dir, &tok, err, sizeof err) != BT_OK ||
-            bt_tokenizer_engram_token_map(tok, &map, &classes) != BT_OK) {
+            bt_tokenizer_engram_token_map_for(tok, cfg.vocab, &map, &classes) != BT_OK) {
             fprintf(stderr, "baton %s: the engram layers need the tokenizer: %s\n", cmd, err);
             bt_tokenizer_destroy(tok);
             return NULL;
-        }
-        if (bt_tokenizer_vocab_size(tok) < cfg.vocab) {
-            /* ids past the tokenizer (padding rows of the embedding) hash as their own class */
-            map = bt_realloc_or_die(map, (size_t)cfg.vocab * sizeof *map);
-            for (int i = bt_tokenizer_vocab_size(tok); i < cfg.vocab; i++) map[i] = classes - 1;
         }
         bt_tokenizer_destroy(tok);
     }

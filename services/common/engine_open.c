@@ -64,7 +64,8 @@ bt_status_t bt_service_engine_open_tp(const char *model_path, const char *served
     if (cfg.n_engram > 0) {
         bt_tokenizer_t *tok = NULL;
         st = bt_tokenizer_load(eng->model_dir, &tok, err, errlen);
-        if (st == BT_OK) st = bt_tokenizer_engram_token_map(tok, &map, &classes);
+        /* (a map for every row of the embedding, which may outnumber the tokenizer's ids) */
+        if (st == BT_OK) st = bt_tokenizer_engram_token_map_for(tok, cfg.vocab, &map, &classes);
         bt_tokenizer_destroy(tok);
         if (st != BT_OK) return st;
     }

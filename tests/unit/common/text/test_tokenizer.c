@@ -170,6 +170,23 @@ static void check_token_map(const char *model)
     }
     BT_CHECK_EQ_INT(bad, 0);
     BT_CHECK_EQ_INT(nc, maxc + 1);
+    /* for a model with more embedding rows than tokenizer ids (DeepSeek's 129280 for ~128.8k):
+     * a map for every row (the services copied [vocab] entries from the tokenizer's shorter
+     * map: a read past its end), the extra rows in the last class; and for fewer rows */
+    int n_ids = bt_tokenizer_vocab_size(t), nc2 = 0;
+    int32_t *padded = NULL;
+    BT_CHECK(bt_tokenizer_engram_token_map_for(t, n_ids + 7, &padded, &nc2) == BT_OK);
+    BT_CHECK_EQ_INT(nc2, nc);
+    if (padded) {
+        BT_CHECK(memcmp(padded, map, (size_t)n_ids * sizeof *map) == 0);
+        for (int i = n_ids; i < n_ids + 7; i++) BT_CHECK_EQ_INT(padded[i], nc - 1);
+    }
+    free(padded);
+    padded = NULL;
+    BT_CHECK(bt_tokenizer_engram_token_map_for(t, n_ids - 2, &padded, &nc2) == BT_OK);
+    if (padded) BT_CHECK(memcmp(padded, map, (size_t)(n_ids - 2) * sizeof *map) == 0);
+    free(padded);
+    BT_CHECK(bt_tokenizer_engram_token_map_for(t, 0, &padded, &nc2) == BT_ERR_INVALID_ARG);
     free(map);
     free(want);
     bt_tokenizer_destroy(t);
