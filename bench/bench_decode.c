@@ -38,6 +38,7 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* greedy over the ids text can carry (as the workers' samplers) */
 static int argmax(const float *v, int n)
 {
     int best = 0;
@@ -64,24 +65,6 @@ static int positive(const char *flag, const char *v)
         exit(2);
     }
     return (int)x;
-}
-
-/* The engram layers hash token classes from the tokenizer (as `baton generate` loads them). */
-static bool engram_map(const char *dir, const bt_model_config_t *cfg, int32_t **map, int *classes)
-{
-    char err[512];
-    *map = NULL;
-    *classes = 0;
-    if (cfg->n_engram == 0) return true;
-    bt_tokenizer_t *tok = NULL;
-    if (bt_tokenizer_load(dir, &tok, err, sizeof err) != BT_OK ||
-        bt_tokenizer_engram_token_map_for(tok, cfg->vocab, map, classes) != BT_OK) {
-        fprintf(stderr, "bench_decode: the engram layers need the tokenizer: %s\n", err);
-        bt_tokenizer_destroy(tok);
-        return false;
-    }
-    bt_tokenizer_destroy(tok);
-    return true;
 }
 
 int main(int argc, char **argv)
@@ -141,8 +124,12 @@ int main(int argc, char **argv)
         return 1;
     }
     int32_t *map = NULL;
-    int classes = 0;
-    if (!engram_map(dir, &cfg, &map, &classes)) return 1;
+    int classes = 0, emit = cfg.vocab;
+    if (bt_tokenizer_for_model(dir, cfg.vocab, cfg.n_engram > 0, &map, &classes, &emit, err,
+                               sizeof err) != BT_OK) {
+        fprintf(stderr, "bench_decode: %s\n", err);
+        return 1;
+    }
     int bmax = 1;
     for (int i = 0; i < n_batches; i++) bmax = batches[i] > bmax ? batches[i] : bmax;
 
@@ -195,7 +182,7 @@ int main(int argc, char **argv)
                 fprintf(stderr, "bench_decode: prefill: %s\n", err);
                 return 1;
             }
-            tok[b] = argmax(logits, V);
+            tok[b] = argmax(logits, emit);
         }
         for (int s = 0; s < warmup + steps; s++) {
             bt_forward_seq_t seq[MAX_BATCH];
@@ -207,7 +194,7 @@ int main(int argc, char **argv)
             }
             double e = now() - a;
             if (s >= warmup) ms[s - warmup] = 1e3 * e;
-            for (int b = 0; b < B; b++) tok[b] = argmax(logits + (size_t)b * V, V);
+            for (int b = 0; b < B; b++) tok[b] = argmax(logits + (size_t)b * V, emit);
         }
         qsort(ms, (size_t)steps, sizeof *ms, cmp_double);
         double med = ms[steps / 2], p90 = ms[(steps * 9) / 10 < steps ? (steps * 9) / 10 : steps - 1];

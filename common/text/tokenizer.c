@@ -1139,3 +1139,25 @@ bt_status_t bt_tokenizer_engram_token_map_for(const bt_tokenizer_t *t, int vocab
     *n_classes_p = n_classes;
     return BT_OK;
 }
+
+bt_status_t bt_tokenizer_for_model(const char *dir, int vocab, bool want_map, int32_t **map_p,
+                                   int *n_classes_p, int *emit_vocab_p, char *err, size_t errlen)
+{
+    if (!dir || vocab < 1 || !emit_vocab_p || (want_map && (!map_p || !n_classes_p)))
+        return BT_ERR_INVALID_ARG;
+    *emit_vocab_p = vocab;
+    if (want_map) *map_p = NULL, *n_classes_p = 0;
+    bt_tokenizer_t *t = NULL;
+    char terr[512];
+    bt_status_t st = bt_tokenizer_load(dir, &t, terr, sizeof terr);
+    if (st != BT_OK) {
+        if (!want_map) return BT_OK; /* no tokenizer: every id, and nothing to map */
+        snprintf(err, errlen, "the engram layers need the tokenizer: %s", terr);
+        return st;
+    }
+    if (t->n_ids < vocab) *emit_vocab_p = t->n_ids;
+    if (want_map) st = bt_tokenizer_engram_token_map_for(t, vocab, map_p, n_classes_p);
+    bt_tokenizer_destroy(t);
+    if (st != BT_OK) snprintf(err, errlen, "the engram token map: %s", bt_status_str(st));
+    return st;
+}

@@ -27,9 +27,10 @@ typedef struct {
 } common_args_t;
 
 /* Loads the model of args (the demo model when none is given) with the tokenizer's engram
- * token map; prints why on failure. */
+ * token map; *emit_vocab: the ids a sampler may pick (the services' rule). Prints why on
+ * failure. */
 static bt_model_t *open_model(const common_args_t *a, int64_t max_ctx, int max_batch,
-                              const char *cmd)
+                              const char *cmd, int *emit_vocab)
 {
     char err[1024], demo[4096];
     const char *dir = a->model_path;
@@ -49,15 +50,10 @@ static bt_model_t *open_model(const common_args_t *a, int64_t max_ctx, int max_b
     }
     int32_t *map = NULL;
     int classes = 0;
-    if (cfg.n_engram > 0) {
-        bt_tokenizer_t *tok = NULL;
-        if (bt_tokenizer_load(dir, &tok, err, sizeof err) != BT_OK ||
-            bt_tokenizer_engram_token_map_for(tok, cfg.vocab, &map, &classes) != BT_OK) {
-            fprintf(stderr, "baton %s: the engram layers need the tokenizer: %s\n", cmd, err);
-            bt_tokenizer_destroy(tok);
-            return NULL;
-        }
-        bt_tokenizer_destroy(tok);
+    if (bt_tokenizer_for_model(dir, cfg.vocab, cfg.n_engram > 0, &map, &classes, emit_vocab, err,
+                               sizeof err) != BT_OK) {
+        fprintf(stderr, "baton %s: %s\n", cmd, err);
+        return NULL;
     }
     bt_model_options_t opt = bt_model_options_default();
     opt.device = bt_device_parse(a->device ? a->device : "cpu");
@@ -164,7 +160,8 @@ int bt_cli_logits(int argc, char **argv)
     int rc = parse_ids(a.input_ids, &ids, &n, "logits");
     if (rc) return rc;
     int chunk = a.chunk < n ? (int)a.chunk : n;
-    bt_model_t *m = open_model(&a, n, chunk, "logits");
+    int emit_vocab;
+    bt_model_t *m = open_model(&a, n, chunk, "logits", &emit_vocab);
     if (!m) {
         free(ids);
         return 1;
@@ -242,7 +239,8 @@ int bt_cli_generate(int argc, char **argv)
     if (rc) return rc;
     int chunk = a.chunk < n ? (int)a.chunk : n;
     int64_t ctx = n + max_new;
-    bt_model_t *m = open_model(&a, ctx, chunk, "generate");
+    int emit_vocab;
+    bt_model_t *m = open_model(&a, ctx, chunk, "generate", &emit_vocab);
     if (!m) {
         free(ids);
         return 1;
@@ -252,8 +250,9 @@ int bt_cli_generate(int argc, char **argv)
     bt_kv_layout_init(&lay, c, ctx);
     uint8_t *state = bt_aligned_alloc(64, lay.slot_bytes);
     float *logits = bt_aligned_alloc(64, (size_t)c->vocab * sizeof(float));
-    /* the services' sampler: the same seed draws the same tokens here and in a cluster */
-    bt_sampler_t *sampler = bt_sampler_create(c->vocab);
+    /* the services' sampler, over the same ids: the same seed draws the same tokens here and in
+     * a cluster */
+    bt_sampler_t *sampler = bt_sampler_create(emit_vocab);
     int32_t *out = bt_malloc_or_die((size_t)(max_new ? max_new : 1) * sizeof(int32_t));
     bt_sampling_t s = {(float)temperature, (float)top_p, (float)min_p, top_k > 0 ? (int)top_k : 0, (uint64_t)seed};
     bt_kv_state_reset(state);

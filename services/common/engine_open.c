@@ -61,14 +61,9 @@ bt_status_t bt_service_engine_open_tp(const char *model_path, const char *served
     context_length = default_context(&cfg, context_length);
     int32_t *map = NULL;
     int classes = 0;
-    if (cfg.n_engram > 0) {
-        bt_tokenizer_t *tok = NULL;
-        st = bt_tokenizer_load(eng->model_dir, &tok, err, errlen);
-        /* (a map for every row of the embedding, which may outnumber the tokenizer's ids) */
-        if (st == BT_OK) st = bt_tokenizer_engram_token_map_for(tok, cfg.vocab, &map, &classes);
-        bt_tokenizer_destroy(tok);
-        if (st != BT_OK) return st;
-    }
+    st = bt_tokenizer_for_model(eng->model_dir, cfg.vocab, cfg.n_engram > 0, &map, &classes,
+                                &eng->emit_vocab, err, errlen);
+    if (st != BT_OK) return st;
     bt_model_options_t opt = bt_model_options_default();
     opt.engram_token_map = map;
     opt.engram_classes = classes;

@@ -22,10 +22,18 @@ typedef struct {
     bt_kv_layout_t layout;
     const bt_model_config_t *cfg;
     uint64_t compat_hash;
+    int emit_vocab; /* the ids a sampler may pick: the tokenizer's, at most cfg->vocab (0: all) */
     char model_dir[4096];
     char served_name[256];
     bt_model_config_t sim_cfg; /* the config when no model is loaded (simulated workers) */
 } bt_service_engine_t;
+
+/* The ids the engine's samplers pick from: a model's padding rows past its tokenizer's ids are
+ * never sampled (text could not carry them: the router's detokenizer refuses them). */
+static inline int bt_service_emit_vocab(const bt_service_engine_t *e)
+{
+    return e->emit_vocab > 0 ? e->emit_vocab : e->cfg->vocab;
+}
 
 /* model_path NULL = the demo model (written on first use). max_batch_seqs bounds one
  * forward's sequences, max_batch_tokens its tokens. */

@@ -884,7 +884,7 @@ int main(int argc, char **argv)
     }
     BT_LOG_INFO("KV pool: %lld slots x %lld tokens = %.1f MiB", (long long)slots, (long long)ctx_len,
                 (double)slots * (double)d->eng.layout.slot_bytes / 1048576.0);
-    d->sampler = bt_sampler_create(d->eng.cfg->vocab);
+    d->sampler = bt_sampler_create(bt_service_emit_vocab(&d->eng));
     d->batch = bt_calloc_or_die((size_t)max_running, sizeof *d->batch);
     d->fwd = bt_calloc_or_die((size_t)max_running, sizeof *d->fwd);
     d->logits = bt_malloc_or_die((size_t)max_running * d->eng.cfg->vocab * sizeof(float));

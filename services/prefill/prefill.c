@@ -565,7 +565,7 @@ int main(int argc, char **argv)
     }
     p->slot = bt_aligned_alloc(64, p->eng.layout.slot_bytes);
     p->logits = bt_malloc_or_die((size_t)p->eng.cfg->vocab * sizeof(float));
-    p->sampler = bt_sampler_create(p->eng.cfg->vocab);
+    p->sampler = bt_sampler_create(bt_service_emit_vocab(&p->eng));
     if (!p->slot) {
         fprintf(stderr, "baton-prefill: cannot allocate the KV slot\n");
         return 1;

@@ -187,6 +187,19 @@ static void check_token_map(const char *model)
     if (padded) BT_CHECK(memcmp(padded, map, (size_t)(n_ids - 2) * sizeof *map) == 0);
     free(padded);
     BT_CHECK(bt_tokenizer_engram_token_map_for(t, 0, &padded, &nc2) == BT_ERR_INVALID_ARG);
+    /* a model directory's view: ids to sample (the tokenizer's), the padded map */
+    int emit = 0;
+    BT_CHECK(bt_tokenizer_for_model(path, n_ids + 9, true, &padded, &nc2, &emit, err, sizeof err) == BT_OK);
+    BT_CHECK_EQ_INT(emit, n_ids);
+    BT_CHECK_EQ_INT(nc2, nc);
+    free(padded);
+    BT_CHECK(bt_tokenizer_for_model(path, n_ids - 1, false, NULL, NULL, &emit, err, sizeof err) == BT_OK);
+    BT_CHECK_EQ_INT(emit, n_ids - 1);
+    BT_CHECK(bt_tokenizer_for_model("/nonexistent-baton-dir", 50, false, NULL, NULL, &emit, err, sizeof err) == BT_OK);
+    BT_CHECK_EQ_INT(emit, 50); /* no tokenizer: every id */
+    padded = NULL;
+    BT_CHECK(bt_tokenizer_for_model("/nonexistent-baton-dir", 50, true, &padded, &nc2, &emit, err, sizeof err) != BT_OK);
+    BT_CHECK(strstr(err, "engram") != NULL);
     free(map);
     free(want);
     bt_tokenizer_destroy(t);
