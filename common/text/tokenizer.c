@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <utf8proc.h>
 
 #define MAX_TOKENIZER_JSON (512u << 20)
@@ -1143,16 +1144,20 @@ bt_status_t bt_tokenizer_engram_token_map_for(const bt_tokenizer_t *t, int vocab
 bt_status_t bt_tokenizer_for_model(const char *dir, int vocab, bool want_map, int32_t **map_p,
                                    int *n_classes_p, int *emit_vocab_p, char *err, size_t errlen)
 {
-    if (!dir || vocab < 1 || !emit_vocab_p || (want_map && (!map_p || !n_classes_p)))
+    if (!dir || vocab < 1 || !emit_vocab_p || (want_map && (!map_p || !n_classes_p))) {
+        snprintf(err, errlen, "bt_tokenizer_for_model: bad arguments");
         return BT_ERR_INVALID_ARG;
+    }
     *emit_vocab_p = vocab;
     if (want_map) *map_p = NULL, *n_classes_p = 0;
     bt_tokenizer_t *t = NULL;
     char terr[512];
     bt_status_t st = bt_tokenizer_load(dir, &t, terr, sizeof terr);
     if (st != BT_OK) {
-        if (!want_map) return BT_OK; /* no tokenizer: every id, and nothing to map */
-        snprintf(err, errlen, "the engram layers need the tokenizer: %s", terr);
+        char path[4096];
+        snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+        if (!want_map && access(path, F_OK) != 0) return BT_OK; /* none: every id, nothing to map */
+        snprintf(err, errlen, "%s%s", want_map ? "the engram layers need the tokenizer: " : "", terr);
         return st;
     }
     if (t->n_ids < vocab) *emit_vocab_p = t->n_ids;

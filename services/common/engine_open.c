@@ -102,6 +102,10 @@ bt_status_t bt_service_engine_open_sim(const char *model_path, const char *serve
     if (st != BT_OK) return st;
     st = bt_model_config_load(eng->model_dir, &eng->sim_cfg, err, errlen);
     if (st != BT_OK) return st;
+    /* simulated tokens keep to the ids text carries too (a config-only directory: all) */
+    st = bt_tokenizer_for_model(eng->model_dir, eng->sim_cfg.vocab, false, NULL, NULL, &eng->emit_vocab,
+                                err, errlen);
+    if (st != BT_OK) return st;
     context_length = default_context(&eng->sim_cfg, context_length);
     eng->cfg = &eng->sim_cfg;
     st = bt_kv_layout_init(&eng->layout, eng->cfg, context_length);

@@ -13,6 +13,7 @@
 #include "common/rpc/rpc.h"
 #include "services/common/proto_util.h"
 #include "services/engine/model.h"
+#include "services/engine/sampler.h"
 
 #include <stdbool.h>
 #include <uv.h>
@@ -33,6 +34,12 @@ typedef struct {
 static inline int bt_service_emit_vocab(const bt_service_engine_t *e)
 {
     return e->emit_vocab > 0 ? e->emit_vocab : e->cfg->vocab;
+}
+
+/* The workers' sampler (the first token in prefill, the rest in decode), over those ids. */
+static inline bt_sampler_t *bt_service_sampler_create(const bt_service_engine_t *e)
+{
+    return bt_sampler_create(bt_service_emit_vocab(e));
 }
 
 /* model_path NULL = the demo model (written on first use). max_batch_seqs bounds one

@@ -570,10 +570,11 @@ static void step_done(uv_work_t *w, int status)
         int32_t t;
         if (d->sim.on) {
             n_top = 0;
-            t = bt_sim_token(s->sim_key, s->generated, V, d->eng.cfg->eos_id);
+            const int E = bt_service_emit_vocab(&d->eng); /* (the ids text carries, as sampled) */
+            t = bt_sim_token(s->sim_key, s->generated, E, d->eng.cfg->eos_id);
             for (int k = 0; k < s->n_stop_ids; k++) /* never a stop token: lengths stay as asked */
                 if (t == s->stop_ids[k]) {
-                    t = (t + 1) % V;
+                    t = (t + 1) % E;
                     k = -1;
                 }
         } else {
@@ -884,7 +885,7 @@ int main(int argc, char **argv)
     }
     BT_LOG_INFO("KV pool: %lld slots x %lld tokens = %.1f MiB", (long long)slots, (long long)ctx_len,
                 (double)slots * (double)d->eng.layout.slot_bytes / 1048576.0);
-    d->sampler = bt_sampler_create(bt_service_emit_vocab(&d->eng));
+    d->sampler = bt_service_sampler_create(&d->eng);
     d->batch = bt_calloc_or_die((size_t)max_running, sizeof *d->batch);
     d->fwd = bt_calloc_or_die((size_t)max_running, sizeof *d->fwd);
     d->logits = bt_malloc_or_die((size_t)max_running * d->eng.cfg->vocab * sizeof(float));

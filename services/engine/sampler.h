@@ -28,9 +28,10 @@ typedef struct {
     float logprob;
 } bt_top_logprob_t;
 
-/* Samples from logits[vocab] (not modified). logprob_p (may be NULL) gets the chosen token's
- * log-probability under the unmodified distribution; top (may be NULL) the n_top most likely
- * tokens and theirs. */
+/* Samples from logits[0 .. vocab) (not modified; the workers' vocab is the ids their tokenizer
+ * has, which a model's padded embedding may exceed). logprob_p (may be NULL) gets the chosen
+ * token's log-probability under the unmodified distribution over those ids; top (may be NULL)
+ * the n_top most likely tokens and theirs. */
 int32_t bt_sampler_sample(bt_sampler_t *s, const bt_sampling_t *p, const float *logits,
                           uint64_t step, float *logprob_p, bt_top_logprob_t *top, int n_top);
 

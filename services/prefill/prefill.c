@@ -306,7 +306,7 @@ static void chunk_done(uv_work_t *w, int status)
         if (p->sim.on) {
             j->n_top = 0;
             j->first_token = bt_sim_token(bt_sim_key(j->req->prompt_ids, j->req->n_prompt_ids, s.seed), 0,
-                                          p->eng.cfg->vocab, p->eng.cfg->eos_id);
+                                          bt_service_emit_vocab(&p->eng), p->eng.cfg->eos_id);
         } else {
             j->first_token = bt_sampler_sample(p->sampler, &s, p->logits, 0, &j->first_logprob, j->top, j->n_top);
         }
@@ -565,7 +565,7 @@ int main(int argc, char **argv)
     }
     p->slot = bt_aligned_alloc(64, p->eng.layout.slot_bytes);
     p->logits = bt_malloc_or_die((size_t)p->eng.cfg->vocab * sizeof(float));
-    p->sampler = bt_sampler_create(bt_service_emit_vocab(&p->eng));
+    p->sampler = bt_service_sampler_create(&p->eng);
     if (!p->slot) {
         fprintf(stderr, "baton-prefill: cannot allocate the KV slot\n");
         return 1;

@@ -68,8 +68,24 @@ static void test_more_rows_than_tokenizer_ids(void)
     if (st != BT_OK) return;
     BT_CHECK(eng.cfg->n_engram > 0);         /* the map is in use */
     BT_CHECK(eng.cfg->vocab == n_ids + 1);   /* one row past the tokenizer's ids */
-    /* the samplers leave that row out: text could not carry it */
+    /* the workers' sampler leaves that row out (text could not carry it): greedy over logits
+     * whose largest is the padding row picks the next largest */
     BT_CHECK_EQ_INT(bt_service_emit_vocab(&eng), n_ids);
+    float *logits = calloc((size_t)eng.cfg->vocab, sizeof *logits);
+    logits[n_ids] = 10.0f;
+    logits[3] = 5.0f;
+    bt_sampler_t *sampler = bt_service_sampler_create(&eng);
+    const bt_sampling_t greedy = {0};
+    BT_CHECK_EQ_INT(bt_sampler_sample(sampler, &greedy, logits, 0, NULL, NULL, 0), 3);
+    bt_sampler_destroy(sampler);
+    free(logits);
+    bt_service_engine_close(&eng);
+
+    /* simulated workers draw from the same ids */
+    memset(&eng, 0, sizeof eng);
+    st = bt_service_engine_open_sim(dir, "demo", 64, &eng, err, sizeof err);
+    BT_CHECK_MSG(st == BT_OK, "simulated engine open: %s", err);
+    if (st == BT_OK) BT_CHECK_EQ_INT(bt_service_emit_vocab(&eng), n_ids);
     bt_service_engine_close(&eng);
 }
 
