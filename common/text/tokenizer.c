@@ -12,7 +12,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 #include <utf8proc.h>
 
 #define MAX_TOKENIZER_JSON (512u << 20)
@@ -1144,23 +1143,23 @@ bt_status_t bt_tokenizer_engram_token_map_for(const bt_tokenizer_t *t, int vocab
 bt_status_t bt_tokenizer_for_model(const char *dir, int vocab, bool want_map, int32_t **map_p,
                                    int *n_classes_p, int *emit_vocab_p, char *err, size_t errlen)
 {
-    if (!dir || vocab < 1 || !emit_vocab_p || (want_map && (!map_p || !n_classes_p))) {
+    if (!dir || vocab < 1 || (want_map && (!map_p || !n_classes_p))) {
         snprintf(err, errlen, "bt_tokenizer_for_model: bad arguments");
         return BT_ERR_INVALID_ARG;
     }
-    *emit_vocab_p = vocab;
+    if (emit_vocab_p) *emit_vocab_p = vocab;
     if (want_map) *map_p = NULL, *n_classes_p = 0;
+    if (!want_map && !emit_vocab_p) return BT_OK; /* nothing asked */
     bt_tokenizer_t *t = NULL;
     char terr[512];
     bt_status_t st = bt_tokenizer_load(dir, &t, terr, sizeof terr);
     if (st != BT_OK) {
-        char path[4096];
-        snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-        if (!want_map && access(path, F_OK) != 0) return BT_OK; /* none: every id, nothing to map */
+        /* no tokenizer.json (only that: a broken one is an error) */
+        if (!want_map && st == BT_ERR_NOT_FOUND) return BT_OK; /* every id, nothing to map */
         snprintf(err, errlen, "%s%s", want_map ? "the engram layers need the tokenizer: " : "", terr);
         return st;
     }
-    if (t->n_ids < vocab) *emit_vocab_p = t->n_ids;
+    if (emit_vocab_p && t->n_ids < vocab) *emit_vocab_p = t->n_ids;
     if (want_map) st = bt_tokenizer_engram_token_map_for(t, vocab, map_p, n_classes_p);
     bt_tokenizer_destroy(t);
     if (st != BT_OK) snprintf(err, errlen, "the engram token map: %s", bt_status_str(st));

@@ -94,8 +94,9 @@ bt_status_t bt_tokenizer_engram_token_map_for(const bt_tokenizer_t *tok, int voc
 /* What the tokenizer in a model directory tells a model of `vocab` ids, as the engine's
  * callers (workers, CLI, benches) need it: *emit_vocab_p, the ids a sampler may pick (the
  * tokenizer's, which text can carry: a larger embedding's padding rows are left out; vocab when
- * the directory has no tokenizer), and with want_map the engram token map of
- * bt_tokenizer_engram_token_map_for (then a tokenizer is required: its error otherwise). */
+ * the directory has no tokenizer.json; emit_vocab_p may be NULL), and with want_map the engram
+ * token map of bt_tokenizer_engram_token_map_for (then a tokenizer is required: its error
+ * otherwise). */
 bt_status_t bt_tokenizer_for_model(const char *dir, int vocab, bool want_map, int32_t **map_p,
                                    int *n_classes_p, int *emit_vocab_p, char *err, size_t errlen);
 

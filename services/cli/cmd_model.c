@@ -27,8 +27,8 @@ typedef struct {
 } common_args_t;
 
 /* Loads the model of args (the demo model when none is given) with the tokenizer's engram
- * token map; *emit_vocab: the ids a sampler may pick (the services' rule). Prints why on
- * failure. */
+ * token map; *emit_vocab (emit_vocab may be NULL): the ids a sampler may pick (the services'
+ * rule). Prints why on failure. */
 static bt_model_t *open_model(const common_args_t *a, int64_t max_ctx, int max_batch,
                               const char *cmd, int *emit_vocab)
 {
@@ -160,8 +160,7 @@ int bt_cli_logits(int argc, char **argv)
     int rc = parse_ids(a.input_ids, &ids, &n, "logits");
     if (rc) return rc;
     int chunk = a.chunk < n ? (int)a.chunk : n;
-    int emit_vocab;
-    bt_model_t *m = open_model(&a, n, chunk, "logits", &emit_vocab);
+    bt_model_t *m = open_model(&a, n, chunk, "logits", NULL);
     if (!m) {
         free(ids);
         return 1;

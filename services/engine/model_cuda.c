@@ -1093,6 +1093,16 @@ static bt_status_t indexer(fwd_t *f, int l)
     return BT_OK;
 }
 
+/* The two attention kernels take the same arguments: the tensor-core one where it fits
+ * (cu->att_tc), else the f32 one. */
+typedef bt_status_t attention_fn(void *out, const void *q, const void *win_kv, const int32_t *win_idx,
+                                 const int32_t *win_n, int win_stride, const void *comp_kv,
+                                 const int32_t *sel, const int32_t *sel_n, int sel_stride,
+                                 const float *sink, const int64_t *pos, const float *inv_freq, int half,
+                                 bt_cuda_dtype_t dtype, int T, int H, int dim, float *work,
+                                 size_t work_floats, const bt_cuda_attention_batch_t *batch,
+                                 cudaStream_t stream);
+
 static bt_status_t attention(fwd_t *f, int l)
 {
     bt_model_t *m = f->m;
@@ -1109,6 +1119,7 @@ static bt_status_t attention(fwd_t *f, int l)
     bool comp = L->compress_ratio > 0;
     const float *inv = comp ? cu->inv_comp : cu->inv_main;
     int half = comp ? m->half_comp : m->half_main;
+    attention_fn *attend = cu->att_tc ? bt_cuda_attention_tc_ws : bt_cuda_attention_ws;
 
     CK(mm(f, cu->q_res, qlr, cu->xin, D, &w->wq_a, N));
     CK(bt_cuda_rmsnorm(cu->q_res, BT_CUDA_F32, cu->q_res, BT_CUDA_F32, w->q_norm, N, qlr, eps, st));
@@ -1159,14 +1170,9 @@ static bt_status_t attention(fwd_t *f, int l)
         }
         if (trimmed) sel_n = cu->sel_n;
         const bt_cuda_attention_batch_t batch = {f->slot_off_d, f->slot_off_d, true};
-        if (cu->att_tc)
-            CK(bt_cuda_attention_tc_ws(cu->attn, cu->q, rings, f->win_idx_d, f->win_n_d, W, comps,
-                                       comps ? cu->topk : NULL, sel_n, c->index_topk, w->attn_sink, f->pos_d,
-                                       inv, half, BT_CUDA_F32, N, H, hd, cu->att_ws, cu->att_ws_cap, &batch, st));
-        else
-            CK(bt_cuda_attention_ws(cu->attn, cu->q, rings, f->win_idx_d, f->win_n_d, W, comps,
-                                    comps ? cu->topk : NULL, sel_n, c->index_topk, w->attn_sink, f->pos_d, inv,
-                                    half, BT_CUDA_F32, N, H, hd, cu->att_ws, cu->att_ws_cap, &batch, st));
+        CK(attend(cu->attn, cu->q, rings, f->win_idx_d, f->win_n_d, W, comps, comps ? cu->topk : NULL, sel_n,
+                  c->index_topk, w->attn_sink, f->pos_d, inv, half, BT_CUDA_F32, N, H, hd, cu->att_ws,
+                  cu->att_ws_cap, &batch, st));
     }
 
     /* else per sequence: its ring and its new rows staged side by side (rows [0, W) and
@@ -1191,16 +1197,10 @@ static bt_status_t attention(fwd_t *f, int l)
                 sel_n = cu->sel_n + first;
             }
         }
-        if (cu->att_tc)
-            CK(bt_cuda_attention_tc_ws(cu->attn + (size_t)first * H * hd, cu->q + (size_t)first * H * hd, stage,
-                                       f->win_idx_d + (size_t)first * W, f->win_n_d + first, W, comp_kv, sel,
-                                       sel_n, c->index_topk, w->attn_sink, f->pos_d + first, inv, half,
-                                       BT_CUDA_F32, n, H, hd, cu->att_ws, cu->att_ws_cap, NULL, st));
-        else
-            CK(bt_cuda_attention_ws(cu->attn + (size_t)first * H * hd, cu->q + (size_t)first * H * hd, stage,
-                                    f->win_idx_d + (size_t)first * W, f->win_n_d + first, W, comp_kv, sel, sel_n,
-                                    c->index_topk, w->attn_sink, f->pos_d + first, inv, half, BT_CUDA_F32, n, H,
-                                    hd, cu->att_ws, cu->att_ws_cap, NULL, st));
+        CK(attend(cu->attn + (size_t)first * H * hd, cu->q + (size_t)first * H * hd, stage,
+                  f->win_idx_d + (size_t)first * W, f->win_n_d + first, W, comp_kv, sel, sel_n, c->index_topk,
+                  w->attn_sink, f->pos_d + first, inv, half, BT_CUDA_F32, n, H, hd, cu->att_ws, cu->att_ws_cap,
+                  NULL, st));
     }
     /* the output groups: this rank's, over its own heads; or, when the groups do not split
      * over the ranks, all of them over every rank's heads ([rank][token][heads] gathered) */
