@@ -81,7 +81,6 @@ enum {
     MI = 2304,        /* expert width */
     N_PARTS = 6,
     N_SEGS = 9,       /* timed segments of one layer (parts recur) */
-    A8_MAX_ROWS = 16, /* rows the FP8-activation products take (bt_cuda_gemm_*_a8) */
     FP8_WIDE_ROWS = 64, /* rows from which an FP8 product dequantizes its weight once and
                            runs cuBLASLt bf16 (as the engine's mm does) */
 };
@@ -445,11 +444,6 @@ typedef struct {
     uint16_t *wdq; /* a dequantized FP8 weight (bf16), for products of many rows */
     float *hc_ws;  /* mHC mixes split over blocks (decode) */
     size_t hc_ws_n;
-    /* --a8: rows quantized to FP8 for the products that take them (codes, scales): the
-     * attention's and the FFN's normed input, q_lora, wo_a's output, the routed and the
-     * shared experts' hidden rows */
-    uint8_t *q_xa, *q_xf, *q_qr, *q_oa, *q_h, *q_sh;
-    float *s_xa, *s_xf, *s_qr, *s_oa, *s_h, *s_sh;
 } case_t;
 
 static bt_status_t case_make(arena_t *a, case_t *c, uint32_t seed, cudaStream_t st)
@@ -519,20 +513,6 @@ static bt_status_t case_make(arena_t *a, case_t *c, uint32_t seed, cudaStream_t 
     }
     DALLOC(a, c->sy, (size_t)T * HID * 4);
     DALLOC(a, c->moe, (size_t)T * HID * 4);
-    if (T <= A8_MAX_ROWS) {
-        DALLOC(a, c->q_xa, (size_t)T * HID);
-        DALLOC(a, c->s_xa, (size_t)T * HID / 32 * 4);
-        DALLOC(a, c->q_xf, (size_t)T * HID);
-        DALLOC(a, c->s_xf, (size_t)T * HID / 32 * 4);
-        DALLOC(a, c->q_qr, (size_t)T * QL);
-        DALLOC(a, c->s_qr, (size_t)T * QL / 32 * 4);
-        DALLOC(a, c->q_oa, (size_t)T * OG * OL);
-        DALLOC(a, c->s_oa, (size_t)T * OG * OL / 32 * 4);
-        DALLOC(a, c->q_h, R * MI);
-        DALLOC(a, c->s_h, R * MI / 32 * 4);
-        DALLOC(a, c->q_sh, (size_t)T * MI);
-        DALLOC(a, c->s_sh, (size_t)T * MI / 32 * 4);
-    }
     CU_TRY(cudaMemsetAsync(c->offs_zero, 0, (NE + 1) * 4, st));
 
     BT_TRY(gen(c->x0, (size_t)T * HC * HID, 1, seed, TAG_X, G_F32, 0, 0.0f, st));
@@ -617,12 +597,6 @@ static bt_status_t case_make(arena_t *a, case_t *c, uint32_t seed, cudaStream_t 
  * the kernels that preceded the tensor-core paths (for before/after in one run) */
 static int g_tensor_cores = 1;
 
-/* --a8 experts|all: a decode step's routed and shared experts (experts), and also its FP8
- * attention projections but wo_a (all), on rows quantized to FP8 as the reference deployment
- * quantizes them, through the e4m3 MMA kernels (gemm_a8.cu); 0: bf16 rows (the default) */
-static int g_a8 = 0;
-static int a8_on(const case_t *c, int level) { return g_a8 >= level && c->T <= A8_MAX_ROWS; }
-
 /* whether an FP8 product of M rows dequantizes its weight for cuBLASLt */
 static int fp8_via_cublas(const case_t *c, int M)
 {
@@ -666,25 +640,11 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
     BT_TRY(mark(ev, 1, st, capture));
 
     /* attention projections (in) */
-    const int a8p = a8_on(c, 2);
-    if (a8p) {
-        BT_TRY(bt_cuda_quant_act_fp8(c->q_xa, c->s_xa, c->xin, BF16, T, HID, HID, st));
-        BT_TRY(bt_cuda_gemm_fp8_a8(c->qr, BF16, c->q_xa, c->s_xa, W->wq_a.w, W->wq_a.s, T, QL, HID, st));
-    } else {
-        BT_TRY(fp8_mm(blas, c, c->qr, BF16, c->xin, W->wq_a.w, W->wq_a.s, T, QL, HID, st));
-    }
+    BT_TRY(fp8_mm(blas, c, c->qr, BF16, c->xin, W->wq_a.w, W->wq_a.s, T, QL, HID, st));
     BT_TRY(bt_cuda_rmsnorm(c->qr, BF16, c->qr, BF16, W->q_norm, T, QL, RMS_EPS, st));
-    if (a8p) {
-        BT_TRY(bt_cuda_quant_act_fp8(c->q_qr, c->s_qr, c->qr, BF16, T, QL, QL, st));
-        BT_TRY(bt_cuda_gemm_fp8_a8(c->q, BF16, c->q_qr, c->s_qr, W->wq_b.w, W->wq_b.s, T, NH * HD, QL, st));
-    } else {
-        BT_TRY(fp8_mm(blas, c, c->q, BF16, c->qr, W->wq_b.w, W->wq_b.s, T, NH * HD, QL, st));
-    }
+    BT_TRY(fp8_mm(blas, c, c->q, BF16, c->qr, W->wq_b.w, W->wq_b.s, T, NH * HD, QL, st));
     BT_TRY(bt_cuda_rope(c->q, BF16, T, NH, HD, c->pos, W->inv_freq, ROPE_HALF, 0, st));
-    if (a8p)
-        BT_TRY(bt_cuda_gemm_fp8_a8(c->kv, F32, c->q_xa, c->s_xa, W->wkv.w, W->wkv.s, T, HD, HID, st));
-    else
-        BT_TRY(fp8_mm(blas, c, c->kv, F32, c->xin, W->wkv.w, W->wkv.s, T, HD, HID, st));
+    BT_TRY(fp8_mm(blas, c, c->kv, F32, c->xin, W->wkv.w, W->wkv.s, T, HD, HID, st));
     BT_TRY(bt_cuda_head_finish(c->kv, T, 1, HD, 1, W->kv_norm, RMS_EPS, c->pos, W->inv_freq,
                                ROPE_HALF, 32, BT_CUDA_FQ_FP8_UE8M0, st)); /* norm, rope, FP8 */
     kv_store_kernel<<<cdiv((size_t)T * HD, thr), thr, 0, st>>>((__nv_bfloat16 *)c->win,
@@ -693,10 +653,7 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
     BT_TRY(mark(ev, 2, st, capture));
 
     /* indexer */
-    if (a8p)
-        BT_TRY(bt_cuda_gemm_fp8_a8(c->qi, F32, c->q_qr, c->s_qr, W->iwq_b.w, W->iwq_b.s, T, IH * ID, QL, st));
-    else
-        BT_TRY(fp8_mm(blas, c, c->qi, F32, c->qr, W->iwq_b.w, W->iwq_b.s, T, IH * ID, QL, st));
+    BT_TRY(fp8_mm(blas, c, c->qi, F32, c->qr, W->iwq_b.w, W->iwq_b.s, T, IH * ID, QL, st));
     BT_TRY(bt_cuda_head_finish(c->qi, T, IH, ID, 0, NULL, 0.0f, c->pos, W->inv_freq, ROPE_HALF, 32,
                                BT_CUDA_FQ_FP4_UE8M0, st)); /* rope, FP4 */
     BT_TRY(bt_cuda_gemm_bf16(blas, c->iw, F32, c->xin, W->wproj, T, IH, HID, st));
@@ -746,12 +703,7 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
             (uint4 *)c->oa, (const uint4 *)c->oa_g, OG, T, OL / 8);
         LAUNCHED("swap12 groups");
     }
-    if (a8p) {
-        BT_TRY(bt_cuda_quant_act_fp8(c->q_oa, c->s_oa, c->oa, BF16, T, OG * OL, OG * OL, st));
-        BT_TRY(bt_cuda_gemm_fp8_a8(c->o_attn, BF16, c->q_oa, c->s_oa, W->wo_b.w, W->wo_b.s, T, HID, OG * OL, st));
-    } else {
-        BT_TRY(fp8_mm(blas, c, c->o_attn, BF16, c->oa, W->wo_b.w, W->wo_b.s, T, HID, OG * OL, st));
-    }
+    BT_TRY(fp8_mm(blas, c, c->o_attn, BF16, c->oa, W->wo_b.w, W->wo_b.s, T, HID, OG * OL, st));
     BT_TRY(mark(ev, 5, st, capture));
 
     /* mHC: attention output into the streams; FFN site mix and collapse */
@@ -773,15 +725,7 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
 
     /* experts: routed (FP4, grouped over the experts hit once the warm-up read them back;
      * the routing weight before w2), shared (FP8) */
-    if (c->elist && a8_on(c, 1)) {
-        BT_TRY(bt_cuda_quant_act_fp8(c->q_xf, c->s_xf, c->xin, BF16, T, HID, HID, st));
-        BT_TRY(bt_cuda_gemm_fp4_grouped_a8(c->gu, F32, c->q_xf, c->s_xf, c->rows, c->offs, c->elist,
-                                           c->n_elist, c->max_rows, W->w13, W->w13_s, 2 * MI, HID, st));
-        BT_TRY(bt_cuda_swiglu(c->h, BF16, c->gu, c->row_w, R, MI, SWIGLU_LIMIT, st));
-        BT_TRY(bt_cuda_quant_act_fp8(c->q_h, c->s_h, c->h, BF16, R, MI, MI, st));
-        BT_TRY(bt_cuda_gemm_fp4_grouped_a8(c->y2, F32, c->q_h, c->s_h, NULL, c->offs, c->elist,
-                                           c->n_elist, c->max_rows, W->w2, W->w2_s, HID, MI, st));
-    } else if (c->elist) {
+    if (c->elist) {
         BT_TRY(bt_cuda_gemm_fp4_grouped_list(c->gu, F32, c->xin, c->rows, c->offs, c->elist, c->n_elist,
                                              c->max_rows, W->w13, W->w13_s, 2 * MI, HID, st));
         BT_TRY(bt_cuda_swiglu(c->h, BF16, c->gu, c->row_w, R, MI, SWIGLU_LIMIT, st));
@@ -794,16 +738,9 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
         BT_TRY(bt_cuda_gemm_fp4_grouped(c->y2, F32, c->h, NULL, c->offs, NE, c->max_rows, W->w2,
                                         W->w2_s, HID, MI, st));
     }
-    if (c->elist && a8_on(c, 1)) {
-        BT_TRY(bt_cuda_gemm_fp8_a8(c->sgu, F32, c->q_xf, c->s_xf, W->sw13.w, W->sw13.s, T, 2 * MI, HID, st));
-        BT_TRY(bt_cuda_swiglu(c->sh, BF16, c->sgu, NULL, T, MI, SWIGLU_LIMIT, st));
-        BT_TRY(bt_cuda_quant_act_fp8(c->q_sh, c->s_sh, c->sh, BF16, T, MI, MI, st));
-        BT_TRY(bt_cuda_gemm_fp8_a8(c->sy, F32, c->q_sh, c->s_sh, W->sw2.w, W->sw2.s, T, HID, MI, st));
-    } else {
-        BT_TRY(fp8_mm(blas, c, c->sgu, F32, c->xin, W->sw13.w, W->sw13.s, T, 2 * MI, HID, st));
-        BT_TRY(bt_cuda_swiglu(c->sh, BF16, c->sgu, NULL, T, MI, SWIGLU_LIMIT, st));
-        BT_TRY(fp8_mm(blas, c, c->sy, F32, c->sh, W->sw2.w, W->sw2.s, T, HID, MI, st));
-    }
+    BT_TRY(fp8_mm(blas, c, c->sgu, F32, c->xin, W->sw13.w, W->sw13.s, T, 2 * MI, HID, st));
+    BT_TRY(bt_cuda_swiglu(c->sh, BF16, c->sgu, NULL, T, MI, SWIGLU_LIMIT, st));
+    BT_TRY(fp8_mm(blas, c, c->sy, F32, c->sh, W->sw2.w, W->sw2.s, T, HID, MI, st));
     moe_combine_kernel<<<cdiv((size_t)T * HID, thr), thr, 0, st>>>(c->moe, c->y2, c->row_of,
                                                                     c->sy, T, TOPK, HID);
     LAUNCHED("moe_combine");
@@ -1323,10 +1260,10 @@ static bt_status_t case_measure(const weights_t *W, bt_cuda_blas_t *blas, case_t
     printf("{\"case\":\"%s\",\"side\":\"ours\",\"T\":%d,\"seqs\":%d,\"entries\":%d,"
            "\"experts_hit\":%d,\"max_rows\":%d,\"finite\":%s,\"ms\":%.4f,\"graph_ms\":%.4f,"
            "\"floor_ms\":%.6f,\"floor_what\":\"%s\",\"floor_bf16_ms\":%.6f,\"bytes\":%.0f,"
-           "\"flops\":%.0f,\"flops_lowp\":%.0f,\"empty_expert_grid_ms\":%.4f,\"a8\":\"%s\",\"parts\":{",
+           "\"flops\":%.0f,\"flops_lowp\":%.0f,\"empty_expert_grid_ms\":%.4f,\"parts\":{",
            c->name, c->T, c->seqs, c->n, c->hit, c->max_rows, finite ? "true" : "false",
            eager.total_ms, graphed.total_ms, fl.ms, fl.what, fl.bf16_ms, tb, tlp + thp, tlp,
-           empty_ms, a8_on(c, 2) ? "all" : a8_on(c, 1) ? "experts" : "none");
+           empty_ms);
     for (int p = 0; p < N_PARTS; p++) {
         floor_t pf = floor_of(k.bytes[p], k.flops_lp[p], k.flops_hp[p], r);
         printf("%s\"%s\":{\"ms\":%.4f,\"graph_ms\":%.4f,\"floor_ms\":%.6f,"
@@ -1366,7 +1303,7 @@ static int usage(const char *argv0)
     fprintf(stderr,
             "usage: %s [--cases decode_b1,decode_b16,prefill] [--reps N>=20] [--warmup N]\n"
             "          [--seed N] [--entries N] [--prefill T] [--dump DIR] [--no-graph]\n"
-            "          [--cuda-cores] [--a8 experts|all]\n",
+            "          [--cuda-cores]\n",
             argv0);
     return 2;
 }
@@ -1394,8 +1331,6 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--entries")) entries = atoi(v);
         else if (!strcmp(a, "--prefill")) prefill = atoi(v);
         else if (!strcmp(a, "--dump")) o.dump = v;
-        else if (!strcmp(a, "--a8") && (!strcmp(v, "experts") || !strcmp(v, "all")))
-            g_a8 = !strcmp(v, "all") ? 2 : 1;
         else return usage(argv[0]);
         i++;
     }

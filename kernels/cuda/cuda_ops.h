@@ -88,37 +88,6 @@ bt_status_t bt_cuda_gemm_fp4_grouped_list(void *y, bt_cuda_dtype_t y_dtype, cons
                                           const uint8_t *w, const uint8_t *w_scale, int N, int K,
                                           cudaStream_t stream);
 
-/* ---- FP8 activations (the reference deployment's arithmetic) ------------------------------
- * The reference quantizes the rows going into its FP8- and FP4-weight linears (MODEL-DS41.md);
- * these products do the same, on e4m3 tensor-core MMAs (gemm_a8.cu). The golden fixtures and
- * the default engine keep bf16 rows (the transformers port skips that quantization). */
-
-/* q, q_scale = x quantized per row in blocks of 32 along K: scale 2^ceil(log2(max(amax, 1e-4)
- * / 448)) (f32 [rows, K/32]), codes e4m3 of x / scale rounded to nearest even (bytes [rows, K]),
- * bit for bit kernels/cpu's bt_fake_quant_fp8_ue8m0. Each block of 32 codes is stored as the
- * products read it: bytes 0..15 hold k 0, 2, .., 30 of the block, bytes 16..31 k 1, 3, .., 31.
- * x (f32 or bf16) rows ldx apart; K % 32 == 0, q 8-byte aligned. */
-bt_status_t bt_cuda_quant_act_fp8(uint8_t *q, float *q_scale, const void *x,
-                                  bt_cuda_dtype_t x_dtype, int rows, int K, int ldx,
-                                  cudaStream_t stream);
-
-/* bt_cuda_gemm_fp4_grouped(_list) on quantized rows: row r reads row rows ? rows[r] : r of
- * (q, q_scale); experts NULL: every expert of n_groups, else n_groups listed ids (< 0
- * skipped). Each block of 32 k's e4m3 products summed on the tensor cores, times the row's
- * and the weight's scale, added in fp32. Few rows only: max_rows <= 16; K % 128 == 0, q_scale
- * 16-byte aligned. */
-bt_status_t bt_cuda_gemm_fp4_grouped_a8(void *y, bt_cuda_dtype_t y_dtype, const uint8_t *q,
-                                        const float *q_scale, const int32_t *rows,
-                                        const int32_t *offs, const int32_t *experts,
-                                        int n_groups, int max_rows, const uint8_t *w,
-                                        const uint8_t *w_scale, int N, int K, cudaStream_t stream);
-
-/* y[M,N] = quantized rows (q, q_scale) . dequant(w)^T for FP8 weights as bt_cuda_gemm_fp8's,
- * the same arithmetic; M <= 16, K % 128 == 0. */
-bt_status_t bt_cuda_gemm_fp8_a8(void *y, bt_cuda_dtype_t y_dtype, const uint8_t *q,
-                                const float *q_scale, const uint8_t *w, const uint8_t *w_scale,
-                                int M, int N, int K, cudaStream_t stream);
-
 /* ---- elementwise and per-row ------------------------------------------------------------ */
 
 /* y[rows,n] = w * (x * rsqrt(mean(x^2) + eps)); w (f32 [n]) may be NULL; y may alias x. */

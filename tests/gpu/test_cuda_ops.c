@@ -76,10 +76,6 @@ typedef enum {
                          * split per token: also bit for bit as each token launched alone */
     OP_ATTENTION_TC_BATCH, /* s: as OP_ATTENTION_BATCH, on the tensor cores */
     OP_SCATTER,     /* s: n width dst-rows */
-    OP_QUANT_ACT,   /* s: rows K x-pad special-values */
-    OP_GEMM_FP4_A8, /* s: as OP_GEMM_FP4 (s[5] 2: over a padded list of the experts with
-                     * rows), the rows quantized to FP8 first */
-    OP_GEMM_FP8_A8, /* s: M N K, the rows quantized to FP8 first */
 } op_t;
 
 static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped", "rmsnorm",
@@ -92,8 +88,7 @@ static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped
                                  "gemm_fp4_listed", "index_scores_sets", "attention_tc",
                                  "index_scores_tc", "index_sets_tc", "dequant_fp8", "hc_mix_ws", "moe_group",
                                  "attention_tc_ws", "gemm_fp8_batched", "head_finish", "hc_mix_collapse",
-                                 "attention_batch", "attention_tc_batch", "scatter_rows",
-                                 "quant_act_fp8", "gemm_fp4_a8", "gemm_fp8_a8"};
+                                 "attention_batch", "attention_tc_batch", "scatter_rows"};
 
 typedef struct {
     op_t op;
@@ -264,35 +259,6 @@ static const case_t cases[] = {
     {OP_GATHER, F32, {100, 5120, 16}, 0},
     {OP_SCATTER, F32, {7, 40, 300}, 0},
     {OP_SCATTER, F32, {16, 512, 4096}, 0},
-    /* FP8 activations: the quantizer bit for bit (bf16 and f32 rows, padded rows, NaN, inf,
-     * zero and subnormal blocks), the products against the CPU's quantized rows: the FP4
-     * experts (1..16 rows an expert, both row instances, a list, odd N, tiny and NaN-free
-     * extreme scales through the exact route), FP8 dense */
-    {OP_QUANT_ACT, BF16, {16, 5120, 0, 0}, 0},
-    {OP_QUANT_ACT, F32, {5, 2304, 8, 1}, 0},
-    {OP_QUANT_ACT, BF16, {3, 96, 32, 1}, 0},
-    {OP_GEMM_FP4_A8, F32, {8, 128, 256, 20, 6}, 0},
-    {OP_GEMM_FP4_A8, BF16, {6, 130, 512, 30, 9}, 0},
-    {OP_GEMM_FP4_A8, F32, {40, 200, 384, 24, 12, 1}, 0},
-    {OP_GEMM_FP4_A8, F32, {384, 4608, 5120, 6, 1, 2}, 0},
-    {OP_GEMM_FP4_A8, F32, {384, 5120, 2304, 96, 16, 2}, 0},
-    {OP_GEMM_FP4_A8, BF16, {4, 64, 128, 40, 16}, 0}, /* 9..16 rows an expert */
-    {OP_GEMM_FP8_A8, F32, {1, 1280, 5120}, 0},
-    {OP_GEMM_FP8_A8, BF16, {16, 4096, 1024}, 0},
-    {OP_GEMM_FP8_A8, F32, {5, 200, 384, 1}, 0},
-    {OP_GEMM_FP8_A8, F32, {11, 96, 128}, 0},
-    /* timed: the decode b16 experts' w13 and w2 (96 rows over 384 experts, listed), b1's w13,
-     * the dense [4096, 5120] at 1 and 16 rows; each with its quantization */
-    {OP_GEMM_FP4_A8, F32, {384, 4608, 5120, 96, 16, 2}, 1},
-    {OP_GEMM_FP4_A8, F32, {384, 5120, 2304, 96, 16, 2}, 1},
-    {OP_GEMM_FP4_A8, F32, {384, 4608, 5120, 6, 1, 2}, 1},
-    {OP_GEMM_FP4_LIST, F32, {384, 4608, 5120, 96, 16}, 1},
-    {OP_GEMM_FP4_LIST, F32, {384, 5120, 2304, 96, 16}, 1},
-    {OP_GEMM_FP4_LIST, F32, {384, 4608, 5120, 6, 1}, 1},
-    {OP_GEMM_FP8_A8, BF16, {1, 4096, 5120}, 1},
-    {OP_GEMM_FP8_A8, BF16, {16, 4096, 5120}, 1},
-    {OP_GEMM_FP8, BF16, {1, 4096, 5120}, 1},
-    {OP_GEMM_FP8, BF16, {16, 4096, 5120}, 1},
     {OP_SCALE, F32, {1}, 0},
     {OP_SCALE, F32, {100003}, 0},
     {OP_MOE_COMBINE, F32, {5, 64, 6, 1}, 0},
@@ -644,9 +610,6 @@ typedef struct {
     int32_t *elist; /* OP_GEMM_FP4_LIST: the experts with rows */
     int n_listed;
     int ldx, ldy; /* OP_GEMM_FP8_BATCHED: row and batch strides (elements) */
-    uint8_t *q;   /* the _A8 ops: the rows quantized (codes, scales) from x's T rows */
-    float *qs;
-    int T;
     long long x_stride, y_stride;
 } gemm_ctx_t;
 
@@ -673,45 +636,6 @@ static void launch_gemm_fp4(void *p)
                                               c->w8, c->s8, c->N, c->K, 0));
 }
 
-/* the _A8 ops: the rows quantized, then the product (timed together) */
-static void launch_gemm_fp4_a8(void *p)
-{
-    gemm_ctx_t *c = p;
-    BT_OK_OR_DIE(bt_cuda_quant_act_fp8(c->q, c->qs, c->x, BF16, c->T, c->K, c->K, 0));
-    BT_OK_OR_DIE(bt_cuda_gemm_fp4_grouped_a8(c->y, c->yd, c->q, c->qs, c->rows, c->offs, c->elist,
-                                             c->elist ? c->n_listed : c->E, c->max_rows, c->w8,
-                                             c->s8, c->N, c->K, 0));
-}
-
-static void launch_gemm_fp8_a8(void *p)
-{
-    gemm_ctx_t *c = p;
-    BT_OK_OR_DIE(bt_cuda_quant_act_fp8(c->q, c->qs, c->x, BF16, c->M, c->K, c->K, 0));
-    BT_OK_OR_DIE(bt_cuda_gemm_fp8_a8(c->y, c->yd, c->q, c->qs, c->w8, c->s8, c->M, c->N, c->K, 0));
-}
-
-/* x[rows, K] quantized in place as the reference quantizes a linear's rows */
-static void ref_quant_rows(float *x, int rows, int K)
-{
-    for (int i = 0; i < rows; i++) bt_fake_quant_fp8_ue8m0(x + (size_t)i * K, K, 32);
-}
-
-/* The _A8 products' bound for f32 outputs: Hopper's fp8 tensor cores add a block's 32
- * products in reduced precision (about 14 significant bits; the DeepSeek-V3 report, 3.3.2,
- * measured the same), so a block's sum can be off by ~1e-4 of its largest term before it is
- * scaled and added in fp32. Measured on the H200: 2e-5 (FP4 weights) to 1e-4 (FP8). bf16
- * outputs keep their bound; the f16 route of other GPUs stays under 1e-6. */
-static const double A8_F32_BOUND = 3e-4;
-
-/* device space for the quantized rows of the _A8 ops, poisoned */
-static void a8_alloc(gemm_ctx_t *c, int rows, int K)
-{
-    c->q = dalloc((size_t)rows * K);
-    c->qs = dalloc((size_t)rows * (K / 32) * 4);
-    poison(c->q, (size_t)rows * K);
-    poison(c->qs, (size_t)rows * (K / 32) * 4);
-}
-
 /* random e4m3 byte, never NaN */
 static uint8_t rand_e4m3(void)
 {
@@ -724,8 +648,7 @@ static uint8_t rand_e4m3(void)
 /* the dense GEMMs: weights as f32 for the reference (exact for fp8 and bf16) */
 static void run_gemm(const case_t *cs, result_t *r)
 {
-    int M = cs->s[0], N = cs->s[1], K = cs->s[2], a8 = cs->op == OP_GEMM_FP8_A8;
-    int fp8 = cs->op == OP_GEMM_FP8 || a8;
+    int M = cs->s[0], N = cs->s[1], K = cs->s[2], fp8 = cs->op == OP_GEMM_FP8;
     float *x = frandv((size_t)M * K, 1.0f), *w = xmalloc((size_t)N * K * 4);
     gemm_ctx_t c = {0};
     c.M = M;
@@ -761,12 +684,7 @@ static void run_gemm(const case_t *cs, result_t *r)
     r->flops = 2.0 * M * N * K;
     c.y = dalloc(ysz);
     poison(c.y, ysz);
-    launch_fn fn = a8 ? launch_gemm_fp8_a8 : fp8 ? launch_gemm_fp8 : launch_gemm_bf16;
-    if (a8) {
-        a8_alloc(&c, M, K);
-        ref_quant_rows(x, M, K); /* (after dup_bf16 rounded x: the reference's input) */
-        r->bytes += (double)M * K * 1.125;
-    }
+    launch_fn fn = fp8 ? launch_gemm_fp8 : launch_gemm_bf16;
     fn(&c);
     float *y = get_act(c.y, (size_t)M * N, cs->dt);
     int *rows = xmalloc((size_t)M * sizeof(int));
@@ -781,7 +699,6 @@ static void run_gemm(const case_t *cs, result_t *r)
             yo[(size_t)i * N + n] = y[(size_t)rows[i] * N + n];
         }
     relerr(r, yo, ref, (size_t)nr * N);
-    if (a8 && cs->dt == F32) r->bound = A8_F32_BOUND;
     for (size_t i = 0; i < (size_t)M * N; i++)
         if (!isfinite(y[i])) r->finite = 0;
     if (nr < M) snprintf(r->note, sizeof(r->note), "%d rows checked", nr);
@@ -963,13 +880,7 @@ static void run_gemm_fp4(const case_t *cs, result_t *r)
     c.K = K;
     c.yd = cs->dt;
     c.max_rows = max_rows > 0 ? max_rows : 1;
-    const int a8 = cs->op == OP_GEMM_FP4_A8;
-    if (a8) {
-        c.T = T;
-        a8_alloc(&c, T, K);
-        ref_quant_rows(x, T, K); /* (after dup_bf16 rounded x) */
-    }
-    if ((cs->op == OP_GEMM_FP4_LIST || (a8 && cs->s[5] == 2)) && n_touched > 0) {
+    if (cs->op == OP_GEMM_FP4_LIST && n_touched > 0) {
         /* s[5] 2: the list padded with -1 slots, as bt_cuda_moe_group leaves it */
         int pad = cs->s[5] == 2 ? 5 : 0;
         int32_t *el = xmalloc((size_t)(n_touched + pad) * 4);
@@ -983,11 +894,10 @@ static void run_gemm_fp4(const case_t *cs, result_t *r)
     size_t ysz = (size_t)R * N * (cs->dt == BF16 ? 2 : 4);
     c.y = dalloc(ysz);
     poison(c.y, ysz);
-    launch_fn fn = a8 ? launch_gemm_fp4_a8 : launch_gemm_fp4;
-    fn(&c);
+    launch_gemm_fp4(&c);
     float *y = get_act(c.y, (size_t)R * N, cs->dt);
     int *chk = xmalloc((size_t)R * sizeof(int));
-    int nr = check_rows(R, cs->perf ? 1e12 : (double)R * N * K, chk); /* (timed: a few rows) */
+    int nr = check_rows(R, (double)R * N * K, chk);
     float *yo = xmalloc((size_t)nr * N * 4), *ref = xmalloc((size_t)nr * N * 4);
     for (int i = 0; i < nr; i++) {
         int row = chk[i], e = 0;
@@ -1007,15 +917,13 @@ static void run_gemm_fp4(const case_t *cs, result_t *r)
         }
     }
     relerr(r, yo, ref, (size_t)nr * N);
-    if (a8 && cs->dt == F32) r->bound = A8_F32_BOUND;
     for (size_t i = 0; i < (size_t)R * N; i++)
         if (!isfinite(y[i])) r->finite = 0;
     snprintf(r->note, sizeof(r->note), "max %d rows/expert%s", max_rows,
              nr < R ? ", sampled rows" : "");
     r->bytes = (double)n_touched * N * (K / 2 + K / 32) + 2.0 * R * K + (double)ysz;
     r->flops = 2.0 * R * N * K;
-    if (a8) r->bytes += (double)T * K * 1.125;
-    if (g_perf && cs->perf) r->ms = time_it(fn, &c);
+    if (g_perf && cs->perf) r->ms = time_it(launch_gemm_fp4, &c);
     free(x), free(w), free(s), free(expert), free(offs), free(rows), free(touched), free(y);
     free(chk), free(yo), free(ref);
 }
@@ -1168,71 +1076,6 @@ static void run_fake_quant(const case_t *cs, result_t *r)
     snprintf(r->note, sizeof(r->note), "bit-exact: %zu of %zu differ%s", diff, tot,
              special ? " (NaN/inf/0/subnormal/ties)" : "");
     free(x), free(ref), free(y);
-}
-
-/* bt_cuda_quant_act_fp8 against kernels/cpu's fake quantizer, bit for bit: each code times
- * its block's scale is the value the CPU rounds to, and each scale the CPU's */
-static void run_quant_act(const case_t *cs, result_t *r)
-{
-    const int rows = cs->s[0], K = cs->s[1], ldx = K + cs->s[2], special = cs->s[3], KB = K / 32;
-    const size_t n = (size_t)rows * ldx;
-    float *x = xmalloc(n * 4);
-    for (size_t i = 0; i < n; i++) {
-        size_t b = i / 32;
-        x[i] = ldexpf(frand(), (int)(b * 7 % 41) - 20); /* a magnitude per block */
-        if (special) {
-            switch (b % 7) {
-            case 0: x[i] = i % 32 == 3 ? NAN : x[i]; break;
-            case 1: x[i] = i % 32 == 5 ? INFINITY : x[i]; break;
-            case 2: x[i] = 0.0f; break;
-            case 3: x[i] = ldexpf(frand(), -140); break; /* under the 1e-4 floor */
-            case 4: x[i] = frand() * 60000.0f; break;
-            default: break;
-            }
-        }
-    }
-    const void *dx = dup_act(x, n, cs->dt); /* (bf16: x rounded in place, as the device sees it) */
-    uint8_t *dq = dalloc((size_t)rows * K), *q = xmalloc((size_t)rows * K);
-    float *dqs = dalloc((size_t)rows * KB * 4), *qs = xmalloc((size_t)rows * KB * 4);
-    poison(dq, (size_t)rows * K);
-    poison(dqs, (size_t)rows * KB * 4);
-    BT_OK_OR_DIE(bt_cuda_quant_act_fp8(dq, dqs, dx, cs->dt, rows, K, ldx, 0));
-    get(q, dq, (size_t)rows * K);
-    get(qs, dqs, (size_t)rows * KB * 4);
-    float *ref = xmalloc((size_t)rows * K * 4);
-    for (int i = 0; i < rows; i++) memcpy(ref + (size_t)i * K, x + (size_t)i * ldx, (size_t)K * 4);
-    size_t diff = 0;
-    for (int i = 0; i < rows; i++)
-        for (int b = 0; b < KB; b++) {
-            const float *xb = ref + (size_t)i * K + 32 * b;
-            float amax = 0.0f;
-            int nan = 0;
-            for (int j = 0; j < 32; j++) {
-                nan |= isnan(xb[j]);
-                amax = fmaxf(amax, fabsf(xb[j]));
-            }
-            const float scale = qs[(size_t)i * KB + b];
-            if (!nan && scale != bt_pow2_ceil(fmaxf(amax, 1e-4f) * (1.0f / 448.0f))) diff++;
-        }
-    ref_quant_rows(ref, rows, K);
-    for (int i = 0; i < rows; i++)
-        for (int k = 0; k < K; k++) {
-            /* code k of a block of 32 lies at byte (odd k ? 16 : 0) + (k % 32) / 2 */
-            const int kb = k % 32;
-            const uint8_t code = q[(size_t)i * K + k - kb + (kb & 1) * 16 + kb / 2];
-            const float v = bt_e4m3_to_f32(code) * qs[(size_t)i * KB + k / 32];
-            const float want = ref[(size_t)i * K + k];
-            uint32_t a, b;
-            memcpy(&a, &v, 4);
-            memcpy(&b, &want, 4);
-            if (a != b && !(isnan(v) && isnan(want))) diff++;
-        }
-    r->bound = 0.0;
-    r->err = (double)diff;
-    r->exact_ok = diff == 0;
-    snprintf(r->note, sizeof(r->note), "bit-exact: %zu of %zu codes and scales differ%s", diff,
-             (size_t)rows * (K + KB), special ? " (NaN/inf/0/tiny/large)" : "");
-    free(x), free(q), free(qs), free(ref);
 }
 
 /* ---- mHC -------------------------------------------------------------------------------- */
@@ -2452,9 +2295,6 @@ static void run_case(const case_t *cs, result_t *r)
     case OP_EMBED: run_embed(cs, r); break;
     case OP_GATHER: run_gather(cs, r); break;
     case OP_SCATTER: run_scatter(cs, r); break;
-    case OP_QUANT_ACT: run_quant_act(cs, r); break;
-    case OP_GEMM_FP4_A8: run_gemm_fp4(cs, r); break;
-    case OP_GEMM_FP8_A8: run_gemm(cs, r); break;
     case OP_ATTENTION_BATCH: run_attention(cs, r); break;
     case OP_ATTENTION_TC_BATCH: run_attention(cs, r); break;
     case OP_SCALE: run_scale(cs, r); break;
