@@ -141,6 +141,13 @@ struct bt_model_cuda {
     int32_t *moe_idx_h;
     float *moe_wts_h;
     bt_kv_header_t *before; /* [max_batch_seqs] headers at the start of a forward */
+    /* a forward's writes to the mirrors, brought home in one copy (copy_home): the ranges
+     * (pinned, and their device copy), where each goes on the host, the packed bytes */
+    bt_cuda_range_t *home_rg_h, *home_rg_d;
+    uint8_t **home_dst;
+    int home_rg_cap;
+    uint8_t *home_h, *home_d;
+    size_t home_cap;
     int64_t *cid_h, *hash_h;
     /* slot mirrors, allocated at the first forward (the layout comes with it) */
     uint8_t *mirror_mem;
@@ -729,6 +736,11 @@ void bt_model_cuda_destroy(struct bt_model_cuda *cu)
     cudaFreeHost(cu->moe_idx_h);
     cudaFreeHost(cu->moe_wts_h);
     cudaFreeHost(cu->group_bad_h);
+    cudaFreeHost(cu->home_rg_h);
+    cudaFreeHost(cu->home_h);
+    cudaFree(cu->home_rg_d);
+    cudaFree(cu->home_d);
+    free(cu->home_dst);
     if (cu->graph_steps)
         BT_LOG_INFO("GPU %d: %llu decode steps ran as CUDA graphs (%llu updated an executable graph, %llu instantiated one)",
                     cu->gpu, (unsigned long long)cu->graph_steps, (unsigned long long)cu->graph_updates,
@@ -1737,6 +1749,124 @@ static bt_status_t forward_body(fwd_t *f, float *logits, bt_kv_header_t *before)
     return BT_OK;
 }
 
+/* Room for n ranges and `bytes` packed bytes in copy_home's buffers (grown by half again
+ * over the need, so a growing batch does not reallocate every step); false when the memory is
+ * not there. */
+static bool home_reserve(struct bt_model_cuda *cu, int n, size_t bytes)
+{
+    if (n > cu->home_rg_cap) {
+        const int cap = n + n / 2;
+        cudaFreeHost(cu->home_rg_h);
+        cudaFree(cu->home_rg_d);
+        free(cu->home_dst);
+        cu->home_rg_h = NULL, cu->home_rg_d = NULL, cu->home_dst = NULL, cu->home_rg_cap = 0;
+        if (cudaMallocHost((void **)&cu->home_rg_h, (size_t)cap * sizeof(bt_cuda_range_t)) != cudaSuccess ||
+            cudaMalloc((void **)&cu->home_rg_d, (size_t)cap * sizeof(bt_cuda_range_t)) != cudaSuccess ||
+            !(cu->home_dst = malloc((size_t)cap * sizeof *cu->home_dst))) {
+            cudaGetLastError();
+            return false;
+        }
+        cu->home_rg_cap = cap;
+    }
+    if (bytes > cu->home_cap) {
+        const size_t cap = bytes + bytes / 2;
+        cudaFreeHost(cu->home_h);
+        cudaFree(cu->home_d);
+        cu->home_h = NULL, cu->home_d = NULL, cu->home_cap = 0;
+        if (cudaMallocHost((void **)&cu->home_h, cap) != cudaSuccess ||
+            cudaMalloc((void **)&cu->home_d, cap) != cudaSuccess) {
+            cudaGetLastError();
+            return false;
+        }
+        cu->home_cap = cap;
+    }
+    return true;
+}
+
+/* What the forward wrote in each sequence's mirror (bt_kv_changed_ranges from `before`, the
+ * headers already advanced), copied into its host slot: packed on the GPU by one kernel,
+ * brought over in one copy into pinned memory, spread on the host. A copy per range into the
+ * (pageable) slots costs microseconds each, and a decode step has hundreds: a window row per
+ * layer and sequence, the open compressor groups, new compressed entries. Without room for
+ * the staging buffers, those copies. Leaves the stream synchronized. */
+static bt_status_t copy_home(fwd_t *f, bt_kv_header_t *before)
+{
+    struct bt_model_cuda *cu = f->cu;
+    const bt_model_config_t *c = &f->m->cfg;
+    char *err = f->err;
+    size_t errlen = f->errlen;
+    cudaStream_t st = cu->stream;
+    enum { PER_SEQ = 8 * BT_MAX_LAYERS + 8 };
+    bt_kv_range_t *rg = malloc((size_t)f->n_seqs * PER_SEQ * sizeof *rg);
+    int *nr = malloc((size_t)f->n_seqs * sizeof *nr);
+    if (!rg || !nr) {
+        free(rg), free(nr);
+        snprintf(err, errlen, "cuda forward: out of host memory for the KV ranges");
+        return BT_ERR_NO_MEMORY;
+    }
+    int n = 0;
+    size_t bytes = 0;
+    for (int q = 0; q < f->n_seqs; q++) {
+        bt_kv_range_t *r = rg + (size_t)q * PER_SEQ;
+        nr[q] = bt_kv_changed_ranges(c, f->lay, &before[q], f->seqs[q].state, r, PER_SEQ);
+        for (int i = 0; i < nr[q]; i++)
+            if (r[i].off != 0 && r[i].len) { /* (the header is the host's own) */
+                n++;
+                bytes += (r[i].len + 15) / 16 * 16;
+            }
+    }
+    bt_status_t rc = BT_OK;
+    if (n > 0 && home_reserve(cu, n, bytes)) {
+        int k = 0;
+        size_t at = 0;
+        for (int q = 0; q < f->n_seqs; q++) {
+            const bt_kv_range_t *r = rg + (size_t)q * PER_SEQ;
+            for (int i = 0; i < nr[q]; i++) {
+                if (r[i].off == 0 || !r[i].len) continue;
+                cu->home_rg_h[k] = (bt_cuda_range_t){f->dslot[q] + r[i].off, at, r[i].len};
+                cu->home_dst[k++] = f->seqs[q].state + r[i].off;
+                at += (r[i].len + 15) / 16 * 16; /* (16-byte units where the rows allow) */
+            }
+        }
+        cudaError_t e = cudaMemcpyAsync(cu->home_rg_d, cu->home_rg_h, (size_t)n * sizeof(bt_cuda_range_t),
+                                        cudaMemcpyHostToDevice, st);
+        if (e == cudaSuccess && (rc = bt_cuda_gather_ranges(cu->home_d, cu->home_rg_d, n, st)) == BT_OK)
+            e = cudaMemcpyAsync(cu->home_h, cu->home_d, at, cudaMemcpyDeviceToHost, st);
+        if (e == cudaSuccess && rc == BT_OK) e = cudaStreamSynchronize(st);
+        if (e != cudaSuccess) {
+            snprintf(err, errlen, "cuda forward: bringing the KV writes home: %s", cudaGetErrorString(e));
+            cudaGetLastError();
+            rc = BT_ERR_DEVICE;
+        } else if (rc != BT_OK) {
+            snprintf(err, errlen, "cuda forward: bt_cuda_gather_ranges failed (%s)", bt_status_str(rc));
+        } else {
+            for (int i = 0; i < n; i++)
+                memcpy(cu->home_dst[i], cu->home_h + cu->home_rg_h[i].dst_off, cu->home_rg_h[i].len);
+        }
+    } else {
+        for (int q = 0; q < f->n_seqs && rc == BT_OK; q++) {
+            const bt_kv_range_t *r = rg + (size_t)q * PER_SEQ;
+            for (int i = 0; i < nr[q]; i++) {
+                if (r[i].off == 0 || !r[i].len) continue;
+                cudaError_t e = cudaMemcpyAsync(f->seqs[q].state + r[i].off, f->dslot[q] + r[i].off, r[i].len,
+                                                cudaMemcpyDeviceToHost, st);
+                if (e != cudaSuccess) {
+                    snprintf(err, errlen, "cuda forward: copying a KV range home: %s", cudaGetErrorString(e));
+                    cudaGetLastError();
+                    rc = BT_ERR_DEVICE;
+                    break;
+                }
+            }
+        }
+        if (rc == BT_OK && cudaStreamSynchronize(st) != cudaSuccess) {
+            snprintf(err, errlen, "cuda forward: %s", cudaGetErrorString(cudaGetLastError()));
+            rc = BT_ERR_DEVICE;
+        }
+    }
+    free(rg), free(nr);
+    return rc;
+}
+
 static bt_status_t forward(fwd_t *f, float *logits, bt_kv_header_t *before)
 {
     bt_model_t *m = f->m;
@@ -1766,14 +1896,9 @@ static bt_status_t forward(fwd_t *f, float *logits, bt_kv_header_t *before)
             for (int i = 0; i < seq->n; i++)
                 h->engram_hist[(h->n_tokens + i) % BT_KV_ENGRAM_HISTORY] = cu->cid_h[f->first[q] + i];
         h->n_tokens += seq->n;
-        bt_kv_range_t rg[8 * BT_MAX_LAYERS + 8];
-        int nr = bt_kv_changed_ranges(c, f->lay, &before[q], seq->state, rg, (int)(sizeof rg / sizeof rg[0]));
-        for (int i = 0; i < nr; i++)
-            if (rg[i].off != 0 && rg[i].len)
-                CK_CUDA(cudaMemcpyAsync(seq->state + rg[i].off, f->dslot[q] + rg[i].off, rg[i].len,
-                                        cudaMemcpyDeviceToHost, st));
     }
-    CK_CUDA(cudaStreamSynchronize(st));
+    bt_status_t hrc = copy_home(f, before);
+    if (hrc != BT_OK) return hrc;
     if (cu->group_cap > 0 && *cu->group_bad_h) {
         snprintf(err, errlen, "cuda forward: layer %d routed a token to an expert outside 0..%d",
                  *cu->group_bad_h - 1, c->n_experts - 1);
