@@ -81,6 +81,8 @@ typedef struct {
     uint64_t used;       /* forward counter, for eviction */
 } mirror_t;
 
+enum { FWD_OTHER = 0, FWD_DECODE = 1, FWD_GRAPH = 2 }; /* kinds of forward, for the host times */
+
 struct bt_model_cuda {
     int gpu;
     cudaStream_t stream;
@@ -131,6 +133,11 @@ struct bt_model_cuda {
     cudaGraphExec_t graph_exec[GRAPH_MAX_SEQS + 1][GRAPH_SLOTS];
     uint64_t graph_used[GRAPH_MAX_SEQS + 1][GRAPH_SLOTS], graph_clock;
     uint64_t graph_steps, graph_updates, graph_instances;
+    /* host seconds of the forwards (logged at the end), by kind (FWD_*) and phase: plans and
+     * launches (or their capture), a graph's update and launch, waiting for the GPU and the KV
+     * copied home */
+    double t_host[3][3];
+    uint64_t n_fwd[3];
     size_t att_ws_cap;
     int nblk_cap;      /* candidate blocks a row of bmax holds */
     int logit_rows;    /* rows of dlogits */
@@ -745,6 +752,15 @@ void bt_model_cuda_destroy(struct bt_model_cuda *cu)
         BT_LOG_INFO("GPU %d: %llu decode steps ran as CUDA graphs (%llu updated an executable graph, %llu instantiated one)",
                     cu->gpu, (unsigned long long)cu->graph_steps, (unsigned long long)cu->graph_updates,
                     (unsigned long long)cu->graph_instances);
+    static const char *kinds[3] = {"other forwards", "decode steps, eager", "decode steps as graphs"};
+    for (int k = 0; k < 3; k++)
+        if (cu->n_fwd[k])
+            BT_LOG_INFO("GPU %d: %llu %s, host time each: %.0f us launching (or capturing), %.0f us "
+                        "updating and launching the graph, %.0f us waiting and copying KV home",
+                        cu->gpu, (unsigned long long)cu->n_fwd[k], kinds[k],
+                        1e6 * cu->t_host[k][0] / (double)cu->n_fwd[k],
+                        1e6 * cu->t_host[k][1] / (double)cu->n_fwd[k],
+                        1e6 * cu->t_host[k][2] / (double)cu->n_fwd[k]);
     for (int n = 0; n <= GRAPH_MAX_SEQS; n++)
         for (int i = 0; i < GRAPH_SLOTS; i++)
             if (cu->graph_exec[n][i]) cudaGraphExecDestroy(cu->graph_exec[n][i]);
@@ -1867,6 +1883,13 @@ static bt_status_t copy_home(fwd_t *f, bt_kv_header_t *before)
     return rc;
 }
 
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 static bt_status_t forward(fwd_t *f, float *logits, bt_kv_header_t *before)
 {
     bt_model_t *m = f->m;
@@ -1876,12 +1899,15 @@ static bt_status_t forward(fwd_t *f, float *logits, bt_kv_header_t *before)
     size_t errlen = f->errlen;
     cudaStream_t st = cu->stream;
 
+    const double t0 = now_s();
     CK(bind_mirrors(f));
     f->graph = graph_step(f);
     if (f->graph) CK_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
     bt_status_t rc = forward_body(f, logits, before);
+    const double t1 = now_s();
     if (f->graph) rc = graph_run(f, rc);
     if (rc != BT_OK) return rc;
+    const double t2 = now_s();
     if (f->graph && logits && f->logit_rows > 0)
         CK_CUDA(cudaMemcpyAsync(logits, cu->dlogits, (size_t)f->logit_rows * c->vocab * sizeof(float),
                                 cudaMemcpyDeviceToHost, st));
@@ -1899,6 +1925,13 @@ static bt_status_t forward(fwd_t *f, float *logits, bt_kv_header_t *before)
     }
     bt_status_t hrc = copy_home(f, before);
     if (hrc != BT_OK) return hrc;
+    bool decode = true;
+    for (int q = 0; q < f->n_seqs; q++) decode = decode && f->seqs[q].n == 1;
+    const int kind = f->graph ? FWD_GRAPH : decode ? FWD_DECODE : FWD_OTHER;
+    cu->t_host[kind][0] += t1 - t0;
+    cu->t_host[kind][1] += t2 - t1;
+    cu->t_host[kind][2] += now_s() - t2;
+    cu->n_fwd[kind]++;
     if (cu->group_cap > 0 && *cu->group_bad_h) {
         snprintf(err, errlen, "cuda forward: layer %d routed a token to an expert outside 0..%d",
                  *cu->group_bad_h - 1, c->n_experts - 1);
