@@ -316,15 +316,16 @@ bt_status_t bt_cuda_gather_rows(float *dst, const float *src, const int64_t *idx
 bt_status_t bt_cuda_scatter_rows(float *dst, const int64_t *off, const float *src, int n,
                                  int width, cudaStream_t stream);
 
-/* Byte ranges anywhere in device memory packed into one buffer: range i's len bytes from src
- * to dst + dst_off (ranges[] in device memory). For bringing a step's scattered KV writes home
- * in one copy. */
+/* Many small copies in one launch: copy i's len bytes from src to dst, both device memory
+ * (copies[] too), none overlapping another's destination. For a step's scattered KV writes
+ * packed to go home in one transfer, and the compressor's staging of each sequence's open
+ * group: a cudaMemcpyAsync each cost a graph node or a host call apiece. */
 typedef struct {
     const void *src;
-    unsigned long long dst_off, len;
-} bt_cuda_range_t;
-bt_status_t bt_cuda_gather_ranges(void *dst, const bt_cuda_range_t *ranges, int n,
-                                  cudaStream_t stream);
+    void *dst;
+    unsigned long long len;
+} bt_cuda_copy_t;
+bt_status_t bt_cuda_copy_ranges(const bt_cuda_copy_t *copies, int n, cudaStream_t stream);
 
 /* dst[r, c] = bf16(src[r * ld + c]) (round to nearest even), dst contiguous [rows, cols]. */
 bt_status_t bt_cuda_to_bf16(uint16_t *dst, const float *src, int rows, int cols, int ld,

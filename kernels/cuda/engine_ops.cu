@@ -56,12 +56,12 @@ extern "C" bt_status_t bt_cuda_scatter_rows(float *dst, const int64_t *off, cons
     return bt__cuda_launched("scatter_rows");
 }
 
-/* a block a range, in the widest units its alignment allows */
-__global__ void gather_ranges_kernel(unsigned char *dst, const bt_cuda_range_t *ranges)
+/* a block a copy, in the widest units its alignment allows */
+__global__ void copy_ranges_kernel(const bt_cuda_copy_t *copies)
 {
-    const bt_cuda_range_t r = ranges[blockIdx.x];
+    const bt_cuda_copy_t r = copies[blockIdx.x];
     const unsigned char *s = (const unsigned char *)r.src;
-    unsigned char *d = dst + r.dst_off;
+    unsigned char *d = (unsigned char *)r.dst;
     const unsigned long long align = (unsigned long long)(uintptr_t)s | (uintptr_t)d | r.len;
     if (align % 16 == 0) {
         for (unsigned long long i = threadIdx.x; i < r.len / 16; i += blockDim.x)
@@ -74,12 +74,11 @@ __global__ void gather_ranges_kernel(unsigned char *dst, const bt_cuda_range_t *
     }
 }
 
-extern "C" bt_status_t bt_cuda_gather_ranges(void *dst, const bt_cuda_range_t *ranges, int n,
-                                             cudaStream_t stream)
+extern "C" bt_status_t bt_cuda_copy_ranges(const bt_cuda_copy_t *copies, int n, cudaStream_t stream)
 {
-    BT_CUDA_REQUIRE(dst && ranges && n > 0);
-    gather_ranges_kernel<<<n, 256, 0, stream>>>((unsigned char *)dst, ranges);
-    return bt__cuda_launched("gather_ranges");
+    BT_CUDA_REQUIRE(copies && n > 0);
+    copy_ranges_kernel<<<n, 256, 0, stream>>>(copies);
+    return bt__cuda_launched("copy_ranges");
 }
 
 __global__ void to_bf16_kernel(__nv_bfloat16 *dst, const float *src, int rows, int cols, int ld)

@@ -150,7 +150,7 @@ struct bt_model_cuda {
     bt_kv_header_t *before; /* [max_batch_seqs] headers at the start of a forward */
     /* a forward's writes to the mirrors, brought home in one copy (copy_home): the ranges
      * (pinned, and their device copy), where each goes on the host, the packed bytes */
-    bt_cuda_range_t *home_rg_h, *home_rg_d;
+    bt_cuda_copy_t *home_rg_h, *home_rg_d;
     uint8_t **home_dst;
     int home_rg_cap;
     uint8_t *home_h, *home_d;
@@ -575,10 +575,12 @@ static void alloc_scratch(up_t *u)
     if (u->rc != BT_OK) return;
 
     /* plans: ids, positions, window rows, engram ids and logit rows once; per layer the
-     * visibility, entry positions and the expert grouping; 16-byte alignment per push */
+     * visibility, entry positions, the compressor's copies and the expert grouping; 16-byte
+     * alignment per push */
     size_t L = (size_t)c->n_layers, cols = (size_t)(m->engram_cols ? m->engram_cols : 1);
     size_t fixed = N * (4 + 8 + W * 4 + 4 + 8 + 8 + 8) + (size_t)c->n_engram * N * cols * 8;
-    size_t per_layer = N * 8 + lat * 8 + N * K * (8 + 4 + 4) + N * 4 + (S + 8) * 3 * 32;
+    size_t per_layer = N * 8 + lat * 8 + N * K * (8 + 4 + 4) + N * 4 + (S + 8) * 3 * 32 +
+                       8 * S * sizeof(bt_cuda_copy_t) + 16;
     cu->meta_cap = fixed + L * per_layer + ((size_t)1 << 20);
     if (cudaMallocHost((void **)&cu->meta_h, cu->meta_cap) != cudaSuccess ||
         cudaMalloc((void **)&cu->meta_d, cu->meta_cap) != cudaSuccess) {
@@ -931,7 +933,10 @@ static bt_status_t mm(fwd_t *f, float *y, int ldy, const float *x, int ldx, cons
 }
 
 /* The compressor of a kv-source layer: each sequence's open group and new rows staged
- * contiguously, complete groups pooled into latents, the rest kept open in the slot. */
+ * contiguously, complete groups pooled into latents, the rest kept open in the slot. The
+ * copies of all sequences go in three launches (staging, what stays open, the new entries
+ * into the slots), not six or so cudaMemcpyAsync a sequence: in a decode batch's graph those
+ * were most of its nodes. */
 static bt_status_t compress(fwd_t *f, int l)
 {
     bt_model_t *m = f->m;
@@ -943,42 +948,62 @@ static bt_status_t compress(fwd_t *f, int l)
     cudaStream_t st = cu->stream;
     int r = c->layer[l].compress_ratio, hd = c->head_dim, ihd = c->index_head_dim;
     size_t row = (size_t)hd * sizeof(float);
-    int n_lat = 0, cb = 0;
-    int lat_first[64], lat_n[64];
+    int n_lat = 0, cb = 0, S = f->n_seqs;
+    int ng_q[64], cb_q[64];
     int64_t e0s[64];
     int64_t *epos, *epos_d;
-    PLAN(f, int64_t, cu->rmax * f->n_seqs + f->N, epos, epos_d);
-    for (int q = 0; q < f->n_seqs; q++) {
+    PLAN(f, int64_t, cu->rmax * S + f->N, epos, epos_d);
+    /* the copies: staging at [0, 4S), what stays open at [4S, 6S), new entries at [6S, 8S) */
+    bt_cuda_copy_t *cp, *cp_d;
+    PLAN(f, bt_cuda_copy_t, 8 * S, cp, cp_d);
+    int n_in = 0, n_back = 0, n_out = 0;
+#define BT__COPY(seg, k, d, s_, bytes)                                                             \
+    do {                                                                                           \
+        if ((bytes) > 0) cp[(seg) * S + (k)++] = (bt_cuda_copy_t){(s_), (d), (bytes)};             \
+    } while (0)
+    bool keys = c->layer[l].is_index_source;
+    for (int q = 0; q < S; q++) {
         bt_kv_header_t *h = bt_kv_header(f->seqs[q].state);
         int n = f->seqs[q].n, first = f->first[q];
         int p0 = (int)h->pending[l], total = p0 + n, ng = total / r, tail = total - ng * r;
         float *pkv = region(f->dslot[q], f->lay->pend_kv_off[l]);
         float *pgate = region(f->dslot[q], f->lay->pend_gate_off[l]);
-        CK(d2d(f, cu->cstage_kv + (size_t)cb * hd, pkv, (size_t)p0 * row));
-        CK(d2d(f, cu->cstage_kv + (size_t)(cb + p0) * hd, cu->ckv + (size_t)first * hd, (size_t)n * row));
+        BT__COPY(0, n_in, cu->cstage_kv + (size_t)cb * hd, pkv, (size_t)p0 * row);
+        BT__COPY(0, n_in, cu->cstage_kv + (size_t)(cb + p0) * hd, cu->ckv + (size_t)first * hd, (size_t)n * row);
         if (r > 1) {
-            CK(d2d(f, cu->cstage_gate + (size_t)cb * hd, pgate, (size_t)p0 * row));
-            CK(d2d(f, cu->cstage_gate + (size_t)(cb + p0) * hd, cu->cgate + (size_t)first * hd, (size_t)n * row));
+            BT__COPY(0, n_in, cu->cstage_gate + (size_t)cb * hd, pgate, (size_t)p0 * row);
+            BT__COPY(0, n_in, cu->cstage_gate + (size_t)(cb + p0) * hd, cu->cgate + (size_t)first * hd, (size_t)n * row);
         }
-        lat_first[q] = n_lat;
-        lat_n[q] = ng;
+        BT__COPY(4, n_back, pkv, cu->cstage_kv + (size_t)(cb + ng * r) * hd, (size_t)tail * row);
+        if (r > 1) BT__COPY(4, n_back, pgate, cu->cstage_gate + (size_t)(cb + ng * r) * hd, (size_t)tail * row);
+        ng_q[q] = ng;
+        cb_q[q] = cb;
         e0s[q] = h->entries[l];
-        if (ng > 0)
-            CK(bt_cuda_compress_pool(cu->latent + (size_t)n_lat * hd, cu->cstage_kv + (size_t)cb * hd,
-                                     r > 1 ? cu->cstage_gate + (size_t)cb * hd : NULL, ng, r, hd, st));
+        BT__COPY(6, n_out, region(f->dslot[q], f->lay->comp_off[l]) + (size_t)e0s[q] * hd,
+                 cu->latent + (size_t)n_lat * hd, (size_t)ng * row);
+        if (keys)
+            BT__COPY(6, n_out, region(f->dslot[q], f->lay->ikey_off[l]) + (size_t)e0s[q] * ihd,
+                     cu->ikey + (size_t)n_lat * ihd, (size_t)ng * ihd * sizeof(float));
         for (int g = 0; g < ng; g++) epos[n_lat + g] = (h->entries[l] + g) * r;
-        CK(d2d(f, pkv, cu->cstage_kv + (size_t)(cb + ng * r) * hd, (size_t)tail * row));
-        if (r > 1) CK(d2d(f, pgate, cu->cstage_gate + (size_t)(cb + ng * r) * hd, (size_t)tail * row));
         h->pending[l] = tail;
         h->entries[l] += ng;
         n_lat += ng;
         cb += total;
     }
+#undef BT__COPY
+    CK(plan_send(cu, cp, cp_d, (size_t)8 * S * sizeof(bt_cuda_copy_t), err, errlen));
+    if (n_in) CK(bt_cuda_copy_ranges(cp_d, n_in, st));
+    for (int q = 0, at = 0; q < S; q++) {
+        if (ng_q[q] > 0)
+            CK(bt_cuda_compress_pool(cu->latent + (size_t)at * hd, cu->cstage_kv + (size_t)cb_q[q] * hd,
+                                     r > 1 ? cu->cstage_gate + (size_t)cb_q[q] * hd : NULL, ng_q[q], r, hd, st));
+        at += ng_q[q];
+    }
+    if (n_back) CK(bt_cuda_copy_ranges(cp_d + 4 * S, n_back, st));
     if (n_lat == 0) return BT_OK;
     CK(plan_send(cu, epos, epos_d, (size_t)n_lat * sizeof(int64_t), err, errlen));
     float eps = (float)c->rms_eps;
     CK(bt_cuda_rmsnorm(cu->latent, BT_CUDA_F32, cu->latent, BT_CUDA_F32, w->c_norm, n_lat, hd, eps, st));
-    bool keys = c->layer[l].is_index_source;
     if (keys) {
         CK(mm(f, cu->ikey, ihd, cu->latent, hd, &w->i_wk, n_lat));
         /* norm, rope, FP4 rounding: one launch */
@@ -987,14 +1012,7 @@ static bt_status_t compress(fwd_t *f, int l)
     }
     CK(bt_cuda_head_finish(cu->latent, n_lat, 1, hd, 0, NULL, eps, m->half_comp ? epos_d : NULL, cu->inv_comp,
                            m->half_comp, 16, BT_CUDA_FQ_FP4_E4M3, st));
-    for (int q = 0; q < f->n_seqs; q++) {
-        if (!lat_n[q]) continue;
-        CK(d2d(f, region(f->dslot[q], f->lay->comp_off[l]) + (size_t)e0s[q] * hd,
-               cu->latent + (size_t)lat_first[q] * hd, (size_t)lat_n[q] * row));
-        if (keys)
-            CK(d2d(f, region(f->dslot[q], f->lay->ikey_off[l]) + (size_t)e0s[q] * ihd,
-                   cu->ikey + (size_t)lat_first[q] * ihd, (size_t)lat_n[q] * ihd * sizeof(float)));
-    }
+    if (n_out) CK(bt_cuda_copy_ranges(cp_d + 6 * S, n_out, st));
     return BT_OK;
 }
 
@@ -1016,13 +1034,15 @@ static bt_status_t indexer(fwd_t *f, int l)
      * channels, so only when the head dim is whole blocks): bf16 holds them exactly and the
      * products match the f32 kernel's */
     bool ix_tc = ihd % 32 == 0 && ihd <= 128 && ih <= 32;
+    /* the plans of this layer in one block, sent in one copy: each token's visible entries,
+     * and for the batched launch its key offset, its pinned block and its key count */
+    const int N = f->N;
     int64_t *vis, *vis_d;
-    PLAN(f, int64_t, f->N, vis, vis_d);
+    PLAN(f, int64_t, (size_t)3 * N + (N + 1) / 2, vis, vis_d);
     for (int t = 0, q = 0; q < f->n_seqs; q++) {
         int64_t start = bt_kv_header(f->seqs[q].state)->n_tokens;
         for (int i = 0; i < f->seqs[q].n; i++, t++) vis[t] = (start + i + 1) / L->compress_ratio;
     }
-    CK(plan_send(cu, vis, vis_d, (size_t)f->N * sizeof(int64_t), err, errlen));
 
     /* a batch of sequences that all have entries (decode): every token against its own
      * sequence's keys in one launch, rows padded to the longest with -inf, which no top-k
@@ -1036,11 +1056,8 @@ static bt_status_t indexer(fwd_t *f, int l)
         if (ne > nmax) nmax = ne;
     }
     if (batched && (size_t)f->N * (size_t)nmax <= cu->score_cap && nmax / bs + 1 <= cu->nblk_cap) {
-        int64_t *koff, *koff_d, *vpin, *vpin_d;
-        int32_t *nk, *nk_d;
-        PLAN(f, int64_t, f->N, koff, koff_d);
-        PLAN(f, int64_t, f->N, vpin, vpin_d);
-        PLAN(f, int32_t, f->N, nk, nk_d);
+        int64_t *koff = vis + N, *koff_d = vis_d + N, *vpin = vis + 2 * N, *vpin_d = vis_d + 2 * N;
+        int32_t *nk = (int32_t *)(vis + 3 * N), *nk_d = (int32_t *)(vis_d + 3 * N);
         for (int q = 0; q < f->n_seqs; q++) {
             int64_t ne = bt_kv_header(f->seqs[q].state)->entries[owner];
             int64_t at = (int64_t)(f->dslot[q] + f->lay->ikey_off[owner] - cu->mirror_mem) / (int64_t)sizeof(float);
@@ -1051,9 +1068,7 @@ static bt_status_t indexer(fwd_t *f, int l)
                 vpin[t] = vis[t] > 0 && (vis[t] - 1) / bs < (ne + bs - 1) / bs ? vis[t] : 0;
             }
         }
-        CK(plan_send(cu, koff, koff_d, (size_t)f->N * sizeof(int64_t), err, errlen));
-        CK(plan_send(cu, vpin, vpin_d, (size_t)f->N * sizeof(int64_t), err, errlen));
-        CK(plan_send(cu, nk, nk_d, (size_t)f->N * sizeof(int32_t), err, errlen));
+        CK(plan_send(cu, vis, vis_d, (size_t)N * (3 * sizeof(int64_t) + sizeof(int32_t)), err, errlen));
         int n = (int)nmax;
         if (ix_tc)
             CK(bt_cuda_index_scores_tc(cu->scores, cu->qi, cu->iw, (const float *)cu->mirror_mem, koff_d, nk_d,
@@ -1061,12 +1076,20 @@ static bt_status_t indexer(fwd_t *f, int l)
         else
             CK(bt_cuda_index_scores_sets(cu->scores, cu->qi, cu->iw, (const float *)cu->mirror_mem, koff_d, nk_d,
                                          vis_d, f->N, ih, ihd, n, st));
-        for (int q = 0; q < f->n_seqs; q++)
-            if (c->candidate_source >= 0 && c->candidate_source < l && f->cand_set[q]) {
-                int t0 = f->first[q];
-                CK(bt_cuda_mask_blocks(cu->scores + (size_t)t0 * n, cu->cand + (size_t)t0 * cbk, cu->cand_n + t0, cbk,
-                                       f->seqs[q].n, n, bs, st));
-            }
+        bool all_cand = true;
+        for (int q = 0; q < f->n_seqs; q++) all_cand = all_cand && f->cand_set[q];
+        if (c->candidate_source >= 0 && c->candidate_source < l && all_cand) {
+            /* every sequence has its candidates (a decode step past the candidate source): the
+             * mask is per row, so one launch over all rows does what one a sequence did */
+            CK(bt_cuda_mask_blocks(cu->scores, cu->cand, cu->cand_n, cbk, N, n, bs, st));
+        } else {
+            for (int q = 0; q < f->n_seqs; q++)
+                if (c->candidate_source >= 0 && c->candidate_source < l && f->cand_set[q]) {
+                    int t0 = f->first[q];
+                    CK(bt_cuda_mask_blocks(cu->scores + (size_t)t0 * n, cu->cand + (size_t)t0 * cbk, cu->cand_n + t0,
+                                           cbk, f->seqs[q].n, n, bs, st));
+                }
+        }
         if (l == c->candidate_source) {
             int nblocks = (n + bs - 1) / bs;
             CK(bt_cuda_block_max(cu->bmax, cu->scores, vpin_d, f->N, n, bs, nblocks, st));
@@ -1081,6 +1104,7 @@ static bt_status_t indexer(fwd_t *f, int l)
         return BT_OK;
     }
 
+    CK(plan_send(cu, vis, vis_d, (size_t)N * sizeof(int64_t), err, errlen));
     for (int q = 0; q < f->n_seqs; q++) {
         int64_t n_entries = bt_kv_header(f->seqs[q].state)->entries[owner];
         if (n_entries == 0) continue; /* the reference publishes nothing: earlier picks stay */
@@ -1776,8 +1800,8 @@ static bool home_reserve(struct bt_model_cuda *cu, int n, size_t bytes)
         cudaFree(cu->home_rg_d);
         free(cu->home_dst);
         cu->home_rg_h = NULL, cu->home_rg_d = NULL, cu->home_dst = NULL, cu->home_rg_cap = 0;
-        if (cudaMallocHost((void **)&cu->home_rg_h, (size_t)cap * sizeof(bt_cuda_range_t)) != cudaSuccess ||
-            cudaMalloc((void **)&cu->home_rg_d, (size_t)cap * sizeof(bt_cuda_range_t)) != cudaSuccess ||
+        if (cudaMallocHost((void **)&cu->home_rg_h, (size_t)cap * sizeof(bt_cuda_copy_t)) != cudaSuccess ||
+            cudaMalloc((void **)&cu->home_rg_d, (size_t)cap * sizeof(bt_cuda_copy_t)) != cudaSuccess ||
             !(cu->home_dst = malloc((size_t)cap * sizeof *cu->home_dst))) {
             cudaGetLastError();
             return false;
@@ -1839,14 +1863,14 @@ static bt_status_t copy_home(fwd_t *f, bt_kv_header_t *before)
             const bt_kv_range_t *r = rg + (size_t)q * PER_SEQ;
             for (int i = 0; i < nr[q]; i++) {
                 if (r[i].off == 0 || !r[i].len) continue;
-                cu->home_rg_h[k] = (bt_cuda_range_t){f->dslot[q] + r[i].off, at, r[i].len};
+                cu->home_rg_h[k] = (bt_cuda_copy_t){f->dslot[q] + r[i].off, cu->home_d + at, r[i].len};
                 cu->home_dst[k++] = f->seqs[q].state + r[i].off;
                 at += (r[i].len + 15) / 16 * 16; /* (16-byte units where the rows allow) */
             }
         }
-        cudaError_t e = cudaMemcpyAsync(cu->home_rg_d, cu->home_rg_h, (size_t)n * sizeof(bt_cuda_range_t),
+        cudaError_t e = cudaMemcpyAsync(cu->home_rg_d, cu->home_rg_h, (size_t)n * sizeof(bt_cuda_copy_t),
                                         cudaMemcpyHostToDevice, st);
-        if (e == cudaSuccess && (rc = bt_cuda_gather_ranges(cu->home_d, cu->home_rg_d, n, st)) == BT_OK)
+        if (e == cudaSuccess && (rc = bt_cuda_copy_ranges(cu->home_rg_d, n, st)) == BT_OK)
             e = cudaMemcpyAsync(cu->home_h, cu->home_d, at, cudaMemcpyDeviceToHost, st);
         if (e == cudaSuccess && rc == BT_OK) e = cudaStreamSynchronize(st);
         if (e != cudaSuccess) {
@@ -1854,10 +1878,10 @@ static bt_status_t copy_home(fwd_t *f, bt_kv_header_t *before)
             cudaGetLastError();
             rc = BT_ERR_DEVICE;
         } else if (rc != BT_OK) {
-            snprintf(err, errlen, "cuda forward: bt_cuda_gather_ranges failed (%s)", bt_status_str(rc));
+            snprintf(err, errlen, "cuda forward: bt_cuda_copy_ranges failed (%s)", bt_status_str(rc));
         } else {
             for (int i = 0; i < n; i++)
-                memcpy(cu->home_dst[i], cu->home_h + cu->home_rg_h[i].dst_off, cu->home_rg_h[i].len);
+                memcpy(cu->home_dst[i], cu->home_h + ((uint8_t *)cu->home_rg_h[i].dst - cu->home_d), cu->home_rg_h[i].len);
         }
     } else {
         for (int q = 0; q < f->n_seqs && rc == BT_OK; q++) {

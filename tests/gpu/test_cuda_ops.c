@@ -76,7 +76,7 @@ typedef enum {
                          * split per token: also bit for bit as each token launched alone */
     OP_ATTENTION_TC_BATCH, /* s: as OP_ATTENTION_BATCH, on the tensor cores */
     OP_SCATTER,     /* s: n width dst-rows */
-    OP_GATHER_RANGES, /* s: ranges max-bytes source-bytes */
+    OP_COPY_RANGES, /* s: copies max-bytes source-bytes */
 } op_t;
 
 static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped", "rmsnorm",
@@ -90,7 +90,7 @@ static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped
                                  "index_scores_tc", "index_sets_tc", "dequant_fp8", "hc_mix_ws", "moe_group",
                                  "attention_tc_ws", "gemm_fp8_batched", "head_finish", "hc_mix_collapse",
                                  "attention_batch", "attention_tc_batch", "scatter_rows",
-                                 "gather_ranges"};
+                                 "copy_ranges"};
 
 typedef struct {
     op_t op;
@@ -262,8 +262,8 @@ static const case_t cases[] = {
     {OP_SCATTER, F32, {7, 40, 300}, 0},
     {OP_SCATTER, F32, {16, 512, 4096}, 0},
     /* ranges aligned to 16, to 4 and to nothing, empty ones, one long; a decode step's count */
-    {OP_GATHER_RANGES, F32, {37, 3000, 1 << 20}, 0},
-    {OP_GATHER_RANGES, F32, {1500, 2048, 1 << 24}, 0},
+    {OP_COPY_RANGES, F32, {37, 3000, 1 << 20}, 0},
+    {OP_COPY_RANGES, F32, {1500, 2048, 1 << 24}, 0},
     {OP_SCALE, F32, {1}, 0},
     {OP_SCALE, F32, {100003}, 0},
     {OP_MOE_COMBINE, F32, {5, 64, 6, 1}, 0},
@@ -1930,7 +1930,7 @@ static void run_sample(const case_t *cs, result_t *r)
     launch_sample(&c);
     int32_t *out = xmalloc((size_t)T * 4);
     get(out, c.out, (size_t)T * 4);
-    int wrong = 0;
+    int wrong = 0, near = 0;
     for (int t = 0; t < T; t++) {
         const float *row = l + (size_t)t * V;
         int want = 0;
@@ -1949,14 +1949,28 @@ static void run_sample(const case_t *cs, result_t *r)
                     break;
                 }
             }
+            /* The kernel sums in f32, the total and the running sum in different orders: when
+             * the target lies within their rounding of the boundary between two ids, either
+             * is the inverse CDF's pick (a 129280-id row's f32 sums are good to ~1e-5 of the
+             * total; 1e-4 allowed). Such a pick passes, counted; any other id fails. */
+            int got = out[t];
+            if (got != want && got >= 0 && got < V) {
+                double lo = 0.0;
+                for (int j = 0; j < got; j++) lo += exp((double)((row[j] - mx) / temp));
+                double hi = lo + exp((double)((row[got] - mx) / temp)), tol = 1e-4 * sum;
+                if (hi > lo && lo - tol <= target && target < hi + tol) {
+                    near++;
+                    want = got;
+                }
+            }
         }
         if (out[t] != want) wrong++;
     }
     r->bound = 0.0;
     r->err = wrong;
     r->exact_ok = wrong == 0;
-    snprintf(r->note, sizeof(r->note), "%s: %d of %d rows differ", temp > 0 ? "sampled" : "argmax",
-             wrong, T);
+    snprintf(r->note, sizeof(r->note), "%s: %d of %d rows differ%s", temp > 0 ? "sampled" : "argmax",
+             wrong, T, near ? " (some at a boundary within f32 rounding)" : "");
     r->bytes = (double)T * V * 4 * (temp > 0 ? 3 : 1);
     if (g_perf && cs->perf) r->ms = time_it(launch_sample, &c);
     free(l), free(u), free(out);
@@ -2043,38 +2057,39 @@ static void run_scatter(const case_t *cs, result_t *r)
     free(src), free(before), free(off), free(y);
 }
 
-static void run_gather_ranges(const case_t *cs, result_t *r)
+static void run_copy_ranges(const case_t *cs, result_t *r)
 {
     const int n = cs->s[0], max_len = cs->s[1];
     const size_t src_bytes = (size_t)cs->s[2];
     uint8_t *src = xmalloc(src_bytes);
     for (size_t i = 0; i < src_bytes; i++) src[i] = (uint8_t)rnd();
     uint8_t *dsrc = dup(src, src_bytes);
-    bt_cuda_range_t *rg = xmalloc((size_t)n * sizeof *rg);
-    size_t *soff = xmalloc((size_t)n * sizeof *soff), total = 0;
+    size_t *soff = xmalloc((size_t)n * sizeof *soff), *doff = xmalloc((size_t)n * sizeof *doff);
+    size_t *len = xmalloc((size_t)n * sizeof *len), total = 0;
     for (int i = 0; i < n; i++) {
-        /* every third range 16-byte aligned, every third 4-byte (as KV rows are), the rest odd */
+        /* every third copy 16-byte aligned, every third 4-byte (as KV rows are), the rest odd */
         const size_t unit = i % 3 == 0 ? 16 : i % 3 == 1 ? 4 : 1;
-        size_t len = (size_t)irand(max_len / (int)unit + 1) * unit;
-        if (i == 1) len = 0;
-        if (i == 2) len = (size_t)max_len * 3 + 1; /* longer than a block's threads cover once */
-        soff[i] = (size_t)irand((int)((src_bytes - len) / unit)) * unit;
-        total = (total + unit - 1) / unit * unit; /* (the destination as aligned as the source) */
-        rg[i].src = dsrc + soff[i];
-        rg[i].dst_off = total;
-        rg[i].len = len;
-        total += len;
+        len[i] = (size_t)irand(max_len / (int)unit + 1) * unit;
+        if (i == 1) len[i] = 0;
+        if (i == 2) len[i] = (size_t)max_len * 3 + 1; /* more than a block's threads take at once */
+        soff[i] = (size_t)irand((int)((src_bytes - len[i]) / unit)) * unit;
+        /* destinations one after another, each as aligned as its source */
+        total = (total + unit - 1) / unit * unit;
+        doff[i] = total;
+        total += len[i] + (i % 5 == 4 ? 8 : 0); /* and some gaps */
     }
     const size_t cap = total + 64;
     uint8_t *dd = dalloc(cap), *y = xmalloc(cap), *want = xmalloc(cap);
+    bt_cuda_copy_t *cp = xmalloc((size_t)n * sizeof *cp);
+    for (int i = 0; i < n; i++) cp[i] = (bt_cuda_copy_t){dsrc + soff[i], dd + doff[i], len[i]};
     poison(dd, cap);
-    get(want, dd, cap); /* the poison, where no range lands */
-    for (int i = 0; i < n; i++) memcpy(want + rg[i].dst_off, src + soff[i], rg[i].len);
-    BT_OK_OR_DIE(bt_cuda_gather_ranges(dd, dup(rg, (size_t)n * sizeof *rg), n, 0));
+    get(want, dd, cap); /* the poison, where no copy lands */
+    for (int i = 0; i < n; i++) memcpy(want + doff[i], src + soff[i], len[i]);
+    BT_OK_OR_DIE(bt_cuda_copy_ranges(dup(cp, (size_t)n * sizeof *cp), n, 0));
     get(y, dd, cap);
-    if (memcmp(y, want, cap)) r->exact_ok = 0; /* the ranges packed, the gaps untouched */
-    snprintf(r->note, sizeof r->note, "bit-exact, %zu bytes in %d ranges, gaps untouched", total, n);
-    free(src), free(rg), free(soff), free(y), free(want);
+    if (memcmp(y, want, cap)) r->exact_ok = 0; /* the copies made, the gaps untouched */
+    snprintf(r->note, sizeof r->note, "bit-exact, %zu bytes in %d copies, gaps untouched", total, n);
+    free(src), free(soff), free(doff), free(len), free(cp), free(y), free(want);
 }
 
 static void run_scale(const case_t *cs, result_t *r)
@@ -2334,7 +2349,7 @@ static void run_case(const case_t *cs, result_t *r)
     case OP_EMBED: run_embed(cs, r); break;
     case OP_GATHER: run_gather(cs, r); break;
     case OP_SCATTER: run_scatter(cs, r); break;
-    case OP_GATHER_RANGES: run_gather_ranges(cs, r); break;
+    case OP_COPY_RANGES: run_copy_ranges(cs, r); break;
     case OP_ATTENTION_BATCH: run_attention(cs, r); break;
     case OP_ATTENTION_TC_BATCH: run_attention(cs, r); break;
     case OP_SCALE: run_scale(cs, r); break;
@@ -2417,8 +2432,8 @@ static int check_refusals(void)
     bad += REFUSED(bt_cuda_head_finish(d, 1, 1, 4097, 0, NULL, 1e-6f, NULL, NULL, 0, 0, 0, 0));
     /* three streams: the collapse is built for 1, 2 and 4 (as the mix) */
     bad += REFUSED(bt_cuda_hc_collapse_norm(d, BT_CUDA_F32, d, d, NULL, 1, 3, 8, 1e-6f, 0));
-    bad += REFUSED(bt_cuda_gather_ranges(d, NULL, 1, 0));
-    bad += REFUSED(bt_cuda_gather_ranges(d, (const bt_cuda_range_t *)d, 0, 0));
+    bad += REFUSED(bt_cuda_copy_ranges(NULL, 1, 0));
+    bad += REFUSED(bt_cuda_copy_ranges((const bt_cuda_copy_t *)d, 0, 0));
     /* tensor-core attention: dim off 16, dim over 512, more keys than one block holds */
     bad += REFUSED(attention_tc_args(d, 18, 128, 512));
     bad += REFUSED(attention_tc_args(d, 528, 128, 512));
