@@ -317,7 +317,7 @@ bt_status_t bt_cuda_scatter_rows(float *dst, const int64_t *off, const float *sr
                                  int width, cudaStream_t stream);
 
 /* Many small copies in one launch: copy i's len bytes from src to dst, both device memory
- * (copies[] too), none overlapping another's destination. For a step's scattered KV writes
+ * (copies[] too); no destination may overlap another copy's source or destination. For a step's scattered KV writes
  * packed to go home in one transfer, and the compressor's staging of each sequence's open
  * group: a cudaMemcpyAsync each cost a graph node or a host call apiece. */
 typedef struct {

@@ -155,6 +155,8 @@ struct bt_model_cuda {
     int home_rg_cap;
     uint8_t *home_h, *home_d;
     size_t home_cap;
+    bt_kv_range_t *home_ranges; /* the ranges of up to home_seqs sequences, then their counts */
+    int home_seqs;
     int64_t *cid_h, *hash_h;
     /* slot mirrors, allocated at the first forward (the layout comes with it) */
     uint8_t *mirror_mem;
@@ -580,7 +582,9 @@ static void alloc_scratch(up_t *u)
     size_t L = (size_t)c->n_layers, cols = (size_t)(m->engram_cols ? m->engram_cols : 1);
     size_t fixed = N * (4 + 8 + W * 4 + 4 + 8 + 8 + 8) + (size_t)c->n_engram * N * cols * 8;
     size_t per_layer = N * 8 + lat * 8 + N * K * (8 + 4 + 4) + N * 4 + (S + 8) * 3 * 32 +
-                       8 * S * sizeof(bt_cuda_copy_t) + 16;
+                       8 * S * sizeof(bt_cuda_copy_t) + 16 +
+                       N * (3 * 8 + 4) + 16 +                                  /* batched indexer */
+                       N * K * 8 + (size_t)(c->n_experts + 1) * 8 + 64;        /* host MoE grouping */
     cu->meta_cap = fixed + L * per_layer + ((size_t)1 << 20);
     if (cudaMallocHost((void **)&cu->meta_h, cu->meta_cap) != cudaSuccess ||
         cudaMalloc((void **)&cu->meta_d, cu->meta_cap) != cudaSuccess) {
@@ -750,6 +754,7 @@ void bt_model_cuda_destroy(struct bt_model_cuda *cu)
     cudaFree(cu->home_rg_d);
     cudaFree(cu->home_d);
     free(cu->home_dst);
+    free(cu->home_ranges);
     if (cu->graph_steps)
         BT_LOG_INFO("GPU %d: %llu decode steps ran as CUDA graphs (%llu updated an executable graph, %llu instantiated one)",
                     cu->gpu, (unsigned long long)cu->graph_steps, (unsigned long long)cu->graph_updates,
@@ -757,10 +762,11 @@ void bt_model_cuda_destroy(struct bt_model_cuda *cu)
     static const char *kinds[3] = {"other forwards", "decode steps, eager", "decode steps as graphs"};
     for (int k = 0; k < 3; k++)
         if (cu->n_fwd[k])
-            BT_LOG_INFO("GPU %d: %llu %s, host time each: %.0f us launching (or capturing), %.0f us "
-                        "updating and launching the graph, %.0f us waiting and copying KV home",
+            BT_LOG_INFO("GPU %d: %llu %s, host time each: %.0f us %s, %.0f us updating and launching "
+                        "the graph, %.0f us waiting and copying KV home",
                         cu->gpu, (unsigned long long)cu->n_fwd[k], kinds[k],
                         1e6 * cu->t_host[k][0] / (double)cu->n_fwd[k],
+                        k == FWD_GRAPH ? "capturing" : "launching",
                         1e6 * cu->t_host[k][1] / (double)cu->n_fwd[k],
                         1e6 * cu->t_host[k][2] / (double)cu->n_fwd[k]);
     for (int n = 0; n <= GRAPH_MAX_SEQS; n++)
@@ -1034,20 +1040,11 @@ static bt_status_t indexer(fwd_t *f, int l)
      * channels, so only when the head dim is whole blocks): bf16 holds them exactly and the
      * products match the f32 kernel's */
     bool ix_tc = ihd % 32 == 0 && ihd <= 128 && ih <= 32;
-    /* the plans of this layer in one block, sent in one copy: each token's visible entries,
-     * and for the batched launch its key offset, its pinned block and its key count */
-    const int N = f->N;
-    int64_t *vis, *vis_d;
-    PLAN(f, int64_t, (size_t)3 * N + (N + 1) / 2, vis, vis_d);
-    for (int t = 0, q = 0; q < f->n_seqs; q++) {
-        int64_t start = bt_kv_header(f->seqs[q].state)->n_tokens;
-        for (int i = 0; i < f->seqs[q].n; i++, t++) vis[t] = (start + i + 1) / L->compress_ratio;
-    }
-
     /* a batch of sequences that all have entries (decode): every token against its own
      * sequence's keys in one launch, rows padded to the longest with -inf, which no top-k
      * keeps; the candidate pin is left out where the CPU leaves it out (newest visible block
      * past the sequence's entries) */
+    const int N = f->N;
     bool batched = f->n_seqs > 1;
     int64_t nmax = 0;
     for (int q = 0; q < f->n_seqs && batched; q++) {
@@ -1055,7 +1052,16 @@ static bt_status_t indexer(fwd_t *f, int l)
         if (ne == 0) batched = false;
         if (ne > nmax) nmax = ne;
     }
-    if (batched && (size_t)f->N * (size_t)nmax <= cu->score_cap && nmax / bs + 1 <= cu->nblk_cap) {
+    batched = batched && (size_t)N * (size_t)nmax <= cu->score_cap && nmax / bs + 1 <= cu->nblk_cap;
+    /* the plans of this layer in one block, sent in one copy: each token's visible entries,
+     * and for the batched launch its key offset, its pinned block and its key count */
+    int64_t *vis, *vis_d;
+    PLAN(f, int64_t, batched ? (size_t)3 * N + (N + 1) / 2 : (size_t)N, vis, vis_d);
+    for (int t = 0, q = 0; q < f->n_seqs; q++) {
+        int64_t start = bt_kv_header(f->seqs[q].state)->n_tokens;
+        for (int i = 0; i < f->seqs[q].n; i++, t++) vis[t] = (start + i + 1) / L->compress_ratio;
+    }
+    if (batched) {
         int64_t *koff = vis + N, *koff_d = vis_d + N, *vpin = vis + 2 * N, *vpin_d = vis_d + 2 * N;
         int32_t *nk = (int32_t *)(vis + 3 * N), *nk_d = (int32_t *)(vis_d + 3 * N);
         for (int q = 0; q < f->n_seqs; q++) {
@@ -1837,13 +1843,17 @@ static bt_status_t copy_home(fwd_t *f, bt_kv_header_t *before)
     size_t errlen = f->errlen;
     cudaStream_t st = cu->stream;
     enum { PER_SEQ = 8 * BT_MAX_LAYERS + 8 };
-    bt_kv_range_t *rg = malloc((size_t)f->n_seqs * PER_SEQ * sizeof *rg);
-    int *nr = malloc((size_t)f->n_seqs * sizeof *nr);
-    if (!rg || !nr) {
-        free(rg), free(nr);
-        snprintf(err, errlen, "cuda forward: out of host memory for the KV ranges");
-        return BT_ERR_NO_MEMORY;
+    if (f->n_seqs > cu->home_seqs) { /* (kept: ~16 KB a sequence, every forward) */
+        free(cu->home_ranges);
+        cu->home_ranges = malloc((size_t)f->n_seqs * (PER_SEQ * sizeof(bt_kv_range_t) + sizeof(int)));
+        cu->home_seqs = cu->home_ranges ? f->n_seqs : 0;
+        if (!cu->home_ranges) {
+            snprintf(err, errlen, "cuda forward: out of host memory for the KV ranges");
+            return BT_ERR_NO_MEMORY;
+        }
     }
+    bt_kv_range_t *rg = cu->home_ranges;
+    int *nr = (int *)(rg + (size_t)f->n_seqs * PER_SEQ);
     int n = 0;
     size_t bytes = 0;
     for (int q = 0; q < f->n_seqs; q++) {
@@ -1903,7 +1913,6 @@ static bt_status_t copy_home(fwd_t *f, bt_kv_header_t *before)
             rc = BT_ERR_DEVICE;
         }
     }
-    free(rg), free(nr);
     return rc;
 }
 

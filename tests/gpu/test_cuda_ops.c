@@ -1950,15 +1950,18 @@ static void run_sample(const case_t *cs, result_t *r)
                 }
             }
             /* The kernel sums in f32, the total and the running sum in different orders: when
-             * the target lies within their rounding of the boundary between two ids, either
-             * is the inverse CDF's pick (a 129280-id row's f32 sums are good to ~1e-5 of the
-             * total; 1e-4 allowed). Such a pick passes, counted; any other id fails. */
+             * the target lies within their rounding of the boundaries between the reference's
+             * id and the kernel's, either is the inverse CDF's pick. Each f32 sum here adds
+             * ~126 partials (a thread's strided terms, the 126 chunks of a 129280-id row), so
+             * each is good to ~126 * 2^-24 = 7.5e-6 of the total: 2e-5 allowed, for one row of
+             * a case at most (an off-by-one kernel would need it on most rows). */
             int got = out[t];
-            if (got != want && got >= 0 && got < V) {
+            if (got != want && got >= 0 && got < V && near == 0) {
                 double lo = 0.0;
                 for (int j = 0; j < got; j++) lo += exp((double)((row[j] - mx) / temp));
-                double hi = lo + exp((double)((row[got] - mx) / temp)), tol = 1e-4 * sum;
-                if (hi > lo && lo - tol <= target && target < hi + tol) {
+                double hi = lo + exp((double)((row[got] - mx) / temp)), tol = 2e-5 * sum;
+                /* every boundary between the two ids within tol of the target */
+                if (hi > lo && (got > want ? lo <= target + tol : hi >= target - tol)) {
                     near++;
                     want = got;
                 }
@@ -1970,7 +1973,7 @@ static void run_sample(const case_t *cs, result_t *r)
     r->err = wrong;
     r->exact_ok = wrong == 0;
     snprintf(r->note, sizeof(r->note), "%s: %d of %d rows differ%s", temp > 0 ? "sampled" : "argmax",
-             wrong, T, near ? " (some at a boundary within f32 rounding)" : "");
+             wrong, T, near ? " (one at a boundary within f32 rounding)" : "");
     r->bytes = (double)T * V * 4 * (temp > 0 ? 3 : 1);
     if (g_perf && cs->perf) r->ms = time_it(launch_sample, &c);
     free(l), free(u), free(out);
@@ -2071,7 +2074,8 @@ static void run_copy_ranges(const case_t *cs, result_t *r)
         const size_t unit = i % 3 == 0 ? 16 : i % 3 == 1 ? 4 : 1;
         len[i] = (size_t)irand(max_len / (int)unit + 1) * unit;
         if (i == 1) len[i] = 0;
-        if (i == 2) len[i] = (size_t)max_len * 3 + 1; /* more than a block's threads take at once */
+        /* longer than a block's 256 threads take in one round, in each unit */
+        if (i >= 2 && i <= 4) len[i] = (size_t)max_len * 3 / unit * unit + (unit == 1);
         soff[i] = (size_t)irand((int)((src_bytes - len[i]) / unit)) * unit;
         /* destinations one after another, each as aligned as its source */
         total = (total + unit - 1) / unit * unit;
