@@ -3,12 +3,21 @@
 #include "common/alloc.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
+
+/* a token that may be drawn: its logit (for the order), id and weight exp((l - max) / T) */
+typedef struct {
+    float logit;
+    int32_t id;
+    double w;
+} cand_t;
 
 struct bt_sampler {
     int vocab;
     int32_t *order;
-    double *prob;
+    cand_t *cand;
+    float *w; /* the weights of every id, or of the top_k */
 };
 
 bt_sampler_t *bt_sampler_create(int vocab)
@@ -16,7 +25,8 @@ bt_sampler_t *bt_sampler_create(int vocab)
     bt_sampler_t *s = bt_calloc_or_die(1, sizeof *s);
     s->vocab = vocab;
     s->order = bt_malloc_or_die((size_t)vocab * sizeof *s->order);
-    s->prob = bt_malloc_or_die((size_t)vocab * sizeof *s->prob);
+    s->cand = bt_malloc_or_die((size_t)vocab * sizeof *s->cand);
+    s->w = bt_malloc_or_die((size_t)vocab * sizeof *s->w);
     return s;
 }
 
@@ -24,7 +34,8 @@ void bt_sampler_destroy(bt_sampler_t *s)
 {
     if (!s) return;
     free(s->order);
-    free(s->prob);
+    free(s->cand);
+    free(s->w);
     free(s);
 }
 
@@ -81,6 +92,155 @@ static void top_ids(const float *l, int vocab, int k, int32_t *order)
     }
 }
 
+/* e^x for x <= 0 without a library call, so the per-id loops stay a few operations an id (a
+ * 129280-id row took ~2.5 ms through expf): x = (n + f) ln 2 with |f| <= 1/2, 2^f by its Taylor
+ * series to the 6th power (relative error under 2e-7), 2^n into the exponent. Under -87 the
+ * result is ~1e-38, not 0 (no sampler weight or log-sum-exp term cares). */
+static inline float exp_le0(float x)
+{
+    union {
+        float f;
+        uint32_t u;
+    } v = {x};
+    /* x = max(x, -87) on the bits (x <= 0: a larger magnitude is a larger pattern; -inf, a
+     * masked logit, becomes -87 too), integer selects the compiler vectorizes where a float
+     * compare, which may trap, stays a branch; patterns with the sign bit clear (+0, and a
+     * NaN a broken row may hold) become 0, so no NaN reaches the float-to-int conversion */
+    v.u &= 0u - (v.u >> 31);
+    v.u = v.u < 0xc2ae0000u ? v.u : 0xc2ae0000u;
+    x = v.f;
+    const float t = x * 1.44269504f, n = (t + 12582912.0f) - 12582912.0f; /* round to nearest */
+    const float f = (t - n) * 0.693147181f;
+    const float e = 1.0f + f * (1.0f + f * (0.5f + f * (1.0f / 6 + f * (1.0f / 24 + f * (1.0f / 120 + f * (1.0f / 720))))));
+    union {
+        uint32_t u;
+        float f;
+    } sc = {(uint32_t)((int32_t)n + 127) << 23};
+    return e * sc.f;
+}
+
+/* w[i] = e^((l[i] - mx) * k) for i < n, eight at a time in a loop of fixed count (which the
+ * compiler turns into vector instructions at -O2, where a loop of unknown count stays scalar) */
+static void weights(float *restrict w, const float *restrict l, int n, float mx, float k)
+{
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) w[i + j] = exp_le0((l[i + j] - mx) * k);
+    for (; i < n; i++) w[i] = exp_le0((l[i] - mx) * k);
+}
+
+/* most likely first, the lower id on ties (the order of top_ids) */
+static int cand_cmp(const void *a, const void *b)
+{
+    const cand_t *x = a, *y = b;
+    if (x->logit != y->logit) return x->logit > y->logit ? -1 : 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+static void cand_swap(cand_t *c, int i, int j)
+{
+    cand_t t = c[i];
+    c[i] = c[j];
+    c[j] = t;
+}
+
+/* The nucleus: reorders c[0..n) so that its first m entries are the m most likely (by
+ * cand_cmp) with the smallest m whose weight reaches `mass`, and returns m (n if none does).
+ * A selection, not a sort: partitions around a median of three and keeps only the side where
+ * the running weight crosses `mass`, expected time linear in n (a sort of a flat row's ~100k
+ * survivors took ~20 ms). The order within the nucleus is left as the partitions leave it. */
+static int nucleus(cand_t *c, int n, double mass)
+{
+    int lo = 0, hi = n;
+    double acc = 0.0; /* the weight of c[0..lo), all more likely than c[lo..hi) */
+    while (hi - lo > 16) {
+        const int mid = lo + (hi - lo) / 2;
+        if (cand_cmp(&c[mid], &c[lo]) < 0) cand_swap(c, mid, lo);
+        if (cand_cmp(&c[hi - 1], &c[lo]) < 0) cand_swap(c, hi - 1, lo);
+        if (cand_cmp(&c[hi - 1], &c[mid]) < 0) cand_swap(c, hi - 1, mid);
+        cand_swap(c, mid, hi - 1); /* the median as the pivot, at the end */
+        int at = lo;
+        double above = 0.0;
+        for (int i = lo; i < hi - 1; i++)
+            if (cand_cmp(&c[i], &c[hi - 1]) < 0) {
+                above += c[i].w;
+                cand_swap(c, i, at++);
+            }
+        cand_swap(c, at, hi - 1); /* c[lo..at) more likely than c[at], the rest less */
+        if (acc + above >= mass) {
+            hi = at;
+        } else if (acc + above + c[at].w >= mass) {
+            return at + 1;
+        } else {
+            acc += above + c[at].w;
+            lo = at + 1;
+        }
+    }
+    qsort(c + lo, (size_t)(hi - lo), sizeof *c, cand_cmp);
+    for (int i = lo; i < hi; i++) {
+        acc += c[i].w;
+        if (acc >= mass) return i + 1;
+    }
+    return hi;
+}
+
+/* Temperature sampling in time linear in the vocabulary. The candidates are every id, or the
+ * top_k best (a heap of k); min_p drops those under min_p times the best's probability. Only
+ * top_p needs an order, and only of the tokens that can be in its nucleus: the ones at least
+ * eps = (1 - top_p) / 2n of the total, since those under it hold less than (1 - top_p) / 2 of
+ * the mass together, so the most likely first reach top_p before any of them. (Sorting all of
+ * a 129280-id vocabulary took ~45 ms a token; the nucleus is found by selection, not sorted.)
+ * Candidates are drawn from in the order they are kept. */
+static int32_t sample_temperature(bt_sampler_t *s, const bt_sampling_t *p, const float *logits,
+                                  float mx, uint64_t step)
+{
+    const int V = s->vocab;
+    const float inv_t = 1.0f / p->temperature;
+    const bool topk = p->top_k > 0 && p->top_k < V;
+    const int n = topk ? p->top_k : V;
+    float *w = s->w; /* weight of candidate i: id i, or order[i] under top_k */
+    if (topk) {
+        top_ids(logits, V, n, s->order);
+        for (int i = 0; i < n; i++) w[i] = exp_le0((logits[s->order[i]] - mx) * inv_t);
+    } else {
+        weights(w, logits, n, mx, inv_t);
+    }
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) sum += w[i];
+    uint64_t r = mix64(p->seed ^ mix64(step + 0x51ed2701u));
+    const double unit = (double)(r >> 11) * 0x1p-53;
+    /* min_p against the best's weight, which is exp(0) = 1 */
+    const double floor_w = p->min_p > 0.0f ? (double)p->min_p : 0.0;
+    const double top_p = p->top_p > 0.0f && p->top_p < 1.0f ? (double)p->top_p : 1.0;
+    const double eps = top_p < 1.0 ? 0.5 * (1.0 - top_p) * sum / n : 0.0;
+    const double keep_w = floor_w > eps ? floor_w : eps;
+    if (keep_w == 0.0) { /* every candidate, in their order */
+        double u = unit * sum;
+        for (int i = 0; i < n; i++) {
+            u -= w[i];
+            if (u < 0) return topk ? s->order[i] : i;
+        }
+        return topk ? s->order[n - 1] : n - 1;
+    }
+    cand_t *c = s->cand;
+    int kept = 0;
+    for (int i = 0; i < n; i++)
+        if (w[i] >= keep_w) {
+            const int32_t id = topk ? s->order[i] : i;
+            c[kept++] = (cand_t){logits[id], id, (double)w[i]};
+        }
+    if (kept == 0) return topk ? s->order[0] : 0; /* (never: the best's weight is 1) */
+    if (top_p < 1.0) kept = nucleus(c, kept, top_p * sum);
+    double total = 0.0;
+    for (int i = 0; i < kept; i++) total += c[i].w;
+    double u = unit * total;
+    for (int i = 0; i < kept; i++) {
+        u -= c[i].w;
+        if (u < 0) return c[i].id;
+    }
+    return c[kept - 1].id;
+}
+
 int32_t bt_sampler_sample(bt_sampler_t *s, const bt_sampling_t *p, const float *logits,
                           uint64_t step, float *logprob_p, bt_top_logprob_t *top, int n_top)
 {
@@ -94,46 +254,11 @@ int32_t bt_sampler_sample(bt_sampler_t *s, const bt_sampling_t *p, const float *
         }
     double lse = 0.0;
     if (logprob_p || (top && n_top > 0)) {
-        for (int i = 0; i < V; i++) lse += exp((double)logits[i] - mx);
+        weights(s->w, logits, V, mx, 1.0f);
+        for (int i = 0; i < V; i++) lse += s->w[i];
         lse = log(lse) + mx;
     }
-    int32_t chosen = best;
-    if (p->temperature > 0.0f) {
-        int k = p->top_k > 0 && p->top_k < V ? p->top_k : V;
-        top_ids(logits, V, k, s->order);
-        double t = p->temperature, sum = 0.0;
-        for (int i = 0; i < k; i++) {
-            s->prob[i] = exp(((double)logits[s->order[i]] - mx) / t);
-            sum += s->prob[i];
-        }
-        int keep = k;
-        double cum = 0.0, top_p = p->top_p > 0.0f && p->top_p < 1.0f ? p->top_p : 1.0;
-        for (int i = 0; i < k; i++) {
-            double pi = s->prob[i] / sum;
-            if (p->min_p > 0.0f && pi < p->min_p * (s->prob[0] / sum)) {
-                keep = i;
-                break;
-            }
-            cum += pi;
-            if (cum >= top_p) {
-                keep = i + 1;
-                break;
-            }
-        }
-        if (keep < 1) keep = 1;
-        double total = 0.0;
-        for (int i = 0; i < keep; i++) total += s->prob[i];
-        uint64_t r = mix64(p->seed ^ mix64(step + 0x51ed2701u));
-        double u = (double)(r >> 11) * 0x1p-53 * total;
-        chosen = s->order[keep - 1];
-        for (int i = 0; i < keep; i++) {
-            u -= s->prob[i];
-            if (u < 0) {
-                chosen = s->order[i];
-                break;
-            }
-        }
-    }
+    int32_t chosen = p->temperature > 0.0f ? sample_temperature(s, p, logits, mx, step) : best;
     if (logprob_p) *logprob_p = (float)((double)logits[chosen] - lse);
     if (top && n_top > 0) {
         int k = n_top < V ? n_top : V;
