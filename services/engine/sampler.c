@@ -94,20 +94,25 @@ static void top_ids(const float *l, int vocab, int k, int32_t *order)
 
 /* e^x for x <= 0 without a library call, so the per-id loops stay a few operations an id (a
  * 129280-id row took ~2.5 ms through expf): x = (n + f) ln 2 with |f| <= 1/2, 2^f by its Taylor
- * series to the 6th power (relative error under 2e-7), 2^n into the exponent. Under -87 the
- * result is ~1e-38, not 0 (no sampler weight or log-sum-exp term cares). */
+ * series to the 6th power, 2^n into the exponent. Relative error under 4e-6 over [-87, 0]
+ * (2.4e-7 over [-1, 0]: the rounding of x log2(e) grows with |x|). At or under -87 (-inf, a
+ * masked logit) the result is exactly 0. The round-to-nearest by adding and subtracting
+ * 1.5 * 2^23 needs IEEE arithmetic as written (no -ffast-math). */
 static inline float exp_le0(float x)
 {
     union {
         float f;
         uint32_t u;
     } v = {x};
-    /* x = max(x, -87) on the bits (x <= 0: a larger magnitude is a larger pattern; -inf, a
-     * masked logit, becomes -87 too), integer selects the compiler vectorizes where a float
-     * compare, which may trap, stays a branch; patterns with the sign bit clear (+0, and a
-     * NaN a broken row may hold) become 0, so no NaN reaches the float-to-int conversion */
-    v.u &= 0u - (v.u >> 31);
+    /* on the bits, as integer selects the compiler vectorizes (a float compare, which may
+     * trap, stays a branch): +0 (the best id's own x - x) is -0; any other pattern with the
+     * sign bit clear (a NaN a broken row may hold) is the floor; x = max(x, -87) (x <= 0: a
+     * larger magnitude is a larger pattern). No NaN reaches the float-to-int conversion. */
+    const uint32_t pos = ~v.u >> 31, nonzero = (v.u | (0u - v.u)) >> 31; /* 1 or 0 each */
+    v.u |= (0u - (pos & ~nonzero & 1u)) & 0x80000000u;        /* +0 -> -0 */
+    v.u = (v.u & (0u - (v.u >> 31))) | ((0u - (~v.u >> 31)) & 0xc2ae0000u); /* sign clear: floor */
     v.u = v.u < 0xc2ae0000u ? v.u : 0xc2ae0000u;
+    const uint32_t keep = 0u - (uint32_t)(v.u != 0xc2ae0000u); /* all ones, or 0 at the floor */
     x = v.f;
     const float t = x * 1.44269504f, n = (t + 12582912.0f) - 12582912.0f; /* round to nearest */
     const float f = (t - n) * 0.693147181f;
@@ -115,8 +120,9 @@ static inline float exp_le0(float x)
     union {
         uint32_t u;
         float f;
-    } sc = {(uint32_t)((int32_t)n + 127) << 23};
-    return e * sc.f;
+    } sc = {(uint32_t)((int32_t)n + 127) << 23}, r = {.f = e * sc.f};
+    r.u &= keep;
+    return r.f;
 }
 
 /* w[i] = e^((l[i] - mx) * k) for i < n, eight at a time in a loop of fixed count (which the
@@ -151,9 +157,12 @@ static void cand_swap(cand_t *c, int i, int j)
  * survivors took ~20 ms). The order within the nucleus is left as the partitions leave it. */
 static int nucleus(cand_t *c, int n, double mass)
 {
-    int lo = 0, hi = n;
+    int lo = 0, hi = n, rounds = 8;
+    for (int m = n; m > 1; m >>= 1) rounds += 2;
     double acc = 0.0; /* the weight of c[0..lo), all more likely than c[lo..hi) */
-    while (hi - lo > 16) {
+    /* (rows whose logits vary smoothly with the id defeat the median of three: after 2 log2 n
+     * rounds the rest is sorted, which bounds the time by a sort's) */
+    while (hi - lo > 16 && rounds-- > 0) {
         const int mid = lo + (hi - lo) / 2;
         if (cand_cmp(&c[mid], &c[lo]) < 0) cand_swap(c, mid, lo);
         if (cand_cmp(&c[hi - 1], &c[lo]) < 0) cand_swap(c, hi - 1, lo);
@@ -192,10 +201,13 @@ static int nucleus(cand_t *c, int n, double mass)
  * a 129280-id vocabulary took ~45 ms a token; the nucleus is found by selection, not sorted.)
  * Candidates are drawn from in the order they are kept. */
 static int32_t sample_temperature(bt_sampler_t *s, const bt_sampling_t *p, const float *logits,
-                                  float mx, uint64_t step)
+                                  float mx, int32_t best, uint64_t step)
 {
     const int V = s->vocab;
     const float inv_t = 1.0f / p->temperature;
+    /* a temperature too small for its inverse, or a row without a finite maximum (+inf, all
+     * -inf, NaN): the argmax, as at temperature 0 */
+    if (!isfinite(inv_t) || !isfinite(mx)) return best;
     const bool topk = p->top_k > 0 && p->top_k < V;
     const int n = topk ? p->top_k : V;
     float *w = s->w; /* weight of candidate i: id i, or order[i] under top_k */
@@ -209,18 +221,20 @@ static int32_t sample_temperature(bt_sampler_t *s, const bt_sampling_t *p, const
     for (int i = 0; i < n; i++) sum += w[i];
     uint64_t r = mix64(p->seed ^ mix64(step + 0x51ed2701u));
     const double unit = (double)(r >> 11) * 0x1p-53;
-    /* min_p against the best's weight, which is exp(0) = 1 */
-    const double floor_w = p->min_p > 0.0f ? (double)p->min_p : 0.0;
+    /* min_p against the best's weight, which is exp(0) = 1 (over 1: the best alone) */
+    const double floor_w = p->min_p > 0.0f ? (p->min_p < 1.0f ? (double)p->min_p : 1.0) : 0.0;
     const double top_p = p->top_p > 0.0f && p->top_p < 1.0f ? (double)p->top_p : 1.0;
     const double eps = top_p < 1.0 ? 0.5 * (1.0 - top_p) * sum / n : 0.0;
     const double keep_w = floor_w > eps ? floor_w : eps;
     if (keep_w == 0.0) { /* every candidate, in their order */
         double u = unit * sum;
+        int last = 0; /* the last with weight (rounding may leave u >= 0 at the end) */
         for (int i = 0; i < n; i++) {
+            if (w[i] > 0.0f) last = i;
             u -= w[i];
             if (u < 0) return topk ? s->order[i] : i;
         }
-        return topk ? s->order[n - 1] : n - 1;
+        return topk ? s->order[last] : last;
     }
     cand_t *c = s->cand;
     int kept = 0;
@@ -229,7 +243,7 @@ static int32_t sample_temperature(bt_sampler_t *s, const bt_sampling_t *p, const
             const int32_t id = topk ? s->order[i] : i;
             c[kept++] = (cand_t){logits[id], id, (double)w[i]};
         }
-    if (kept == 0) return topk ? s->order[0] : 0; /* (never: the best's weight is 1) */
+    if (kept == 0) return best; /* (never: the best's weight is 1) */
     if (top_p < 1.0) kept = nucleus(c, kept, top_p * sum);
     double total = 0.0;
     for (int i = 0; i < kept; i++) total += c[i].w;
@@ -258,7 +272,7 @@ int32_t bt_sampler_sample(bt_sampler_t *s, const bt_sampling_t *p, const float *
         for (int i = 0; i < V; i++) lse += s->w[i];
         lse = log(lse) + mx;
     }
-    int32_t chosen = p->temperature > 0.0f ? sample_temperature(s, p, logits, mx, step) : best;
+    int32_t chosen = p->temperature > 0.0f ? sample_temperature(s, p, logits, mx, best, step) : best;
     if (logprob_p) *logprob_p = (float)((double)logits[chosen] - lse);
     if (top && n_top > 0) {
         int k = n_top < V ? n_top : V;

@@ -108,6 +108,104 @@ static void test_filters(void)
     bt_sampler_destroy(s);
 }
 
+static const float *g_order_logits; /* what by_logit_desc sorts by */
+
+static int by_logit_desc(const void *a, const void *b)
+{
+    const float *l = g_order_logits;
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    if (l[x] != l[y]) return l[x] > l[y] ? -1 : 1;
+    return (x > y) - (x < y);
+}
+
+/* The brute-force reference of what may be drawn and how likely: every id ordered, softmax at
+ * the temperature over the top_k, then in that order stop at the first under min_p times the
+ * best or once the share reaches top_p; the rest renormalized. Returns the last kept id. */
+static int32_t reference(const float *l, int v, const bt_sampling_t *p, double *want)
+{
+    int32_t *ord = malloc((size_t)v * sizeof *ord);
+    double *w = malloc((size_t)v * sizeof *w), sum = 0.0, kept_w = 0.0, cum = 0.0;
+    for (int i = 0; i < v; i++) ord[i] = i;
+    g_order_logits = l;
+    qsort(ord, (size_t)v, sizeof *ord, by_logit_desc);
+    int k = p->top_k > 0 && p->top_k < v ? p->top_k : v, keep = k;
+    for (int i = 0; i < k; i++) sum += w[i] = exp(((double)l[ord[i]] - l[ord[0]]) / p->temperature);
+    for (int i = 0; i < k; i++) {
+        if (p->min_p > 0.0f && w[i] < p->min_p * w[0]) {
+            keep = i;
+            break;
+        }
+        cum += w[i] / sum;
+        if (p->top_p > 0.0f && p->top_p < 1.0f && cum >= p->top_p) {
+            keep = i + 1;
+            break;
+        }
+    }
+    memset(want, 0, (size_t)v * sizeof *want);
+    for (int i = 0; i < keep; i++) kept_w += w[i];
+    for (int i = 0; i < keep; i++) want[ord[i]] = w[i] / kept_w;
+    int32_t last = ord[keep - 1];
+    free(ord), free(w);
+    return last;
+}
+
+/* The filters, alone and together, on rows long enough for the nucleus' partitions (more than
+ * 16 candidates), logits falling smoothly with the id and a bump over the ids (orders that
+ * defeat a median-of-three pivot): each id's share against the reference, the last kept id
+ * drawn. */
+static void test_filters_many(void)
+{
+    enum { V = 400 };
+    float l[V], bump[V];
+    for (int i = 0; i < V; i++) {
+        l[i] = -0.02f * (float)i + 0.001f * (float)((i * 7919) % 13);
+        bump[i] = -(float)((i - 200) * (i - 200)) / 3600.0f;
+    }
+    const struct {
+        const float *l;
+        bt_sampling_t p;
+        const char *name;
+    } cs[] = {
+        {l, {1.0f, 0.6f, 0.0f, 0, 21}, "top_p 0.6"},
+        {l, {1.0f, 0.6f, 0.5f, 0, 22}, "top_p 0.6, min_p 0.5"},
+        {l, {0.8f, 0.7f, 0.0f, 30, 23}, "top_k 30, top_p 0.7"},
+        {l, {1.0f, 1.0f, 0.2f, 100, 24}, "top_k 100, min_p 0.2"},
+        {bump, {1.0f, 0.9f, 0.0f, 0, 25}, "bump, top_p 0.9"},
+    };
+    bt_sampler_t *s = bt_sampler_create(V);
+    double want[V];
+    for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
+        int32_t last = reference(cs[c].l, V, &cs[c].p, want);
+        check_shares(s, &cs[c].p, cs[c].l, V, want, cs[c].name);
+        int drawn = 0;
+        for (int k = 0; k < DRAWS && !drawn; k++)
+            drawn = bt_sampler_sample(s, &cs[c].p, cs[c].l, (uint64_t)k, NULL, NULL, 0) == last;
+        BT_CHECK_MSG(drawn, "%s: the last kept id %d never drawn (share %.4f)", cs[c].name, last, want[last]);
+    }
+    bt_sampler_destroy(s);
+}
+
+/* rows and settings outside the usual: the argmax wherever no distribution is defined */
+static void test_edges(void)
+{
+    bt_sampler_t *s = bt_sampler_create(6);
+    bt_sampling_t tiny = params(1e-39f, 0, 1.0f, 0.0f, 1), over = params(1.0f, 0, 1.0f, 2.0f, 1);
+    for (int k = 0; k < 50; k++) {
+        BT_CHECK_EQ_INT(bt_sampler_sample(s, &tiny, L6, (uint64_t)k, NULL, NULL, 0), 0);
+        BT_CHECK_EQ_INT(bt_sampler_sample(s, &over, L6, (uint64_t)k, NULL, NULL, 0), 0);
+    }
+    const float inf_row[6] = {0.0f, 1.0f, INFINITY, 2.0f, -INFINITY, 0.5f};
+    const float masked[6] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    bt_sampling_t t1 = params(1.0f, 0, 1.0f, 0.0f, 9);
+    BT_CHECK_EQ_INT(bt_sampler_sample(s, &t1, inf_row, 3, NULL, NULL, 0), 2);
+    int32_t m = bt_sampler_sample(s, &t1, masked, 3, NULL, NULL, 0);
+    BT_CHECK(m >= 0 && m < 6);
+    /* a masked id (weight 0) is never drawn, whatever the draw, even first in the row */
+    const float first_masked[6] = {-INFINITY, 0.0f, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    for (int k = 0; k < 200; k++) BT_CHECK_EQ_INT(bt_sampler_sample(s, &t1, first_masked, (uint64_t)k, NULL, NULL, 0), 1);
+    bt_sampler_destroy(s);
+}
+
 /* the same (seed, step) draws the same id, whatever came before; other seeds differ */
 static void test_determinism(void)
 {
@@ -147,16 +245,6 @@ static void test_logprobs(void)
         }
     }
     bt_sampler_destroy(s);
-}
-
-static const float *g_order_logits; /* what by_logit_desc sorts by */
-
-static int by_logit_desc(const void *a, const void *b)
-{
-    const float *l = g_order_logits;
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    if (l[x] != l[y]) return l[x] > l[y] ? -1 : 1;
-    return (x > y) - (x < y);
 }
 
 /* A real vocabulary's size with a peaked distribution and masked ids: every draw under top_p,
@@ -222,6 +310,8 @@ int main(void)
     BT_RUN(test_greedy);
     BT_RUN(test_temperature);
     BT_RUN(test_filters);
+    BT_RUN(test_filters_many);
+    BT_RUN(test_edges);
     BT_RUN(test_determinism);
     BT_RUN(test_logprobs);
     BT_RUN(test_large_vocab);
