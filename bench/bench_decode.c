@@ -111,8 +111,7 @@ int main(int argc, char **argv)
 
     char err[1024], demo[4096];
     if (!dir) {
-        bt_demo_model_default_dir(demo, sizeof demo);
-        if (bt_demo_model_ensure(demo, err, sizeof err) != BT_OK) {
+        if (bt_demo_model_default(demo, sizeof demo, err, sizeof err) != BT_OK) {
             fprintf(stderr, "bench_decode: demo model: %s\n", err);
             return 1;
         }

@@ -35,8 +35,7 @@ static bt_model_t *open_model(const common_args_t *a, int64_t max_ctx, int max_b
     char err[1024], demo[4096];
     const char *dir = a->model_path;
     if (!dir) {
-        bt_demo_model_default_dir(demo, sizeof demo);
-        if (bt_demo_model_ensure(demo, err, sizeof err) != BT_OK) {
+        if (bt_demo_model_default(demo, sizeof demo, err, sizeof err) != BT_OK) {
             fprintf(stderr, "baton %s: demo model: %s\n", cmd, err);
             return NULL;
         }

@@ -29,8 +29,7 @@ static bt_status_t locate_model(const char *model_path, const char *served_name,
 {
     memset(eng, 0, sizeof *eng);
     if (!model_path) {
-        bt_demo_model_default_dir(eng->model_dir, sizeof eng->model_dir);
-        bt_status_t st = bt_demo_model_ensure(eng->model_dir, err, errlen);
+        bt_status_t st = bt_demo_model_default(eng->model_dir, sizeof eng->model_dir, err, errlen);
         if (st != BT_OK) return st;
         if (announce) BT_LOG_INFO("serving the built-in demo model (tiny, untrained) from %s", eng->model_dir);
     } else {

@@ -609,3 +609,9 @@ bt_status_t bt_demo_model_ensure(const char *dir, char *err, size_t errlen)
     BT_LOG_INFO("writing the demo model (tiny, untrained) to %s", dir);
     return bt_demo_model_write(dir, "demo", err, errlen);
 }
+
+bt_status_t bt_demo_model_default(char *buf, size_t len, char *err, size_t errlen)
+{
+    bt_demo_model_default_dir(buf, len);
+    return bt_demo_model_ensure(buf, err, errlen);
+}

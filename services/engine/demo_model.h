@@ -24,4 +24,8 @@ void bt_demo_model_default_dir(char *buf, size_t len);
 /* Writes the "demo" variant into dir unless a complete one is already there. */
 bt_status_t bt_demo_model_ensure(const char *dir, char *err, size_t errlen);
 
+/* Both: the default directory into buf, the model written there when missing (what every
+ * command and service without a --model-path does). */
+bt_status_t bt_demo_model_default(char *buf, size_t len, char *err, size_t errlen);
+
 #endif

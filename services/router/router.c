@@ -837,8 +837,7 @@ int main(int argc, char **argv)
     char demo[4096];
     const char *tdir = tokenizer_path ? tokenizer_path : model_path;
     if (!tdir) {
-        bt_demo_model_default_dir(demo, sizeof demo);
-        if (bt_demo_model_ensure(demo, err, sizeof err) != BT_OK) {
+        if (bt_demo_model_default(demo, sizeof demo, err, sizeof err) != BT_OK) {
             fprintf(stderr, "baton-router: demo model: %s\n", err);
             return 1;
         }
