@@ -294,10 +294,32 @@ bt_status_t bt_cuda_engram_inject(float *x, const float *kv, const float *qk, in
 
 /* ---- sampling --------------------------------------------------------------------------- */
 
-/* One token per row of logits[T, V] (f32): temperature <= 0 -> argmax (ties: the lower id);
- * else softmax(logits / temperature) sampled by inverse CDF at uniform[t] in [0, 1). */
-bt_status_t bt_cuda_sample(int32_t *out, const float *logits, int T, int V, float temperature,
-                           const float *uniform, cudaStream_t stream);
+enum { BT_CUDA_SAMPLE_TOP = 20 };
+
+/* How one row is sampled: services/engine/sampler.h's settings, the draw's (seed, step), and
+ * what is reported besides the token. */
+typedef struct {
+    float temperature, top_p, min_p;
+    int32_t top_k;
+    uint64_t seed, step;
+    int32_t want_logprob; /* the chosen token's log-probability */
+    int32_t n_top;        /* the most likely tokens with theirs, 0..BT_CUDA_SAMPLE_TOP */
+} bt_cuda_sample_params_t;
+
+typedef struct {
+    int32_t id;
+    float logprob;
+    int32_t top_id[BT_CUDA_SAMPLE_TOP]; /* most likely first, the lower id on ties */
+    float top_logprob[BT_CUDA_SAMPLE_TOP];
+} bt_cuda_sample_result_t;
+
+/* One token for each row t < T of logits (f32, row t at logits + t * ld; its first V ids), by
+ * params[t], into out[t]: the rules of services/engine/sampler.c, whose tokens it draws for
+ * the same (seed, step) unless a sum's last bits decide (the same weights, bit for bit; the
+ * kept sets found by radix selection where the CPU partitions; the draw in id order on both).
+ * Log-probabilities are under softmax(logits) over the V ids. One block a row. */
+bt_status_t bt_cuda_sample_rows(bt_cuda_sample_result_t *out, const bt_cuda_sample_params_t *params,
+                                const float *logits, int64_t ld, int T, int V, cudaStream_t stream);
 
 /* ---- engine glue (kernels/cuda/engine_ops.cu) ---------------------------------------------
  * Small steps of the device-resident model (services/engine/model_cuda.c): all f32. */

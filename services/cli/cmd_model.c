@@ -247,34 +247,38 @@ int bt_cli_generate(int argc, char **argv)
     bt_kv_layout_t lay;
     bt_kv_layout_init(&lay, c, ctx);
     uint8_t *state = bt_aligned_alloc(64, lay.slot_bytes);
-    float *logits = bt_aligned_alloc(64, (size_t)c->vocab * sizeof(float));
-    /* the services' sampler, over the same ids: the same seed draws the same tokens here and in
-     * a cluster */
-    bt_sampler_t *sampler = bt_sampler_create(emit_vocab);
     int32_t *out = bt_malloc_or_die((size_t)(max_new ? max_new : 1) * sizeof(int32_t));
-    bt_sampling_t s = {(float)temperature, (float)top_p, (float)min_p, top_k > 0 ? (int)top_k : 0, (uint64_t)seed};
+    /* drawn as the services draw (bt_model_forward_sample: the same sampler over the same ids,
+     * on the GPU with --device cuda), so the same seed gives the same tokens here and in a
+     * cluster */
+    bt_sample_req_t req = {{(float)temperature, (float)top_p, (float)min_p, top_k > 0 ? (int)top_k : 0, (uint64_t)seed},
+                           0, false, 0};
+    bt_sample_out_t drawn;
     bt_kv_state_reset(state);
     int produced = 0;
-    rc = max_new > 0 ? prefill(m, &lay, state, ids, n, chunk, false, logits, "generate") : 0;
+    /* every chunk but the last without logits; the last draws the first token */
+    const int head = (n - 1) / chunk * chunk;
+    rc = max_new > 0 && head > 0 ? prefill(m, &lay, state, ids, head, chunk, false, NULL, "generate") : 0;
+    bt_forward_seq_t seq = {state, ids + head, n - head, false};
+    int32_t tok;
     while (rc == 0 && produced < max_new) {
-        int32_t tok = bt_sampler_sample(sampler, &s, logits, (uint64_t)produced, NULL, NULL, 0);
-        out[produced++] = tok;
-        if (tok == c->eos_id && !ignore_eos) break;
-        if (produced == max_new) break;
-        bt_forward_seq_t seq = {state, &tok, 1, false};
-        if (bt_model_forward(m, &lay, &seq, 1, logits, err, sizeof err) != BT_OK) {
+        req.step = (uint64_t)produced;
+        if (bt_model_forward_sample(m, &lay, &seq, 1, emit_vocab, &req, &drawn, err, sizeof err) != BT_OK) {
             fprintf(stderr, "baton generate: %s\n", err);
             rc = 1;
+            break;
         }
+        tok = drawn.id;
+        out[produced++] = tok;
+        if (tok == c->eos_id && !ignore_eos) break;
+        seq = (bt_forward_seq_t){state, &tok, 1, false};
     }
     if (rc == 0) {
         for (int i = 0; i < produced; i++) printf(i ? ",%d" : "%d", out[i]);
         printf("\n");
     }
     free(out);
-    bt_sampler_destroy(sampler);
     bt_aligned_free(state);
-    bt_aligned_free(logits);
     bt_model_destroy(m);
     free(ids);
     return rc;

@@ -36,12 +36,6 @@ static inline int bt_service_emit_vocab(const bt_service_engine_t *e)
     return e->emit_vocab > 0 ? e->emit_vocab : e->cfg->vocab;
 }
 
-/* The workers' sampler (the first token in prefill, the rest in decode), over those ids. */
-static inline bt_sampler_t *bt_service_sampler_create(const bt_service_engine_t *e)
-{
-    return bt_sampler_create(bt_service_emit_vocab(e));
-}
-
 /* model_path NULL = the demo model (written on first use). max_batch_seqs bounds one
  * forward's sequences, max_batch_tokens its tokens. */
 struct bt_comm;

@@ -80,7 +80,6 @@ struct decode {
     bt_service_engine_t eng;
     bt_kv_pool_t *pool;
     bt_registration_t *reg;
-    bt_sampler_t *sampler;
     seq_t *seqs;
     prefill_peer_t *peers;
     int max_running, n_admitted, max_seen;
@@ -92,7 +91,9 @@ struct decode {
     seq_t **batch;
     bt_forward_seq_t *fwd;
     int n_batch;
-    float *logits;
+    /* each batch sequence's draw, made where the forward runs (on the GPU with --device cuda) */
+    bt_sample_req_t *draw_req;
+    bt_sample_out_t *draw_out;
     bt_status_t step_status;
     char step_err[256];
     char address[256];
@@ -505,8 +506,9 @@ static void step_work(uv_work_t *w)
         d->step_status = BT_OK;
         return;
     }
-    d->step_status = bt_model_forward(d->eng.model, &d->eng.layout, d->fwd, d->n_batch, d->logits,
-                                      d->step_err, sizeof d->step_err);
+    d->step_status = bt_model_forward_sample(d->eng.model, &d->eng.layout, d->fwd, d->n_batch,
+                                             bt_service_emit_vocab(&d->eng), d->draw_req, d->draw_out,
+                                             d->step_err, sizeof d->step_err);
 }
 
 static void exit_now(uv_timer_t *t)
@@ -536,7 +538,6 @@ static void group_failed(decode_t *d)
 static void step_done(uv_work_t *w, int status)
 {
     decode_t *d = w->data;
-    int V = d->eng.cfg->vocab;
     d->stepping = false;
     if (d->comm && d->step_status != BT_OK && !d->group_failed) {
         for (int i = 0; i < d->n_batch; i++) d->batch[i]->in_step = false;
@@ -565,7 +566,7 @@ static void step_done(uv_work_t *w, int status)
             continue;
         }
         float lp = 0.0f;
-        bt_top_logprob_t top[20];
+        const bt_top_logprob_t *top = NULL;
         int n_top = s->logprobs ? s->top_logprobs : 0;
         int32_t t;
         if (d->sim.on) {
@@ -578,8 +579,9 @@ static void step_done(uv_work_t *w, int status)
                     k = -1;
                 }
         } else {
-            t = bt_sampler_sample(d->sampler, &s->sampling, d->logits + (size_t)i * V, (uint64_t)s->generated,
-                                  &lp, top, n_top);
+            t = d->draw_out[i].id;
+            lp = d->draw_out[i].logprob;
+            top = d->draw_out[i].top;
         }
         seq_emit(s, t, lp, top, n_top);
     }
@@ -598,6 +600,8 @@ static void maybe_step(decode_t *d)
         ctx_tokens += s->n_prompt + s->generated;
         d->batch[n] = s;
         d->fwd[n] = (bt_forward_seq_t){bt_kv_pool_slot(d->pool, s->slot), &s->next_token, 1, false};
+        d->draw_req[n] = (bt_sample_req_t){s->sampling, (uint64_t)s->generated, s->logprobs,
+                                           s->logprobs ? s->top_logprobs : 0};
         s->in_step = true;
         n++;
     }
@@ -885,10 +889,10 @@ int main(int argc, char **argv)
     }
     BT_LOG_INFO("KV pool: %lld slots x %lld tokens = %.1f MiB", (long long)slots, (long long)ctx_len,
                 (double)slots * (double)d->eng.layout.slot_bytes / 1048576.0);
-    d->sampler = bt_service_sampler_create(&d->eng);
     d->batch = bt_calloc_or_die((size_t)max_running, sizeof *d->batch);
     d->fwd = bt_calloc_or_die((size_t)max_running, sizeof *d->fwd);
-    d->logits = bt_malloc_or_die((size_t)max_running * d->eng.cfg->vocab * sizeof(float));
+    d->draw_req = bt_calloc_or_die((size_t)max_running, sizeof *d->draw_req);
+    d->draw_out = bt_calloc_or_die((size_t)max_running, sizeof *d->draw_out);
 
     bt_xfer_options_t xo = {BT_XFER_UCX, w.ucx_tls, w.net_devices, 1000};
     if ((st = bt_xfer_create(d->loop, &xo, &d->xfer)) != BT_OK ||

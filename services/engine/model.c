@@ -534,6 +534,8 @@ void bt_model_destroy(bt_model_t *m)
     bt_model_cuda_destroy(m->cuda);
 #endif
     bt_threads_destroy(m->pool);
+    free(m->draw_logits);
+    bt_sampler_destroy(m->draw_sampler);
     for (int i = 0; i < m->n_allocs; i++) free(m->allocs[i]);
     free(m->allocs);
     free(m);
@@ -1318,8 +1320,76 @@ static void final_token(fwd_t *f, int t, int task)
                      m->norm, s->hidden + (size_t)t * c->hidden);
 }
 
+static bt_status_t forward_seqs(bt_model_t *m, const bt_kv_layout_t *lay, const bt_forward_seq_t *seqs,
+                                int n_seqs, float *logits, const bt_model_draw_t *draw, char *err,
+                                size_t errlen);
+
 bt_status_t bt_model_forward(bt_model_t *m, const bt_kv_layout_t *lay, const bt_forward_seq_t *seqs,
                              int n_seqs, float *logits, char *err, size_t errlen)
+{
+    return forward_seqs(m, lay, seqs, n_seqs, logits, NULL, err, errlen);
+}
+
+bt_status_t bt_model_forward_sample(bt_model_t *m, const bt_kv_layout_t *lay,
+                                    const bt_forward_seq_t *seqs, int n_seqs, int vocab,
+                                    const bt_sample_req_t *req, bt_sample_out_t *out, char *err,
+                                    size_t errlen)
+{
+    const bt_model_config_t *c = &m->cfg;
+    if (vocab < 1 || vocab > c->vocab) {
+        snprintf(err, errlen, "sampling over %d ids: outside 1..%d, the model's vocabulary", vocab, c->vocab);
+        return BT_ERR_INVALID_ARG;
+    }
+    if (n_seqs < 1 || n_seqs > m->opt.max_batch_seqs || n_seqs > 64) {
+        snprintf(err, errlen, "batch of %d sequences outside 1..%d", n_seqs, m->opt.max_batch_seqs);
+        return BT_ERR_INVALID_ARG;
+    }
+    for (int q = 0; q < n_seqs; q++) {
+        if (seqs[q].all_logits) {
+            snprintf(err, errlen, "sequence %d: a draw takes the last row of logits, not all_logits", q);
+            return BT_ERR_INVALID_ARG;
+        }
+        if (req[q].n_top < 0 || req[q].n_top > BT_SAMPLE_TOP_MAX) {
+            snprintf(err, errlen, "sequence %d: %d most likely tokens asked, outside 0..%d", q, req[q].n_top,
+                     BT_SAMPLE_TOP_MAX);
+            return BT_ERR_INVALID_ARG;
+        }
+    }
+#ifdef BT_HAVE_CUDA_MODEL
+    if (m->cuda && bt_model_cuda_draws(m, n_seqs)) {
+        const bt_model_draw_t d = {req, out, vocab};
+        return forward_seqs(m, lay, seqs, n_seqs, NULL, &d, err, errlen);
+    }
+#endif
+    if (!m->draw_logits) {
+        m->draw_logits = malloc((size_t)m->opt.max_batch_seqs * (size_t)c->vocab * sizeof(float));
+        if (!m->draw_logits) {
+            snprintf(err, errlen, "cannot allocate the logits of %d sequences", m->opt.max_batch_seqs);
+            return BT_ERR_NO_MEMORY;
+        }
+    }
+    if (m->draw_vocab != vocab) {
+        bt_sampler_destroy(m->draw_sampler);
+        m->draw_sampler = bt_sampler_create(vocab);
+        m->draw_vocab = vocab;
+    }
+    bt_status_t rc = forward_seqs(m, lay, seqs, n_seqs, m->draw_logits, NULL, err, errlen);
+    if (rc != BT_OK) return rc;
+    for (int q = 0; q < n_seqs; q++) {
+        const bt_sample_req_t *r = &req[q];
+        float lp = 0.0f;
+        const int n_top = r->n_top < vocab ? r->n_top : vocab;
+        out[q].id = bt_sampler_sample(m->draw_sampler, &r->sampling, m->draw_logits + (size_t)q * c->vocab,
+                                      r->step, r->want_logprob ? &lp : NULL, out[q].top, n_top);
+        out[q].logprob = lp;
+        for (int k = n_top; k < BT_SAMPLE_TOP_MAX; k++) out[q].top[k] = (bt_top_logprob_t){-1, 0.0f};
+    }
+    return BT_OK;
+}
+
+static bt_status_t forward_seqs(bt_model_t *m, const bt_kv_layout_t *lay, const bt_forward_seq_t *seqs,
+                                int n_seqs, float *logits, const bt_model_draw_t *draw, char *err,
+                                size_t errlen)
 {
     const bt_model_config_t *c = &m->cfg;
     scratch_t *s = &m->s;
@@ -1366,7 +1436,7 @@ bt_status_t bt_model_forward(bt_model_t *m, const bt_kv_layout_t *lay, const bt_
     }
     f.N = N;
 #ifdef BT_HAVE_CUDA_MODEL
-    if (m->cuda) return bt_model_cuda_forward(m, lay, seqs, n_seqs, f.seq_first, N, logits, err, errlen);
+    if (m->cuda) return bt_model_cuda_forward(m, lay, seqs, n_seqs, f.seq_first, N, logits, draw, err, errlen);
 #endif
     for (int q = 0; q < n_seqs; q++) {
         int64_t start = bt_kv_header(seqs[q].state)->n_tokens;

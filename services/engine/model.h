@@ -20,6 +20,7 @@
 #include "common/status.h"
 #include "services/engine/config.h"
 #include "services/engine/kv_state.h"
+#include "services/engine/sampler.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -94,6 +95,32 @@ typedef struct {
 bt_status_t bt_model_forward(bt_model_t *model, const bt_kv_layout_t *layout,
                              const bt_forward_seq_t *seqs, int n_seqs, float *logits, char *err,
                              size_t errlen);
+
+enum { BT_SAMPLE_TOP_MAX = 20 }; /* the most likely tokens a draw reports at most */
+
+/* A token to draw for a sequence from its last row of logits (sampler.h's rules). */
+typedef struct {
+    bt_sampling_t sampling;
+    uint64_t step;     /* the draw's index: the tokens the request generated before */
+    bool want_logprob; /* the chosen token's log-probability */
+    int n_top;         /* and the n_top most likely tokens with theirs, 0..BT_SAMPLE_TOP_MAX */
+} bt_sample_req_t;
+
+typedef struct {
+    int32_t id;
+    float logprob;
+    bt_top_logprob_t top[BT_SAMPLE_TOP_MAX];
+} bt_sample_out_t;
+
+/* bt_model_forward, then a token drawn for each sequence q from its last row of logits over
+ * ids 0..vocab-1 (the ids the caller's tokenizer has: at most the model's vocabulary) by req[q],
+ * into out[q]. With --device cuda and TP 1 the draws run on the GPU, so only the tokens and the
+ * log-probabilities asked for reach the host, not a row of logits a sequence; elsewhere the
+ * rows go through the host sampler. No sequence may ask for all_logits. */
+bt_status_t bt_model_forward_sample(bt_model_t *model, const bt_kv_layout_t *layout,
+                                    const bt_forward_seq_t *seqs, int n_seqs, int vocab,
+                                    const bt_sample_req_t *req, bt_sample_out_t *out, char *err,
+                                    size_t errlen);
 
 /* Debug taps for tests against the reference's intermediate tensors. */
 typedef enum {

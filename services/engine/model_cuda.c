@@ -141,6 +141,10 @@ struct bt_model_cuda {
     size_t att_ws_cap;
     int nblk_cap;      /* candidate blocks a row of bmax holds */
     int logit_rows;    /* rows of dlogits */
+    /* tokens drawn on the GPU (bt_model_forward_sample): a row's settings and result, pinned
+     * and on the device, for logit_rows rows */
+    bt_cuda_sample_params_t *draw_p_h, *draw_p_d;
+    bt_cuda_sample_result_t *draw_r_h, *draw_r_d;
     /* per-forward plans: bump-allocated in pinned host memory, copied to the same offset of
      * a device arena; never rewritten within a forward, so copies stay asynchronous */
     uint8_t *meta_h, *meta_d;
@@ -602,6 +606,16 @@ static void alloc_scratch(up_t *u)
         u->rc = BT_ERR_NO_MEMORY;
         return;
     }
+    const size_t rows = (size_t)cu->logit_rows;
+    if (cudaMallocHost((void **)&cu->draw_p_h, rows * sizeof *cu->draw_p_h) != cudaSuccess ||
+        cudaMallocHost((void **)&cu->draw_r_h, rows * sizeof *cu->draw_r_h) != cudaSuccess ||
+        cudaMalloc((void **)&cu->draw_p_d, rows * sizeof *cu->draw_p_d) != cudaSuccess ||
+        cudaMalloc((void **)&cu->draw_r_d, rows * sizeof *cu->draw_r_d) != cudaSuccess) {
+        cudaGetLastError();
+        snprintf(u->err, u->errlen, "cannot allocate the sampler's buffers");
+        u->rc = BT_ERR_NO_MEMORY;
+        return;
+    }
     cu->before = bt_malloc_or_die(S * sizeof(bt_kv_header_t));
     cu->cid_h = bt_malloc_or_die(N * sizeof(int64_t));
     cu->hash_h = bt_malloc_or_die(N * (size_t)(c->n_engram ? c->n_engram : 1) * cols * sizeof(int64_t));
@@ -718,6 +732,12 @@ static void dev_free_layer(dev_layer_t *d)
     }
 }
 
+bool bt_model_cuda_draws(const bt_model_t *m, int n_seqs)
+{
+    const struct bt_model_cuda *cu = m->cuda;
+    return cu && cu->tp == 1 && n_seqs <= cu->logit_rows && cu->draw_r_d;
+}
+
 void bt_model_cuda_graph_stats(const struct bt_model_cuda *cu, uint64_t *steps, uint64_t *instances)
 {
     *steps = cu->graph_steps;
@@ -749,6 +769,10 @@ void bt_model_cuda_destroy(struct bt_model_cuda *cu)
     cudaFreeHost(cu->moe_idx_h);
     cudaFreeHost(cu->moe_wts_h);
     cudaFreeHost(cu->group_bad_h);
+    cudaFreeHost(cu->draw_p_h);
+    cudaFreeHost(cu->draw_r_h);
+    cudaFree(cu->draw_p_d);
+    cudaFree(cu->draw_r_d);
     cudaFreeHost(cu->home_rg_h);
     cudaFreeHost(cu->home_h);
     cudaFree(cu->home_rg_d);
@@ -792,6 +816,7 @@ typedef struct {
     const int *first;
     uint8_t *dslot[64];          /* each sequence's mirror */
     bool graph;                  /* this forward's launches are captured into a CUDA graph */
+    const bt_model_draw_t *draw; /* tokens drawn on the GPU from the logits (then no logits out) */
     int logit_rows;              /* rows of logits the forward produced */
     bool topk_set[64], cand_set[64];
     int64_t topk_bound[64];      /* the published picks are below this (their owner's entries) */
@@ -1754,7 +1779,7 @@ static bt_status_t forward_body(fwd_t *f, float *logits, bt_kv_header_t *before)
     CK(bt_cuda_hc_collapse_norm(cu->hidden, BT_CUDA_F32, cu->x, cu->pre_mix, cu->norm, N, hc, D,
                                 (float)c->rms_eps, st));
 
-    if (logits) {
+    if (logits || f->draw) {
         int64_t *hrow, *hrow_d;
         PLAN(f, int64_t, N, hrow, hrow_d);
         int rows = 0;
@@ -1771,7 +1796,7 @@ static bt_status_t forward_body(fwd_t *f, float *logits, bt_kv_header_t *before)
                 CK(bt_cuda_gemm_f32(cu->blas, cu->dlogits, (int)V, cu->hsel, D, cu->head, rc, (int)V, D, st));
                 /* a graph's rows (one chunk) are copied out after it ran: host memory the caller
                  * passes is not a graph's to write */
-                if (!f->graph)
+                if (!f->graph && logits)
                     CK_CUDA(cudaMemcpyAsync(logits + (size_t)r0 * V, cu->dlogits, (size_t)rc * V * sizeof(float),
                                             cudaMemcpyDeviceToHost, st));
                 continue;
@@ -1944,6 +1969,20 @@ static bt_status_t forward(fwd_t *f, float *logits, bt_kv_header_t *before)
     if (f->graph && logits && f->logit_rows > 0)
         CK_CUDA(cudaMemcpyAsync(logits, cu->dlogits, (size_t)f->logit_rows * c->vocab * sizeof(float),
                                 cudaMemcpyDeviceToHost, st));
+    if (f->draw) { /* a row a sequence (bt_model_cuda_draws: one chunk of dlogits) */
+        for (int q = 0; q < f->n_seqs; q++) {
+            const bt_sample_req_t *r = &f->draw->req[q];
+            cu->draw_p_h[q] = (bt_cuda_sample_params_t){
+                .temperature = r->sampling.temperature, .top_p = r->sampling.top_p,
+                .min_p = r->sampling.min_p, .top_k = r->sampling.top_k, .seed = r->sampling.seed,
+                .step = r->step, .want_logprob = r->want_logprob, .n_top = r->n_top};
+        }
+        CK_CUDA(cudaMemcpyAsync(cu->draw_p_d, cu->draw_p_h, (size_t)f->n_seqs * sizeof *cu->draw_p_h,
+                                cudaMemcpyHostToDevice, st));
+        CK(bt_cuda_sample_rows(cu->draw_r_d, cu->draw_p_d, cu->dlogits, c->vocab, f->n_seqs, f->draw->vocab, st));
+        CK_CUDA(cudaMemcpyAsync(cu->draw_r_h, cu->draw_r_d, (size_t)f->n_seqs * sizeof *cu->draw_r_h,
+                                cudaMemcpyDeviceToHost, st));
+    }
     if (cu->group_cap > 0)
         CK_CUDA(cudaMemcpyAsync(cu->group_bad_h, cu->group_bad, sizeof(int32_t), cudaMemcpyDeviceToHost, st));
     /* advance the sequences (engram history, positions), copy what the forward wrote back into
@@ -1970,6 +2009,15 @@ static bt_status_t forward(fwd_t *f, float *logits, bt_kv_header_t *before)
                  *cu->group_bad_h - 1, c->n_experts - 1);
         return BT_ERR_INTERNAL;
     }
+    for (int q = 0; f->draw && q < f->n_seqs; q++) { /* (copy_home waited for the stream) */
+        const bt_cuda_sample_result_t *r = &cu->draw_r_h[q];
+        bt_sample_out_t *o = &f->draw->out[q];
+        o->id = r->id;
+        o->logprob = r->logprob;
+        for (int k = 0; k < BT_SAMPLE_TOP_MAX; k++)
+            o->top[k] = k < BT_CUDA_SAMPLE_TOP ? (bt_top_logprob_t){r->top_id[k], r->top_logprob[k]}
+                                                : (bt_top_logprob_t){-1, 0.0f};
+    }
     for (int q = 0; q < f->n_seqs; q++) {
         uint64_t tag = cu->tag_base | (++cu->tags & 0xffffffffull);
         if (tag == 0) tag = cu->tag_base | (++cu->tags & 0xffffffffull);
@@ -1982,7 +2030,8 @@ static bt_status_t forward(fwd_t *f, float *logits, bt_kv_header_t *before)
 
 bt_status_t bt_model_cuda_forward(bt_model_t *m, const bt_kv_layout_t *lay,
                                   const bt_forward_seq_t *seqs, int n_seqs, const int *seq_first,
-                                  int n_tokens, float *logits, char *err, size_t errlen)
+                                  int n_tokens, float *logits, const bt_model_draw_t *draw,
+                                  char *err, size_t errlen)
 {
     struct bt_model_cuda *cu = m->cuda;
     fwd_t f;
@@ -1994,6 +2043,7 @@ bt_status_t bt_model_cuda_forward(bt_model_t *m, const bt_kv_layout_t *lay,
     f.n_seqs = n_seqs;
     f.N = n_tokens;
     f.first = seq_first;
+    f.draw = draw;
     f.err = err;
     f.errlen = errlen;
     cu->meta_used = 0;

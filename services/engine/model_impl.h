@@ -102,6 +102,11 @@ struct bt_model {
     float *tp_logits;     /* TP scratch: this rank's vocabulary slice of the logits */
     struct bt_model_cuda *cuda; /* the device backend's state; NULL on the CPU */
     size_t host_bytes;          /* float arrays allocated (weights, then scratch) */
+    /* bt_model_forward_sample on the host: logits rows of a batch and a sampler, made at the
+     * first such forward */
+    float *draw_logits;
+    bt_sampler_t *draw_sampler;
+    int draw_vocab;
 };
 
 /* Compressed ids cid [N] and engram hash ids hash [N][n_engram][cols] of a batch's tokens
@@ -112,13 +117,24 @@ void bt_model__engram_hashes(const bt_model_t *m, const bt_forward_seq_t *seqs, 
 /* Frees a pointer the model tracks (a weight the device backend has taken over). */
 void bt_model__free_tracked(bt_model_t *m, void *p);
 
+/* draws on the device (bt_model_forward_sample): each sequence's request and result */
+typedef struct {
+    const bt_sample_req_t *req;
+    bt_sample_out_t *out;
+    int vocab;
+} bt_model_draw_t;
+
 #ifdef BT_HAVE_CUDA_MODEL
 /* services/engine/model_cuda.c: takes over a CPU-loaded model (weights to the GPU, host
  * copies freed), runs its forwards, releases its state. */
 bt_status_t bt_model_cuda_attach(bt_model_t *m, const char *dir, char *err, size_t errlen);
+/* logits and draw: either, both or neither (draw only when bt_model_cuda_draws says so) */
 bt_status_t bt_model_cuda_forward(bt_model_t *m, const bt_kv_layout_t *lay,
                                   const bt_forward_seq_t *seqs, int n_seqs, const int *seq_first,
-                                  int n_tokens, float *logits, char *err, size_t errlen);
+                                  int n_tokens, float *logits, const bt_model_draw_t *draw,
+                                  char *err, size_t errlen);
+/* whether a forward of n_seqs sequences (a row each) can draw its tokens on the GPU */
+bool bt_model_cuda_draws(const bt_model_t *m, int n_seqs);
 void bt_model_cuda_destroy(struct bt_model_cuda *cuda);
 void bt_model_cuda_graph_stats(const struct bt_model_cuda *cuda, uint64_t *steps, uint64_t *instances);
 #endif

@@ -193,13 +193,22 @@ static int nucleus(cand_t *c, int n, double mass)
     return hi;
 }
 
+static int id_cmp(const void *a, const void *b)
+{
+    const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
 /* Temperature sampling in time linear in the vocabulary. The candidates are every id, or the
- * top_k best (a heap of k); min_p drops those under min_p times the best's probability. Only
- * top_p needs an order, and only of the tokens that can be in its nucleus: the ones at least
- * eps = (1 - top_p) / 2n of the total, since those under it hold less than (1 - top_p) / 2 of
- * the mass together, so the most likely first reach top_p before any of them. (Sorting all of
- * a 129280-id vocabulary took ~45 ms a token; the nucleus is found by selection, not sorted.)
- * Candidates are drawn from in the order they are kept. */
+ * top_k best (a heap of k); min_p drops those under min_p times the best's probability; top_p
+ * keeps the most likely of the rest until their weight reaches top_p of the candidates'. The
+ * draw walks the tokens kept in id order, so it is defined by the set alone, and the GPU's
+ * sampler (kernels/cuda/sample.cu), which finds the same sets by other means, draws the same
+ * token from the same (seed, step) unless a sum's last bits decide. Only top_p needs an order,
+ * and only of the tokens that can be in its nucleus: the ones at least eps = (1 - top_p) / 2n
+ * of the total, since those under it hold less than (1 - top_p) / 2 of the mass together, so
+ * the most likely first reach top_p before any of them. (Sorting all of a 129280-id vocabulary
+ * took ~45 ms a token; the nucleus is found by selection, not sorted.) */
 static int32_t sample_temperature(bt_sampler_t *s, const bt_sampling_t *p, const float *logits,
                                   float mx, int32_t best, uint64_t step)
 {
@@ -210,49 +219,64 @@ static int32_t sample_temperature(bt_sampler_t *s, const bt_sampling_t *p, const
     if (!isfinite(inv_t) || !isfinite(mx)) return best;
     const bool topk = p->top_k > 0 && p->top_k < V;
     const int n = topk ? p->top_k : V;
-    float *w = s->w; /* weight of candidate i: id i, or order[i] under top_k */
+    /* candidate i is id i, or order[i] under top_k (the k best, put in id order) */
+    int32_t *order = s->order;
+    float *w = s->w;
     if (topk) {
-        top_ids(logits, V, n, s->order);
-        for (int i = 0; i < n; i++) w[i] = exp_le0((logits[s->order[i]] - mx) * inv_t);
+        top_ids(logits, V, n, order);
+        qsort(order, (size_t)n, sizeof *order, id_cmp);
+        for (int i = 0; i < n; i++) w[i] = exp_le0((logits[order[i]] - mx) * inv_t);
     } else {
         weights(w, logits, n, mx, inv_t);
     }
+#define CAND_ID(i) (topk ? order[i] : (int32_t)(i))
     double sum = 0.0;
     for (int i = 0; i < n; i++) sum += w[i];
-    uint64_t r = mix64(p->seed ^ mix64(step + 0x51ed2701u));
-    const double unit = (double)(r >> 11) * 0x1p-53;
     /* min_p against the best's weight, which is exp(0) = 1 (over 1: the best alone) */
     const double floor_w = p->min_p > 0.0f ? (p->min_p < 1.0f ? (double)p->min_p : 1.0) : 0.0;
     const double top_p = p->top_p > 0.0f && p->top_p < 1.0f ? (double)p->top_p : 1.0;
     const double eps = top_p < 1.0 ? 0.5 * (1.0 - top_p) * sum / n : 0.0;
     const double keep_w = floor_w > eps ? floor_w : eps;
-    if (keep_w == 0.0) { /* every candidate, in their order */
-        double u = unit * sum;
-        int last = 0; /* the last with weight (rounding may leave u >= 0 at the end) */
-        for (int i = 0; i < n; i++) {
-            if (w[i] > 0.0f) last = i;
-            u -= w[i];
-            if (u < 0) return topk ? s->order[i] : i;
-        }
-        return topk ? s->order[last] : last;
-    }
-    cand_t *c = s->cand;
-    int kept = 0;
-    for (int i = 0; i < n; i++)
-        if (w[i] >= keep_w) {
-            const int32_t id = topk ? s->order[i] : i;
-            c[kept++] = (cand_t){logits[id], id, (double)w[i]};
-        }
-    if (kept == 0) return best; /* (never: the best's weight is 1) */
-    if (top_p < 1.0) kept = nucleus(c, kept, top_p * sum);
+    /* the nucleus's least likely token, when top_p leaves some out, and the kept weight */
+    bool cut = false;
+    float edge_logit = 0.0f;
+    int32_t edge_id = 0;
     double total = 0.0;
-    for (int i = 0; i < kept; i++) total += c[i].w;
-    double u = unit * total;
-    for (int i = 0; i < kept; i++) {
-        u -= c[i].w;
-        if (u < 0) return c[i].id;
+    if (top_p < 1.0) {
+        cand_t *c = s->cand;
+        int kept = 0;
+        for (int i = 0; i < n; i++)
+            if (w[i] >= keep_w) c[kept++] = (cand_t){logits[CAND_ID(i)], CAND_ID(i), (double)w[i]};
+        const int m = nucleus(c, kept, top_p * sum);
+        cand_t edge = c[0];
+        for (int i = 0; i < m; i++) {
+            total += c[i].w;
+            if (cand_cmp(&c[i], &edge) > 0) edge = c[i];
+        }
+        cut = m < kept;
+        edge_logit = edge.logit;
+        edge_id = edge.id;
+    } else {
+        for (int i = 0; i < n; i++)
+            if (w[i] >= keep_w) total += w[i];
     }
-    return c[kept - 1].id;
+    /* kept: over keep_w, and at least as likely as the edge (a higher logit, or the same and
+     * a lower id) */
+#define KEPT(i)                                                                                    \
+    (w[i] >= keep_w && (!cut || logits[CAND_ID(i)] > edge_logit ||                                 \
+                        (logits[CAND_ID(i)] == edge_logit && CAND_ID(i) <= edge_id)))
+    uint64_t r = mix64(p->seed ^ mix64(step + 0x51ed2701u));
+    double u = (double)(r >> 11) * 0x1p-53 * total;
+    int last = -1; /* the last kept with weight (rounding may leave u >= 0 at the end) */
+    for (int i = 0; i < n; i++) {
+        if (!KEPT(i)) continue;
+        if (w[i] > 0.0f) last = i;
+        u -= w[i];
+        if (u < 0) return CAND_ID(i);
+    }
+    return last >= 0 ? CAND_ID(last) : best;
+#undef KEPT
+#undef CAND_ID
 }
 
 int32_t bt_sampler_sample(bt_sampler_t *s, const bt_sampling_t *p, const float *logits,

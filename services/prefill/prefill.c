@@ -59,9 +59,11 @@ struct prefill {
     bt_xfer_t *xfer;
     bt_service_engine_t eng;
     bt_registration_t *reg;
-    bt_sampler_t *sampler;
     uint8_t *slot;     /* the local KV slot of the running job */
-    float *logits;
+    float *logits;     /* a chunk's last row, which nothing reads: for the group's collectives */
+    bool draw;         /* this chunk ends the prompt: the first token is drawn with its forward */
+    bt_sample_req_t draw_req;
+    bt_sample_out_t draw_out;
     int chunk_size;
     job_t *queue, *queue_tail, *active;
     peer_t *peers;
@@ -178,8 +180,13 @@ static void chunk_work(uv_work_t *w)
         p->step_status = BT_OK;
         return;
     }
-    p->step_status = bt_model_forward(p->eng.model, &p->eng.layout, &p->fwd, 1, p->logits,
-                                      p->step_err, sizeof p->step_err);
+    if (p->draw)
+        p->step_status = bt_model_forward_sample(p->eng.model, &p->eng.layout, &p->fwd, 1,
+                                                 bt_service_emit_vocab(&p->eng), &p->draw_req,
+                                                 &p->draw_out, p->step_err, sizeof p->step_err);
+    else /* (under TP every rank computes the logits: the lead too, so the collectives pair) */
+        p->step_status = bt_model_forward(p->eng.model, &p->eng.layout, &p->fwd, 1,
+                                          p->comm ? p->logits : NULL, p->step_err, sizeof p->step_err);
 }
 
 static void start_chunk(prefill_t *p, job_t *j);
@@ -299,16 +306,15 @@ static void chunk_done(uv_work_t *w, int status)
     n.chunk_index = j->chunk_index++;
     n.tokens_done = j->done;
     if (last) {
-        Baton__V1__SamplingParams *sp = j->req->sampling;
-        bt_sampling_t s = {sp ? sp->temperature : 0.0f, sp && sp->top_p > 0 ? sp->top_p : 1.0f,
-                           sp ? sp->min_p : 0.0f, sp ? sp->top_k : 0, sp && sp->has_seed ? sp->seed : 0};
-        j->n_top = sp && sp->logprobs && sp->top_logprobs > 0 ? (sp->top_logprobs < 20 ? sp->top_logprobs : 20) : 0;
         if (p->sim.on) {
             j->n_top = 0;
-            j->first_token = bt_sim_token(bt_sim_key(j->req->prompt_ids, j->req->n_prompt_ids, s.seed), 0,
-                                          bt_service_emit_vocab(&p->eng), p->eng.cfg->eos_id);
+            j->first_token = bt_sim_token(bt_sim_key(j->req->prompt_ids, j->req->n_prompt_ids, p->draw_req.sampling.seed),
+                                          0, bt_service_emit_vocab(&p->eng), p->eng.cfg->eos_id);
         } else {
-            j->first_token = bt_sampler_sample(p->sampler, &s, p->logits, 0, &j->first_logprob, j->top, j->n_top);
+            j->n_top = p->draw_req.n_top;
+            j->first_token = p->draw_out.id;
+            j->first_logprob = p->draw_out.logprob;
+            memcpy(j->top, p->draw_out.top, sizeof j->top);
         }
         n.kind = BATON__V1__KV_NOTICE__KIND__LAST;
         n.first_token = j->first_token;
@@ -333,6 +339,15 @@ static void start_chunk(prefill_t *p, job_t *j)
     j->before = *bt_kv_header(p->slot);
     p->chunk_reset = j->done == 0; /* the other ranks start this request from an empty slot */
     p->fwd = (bt_forward_seq_t){p->slot, j->req->prompt_ids + j->done, n, false};
+    p->draw = j->done + n == total;
+    if (p->draw) {
+        Baton__V1__SamplingParams *sp = j->req->sampling;
+        const bt_sampling_t s = {sp ? sp->temperature : 0.0f, sp && sp->top_p > 0 ? sp->top_p : 1.0f,
+                                 sp ? sp->min_p : 0.0f, sp ? sp->top_k : 0, sp && sp->has_seed ? sp->seed : 0};
+        const bool logprobs = sp && sp->logprobs;
+        p->draw_req = (bt_sample_req_t){s, 0, logprobs,
+                                        logprobs && sp->top_logprobs > 0 ? (sp->top_logprobs < 20 ? sp->top_logprobs : 20) : 0};
+    }
     p->busy = true;
     p->commit_start_ms = bt_now_ms(); /* reused as the chunk's start */
     p->work.data = p;
@@ -565,7 +580,6 @@ int main(int argc, char **argv)
     }
     p->slot = bt_aligned_alloc(64, p->eng.layout.slot_bytes);
     p->logits = bt_malloc_or_die((size_t)p->eng.cfg->vocab * sizeof(float));
-    p->sampler = bt_service_sampler_create(&p->eng);
     if (!p->slot) {
         fprintf(stderr, "baton-prefill: cannot allocate the KV slot\n");
         return 1;

@@ -15,6 +15,7 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/quant.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "services/engine/sampler.h"
 
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -44,7 +45,7 @@ typedef enum {
     OP_SWIGLU,      /* s: rows I weighted */
     OP_ENGRAM_GATHER, /* s: T cols dim table-rows */
     OP_ENGRAM_INJECT, /* s: T hc D */
-    OP_SAMPLE,      /* s: T V temperature*100 ties */
+    OP_SAMPLE,      /* s: T V setting shape ld-pad (run_sample) */
     /* the device model's glue (engine_ops.cu) and its f32 GEMM */
     OP_GEMM_F32,    /* s: M N K x-pad y-pad */
     OP_EMBED,       /* s: T hc D V */
@@ -245,10 +246,17 @@ static const case_t cases[] = {
     {OP_ENGRAM_GATHER, BF16, {2, 5, 64, 37}, 0},
     {OP_ENGRAM_INJECT, F32, {3, 4, 5120}, 0},
     {OP_ENGRAM_INJECT, F32, {2, 4, 100}, 0},
-    {OP_SAMPLE, F32, {3, 129280, 0, 0}, 0},
-    {OP_SAMPLE, F32, {5, 1000, 80, 0}, 0},
-    {OP_SAMPLE, F32, {2, 77, 0, 1}, 0},
-    {OP_SAMPLE, F32, {4, 129280, 100, 0}, 0},
+    /* every setting on each shape of row, against the CPU's sampler */
+    {OP_SAMPLE, F32, {3, 129280, 0, 0, 0}, 0},
+    {OP_SAMPLE, F32, {56, 129280, -1, 0, 3}, 0},
+    {OP_SAMPLE, F32, {42, 129280, -1, 1, 0}, 0},
+    {OP_SAMPLE, F32, {28, 129280, -1, 2, 0}, 0},
+    {OP_SAMPLE, F32, {28, 129280, -1, 3, 0}, 0},
+    {OP_SAMPLE, F32, {70, 1000, -1, 0, 24}, 0},
+    {OP_SAMPLE, F32, {42, 77, -1, 1, 0}, 0},
+    {OP_SAMPLE, F32, {28, 6, -1, 1, 0}, 0},
+    {OP_SAMPLE, F32, {14, 3, -1, 0, 0}, 0},
+    {OP_SAMPLE, F32, {40, 32007, 3, 2, 1}, 0},
     {OP_GEMM_F32, F32, {1, 1014, 64, 0, 0}, 0},
     {OP_GEMM_F32, F32, {7, 33, 40, 40, 17}, 0},
     /* 16 rows: the last the per-column kernel takes; 17: cuBLASLt */
@@ -394,7 +402,12 @@ static const case_t cases[] = {
     {OP_TOPK, F32, {16, 8192, 512, 0}, 1},
     {OP_MOE_ROUTE, F32, {4096, 384, 6}, 1},
     {OP_MOE_ROUTE, F32, {1, 384, 6}, 1},
-    {OP_SAMPLE, F32, {64, 129280, 0, 0}, 1},
+    {OP_SAMPLE, F32, {64, 129280, 0, 0, 0}, 1},
+    /* a decode batch at the API's defaults; with top_p; with logprobs and the top 20 */
+    {OP_SAMPLE, F32, {16, 129280, 2, 0, 0}, 1},
+    {OP_SAMPLE, F32, {16, 129280, 3, 0, 0}, 1},
+    {OP_SAMPLE, F32, {16, 129280, 1, 0, 0}, 1},
+    {OP_SAMPLE, F32, {16, 129280, 6, 0, 0}, 1},
 };
 
 /* ---- plumbing --------------------------------------------------------------------------- */
@@ -1898,85 +1911,118 @@ static void run_engram_inject(const case_t *cs, result_t *r)
 
 /* ---- sampling --------------------------------------------------------------------------- */
 
+/* The sampler's settings the cases run: each against services/engine/sampler.c on the same
+ * rows and (seed, step) */
 typedef struct {
-    int32_t *out;
-    float *logits, *u;
+    float temperature, top_p, min_p;
+    int top_k, want_logprob, n_top;
+} sample_setting_t;
+
+static const sample_setting_t sample_settings[] = {
+    {0.0f, 1.0f, 0.0f, 0, 0, 0},        /* greedy */
+    {0.0f, 1.0f, 0.0f, 0, 1, 20},       /* greedy with logprobs and the top 20 */
+    {1.0f, 1.0f, 0.0f, 0, 1, 0},        /* the API's default */
+    {0.7f, 0.9f, 0.0f, 0, 0, 0},        /* top_p */
+    {0.7f, 1.0f, 0.0f, 50, 0, 0},       /* top_k */
+    {1.0f, 1.0f, 0.05f, 0, 0, 0},       /* min_p */
+    {0.8f, 0.95f, 0.02f, 40, 1, 5},     /* all three, logprobs */
+    {1.0f, 1.0f, 0.0f, 1, 0, 3},        /* top_k 1 */
+    {1.0f, 0.01f, 0.0f, 0, 0, 0},       /* a nucleus of one or two */
+    {1e-30f, 1.0f, 0.0f, 0, 1, 0},      /* 1 / temperature overflows: the argmax */
+    {1.3f, 0.5f, 0.0f, 0, 0, 1},        /* a wide nucleus */
+    {1.0f, 1.0f, 0.0f, -2, 0, 0},       /* top_k V - 1 (-2: V + top_k + 1) */
+    {2.0f, 1.0f, 2.0f, 0, 0, 0},        /* min_p over 1: the best */
+    {1.0f, 0.6f, 0.3f, 7, 1, 20},       /* min_p and top_p inside a top_k */
+};
+enum { N_SAMPLE_SETTINGS = (int)(sizeof sample_settings / sizeof sample_settings[0]) };
+
+typedef struct {
+    bt_cuda_sample_result_t *out;
+    bt_cuda_sample_params_t *params;
+    float *logits;
     int T, V;
-    float temp;
+    int64_t ld;
 } sample_ctx_t;
 
 static void launch_sample(void *p)
 {
     sample_ctx_t *c = p;
-    BT_OK_OR_DIE(bt_cuda_sample(c->out, c->logits, c->T, c->V, c->temp, c->u, 0));
+    BT_OK_OR_DIE(bt_cuda_sample_rows(c->out, c->params, c->logits, c->ld, c->T, c->V, 0));
 }
 
+/* s: T V setting (-1: row t takes setting t mod the table's size) shape (0: logits uniform in
+ * +-8; 1: the same with ties planted at the maximum and among the best; 2: flat, +-0.5; 3: half
+ * of the ids -inf, a few NaN-free huge negatives) ld-pad */
 static void run_sample(const case_t *cs, result_t *r)
 {
-    int T = cs->s[0], V = cs->s[1], ties = cs->s[3];
-    float temp = (float)cs->s[2] / 100.0f;
-    float *l = frandv((size_t)T * V, 8.0f), *u = xmalloc((size_t)T * 4);
+    const int T = cs->s[0], V = cs->s[1], which = cs->s[2], shape = cs->s[3];
+    const int64_t ld = V + cs->s[4];
+    float *l = frandv((size_t)T * ld, shape == 2 ? 0.5f : 8.0f);
+    bt_cuda_sample_params_t *p = xmalloc((size_t)T * sizeof *p);
     for (int t = 0; t < T; t++) {
-        u[t] = (frand() + 1.0f) * 0.5f;
-        if (ties) /* the maximum twice: the lower id wins */
-            l[(size_t)t * V + V / 2] = l[(size_t)t * V + V / 3] = 100.0f;
+        float *row = l + (size_t)t * ld;
+        if (shape == 1) { /* the maximum three times; runs of equal logits near the top */
+            row[V / 2] = row[V / 3] = row[V - 1] = 9.0f;
+            for (int j = 0; j < 40 && j < V; j++) row[irand(V)] = 7.5f;
+        } else if (shape == 3) {
+            for (int j = 0; j < V; j++)
+                if (irand(2)) row[j] = j % 7 ? -INFINITY : -1e30f;
+            row[irand(V)] = 3.0f;
+        }
+        const sample_setting_t *st = &sample_settings[which >= 0 ? which : t % N_SAMPLE_SETTINGS];
+        p[t] = (bt_cuda_sample_params_t){.temperature = st->temperature, .top_p = st->top_p,
+                                         .min_p = st->min_p, .top_k = st->top_k < -1 ? V + st->top_k + 1 : st->top_k,
+                                         .seed = rnd(), .step = (uint64_t)irand(1000),
+                                         .want_logprob = st->want_logprob, .n_top = st->n_top};
     }
     sample_ctx_t c = {0};
-    c.T = T, c.V = V, c.temp = temp;
-    c.logits = dup(l, (size_t)T * V * 4);
-    c.u = dup(u, (size_t)T * 4);
-    c.out = dalloc((size_t)T * 4);
-    poison_int(c.out, (size_t)T * 4);
+    c.T = T, c.V = V, c.ld = ld;
+    c.logits = dup(l, (size_t)T * ld * 4);
+    c.params = dup(p, (size_t)T * sizeof *p);
+    c.out = dalloc((size_t)T * sizeof *c.out);
+    poison_int(c.out, (size_t)T * sizeof *c.out);
     launch_sample(&c);
-    int32_t *out = xmalloc((size_t)T * 4);
-    get(out, c.out, (size_t)T * 4);
-    int wrong = 0, near = 0;
+    bt_cuda_sample_result_t *out = xmalloc((size_t)T * sizeof *out);
+    get(out, c.out, (size_t)T * sizeof *out);
+    bt_sampler_t *ref = bt_sampler_create(V);
+    int wrong = 0;
+    double lp_err = 0.0;
     for (int t = 0; t < T; t++) {
-        const float *row = l + (size_t)t * V;
-        int want = 0;
-        for (int j = 1; j < V; j++)
-            if (row[j] > row[want]) want = j;
-        if (temp > 0.0f) { /* inverse CDF in double at u * sum */
-            float mx = row[want];
-            double sum = 0.0, run = 0.0;
-            for (int j = 0; j < V; j++) sum += exp((double)((row[j] - mx) / temp));
-            double target = (double)u[t] * sum;
-            want = V - 1;
-            for (int j = 0; j < V; j++) {
-                run += exp((double)((row[j] - mx) / temp));
-                if (run > target) {
-                    want = j;
-                    break;
-                }
-            }
-            /* The kernel sums in f32, the total and the running sum in different orders: when
-             * the target lies within their rounding of the boundaries between the reference's
-             * id and the kernel's, either is the inverse CDF's pick. A CPU emulation of the
-             * kernel's f32 order on rows like these (129280 ids) picked another id in 6 of 1500
-             * rows, each boundary within 1.3e-7 of the total from the target: 1e-6 allowed, for
-             * one row of a case at most (an off-by-one kernel would need it on most rows). */
-            int got = out[t];
-            if (got != want && got >= 0 && got < V && near == 0) {
-                double lo = 0.0;
-                for (int j = 0; j < got; j++) lo += exp((double)((row[j] - mx) / temp));
-                double hi = lo + exp((double)((row[got] - mx) / temp)), tol = 1e-6 * sum;
-                /* every boundary between the two ids within tol of the target */
-                if (hi > lo && (got > want ? lo <= target + tol : hi >= target - tol)) {
-                    near++;
-                    want = got;
-                }
-            }
+        const bt_cuda_sample_params_t *q = &p[t];
+        bt_sampling_t sp = {q->temperature, q->top_p, q->min_p, q->top_k, q->seed};
+        float lp = 0.0f;
+        bt_top_logprob_t top[BT_CUDA_SAMPLE_TOP];
+        const int n_top = q->n_top < V ? q->n_top : V;
+        const int32_t want = bt_sampler_sample(ref, &sp, l + (size_t)t * ld, q->step, &lp, top, n_top);
+        int bad = out[t].id != want;
+        if (q->want_logprob) {
+            double e = fabs((double)out[t].logprob - (double)lp) / fmax(1.0, fabs((double)lp));
+            lp_err = fmax(lp_err, isfinite(out[t].logprob) == isfinite(lp) ? (isfinite(lp) ? e : 0.0) : INFINITY);
         }
-        if (out[t] != want) wrong++;
+        for (int k = 0; k < BT_CUDA_SAMPLE_TOP; k++) {
+            if (k >= n_top) { /* past the asked: -1 */
+                bad |= out[t].top_id[k] != -1;
+                continue;
+            }
+            bad |= out[t].top_id[k] != top[k].id;
+            double e = fabs((double)out[t].top_logprob[k] - (double)top[k].logprob) / fmax(1.0, fabs((double)top[k].logprob));
+            lp_err = fmax(lp_err, isfinite(top[k].logprob) ? e : (out[t].top_logprob[k] == top[k].logprob ? 0.0 : INFINITY));
+        }
+        if (bad && wrong == 0)
+            fprintf(stderr, "sample row %d (setting t=%g p=%g min_p=%g k=%d): gpu %d, cpu %d\n", t,
+                    q->temperature, q->top_p, q->min_p, q->top_k, out[t].id, want);
+        wrong += bad;
     }
-    r->bound = 0.0;
-    r->err = wrong;
+    bt_sampler_destroy(ref);
+    /* Same weights bit for bit and the same kept sets: every token and top list equal. The
+     * log-probabilities sum the row in another order (double): 1e-6 relative. */
+    r->bound = 1e-6;
+    r->err = lp_err;
     r->exact_ok = wrong == 0;
-    snprintf(r->note, sizeof(r->note), "%s: %d of %d rows differ%s", temp > 0 ? "sampled" : "argmax",
-             wrong, T, near ? " (one at a boundary within f32 rounding)" : "");
-    r->bytes = (double)T * V * 4 * (temp > 0 ? 3 : 1);
+    snprintf(r->note, sizeof(r->note), "%d of %d rows differ from sampler.c", wrong, T);
+    r->bytes = (double)T * V * 4;
     if (g_perf && cs->perf) r->ms = time_it(launch_sample, &c);
-    free(l), free(u), free(out);
+    free(l), free(p), free(out);
 }
 
 /* ---- the device model's glue (kernels/cuda/engine_ops.cu) -------------------------------- */

@@ -759,6 +759,49 @@ static void check_batch_equals_single(const char *what, bt_model_t *m)
     }
     fprintf(stderr, "  %s: %d of %d batched rows differ from the same sequence alone\n", what, bad, B * STEPS);
     BT_CHECK_MSG(bad == 0, "%s: %d batched rows differ (first at step %d)", what, bad, first_bad);
+
+    /* the same steps batched again, each sequence's token drawn with the forward (on the GPU:
+     * bt_model_forward_sample): what the host sampler draws from the row alone, the
+     * log-probabilities within 1e-6, over the ids short of the model's last */
+    static const bt_sampling_t settings[] = {
+        {0.0f, 1.0f, 0.0f, 0, 0}, {1.0f, 1.0f, 0.0f, 0, 11}, {0.7f, 0.9f, 0.0f, 0, 12},
+        {0.8f, 0.95f, 0.05f, 20, 13}, {1.0f, 1.0f, 0.1f, 5, 14},
+    };
+    const int vocab = V - 1;
+    bt_sampler_t *smp = bt_sampler_create(vocab);
+    int draws_bad = 0;
+    double lp_err = 0.0;
+    for (int b = 0; b < B; b++) BT_CHECK(run(m, &lay, st[b], prompt[b], PL - b, 0, lg, true) == 0);
+    for (int s = 0; s < STEPS; s++) {
+        bt_forward_seq_t seq[B];
+        bt_sample_req_t req[B];
+        bt_sample_out_t got[B];
+        for (int b = 0; b < B; b++) {
+            seq[b] = (bt_forward_seq_t){st[b], &ids[b][s], 1, false};
+            req[b] = (bt_sample_req_t){settings[(s + b) % 5], (uint64_t)s, true, (s + b) % 3 == 0 ? 5 : 0};
+        }
+        BT_CHECK(bt_model_forward_sample(m, &lay, seq, B, vocab, req, got, err, sizeof err) == BT_OK);
+        for (int b = 0; b < B; b++) {
+            float lp;
+            bt_top_logprob_t top[5];
+            const float *row = solo + ((size_t)b * STEPS + s) * V;
+            int32_t want = bt_sampler_sample(smp, &req[b].sampling, row, req[b].step, &lp, top, req[b].n_top);
+            bool ok = got[b].id == want;
+            lp_err = fmax(lp_err, fabs((double)got[b].logprob - lp) / fmax(1.0, fabs((double)lp)));
+            for (int k = 0; k < req[b].n_top; k++) {
+                ok = ok && got[b].top[k].id == top[k].id;
+                lp_err = fmax(lp_err, fabs((double)got[b].top[k].logprob - top[k].logprob) / fmax(1.0, fabs((double)top[k].logprob)));
+            }
+            if (!ok && draws_bad == 0)
+                fprintf(stderr, "  %s: step %d sequence %d: drew %d, the host sampler %d\n", what, s, b, got[b].id, want);
+            draws_bad += !ok;
+        }
+    }
+    fprintf(stderr, "  %s: %d of %d draws differ from the host sampler's; log-probabilities within %.2g\n", what,
+            draws_bad, B * STEPS, lp_err);
+    BT_CHECK_MSG(draws_bad == 0, "%s: %d draws differ from the host sampler's", what, draws_bad);
+    BT_CHECK_MSG(lp_err <= 1e-6, "%s: log-probabilities differ by %g", what, lp_err);
+    bt_sampler_destroy(smp);
     for (int b = 0; b < B; b++) bt_aligned_free(st[b]);
     free(solo);
     free(lg);

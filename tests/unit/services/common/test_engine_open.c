@@ -74,7 +74,7 @@ static void test_more_rows_than_tokenizer_ids(void)
     float *logits = calloc((size_t)eng.cfg->vocab, sizeof *logits);
     logits[n_ids] = 10.0f;
     logits[3] = 5.0f;
-    bt_sampler_t *sampler = bt_service_sampler_create(&eng);
+    bt_sampler_t *sampler = bt_sampler_create(bt_service_emit_vocab(&eng));
     const bt_sampling_t greedy = {0};
     BT_CHECK_EQ_INT(bt_sampler_sample(sampler, &greedy, logits, 0, NULL, NULL, 0), 3);
     bt_sampler_destroy(sampler);

@@ -171,6 +171,61 @@ static void check_variant(const char *variant)
         free(row);
     }
 
+    /* tokens drawn with the forward (bt_model_forward_sample): what the host sampler draws
+     * from the same logits, for two sequences at once and settings of every kind; a step
+     * allocates nothing once the first has made its buffers; bad requests refused */
+    {
+        static const bt_sampling_t settings[] = {
+            {0.0f, 1.0f, 0.0f, 0, 0}, {1.0f, 1.0f, 0.0f, 0, 7}, {0.7f, 0.9f, 0.0f, 0, 8},
+            {0.8f, 0.95f, 0.05f, 20, 9}, {1.0f, 1.0f, 0.0f, 3, 10},
+        };
+        const int vocab = V - 1; /* (the services' ids may stop short of the model's rows) */
+        uint8_t *st[2] = {state, state2}, *ref = bt_aligned_alloc(64, lay.slot_bytes);
+        float *row = malloc((size_t)V * sizeof(float));
+        bt_sampler_t *smp = bt_sampler_create(vocab);
+        bt_forward_seq_t seqs[2];
+        bt_sample_req_t req[2];
+        bt_sample_out_t got[2];
+        for (int q = 0; q < 2; q++) {
+            bt_kv_state_reset(st[q]);
+            seqs[q] = (bt_forward_seq_t){st[q], a + 10 * q, 10, false};
+        }
+        long before = 0;
+        int differ = 0;
+        for (int i = 0; i < 12; i++) {
+            for (int q = 0; q < 2; q++)
+                req[q] = (bt_sample_req_t){settings[(i + q) % 5], (uint64_t)i, q == 1, q == 1 ? 5 : 0};
+            /* the reference: sequence 0's state replayed through bt_model_forward */
+            memcpy(ref, st[0], lay.slot_bytes);
+            bt_forward_seq_t one = {ref, seqs[0].ids, seqs[0].n, false};
+            BT_CHECK(bt_model_forward(m3, &lay, &one, 1, row, err, sizeof err) == BT_OK);
+            if (i == 1) before = atomic_load(&n_allocs);
+            BT_CHECK_MSG(bt_model_forward_sample(m3, &lay, seqs, 2, vocab, req, got, err, sizeof err) == BT_OK, "%s", err);
+            float lp;
+            bt_top_logprob_t top[5];
+            int32_t want = bt_sampler_sample(smp, &req[0].sampling, row, req[0].step, &lp, top, 5);
+            differ += got[0].id != want;
+            BT_CHECK(got[1].id >= 0 && got[1].id < vocab && got[1].top[0].id >= 0 && got[1].top[4].id >= 0);
+            BT_CHECK(got[1].logprob <= got[1].top[0].logprob && got[1].top[0].logprob <= 0.0f);
+            for (int q = 0; q < 2; q++) seqs[q] = (bt_forward_seq_t){st[q], &got[q].id, 1, false};
+        }
+        BT_CHECK_MSG(differ == 0, "%s: %d of 12 draws differ from the host sampler's", variant, differ);
+        BT_CHECK_MSG(atomic_load(&n_allocs) == before, "%s: %ld allocations in 10 steps with draws", variant,
+                     atomic_load(&n_allocs) - before);
+        seqs[0].all_logits = true;
+        BT_CHECK(bt_model_forward_sample(m3, &lay, seqs, 1, vocab, req, got, err, sizeof err) == BT_ERR_INVALID_ARG);
+        BT_CHECK(strstr(err, "all_logits") != NULL);
+        seqs[0].all_logits = false;
+        req[0].n_top = 21;
+        BT_CHECK(bt_model_forward_sample(m3, &lay, seqs, 1, vocab, req, got, err, sizeof err) == BT_ERR_INVALID_ARG);
+        req[0].n_top = 0;
+        BT_CHECK(bt_model_forward_sample(m3, &lay, seqs, 1, V + 1, req, got, err, sizeof err) == BT_ERR_INVALID_ARG);
+        BT_CHECK(strstr(err, "vocabulary") != NULL);
+        bt_sampler_destroy(smp);
+        bt_aligned_free(ref);
+        free(row);
+    }
+
     /* errors: a token outside the vocabulary, a context overflow */
     {
         int32_t bad = V;
