@@ -1,14 +1,16 @@
-/* The model's decode step end to end, as a decode worker runs it: bt_model_forward over a batch
- * of B sequences of one token each (greedy), each sequence first prefilled with a P-token
+/* The model's decode step end to end, as a decode worker runs it: bt_model_forward_sample over
+ * a batch of B sequences of one token each, each sequence first prefilled with a P-token
  * prompt. Every step is timed on the host (the plans, the launches or the CUDA graph's replay,
- * the logits back, the slots' KV copied home), W warm-up steps first (graphs instantiate
- * there), then S timed ones: median and 90th percentile a step, tokens a second. Where the
- * layer bench (bench_layer_cuda) times one layer's kernels, this times what the engine adds
- * around them; on the tiny built-in model a step is nearly all of that.
+ * the draws, the slots' KV copied home), W warm-up steps first (graphs instantiate there), then
+ * S timed ones: median and 90th percentile a step, tokens a second. Where the layer bench
+ * (bench_layer_cuda) times one layer's kernels, this times what the engine adds around them;
+ * on the tiny built-in model a step is nearly all of that. --draw logits is the way the
+ * workers drew before: every row of logits to the host, then the host sampler.
  *
  *   build/bin/bench_decode [--model DIR] [--device cuda|cpu] [--dtype auto|float32|bfloat16]
  *                          [--batches 1,2,4,8,16] [--prompt 64] [--steps 64] [--warmup 8]
- *                          [--graphs-off] [--threads N]
+ *                          [--graphs-off] [--threads N] [--draw forward|logits]
+ *                          [--temperature T] [--top-p P] [--top-logprobs N]
  *
  * Without --model: the built-in demo model. Prints a table on stdout and one JSON line per
  * batch size on stderr (for bench/results). */
@@ -17,6 +19,7 @@
 #include "services/engine/demo_model.h"
 #include "services/engine/kv_state.h"
 #include "services/engine/model.h"
+#include "services/engine/sampler.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,20 +41,12 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* greedy over the ids text can carry (as the workers' samplers) */
-static int argmax(const float *v, int n)
-{
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (v[i] > v[best]) best = i;
-    return best;
-}
-
 static void usage(void)
 {
     fprintf(stderr, "usage: bench_decode [--model DIR] [--device cuda|cpu] [--dtype auto|float32|bfloat16]\n"
                     "                    [--batches 1,2,4,8,16] [--prompt N] [--steps N] [--warmup N]\n"
-                    "                    [--graphs-off] [--threads N]\n");
+                    "                    [--graphs-off] [--threads N] [--draw forward|logits]\n"
+                    "                    [--temperature T] [--top-p P] [--top-logprobs N]\n");
     exit(2);
 }
 
@@ -72,7 +67,9 @@ int main(int argc, char **argv)
     const char *dir = NULL, *device = "cuda", *dtype = "auto";
     int batches[MAX_BATCHES] = {1, 2, 4, 8, 16}, n_batches = 5;
     int prompt = 64, steps = 64, warmup = 8, threads = 0;
-    bool graphs_off = false;
+    bool graphs_off = false, draw_logits = false;
+    double temperature = 0.0, top_p = 1.0;
+    int top_logprobs = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--graphs-off")) {
@@ -88,6 +85,10 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--steps")) steps = positive(a, v);
         else if (!strcmp(a, "--warmup")) warmup = positive(a, v);
         else if (!strcmp(a, "--threads")) threads = positive(a, v);
+        else if (!strcmp(a, "--draw") && (!strcmp(v, "forward") || !strcmp(v, "logits"))) draw_logits = !strcmp(v, "logits");
+        else if (!strcmp(a, "--temperature")) temperature = atof(v);
+        else if (!strcmp(a, "--top-p")) top_p = atof(v);
+        else if (!strcmp(a, "--top-logprobs")) top_logprobs = atoi(v);
         else if (!strcmp(a, "--batches")) {
             n_batches = 0;
             char *copy = bt_strdup_or_die(v), *save = NULL;
@@ -162,6 +163,14 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_decode: no KV layout for %lld positions\n", (long long)opt.max_ctx);
         return 1;
     }
+    if (temperature < 0 || !(top_p > 0 && top_p <= 1) || top_logprobs < 0 || top_logprobs > BT_SAMPLE_TOP_MAX) {
+        fprintf(stderr, "bench_decode: --temperature >= 0, 0 < --top-p <= 1, 0 <= --top-logprobs <= %d\n",
+                BT_SAMPLE_TOP_MAX);
+        return 2;
+    }
+    bt_sample_req_t req[MAX_BATCH];
+    bt_sample_out_t drawn[MAX_BATCH];
+    bt_sampler_t *sampler = bt_sampler_create(emit);
     uint8_t *slot[MAX_BATCH];
     for (int b = 0; b < bmax; b++) slot[b] = bt_aligned_alloc(64, lay.slot_bytes);
     float *logits = bt_malloc_or_die((size_t)bmax * V * sizeof(float));
@@ -178,36 +187,52 @@ int main(int argc, char **argv)
                 ids[i] = (int32_t)((7 + 131LL * b + 17LL * i + (long long)i * i) % emit);
             bt_kv_state_reset(slot[b]);
             bt_forward_seq_t seq = {slot[b], ids, prompt, false};
-            if (bt_model_forward(m, &lay, &seq, 1, logits, err, sizeof err) != BT_OK) {
+            req[b] = (bt_sample_req_t){{(float)temperature, (float)top_p, 0.0f, 0, (uint64_t)b}, 0,
+                                       top_logprobs > 0, top_logprobs};
+            if (bt_model_forward_sample(m, &lay, &seq, 1, emit, &req[b], &drawn[b], err, sizeof err) != BT_OK) {
                 fprintf(stderr, "bench_decode: prefill: %s\n", err);
                 return 1;
             }
-            tok[b] = argmax(logits, emit);
+            tok[b] = drawn[b].id;
         }
         for (int s = 0; s < warmup + steps; s++) {
             bt_forward_seq_t seq[MAX_BATCH];
-            for (int b = 0; b < B; b++) seq[b] = (bt_forward_seq_t){slot[b], &tok[b], 1, false};
+            for (int b = 0; b < B; b++) {
+                seq[b] = (bt_forward_seq_t){slot[b], &tok[b], 1, false};
+                req[b].step = (uint64_t)s + 1;
+            }
             double a = now();
-            if (bt_model_forward(m, &lay, seq, B, logits, err, sizeof err) != BT_OK) {
+            bt_status_t st;
+            if (draw_logits) {
+                st = bt_model_forward(m, &lay, seq, B, logits, err, sizeof err);
+                for (int b = 0; b < B && st == BT_OK; b++)
+                    drawn[b].id = bt_sampler_sample(sampler, &req[b].sampling, logits + (size_t)b * V, req[b].step,
+                                                    &drawn[b].logprob, drawn[b].top, top_logprobs);
+            } else {
+                st = bt_model_forward_sample(m, &lay, seq, B, emit, req, drawn, err, sizeof err);
+            }
+            if (st != BT_OK) {
                 fprintf(stderr, "bench_decode: decode step: %s\n", err);
                 return 1;
             }
             double e = now() - a;
             if (s >= warmup) ms[s - warmup] = 1e3 * e;
-            for (int b = 0; b < B; b++) tok[b] = argmax(logits + (size_t)b * V, emit);
+            for (int b = 0; b < B; b++) tok[b] = drawn[b].id;
         }
         qsort(ms, (size_t)steps, sizeof *ms, cmp_double);
         double med = ms[steps / 2], p90 = ms[(9 * steps + 9) / 10 - 1]; /* (nearest rank) */
         printf("| %d | %d | %d | %.3f | %.3f | %.0f | %.4f |\n", B, prompt, steps, med, p90, 1e3 * B / med,
                med / c->n_layers);
         fprintf(stderr, "{\"bench\":\"decode\",\"device\":\"%s\",\"dtype\":\"%s\",\"graphs\":%s,\"layers\":%d,"
-                        "\"batch\":%d,\"prompt\":%d,\"steps\":%d,\"median_ms\":%.4f,\"p90_ms\":%.4f,"
+                        "\"draw\":\"%s\",\"temperature\":%g,\"top_p\":%g,\"top_logprobs\":%d,\"batch\":%d,\"prompt\":%d,\"steps\":%d,\"median_ms\":%.4f,\"p90_ms\":%.4f,"
                         "\"tokens_per_s\":%.1f}\n",
-                device, dtype, graphs_off || opt.device != BT_DEVICE_CUDA ? "false" : "true", c->n_layers, B,
+                device, dtype, graphs_off || opt.device != BT_DEVICE_CUDA ? "false" : "true", c->n_layers,
+                draw_logits ? "logits" : "forward", temperature, top_p, top_logprobs, B,
                 prompt, steps, med, p90, 1e3 * B / med);
     }
     for (int b = 0; b < bmax; b++) bt_aligned_free(slot[b]);
     free(logits);
+    bt_sampler_destroy(sampler);
     free(ids);
     free(ms);
     bt_model_destroy(m);

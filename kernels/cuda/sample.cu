@@ -4,9 +4,11 @@
  * its logits row (129280 floats at the real vocabulary).
  *
  * The CPU finds its kept sets with a heap (top_k) and a partition (top_p); here each is a
- * threshold found by radix selection: 8 rounds of 4 bits over the logits' order-preserving
- * keys, each round summing the weights (or counts) of the keys that share the bits decided so
- * far, per value of the next 4 bits; ties on a logit are broken by id in one ordered scan. The
+ * threshold found by radix selection over the logits' order-preserving keys, each round
+ * counting (4 rounds of 8 bits, warp histograms in shared memory) or summing the weights (8
+ * rounds of 4 bits, in registers) of the keys that share the bits decided so far, per value of
+ * the next digit; ties on a logit are broken by id in one ordered scan. Every pass over a row
+ * keeps 8 loads a thread in flight (one block reads a 129280-id row at ~13 GB/s with one). The
  * weights are sampler.c's, bit for bit (its e^x, rounded the same way), and both draw in id
  * order over the kept set, so the same (seed, step) picks the same token unless a sum's last
  * bits put the draw on the other side of a boundary. */
@@ -15,10 +17,12 @@
 enum { SR_THREADS = 1024, SR_WARPS = SR_THREADS / 32 };
 
 typedef struct {
+    uint32_t hist[SR_WARPS][256]; /* counting rounds: a histogram a warp */
+    uint32_t bins[256];
     double part[SR_WARPS][16];
-    double bins[16];
+    double wbins[16];
     double wsum[SR_WARPS];
-    int wlast[SR_WARPS];
+    int wlast[SR_WARPS], first;
     float wmax[SR_WARPS];
     int wbest[SR_WARPS];
     uint32_t prefix;
@@ -75,6 +79,22 @@ __device__ __forceinline__ bool sr_at_least(uint32_t key, int id, uint32_t K, in
     return key > K || (key == K && id <= id_k);
 }
 
+/* f(i, row[i]) for i = threadIdx.x, + SR_THREADS, ... < V: 8 loads in flight a thread */
+template <class F>
+__device__ __forceinline__ void sr_each(const float *row, int V, F f)
+{
+    enum { U = 8 };
+    int i = threadIdx.x;
+    for (; i + (U - 1) * SR_THREADS < V; i += U * SR_THREADS) {
+        float l[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) l[u] = __ldg(row + i + u * SR_THREADS);
+#pragma unroll
+        for (int u = 0; u < U; u++) f(i + u * SR_THREADS, l[u]);
+    }
+    for (; i < V; i += SR_THREADS) f(i, __ldg(row + i));
+}
+
 __device__ __forceinline__ double sr_warp_sum(double v)
 {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -95,64 +115,81 @@ __device__ double sr_block_sum(double v, sr_shared_t *sh)
 
 /* The first id i (in id order) at which the running sum of weight(i, row[i]) passes target
  * (strict: exceeds it; else reaches it), or, when rounding leaves it uncrossed, the last id
- * with weight; -1 when no id has weight. Warps take consecutive segments; the warp whose
- * segment crosses walks it 32 ids at a time. */
+ * with weight; -1 when no id has weight. Each thread sums a run of consecutive ids, a scan of
+ * the runs finds the one that crosses, and its thread walks it. */
 template <class Weight>
 __device__ int sr_find(const float *row, int V, Weight weight, double target, bool strict,
                        sr_shared_t *sh)
 {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int seg = (((V + SR_WARPS - 1) / SR_WARPS) + 31) & ~31;
-    const int lo = warp * seg, hi = min(lo + seg, V);
+    const int per = (V + SR_THREADS - 1) / SR_THREADS;
+    const int lo = min(threadIdx.x * per, V), hi = min(lo + per, V);
     double s = 0.0;
     int last = -1;
-    for (int i = lo + lane; i < hi; i += 32) {
-        const double w = weight(i, row[i]);
-        s += w;
-        if (w > 0.0) last = i;
-    }
-    s = sr_warp_sum(s);
-    for (int o = 16; o > 0; o >>= 1) last = max(last, __shfl_xor_sync(0xffffffffu, last, o));
-    __syncthreads();
-    if (lane == 0) {
-        sh->wsum[warp] = s;
-        sh->wlast[warp] = last;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        double run = 0.0;
-        int pick = -1, any = -1;
-        for (int w = 0; w < SR_WARPS; w++) {
-            if (sh->wlast[w] >= 0) any = w;
-            const double next = run + sh->wsum[w];
-            if (pick < 0 && (strict ? next > target : next >= target)) {
-                pick = w;
-                sh->above = run;
+    {
+        enum { U = 4 };
+        int i = lo;
+        for (; i + U <= hi; i += U) {
+            float l[U];
+#pragma unroll
+            for (int u = 0; u < U; u++) l[u] = __ldg(row + i + u);
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const double w = weight(i + u, l[u]);
+                s += w;
+                if (w > 0.0) last = i + u;
             }
-            if (pick < 0) run = next;
         }
-        sh->pick = pick;
-        sh->found = pick < 0 ? (any < 0 ? -1 : sh->wlast[any]) : -1;
+        for (; i < hi; i++) {
+            const double w = weight(i, __ldg(row + i));
+            s += w;
+            if (w > 0.0) last = i;
+        }
+    }
+    /* inclusive scan of the runs' sums: in the warp, then over the warps' totals */
+    double incl = s;
+    for (int o = 1; o < 32; o <<= 1) {
+        const double v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += v;
+    }
+    int wl = last;
+    for (int o = 16; o > 0; o >>= 1) wl = max(wl, __shfl_xor_sync(0xffffffffu, wl, o));
+    __syncthreads();
+    if (lane == 31) sh->wsum[warp] = incl;
+    if (lane == 0) sh->wlast[warp] = wl;
+    if (threadIdx.x == 0) sh->first = SR_THREADS;
+    __syncthreads();
+    if (warp == 0) {
+        double t = sh->wsum[lane];
+        for (int o = 1; o < 32; o <<= 1) {
+            const double v = __shfl_up_sync(0xffffffffu, t, o);
+            if (lane >= o) t += v;
+        }
+        const double before = __shfl_up_sync(0xffffffffu, t, 1);
+        sh->part[lane][0] = lane ? before : 0.0; /* the warps before this one */
+        int any = sh->wlast[lane];
+        for (int o = 16; o > 0; o >>= 1) any = max(any, __shfl_xor_sync(0xffffffffu, any, o));
+        if (lane == 0) sh->wlast[0] = any;
     }
     __syncthreads();
-    const int pick = sh->pick;
-    if (warp == pick) {
-        double run = sh->above;
+    incl += sh->part[warp][0];
+    double excl = __shfl_up_sync(0xffffffffu, incl, 1);
+    if (lane == 0) excl = sh->part[warp][0];
+    /* the first run whose end crosses (with weight of its own) */
+    if (s > 0.0 && (strict ? incl > target : incl >= target)) atomicMin(&sh->first, (int)threadIdx.x);
+    __syncthreads();
+    const int who = sh->first;
+    if (who == SR_THREADS) { /* rounding: nothing crossed */
+        if (threadIdx.x == 0) sh->found = sh->wlast[0];
+    } else if ((int)threadIdx.x == who) {
+        double run = excl;
         int got = -1;
-        for (int i0 = lo; i0 < hi && got < 0; i0 += 32) {
-            const int i = i0 + lane;
-            const double w = i < hi ? weight(i, row[i]) : 0.0;
-            double incl = w;
-            for (int o = 1; o < 32; o <<= 1) {
-                const double v = __shfl_up_sync(0xffffffffu, incl, o);
-                if (lane >= o) incl += v;
-            }
-            const bool hit = w > 0.0 && (strict ? run + incl > target : run + incl >= target);
-            const unsigned b = __ballot_sync(0xffffffffu, hit);
-            if (b) got = i0 + __ffs(b) - 1;
-            run += __shfl_sync(0xffffffffu, incl, 31);
+        for (int i = lo; i < hi && got < 0; i++) {
+            const double w = weight(i, __ldg(row + i));
+            run += w;
+            if (w > 0.0 && (strict ? run > target : run >= target)) got = i;
         }
-        if (lane == 0) sh->found = got >= 0 ? got : sh->wlast[pick];
+        sh->found = got >= 0 ? got : last;
     }
     __syncthreads();
     const int found = sh->found;
@@ -160,11 +197,76 @@ __device__ int sr_find(const float *row, int V, Weight weight, double target, bo
     return found;
 }
 
-/* The edge (K, id_k) of the most likely ids whose weight reaches target: the weight of the
- * (key, id) at least as likely as it reaches target, of those more likely does not. Weights
- * are counts (top_k, the most likely n) or probabilities (top_p); WT the type they are summed
- * in. The caller makes sure the whole row's weight reaches target. */
-template <class WT, class Weight>
+/* The edge (K, id_k) of the k most likely ids (k <= V): the k-th in the order (key desc, id
+ * asc). Counting rounds of 8 bits: each warp's histogram in shared memory, lanes with the same
+ * digit added once (__match_any_sync). */
+__device__ void sr_select_count(const float *row, int V, int k, uint32_t *K, int *id_k, sr_shared_t *sh)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    uint32_t prefix = 0, above = 0;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        const uint32_t high = shift == 24 ? 0u : 0xffffffffu << (shift + 8);
+        for (int j = lane; j < 256; j += 32) sh->hist[warp][j] = 0;
+        __syncwarp();
+        sr_each(row, V, [&](int, float l) {
+            const uint32_t key = sr_key(l), d = (key >> shift) & 255u;
+            const bool mine = (key & high) == prefix;
+            const unsigned act = __activemask(), in = __ballot_sync(act, mine);
+            if (mine) {
+                const unsigned peers = __match_any_sync(in, d);
+                if (lane == __ffs(peers) - 1) atomicAdd(&sh->hist[warp][d], (uint32_t)__popc(peers));
+            }
+        });
+        __syncthreads();
+        if (threadIdx.x < 256) {
+            uint32_t c = 0;
+            for (int w = 0; w < SR_WARPS; w++) c += sh->hist[w][threadIdx.x];
+            sh->bins[threadIdx.x] = c;
+        }
+        __syncthreads();
+        if (warp == 0) { /* lane l holds digits 255 - 8l down to 248 - 8l */
+            uint32_t c = 0;
+            for (int j = 0; j < 8; j++) c += sh->bins[255 - 8 * lane - j];
+            uint32_t incl = c;
+            for (int o = 1; o < 32; o <<= 1) {
+                const uint32_t v = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o) incl += v;
+            }
+            const bool hit = above + incl >= (uint32_t)k;
+            const unsigned b = __ballot_sync(0xffffffffu, hit);
+            const int at = b ? __ffs(b) - 1 : 31; /* (always hit: the row holds k) */
+            if (lane == at) {
+                uint32_t acc = above + incl - c;
+                int d = 248 - 8 * lane;
+                for (int j = 0; j < 8; j++) {
+                    const int dj = 255 - 8 * lane - j;
+                    if (acc + sh->bins[dj] >= (uint32_t)k) {
+                        d = dj;
+                        break;
+                    }
+                    acc += sh->bins[dj];
+                }
+                sh->above = (double)acc;
+                sh->prefix = prefix | ((uint32_t)d << shift);
+            }
+        }
+        __syncthreads();
+        prefix = sh->prefix;
+        above = (uint32_t)sh->above;
+        __syncthreads();
+    }
+    const uint32_t kk = prefix;
+    const int id = sr_find(row, V, [&](int, float l) { return sr_key(l) == kk ? 1.0 : 0.0; },
+                           (double)(k - (int)above), false, sh);
+    *K = kk;
+    *id_k = id >= 0 ? id : V - 1;
+}
+
+/* The edge (K, id_k) of the most likely ids whose weight (top_p's probabilities) reaches
+ * target: the weight of the (key, id) at least as likely as it reaches target, of those more
+ * likely does not. Rounds of 4 bits, the 16 sums in registers; ids without weight skipped.
+ * The caller makes sure the whole row's weight reaches target. */
+template <class Weight>
 __device__ void sr_select(const float *row, int V, Weight weight, double target, uint32_t *K,
                           int *id_k, sr_shared_t *sh)
 {
@@ -173,21 +275,21 @@ __device__ void sr_select(const float *row, int V, Weight weight, double target,
     double above = 0.0;
     for (int shift = 28; shift >= 0; shift -= 4) {
         const uint32_t high = shift == 28 ? 0u : 0xffffffffu << (shift + 4);
-        WT s[16];
+        double s[16];
 #pragma unroll
-        for (int j = 0; j < 16; j++) s[j] = 0;
-        for (int i = threadIdx.x; i < V; i += SR_THREADS) {
-            const float l = row[i];
+        for (int j = 0; j < 16; j++) s[j] = 0.0;
+        sr_each(row, V, [&](int i, float l) {
             const uint32_t key = sr_key(l);
-            if ((key & high) != prefix) continue;
-            const WT w = (WT)weight(i, l);
+            if ((key & high) != prefix) return;
+            const double w = weight(i, l);
+            if (w == 0.0) return;
             const uint32_t d = (key >> shift) & 15u;
 #pragma unroll
-            for (int j = 0; j < 16; j++) s[j] += d == (uint32_t)j ? w : (WT)0;
-        }
+            for (int j = 0; j < 16; j++) s[j] += d == (uint32_t)j ? w : 0.0;
+        });
 #pragma unroll
         for (int j = 0; j < 16; j++) {
-            double v = (double)s[j];
+            double v = s[j];
             v = sr_warp_sum(v);
             if (lane == 0) sh->part[warp][j] = v;
         }
@@ -195,22 +297,22 @@ __device__ void sr_select(const float *row, int V, Weight weight, double target,
         if (threadIdx.x < 16) {
             double v = 0.0;
             for (int w = 0; w < SR_WARPS; w++) v += sh->part[w][threadIdx.x];
-            sh->bins[threadIdx.x] = v;
+            sh->wbins[threadIdx.x] = v;
         }
         __syncthreads();
         if (threadIdx.x == 0) {
             double acc = above;
             int d = -1;
             for (int j = 15; j >= 0; j--) {
-                if (acc + sh->bins[j] >= target) {
+                if (acc + sh->wbins[j] >= target) {
                     d = j;
                     break;
                 }
-                acc += sh->bins[j];
+                acc += sh->wbins[j];
             }
             if (d < 0) { /* rounding: the lowest digit keeps everything left */
                 d = 0;
-                acc -= sh->bins[0];
+                acc -= sh->wbins[0];
             }
             sh->above = acc;
             sh->prefix = prefix | ((uint32_t)d << shift);
@@ -241,13 +343,12 @@ __global__ void __launch_bounds__(SR_THREADS)
     /* the argmax, ties to the lower id */
     float bv = -INFINITY;
     int bi = 0x7fffffff;
-    for (int j = threadIdx.x; j < V; j += SR_THREADS) {
-        const float l = row[j];
+    sr_each(row, V, [&](int j, float l) {
         if (l > bv || (l == bv && j < bi)) {
             bv = l;
             bi = j;
         }
-    }
+    });
     for (int o = 16; o > 0; o >>= 1) {
         const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
         const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
@@ -281,7 +382,7 @@ __global__ void __launch_bounds__(SR_THREADS)
     const int n_top = min(min(p.n_top, BT_CUDA_SAMPLE_TOP), V);
     if (p.want_logprob || n_top > 0) {
         double s = 0.0;
-        for (int j = threadIdx.x; j < V; j += SR_THREADS) s += (double)sr_exp_le0(__fsub_rn(row[j], mx));
+        sr_each(row, V, [&](int, float l) { s += (double)sr_exp_le0(__fsub_rn(l, mx)); });
         lse = log(sr_block_sum(s, &sh)) + (double)mx;
     }
 
@@ -293,13 +394,13 @@ __global__ void __launch_bounds__(SR_THREADS)
         uint32_t kK = 0;
         int k_id = V - 1;
         if (topk)
-            sr_select<float>(row, V, [](int, float) { return 1.0f; }, (double)n, &kK, &k_id, &sh);
+            sr_select_count(row, V, n, &kK, &k_id, &sh);
         auto weight = [&](int i, float l) -> float {
             if (topk && !sr_at_least(sr_key(l), i, kK, k_id)) return -1.0f; /* not a candidate */
             return sr_exp_le0(__fmul_rn(__fsub_rn(l, mx), inv_t));
         };
         double s = 0.0;
-        for (int j = threadIdx.x; j < V; j += SR_THREADS) s += (double)fmaxf(weight(j, row[j]), 0.0f);
+        sr_each(row, V, [&](int j, float l) { s += (double)fmaxf(weight(j, l), 0.0f); });
         const double sum = sr_block_sum(s, &sh);
         const double floor_w = p.min_p > 0.0f ? (p.min_p < 1.0f ? (double)p.min_p : 1.0) : 0.0;
         const double top_p = p.top_p > 0.0f && p.top_p < 1.0f ? (double)p.top_p : 1.0;
@@ -315,9 +416,9 @@ __global__ void __launch_bounds__(SR_THREADS)
         int e_id = V - 1;
         if (top_p < 1.0) {
             s = 0.0;
-            for (int j = threadIdx.x; j < V; j += SR_THREADS) s += kept_w(j, row[j]);
+            sr_each(row, V, [&](int j, float l) { s += kept_w(j, l); });
             if (sr_block_sum(s, &sh) >= top_p * sum) {
-                sr_select<double>(row, V, kept_w, top_p * sum, &eK, &e_id, &sh);
+                sr_select(row, V, kept_w, top_p * sum, &eK, &e_id, &sh);
                 cut = true;
             }
         }
@@ -326,7 +427,7 @@ __global__ void __launch_bounds__(SR_THREADS)
             return w > 0.0 && (!cut || sr_at_least(sr_key(l), i, eK, e_id)) ? w : 0.0;
         };
         s = 0.0;
-        for (int j = threadIdx.x; j < V; j += SR_THREADS) s += drawn_w(j, row[j]);
+        sr_each(row, V, [&](int j, float l) { s += drawn_w(j, l); });
         const double total = sr_block_sum(s, &sh);
         const uint64_t r = sr_mix64(p.seed ^ sr_mix64(p.step + 0x51ed2701u));
         const double u = (double)(r >> 11) * 0x1p-53 * total;
@@ -338,14 +439,15 @@ __global__ void __launch_bounds__(SR_THREADS)
     if (n_top > 0) {
         uint32_t K = 0;
         int id_k = V - 1;
-        sr_select<float>(row, V, [](int, float) { return 1.0f; }, (double)n_top, &K, &id_k, &sh);
+        sr_select_count(row, V, n_top, &K, &id_k, &sh);
         if (threadIdx.x == 0) sh.n_list = 0;
         __syncthreads();
-        for (int j = threadIdx.x; j < V; j += SR_THREADS)
-            if (sr_at_least(sr_key(row[j]), j, K, id_k)) {
+        sr_each(row, V, [&](int j, float l) {
+            if (sr_at_least(sr_key(l), j, K, id_k)) {
                 const int at = atomicAdd(&sh.n_list, 1);
                 if (at < BT_CUDA_SAMPLE_TOP) sh.list_id[at] = j;
             }
+        });
         __syncthreads();
         if (threadIdx.x == 0) {
             const int m = min(sh.n_list, n_top);

@@ -408,6 +408,8 @@ static const case_t cases[] = {
     {OP_SAMPLE, F32, {16, 129280, 3, 0, 0}, 1},
     {OP_SAMPLE, F32, {16, 129280, 1, 0, 0}, 1},
     {OP_SAMPLE, F32, {16, 129280, 6, 0, 0}, 1},
+    {OP_SAMPLE, F32, {1, 129280, 6, 0, 0}, 1},
+    {OP_SAMPLE, F32, {16, 129280, 3, 2, 0}, 1},
 };
 
 /* ---- plumbing --------------------------------------------------------------------------- */
@@ -1928,7 +1930,7 @@ static const sample_setting_t sample_settings[] = {
     {0.8f, 0.95f, 0.02f, 40, 1, 5},     /* all three, logprobs */
     {1.0f, 1.0f, 0.0f, 1, 0, 3},        /* top_k 1 */
     {1.0f, 0.01f, 0.0f, 0, 0, 0},       /* a nucleus of one or two */
-    {1e-30f, 1.0f, 0.0f, 0, 1, 0},      /* 1 / temperature overflows: the argmax */
+    {1e-39f, 1.0f, 0.0f, 0, 1, 0},      /* 1 / temperature overflows: the argmax */
     {1.3f, 0.5f, 0.0f, 0, 0, 1},        /* a wide nucleus */
     {1.0f, 1.0f, 0.0f, -2, 0, 0},       /* top_k V - 1 (-2: V + top_k + 1) */
     {2.0f, 1.0f, 2.0f, 0, 0, 0},        /* min_p over 1: the best */
@@ -1942,12 +1944,30 @@ typedef struct {
     float *logits;
     int T, V;
     int64_t ld;
+    /* the way the workers drew before: the rows to pageable host memory, the host sampler */
+    const bt_cuda_sample_params_t *params_h;
+    float *rows_h;
+    bt_sampler_t *sampler;
 } sample_ctx_t;
 
 static void launch_sample(void *p)
 {
     sample_ctx_t *c = p;
     BT_OK_OR_DIE(bt_cuda_sample_rows(c->out, c->params, c->logits, c->ld, c->T, c->V, 0));
+}
+
+static void host_sample(void *p)
+{
+    sample_ctx_t *c = p;
+    CUDA_OK(cudaMemcpy(c->rows_h, c->logits, (size_t)c->T * c->ld * 4, cudaMemcpyDeviceToHost));
+    for (int t = 0; t < c->T; t++) {
+        const bt_cuda_sample_params_t *q = &c->params_h[t];
+        bt_sampling_t sp = {q->temperature, q->top_p, q->min_p, q->top_k, q->seed};
+        float lp;
+        bt_top_logprob_t top[BT_CUDA_SAMPLE_TOP];
+        bt_sampler_sample(c->sampler, &sp, c->rows_h + (size_t)t * c->ld, q->step, &lp, top,
+                          q->n_top < c->V ? q->n_top : c->V);
+    }
 }
 
 /* s: T V setting (-1: row t takes setting t mod the table's size) shape (0: logits uniform in
@@ -2021,7 +2041,16 @@ static void run_sample(const case_t *cs, result_t *r)
     r->exact_ok = wrong == 0;
     snprintf(r->note, sizeof(r->note), "%d of %d rows differ from sampler.c", wrong, T);
     r->bytes = (double)T * V * 4;
-    if (g_perf && cs->perf) r->ms = time_it(launch_sample, &c);
+    if (g_perf && cs->perf) {
+        r->ms = time_it(launch_sample, &c);
+        c.params_h = p;
+        c.rows_h = xmalloc((size_t)T * ld * 4);
+        c.sampler = bt_sampler_create(V);
+        float host_ms = time_it(host_sample, &c);
+        snprintf(r->note, sizeof(r->note), "%d of %d rows differ; rows to host + sampler.c %.3f ms", wrong, T, host_ms);
+        bt_sampler_destroy(c.sampler);
+        free(c.rows_h);
+    }
     free(l), free(p), free(out);
 }
 
