@@ -114,9 +114,10 @@ typedef struct {
 
 /* bt_model_forward, then a token drawn for each sequence q from its last row of logits over
  * ids 0..vocab-1 (the ids the caller's tokenizer has: at most the model's vocabulary) by req[q],
- * into out[q]. With --device cuda and TP 1 the draws run on the GPU, so only the tokens and the
- * log-probabilities asked for reach the host, not a row of logits a sequence; elsewhere the
- * rows go through the host sampler. No sequence may ask for all_logits. */
+ * into out[q]. With --device cuda the draws run on the GPU (under TP on the rank that asks,
+ * after the vocabulary slices are gathered), so only the tokens and the log-probabilities asked
+ * for reach the host, not a row of logits a sequence; on the CPU the rows go through the host
+ * sampler. No sequence may ask for all_logits. */
 bt_status_t bt_model_forward_sample(bt_model_t *model, const bt_kv_layout_t *layout,
                                     const bt_forward_seq_t *seqs, int n_seqs, int vocab,
                                     const bt_sample_req_t *req, bt_sample_out_t *out, char *err,

@@ -48,8 +48,11 @@ typedef enum { MAT_NONE = 0, MAT_F32, MAT_BF16, MAT_FP8 } mat_kind_t;
 
 /* rows from which an FP8 product dequantizes its weight and runs cuBLASLt (mm) */
 enum { FP8_WIDE_ROWS = 64 };
-/* decode steps of up to GRAPH_MAX_SEQS sequences run as CUDA graphs, GRAPH_SLOTS kept per size */
-enum { GRAPH_MAX_SEQS = 16, GRAPH_SLOTS = 4, GROUP_MAX_ROWS = 1024 };
+/* decode steps of up to GRAPH_MAX_SEQS sequences run as CUDA graphs, GRAPH_SLOTS kept per size
+ * and piece: a step is captured as up to GRAPH_PIECES graphs of consecutive layers, each
+ * launched as soon as it is captured, so the GPU runs one piece while the host captures the
+ * next (a step captured whole waited for all of its capture and update: ~25% of a step) */
+enum { GRAPH_MAX_SEQS = 16, GRAPH_SLOTS = 4, GRAPH_PIECES = 4, GROUP_MAX_ROWS = 1024 };
 typedef struct {
     mat_kind_t kind;
     int N, K;
@@ -130,12 +133,12 @@ struct bt_model_cuda {
      * (the launches of a step change with the compressors' and indexer's progress; a step
      * whose topology one of them has takes it by cudaGraphExecUpdate) */
     bool graphs;
-    cudaGraphExec_t graph_exec[GRAPH_MAX_SEQS + 1][GRAPH_SLOTS];
-    uint64_t graph_used[GRAPH_MAX_SEQS + 1][GRAPH_SLOTS], graph_clock;
+    cudaGraphExec_t graph_exec[GRAPH_PIECES][GRAPH_MAX_SEQS + 1][GRAPH_SLOTS];
+    uint64_t graph_used[GRAPH_PIECES][GRAPH_MAX_SEQS + 1][GRAPH_SLOTS], graph_clock;
     uint64_t graph_steps, graph_updates, graph_instances;
     /* host seconds of the forwards (logged at the end), by kind (FWD_*) and phase: plans and
-     * launches (or their capture), a graph's update and launch, waiting for the GPU and the KV
-     * copied home */
+     * launches (or their capture, every piece but the last updated and launched as it ends),
+     * the last piece's update and launch, waiting for the GPU and the KV copied home */
     double t_host[3][3];
     uint64_t n_fwd[3];
     size_t att_ws_cap;
@@ -735,7 +738,7 @@ static void dev_free_layer(dev_layer_t *d)
 bool bt_model_cuda_draws(const bt_model_t *m, int n_seqs)
 {
     const struct bt_model_cuda *cu = m->cuda;
-    return cu && cu->tp == 1 && n_seqs <= cu->logit_rows && cu->draw_r_d;
+    return cu && n_seqs <= cu->logit_rows && cu->draw_r_d;
 }
 
 void bt_model_cuda_graph_stats(const struct bt_model_cuda *cu, uint64_t *steps, uint64_t *instances)
@@ -790,12 +793,13 @@ void bt_model_cuda_destroy(struct bt_model_cuda *cu)
                         "the graph, %.0f us waiting and copying KV home",
                         cu->gpu, (unsigned long long)cu->n_fwd[k], kinds[k],
                         1e6 * cu->t_host[k][0] / (double)cu->n_fwd[k],
-                        k == FWD_GRAPH ? "capturing" : "launching",
+                        k == FWD_GRAPH ? "capturing (and launching the pieces before the last)" : "launching",
                         1e6 * cu->t_host[k][1] / (double)cu->n_fwd[k],
                         1e6 * cu->t_host[k][2] / (double)cu->n_fwd[k]);
-    for (int n = 0; n <= GRAPH_MAX_SEQS; n++)
-        for (int i = 0; i < GRAPH_SLOTS; i++)
-            if (cu->graph_exec[n][i]) cudaGraphExecDestroy(cu->graph_exec[n][i]);
+    for (int p = 0; p < GRAPH_PIECES; p++)
+        for (int n = 0; n <= GRAPH_MAX_SEQS; n++)
+            for (int i = 0; i < GRAPH_SLOTS; i++)
+                if (cu->graph_exec[p][n][i]) cudaGraphExecDestroy(cu->graph_exec[p][n][i]);
     free(cu->before);
     free(cu->cid_h);
     free(cu->hash_h);
@@ -815,7 +819,10 @@ typedef struct {
     int n_seqs, N;
     const int *first;
     uint8_t *dslot[64];          /* each sequence's mirror */
-    bool graph;                  /* this forward's launches are captured into a CUDA graph */
+    bool graph;                  /* this forward's launches are captured into CUDA graphs */
+    bool capturing;              /* the stream is capturing (a piece begun, not yet run) */
+    int piece, piece_layers;     /* the piece being captured; layers a piece */
+    bool instantiated;           /* a piece of this step needed a new executable graph */
     const bt_model_draw_t *draw; /* tokens drawn on the GPU from the logits (then no logits out) */
     int logit_rows;              /* rows of logits the forward produced */
     bool topk_set[64], cand_set[64];
@@ -1613,15 +1620,18 @@ static bool graph_step(const fwd_t *f)
     return true;
 }
 
-/* Ends the capture and runs it: into the most recently used executable graph of this batch
- * size that takes it by cudaGraphExecUpdate (same launches, other arguments), else into a newly
- * instantiated one in place of the least recently used. rc: the capture's own outcome. */
+/* Ends the capture of the current piece and launches it: into the most recently used
+ * executable graph of this piece and batch size that takes it by cudaGraphExecUpdate (same
+ * launches, other arguments), else into a newly instantiated one in place of the least recently
+ * used. rc: the capture's own outcome. */
 static bt_status_t graph_run(fwd_t *f, bt_status_t rc)
 {
     struct bt_model_cuda *cu = f->cu;
     char *err = f->err;
     size_t errlen = f->errlen;
     cudaGraph_t g = NULL;
+    if (!f->capturing) return rc != BT_OK ? rc : BT_ERR_INTERNAL;
+    f->capturing = false;
     cudaError_t e = cudaStreamEndCapture(cu->stream, &g);
     if (rc != BT_OK || e != cudaSuccess) {
         if (g) cudaGraphDestroy(g);
@@ -1629,8 +1639,8 @@ static bt_status_t graph_run(fwd_t *f, bt_status_t rc)
         if (rc == BT_OK) snprintf(err, errlen, "cuda forward: capturing the decode step: %s", cudaGetErrorString(e));
         return rc != BT_OK ? rc : BT_ERR_DEVICE;
     }
-    cudaGraphExec_t *ex = cu->graph_exec[f->N];
-    uint64_t *used = cu->graph_used[f->N];
+    cudaGraphExec_t *ex = cu->graph_exec[f->piece][f->N];
+    uint64_t *used = cu->graph_used[f->piece][f->N];
     int pick = -1;
     bool tried[GRAPH_SLOTS] = {false};
     for (int round = 0; round < GRAPH_SLOTS && pick < 0; round++) {
@@ -1661,12 +1671,23 @@ static bt_status_t graph_run(fwd_t *f, bt_status_t rc)
             snprintf(err, errlen, "cuda forward: instantiating the decode step's graph: %s", cudaGetErrorString(e));
             return BT_ERR_DEVICE;
         }
-        cu->graph_instances++;
+        f->instantiated = true;
     }
     used[pick] = ++cu->graph_clock;
     cudaGraphDestroy(g);
-    cu->graph_steps++;
     CK_CUDA(cudaGraphLaunch(ex[pick], cu->stream));
+    return BT_OK;
+}
+
+/* Between pieces: the captured layers run while the next piece is captured. */
+static bt_status_t graph_cut(fwd_t *f)
+{
+    char *err = f->err;
+    size_t errlen = f->errlen;
+    CK(graph_run(f, BT_OK));
+    f->piece++;
+    CK_CUDA(cudaStreamBeginCapture(f->cu->stream, cudaStreamCaptureModeThreadLocal));
+    f->capturing = true;
     return BT_OK;
 }
 
@@ -1775,6 +1796,8 @@ static bt_status_t forward_body(fwd_t *f, float *logits, bt_kv_header_t *before)
         CK(site(f, w->hc_ffn_fn, w->hc_ffn_base, w->hc_ffn_scale, cu->pre_mix, cu->attn_pre, w->ffn_norm));
         CK(moe(f, l));
         CK(bt_cuda_hc_expand(cu->x, cu->out, BT_CUDA_F32, cu->post, cu->comb, N, hc, D, st));
+        if (f->graph && (l + 1) % f->piece_layers == 0 && l + 1 < c->n_layers && f->piece + 1 < GRAPH_PIECES)
+            CK(graph_cut(f));
     }
     CK(bt_cuda_hc_collapse_norm(cu->hidden, BT_CUDA_F32, cu->x, cu->pre_mix, cu->norm, N, hc, D,
                                 (float)c->rms_eps, st));
@@ -1805,7 +1828,18 @@ static bt_status_t forward_body(fwd_t *f, float *logits, bt_kv_header_t *before)
             CK_CUDA(cudaMemsetAsync(cu->dlogits, 0, (size_t)rc * vpad * sizeof(float), st));
             if (m->vl > 0)
                 CK(bt_cuda_gemm_f32(cu->blas, cu->dlogits, (int)vpad, cu->hsel, D, cu->head, rc, m->vl, D, st));
-            CK(tp_all_gather(f, cu->dlogits, (size_t)rc * vpad * sizeof(float), true));
+            CK(tp_all_gather(f, cu->dlogits, (size_t)rc * vpad * sizeof(float), !f->draw));
+            if (f->draw) { /* rows whole again in dlogits, for the draws (one chunk) */
+                for (int r = 0; r < cu->tp; r++) {
+                    size_t v0 = (size_t)r * vpad;
+                    if (v0 >= V) continue;
+                    size_t vl = V - v0 < vpad ? V - v0 : vpad;
+                    CK_CUDA(cudaMemcpy2DAsync(cu->dlogits + v0, V * sizeof(float), cu->tp_recv + (size_t)r * rc * vpad,
+                                              vpad * sizeof(float), vl * sizeof(float), (size_t)rc,
+                                              cudaMemcpyDeviceToDevice, st));
+                }
+                continue;
+            }
             for (int i = 0; i < rc; i++)
                 for (int r = 0; r < cu->tp; r++) {
                     size_t v0 = (size_t)r * vpad;
@@ -1960,16 +1994,26 @@ static bt_status_t forward(fwd_t *f, float *logits, bt_kv_header_t *before)
     const double t0 = now_s();
     CK(bind_mirrors(f));
     f->graph = graph_step(f);
-    if (f->graph) CK_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    if (f->graph) {
+        f->piece_layers = (c->n_layers + GRAPH_PIECES - 1) / GRAPH_PIECES;
+        CK_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+        f->capturing = true;
+    }
     bt_status_t rc = forward_body(f, logits, before);
     const double t1 = now_s();
-    if (f->graph) rc = graph_run(f, rc);
+    if (f->graph) {
+        rc = graph_run(f, rc);
+        if (rc == BT_OK) {
+            cu->graph_steps++;
+            cu->graph_instances += f->instantiated;
+        }
+    }
     if (rc != BT_OK) return rc;
     const double t2 = now_s();
     if (f->graph && logits && f->logit_rows > 0)
         CK_CUDA(cudaMemcpyAsync(logits, cu->dlogits, (size_t)f->logit_rows * c->vocab * sizeof(float),
                                 cudaMemcpyDeviceToHost, st));
-    if (f->draw) { /* a row a sequence (bt_model_cuda_draws: one chunk of dlogits) */
+    if (f->draw) { /* a row a sequence (bt_model_cuda_draws: one chunk of dlogits, whole rows) */
         for (int q = 0; q < f->n_seqs; q++) {
             const bt_sample_req_t *r = &f->draw->req[q];
             cu->draw_p_h[q] = (bt_cuda_sample_params_t){

@@ -133,7 +133,8 @@ bt_status_t bt_model_cuda_forward(bt_model_t *m, const bt_kv_layout_t *lay,
                                   const bt_forward_seq_t *seqs, int n_seqs, const int *seq_first,
                                   int n_tokens, float *logits, const bt_model_draw_t *draw,
                                   char *err, size_t errlen);
-/* whether a forward of n_seqs sequences (a row each) can draw its tokens on the GPU */
+/* whether a forward of n_seqs sequences (a row each) can draw its tokens on the GPU (their
+ * rows fit one chunk of the device's logits) */
 bool bt_model_cuda_draws(const bt_model_t *m, int n_seqs);
 void bt_model_cuda_destroy(struct bt_model_cuda *cuda);
 void bt_model_cuda_graph_stats(const struct bt_model_cuda *cuda, uint64_t *steps, uint64_t *instances);

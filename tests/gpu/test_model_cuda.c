@@ -468,14 +468,29 @@ static void check_fixture(const char *name, bool exact)
 /* ---- tensor parallelism on one GPU: ranks as threads, a host comm (staged collectives) ---- */
 
 #define TP_GEN 8
+#define TP_DRAWS 6
+#define TP_VOCAB 1024
 typedef struct {
     bt_comm_t *comm;
     const prompt_t *p;
     float *logits; /* [S + TP_GEN][V], V <= TP_VOCAB */
     int32_t gen[TP_GEN];
     bool ok;
+    /* then TP_DRAWS steps fed gen[]: rank 0 draws with the forward (bt_model_forward_sample,
+     * as a decode group's lead), the others keep their logits rows, as its followers do */
+    bt_sample_out_t drawn[TP_DRAWS];
+    float draw_rows[TP_DRAWS][TP_VOCAB];
 } tp_run_t;
-#define TP_VOCAB 1024
+
+/* the draws' settings, step by step */
+static bt_sample_req_t tp_draw_req(int s)
+{
+    static const bt_sampling_t set[] = {
+        {1.0f, 1.0f, 0.0f, 0, 21}, {0.7f, 0.9f, 0.0f, 0, 22}, {0.0f, 1.0f, 0.0f, 0, 23},
+        {0.8f, 0.95f, 0.05f, 20, 24}, {1.0f, 1.0f, 0.0f, 3, 25}, {1.2f, 0.5f, 0.0f, 0, 26},
+    };
+    return (bt_sample_req_t){set[s % 6], (uint64_t)s, true, 5};
+}
 
 static void *tp_rank(void *arg)
 {
@@ -510,6 +525,16 @@ static void *tp_rank(void *arg)
         r->ok = bt_model_forward(m, &lay, &seq, 1, row, err, sizeof err) == BT_OK;
         if (!r->ok) fprintf(stderr, "rank %d: %s\n", r->comm ? bt_comm_rank(r->comm) : 0, err);
     }
+    const int rank = r->comm ? bt_comm_rank(r->comm) : 0;
+    for (int s = 0; s < TP_DRAWS && r->ok; s++) {
+        bt_forward_seq_t seq = {state, &r->gen[s], 1, false};
+        const bt_sample_req_t req = tp_draw_req(s);
+        if (rank == 0)
+            r->ok = bt_model_forward_sample(m, &lay, &seq, 1, V, &req, &r->drawn[s], err, sizeof err) == BT_OK;
+        else
+            r->ok = bt_model_forward(m, &lay, &seq, 1, r->draw_rows[s], err, sizeof err) == BT_OK;
+        if (!r->ok) fprintf(stderr, "rank %d: draw step %d: %s\n", rank, s, err);
+    }
     bt_aligned_free(state);
     bt_model_destroy(m);
     bt_safetensors_close(gold);
@@ -534,16 +559,16 @@ static void test_tp_on_one_gpu(void)
     for (int pi = 2; pi < np && pi < 6; pi += 3) { /* a 33- and a 120-token prompt */
         const prompt_t *p = &P[pi];
         size_t n = (size_t)(p->S + TP_GEN);
-        tp_run_t one = {NULL, p, malloc(n * TP_VOCAB * sizeof(float)), {0}, false};
+        static tp_run_t one, r[4]; /* (draw rows: ~25 KB each) */
+        one = (tp_run_t){.p = p, .logits = malloc(n * TP_VOCAB * sizeof(float))};
         tp_rank(&one);
         BT_CHECK_MSG(one.ok, "TP1 prompt%d did not run", pi);
         for (int T = 2; T <= 4 && one.ok; T += 2) {
             bt_comm_t *comms[4];
             BT_CHECK(bt_comm_threads_create(T, comms) == BT_OK);
-            tp_run_t r[4];
             pthread_t th[4];
             for (int k = 0; k < T; k++) {
-                r[k] = (tp_run_t){comms[k], p, malloc(n * TP_VOCAB * sizeof(float)), {0}, false};
+                r[k] = (tp_run_t){.comm = comms[k], .p = p, .logits = malloc(n * TP_VOCAB * sizeof(float))};
                 pthread_create(&th[k], NULL, tp_rank, &r[k]);
             }
             for (int k = 0; k < T; k++) pthread_join(th[k], NULL);
@@ -558,6 +583,25 @@ static void test_tp_on_one_gpu(void)
                 if (k == 0)
                     fprintf(stderr, "  GPU TP%d prompt%d (%d tokens + %d steps): max|d|/max vs TP1 = %.3g\n", T, pi, p->S,
                             TP_GEN, (double)(d / mx));
+            }
+            /* rank 0's draws on the GPU against the host sampler on rank 1's rows (the same
+             * gathered logits, bit for bit) */
+            if (r[0].ok && r[1].ok) {
+                bt_sampler_t *smp = bt_sampler_create(V);
+                int bad = 0;
+                for (int s = 0; s < TP_DRAWS; s++) {
+                    const bt_sample_req_t req = tp_draw_req(s);
+                    float lp;
+                    bt_top_logprob_t top[5];
+                    int32_t want = bt_sampler_sample(smp, &req.sampling, r[1].draw_rows[s], req.step, &lp, top, 5);
+                    bool same = r[0].drawn[s].id == want &&
+                                fabs((double)r[0].drawn[s].logprob - lp) <= 1e-6 * fmax(1.0, fabs((double)lp));
+                    for (int j = 0; j < 5; j++) same = same && r[0].drawn[s].top[j].id == top[j].id;
+                    bad += !same;
+                }
+                BT_CHECK_MSG(bad == 0, "TP%d prompt%d: %d of %d draws on rank 0 differ from the host sampler's", T, pi,
+                             bad, TP_DRAWS);
+                bt_sampler_destroy(smp);
             }
             for (int k = 0; k < T; k++) {
                 free(r[k].logits);
