@@ -426,9 +426,13 @@ __global__ void __launch_bounds__(SR_THREADS)
             const double w = kept_w(i, l);
             return w > 0.0 && (!cut || sr_at_least(sr_key(l), i, eK, e_id)) ? w : 0.0;
         };
-        s = 0.0;
-        sr_each(row, V, [&](int j, float l) { s += drawn_w(j, l); });
-        const double total = sr_block_sum(s, &sh);
+        /* (without min_p or a cut the kept set is every candidate: that sum again) */
+        double total = sum;
+        if (keep_w > 0.0 || cut) {
+            s = 0.0;
+            sr_each(row, V, [&](int j, float l) { s += drawn_w(j, l); });
+            total = sr_block_sum(s, &sh);
+        }
         const uint64_t r = sr_mix64(p.seed ^ sr_mix64(p.step + 0x51ed2701u));
         const double u = (double)(r >> 11) * 0x1p-53 * total;
         const int got = sr_find(row, V, drawn_w, u, true, &sh);

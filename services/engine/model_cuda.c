@@ -49,10 +49,11 @@ typedef enum { MAT_NONE = 0, MAT_F32, MAT_BF16, MAT_FP8 } mat_kind_t;
 /* rows from which an FP8 product dequantizes its weight and runs cuBLASLt (mm) */
 enum { FP8_WIDE_ROWS = 64 };
 /* decode steps of up to GRAPH_MAX_SEQS sequences run as CUDA graphs, GRAPH_SLOTS kept per size
- * and piece: a step is captured as up to GRAPH_PIECES graphs of consecutive layers, each
- * launched as soon as it is captured, so the GPU runs one piece while the host captures the
- * next (a step captured whole waited for all of its capture and update: ~25% of a step) */
-enum { GRAPH_MAX_SEQS = 16, GRAPH_SLOTS = 4, GRAPH_PIECES = 4, GROUP_MAX_ROWS = 1024 };
+ * and piece: a step is captured as graphs of 1, 2, 4, 8, ... consecutive layers (at most
+ * GRAPH_PIECES), each launched as soon as it is captured, so the GPU runs one piece while the
+ * host captures the next, twice as long (a step captured whole waited for all of its capture
+ * and update: ~25% of a real-model step; pieces of equal size would leave the first's) */
+enum { GRAPH_MAX_SEQS = 16, GRAPH_SLOTS = 4, GRAPH_PIECES = 8, GROUP_MAX_ROWS = 1024 };
 typedef struct {
     mat_kind_t kind;
     int N, K;
@@ -821,7 +822,7 @@ typedef struct {
     uint8_t *dslot[64];          /* each sequence's mirror */
     bool graph;                  /* this forward's launches are captured into CUDA graphs */
     bool capturing;              /* the stream is capturing (a piece begun, not yet run) */
-    int piece, piece_layers;     /* the piece being captured; layers a piece */
+    int piece;                   /* the piece being captured */
     bool instantiated;           /* a piece of this step needed a new executable graph */
     const bt_model_draw_t *draw; /* tokens drawn on the GPU from the logits (then no logits out) */
     int logit_rows;              /* rows of logits the forward produced */
@@ -1796,7 +1797,8 @@ static bt_status_t forward_body(fwd_t *f, float *logits, bt_kv_header_t *before)
         CK(site(f, w->hc_ffn_fn, w->hc_ffn_base, w->hc_ffn_scale, cu->pre_mix, cu->attn_pre, w->ffn_norm));
         CK(moe(f, l));
         CK(bt_cuda_hc_expand(cu->x, cu->out, BT_CUDA_F32, cu->post, cu->comb, N, hc, D, st));
-        if (f->graph && (l + 1) % f->piece_layers == 0 && l + 1 < c->n_layers && f->piece + 1 < GRAPH_PIECES)
+        /* pieces end after layers 0, 2, 6, 14, ...: l + 2 a power of two */
+        if (f->graph && ((l + 2) & (l + 1)) == 0 && l + 1 < c->n_layers && f->piece + 1 < GRAPH_PIECES)
             CK(graph_cut(f));
     }
     CK(bt_cuda_hc_collapse_norm(cu->hidden, BT_CUDA_F32, cu->x, cu->pre_mix, cu->norm, N, hc, D,
@@ -1995,7 +1997,6 @@ static bt_status_t forward(fwd_t *f, float *logits, bt_kv_header_t *before)
     CK(bind_mirrors(f));
     f->graph = graph_step(f);
     if (f->graph) {
-        f->piece_layers = (c->n_layers + GRAPH_PIECES - 1) / GRAPH_PIECES;
         CK_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
         f->capturing = true;
     }

@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* a token that may be drawn: its logit (for the order), id and weight exp((l - max) / T) */
 typedef struct {
@@ -16,7 +17,7 @@ typedef struct {
 struct bt_sampler {
     int vocab;
     int32_t *order;
-    cand_t *cand;
+    cand_t *cand, *nuc; /* the kept tokens in id order; a copy the nucleus selection reorders */
     float *w; /* the weights of every id, or of the top_k */
 };
 
@@ -26,6 +27,7 @@ bt_sampler_t *bt_sampler_create(int vocab)
     s->vocab = vocab;
     s->order = bt_malloc_or_die((size_t)vocab * sizeof *s->order);
     s->cand = bt_malloc_or_die((size_t)vocab * sizeof *s->cand);
+    s->nuc = bt_malloc_or_die((size_t)vocab * sizeof *s->nuc);
     s->w = bt_malloc_or_die((size_t)vocab * sizeof *s->w);
     return s;
 }
@@ -35,6 +37,7 @@ void bt_sampler_destroy(bt_sampler_t *s)
     if (!s) return;
     free(s->order);
     free(s->cand);
+    free(s->nuc);
     free(s->w);
     free(s);
 }
@@ -237,45 +240,45 @@ static int32_t sample_temperature(bt_sampler_t *s, const bt_sampling_t *p, const
     const double top_p = p->top_p > 0.0f && p->top_p < 1.0f ? (double)p->top_p : 1.0;
     const double eps = top_p < 1.0 ? 0.5 * (1.0 - top_p) * sum / n : 0.0;
     const double keep_w = floor_w > eps ? floor_w : eps;
-    /* the nucleus's least likely token, when top_p leaves some out, and the kept weight */
-    bool cut = false;
-    float edge_logit = 0.0f;
-    int32_t edge_id = 0;
-    double total = 0.0;
+    uint64_t r = mix64(p->seed ^ mix64(step + 0x51ed2701u));
+    const double unit = (double)(r >> 11) * 0x1p-53;
+    int last = -1; /* the last kept with weight (rounding may leave u >= 0 at the end) */
     if (top_p < 1.0) {
+        /* the kept tokens in id order; the nucleus: those at least as likely as its least
+         * likely member, the edge (a higher logit, or the same and a lower id) */
         cand_t *c = s->cand;
         int kept = 0;
         for (int i = 0; i < n; i++)
             if (w[i] >= keep_w) c[kept++] = (cand_t){logits[CAND_ID(i)], CAND_ID(i), (double)w[i]};
-        const int m = nucleus(c, kept, top_p * sum);
-        cand_t edge = c[0];
+        if (kept == 0) return best; /* (never: the best's weight is 1) */
+        memcpy(s->nuc, c, (size_t)kept * sizeof *c);
+        const int m = nucleus(s->nuc, kept, top_p * sum);
+        cand_t edge = s->nuc[0];
+        double total = 0.0;
         for (int i = 0; i < m; i++) {
-            total += c[i].w;
-            if (cand_cmp(&c[i], &edge) > 0) edge = c[i];
+            total += s->nuc[i].w;
+            if (cand_cmp(&s->nuc[i], &edge) > 0) edge = s->nuc[i];
         }
-        cut = m < kept;
-        edge_logit = edge.logit;
-        edge_id = edge.id;
-    } else {
-        for (int i = 0; i < n; i++)
-            if (w[i] >= keep_w) total += w[i];
+        double u = unit * total;
+        for (int i = 0; i < kept; i++) {
+            if (cand_cmp(&c[i], &edge) > 0) continue;
+            if (c[i].w > 0.0) last = i;
+            u -= c[i].w;
+            if (u < 0) return c[i].id;
+        }
+        return last >= 0 ? c[last].id : best;
     }
-    /* kept: over keep_w, and at least as likely as the edge (a higher logit, or the same and
-     * a lower id) */
-#define KEPT(i)                                                                                    \
-    (w[i] >= keep_w && (!cut || logits[CAND_ID(i)] > edge_logit ||                                 \
-                        (logits[CAND_ID(i)] == edge_logit && CAND_ID(i) <= edge_id)))
-    uint64_t r = mix64(p->seed ^ mix64(step + 0x51ed2701u));
-    double u = (double)(r >> 11) * 0x1p-53 * total;
-    int last = -1; /* the last kept with weight (rounding may leave u >= 0 at the end) */
+    double total = 0.0;
+    for (int i = 0; i < n; i++)
+        if (w[i] >= keep_w) total += w[i];
+    double u = unit * total;
     for (int i = 0; i < n; i++) {
-        if (!KEPT(i)) continue;
+        if (!(w[i] >= keep_w)) continue;
         if (w[i] > 0.0f) last = i;
         u -= w[i];
         if (u < 0) return CAND_ID(i);
     }
     return last >= 0 ? CAND_ID(last) : best;
-#undef KEPT
 #undef CAND_ID
 }
 
