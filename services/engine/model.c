@@ -527,6 +527,14 @@ void bt_model_graph_stats(const bt_model_t *m, uint64_t *steps, uint64_t *instan
 #endif
 }
 
+uint64_t bt_model_device_draws(const bt_model_t *m)
+{
+#ifdef BT_HAVE_CUDA_MODEL
+    if (m->cuda) return bt_model_cuda_device_draws(m->cuda);
+#endif
+    return 0;
+}
+
 void bt_model_destroy(bt_model_t *m)
 {
     if (!m) return;
@@ -1361,13 +1369,9 @@ bt_status_t bt_model_forward_sample(bt_model_t *m, const bt_kv_layout_t *lay,
         return forward_seqs(m, lay, seqs, n_seqs, NULL, &d, err, errlen);
     }
 #endif
-    if (!m->draw_logits) {
-        m->draw_logits = malloc((size_t)m->opt.max_batch_seqs * (size_t)c->vocab * sizeof(float));
-        if (!m->draw_logits) {
-            snprintf(err, errlen, "cannot allocate the logits of %d sequences", m->opt.max_batch_seqs);
-            return BT_ERR_NO_MEMORY;
-        }
-    }
+    /* (no failure once the arguments passed: a TP group's lead has broadcast its plan, and its
+     * followers wait in this forward's collectives) */
+    if (!m->draw_logits) m->draw_logits = bt_malloc_or_die((size_t)m->opt.max_batch_seqs * (size_t)c->vocab * sizeof(float));
     if (m->draw_vocab != vocab) {
         bt_sampler_destroy(m->draw_sampler);
         m->draw_sampler = bt_sampler_create(vocab);

@@ -77,8 +77,10 @@ bt_status_t bt_model_load(const char *dir, const bt_model_options_t *opt, bt_mod
 void bt_model_destroy(bt_model_t *model);
 const bt_model_config_t *bt_model_config(const bt_model_t *model);
 /* CUDA: the forwards that ran as CUDA graphs and the executable graphs instantiated for them
- * (both 0 on the CPU). */
+ * (pieces of steps; both 0 on the CPU). */
 void bt_model_graph_stats(const bt_model_t *model, uint64_t *steps, uint64_t *instances);
+/* CUDA: the tokens bt_model_forward_sample drew on the GPU (0 on the CPU). */
+uint64_t bt_model_device_draws(const bt_model_t *model);
 /* TP rank and size (0 and 1 without a comm). */
 int bt_model_tp_rank(const bt_model_t *model);
 int bt_model_tp_size(const bt_model_t *model);

@@ -137,6 +137,7 @@ struct bt_model_cuda {
     cudaGraphExec_t graph_exec[GRAPH_PIECES][GRAPH_MAX_SEQS + 1][GRAPH_SLOTS];
     uint64_t graph_used[GRAPH_PIECES][GRAPH_MAX_SEQS + 1][GRAPH_SLOTS], graph_clock;
     uint64_t graph_steps, graph_updates, graph_instances;
+    uint64_t draws; /* tokens drawn on the GPU */
     /* host seconds of the forwards (logged at the end), by kind (FWD_*) and phase: plans and
      * launches (or their capture, every piece but the last updated and launched as it ends),
      * the last piece's update and launch, waiting for the GPU and the KV copied home */
@@ -736,6 +737,11 @@ static void dev_free_layer(dev_layer_t *d)
     }
 }
 
+uint64_t bt_model_cuda_device_draws(const struct bt_model_cuda *cu)
+{
+    return cu->draws;
+}
+
 bool bt_model_cuda_draws(const bt_model_t *m, int n_seqs)
 {
     const struct bt_model_cuda *cu = m->cuda;
@@ -784,7 +790,7 @@ void bt_model_cuda_destroy(struct bt_model_cuda *cu)
     free(cu->home_dst);
     free(cu->home_ranges);
     if (cu->graph_steps)
-        BT_LOG_INFO("GPU %d: %llu decode steps ran as CUDA graphs (%llu updated an executable graph, %llu instantiated one)",
+        BT_LOG_INFO("GPU %d: %llu decode steps ran as CUDA graphs (%llu pieces updated an executable graph, %llu instantiated one)",
                     cu->gpu, (unsigned long long)cu->graph_steps, (unsigned long long)cu->graph_updates,
                     (unsigned long long)cu->graph_instances);
     static const char *kinds[3] = {"other forwards", "decode steps, eager", "decode steps as graphs"};
@@ -823,7 +829,6 @@ typedef struct {
     bool graph;                  /* this forward's launches are captured into CUDA graphs */
     bool capturing;              /* the stream is capturing (a piece begun, not yet run) */
     int piece;                   /* the piece being captured */
-    bool instantiated;           /* a piece of this step needed a new executable graph */
     const bt_model_draw_t *draw; /* tokens drawn on the GPU from the logits (then no logits out) */
     int logit_rows;              /* rows of logits the forward produced */
     bool topk_set[64], cand_set[64];
@@ -1672,7 +1677,7 @@ static bt_status_t graph_run(fwd_t *f, bt_status_t rc)
             snprintf(err, errlen, "cuda forward: instantiating the decode step's graph: %s", cudaGetErrorString(e));
             return BT_ERR_DEVICE;
         }
-        f->instantiated = true;
+        cu->graph_instances++;
     }
     used[pick] = ++cu->graph_clock;
     cudaGraphDestroy(g);
@@ -2004,10 +2009,7 @@ static bt_status_t forward(fwd_t *f, float *logits, bt_kv_header_t *before)
     const double t1 = now_s();
     if (f->graph) {
         rc = graph_run(f, rc);
-        if (rc == BT_OK) {
-            cu->graph_steps++;
-            cu->graph_instances += f->instantiated;
-        }
+        if (rc == BT_OK) cu->graph_steps++;
     }
     if (rc != BT_OK) return rc;
     const double t2 = now_s();
@@ -2054,6 +2056,7 @@ static bt_status_t forward(fwd_t *f, float *logits, bt_kv_header_t *before)
                  *cu->group_bad_h - 1, c->n_experts - 1);
         return BT_ERR_INTERNAL;
     }
+    if (f->draw) cu->draws += (uint64_t)f->n_seqs;
     for (int q = 0; f->draw && q < f->n_seqs; q++) { /* (copy_home waited for the stream) */
         const bt_cuda_sample_result_t *r = &cu->draw_r_h[q];
         bt_sample_out_t *o = &f->draw->out[q];

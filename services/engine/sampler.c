@@ -50,10 +50,24 @@ static uint64_t mix64(uint64_t z)
     return z ^ (z >> 31);
 }
 
+/* A logit's place in the order as an unsigned key: a larger logit, a larger key; -0 as +0;
+ * NaN below everything (a NaN compares false both ways, which would leave the order undefined).
+ * The GPU's sampler (kernels/cuda/sample.cu) orders by the same keys. */
+static inline uint32_t order_key(float l)
+{
+    if (l != l) return 0u;
+    union {
+        float f;
+        uint32_t u;
+    } v = {l == 0.0f ? 0.0f : l};
+    return (v.u & 0x80000000u) ? ~v.u : v.u | 0x80000000u;
+}
+
 /* descending by logit, ascending id on ties (heap of the first k, then sorted) */
 static int better(const float *l, int32_t a, int32_t b)
 {
-    return l[a] > l[b] || (l[a] == l[b] && a < b);
+    const uint32_t ka = order_key(l[a]), kb = order_key(l[b]);
+    return ka > kb || (ka == kb && a < b);
 }
 
 static void sift(const float *l, int32_t *h, int n, int i)
@@ -142,7 +156,8 @@ static void weights(float *restrict w, const float *restrict l, int n, float mx,
 static int cand_cmp(const void *a, const void *b)
 {
     const cand_t *x = a, *y = b;
-    if (x->logit != y->logit) return x->logit > y->logit ? -1 : 1;
+    const uint32_t kx = order_key(x->logit), ky = order_key(y->logit);
+    if (kx != ky) return kx > ky ? -1 : 1;
     return (x->id > y->id) - (x->id < y->id);
 }
 
@@ -235,7 +250,8 @@ static int32_t sample_temperature(bt_sampler_t *s, const bt_sampling_t *p, const
 #define CAND_ID(i) (topk ? order[i] : (int32_t)(i))
     double sum = 0.0;
     for (int i = 0; i < n; i++) sum += w[i];
-    /* min_p against the best's weight, which is exp(0) = 1 (over 1: the best alone) */
+    /* min_p against the best's weight, which is exp(0) = 1 (1 or over: the best, and any other
+     * whose weight rounds to 1) */
     const double floor_w = p->min_p > 0.0f ? (p->min_p < 1.0f ? (double)p->min_p : 1.0) : 0.0;
     const double top_p = p->top_p > 0.0f && p->top_p < 1.0f ? (double)p->top_p : 1.0;
     const double eps = top_p < 1.0 ? 0.5 * (1.0 - top_p) * sum / n : 0.0;
@@ -286,13 +302,18 @@ int32_t bt_sampler_sample(bt_sampler_t *s, const bt_sampling_t *p, const float *
                           uint64_t step, float *logprob_p, bt_top_logprob_t *top, int n_top)
 {
     int V = s->vocab;
-    float mx = logits[0];
-    int32_t best = 0;
-    for (int i = 1; i < V; i++)
-        if (logits[i] > mx) {
+    /* the argmax, the lower id on ties, NaN skipped (a row of NaN only: id 0) */
+    float mx = -INFINITY;
+    int32_t best = -1;
+    for (int i = 0; i < V; i++)
+        if (logits[i] > mx || (logits[i] == mx && best < 0)) {
             mx = logits[i];
             best = i;
         }
+    if (best < 0) {
+        best = 0;
+        mx = logits[0];
+    }
     double lse = 0.0;
     if (logprob_p || (top && n_top > 0)) {
         weights(s->w, logits, V, mx, 1.0f);

@@ -252,6 +252,8 @@ static const case_t cases[] = {
     {OP_SAMPLE, F32, {42, 129280, -1, 1, 0}, 0},
     {OP_SAMPLE, F32, {28, 129280, -1, 2, 0}, 0},
     {OP_SAMPLE, F32, {28, 129280, -1, 3, 0}, 0},
+    {OP_SAMPLE, F32, {28, 129280, -1, 4, 0}, 0},
+    {OP_SAMPLE, F32, {42, 300, -1, 4, 2}, 0},
     {OP_SAMPLE, F32, {70, 1000, -1, 0, 24}, 0},
     {OP_SAMPLE, F32, {42, 77, -1, 1, 0}, 0},
     {OP_SAMPLE, F32, {28, 6, -1, 1, 0}, 0},
@@ -1972,7 +1974,8 @@ static void host_sample(void *p)
 
 /* s: T V setting (-1: row t takes setting t mod the table's size) shape (0: logits uniform in
  * +-8; 1: the same with ties planted at the maximum and among the best; 2: flat, +-0.5; 3: half
- * of the ids -inf, a few NaN-free huge negatives) ld-pad */
+ * of the ids -inf, a few huge negatives; 4: NaN at id 0 in every other row and at ~1% of the
+ * ids: ranked below everything, never drawn, as sampler.c does) ld-pad */
 static void run_sample(const case_t *cs, result_t *r)
 {
     const int T = cs->s[0], V = cs->s[1], which = cs->s[2], shape = cs->s[3];
@@ -1988,6 +1991,9 @@ static void run_sample(const case_t *cs, result_t *r)
             for (int j = 0; j < V; j++)
                 if (irand(2)) row[j] = j % 7 ? -INFINITY : -1e30f;
             row[irand(V)] = 3.0f;
+        } else if (shape == 4) { /* a broken row: NaN first (every other row) and here and there */
+            if (t % 2 == 0) row[0] = NAN;
+            for (int j = 0; j < 1 + V / 100; j++) row[irand(V)] = NAN;
         }
         const sample_setting_t *st = &sample_settings[which >= 0 ? which : t % N_SAMPLE_SETTINGS];
         p[t] = (bt_cuda_sample_params_t){.temperature = st->temperature, .top_p = st->top_p,

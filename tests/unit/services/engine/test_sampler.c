@@ -203,6 +203,27 @@ static void test_edges(void)
     /* a masked id (weight 0) is never drawn, whatever the draw, even first in the row */
     const float first_masked[6] = {-INFINITY, 0.0f, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
     for (int k = 0; k < 200; k++) BT_CHECK_EQ_INT(bt_sampler_sample(s, &t1, first_masked, (uint64_t)k, NULL, NULL, 0), 1);
+    /* NaN (a broken row) ranks below every logit and is never drawn, first in the row too (a
+     * NaN maximum made every draw id 0); a row of NaN only gives id 0. As the GPU's sampler. */
+    const float nan_row[6] = {NAN, 1.0f, NAN, 3.0f, 2.0f, -INFINITY}, all_nan[6] = {NAN, NAN, NAN, NAN, NAN, NAN};
+    bt_sampling_t greedy = params(0.0f, 0, 1.0f, 0.0f, 1), k2 = params(1.0f, 2, 1.0f, 0.0f, 5),
+                  nucleus = params(1.0f, 0, 0.99f, 0.0f, 6);
+    BT_CHECK_EQ_INT(bt_sampler_sample(s, &greedy, nan_row, 0, NULL, NULL, 0), 3);
+    BT_CHECK_EQ_INT(bt_sampler_sample(s, &greedy, all_nan, 0, NULL, NULL, 0), 0);
+    int drawn[6] = {0};
+    for (int k = 0; k < 300; k++) {
+        drawn[bt_sampler_sample(s, &t1, nan_row, (uint64_t)k, NULL, NULL, 0)]++;
+        int32_t a = bt_sampler_sample(s, &k2, nan_row, (uint64_t)k, NULL, NULL, 0);
+        int32_t b = bt_sampler_sample(s, &nucleus, nan_row, (uint64_t)k, NULL, NULL, 0);
+        BT_CHECK(a == 3 || a == 4);
+        BT_CHECK(b == 1 || b == 3 || b == 4);
+    }
+    BT_CHECK(drawn[0] == 0 && drawn[2] == 0 && drawn[5] == 0 && drawn[1] > 0 && drawn[3] > drawn[4]);
+    bt_top_logprob_t top[6];
+    float lp;
+    bt_sampler_sample(s, &greedy, nan_row, 0, &lp, top, 6);
+    BT_CHECK(top[0].id == 3 && top[1].id == 4 && top[2].id == 1 && top[3].id == 5 && top[4].id == 0 && top[5].id == 2);
+    BT_CHECK(fabsf(lp - top[0].logprob) == 0.0f && isfinite(lp));
     bt_sampler_destroy(s);
 }
 
