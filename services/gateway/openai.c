@@ -187,6 +187,18 @@ bt_status_t bt_openai_parse(bt_openai_kind_t kind, const char *body, size_t len,
     TRY(num(root, "min_p", 0.0, 1.0, 0.0, &min_p, e));
     TRY(num(root, "presence_penalty", -2.0, 2.0, 0.0, &presence, e));
     TRY(num(root, "frequency_penalty", -2.0, 2.0, 0.0, &frequency, e));
+    /* refused, not ignored: a request that asks for them would get other text than it asked for */
+    if (presence != 0.0 || frequency != 0.0) {
+        fail(e, presence != 0.0 ? "presence_penalty" : "frequency_penalty",
+             presence != 0.0 ? "'presence_penalty' other than 0 is not supported yet"
+                             : "'frequency_penalty' other than 0 is not supported yet");
+        goto out;
+    }
+    const cJSON *bias = item(root, "logit_bias");
+    if (bias && !cJSON_IsNull(bias) && !(cJSON_IsObject(bias) && !bias->child)) {
+        fail(e, "logit_bias", "'logit_bias' is not supported yet");
+        goto out;
+    }
     TRY(integer(root, "top_k", -1, 1e9, -1, &top_k, e));
     TRY(integer(root, "n", 1, 1e9, 1, &n, e));
     if (n > 1) {

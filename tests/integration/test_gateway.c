@@ -103,6 +103,13 @@ static const case_t cases[] = {
     {"max_tokens fractional", "POST", CHAT, "{" MSGS ",\"max_tokens\":2.5}", 400, "max_tokens"},
     {"huge max_tokens is clamped", "POST", CHAT, "{" MSGS ",\"max_tokens\":1000000000000,\"temperature\":0}", 200, "chat.completion"},
     {"n of two", "POST", CHAT, "{" MSGS ",\"n\":2}", 400, "'n'"},
+    /* refused, not silently ignored */
+    {"presence_penalty", "POST", CHAT, "{" MSGS ",\"presence_penalty\":0.5}", 400, "\"param\":\"presence_penalty\""},
+    {"frequency_penalty", "POST", CHAT, "{" MSGS ",\"frequency_penalty\":-1}", 400, "\"param\":\"frequency_penalty\""},
+    {"logit_bias", "POST", CHAT, "{" MSGS ",\"logit_bias\":{\"5\":100}}", 400, "\"param\":\"logit_bias\""},
+    {"penalties of 0 and an empty logit_bias", "POST", CHAT,
+     "{" MSGS ",\"presence_penalty\":0,\"frequency_penalty\":0,\"logit_bias\":{},\"max_tokens\":2,\"temperature\":0}", 200,
+     "chat.completion"},
     {"stop of numbers", "POST", CHAT, "{" MSGS ",\"stop\":[1,2]}", 400, "\"param\":\"stop\""},
     {"stream not a bool", "POST", CHAT, "{" MSGS ",\"stream\":\"yes\"}", 400, "stream"},
     {"stream_options not an object", "POST", CHAT, "{" MSGS ",\"stream_options\":3}", 400, "stream_options"},
