@@ -187,8 +187,8 @@ int main(int argc, char **argv)
                 ids[i] = (int32_t)((7 + 131LL * b + 17LL * i + (long long)i * i) % emit);
             bt_kv_state_reset(slot[b]);
             bt_forward_seq_t seq = {slot[b], ids, prompt, false};
-            req[b] = (bt_sample_req_t){{(float)temperature, (float)top_p, 0.0f, 0, (uint64_t)b}, 0,
-                                       top_logprobs > 0, top_logprobs};
+            req[b] = (bt_sample_req_t){.sampling = {(float)temperature, (float)top_p, 0.0f, 0, (uint64_t)b},
+                                       .want_logprob = top_logprobs > 0, .n_top = top_logprobs};
             if (bt_model_forward_sample(m, &lay, &seq, 1, emit, &req[b], &drawn[b], err, sizeof err) != BT_OK) {
                 fprintf(stderr, "bench_decode: prefill: %s\n", err);
                 return 1;

@@ -321,6 +321,15 @@ typedef struct {
 bt_status_t bt_cuda_sample_rows(bt_cuda_sample_result_t *out, const bt_cuda_sample_params_t *params,
                                 const float *logits, int64_t ld, int T, int V, cudaStream_t stream);
 
+/* logits[row * ld + id] -= amount for each of adj[0 .. n) (the (row, id) pairs distinct): the
+ * penalties of generated tokens, rounded as the host's float subtraction */
+typedef struct {
+    int32_t row, id;
+    float amount;
+} bt_cuda_logit_adjust_t;
+bt_status_t bt_cuda_logit_adjust(float *logits, int64_t ld, const bt_cuda_logit_adjust_t *adj, int n,
+                                 cudaStream_t stream);
+
 /* ---- engine glue (kernels/cuda/engine_ops.cu) ---------------------------------------------
  * Small steps of the device-resident model (services/engine/model_cuda.c): all f32. */
 

@@ -480,6 +480,22 @@ __global__ void __launch_bounds__(SR_THREADS)
     }
 }
 
+__global__ void logit_adjust_kernel(float *logits, int64_t ld, const bt_cuda_logit_adjust_t *adj, int n)
+{
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float *p = logits + (size_t)adj[i].row * ld + adj[i].id;
+    *p = __fsub_rn(*p, adj[i].amount);
+}
+
+extern "C" bt_status_t bt_cuda_logit_adjust(float *logits, int64_t ld, const bt_cuda_logit_adjust_t *adj,
+                                            int n, cudaStream_t stream)
+{
+    BT_CUDA_REQUIRE(logits && adj && n > 0 && ld > 0);
+    logit_adjust_kernel<<<bt__cdiv(n, 256), 256, 0, stream>>>(logits, ld, adj, n);
+    return bt__cuda_launched("logit_adjust");
+}
+
 extern "C" bt_status_t bt_cuda_sample_rows(bt_cuda_sample_result_t *out,
                                            const bt_cuda_sample_params_t *params,
                                            const float *logits, int64_t ld, int T, int V,

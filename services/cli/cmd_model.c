@@ -198,7 +198,7 @@ int bt_cli_generate(int argc, char **argv)
 {
     common_args_t a = {NULL, NULL, 4096, 0, 0, "cpu", 0, "auto"};
     int64_t max_new = 16, seed = 0;
-    double temperature = 1.0, top_p = 1.0, min_p = 0.0;
+    double temperature = 1.0, top_p = 1.0, min_p = 0.0, presence = 0.0, frequency = 0.0;
     int64_t top_k = -1;
     bool ignore_eos = false;
     bt_flag_t spec[] = {
@@ -215,6 +215,8 @@ int bt_cli_generate(int argc, char **argv)
         BT_FLAG_INT("top-k", &top_k, "keep the k most likely (default: all)"),
         BT_FLAG_FLOAT("min-p", &min_p, "drop tokens below min-p x the top probability"),
         BT_FLAG_INT("seed", &seed, "sampling seed (default 0)"),
+        BT_FLAG_FLOAT("presence-penalty", &presence, "subtracted from a generated token's logit (-2..2, default 0)"),
+        BT_FLAG_FLOAT("frequency-penalty", &frequency, "subtracted per occurrence of a generated token (-2..2, default 0)"),
         BT_FLAG_BOOL("ignore-eos", &ignore_eos, "keep generating past the end-of-sequence token"),
     };
     char err[256];
@@ -225,10 +227,11 @@ int bt_cli_generate(int argc, char **argv)
         return 2;
     }
     if (max_new < 0 || max_new > (1 << 24) || a.chunk < 1 || temperature < 0 || top_p <= 0 ||
-        top_p > 1 || min_p < 0 || min_p > 1) {
+        top_p > 1 || min_p < 0 || min_p > 1 || !(presence >= -2 && presence <= 2) ||
+        !(frequency >= -2 && frequency <= 2)) {
         fprintf(stderr, "baton generate: a flag is out of range (--max-new-tokens >= 0, "
                         "--chunked-prefill-size >= 1, --temperature >= 0, 0 < --top-p <= 1, "
-                        "0 <= --min-p <= 1)\n");
+                        "0 <= --min-p <= 1, -2 <= --presence-penalty, --frequency-penalty <= 2)\n");
         return 2;
     }
     int32_t *ids;
@@ -251,8 +254,10 @@ int bt_cli_generate(int argc, char **argv)
     /* drawn as the services draw (bt_model_forward_sample: the same sampler over the same ids,
      * on the GPU with --device cuda), so the same seed gives the same tokens here and in a
      * cluster */
-    bt_sample_req_t req = {{(float)temperature, (float)top_p, (float)min_p, top_k > 0 ? (int)top_k : 0, (uint64_t)seed},
-                           0, false, 0};
+    bt_sample_req_t req = {.sampling = {(float)temperature, (float)top_p, (float)min_p, top_k > 0 ? (int)top_k : 0,
+                                        (uint64_t)seed}};
+    bt_penalties_t pen; /* as the decode group counts them */
+    bt_penalties_init(&pen, (float)presence, (float)frequency);
     bt_sample_out_t drawn;
     bt_kv_state_reset(state);
     int produced = 0;
@@ -263,6 +268,9 @@ int bt_cli_generate(int argc, char **argv)
     int32_t tok;
     while (rc == 0 && produced < max_new) {
         req.step = (uint64_t)produced;
+        req.adj_ids = pen.ids;
+        req.adj = pen.amount;
+        req.n_adj = pen.n;
         if (bt_model_forward_sample(m, &lay, &seq, 1, emit_vocab, &req, &drawn, err, sizeof err) != BT_OK) {
             fprintf(stderr, "baton generate: %s\n", err);
             rc = 1;
@@ -270,6 +278,7 @@ int bt_cli_generate(int argc, char **argv)
         }
         tok = drawn.id;
         out[produced++] = tok;
+        bt_penalties_add(&pen, tok);
         if (tok == c->eos_id && !ignore_eos) break;
         seq = (bt_forward_seq_t){state, &tok, 1, false};
     }
@@ -278,6 +287,7 @@ int bt_cli_generate(int argc, char **argv)
         printf("\n");
     }
     free(out);
+    bt_penalties_free(&pen);
     bt_aligned_free(state);
     bt_model_destroy(m);
     free(ids);

@@ -42,6 +42,7 @@ typedef struct seq {
     int32_t *prompt;
     int n_prompt;
     bt_sampling_t sampling;
+    bt_penalties_t pen; /* presence / frequency penalties of the tokens generated so far */
     int max_new;
     bool ignore_eos, logprobs;
     int top_logprobs;
@@ -160,6 +161,7 @@ static void seq_release(seq_t *s)
     d->n_admitted--;
     free(s->prompt);
     free(s->stop_ids);
+    bt_penalties_free(&s->pen);
     free(s);
 }
 
@@ -246,6 +248,7 @@ static void seq_emit(seq_t *s, int32_t t, float logprob, const bt_top_logprob_t 
         bt_histogram_observe(s->d->itl, (double)(now - s->t_last) / 1000.0);
     s->t_last = now;
     s->generated++;
+    bt_penalties_add(&s->pen, t);
     Baton__V1__FinishReason fr = finish_reason(s, t);
     send_event(s, &t, 1, &logprob, top, n_top, fr);
     if (fr != BATON__V1__FINISH_REASON__FINISH_NONE) {
@@ -600,8 +603,9 @@ static void maybe_step(decode_t *d)
         ctx_tokens += s->n_prompt + s->generated;
         d->batch[n] = s;
         d->fwd[n] = (bt_forward_seq_t){bt_kv_pool_slot(d->pool, s->slot), &s->next_token, 1, false};
-        d->draw_req[n] = (bt_sample_req_t){s->sampling, (uint64_t)s->generated, s->logprobs,
-                                           s->logprobs ? s->top_logprobs : 0};
+        d->draw_req[n] = (bt_sample_req_t){.sampling = s->sampling, .step = (uint64_t)s->generated,
+                                           .want_logprob = s->logprobs, .n_top = s->logprobs ? s->top_logprobs : 0,
+                                           .adj_ids = s->pen.ids, .adj = s->pen.amount, .n_adj = s->pen.n};
         s->in_step = true;
         n++;
     }
@@ -714,6 +718,7 @@ static void on_generate(void *ctx, bt_rpc_call_t *call, const uint8_t *data, siz
     s->sampling.top_k = sp ? sp->top_k : 0;
     s->sampling.min_p = sp ? sp->min_p : 0.0f;
     s->sampling.seed = sp && sp->has_seed ? sp->seed : 0;
+    bt_penalties_init(&s->pen, sp ? sp->presence_penalty : 0.0f, sp ? sp->frequency_penalty : 0.0f);
     s->ignore_eos = sp ? sp->ignore_eos : false;
     s->logprobs = sp ? sp->logprobs : false;
     s->top_logprobs = sp && sp->top_logprobs > 0 ? (sp->top_logprobs < 20 ? sp->top_logprobs : 20) : 0;

@@ -1362,6 +1362,16 @@ bt_status_t bt_model_forward_sample(bt_model_t *m, const bt_kv_layout_t *lay,
                      BT_SAMPLE_TOP_MAX);
             return BT_ERR_INVALID_ARG;
         }
+        if (req[q].n_adj < 0 || (req[q].n_adj > 0 && (!req[q].adj_ids || !req[q].adj))) {
+            snprintf(err, errlen, "sequence %d: %d logit adjustments without their ids or amounts", q, req[q].n_adj);
+            return BT_ERR_INVALID_ARG;
+        }
+        for (int i = 0; i < req[q].n_adj; i++)
+            if (req[q].adj_ids[i] < 0 || req[q].adj_ids[i] >= vocab) {
+                snprintf(err, errlen, "sequence %d: logit adjustment of id %d outside 0..%d", q, req[q].adj_ids[i],
+                         vocab - 1);
+                return BT_ERR_INVALID_ARG;
+            }
     }
 #ifdef BT_HAVE_CUDA_MODEL
     if (m->cuda && bt_model_cuda_draws(m, n_seqs)) {
@@ -1381,6 +1391,8 @@ bt_status_t bt_model_forward_sample(bt_model_t *m, const bt_kv_layout_t *lay,
     if (rc != BT_OK) return rc;
     for (int q = 0; q < n_seqs; q++) {
         const bt_sample_req_t *r = &req[q];
+        float *row = m->draw_logits + (size_t)q * c->vocab;
+        for (int i = 0; i < r->n_adj; i++) row[r->adj_ids[i]] -= r->adj[i];
         float lp = 0.0f;
         const int n_top = r->n_top < vocab ? r->n_top : vocab;
         out[q].id = bt_sampler_sample(m->draw_sampler, &r->sampling, m->draw_logits + (size_t)q * c->vocab,

@@ -150,6 +150,8 @@ struct bt_model_cuda {
      * and on the device, for logit_rows rows */
     bt_cuda_sample_params_t *draw_p_h, *draw_p_d;
     bt_cuda_sample_result_t *draw_r_h, *draw_r_d;
+    bt_cuda_logit_adjust_t *adj_h, *adj_d; /* the draws' logit adjustments, grown as needed */
+    int adj_cap;
     /* per-forward plans: bump-allocated in pinned host memory, copied to the same offset of
      * a device arena; never rewritten within a forward, so copies stay asynchronous */
     uint8_t *meta_h, *meta_d;
@@ -779,6 +781,8 @@ void bt_model_cuda_destroy(struct bt_model_cuda *cu)
     cudaFreeHost(cu->moe_idx_h);
     cudaFreeHost(cu->moe_wts_h);
     cudaFreeHost(cu->group_bad_h);
+    cudaFreeHost(cu->adj_h);
+    cudaFree(cu->adj_d);
     cudaFreeHost(cu->draw_p_h);
     cudaFreeHost(cu->draw_r_h);
     cudaFree(cu->draw_p_d);
@@ -2026,6 +2030,28 @@ static bt_status_t forward(fwd_t *f, float *logits, bt_kv_header_t *before)
         }
         CK_CUDA(cudaMemcpyAsync(cu->draw_p_d, cu->draw_p_h, (size_t)f->n_seqs * sizeof *cu->draw_p_h,
                                 cudaMemcpyHostToDevice, st));
+        int n_adj = 0;
+        for (int q = 0; q < f->n_seqs; q++) n_adj += f->draw->req[q].n_adj;
+        if (n_adj > 0) { /* the penalties, into the rows before the draws */
+            if (n_adj > cu->adj_cap) {
+                int cap = n_adj + n_adj / 2 + 256;
+                CK_CUDA(cudaStreamSynchronize(st)); /* (the old buffers may still be read) */
+                cudaFreeHost(cu->adj_h);
+                cudaFree(cu->adj_d);
+                cu->adj_h = NULL;
+                cu->adj_d = NULL;
+                cu->adj_cap = 0;
+                CK_CUDA(cudaMallocHost((void **)&cu->adj_h, (size_t)cap * sizeof *cu->adj_h));
+                CK_CUDA(cudaMalloc((void **)&cu->adj_d, (size_t)cap * sizeof *cu->adj_d));
+                cu->adj_cap = cap;
+            }
+            for (int q = 0, k = 0; q < f->n_seqs; q++) {
+                const bt_sample_req_t *r = &f->draw->req[q];
+                for (int i = 0; i < r->n_adj; i++) cu->adj_h[k++] = (bt_cuda_logit_adjust_t){q, r->adj_ids[i], r->adj[i]};
+            }
+            CK_CUDA(cudaMemcpyAsync(cu->adj_d, cu->adj_h, (size_t)n_adj * sizeof *cu->adj_h, cudaMemcpyHostToDevice, st));
+            CK(bt_cuda_logit_adjust(cu->dlogits, c->vocab, cu->adj_d, n_adj, st));
+        }
         CK(bt_cuda_sample_rows(cu->draw_r_d, cu->draw_p_d, cu->dlogits, c->vocab, f->n_seqs, f->draw->vocab, st));
         CK_CUDA(cudaMemcpyAsync(cu->draw_r_h, cu->draw_r_d, (size_t)f->n_seqs * sizeof *cu->draw_r_h,
                                 cudaMemcpyDeviceToHost, st));

@@ -298,6 +298,39 @@ static int32_t sample_temperature(bt_sampler_t *s, const bt_sampling_t *p, const
 #undef CAND_ID
 }
 
+void bt_penalties_init(bt_penalties_t *p, float presence, float frequency)
+{
+    *p = (bt_penalties_t){.presence = presence, .frequency = frequency};
+}
+
+void bt_penalties_add(bt_penalties_t *p, int32_t token)
+{
+    if (p->presence == 0.0f && p->frequency == 0.0f) return;
+    int i = 0;
+    while (i < p->n && p->ids[i] != token) i++; /* (a request's distinct tokens: a linear scan) */
+    if (i == p->n) {
+        if (p->n == p->cap) {
+            p->cap = p->cap ? 2 * p->cap : 64;
+            p->ids = bt_realloc_or_die(p->ids, (size_t)p->cap * sizeof *p->ids);
+            p->count = bt_realloc_or_die(p->count, (size_t)p->cap * sizeof *p->count);
+            p->amount = bt_realloc_or_die(p->amount, (size_t)p->cap * sizeof *p->amount);
+        }
+        p->ids[i] = token;
+        p->count[i] = 0;
+        p->n++;
+    }
+    p->count[i]++;
+    p->amount[i] = p->presence + p->frequency * (float)p->count[i];
+}
+
+void bt_penalties_free(bt_penalties_t *p)
+{
+    free(p->ids);
+    free(p->count);
+    free(p->amount);
+    *p = (bt_penalties_t){0};
+}
+
 int32_t bt_sampler_sample(bt_sampler_t *s, const bt_sampling_t *p, const float *logits,
                           uint64_t step, float *logprob_p, bt_top_logprob_t *top, int n_top)
 {

@@ -35,4 +35,19 @@ typedef struct {
 int32_t bt_sampler_sample(bt_sampler_t *s, const bt_sampling_t *p, const float *logits,
                           uint64_t step, float *logprob_p, bt_top_logprob_t *top, int n_top);
 
+/* Presence and frequency penalties (OpenAI's presence_penalty / frequency_penalty): every
+ * distinct token a request generated, and the amount to subtract from its logit at the next
+ * draw, presence + frequency * count (bt_sample_req_t's adj_ids / adj / n_adj). Tokens counted
+ * as they are generated; none when both are 0. */
+typedef struct {
+    float presence, frequency;
+    int32_t *ids, *count;
+    float *amount;
+    int n, cap;
+} bt_penalties_t;
+
+void bt_penalties_init(bt_penalties_t *p, float presence, float frequency);
+void bt_penalties_add(bt_penalties_t *p, int32_t token);
+void bt_penalties_free(bt_penalties_t *p);
+
 #endif

@@ -187,13 +187,7 @@ bt_status_t bt_openai_parse(bt_openai_kind_t kind, const char *body, size_t len,
     TRY(num(root, "min_p", 0.0, 1.0, 0.0, &min_p, e));
     TRY(num(root, "presence_penalty", -2.0, 2.0, 0.0, &presence, e));
     TRY(num(root, "frequency_penalty", -2.0, 2.0, 0.0, &frequency, e));
-    /* refused, not ignored: a request that asks for them would get other text than it asked for */
-    if (presence != 0.0 || frequency != 0.0) {
-        fail(e, presence != 0.0 ? "presence_penalty" : "frequency_penalty",
-             presence != 0.0 ? "'presence_penalty' other than 0 is not supported yet"
-                             : "'frequency_penalty' other than 0 is not supported yet");
-        goto out;
-    }
+    /* refused, not ignored: a request that asks for it would get other text than it asked for */
     const cJSON *bias = item(root, "logit_bias");
     if (bias && !cJSON_IsNull(bias) && !(cJSON_IsObject(bias) && !bias->child)) {
         fail(e, "logit_bias", "'logit_bias' is not supported yet");
@@ -374,6 +368,8 @@ bt_status_t bt_openai_parse(bt_openai_kind_t kind, const char *body, size_t len,
         }
     }
     sp.temperature = (float)temperature;
+    sp.presence_penalty = (float)presence;
+    sp.frequency_penalty = (float)frequency;
     sp.top_p = (float)top_p;
     sp.top_k = top_k > 0 ? (int32_t)(top_k > INT32_MAX ? INT32_MAX : top_k) : 0;
     sp.min_p = (float)min_p;

@@ -345,8 +345,9 @@ static void start_chunk(prefill_t *p, job_t *j)
         const bt_sampling_t s = {sp ? sp->temperature : 0.0f, sp && sp->top_p > 0 ? sp->top_p : 1.0f,
                                  sp ? sp->min_p : 0.0f, sp ? sp->top_k : 0, sp && sp->has_seed ? sp->seed : 0};
         const bool logprobs = sp && sp->logprobs;
-        p->draw_req = (bt_sample_req_t){s, 0, logprobs,
-                                        logprobs && sp->top_logprobs > 0 ? (sp->top_logprobs < 20 ? sp->top_logprobs : 20) : 0};
+        p->draw_req = (bt_sample_req_t){
+            .sampling = s, .want_logprob = logprobs,
+            .n_top = logprobs && sp->top_logprobs > 0 ? (sp->top_logprobs < 20 ? sp->top_logprobs : 20) : 0};
     }
     p->busy = true;
     p->commit_start_ms = bt_now_ms(); /* reused as the chunk's start */

@@ -477,6 +477,11 @@ static bt_rpc_code_t prepare(router_t *r, req_t *q, const Baton__V1__GenerateReq
         snprintf(msg, msglen, "sampling.top_logprobs must be in [0, 20]");
         return BT_RPC_INVALID_ARGUMENT;
     }
+    if (!(sp->presence_penalty >= -2.0f && sp->presence_penalty <= 2.0f) ||
+        !(sp->frequency_penalty >= -2.0f && sp->frequency_penalty <= 2.0f)) {
+        snprintf(msg, msglen, "sampling.presence_penalty and frequency_penalty must be in [-2, 2]");
+        return BT_RPC_INVALID_ARGUMENT;
+    }
     q->sampling = *sp;
     if (!q->sampling.has_seed) {
         struct timespec ts;

@@ -490,7 +490,7 @@ static bt_sample_req_t tp_draw_req(int s)
         {1.0f, 1.0f, 0.0f, 0, 21}, {0.7f, 0.9f, 0.0f, 0, 22}, {0.0f, 1.0f, 0.0f, 0, 23},
         {0.8f, 0.95f, 0.05f, 20, 24}, {1.0f, 1.0f, 0.0f, 3, 25}, {1.2f, 0.5f, 0.0f, 0, 26},
     };
-    return (bt_sample_req_t){set[s % 6], (uint64_t)s, true, 5};
+    return (bt_sample_req_t){.sampling = set[s % 6], .step = (uint64_t)s, .want_logprob = true, .n_top = 5};
 }
 
 static void *tp_rank(void *arg)
@@ -830,16 +830,26 @@ static void check_batch_equals_single(const char *what, bt_model_t *m)
         bt_sample_out_t got[B];
         for (int b = 0; b < B; b++) {
             seq[b] = (bt_forward_seq_t){st[b], &ids[b][s], 1, false};
-            req[b] = (bt_sample_req_t){settings[(s + b) % 5], (uint64_t)s, true, (s + b) % 3 == 0 ? 5 : 0};
+            req[b] = (bt_sample_req_t){.sampling = settings[(s + b) % 5], .step = (uint64_t)s, .want_logprob = true,
+                                       .n_top = (s + b) % 3 == 0 ? 5 : 0};
         }
+        /* penalties for sequence 1: its greedy id pushed far down, two others a little */
+        int32_t adj_ids[3] = {ids[1][s + 1], (ids[1][s + 1] + 1) % vocab, (ids[1][s + 1] + 7) % vocab};
+        const float adj[3] = {50.0f, 0.75f, -0.5f};
+        req[1].adj_ids = adj_ids;
+        req[1].adj = adj;
+        req[1].n_adj = 3;
         const uint64_t drawn_before = bt_model_device_draws(m);
         BT_CHECK(bt_model_forward_sample(m, &lay, seq, B, vocab, req, got, err, sizeof err) == BT_OK);
         BT_CHECK_MSG(bt_model_device_draws(m) == drawn_before + B, "%s: the draws did not run on the GPU", what);
         for (int b = 0; b < B; b++) {
             float lp;
             bt_top_logprob_t top[5];
-            const float *row = solo + ((size_t)b * STEPS + s) * V;
+            float *row = lg; /* the solo row, with this draw's adjustments */
+            memcpy(row, solo + ((size_t)b * STEPS + s) * V, (size_t)V * sizeof(float));
+            for (int k = 0; k < req[b].n_adj; k++) row[req[b].adj_ids[k]] -= req[b].adj[k];
             int32_t want = bt_sampler_sample(smp, &req[b].sampling, row, req[b].step, &lp, top, req[b].n_top);
+            if (b == 1) BT_CHECK(got[1].id != adj_ids[0]);
             bool ok = got[b].id == want;
             lp_err = fmax(lp_err, fabs((double)got[b].logprob - lp) / fmax(1.0, fabs((double)lp)));
             for (int k = 0; k < req[b].n_top; k++) {

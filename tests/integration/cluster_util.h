@@ -208,14 +208,13 @@ static inline void gen_on_done(void *ctx, bt_rpc_code_t code, const char *msg)
     free(x);
 }
 
-/* Starts a Generate over token ids (greedy unless temperature > 0). */
-static inline void gen_start(client_t *c, gen_t *g, const int32_t *ids, int n, int max_tokens,
-                             bool ignore_eos, int64_t deadline_ms)
+/* Starts a Generate over token ids with the given sampling (max_tokens, ignore_eos set here). */
+static inline void gen_start_sampling(client_t *c, gen_t *g, const int32_t *ids, int n, int max_tokens,
+                                      bool ignore_eos, int64_t deadline_ms, Baton__V1__SamplingParams sp)
 {
     memset(g, 0, sizeof *g);
     Baton__V1__GenerateRequest req = BATON__V1__GENERATE_REQUEST__INIT;
     Baton__V1__TokenIds t = BATON__V1__TOKEN_IDS__INIT;
-    Baton__V1__SamplingParams sp = BATON__V1__SAMPLING_PARAMS__INIT;
     t.n_ids = (size_t)n;
     t.ids = (int32_t *)ids;
     req.prompt_case = BATON__V1__GENERATE_REQUEST__PROMPT_TOKEN_IDS;
@@ -234,6 +233,14 @@ static inline void gen_start(client_t *c, gen_t *g, const int32_t *ids, int n, i
                       x, &g->call) != BT_OK)
         gen_on_done(x, BT_RPC_UNAVAILABLE, "cannot start");
     free(buf);
+}
+
+/* Starts a greedy Generate over token ids. */
+static inline void gen_start(client_t *c, gen_t *g, const int32_t *ids, int n, int max_tokens,
+                             bool ignore_eos, int64_t deadline_ms)
+{
+    Baton__V1__SamplingParams sp = BATON__V1__SAMPLING_PARAMS__INIT;
+    gen_start_sampling(c, g, ids, n, max_tokens, ignore_eos, deadline_ms, sp);
 }
 
 /* Runs the loop until cond(ctx) or timeout; returns whether cond held. */

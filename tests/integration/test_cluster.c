@@ -139,12 +139,13 @@ static int64_t *tensor_i64(const bt_safetensors_t *st, const char *name, size_t 
     return v;
 }
 
-/* greedy ids of `baton generate` for the same prompt */
-static int one_process(const char *model, const int32_t *ids, int n, int max_new, int32_t *out)
+/* greedy ids of `baton generate` for the same prompt (extra: more flags, or "") */
+static int one_process_with(const char *model, const int32_t *ids, int n, int max_new, const char *extra, int32_t *out)
 {
     char cmd[8192];
     size_t o = (size_t)snprintf(cmd, sizeof cmd, "%s/baton generate --model-path %s --max-new-tokens %d "
-                                "--temperature 0 --ignore-eos --threads 1 --input-ids ", BT_BIN_DIR, model, max_new);
+                                "--temperature 0 --ignore-eos --threads 1 %s --input-ids ", BT_BIN_DIR, model, max_new,
+                                extra);
     for (int i = 0; i < n; i++) o += (size_t)snprintf(cmd + o, sizeof cmd - o, i ? ",%d" : "%d", ids[i]);
     snprintf(cmd + o, sizeof cmd - o, " 2>/dev/null");
     FILE *f = popen(cmd, "r");
@@ -159,6 +160,11 @@ static int one_process(const char *model, const int32_t *ids, int n, int max_new
         else break;
     }
     return k;
+}
+
+static int one_process(const char *model, const int32_t *ids, int n, int max_new, int32_t *out)
+{
+    return one_process_with(model, ids, n, max_new, "", out);
 }
 
 static void check_golden(const char *model, const char *fixture_dir, bool exact, const char *tls,
@@ -407,6 +413,51 @@ static void test_incompatible_groups(void)
  * handoff callback; the decode group must not touch the finished sequence afterwards (it did:
  * a use after free that crashed decode on the next request). Eight one-token requests one at
  * a time and eight at once, then a longer one on the same group. */
+/* presence and frequency penalties through router -> decode (the decode group counts the
+ * generated tokens, the first from prefill included): the same ids as `baton generate` with
+ * the same penalties, and other ids than without them. Negative ones, which favour tokens
+ * already generated: this model's greedy continuations repeat none, so positive ones would
+ * change nothing here. */
+static void test_penalties(void)
+{
+    cluster_t c;
+    BT_CHECK(cluster_start(&c, golden_exact, "tcp", "4096", "256", "30") == 0);
+    client_t cl;
+    client_open(&cl, c.router_addr);
+    BT_CHECK(serving(&cl));
+    int changed = 0;
+    for (int p = 0; p < 3; p++) {
+        int32_t prompt[6] = {5 + 7 * p, 17, 99 + p, 3, 42, 8};
+        enum { G = 24 };
+        Baton__V1__SamplingParams sp = BATON__V1__SAMPLING_PARAMS__INIT;
+        sp.presence_penalty = -2.0f;
+        sp.frequency_penalty = -1.0f;
+        gen_t g;
+        gen_start_sampling(&cl, &g, prompt, 6, G, true, 30000, sp);
+        BT_CHECK(run_until(&cl, gen_done, &g, 30000));
+        BT_CHECK_MSG(g.code == BT_RPC_OK && g.n == G, "penalized prompt %d: %s %s, %d tokens", p,
+                     bt_rpc_code_name(g.code), g.message, g.n);
+        int32_t ref[G], plain[G];
+        BT_CHECK_EQ_INT(one_process_with(golden_exact, prompt, 6, G, "--presence-penalty -2 --frequency-penalty -1", ref),
+                        G);
+        BT_CHECK_EQ_INT(one_process(golden_exact, prompt, 6, G, plain), G);
+        BT_CHECK_MSG(g.n == G && !memcmp(ref, g.ids, sizeof ref), "penalized prompt %d: cluster differs from baton generate", p);
+        changed += memcmp(plain, ref, sizeof ref) != 0;
+    }
+    BT_CHECK_MSG(changed > 0, "the penalties changed none of 3 greedy continuations");
+    /* out of range: refused by the router, naming the field */
+    int32_t prompt[2] = {5, 6};
+    Baton__V1__SamplingParams bad = BATON__V1__SAMPLING_PARAMS__INIT;
+    bad.frequency_penalty = 3.0f;
+    gen_t g;
+    gen_start_sampling(&cl, &g, prompt, 2, 4, true, 10000, bad);
+    BT_CHECK(run_until(&cl, gen_done, &g, 10000));
+    BT_CHECK_MSG(g.code == BT_RPC_INVALID_ARGUMENT && strstr(g.message, "frequency_penalty"), "%s %s",
+                 bt_rpc_code_name(g.code), g.message);
+    client_close(&cl);
+    cluster_stop(&c);
+}
+
 static void test_one_token_requests(void)
 {
     cluster_t c;
@@ -573,6 +624,7 @@ int main(void)
     snprintf(golden_a, sizeof golden_a, "%s/golden-a", BT_GOLDEN_DIR);
     BT_RUN(test_greedy_matches_golden);
     BT_RUN(test_one_token_requests);
+    BT_RUN(test_penalties);
     BT_RUN(test_admission);
     BT_RUN(test_kill_decode);
     BT_RUN(test_kill_prefill_and_cancel);

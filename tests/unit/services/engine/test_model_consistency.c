@@ -192,9 +192,18 @@ static void check_variant(const char *variant)
         }
         long before = 0;
         int differ = 0;
+        /* penalties on sequence 0 at odd steps: its top ids pushed down (the draw must move) */
+        const int32_t adj_ids[3] = {0, 1, 2};
+        const float adj[3] = {1.5f, 40.0f, -0.25f};
         for (int i = 0; i < 12; i++) {
             for (int q = 0; q < 2; q++)
-                req[q] = (bt_sample_req_t){settings[(i + q) % 5], (uint64_t)i, q == 1, q == 1 ? 5 : 0};
+                req[q] = (bt_sample_req_t){.sampling = settings[(i + q) % 5], .step = (uint64_t)i, .want_logprob = q == 1,
+                                           .n_top = q == 1 ? 5 : 0};
+            if (i % 2) {
+                req[0].adj_ids = adj_ids;
+                req[0].adj = adj;
+                req[0].n_adj = 3;
+            }
             /* the reference: sequence 0's state replayed through bt_model_forward */
             memcpy(ref, st[0], lay.slot_bytes);
             bt_forward_seq_t one = {ref, seqs[0].ids, seqs[0].n, false};
@@ -203,7 +212,9 @@ static void check_variant(const char *variant)
             BT_CHECK_MSG(bt_model_forward_sample(m3, &lay, seqs, 2, vocab, req, got, err, sizeof err) == BT_OK, "%s", err);
             float lp;
             bt_top_logprob_t top[5];
+            for (int k = 0; k < req[0].n_adj; k++) row[req[0].adj_ids[k]] -= req[0].adj[k];
             int32_t want = bt_sampler_sample(smp, &req[0].sampling, row, req[0].step, &lp, top, 5);
+            if (i % 2) BT_CHECK(got[0].id != 1); /* 40 down: never drawn */
             differ += got[0].id != want;
             BT_CHECK(got[1].id >= 0 && got[1].id < vocab && got[1].top[0].id >= 0 && got[1].top[4].id >= 0);
             BT_CHECK(got[1].logprob <= got[1].top[0].logprob && got[1].top[0].logprob <= 0.0f);
@@ -221,6 +232,12 @@ static void check_variant(const char *variant)
         req[0].n_top = 0;
         BT_CHECK(bt_model_forward_sample(m3, &lay, seqs, 1, V + 1, req, got, err, sizeof err) == BT_ERR_INVALID_ARG);
         BT_CHECK(strstr(err, "vocabulary") != NULL);
+        const int32_t out_of_range = vocab;
+        req[0].adj_ids = &out_of_range;
+        req[0].adj = adj;
+        req[0].n_adj = 1;
+        BT_CHECK(bt_model_forward_sample(m3, &lay, seqs, 1, vocab, req, got, err, sizeof err) == BT_ERR_INVALID_ARG);
+        BT_CHECK(strstr(err, "adjustment") != NULL);
         bt_sampler_destroy(smp);
         bt_aligned_free(ref);
         free(row);

@@ -227,6 +227,32 @@ static void test_edges(void)
     bt_sampler_destroy(s);
 }
 
+/* penalties: each distinct generated token once, presence + frequency x its count; nothing
+ * counted when both are 0 */
+static void test_penalties(void)
+{
+    bt_penalties_t p;
+    bt_penalties_init(&p, 0.5f, 0.25f);
+    const int32_t toks[] = {7, 3, 7, 7, 9, 3};
+    for (int i = 0; i < 6; i++) bt_penalties_add(&p, toks[i]);
+    BT_CHECK_EQ_INT(p.n, 3);
+    const int32_t want_id[3] = {7, 3, 9}, want_n[3] = {3, 2, 1};
+    for (int i = 0; i < 3 && i < p.n; i++) {
+        BT_CHECK_EQ_INT(p.ids[i], want_id[i]);
+        BT_CHECK_EQ_INT(p.count[i], want_n[i]);
+        BT_CHECK(p.amount[i] == 0.5f + 0.25f * (float)want_n[i]);
+    }
+    for (int i = 0; i < 200; i++) bt_penalties_add(&p, 1000 + i); /* past the first capacity */
+    BT_CHECK_EQ_INT(p.n, 203);
+    BT_CHECK(p.ids[202] == 1199 && p.amount[202] == 0.75f);
+    bt_penalties_free(&p);
+    BT_CHECK(p.n == 0 && !p.ids);
+    bt_penalties_init(&p, 0.0f, 0.0f);
+    bt_penalties_add(&p, 5);
+    BT_CHECK_EQ_INT(p.n, 0);
+    bt_penalties_free(&p);
+}
+
 /* the same (seed, step) draws the same id, whatever came before; other seeds differ */
 static void test_determinism(void)
 {
@@ -334,6 +360,7 @@ int main(void)
     BT_RUN(test_filters_many);
     BT_RUN(test_edges);
     BT_RUN(test_determinism);
+    BT_RUN(test_penalties);
     BT_RUN(test_logprobs);
     BT_RUN(test_large_vocab);
     return bt_test_summary();
