@@ -164,6 +164,23 @@ test('logprobs', async () => {
   }
 });
 
+test('presence and frequency penalties; logit_bias refused', async () => {
+  const ask = (extra) => client.completions.create({
+    model: MODEL, prompt: 'The', max_tokens: 24, temperature: 0, ignore_eos: true, return_token_ids: true, ...extra,
+  });
+  const plain = await ask({});
+  const favoured = await ask({ presence_penalty: -2, frequency_penalty: -2 });
+  const ids = (r) => r.choices[0].token_ids ?? r.choices[0].text;
+  // negative penalties favour tokens already generated: a repeat, and other text than greedy
+  const toks = favoured.choices[0].token_ids;
+  if (toks) assert.ok(new Set(toks).size < toks.length, `no token repeated: ${toks}`);
+  assert.notDeepEqual(ids(favoured), ids(plain));
+  // the same request twice: the same text (the counts start afresh)
+  assert.deepEqual(ids(await ask({ presence_penalty: -2, frequency_penalty: -2 })), ids(favoured));
+  await assert.rejects(ask({ logit_bias: { 5: 100 } }),
+    (e) => e instanceof OpenAI.BadRequestError && /logit_bias/.test(e.message));
+});
+
 test('errors: 401 and 400', async () => {
   const bad = new OpenAI({ baseURL: main.gateway, apiKey: 'wrong', maxRetries: 0 });
   await assert.rejects(bad.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: 'x' }] }),
