@@ -42,7 +42,10 @@ typedef struct seq {
     int32_t *prompt;
     int n_prompt;
     bt_sampling_t sampling;
-    bt_penalties_t pen; /* presence / frequency penalties of the tokens generated so far */
+    bt_penalties_t pen; /* logit_bias, and the penalties of the tokens generated so far */
+    int32_t *bias_ids;  /* the request's logit_bias, for the prefill group's first draw */
+    float *bias;
+    int n_bias;
     int max_new;
     bool ignore_eos, logprobs;
     int top_logprobs;
@@ -162,6 +165,8 @@ static void seq_release(seq_t *s)
     free(s->prompt);
     free(s->stop_ids);
     bt_penalties_free(&s->pen);
+    free(s->bias_ids);
+    free(s->bias);
     free(s);
 }
 
@@ -327,6 +332,9 @@ static void start_prefill(seq_t *s)
     sp.seed = s->sampling.seed;
     sp.logprobs = s->logprobs;
     sp.top_logprobs = s->top_logprobs;
+    sp.n_logit_bias_ids = sp.n_logit_bias = (size_t)s->n_bias;
+    sp.logit_bias_ids = s->bias_ids;
+    sp.logit_bias = s->bias;
     req.sampling = &sp;
     Baton__V1__KvTarget target = BATON__V1__KV_TARGET__INIT;
     const uint8_t *desc;
@@ -697,6 +705,18 @@ static void on_generate(void *ctx, bt_rpc_call_t *call, const uint8_t *data, siz
             code = BT_RPC_INVALID_ARGUMENT;
             snprintf(msg, sizeof msg, "prompt token %d at %zu outside the vocabulary", r->prompt_ids[i], i);
         }
+    const Baton__V1__SamplingParams *rsp = r->sampling;
+    const size_t n_bias = rsp ? rsp->n_logit_bias : 0;
+    if (code == BT_RPC_OK && rsp && rsp->n_logit_bias_ids != rsp->n_logit_bias) {
+        code = BT_RPC_INVALID_ARGUMENT;
+        snprintf(msg, sizeof msg, "logit_bias: %zu ids for %zu biases", rsp->n_logit_bias_ids, rsp->n_logit_bias);
+    }
+    for (size_t i = 0; code == BT_RPC_OK && i < n_bias; i++)
+        if (rsp->logit_bias_ids[i] < 0 || rsp->logit_bias_ids[i] >= bt_service_emit_vocab(&d->eng)) {
+            code = BT_RPC_INVALID_ARGUMENT;
+            snprintf(msg, sizeof msg, "logit_bias token %d outside the vocabulary (0..%d)", rsp->logit_bias_ids[i],
+                     bt_service_emit_vocab(&d->eng) - 1);
+        }
     if (code != BT_RPC_OK) {
         if (slot >= 0) bt_kv_pool_free(d->pool, slot);
         bt_rpc_call_finish(call, code, msg);
@@ -719,6 +739,14 @@ static void on_generate(void *ctx, bt_rpc_call_t *call, const uint8_t *data, siz
     s->sampling.min_p = sp ? sp->min_p : 0.0f;
     s->sampling.seed = sp && sp->has_seed ? sp->seed : 0;
     bt_penalties_init(&s->pen, sp ? sp->presence_penalty : 0.0f, sp ? sp->frequency_penalty : 0.0f);
+    if (n_bias) { /* kept for the prefill group's first draw too */
+        s->n_bias = (int)n_bias;
+        s->bias_ids = bt_malloc_or_die(n_bias * sizeof *s->bias_ids);
+        s->bias = bt_malloc_or_die(n_bias * sizeof *s->bias);
+        memcpy(s->bias_ids, sp->logit_bias_ids, n_bias * sizeof *s->bias_ids);
+        memcpy(s->bias, sp->logit_bias, n_bias * sizeof *s->bias);
+        for (size_t i = 0; i < n_bias; i++) bt_penalties_bias(&s->pen, sp->logit_bias_ids[i], sp->logit_bias[i]);
+    }
     s->ignore_eos = sp ? sp->ignore_eos : false;
     s->logprobs = sp ? sp->logprobs : false;
     s->top_logprobs = sp && sp->top_logprobs > 0 ? (sp->top_logprobs < 20 ? sp->top_logprobs : 20) : 0;

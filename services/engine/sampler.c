@@ -303,30 +303,47 @@ void bt_penalties_init(bt_penalties_t *p, float presence, float frequency)
     *p = (bt_penalties_t){.presence = presence, .frequency = frequency};
 }
 
+/* the entry of token (a request's distinct tokens: a linear scan), made when missing */
+static int penalty_entry(bt_penalties_t *p, int32_t token)
+{
+    int i = 0;
+    while (i < p->n && p->ids[i] != token) i++;
+    if (i < p->n) return i;
+    if (p->n == p->cap) {
+        p->cap = p->cap ? 2 * p->cap : 64;
+        p->ids = bt_realloc_or_die(p->ids, (size_t)p->cap * sizeof *p->ids);
+        p->count = bt_realloc_or_die(p->count, (size_t)p->cap * sizeof *p->count);
+        p->base = bt_realloc_or_die(p->base, (size_t)p->cap * sizeof *p->base);
+        p->amount = bt_realloc_or_die(p->amount, (size_t)p->cap * sizeof *p->amount);
+    }
+    p->ids[i] = token;
+    p->count[i] = 0;
+    p->base[i] = 0.0f;
+    p->amount[i] = 0.0f;
+    p->n++;
+    return i;
+}
+
+void bt_penalties_bias(bt_penalties_t *p, int32_t token, float bias)
+{
+    const int i = penalty_entry(p, token);
+    p->base[i] = -bias;
+    p->amount[i] = p->base[i];
+}
+
 void bt_penalties_add(bt_penalties_t *p, int32_t token)
 {
     if (p->presence == 0.0f && p->frequency == 0.0f) return;
-    int i = 0;
-    while (i < p->n && p->ids[i] != token) i++; /* (a request's distinct tokens: a linear scan) */
-    if (i == p->n) {
-        if (p->n == p->cap) {
-            p->cap = p->cap ? 2 * p->cap : 64;
-            p->ids = bt_realloc_or_die(p->ids, (size_t)p->cap * sizeof *p->ids);
-            p->count = bt_realloc_or_die(p->count, (size_t)p->cap * sizeof *p->count);
-            p->amount = bt_realloc_or_die(p->amount, (size_t)p->cap * sizeof *p->amount);
-        }
-        p->ids[i] = token;
-        p->count[i] = 0;
-        p->n++;
-    }
+    const int i = penalty_entry(p, token);
     p->count[i]++;
-    p->amount[i] = p->presence + p->frequency * (float)p->count[i];
+    p->amount[i] = p->base[i] + (p->presence + p->frequency * (float)p->count[i]);
 }
 
 void bt_penalties_free(bt_penalties_t *p)
 {
     free(p->ids);
     free(p->count);
+    free(p->base);
     free(p->amount);
     *p = (bt_penalties_t){0};
 }

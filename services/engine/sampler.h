@@ -35,18 +35,21 @@ typedef struct {
 int32_t bt_sampler_sample(bt_sampler_t *s, const bt_sampling_t *p, const float *logits,
                           uint64_t step, float *logprob_p, bt_top_logprob_t *top, int n_top);
 
-/* Presence and frequency penalties (OpenAI's presence_penalty / frequency_penalty): every
- * distinct token a request generated, and the amount to subtract from its logit at the next
- * draw, presence + frequency * count (bt_sample_req_t's adj_ids / adj / n_adj). Tokens counted
- * as they are generated; none when both are 0. */
+/* A request's logit adjustments (bt_sample_req_t's adj_ids / adj / n_adj): presence and
+ * frequency penalties (OpenAI's presence_penalty / frequency_penalty) and its logit_bias. Each
+ * distinct token with an amount to subtract from its logit at the next draw: -bias, plus, once
+ * generated, presence + frequency * count. Generated tokens are counted only when a penalty is
+ * not 0. */
 typedef struct {
     float presence, frequency;
     int32_t *ids, *count;
-    float *amount;
+    float *base, *amount;
     int n, cap;
 } bt_penalties_t;
 
 void bt_penalties_init(bt_penalties_t *p, float presence, float frequency);
+/* logit_bias: bias added to the token's logits (before any token is counted; ids distinct) */
+void bt_penalties_bias(bt_penalties_t *p, int32_t token, float bias);
 void bt_penalties_add(bt_penalties_t *p, int32_t token);
 void bt_penalties_free(bt_penalties_t *p);
 

@@ -163,7 +163,9 @@ bt_status_t bt_openai_parse(bt_openai_kind_t kind, const char *body, size_t len,
     Baton__V1__TokenIds tids = BATON__V1__TOKEN_IDS__INIT;
     char **stops = NULL;
     int n_stop = 0;
-    int32_t *stop_ids = NULL, *prompt_ids = NULL;
+    int32_t *stop_ids = NULL, *prompt_ids = NULL, *bias_ids = NULL;
+    float *bias = NULL;
+    size_t n_bias = 0;
     char *prompt_text = NULL;
     if (!cJSON_IsObject(root)) {
         fail(e, NULL, "the body must be a JSON object");
@@ -187,11 +189,34 @@ bt_status_t bt_openai_parse(bt_openai_kind_t kind, const char *body, size_t len,
     TRY(num(root, "min_p", 0.0, 1.0, 0.0, &min_p, e));
     TRY(num(root, "presence_penalty", -2.0, 2.0, 0.0, &presence, e));
     TRY(num(root, "frequency_penalty", -2.0, 2.0, 0.0, &frequency, e));
-    /* refused, not ignored: a request that asks for it would get other text than it asked for */
-    const cJSON *bias = item(root, "logit_bias");
-    if (bias && !cJSON_IsNull(bias) && !(cJSON_IsObject(bias) && !bias->child)) {
-        fail(e, "logit_bias", "'logit_bias' is not supported yet");
-        goto out;
+    /* logit_bias: {"token id": bias in [-100, 100], ...}, at most 1024 */
+    const cJSON *lb = item(root, "logit_bias");
+    if (lb && !cJSON_IsNull(lb)) {
+        if (!cJSON_IsObject(lb) || cJSON_GetArraySize(lb) > 1024) {
+            fail(e, "logit_bias", "'logit_bias' must be an object of up to 1024 token ids to biases");
+            goto out;
+        }
+        const int nb = cJSON_GetArraySize(lb);
+        bias_ids = bt_calloc_or_die((size_t)nb + 1, sizeof *bias_ids);
+        bias = bt_calloc_or_die((size_t)nb + 1, sizeof *bias);
+        const cJSON *b;
+        cJSON_ArrayForEach(b, lb)
+        {
+            char *end = NULL;
+            long id = b->string && *b->string >= '0' && *b->string <= '9' ? strtol(b->string, &end, 10) : -1;
+            if (id < 0 || id > INT32_MAX || !end || *end || !cJSON_IsNumber(b) ||
+                !(b->valuedouble >= -100.0 && b->valuedouble <= 100.0)) {
+                fail(e, "logit_bias", "'logit_bias' maps token ids (decimal strings) to biases in [-100, 100]");
+                goto out;
+            }
+            for (size_t i = 0; i < n_bias; i++)
+                if (bias_ids[i] == (int32_t)id) {
+                    fail(e, "logit_bias", "'logit_bias' names a token id twice");
+                    goto out;
+                }
+            bias_ids[n_bias] = (int32_t)id;
+            bias[n_bias++] = (float)b->valuedouble;
+        }
     }
     TRY(integer(root, "top_k", -1, 1e9, -1, &top_k, e));
     TRY(integer(root, "n", 1, 1e9, 1, &n, e));
@@ -385,6 +410,9 @@ bt_status_t bt_openai_parse(bt_openai_kind_t kind, const char *body, size_t len,
     sp.stop = stops;
     sp.n_stop_token_ids = n_stop_ids;
     sp.stop_token_ids = stop_ids;
+    sp.n_logit_bias_ids = sp.n_logit_bias = n_bias;
+    sp.logit_bias_ids = bias_ids;
+    sp.logit_bias = bias;
     g.sampling = &sp;
     g.request_id = (char *)request_id;
     g.model = r->model;
@@ -396,6 +424,8 @@ out:
     for (int i = 0; i < n_stop; i++) free(stops[i]);
     free(stops);
     free(stop_ids);
+    free(bias_ids);
+    free(bias);
     free(prompt_ids);
     free(prompt_text);
     cJSON_Delete(root);

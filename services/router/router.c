@@ -55,9 +55,12 @@ typedef struct req {
     req_state_t state;
     int32_t *prompt;
     int n_prompt;
-    Baton__V1__SamplingParams sampling; /* flat copy (stop strings and ids kept apart) */
+    Baton__V1__SamplingParams sampling; /* flat copy (stop strings, ids and biases kept apart) */
     int32_t *stop_ids;
     int n_stop_ids;
+    int32_t *bias_ids;
+    float *bias;
+    int n_bias;
     int max_new;
     worker_t *decode, *prefill;
     bt_rpc_client_call_t *dcall;
@@ -113,6 +116,8 @@ static void req_release(req_t *q)
         }
     bt_output_destroy(q->out);
     free(q->stop_ids);
+    free(q->bias_ids);
+    free(q->bias);
     free(q->prompt);
     free(q);
 }
@@ -332,6 +337,9 @@ static bool start_request(req_t *q)
     sp.stop = NULL;
     sp.n_stop_token_ids = (size_t)q->n_stop_ids;
     sp.stop_token_ids = q->stop_ids;
+    sp.n_logit_bias_ids = sp.n_logit_bias = (size_t)q->n_bias;
+    sp.logit_bias_ids = q->bias_ids;
+    sp.logit_bias = q->bias;
     dr.sampling = &sp;
     dr.prefill_address = p->address;
     dr.max_new_tokens = q->max_new;
@@ -482,6 +490,23 @@ static bt_rpc_code_t prepare(router_t *r, req_t *q, const Baton__V1__GenerateReq
         snprintf(msg, msglen, "sampling.presence_penalty and frequency_penalty must be in [-2, 2]");
         return BT_RPC_INVALID_ARGUMENT;
     }
+    if (sp->n_logit_bias_ids != sp->n_logit_bias || sp->n_logit_bias > 1024) {
+        snprintf(msg, msglen, "sampling.logit_bias: %zu ids for %zu biases (at most 1024 of each)",
+                 sp->n_logit_bias_ids, sp->n_logit_bias);
+        return BT_RPC_INVALID_ARGUMENT;
+    }
+    for (size_t i = 0; i < sp->n_logit_bias; i++) {
+        if (sp->logit_bias_ids[i] < 0 || !(sp->logit_bias[i] >= -100.0f && sp->logit_bias[i] <= 100.0f)) {
+            snprintf(msg, msglen, "sampling.logit_bias: token %d with bias %g (ids >= 0, biases in [-100, 100])",
+                     sp->logit_bias_ids[i], (double)sp->logit_bias[i]);
+            return BT_RPC_INVALID_ARGUMENT;
+        }
+        for (size_t j = 0; j < i; j++)
+            if (sp->logit_bias_ids[j] == sp->logit_bias_ids[i]) {
+                snprintf(msg, msglen, "sampling.logit_bias: token %d given twice", sp->logit_bias_ids[i]);
+                return BT_RPC_INVALID_ARGUMENT;
+            }
+    }
     q->sampling = *sp;
     if (!q->sampling.has_seed) {
         struct timespec ts;
@@ -498,6 +523,11 @@ static bt_rpc_code_t prepare(router_t *r, req_t *q, const Baton__V1__GenerateReq
     q->n_stop_ids = (int)sp->n_stop_token_ids;
     q->stop_ids = bt_malloc_or_die((sp->n_stop_token_ids ? sp->n_stop_token_ids : 1) * sizeof(int32_t));
     memcpy(q->stop_ids, sp->stop_token_ids, sp->n_stop_token_ids * sizeof(int32_t));
+    q->n_bias = (int)sp->n_logit_bias;
+    q->bias_ids = bt_malloc_or_die((sp->n_logit_bias ? sp->n_logit_bias : 1) * sizeof(int32_t));
+    q->bias = bt_malloc_or_die((sp->n_logit_bias ? sp->n_logit_bias : 1) * sizeof(float));
+    memcpy(q->bias_ids, sp->logit_bias_ids, sp->n_logit_bias * sizeof(int32_t));
+    memcpy(q->bias, sp->logit_bias, sp->n_logit_bias * sizeof(float));
     /* max_tokens: missing or too large is clamped to --max-new-tokens and the context */
     int64_t room = ctx > 0 ? ctx - (int64_t)n : r->max_new_default;
     int64_t want = sp->max_tokens > 0 ? sp->max_tokens : r->max_new_default;

@@ -413,7 +413,7 @@ static void test_incompatible_groups(void)
  * handoff callback; the decode group must not touch the finished sequence afterwards (it did:
  * a use after free that crashed decode on the next request). Eight one-token requests one at
  * a time and eight at once, then a longer one on the same group. */
-/* presence and frequency penalties through router -> decode (the decode group counts the
+/* logit_bias and the presence and frequency penalties through router -> decode (the decode group counts the
  * generated tokens, the first from prefill included): the same ids as `baton generate` with
  * the same penalties, and other ids than without them. Negative ones, which favour tokens
  * already generated: this model's greedy continuations repeat none, so positive ones would
@@ -445,6 +445,37 @@ static void test_penalties(void)
         changed += memcmp(plain, ref, sizeof ref) != 0;
     }
     BT_CHECK_MSG(changed > 0, "the penalties changed none of 3 greedy continuations");
+    /* logit_bias, through the prefill group's first draw and the decode group's: +100 on a
+     * token makes greedy pick it every time; -100 on the unbiased first token moves it */
+    {
+        int32_t prompt[6] = {5, 17, 99, 3, 42, 8};
+        int32_t plain[8];
+        BT_CHECK_EQ_INT(one_process(golden_exact, prompt, 6, 8, plain), 8);
+        int32_t up_id = 321, down_id = plain[0];
+        float up = 100.0f, down = -100.0f;
+        Baton__V1__SamplingParams sp = BATON__V1__SAMPLING_PARAMS__INIT;
+        sp.n_logit_bias_ids = sp.n_logit_bias = 1;
+        sp.logit_bias_ids = &up_id;
+        sp.logit_bias = &up;
+        gen_t g;
+        gen_start_sampling(&cl, &g, prompt, 6, 8, true, 30000, sp);
+        BT_CHECK(run_until(&cl, gen_done, &g, 30000));
+        BT_CHECK_MSG(g.code == BT_RPC_OK && g.n == 8, "logit_bias +100: %s %s", bt_rpc_code_name(g.code), g.message);
+        for (int i = 0; i < g.n; i++) BT_CHECK_MSG(g.ids[i] == up_id, "logit_bias +100: token %d is %d", i, g.ids[i]);
+        sp.logit_bias_ids = &down_id;
+        sp.logit_bias = &down;
+        gen_start_sampling(&cl, &g, prompt, 6, 8, true, 30000, sp);
+        BT_CHECK(run_until(&cl, gen_done, &g, 30000));
+        BT_CHECK_MSG(g.code == BT_RPC_OK && g.n == 8, "logit_bias -100: %s %s", bt_rpc_code_name(g.code), g.message);
+        for (int i = 0; i < g.n; i++) BT_CHECK_MSG(g.ids[i] != down_id, "logit_bias -100: token %d is %d", i, g.ids[i]);
+        /* a token outside the vocabulary: refused by the decode group */
+        int32_t far = 1 << 20;
+        sp.logit_bias_ids = &far;
+        gen_start_sampling(&cl, &g, prompt, 6, 8, true, 30000, sp);
+        BT_CHECK(run_until(&cl, gen_done, &g, 30000));
+        BT_CHECK_MSG(g.code == BT_RPC_INVALID_ARGUMENT && strstr(g.message, "logit_bias"), "%s %s",
+                     bt_rpc_code_name(g.code), g.message);
+    }
     /* out of range: refused by the router, naming the field */
     int32_t prompt[2] = {5, 6};
     Baton__V1__SamplingParams bad = BATON__V1__SAMPLING_PARAMS__INIT;

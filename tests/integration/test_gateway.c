@@ -108,8 +108,11 @@ static const case_t cases[] = {
     {"presence_penalty too high", "POST", CHAT, "{" MSGS ",\"presence_penalty\":2.5}", 400, "\"param\":\"presence_penalty\""},
     {"frequency_penalty a string", "POST", CHAT, "{" MSGS ",\"frequency_penalty\":\"x\"}", 400,
      "\"param\":\"frequency_penalty\""},
-    /* refused, not silently ignored */
-    {"logit_bias", "POST", CHAT, "{" MSGS ",\"logit_bias\":{\"5\":100}}", 400, "\"param\":\"logit_bias\""},
+    {"logit_bias", "POST", CHAT, "{" MSGS ",\"logit_bias\":{\"5\":100,\"7\":-3.5},\"max_tokens\":2}", 200, "chat.completion"},
+    {"logit_bias not an object", "POST", CHAT, "{" MSGS ",\"logit_bias\":[1]}", 400, "\"param\":\"logit_bias\""},
+    {"logit_bias key not an id", "POST", CHAT, "{" MSGS ",\"logit_bias\":{\"x\":1}}", 400, "\"param\":\"logit_bias\""},
+    {"logit_bias too large", "POST", CHAT, "{" MSGS ",\"logit_bias\":{\"5\":101}}", 400, "\"param\":\"logit_bias\""},
+    {"logit_bias id twice", "POST", CHAT, "{" MSGS ",\"logit_bias\":{\"5\":1,\"05\":2}}", 400, "twice"},
     {"penalties of 0 and an empty logit_bias", "POST", CHAT,
      "{" MSGS ",\"presence_penalty\":0,\"frequency_penalty\":0,\"logit_bias\":{},\"max_tokens\":2,\"temperature\":0}", 200,
      "chat.completion"},

@@ -164,7 +164,7 @@ test('logprobs', async () => {
   }
 });
 
-test('presence and frequency penalties; logit_bias refused', async () => {
+test('presence and frequency penalties, logit_bias', async () => {
   const ask = (extra) => client.completions.create({
     model: MODEL, prompt: 'The', max_tokens: 24, temperature: 0, ignore_eos: true, return_token_ids: true, ...extra,
   });
@@ -177,7 +177,11 @@ test('presence and frequency penalties; logit_bias refused', async () => {
   assert.notDeepEqual(ids(favoured), ids(plain));
   // the same request twice: the same text (the counts start afresh)
   assert.deepEqual(ids(await ask({ presence_penalty: -2, frequency_penalty: -2 })), ids(favoured));
-  await assert.rejects(ask({ logit_bias: { 5: 100 } }),
+  // logit_bias: +100 on one id makes greedy pick it every time, the first token included
+  const forced = await ask({ logit_bias: { 42: 100 } });
+  if (forced.choices[0].token_ids) assert.ok(forced.choices[0].token_ids.every((t) => t === 42), `${forced.choices[0].token_ids}`);
+  assert.notDeepEqual(ids(forced), ids(plain));
+  await assert.rejects(ask({ logit_bias: { 42: 101 } }),
     (e) => e instanceof OpenAI.BadRequestError && /logit_bias/.test(e.message));
 });
 

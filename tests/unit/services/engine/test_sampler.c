@@ -250,6 +250,21 @@ static void test_penalties(void)
     bt_penalties_init(&p, 0.0f, 0.0f);
     bt_penalties_add(&p, 5);
     BT_CHECK_EQ_INT(p.n, 0);
+    /* logit_bias: -bias, with or without penalties, before and after the token is generated */
+    bt_penalties_bias(&p, 5, 3.0f);
+    bt_penalties_add(&p, 5);
+    BT_CHECK(p.n == 1 && p.amount[0] == -3.0f);
+    bt_penalties_free(&p);
+    bt_penalties_init(&p, 1.0f, 0.5f);
+    bt_penalties_bias(&p, 5, -2.0f);
+    bt_penalties_bias(&p, 6, 100.0f);
+    bt_penalties_add(&p, 5);
+    bt_penalties_add(&p, 5);
+    bt_penalties_add(&p, 8);
+    BT_CHECK_EQ_INT(p.n, 3);
+    BT_CHECK(p.ids[0] == 5 && p.amount[0] == 2.0f + (1.0f + 0.5f * 2.0f));
+    BT_CHECK(p.ids[1] == 6 && p.amount[1] == -100.0f);
+    BT_CHECK(p.ids[2] == 8 && p.amount[2] == 1.5f);
     bt_penalties_free(&p);
 }
 
