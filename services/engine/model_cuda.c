@@ -26,7 +26,14 @@
  * through pinned host memory (threads and socket comms). Sharded projections go to the GPU
  * dequantized (f32, or bf16 with --dtype bfloat16); whole ones keep their formats.
  *
- * Not yet: CUDA graphs (the MoE routing reads the expert choice back to the host), debug taps. */
+ * Decode steps (TP 1, up to GRAPH_MAX_SEQS sequences of one token) run as CUDA graphs, captured
+ * in pieces that start on the GPU while the rest is captured (graph_run); the MoE rows are
+ * grouped on the device there, where other forwards group them on the host. Tokens can be
+ * drawn with the forward (bt_model_forward_sample: logit adjustments, then bt_cuda_sample_rows
+ * on the rows in dlogits), so no logits row need reach the host.
+ *
+ * Not yet: graphs for TP steps (the collectives wait on the host) and for prefill chunks; debug
+ * taps. */
 #include "common/alloc.h"
 #include "common/comm/comm.h"
 #include "common/log.h"
