@@ -9,10 +9,11 @@
  * rounds of 4 bits, in registers) of the keys that share the bits decided so far, per value of
  * the next digit; ties on a logit are broken by id in one ordered scan. Every pass over a row
  * keeps 8 loads a thread in flight (one block reads a 129280-id row at ~13 GB/s with one). The
- * weights are sampler.c's, bit for bit (its e^x, rounded the same way), and both draw in id
+ * weights are sampler.c's, bit for bit (kernels/sampling.h: one e^x for both), and both draw in id
  * order over the kept set, so the same (seed, step) picks the same token unless a sum's last
  * bits put the draw on the other side of a boundary. */
 #include "kernels/cuda/common.cuh"
+#include "kernels/sampling.h"
 
 enum { SR_THREADS = 1024, SR_WARPS = SR_THREADS / 32 };
 
@@ -31,47 +32,6 @@ typedef struct {
     int n_list;
     int32_t list_id[BT_CUDA_SAMPLE_TOP];
 } sr_shared_t;
-
-__device__ __forceinline__ uint64_t sr_mix64(uint64_t z)
-{
-    z += 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-/* sampler.c's exp_le0, operation for operation and without contractions into FMAs, so each
- * weight has the CPU's bits */
-__device__ __forceinline__ float sr_exp_le0(float x)
-{
-    uint32_t u = __float_as_uint(x);
-    const uint32_t pos = ~u >> 31, nonzero = (u | (0u - u)) >> 31;
-    u |= (0u - (pos & ~nonzero & 1u)) & 0x80000000u;
-    u = (u & (0u - (u >> 31))) | ((0u - (~u >> 31)) & 0xc2ae0000u);
-    u = u < 0xc2ae0000u ? u : 0xc2ae0000u;
-    const uint32_t keep = 0u - (uint32_t)(u != 0xc2ae0000u);
-    x = __uint_as_float(u);
-    const float t = __fmul_rn(x, 1.44269504f);
-    const float n = __fsub_rn(__fadd_rn(t, 12582912.0f), 12582912.0f);
-    const float f = __fmul_rn(__fsub_rn(t, n), 0.693147181f);
-    float e = __fadd_rn(1.0f / 120, __fmul_rn(f, 1.0f / 720));
-    e = __fadd_rn(1.0f / 24, __fmul_rn(f, e));
-    e = __fadd_rn(1.0f / 6, __fmul_rn(f, e));
-    e = __fadd_rn(0.5f, __fmul_rn(f, e));
-    e = __fadd_rn(1.0f, __fmul_rn(f, e));
-    e = __fadd_rn(1.0f, __fmul_rn(f, e));
-    const float sc = __uint_as_float((uint32_t)((int32_t)n + 127) << 23);
-    return __uint_as_float(__float_as_uint(__fmul_rn(e, sc)) & keep);
-}
-
-/* a logit's place in the order as an unsigned key: larger logit, larger key; -0 as +0 (they
- * compare equal on the CPU, which then orders by id); NaN lowest */
-__device__ __forceinline__ uint32_t sr_key(float l)
-{
-    if (l != l) return 0u;
-    uint32_t u = l == 0.0f ? 0u : __float_as_uint(l);
-    return (u & 0x80000000u) ? ~u : u | 0x80000000u;
-}
 
 /* (key, id) at least as likely as (K, id_k): a larger key, or the same and a lower id */
 __device__ __forceinline__ bool sr_at_least(uint32_t key, int id, uint32_t K, int id_k)
@@ -209,7 +169,7 @@ __device__ void sr_select_count(const float *row, int V, int k, uint32_t *K, int
         for (int j = lane; j < 256; j += 32) sh->hist[warp][j] = 0;
         __syncwarp();
         sr_each(row, V, [&](int, float l) {
-            const uint32_t key = sr_key(l), d = (key >> shift) & 255u;
+            const uint32_t key = bt_smp_key(l), d = (key >> shift) & 255u;
             const bool mine = (key & high) == prefix;
             const unsigned act = __activemask(), in = __ballot_sync(act, mine);
             if (mine) {
@@ -256,7 +216,7 @@ __device__ void sr_select_count(const float *row, int V, int k, uint32_t *K, int
         __syncthreads();
     }
     const uint32_t kk = prefix;
-    const int id = sr_find(row, V, [&](int, float l) { return sr_key(l) == kk ? 1.0 : 0.0; },
+    const int id = sr_find(row, V, [&](int, float l) { return bt_smp_key(l) == kk ? 1.0 : 0.0; },
                            (double)(k - (int)above), false, sh);
     *K = kk;
     *id_k = id >= 0 ? id : V - 1;
@@ -279,7 +239,7 @@ __device__ void sr_select(const float *row, int V, Weight weight, double target,
 #pragma unroll
         for (int j = 0; j < 16; j++) s[j] = 0.0;
         sr_each(row, V, [&](int i, float l) {
-            const uint32_t key = sr_key(l);
+            const uint32_t key = bt_smp_key(l);
             if ((key & high) != prefix) return;
             const double w = weight(i, l);
             if (w == 0.0) return;
@@ -325,7 +285,7 @@ __device__ void sr_select(const float *row, int V, Weight weight, double target,
     const uint32_t k = prefix;
     /* among the ids of key k, in id order, the one where the weight reaches target */
     int id = sr_find(
-        row, V, [&](int i, float l) { return sr_key(l) == k ? (double)weight(i, l) : 0.0; },
+        row, V, [&](int i, float l) { return bt_smp_key(l) == k ? (double)weight(i, l) : 0.0; },
         target - above, false, sh);
     *K = k;
     *id_k = id >= 0 ? id : V - 1;
@@ -382,7 +342,7 @@ __global__ void __launch_bounds__(SR_THREADS)
     const int n_top = min(min(p.n_top, BT_CUDA_SAMPLE_TOP), V);
     if (p.want_logprob || n_top > 0) {
         double s = 0.0;
-        sr_each(row, V, [&](int, float l) { s += (double)sr_exp_le0(__fsub_rn(l, mx)); });
+        sr_each(row, V, [&](int, float l) { s += (double)bt_smp_exp_le0(__fsub_rn(l, mx)); });
         lse = log(sr_block_sum(s, &sh)) + (double)mx;
     }
 
@@ -396,8 +356,8 @@ __global__ void __launch_bounds__(SR_THREADS)
         if (topk)
             sr_select_count(row, V, n, &kK, &k_id, &sh);
         auto weight = [&](int i, float l) -> float {
-            if (topk && !sr_at_least(sr_key(l), i, kK, k_id)) return -1.0f; /* not a candidate */
-            return sr_exp_le0(__fmul_rn(__fsub_rn(l, mx), inv_t));
+            if (topk && !sr_at_least(bt_smp_key(l), i, kK, k_id)) return -1.0f; /* not a candidate */
+            return bt_smp_weight(l, mx, inv_t);
         };
         double s = 0.0;
         sr_each(row, V, [&](int j, float l) { s += (double)fmaxf(weight(j, l), 0.0f); });
@@ -424,7 +384,7 @@ __global__ void __launch_bounds__(SR_THREADS)
         }
         auto drawn_w = [&](int i, float l) -> double {
             const double w = kept_w(i, l);
-            return w > 0.0 && (!cut || sr_at_least(sr_key(l), i, eK, e_id)) ? w : 0.0;
+            return w > 0.0 && (!cut || sr_at_least(bt_smp_key(l), i, eK, e_id)) ? w : 0.0;
         };
         /* (without min_p or a cut the kept set is every candidate: that sum again) */
         double total = sum;
@@ -433,8 +393,7 @@ __global__ void __launch_bounds__(SR_THREADS)
             sr_each(row, V, [&](int j, float l) { s += drawn_w(j, l); });
             total = sr_block_sum(s, &sh);
         }
-        const uint64_t r = sr_mix64(p.seed ^ sr_mix64(p.step + 0x51ed2701u));
-        const double u = (double)(r >> 11) * 0x1p-53 * total;
+        const double u = bt_smp_unit(p.seed, p.step) * total;
         const int got = sr_find(row, V, drawn_w, u, true, &sh);
         if (got >= 0) chosen = got;
     }
@@ -447,7 +406,7 @@ __global__ void __launch_bounds__(SR_THREADS)
         if (threadIdx.x == 0) sh.n_list = 0;
         __syncthreads();
         sr_each(row, V, [&](int j, float l) {
-            if (sr_at_least(sr_key(l), j, K, id_k)) {
+            if (sr_at_least(bt_smp_key(l), j, K, id_k)) {
                 const int at = atomicAdd(&sh.n_list, 1);
                 if (at < BT_CUDA_SAMPLE_TOP) sh.list_id[at] = j;
             }
@@ -457,9 +416,9 @@ __global__ void __launch_bounds__(SR_THREADS)
             const int m = min(sh.n_list, n_top);
             for (int a = 1; a < m; a++) { /* most likely first: insertion sort of <= 20 */
                 const int x = sh.list_id[a];
-                const uint32_t kx = sr_key(row[x]);
+                const uint32_t kx = bt_smp_key(row[x]);
                 int b = a - 1;
-                while (b >= 0 && !sr_at_least(sr_key(row[sh.list_id[b]]), sh.list_id[b], kx, x)) {
+                while (b >= 0 && !sr_at_least(bt_smp_key(row[sh.list_id[b]]), sh.list_id[b], kx, x)) {
                     sh.list_id[b + 1] = sh.list_id[b];
                     b--;
                 }

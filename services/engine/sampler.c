@@ -1,6 +1,7 @@
 #include "services/engine/sampler.h"
 
 #include "common/alloc.h"
+#include "kernels/sampling.h"
 
 #include <math.h>
 #include <stdbool.h>
@@ -42,31 +43,10 @@ void bt_sampler_destroy(bt_sampler_t *s)
     free(s);
 }
 
-static uint64_t mix64(uint64_t z)
-{
-    z += 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-/* A logit's place in the order as an unsigned key: a larger logit, a larger key; -0 as +0;
- * NaN below everything (a NaN compares false both ways, which would leave the order undefined).
- * The GPU's sampler (kernels/cuda/sample.cu) orders by the same keys. */
-static inline uint32_t order_key(float l)
-{
-    if (l != l) return 0u;
-    union {
-        float f;
-        uint32_t u;
-    } v = {l == 0.0f ? 0.0f : l};
-    return (v.u & 0x80000000u) ? ~v.u : v.u | 0x80000000u;
-}
-
 /* descending by logit, ascending id on ties (heap of the first k, then sorted) */
 static int better(const float *l, int32_t a, int32_t b)
 {
-    const uint32_t ka = order_key(l[a]), kb = order_key(l[b]);
+    const uint32_t ka = bt_smp_key(l[a]), kb = bt_smp_key(l[b]);
     return ka > kb || (ka == kb && a < b);
 }
 
@@ -109,54 +89,21 @@ static void top_ids(const float *l, int vocab, int k, int32_t *order)
     }
 }
 
-/* e^x for x <= 0 without a library call, so the per-id loops stay a few operations an id (a
- * 129280-id row took ~2.5 ms through expf): x = (n + f) ln 2 with |f| <= 1/2, 2^f by its Taylor
- * series to the 6th power, 2^n into the exponent. Relative error under 4e-6 over [-87, 0]
- * (2.4e-7 over [-1, 0]: the rounding of x log2(e) grows with |x|). At or under -87 (-inf, a
- * masked logit) the result is exactly 0. The round-to-nearest by adding and subtracting
- * 1.5 * 2^23 needs IEEE arithmetic as written (no -ffast-math). */
-static inline float exp_le0(float x)
-{
-    union {
-        float f;
-        uint32_t u;
-    } v = {x};
-    /* on the bits, as integer selects the compiler vectorizes (a float compare, which may
-     * trap, stays a branch): +0 (the best id's own x - x) is -0; any other pattern with the
-     * sign bit clear (a NaN a broken row may hold) is the floor; x = max(x, -87) (x <= 0: a
-     * larger magnitude is a larger pattern). No NaN reaches the float-to-int conversion. */
-    const uint32_t pos = ~v.u >> 31, nonzero = (v.u | (0u - v.u)) >> 31; /* 1 or 0 each */
-    v.u |= (0u - (pos & ~nonzero & 1u)) & 0x80000000u;        /* +0 -> -0 */
-    v.u = (v.u & (0u - (v.u >> 31))) | ((0u - (~v.u >> 31)) & 0xc2ae0000u); /* sign clear: floor */
-    v.u = v.u < 0xc2ae0000u ? v.u : 0xc2ae0000u;
-    const uint32_t keep = 0u - (uint32_t)(v.u != 0xc2ae0000u); /* all ones, or 0 at the floor */
-    x = v.f;
-    const float t = x * 1.44269504f, n = (t + 12582912.0f) - 12582912.0f; /* round to nearest */
-    const float f = (t - n) * 0.693147181f;
-    const float e = 1.0f + f * (1.0f + f * (0.5f + f * (1.0f / 6 + f * (1.0f / 24 + f * (1.0f / 120 + f * (1.0f / 720))))));
-    union {
-        uint32_t u;
-        float f;
-    } sc = {(uint32_t)((int32_t)n + 127) << 23}, r = {.f = e * sc.f};
-    r.u &= keep;
-    return r.f;
-}
-
 /* w[i] = e^((l[i] - mx) * k) for i < n, eight at a time in a loop of fixed count (which the
  * compiler turns into vector instructions at -O2, where a loop of unknown count stays scalar) */
 static void weights(float *restrict w, const float *restrict l, int n, float mx, float k)
 {
     int i = 0;
     for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++) w[i + j] = exp_le0((l[i + j] - mx) * k);
-    for (; i < n; i++) w[i] = exp_le0((l[i] - mx) * k);
+        for (int j = 0; j < 8; j++) w[i + j] = bt_smp_weight(l[i + j], mx, k);
+    for (; i < n; i++) w[i] = bt_smp_weight(l[i], mx, k);
 }
 
 /* most likely first, the lower id on ties (the order of top_ids) */
 static int cand_cmp(const void *a, const void *b)
 {
     const cand_t *x = a, *y = b;
-    const uint32_t kx = order_key(x->logit), ky = order_key(y->logit);
+    const uint32_t kx = bt_smp_key(x->logit), ky = bt_smp_key(y->logit);
     if (kx != ky) return kx > ky ? -1 : 1;
     return (x->id > y->id) - (x->id < y->id);
 }
@@ -243,7 +190,7 @@ static int32_t sample_temperature(bt_sampler_t *s, const bt_sampling_t *p, const
     if (topk) {
         top_ids(logits, V, n, order);
         qsort(order, (size_t)n, sizeof *order, id_cmp);
-        for (int i = 0; i < n; i++) w[i] = exp_le0((logits[order[i]] - mx) * inv_t);
+        for (int i = 0; i < n; i++) w[i] = bt_smp_weight(logits[order[i]], mx, inv_t);
     } else {
         weights(w, logits, n, mx, inv_t);
     }
@@ -256,8 +203,7 @@ static int32_t sample_temperature(bt_sampler_t *s, const bt_sampling_t *p, const
     const double top_p = p->top_p > 0.0f && p->top_p < 1.0f ? (double)p->top_p : 1.0;
     const double eps = top_p < 1.0 ? 0.5 * (1.0 - top_p) * sum / n : 0.0;
     const double keep_w = floor_w > eps ? floor_w : eps;
-    uint64_t r = mix64(p->seed ^ mix64(step + 0x51ed2701u));
-    const double unit = (double)(r >> 11) * 0x1p-53;
+    const double unit = bt_smp_unit(p->seed, step);
     int last = -1; /* the last kept with weight (rounding may leave u >= 0 at the end) */
     if (top_p < 1.0) {
         /* the kept tokens in id order; the nucleus: those at least as likely as its least
