@@ -1395,8 +1395,8 @@ bt_status_t bt_model_forward_sample(bt_model_t *m, const bt_kv_layout_t *lay,
         for (int i = 0; i < r->n_adj; i++) row[r->adj_ids[i]] -= r->adj[i];
         float lp = 0.0f;
         const int n_top = r->n_top < vocab ? r->n_top : vocab;
-        out[q].id = bt_sampler_sample(m->draw_sampler, &r->sampling, m->draw_logits + (size_t)q * c->vocab,
-                                      r->step, r->want_logprob ? &lp : NULL, out[q].top, n_top);
+        out[q].id = bt_sampler_sample(m->draw_sampler, &r->sampling, row, r->step, r->want_logprob ? &lp : NULL,
+                                      out[q].top, n_top);
         out[q].logprob = lp;
         for (int k = n_top; k < BT_SAMPLE_TOP_MAX; k++) out[q].top[k] = (bt_top_logprob_t){-1, 0.0f};
     }

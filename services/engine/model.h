@@ -107,8 +107,9 @@ typedef struct {
     bool want_logprob; /* the chosen token's log-probability */
     int n_top;         /* and the n_top most likely tokens with theirs, 0..BT_SAMPLE_TOP_MAX */
     /* subtracted from the logits of ids adj_ids[0 .. n_adj) (distinct, < vocab) before the draw:
-     * the presence and frequency penalties of the tokens generated so far. The draw and the
-     * log-probabilities are those of the adjusted row. */
+     * the request's logit_bias and the presence and frequency penalties of the tokens generated
+     * so far (bt_penalties_t). The draw and the log-probabilities are those of the adjusted
+     * row. */
     const int32_t *adj_ids;
     const float *adj;
     int n_adj;

@@ -2000,6 +2000,69 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* The draws of a forward (f->draw), a row a sequence (bt_model_cuda_draws: one chunk of
+ * dlogits, whole rows): the settings up, the rows' adjustments (penalties, logit_bias), the
+ * sampler, the results down; read by draws_collect once the stream is done. */
+static bt_status_t draws_launch(fwd_t *f)
+{
+    struct bt_model_cuda *cu = f->cu;
+    const bt_model_config_t *c = &f->m->cfg;
+    char *err = f->err;
+    size_t errlen = f->errlen;
+    cudaStream_t st = cu->stream;
+    int n_adj = 0;
+    for (int q = 0; q < f->n_seqs; q++) {
+        const bt_sample_req_t *r = &f->draw->req[q];
+        cu->draw_p_h[q] = (bt_cuda_sample_params_t){
+            .temperature = r->sampling.temperature, .top_p = r->sampling.top_p,
+            .min_p = r->sampling.min_p, .top_k = r->sampling.top_k, .seed = r->sampling.seed,
+            .step = r->step, .want_logprob = r->want_logprob, .n_top = r->n_top};
+        n_adj += r->n_adj;
+    }
+    CK_CUDA(cudaMemcpyAsync(cu->draw_p_d, cu->draw_p_h, (size_t)f->n_seqs * sizeof *cu->draw_p_h,
+                            cudaMemcpyHostToDevice, st));
+    if (n_adj > 0) {
+        if (n_adj > cu->adj_cap) {
+            int cap = n_adj + n_adj / 2 + 256;
+            CK_CUDA(cudaStreamSynchronize(st)); /* (the old buffers may still be read) */
+            cudaFreeHost(cu->adj_h);
+            cudaFree(cu->adj_d);
+            cu->adj_h = NULL;
+            cu->adj_d = NULL;
+            cu->adj_cap = 0;
+            CK_CUDA(cudaMallocHost((void **)&cu->adj_h, (size_t)cap * sizeof *cu->adj_h));
+            CK_CUDA(cudaMalloc((void **)&cu->adj_d, (size_t)cap * sizeof *cu->adj_d));
+            cu->adj_cap = cap;
+        }
+        for (int q = 0, k = 0; q < f->n_seqs; q++) {
+            const bt_sample_req_t *r = &f->draw->req[q];
+            for (int i = 0; i < r->n_adj; i++) cu->adj_h[k++] = (bt_cuda_logit_adjust_t){q, r->adj_ids[i], r->adj[i]};
+        }
+        CK_CUDA(cudaMemcpyAsync(cu->adj_d, cu->adj_h, (size_t)n_adj * sizeof *cu->adj_h, cudaMemcpyHostToDevice, st));
+        CK(bt_cuda_logit_adjust(cu->dlogits, c->vocab, cu->adj_d, n_adj, st));
+    }
+    CK(bt_cuda_sample_rows(cu->draw_r_d, cu->draw_p_d, cu->dlogits, c->vocab, f->n_seqs, f->draw->vocab, st));
+    CK_CUDA(cudaMemcpyAsync(cu->draw_r_h, cu->draw_r_d, (size_t)f->n_seqs * sizeof *cu->draw_r_h,
+                            cudaMemcpyDeviceToHost, st));
+    return BT_OK;
+}
+
+/* The draws' results into the caller's (after the stream is done: copy_home waits for it). */
+static void draws_collect(fwd_t *f)
+{
+    struct bt_model_cuda *cu = f->cu;
+    cu->draws += (uint64_t)f->n_seqs;
+    for (int q = 0; q < f->n_seqs; q++) {
+        const bt_cuda_sample_result_t *r = &cu->draw_r_h[q];
+        bt_sample_out_t *o = &f->draw->out[q];
+        o->id = r->id;
+        o->logprob = r->logprob;
+        for (int k = 0; k < BT_SAMPLE_TOP_MAX; k++)
+            o->top[k] = k < BT_CUDA_SAMPLE_TOP ? (bt_top_logprob_t){r->top_id[k], r->top_logprob[k]}
+                                                : (bt_top_logprob_t){-1, 0.0f};
+    }
+}
+
 static bt_status_t forward(fwd_t *f, float *logits, bt_kv_header_t *before)
 {
     bt_model_t *m = f->m;
@@ -2027,42 +2090,7 @@ static bt_status_t forward(fwd_t *f, float *logits, bt_kv_header_t *before)
     if (f->graph && logits && f->logit_rows > 0)
         CK_CUDA(cudaMemcpyAsync(logits, cu->dlogits, (size_t)f->logit_rows * c->vocab * sizeof(float),
                                 cudaMemcpyDeviceToHost, st));
-    if (f->draw) { /* a row a sequence (bt_model_cuda_draws: one chunk of dlogits, whole rows) */
-        for (int q = 0; q < f->n_seqs; q++) {
-            const bt_sample_req_t *r = &f->draw->req[q];
-            cu->draw_p_h[q] = (bt_cuda_sample_params_t){
-                .temperature = r->sampling.temperature, .top_p = r->sampling.top_p,
-                .min_p = r->sampling.min_p, .top_k = r->sampling.top_k, .seed = r->sampling.seed,
-                .step = r->step, .want_logprob = r->want_logprob, .n_top = r->n_top};
-        }
-        CK_CUDA(cudaMemcpyAsync(cu->draw_p_d, cu->draw_p_h, (size_t)f->n_seqs * sizeof *cu->draw_p_h,
-                                cudaMemcpyHostToDevice, st));
-        int n_adj = 0;
-        for (int q = 0; q < f->n_seqs; q++) n_adj += f->draw->req[q].n_adj;
-        if (n_adj > 0) { /* the penalties, into the rows before the draws */
-            if (n_adj > cu->adj_cap) {
-                int cap = n_adj + n_adj / 2 + 256;
-                CK_CUDA(cudaStreamSynchronize(st)); /* (the old buffers may still be read) */
-                cudaFreeHost(cu->adj_h);
-                cudaFree(cu->adj_d);
-                cu->adj_h = NULL;
-                cu->adj_d = NULL;
-                cu->adj_cap = 0;
-                CK_CUDA(cudaMallocHost((void **)&cu->adj_h, (size_t)cap * sizeof *cu->adj_h));
-                CK_CUDA(cudaMalloc((void **)&cu->adj_d, (size_t)cap * sizeof *cu->adj_d));
-                cu->adj_cap = cap;
-            }
-            for (int q = 0, k = 0; q < f->n_seqs; q++) {
-                const bt_sample_req_t *r = &f->draw->req[q];
-                for (int i = 0; i < r->n_adj; i++) cu->adj_h[k++] = (bt_cuda_logit_adjust_t){q, r->adj_ids[i], r->adj[i]};
-            }
-            CK_CUDA(cudaMemcpyAsync(cu->adj_d, cu->adj_h, (size_t)n_adj * sizeof *cu->adj_h, cudaMemcpyHostToDevice, st));
-            CK(bt_cuda_logit_adjust(cu->dlogits, c->vocab, cu->adj_d, n_adj, st));
-        }
-        CK(bt_cuda_sample_rows(cu->draw_r_d, cu->draw_p_d, cu->dlogits, c->vocab, f->n_seqs, f->draw->vocab, st));
-        CK_CUDA(cudaMemcpyAsync(cu->draw_r_h, cu->draw_r_d, (size_t)f->n_seqs * sizeof *cu->draw_r_h,
-                                cudaMemcpyDeviceToHost, st));
-    }
+    if (f->draw) CK(draws_launch(f));
     if (cu->group_cap > 0)
         CK_CUDA(cudaMemcpyAsync(cu->group_bad_h, cu->group_bad, sizeof(int32_t), cudaMemcpyDeviceToHost, st));
     /* advance the sequences (engram history, positions), copy what the forward wrote back into
@@ -2089,16 +2117,7 @@ static bt_status_t forward(fwd_t *f, float *logits, bt_kv_header_t *before)
                  *cu->group_bad_h - 1, c->n_experts - 1);
         return BT_ERR_INTERNAL;
     }
-    if (f->draw) cu->draws += (uint64_t)f->n_seqs;
-    for (int q = 0; f->draw && q < f->n_seqs; q++) { /* (copy_home waited for the stream) */
-        const bt_cuda_sample_result_t *r = &cu->draw_r_h[q];
-        bt_sample_out_t *o = &f->draw->out[q];
-        o->id = r->id;
-        o->logprob = r->logprob;
-        for (int k = 0; k < BT_SAMPLE_TOP_MAX; k++)
-            o->top[k] = k < BT_CUDA_SAMPLE_TOP ? (bt_top_logprob_t){r->top_id[k], r->top_logprob[k]}
-                                                : (bt_top_logprob_t){-1, 0.0f};
-    }
+    if (f->draw) draws_collect(f);
     for (int q = 0; q < f->n_seqs; q++) {
         uint64_t tag = cu->tag_base | (++cu->tags & 0xffffffffull);
         if (tag == 0) tag = cu->tag_base | (++cu->tags & 0xffffffffull);
