@@ -78,6 +78,7 @@ typedef enum {
     OP_ATTENTION_TC_BATCH, /* s: as OP_ATTENTION_BATCH, on the tensor cores */
     OP_SCATTER,     /* s: n width dst-rows */
     OP_COPY_RANGES, /* s: copies max-bytes source-bytes */
+    OP_LOGIT_ADJUST, /* s: rows V ld-pad adjustments (distinct (row, id) pairs) */
 } op_t;
 
 static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped", "rmsnorm",
@@ -91,7 +92,7 @@ static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped
                                  "index_scores_tc", "index_sets_tc", "dequant_fp8", "hc_mix_ws", "moe_group",
                                  "attention_tc_ws", "gemm_fp8_batched", "head_finish", "hc_mix_collapse",
                                  "attention_batch", "attention_tc_batch", "scatter_rows",
-                                 "copy_ranges"};
+                                 "copy_ranges", "logit_adjust"};
 
 typedef struct {
     op_t op;
@@ -274,6 +275,10 @@ static const case_t cases[] = {
     /* ranges aligned to 16, to 4 and to nothing, empty ones, one long; a decode step's count */
     {OP_COPY_RANGES, F32, {37, 3000, 1 << 20}, 0},
     {OP_COPY_RANGES, F32, {1500, 2048, 1 << 24}, 0},
+    /* the draws' penalties and logit_bias: one, a decode batch's, and more than a block */
+    {OP_LOGIT_ADJUST, F32, {1, 77, 0, 1}, 0},
+    {OP_LOGIT_ADJUST, F32, {16, 129280, 3, 900}, 0},
+    {OP_LOGIT_ADJUST, F32, {5, 1000, 0, 4000}, 0},
     {OP_SCALE, F32, {1}, 0},
     {OP_SCALE, F32, {100003}, 0},
     {OP_MOE_COMBINE, F32, {5, 64, 6, 1}, 0},
@@ -2177,6 +2182,36 @@ static void run_copy_ranges(const case_t *cs, result_t *r)
     free(src), free(soff), free(doff), free(len), free(cp), free(y), free(want);
 }
 
+/* logits[row * ld + id] -= amount: bit for bit the host's float subtraction, every other
+ * element (the padding past V included) untouched */
+static void run_logit_adjust(const case_t *cs, result_t *r)
+{
+    const int T = cs->s[0], V = cs->s[1], ld = V + cs->s[2], n = cs->s[3];
+    const size_t all = (size_t)T * ld;
+    float *l = frandv(all, 8.0f), *want = xmalloc(all * 4), *y = xmalloc(all * 4);
+    memcpy(want, l, all * 4);
+    bt_cuda_logit_adjust_t *adj = xmalloc((size_t)n * sizeof *adj);
+    uint8_t *hit = calloc(all, 1);
+    for (int i = 0; i < n; i++) { /* distinct pairs; amounts of both signs, some large */
+        int row, id;
+        do {
+            row = irand(T);
+            id = irand(V);
+        } while (hit[(size_t)row * ld + id]);
+        hit[(size_t)row * ld + id] = 1;
+        const float amount = i % 4 == 3 ? -100.0f : frand() * (i % 2 ? 2.0f : 0.3f);
+        adj[i] = (bt_cuda_logit_adjust_t){row, id, amount};
+        want[(size_t)row * ld + id] -= amount;
+    }
+    float *dl = dup(l, all * 4);
+    BT_OK_OR_DIE(bt_cuda_logit_adjust(dl, ld, dup(adj, (size_t)n * sizeof *adj), n, 0));
+    get(y, dl, all * 4);
+    relerr(r, y, want, all);
+    if (memcmp(y, want, all * 4)) r->exact_ok = 0;
+    snprintf(r->note, sizeof r->note, "bit-exact, %d of %zu logits adjusted, the rest untouched", n, all);
+    free(l), free(want), free(y), free(adj), free(hit);
+}
+
 static void run_scale(const case_t *cs, result_t *r)
 {
     size_t n = (size_t)cs->s[0];
@@ -2435,6 +2470,7 @@ static void run_case(const case_t *cs, result_t *r)
     case OP_GATHER: run_gather(cs, r); break;
     case OP_SCATTER: run_scatter(cs, r); break;
     case OP_COPY_RANGES: run_copy_ranges(cs, r); break;
+    case OP_LOGIT_ADJUST: run_logit_adjust(cs, r); break;
     case OP_ATTENTION_BATCH: run_attention(cs, r); break;
     case OP_ATTENTION_TC_BATCH: run_attention(cs, r); break;
     case OP_SCALE: run_scale(cs, r); break;
@@ -2518,6 +2554,8 @@ static int check_refusals(void)
     /* three streams: the collapse is built for 1, 2 and 4 (as the mix) */
     bad += REFUSED(bt_cuda_hc_collapse_norm(d, BT_CUDA_F32, d, d, NULL, 1, 3, 8, 1e-6f, 0));
     bad += REFUSED(bt_cuda_copy_ranges(NULL, 1, 0));
+    bad += REFUSED(bt_cuda_logit_adjust((float *)d, 10, NULL, 1, 0));
+    bad += REFUSED(bt_cuda_logit_adjust((float *)d, 10, (const bt_cuda_logit_adjust_t *)d, 0, 0));
     bad += REFUSED(bt_cuda_copy_ranges((const bt_cuda_copy_t *)d, 0, 0));
     /* tensor-core attention: dim off 16, dim over 512, more keys than one block holds */
     bad += REFUSED(attention_tc_args(d, 18, 128, 512));
