@@ -64,8 +64,7 @@ struct prefill {
     bool draw;         /* this chunk ends the prompt: the first token is drawn with its forward */
     bt_sample_req_t draw_req;
     bt_sample_out_t draw_out;
-    float *draw_adj; /* the request's logit_bias, negated (the amounts the draw subtracts) */
-    int draw_adj_cap;
+    bt_penalties_t draw_bias; /* the request's logit_bias, as the decode group keeps it */
     int chunk_size;
     job_t *queue, *queue_tail, *active;
     peer_t *peers;
@@ -352,14 +351,12 @@ static void start_chunk(prefill_t *p, job_t *j)
             .n_top = logprobs && sp->top_logprobs > 0 ? (sp->top_logprobs < 20 ? sp->top_logprobs : 20) : 0};
         /* logit_bias applies to the first draw too (the decode group checked the ids) */
         const int nb = sp ? (int)(sp->n_logit_bias < sp->n_logit_bias_ids ? sp->n_logit_bias : sp->n_logit_bias_ids) : 0;
-        if (nb > p->draw_adj_cap) {
-            p->draw_adj_cap = nb;
-            p->draw_adj = bt_realloc_or_die(p->draw_adj, (size_t)nb * sizeof *p->draw_adj);
-        }
-        for (int i = 0; i < nb; i++) p->draw_adj[i] = -sp->logit_bias[i];
-        p->draw_req.adj_ids = nb ? sp->logit_bias_ids : NULL;
-        p->draw_req.adj = nb ? p->draw_adj : NULL;
-        p->draw_req.n_adj = nb;
+        bt_penalties_free(&p->draw_bias);
+        bt_penalties_init(&p->draw_bias, 0.0f, 0.0f);
+        for (int i = 0; i < nb; i++) bt_penalties_bias(&p->draw_bias, sp->logit_bias_ids[i], sp->logit_bias[i]);
+        p->draw_req.adj_ids = p->draw_bias.ids;
+        p->draw_req.adj = p->draw_bias.amount;
+        p->draw_req.n_adj = p->draw_bias.n;
     }
     p->busy = true;
     p->commit_start_ms = bt_now_ms(); /* reused as the chunk's start */
