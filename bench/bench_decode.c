@@ -62,6 +62,18 @@ static int positive(const char *flag, const char *v)
     return (int)x;
 }
 
+/* a number flag value, or the usage (atof took "x" for 0) */
+static double number(const char *flag, const char *v)
+{
+    char *end;
+    double x = strtod(v, &end);
+    if (end == v || *end) {
+        fprintf(stderr, "bench_decode: %s wants a number, not '%s'\n", flag, v);
+        exit(2);
+    }
+    return x;
+}
+
 int main(int argc, char **argv)
 {
     const char *dir = NULL, *device = "cuda", *dtype = "auto";
@@ -86,9 +98,13 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--warmup")) warmup = positive(a, v);
         else if (!strcmp(a, "--threads")) threads = positive(a, v);
         else if (!strcmp(a, "--draw") && (!strcmp(v, "forward") || !strcmp(v, "logits"))) draw_logits = !strcmp(v, "logits");
-        else if (!strcmp(a, "--temperature")) temperature = atof(v);
-        else if (!strcmp(a, "--top-p")) top_p = atof(v);
-        else if (!strcmp(a, "--top-logprobs")) top_logprobs = atoi(v);
+        else if (!strcmp(a, "--temperature")) temperature = number(a, v);
+        else if (!strcmp(a, "--top-p")) top_p = number(a, v);
+        else if (!strcmp(a, "--top-logprobs")) {
+            const double x = number(a, v);
+            if (x != (int)x) usage();
+            top_logprobs = (int)x;
+        }
         else if (!strcmp(a, "--batches")) {
             n_batches = 0;
             char *copy = bt_strdup_or_die(v), *save = NULL;
