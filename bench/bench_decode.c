@@ -102,7 +102,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--top-p")) top_p = number(a, v);
         else if (!strcmp(a, "--top-logprobs")) {
             const double x = number(a, v);
-            if (x != (int)x) usage();
+            if (!(x >= 0 && x <= BT_SAMPLE_TOP_MAX) || x != (double)(int)x) usage();
             top_logprobs = (int)x;
         }
         else if (!strcmp(a, "--batches")) {
