@@ -46,6 +46,7 @@
 extern "C" {
 #include "common/status.h"
 }
+#include "kernels/cuda/common.cuh" /* bt__launch: the step's own kernels launch as the operators do */
 #include "kernels/cuda/cuda_ops.h"
 
 #include <cublasLt.h>
@@ -226,6 +227,7 @@ static bt_status_t gen(void *p, size_t n, int groups, uint32_t seed, uint32_t ta
  * exact: an e4m3 value times a power of two) */
 __global__ void kv_store_kernel(__nv_bfloat16 *win, const int32_t *kv_row, const float *kv, int T)
 {
+    bt_grid_begin();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)T * HD) return;
     size_t t = i / HD, d = i % HD;
@@ -237,6 +239,7 @@ __global__ void kv_store_kernel(__nv_bfloat16 *win, const int32_t *kv_row, const
  * are gathered first, and the groups' outputs are put back token-major for wo_b. */
 __global__ void swap12_kernel(uint4 *out, const uint4 *in, int A, int B, int C8)
 {
+    bt_grid_begin();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)A * B * C8) return;
     size_t c = i % C8, ab = i / C8, b = ab % B, a = ab / B;
@@ -275,6 +278,7 @@ __global__ void __launch_bounds__(1024) moe_dispatch_kernel(int32_t *offs, int32
                                                             const int32_t *idx, const float *wts,
                                                             int pairs, int k, int E)
 {
+    bt_grid_begin();
     __shared__ int cnt[1024], cur[1024], warp_tot[64];
     for (int e = threadIdx.x; e < 1024; e += blockDim.x) cnt[e] = 0;
     __syncthreads();
@@ -300,6 +304,7 @@ __global__ void __launch_bounds__(1024) moe_dispatch_kernel(int32_t *offs, int32
 __global__ void moe_combine_kernel(float *out, const float *y, const int32_t *row_of,
                                    const float *shared, int T, int k, int D)
 {
+    bt_grid_begin();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)T * D) return;
     size_t t = i / D, d = i % D;
@@ -647,8 +652,8 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
     BT_TRY(fp8_mm(blas, c, c->kv, F32, c->xin, W->wkv.w, W->wkv.s, T, HD, HID, st));
     BT_TRY(bt_cuda_head_finish(c->kv, T, 1, HD, 1, W->kv_norm, RMS_EPS, c->pos, W->inv_freq,
                                ROPE_HALF, 32, BT_CUDA_FQ_FP8_UE8M0, st)); /* norm, rope, FP8 */
-    kv_store_kernel<<<cdiv((size_t)T * HD, thr), thr, 0, st>>>((__nv_bfloat16 *)c->win,
-                                                              c->kv_row, c->kv, T);
+    bt__launch(kv_store_kernel, cdiv((size_t)T * HD, thr), thr, 0, st, (__nv_bfloat16 *)c->win,
+               c->kv_row, c->kv, T);
     LAUNCHED("kv_store");
     BT_TRY(mark(ev, 2, st, capture));
 
@@ -690,8 +695,8 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
         BT_TRY(bt_cuda_gemm_fp8_batched(c->oa, BF16, OG * OL, OL, c->attn, OG * OGIN, OGIN,
                                         W->wo_a.w, W->wo_a.s, OG, T, OL, OGIN, st));
     } else { /* many rows: each group's rows gathered for cuBLASLt, its output scattered back */
-        swap12_kernel<<<cdiv((size_t)T * NH * HD / 8, thr), thr, 0, st>>>(
-            (uint4 *)c->attn_g, (const uint4 *)c->attn, T, OG, OGIN / 8);
+        bt__launch(swap12_kernel, cdiv((size_t)T * NH * HD / 8, thr), thr, 0, st,
+                   (uint4 *)c->attn_g, (const uint4 *)c->attn, T, OG, OGIN / 8);
         LAUNCHED("swap12 heads");
         for (int g = 0; g < OG; g++) {
             const uint8_t *w = W->wo_a.w + (size_t)g * OL * OGIN;
@@ -699,8 +704,8 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
             BT_TRY(fp8_mm(blas, c, c->oa_g + (size_t)g * T * OL, BF16,
                           c->attn_g + (size_t)g * T * OGIN, w, s, T, OL, OGIN, st));
         }
-        swap12_kernel<<<cdiv((size_t)T * OG * OL / 8, thr), thr, 0, st>>>(
-            (uint4 *)c->oa, (const uint4 *)c->oa_g, OG, T, OL / 8);
+        bt__launch(swap12_kernel, cdiv((size_t)T * OG * OL / 8, thr), thr, 0, st, (uint4 *)c->oa,
+                   (const uint4 *)c->oa_g, OG, T, OL / 8);
         LAUNCHED("swap12 groups");
     }
     BT_TRY(fp8_mm(blas, c, c->o_attn, BF16, c->oa, W->wo_b.w, W->wo_b.s, T, HID, OG * OL, st));
@@ -718,8 +723,8 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
     BT_TRY(bt_cuda_gemm_bf16(blas, c->logits, F32, c->xin, W->gate_w, T, NE, HID, st));
     BT_TRY(bt_cuda_moe_route(c->ridx, c->rw, c->logits, W->gate_bias, T, NE, TOPK, 1.0f, 1,
                              ROUTE_SCALE, st));
-    moe_dispatch_kernel<<<1, 1024, 0, st>>>(c->offs, c->rows, c->row_w, c->row_of, c->ridx,
-                                            c->rw, R, TOPK, NE);
+    bt__launch(moe_dispatch_kernel, 1, 1024, 0, st, c->offs, c->rows, c->row_w, c->row_of, c->ridx,
+               c->rw, R, TOPK, NE);
     LAUNCHED("moe_dispatch");
     BT_TRY(mark(ev, 7, st, capture));
 
@@ -741,8 +746,8 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
     BT_TRY(fp8_mm(blas, c, c->sgu, F32, c->xin, W->sw13.w, W->sw13.s, T, 2 * MI, HID, st));
     BT_TRY(bt_cuda_swiglu(c->sh, BF16, c->sgu, NULL, T, MI, SWIGLU_LIMIT, st));
     BT_TRY(fp8_mm(blas, c, c->sy, F32, c->sh, W->sw2.w, W->sw2.s, T, HID, MI, st));
-    moe_combine_kernel<<<cdiv((size_t)T * HID, thr), thr, 0, st>>>(c->moe, c->y2, c->row_of,
-                                                                    c->sy, T, TOPK, HID);
+    bt__launch(moe_combine_kernel, cdiv((size_t)T * HID, thr), thr, 0, st, c->moe, c->y2, c->row_of,
+               c->sy, T, TOPK, HID);
     LAUNCHED("moe_combine");
     BT_TRY(mark(ev, 8, st, capture));
 

@@ -31,6 +31,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(
     const int64_t *pos, const float *inv_freq, int half, int H, int dim, int splits, int chunk,
     float *work)
 {
+    bt_grid_begin();
     __shared__ float keys[ATT_KEYS][ATT_MAXD];
     int t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int h = blockIdx.x * ATT_WARPS + warp;
@@ -138,6 +139,7 @@ __global__ void attention_combine_kernel(T *out, const float *work, const float 
                                          const int64_t *pos, const float *inv_freq, int half, int H,
                                          int dim, int splits)
 {
+    bt_grid_begin();
     __shared__ float ez_s[32], inv_s;
     __shared__ unsigned used_s;
     int h = blockIdx.x, t = blockIdx.y;
@@ -226,11 +228,11 @@ extern "C" bt_status_t bt_cuda_attention_ws(void *out, const void *q, const void
     typedef __nv_bfloat16 bf;
     /* the split and the whole kernel are separate instances: the whole one (prefill) keeps the
      * registers and code it had before splits existed */
-#define ATT_LAUNCH(TY, SP)                                                                          \
-    attention_kernel<TY, SP><<<grid, ATT_WARPS * 32, 0, stream>>>(                                  \
-        (TY *)out, (const TY *)q, (const TY *)win_kv, win_off, win_idx, win_n, win_stride,         \
-        (const TY *)comp_kv, comp_off, sel, sel_n, sel_stride, sink, pos, inv_freq, half, H, dim,  \
-        splits, chunk, work)
+#define ATT_LAUNCH(TY, SP)                                                                         \
+    bt__launch(attention_kernel<TY, SP>, grid, ATT_WARPS * 32, 0, stream, (TY *)out,               \
+               (const TY *)q, (const TY *)win_kv, win_off, win_idx, win_n, win_stride,             \
+               (const TY *)comp_kv, comp_off, sel, sel_n, sel_stride, sink, pos, inv_freq, half,   \
+               H, dim, splits, chunk, work)
     if (dtype == BT_CUDA_F32) {
         if (splits > 1) ATT_LAUNCH(float, true);
         else ATT_LAUNCH(float, false);
@@ -263,11 +265,10 @@ bt_status_t bt__attention_combine(void *out, bt_cuda_dtype_t dtype, const float 
     dim3 cgrid(H, T);
     int threads = min(256, (dim / 2 + 31) / 32 * 32); /* a warp at least */
     if (dtype == BT_CUDA_F32)
-        attention_combine_kernel<<<cgrid, threads, 0, stream>>>((float *)out, work, sink, pos,
-                                                                inv_freq, half, H, dim, splits);
+        bt__launch(attention_combine_kernel<float>, cgrid, threads, 0, stream, (float *)out, work,
+                   sink, pos, inv_freq, half, H, dim, splits);
     else
-        attention_combine_kernel<<<cgrid, threads, 0, stream>>>((__nv_bfloat16 *)out, work, sink,
-                                                                pos, inv_freq, half, H, dim,
-                                                                splits);
+        bt__launch(attention_combine_kernel<__nv_bfloat16>, cgrid, threads, 0, stream,
+                   (__nv_bfloat16 *)out, work, sink, pos, inv_freq, half, H, dim, splits);
     return bt__cuda_launched("attention_combine");
 }

@@ -52,6 +52,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32) attention_tc_kernel(
     const int64_t *pos, const float *inv_freq, int half, int H, int dim, int ld_s, int splits,
     int chunk, float *work)
 {
+    bt_grid_begin();
     extern __shared__ __align__(128) unsigned char smem[];
     const int dp = (dim + 15) / 16 * 16, ldq = dp + TC_PAD;
     __nv_bfloat16 *sq = (__nv_bfloat16 *)smem;
@@ -342,10 +343,10 @@ extern "C" bt_status_t bt_cuda_attention_tc_ws(void *out, const void *q, const v
     const int64_t *win_off = batch ? batch->win_off : NULL, *comp_off = batch ? batch->comp_off : NULL;
     typedef __nv_bfloat16 bf;
 #define TC_LAUNCH(TY, SP)                                                                          \
-    attention_tc_kernel<TY, SP><<<grid, TC_WARPS * 32, bytes, stream>>>(                           \
-        (TY *)out, (const TY *)q, (const TY *)win_kv, win_off, win_idx, win_n, win_stride,         \
-        (const TY *)comp_kv, comp_off, sel, sel_n, sel_stride, sink, pos, inv_freq, half, H, dim,  \
-        ld_s, splits, chunk, work)
+    bt__launch(attention_tc_kernel<TY, SP>, grid, TC_WARPS * 32, bytes, stream, (TY *)out,         \
+               (const TY *)q, (const TY *)win_kv, win_off, win_idx, win_n, win_stride,             \
+               (const TY *)comp_kv, comp_off, sel, sel_n, sel_stride, sink, pos, inv_freq, half,   \
+               H, dim, ld_s, splits, chunk, work)
     if (dtype == BT_CUDA_F32) {
         if (splits > 1) TC_LAUNCH(float, true);
         else TC_LAUNCH(float, false);

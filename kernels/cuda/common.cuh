@@ -9,6 +9,8 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 /* A shape or dtype the launcher refuses: nothing is launched. */
 #define BT_CUDA_REQUIRE(cond)                                                                      \
@@ -155,5 +157,79 @@ __device__ __forceinline__ float bt_e2m1(unsigned code)
 }
 
 static inline int bt__cdiv(long long a, long long b) { return (int)((a + b - 1) / b); }
+
+/* ---- programmatic dependent launch (Hopper on) ----------------------------------------------
+ * A kernel launched by bt__launch may be started while the kernel before it on its stream is
+ * still running, so its blocks are resident and past their prologue when that one ends (a
+ * decode step is ~30 short kernels; the gaps between them and their ramps were a tenth of it).
+ * The contract every kernel keeps: bt_grid_wait() before it reads what an earlier kernel wrote
+ * or writes anything, on every path (an early return too: a grid that ends without waiting
+ * would let the next one past its own wait before the one before it ends). Before the wait a
+ * kernel may only read what no kernel writes (weights) and compute. bt_grid_wait then
+ * bt_grid_release: the next kernel may be launched once each block of this one got that far.
+ * Without the launch attribute both are no-ops. BT_CUDA_PDL=0 launches every kernel plainly. */
+__device__ __forceinline__ void bt_grid_wait(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void bt_grid_release(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+/* the usual first line of a kernel: nothing of its own to do before the wait */
+__device__ __forceinline__ void bt_grid_begin(void)
+{
+    bt_grid_wait();
+    bt_grid_release();
+}
+
+/* whether launches carry the attribute: BT_CUDA_PDL unset or not "0", read once per file
+ * (every thread reads the same value: a benign race) */
+static inline bool bt__pdl_enabled(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *v = getenv("BT_CUDA_PDL");
+        on = !(v && strcmp(v, "0") == 0);
+    }
+    return on;
+}
+
+/* Fills the attribute of a launch configuration for bt__launch and the launchers that build
+ * their own cudaLaunchConfig_t (clusters): returns the count of attributes written (0 or 1). */
+static inline unsigned bt__pdl_attr(cudaLaunchAttribute *a)
+{
+    if (!bt__pdl_enabled()) return 0;
+    a->id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    a->val.programmaticStreamSerializationAllowed = 1;
+    return 1;
+}
+
+/* kernel<<<grid, block, smem, stream>>>(args...) as a programmatic dependent launch (or that
+ * very launch with BT_CUDA_PDL=0); errors are left for bt__cuda_launched as <<<>>> leaves them */
+template <typename... P, typename... A>
+static inline void bt__launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem,
+                              cudaStream_t stream, A... args)
+{
+    cudaLaunchAttribute attr[1];
+    cudaLaunchConfig_t cfg = {};
+    cfg.attrs = attr;
+    cfg.numAttrs = bt__pdl_attr(attr);
+    if (!cfg.numAttrs) {
+        kernel<<<grid, block, smem, stream>>>((P)args...);
+        return;
+    }
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    (void)cudaLaunchKernelEx(&cfg, kernel, (P)args...);
+}
 
 #endif

@@ -6,6 +6,7 @@
 __global__ void embed_streams_kernel(float *x, float *pre, const float *table, const int32_t *ids,
                                      int hc, int D)
 {
+    bt_grid_begin();
     int t = blockIdx.x, id = ids[t];
     const float *row = table + (size_t)(id < 0 ? 0 : id) * D;
     for (int d = threadIdx.x; d < D; d += blockDim.x) {
@@ -20,12 +21,13 @@ extern "C" bt_status_t bt_cuda_embed_streams(float *x, float *pre, const float *
                                              cudaStream_t stream)
 {
     BT_CUDA_REQUIRE(x && pre && table && ids && T > 0 && hc > 0 && hc <= 32 && D > 0);
-    embed_streams_kernel<<<T, 256, 0, stream>>>(x, pre, table, ids, hc, D);
+    bt__launch(embed_streams_kernel, T, 256, 0, stream, x, pre, table, ids, hc, D);
     return bt__cuda_launched("embed_streams");
 }
 
 __global__ void gather_rows_kernel(float *dst, const float *src, const int64_t *idx, int width)
 {
+    bt_grid_begin();
     int r = blockIdx.x;
     const float *s = src + (size_t)idx[r] * width;
     float *d = dst + (size_t)r * width;
@@ -36,12 +38,13 @@ extern "C" bt_status_t bt_cuda_gather_rows(float *dst, const float *src, const i
                                            int width, cudaStream_t stream)
 {
     BT_CUDA_REQUIRE(dst && src && idx && n > 0 && width > 0);
-    gather_rows_kernel<<<n, 256, 0, stream>>>(dst, src, idx, width);
+    bt__launch(gather_rows_kernel, n, 256, 0, stream, dst, src, idx, width);
     return bt__cuda_launched("gather_rows");
 }
 
 __global__ void scatter_rows_kernel(float *dst, const int64_t *off, const float *src, int width)
 {
+    bt_grid_begin();
     int r = blockIdx.x;
     const float *s = src + (size_t)r * width;
     float *d = dst + off[r];
@@ -52,13 +55,14 @@ extern "C" bt_status_t bt_cuda_scatter_rows(float *dst, const int64_t *off, cons
                                             int width, cudaStream_t stream)
 {
     BT_CUDA_REQUIRE(dst && src && off && n > 0 && width > 0);
-    scatter_rows_kernel<<<n, 256, 0, stream>>>(dst, off, src, width);
+    bt__launch(scatter_rows_kernel, n, 256, 0, stream, dst, off, src, width);
     return bt__cuda_launched("scatter_rows");
 }
 
 /* a block a copy, in the widest units its alignment allows */
 __global__ void copy_ranges_kernel(const bt_cuda_copy_t *copies)
 {
+    bt_grid_begin();
     const bt_cuda_copy_t r = copies[blockIdx.x];
     const unsigned char *s = (const unsigned char *)r.src;
     unsigned char *d = (unsigned char *)r.dst;
@@ -77,12 +81,13 @@ __global__ void copy_ranges_kernel(const bt_cuda_copy_t *copies)
 extern "C" bt_status_t bt_cuda_copy_ranges(const bt_cuda_copy_t *copies, int n, cudaStream_t stream)
 {
     BT_CUDA_REQUIRE(copies && n > 0);
-    copy_ranges_kernel<<<n, 256, 0, stream>>>(copies);
+    bt__launch(copy_ranges_kernel, n, 256, 0, stream, copies);
     return bt__cuda_launched("copy_ranges");
 }
 
 __global__ void to_bf16_kernel(__nv_bfloat16 *dst, const float *src, int rows, int cols, int ld)
 {
+    bt_grid_begin();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)rows * cols) return;
     size_t r = i / cols, c = i % cols;
@@ -94,12 +99,14 @@ extern "C" bt_status_t bt_cuda_to_bf16(uint16_t *dst, const float *src, int rows
 {
     BT_CUDA_REQUIRE(dst && src && rows > 0 && cols > 0 && ld >= cols);
     size_t n = (size_t)rows * cols;
-    to_bf16_kernel<<<bt__cdiv((long long)n, 256), 256, 0, stream>>>((__nv_bfloat16 *)dst, src, rows, cols, ld);
+    bt__launch(to_bf16_kernel, bt__cdiv((long long)n, 256), 256, 0, stream, (__nv_bfloat16 *)dst,
+               src, rows, cols, ld);
     return bt__cuda_launched("to_bf16");
 }
 
 __global__ void scale_kernel(float *x, size_t n, float s)
 {
+    bt_grid_begin();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] *= s;
 }
@@ -107,13 +114,14 @@ __global__ void scale_kernel(float *x, size_t n, float s)
 extern "C" bt_status_t bt_cuda_scale(float *x, size_t n, float s, cudaStream_t stream)
 {
     BT_CUDA_REQUIRE(x && n > 0);
-    scale_kernel<<<bt__cdiv((long long)n, 256), 256, 0, stream>>>(x, n, s);
+    bt__launch(scale_kernel, bt__cdiv((long long)n, 256), 256, 0, stream, x, n, s);
     return bt__cuda_launched("scale");
 }
 
 __global__ void moe_combine_kernel(float *out, const float *y, const int32_t *rows,
                                    const int32_t *n, int stride, const float *shared, int D)
 {
+    bt_grid_begin();
     int t = blockIdx.x, cnt = n[t];
     const int32_t *rl = rows + (size_t)t * stride;
     for (int d = threadIdx.x; d < D; d += blockDim.x) {
@@ -128,13 +136,14 @@ extern "C" bt_status_t bt_cuda_moe_combine(float *out, const float *y, const int
                                            int T, int D, cudaStream_t stream)
 {
     BT_CUDA_REQUIRE(out && rows && n && T > 0 && D > 0 && stride >= 0);
-    moe_combine_kernel<<<T, 256, 0, stream>>>(out, y, rows, n, stride, shared, D);
+    bt__launch(moe_combine_kernel, T, 256, 0, stream, out, y, rows, n, stride, shared, D);
     return bt__cuda_launched("moe_combine");
 }
 
 __global__ void compress_pool_kernel(float *latent, const float *kv, const float *gate, int r,
                                      int dim)
 {
+    bt_grid_begin();
     int g = blockIdx.x;
     const float *k = kv + (size_t)g * r * dim;
     for (int d = threadIdx.x; d < dim; d += blockDim.x) {
@@ -158,13 +167,14 @@ extern "C" bt_status_t bt_cuda_compress_pool(float *latent, const float *kv, con
                                              int groups, int r, int dim, cudaStream_t stream)
 {
     BT_CUDA_REQUIRE(latent && kv && groups > 0 && r > 0 && dim > 0);
-    compress_pool_kernel<<<groups, 128, 0, stream>>>(latent, kv, gate, r, dim);
+    bt__launch(compress_pool_kernel, groups, 128, 0, stream, latent, kv, gate, r, dim);
     return bt__cuda_launched("compress_pool");
 }
 
 __global__ void block_max_kernel(float *bmax, const float *scores, const int64_t *visible, int n,
                                  int bs, int nblocks)
 {
+    bt_grid_begin();
     int t = blockIdx.y, b = blockIdx.x * blockDim.x + threadIdx.x;
     if (b >= nblocks) return;
     const float *row = scores + (size_t)t * n;
@@ -180,13 +190,14 @@ extern "C" bt_status_t bt_cuda_block_max(float *bmax, const float *scores, const
 {
     BT_CUDA_REQUIRE(bmax && scores && visible && T > 0 && n > 0 && bs > 0 && nblocks > 0);
     dim3 grid(bt__cdiv(nblocks, 128), T);
-    block_max_kernel<<<grid, 128, 0, stream>>>(bmax, scores, visible, n, bs, nblocks);
+    bt__launch(block_max_kernel, grid, 128, 0, stream, bmax, scores, visible, n, bs, nblocks);
     return bt__cuda_launched("block_max");
 }
 
 __global__ void mask_blocks_kernel(float *scores, const int32_t *cand, const int32_t *cand_n,
                                    int cand_stride, int n, int bs)
 {
+    bt_grid_begin();
     int t = blockIdx.y, j = blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= n) return;
     int blk = j / bs, cnt = cand_n[t];
@@ -205,13 +216,14 @@ extern "C" bt_status_t bt_cuda_mask_blocks(float *scores, const int32_t *cand,
 {
     BT_CUDA_REQUIRE(scores && cand && cand_n && T > 0 && n > 0 && bs > 0);
     dim3 grid(bt__cdiv(n, 256), T);
-    mask_blocks_kernel<<<grid, 256, 0, stream>>>(scores, cand, cand_n, cand_stride, n, bs);
+    bt__launch(mask_blocks_kernel, grid, 256, 0, stream, scores, cand, cand_n, cand_stride, n, bs);
     return bt__cuda_launched("mask_blocks");
 }
 
 __global__ void trim_sel_kernel(int32_t *n_out, const int32_t *sel, const int32_t *n_in,
                                 int stride, int T, int64_t limit)
 {
+    bt_grid_begin();
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= T) return;
     int k = n_in[t];
@@ -223,7 +235,8 @@ extern "C" bt_status_t bt_cuda_trim_sel(int32_t *n_out, const int32_t *sel, cons
                                         int stride, int T, int64_t limit, cudaStream_t stream)
 {
     BT_CUDA_REQUIRE(n_out && sel && n_in && T > 0);
-    trim_sel_kernel<<<bt__cdiv(T, 128), 128, 0, stream>>>(n_out, sel, n_in, stride, T, limit);
+    bt__launch(trim_sel_kernel, bt__cdiv(T, 128), 128, 0, stream, n_out, sel, n_in, stride, T,
+               limit);
     return bt__cuda_launched("trim_sel");
 }
 
@@ -238,6 +251,7 @@ __global__ void __launch_bounds__(GROUP_THREADS) moe_group_kernel(
     int n_hit_slots, int32_t *bad, int32_t bad_value, const int32_t *idx, const float *wts, int N,
     int K, int E)
 {
+    bt_grid_begin();
     __shared__ int count[GROUP_THREADS + 1];
     __shared__ int pos_of[GROUP_THREADS];
     int total = N * K, j = threadIdx.x;
@@ -291,7 +305,7 @@ extern "C" bt_status_t bt_cuda_moe_group(int32_t *offs, int32_t *xrow, float *wt
     BT_CUDA_REQUIRE(offs && xrow && wt_g && rows && cnt && hit && bad && idx && wts && bad_value != 0);
     BT_CUDA_REQUIRE(N > 0 && K > 0 && E > 0 && E <= GROUP_THREADS && N * K <= GROUP_THREADS);
     BT_CUDA_REQUIRE(n_hit_slots >= (E < N * K ? E : N * K));
-    moe_group_kernel<<<1, GROUP_THREADS, 0, stream>>>(offs, xrow, wt_g, rows, cnt, hit, n_hit_slots,
-                                                      bad, bad_value, idx, wts, N, K, E);
+    bt__launch(moe_group_kernel, 1, GROUP_THREADS, 0, stream, offs, xrow, wt_g, rows, cnt, hit,
+               n_hit_slots, bad, bad_value, idx, wts, N, K, E);
     return bt__cuda_launched("moe_group");
 }

@@ -7,6 +7,7 @@ __global__ void engram_gather_kernel(OT *e, const int64_t *ids, int T, int cols,
                                      const uint8_t *table, const uint8_t *scale,
                                      int64_t table_rows, int dim)
 {
+    bt_grid_begin();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)T * cols * dim) return;
     int d = (int)(i % dim);
@@ -27,11 +28,11 @@ extern "C" bt_status_t bt_cuda_engram_gather(void *e, bt_cuda_dtype_t e_dtype, c
     BT_CUDA_REQUIRE(T > 0 && cols > 0 && dim > 0 && dim % 32 == 0 && table_rows > 0);
     int blocks = bt__cdiv((long long)T * cols * dim, 256);
     if (e_dtype == BT_CUDA_F32)
-        engram_gather_kernel<<<blocks, 256, 0, stream>>>((float *)e, ids, T, cols, table,
-                                                         table_scale, table_rows, dim);
+        bt__launch(engram_gather_kernel<float>, blocks, 256, 0, stream, (float *)e, ids, T, cols,
+                   table, table_scale, table_rows, dim);
     else
-        engram_gather_kernel<<<blocks, 256, 0, stream>>>((__nv_bfloat16 *)e, ids, T, cols, table,
-                                                         table_scale, table_rows, dim);
+        bt__launch(engram_gather_kernel<__nv_bfloat16>, blocks, 256, 0, stream, (__nv_bfloat16 *)e,
+                   ids, T, cols, table, table_scale, table_rows, dim);
     return bt__cuda_launched("engram_gather");
 }
 
@@ -39,6 +40,7 @@ extern "C" bt_status_t bt_cuda_engram_gather(void *e, bt_cuda_dtype_t e_dtype, c
 __global__ void engram_inject_kernel(float *x, const float *kv, const float *qk, int hc, int D,
                                      float eps)
 {
+    bt_grid_begin();
     __shared__ float red[32];
     int s = blockIdx.x, t = blockIdx.y;
     float *h = x + ((size_t)t * hc + s) * D;
@@ -64,6 +66,6 @@ extern "C" bt_status_t bt_cuda_engram_inject(float *x, const float *kv, const fl
                                              int hc, int D, float eps, cudaStream_t stream)
 {
     BT_CUDA_REQUIRE(x && kv && qk && T > 0 && hc > 0 && D > 0 && T <= 65535);
-    engram_inject_kernel<<<dim3(hc, T), 256, 0, stream>>>(x, kv, qk, hc, D, eps);
+    bt__launch(engram_inject_kernel, dim3(hc, T), 256, 0, stream, x, kv, qk, hc, D, eps);
     return bt__cuda_launched("engram_inject");
 }

@@ -189,6 +189,7 @@ __global__ void __launch_bounds__(F32S_WARPS * 32) gemm_f32_rows_kernel(float *y
                                                                         const float *w, int M,
                                                                         int N, int K)
 {
+    bt_grid_begin();
     int lane = threadIdx.x & 31, n = blockIdx.x * F32S_WARPS + (threadIdx.x >> 5);
     if (n >= N) return;
     const float *wr = w + (size_t)n * K;
@@ -217,8 +218,8 @@ extern "C" bt_status_t bt_cuda_gemm_f32(bt_cuda_blas_t *blas, float *y, int ldy,
     BT_CUDA_REQUIRE(blas && y && x && w);
     BT_CUDA_REQUIRE(M > 0 && N > 0 && K > 0 && ldx >= K && ldy >= N);
     if (M <= BATCH_INVARIANT_ROWS) {
-        gemm_f32_rows_kernel<<<bt__cdiv(N, F32S_WARPS), F32S_WARPS * 32, 0, stream>>>(y, ldy, x, ldx,
-                                                                                      w, M, N, K);
+        bt__launch(gemm_f32_rows_kernel, bt__cdiv(N, F32S_WARPS), F32S_WARPS * 32, 0, stream, y,
+                   ldy, x, ldx, w, M, N, K);
         return bt__cuda_launched("gemm_f32 (rows)");
     }
     return matmul(blas, y, BT_CUDA_F32, x, w, M, N, K, 1, ldx, ldy, stream);

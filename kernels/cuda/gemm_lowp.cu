@@ -135,6 +135,7 @@ __global__ void __launch_bounds__(TILE_THREADS) gemm_tile(OT *y, const __nv_bflo
                                                           int M, int N, int K, const int32_t *elist,
                                                           gemm_io io)
 {
+    bt_grid_begin();
     __shared__ __align__(128) unsigned char smem[BM * LDC * 4];
     __nv_bfloat16(*sa)[LDS] = (__nv_bfloat16(*)[LDS])smem;
     __nv_bfloat16(*sb)[LDS] = (__nv_bfloat16(*)[LDS])(smem + BM * LDS * 2);
@@ -243,6 +244,7 @@ __global__ void __launch_bounds__(SK_WARPS * 32) gemm_skinny(OT *y, const __nv_b
                                                              const uint8_t *ws, int M, int N, int K,
                                                              const int32_t *elist, gemm_io io)
 {
+    bt_grid_begin();
     int lane = threadIdx.x & 31, n = blockIdx.x * SK_WARPS + (threadIdx.x >> 5);
     int e = elist ? elist[blockIdx.y] : blockIdx.y;
     if (n >= N || e < 0) return; /* no block barriers below */
@@ -503,18 +505,19 @@ __global__ void __launch_bounds__(MT_WARPS * 32, MMA16_MIN_BLOCKS(FMT, TILES)) g
     const int split = blockIdx.x % ksplit, n0 = blockIdx.x / ksplit * COLS;
     const int kslice = (K / CHUNK + ksplit - 1) / ksplit * CHUNK;
     const int kbeg = split * kslice, kend = min(K, kbeg + kslice);
+    /* A dense product's weights (no expert list, no offsets) are known before the kernel
+     * before this one ends: each warp's first chunk is loaded before the wait, so it is in
+     * flight while that kernel finishes. An expert list or offsets come from that kernel. */
+    const bool known = !elist && !offs;
+    if (!known) bt_grid_begin();
     const int e = elist ? elist[blockIdx.y] : blockIdx.y;
     if (e < 0) return; /* a padded slot of the expert list (the whole block) */
     const int r0 = offs ? offs[e] : 0, r1 = offs ? offs[e + 1] : M, mr = r1 - r0;
-    if (mr <= 0) return; /* the whole block: no barrier is skipped by part of it */
+    if (mr <= 0) { /* the whole block: no barrier is skipped by part of it */
+        if (known) bt_grid_begin();
+        return;
+    }
     expert_weights<FMT>(w, ws, e, N, K);
-    x += (size_t)e * io.x_group;
-    y += (size_t)e * io.y_group;
-    /* rows past mr read the last real row: their products land in accumulator rows that are
-     * never stored, and the loads need neither predicates nor zeroed registers each chunk */
-    const int ga = min(g, mr - 1), gb = min(g + 8, mr - 1);
-    const __nv_bfloat16 *xa = x + (size_t)(rows ? rows[r0 + ga] : r0 + ga) * io.ldx;
-    const __nv_bfloat16 *xb = x + (size_t)(rows ? rows[r0 + gb] : r0 + gb) * io.ldx;
     const int ks8 = (K + 31) / 32;
 
     float acc[TILES][4];
@@ -554,6 +557,14 @@ __global__ void __launch_bounds__(MT_WARPS * 32, MMA16_MIN_BLOCKS(FMT, TILES)) g
     uint4 wv[TILES], wnext[TILES];
     uint8_t sv[TILES], snext[TILES];
     load_w(wv, sv, kbeg + warp * CHUNK);
+    if (known) bt_grid_begin();
+    x += (size_t)e * io.x_group;
+    y += (size_t)e * io.y_group;
+    /* rows past mr read the last real row: their products land in accumulator rows that are
+     * never stored, and the loads need neither predicates nor zeroed registers each chunk */
+    const int ga = min(g, mr - 1), gb = min(g + 8, mr - 1);
+    const __nv_bfloat16 *xa = x + (size_t)(rows ? rows[r0 + ga] : r0 + ga) * io.ldx;
+    const __nv_bfloat16 *xb = x + (size_t)(rows ? rows[r0 + gb] : r0 + gb) * io.ldx;
     for (int k0 = kbeg + warp * CHUNK; k0 < kend; k0 += MT_WARPS * CHUNK) {
         const int kl = k0 + KW * c; /* this lane's first k */
         load_w(wnext, snext, k0 + MT_WARPS * CHUNK);
@@ -714,6 +725,7 @@ __global__ void __launch_bounds__(FT_WARPS * 32, 3) gemm_fp4_tiles(OT *y, const 
                                                                     const uint8_t *ws, int N,
                                                                     int K, const int32_t *elist)
 {
+    bt_grid_begin();
     extern __shared__ __align__(16) unsigned char ft_smem[];
     __shared__ const __nv_bfloat16 *arow[FT_ROWS];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, c = lane & 3;
@@ -883,11 +895,11 @@ static bt_status_t mma16_launch(void *y, bt_cuda_dtype_t yd, const __nv_bfloat16
     do {                                                                                           \
         dim3 grid(bt__cdiv(N, 8 * TL), groups);                                                    \
         if (yd == BT_CUDA_BF16)                                                                    \
-            gemm_mma16<FMT, TL><<<grid, MT_WARPS * 32, 0, stream>>>(                               \
-                (__nv_bfloat16 *)y, xb, rows, offs, w, ws, M, N, K, elist, io, 1);                 \
+            bt__launch(gemm_mma16<FMT, TL, __nv_bfloat16>, grid, MT_WARPS * 32, 0, stream,         \
+                       (__nv_bfloat16 *)y, xb, rows, offs, w, ws, M, N, K, elist, io, 1);          \
         else                                                                                       \
-            gemm_mma16<FMT, TL><<<grid, MT_WARPS * 32, 0, stream>>>(                               \
-                (float *)y, xb, rows, offs, w, ws, M, N, K, elist, io, 1);                         \
+            bt__launch(gemm_mma16<FMT, TL, float>, grid, MT_WARPS * 32, 0, stream, (float *)y, xb, \
+                       rows, offs, w, ws, M, N, K, elist, io, 1);                                  \
     } while (0)
     const int split =
         FMT != FMT_FP4 && !wide && !offs ? mma16_ksplit(N, K, groups, FMT == FMT_FP8 ? 64 : 32) : 1;
@@ -896,13 +908,13 @@ static bt_status_t mma16_launch(void *y, bt_cuda_dtype_t yd, const __nv_bfloat16
         cfg.gridDim = dim3(bt__cdiv(N, 8) * split, groups);
         cfg.blockDim = dim3(MT_WARPS * 32);
         cfg.stream = stream;
-        cudaLaunchAttribute attr[1];
+        cudaLaunchAttribute attr[2];
         attr[0].id = cudaLaunchAttributeClusterDimension;
         attr[0].val.clusterDim.x = split;
         attr[0].val.clusterDim.y = 1;
         attr[0].val.clusterDim.z = 1;
         cfg.attrs = attr;
-        cfg.numAttrs = 1;
+        cfg.numAttrs = 1 + bt__pdl_attr(attr + 1);
         cudaError_t ce;
         if (yd == BT_CUDA_BF16)
             ce = cudaLaunchKernelEx(&cfg, gemm_mma16<FMT, 1, __nv_bfloat16>, (__nv_bfloat16 *)y,
@@ -942,28 +954,28 @@ static bt_status_t launch(void *y, bt_cuda_dtype_t yd, const uint16_t *x, const 
     } else if (max_rows <= SKINNY_MAX_ROWS) {
         dim3 grid(bt__cdiv(N, SK_WARPS), groups);
         if (yd == BT_CUDA_BF16)
-            gemm_skinny<FMT><<<grid, SK_WARPS * 32, 0, stream>>>((__nv_bfloat16 *)y, xb, rows,
-                                                                 offs, w, ws, M, N, K, elist, io);
+            bt__launch(gemm_skinny<FMT, __nv_bfloat16>, grid, SK_WARPS * 32, 0, stream,
+                       (__nv_bfloat16 *)y, xb, rows, offs, w, ws, M, N, K, elist, io);
         else
-            gemm_skinny<FMT><<<grid, SK_WARPS * 32, 0, stream>>>((float *)y, xb, rows, offs, w,
-                                                                 ws, M, N, K, elist, io);
+            bt__launch(gemm_skinny<FMT, float>, grid, SK_WARPS * 32, 0, stream, (float *)y, xb,
+                       rows, offs, w, ws, M, N, K, elist, io);
     } else if (FMT == FMT_FP4 && mma_ok && (uintptr_t)ws % 4 == 0 && ft_smem_ready()) {
         /* (grouped only: rows K and N apart, as the plain layout) */
         dim3 grid(bt__cdiv(N, FT_COLS), bt__cdiv(max_rows, FT_ROWS), groups);
         if (yd == BT_CUDA_BF16)
-            gemm_fp4_tiles<<<grid, FT_WARPS * 32, FT_SMEM, stream>>>((__nv_bfloat16 *)y, xb, rows,
-                                                                     offs, w, ws, N, K, elist);
+            bt__launch(gemm_fp4_tiles<__nv_bfloat16>, grid, FT_WARPS * 32, FT_SMEM, stream,
+                       (__nv_bfloat16 *)y, xb, rows, offs, w, ws, N, K, elist);
         else
-            gemm_fp4_tiles<<<grid, FT_WARPS * 32, FT_SMEM, stream>>>((float *)y, xb, rows, offs,
-                                                                     w, ws, N, K, elist);
+            bt__launch(gemm_fp4_tiles<float>, grid, FT_WARPS * 32, FT_SMEM, stream, (float *)y, xb,
+                       rows, offs, w, ws, N, K, elist);
     } else {
         dim3 grid(bt__cdiv(N, BN), bt__cdiv(max_rows, BM), groups);
         if (yd == BT_CUDA_BF16)
-            gemm_tile<FMT><<<grid, TILE_THREADS, 0, stream>>>((__nv_bfloat16 *)y, xb, rows, offs,
-                                                              w, ws, M, N, K, elist, io);
+            bt__launch(gemm_tile<FMT, __nv_bfloat16>, grid, TILE_THREADS, 0, stream,
+                       (__nv_bfloat16 *)y, xb, rows, offs, w, ws, M, N, K, elist, io);
         else
-            gemm_tile<FMT><<<grid, TILE_THREADS, 0, stream>>>((float *)y, xb, rows, offs, w, ws,
-                                                              M, N, K, elist, io);
+            bt__launch(gemm_tile<FMT, float>, grid, TILE_THREADS, 0, stream, (float *)y, xb, rows,
+                       offs, w, ws, M, N, K, elist, io);
     }
     return bt__cuda_launched(FMT == FMT_FP8 ? "gemm_fp8" : "gemm_fp4_grouped");
 }
@@ -1026,6 +1038,7 @@ extern "C" bt_status_t bt_cuda_gemm_fp4_grouped_list(void *y, bt_cuda_dtype_t y_
 __global__ void dequant_fp8_kernel(__nv_bfloat16 *out, const uint8_t *w, const uint8_t *ws, int N,
                                    int K, int vec)
 {
+    bt_grid_begin();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, per = vec ? 16 : 1;
     size_t e = i * per;
     if (e >= (size_t)N * K) return;
@@ -1048,8 +1061,8 @@ extern "C" bt_status_t bt_cuda_dequant_fp8(uint16_t *w_bf16, const uint8_t *w,
     /* 16-byte loads and stores need aligned rows */
     int vec = K % 16 == 0 && (uintptr_t)w % 16 == 0 && (uintptr_t)w_bf16 % 16 == 0;
     size_t threads = ((size_t)N * K + (vec ? 15 : 0)) / (vec ? 16 : 1);
-    dequant_fp8_kernel<<<(unsigned)((threads + 255) / 256), 256, 0, stream>>>(
-        (__nv_bfloat16 *)w_bf16, w, w_scale, N, K, vec);
+    bt__launch(dequant_fp8_kernel, (unsigned)((threads + 255) / 256), 256, 0, stream,
+               (__nv_bfloat16 *)w_bf16, w, w_scale, N, K, vec);
     return bt__cuda_launched("dequant_fp8");
 }
 

@@ -78,6 +78,7 @@ __global__ void __launch_bounds__(MIX_THREADS) hc_mix_kernel(float *pre, float *
                                                              const float *scale, int T, int D,
                                                              float eps, float hc_eps, int iters)
 {
+    bt_grid_begin();
     constexpr int MIX = (2 + HC) * HC;
     __shared__ float red[32];
     __shared__ float part[MIX_THREADS / 32][TOK][MIX];
@@ -138,6 +139,7 @@ __global__ void __launch_bounds__(MIX_THREADS) hc_mix_split_kernel(float *work, 
                                                                    const float *fn, int D,
                                                                    int splits)
 {
+    bt_grid_begin();
     constexpr int MIX = (2 + HC) * HC;
     __shared__ float part[MIX_THREADS / 32][MIX + 1];
     int z = blockIdx.x, t = blockIdx.y, n = HC * D, lane = threadIdx.x & 31,
@@ -202,6 +204,7 @@ __global__ void hc_mix_fold_kernel(float *pre, float *post, float *comb, const f
                                    const float *base, const float *scale, int D, float eps,
                                    float hc_eps, int iters, int splits)
 {
+    bt_grid_begin();
     hc_mix_fold<HC>(pre, post, comb, work, base, scale, D, eps, hc_eps, iters, splits, blockIdx.x);
 }
 
@@ -230,17 +233,16 @@ extern "C" bt_status_t bt_cuda_hc_mix_ws(float *pre, float *post, float *comb, c
     with_hc(hc, [&](auto h) {
         constexpr int H = decltype(h)::value;
         if (splits > 1) {
-            hc_mix_split_kernel<H><<<dim3(splits, T), MIX_THREADS, 0, stream>>>(work, x, fn, D,
-                                                                                splits);
-            hc_mix_fold_kernel<H><<<T, FOLD_WARPS * 32, 0, stream>>>(pre, post, comb, work, base,
-                                                                   scale, D, eps, hc_eps, iters,
-                                                                   splits);
+            bt__launch(hc_mix_split_kernel<H>, dim3(splits, T), MIX_THREADS, 0, stream, work, x, fn,
+                       D, splits);
+            bt__launch(hc_mix_fold_kernel<H>, T, FOLD_WARPS * 32, 0, stream, pre, post, comb, work,
+                       base, scale, D, eps, hc_eps, iters, splits);
         } else if (T >= 4 * 132) { /* four tokens a block still fill the GPU */
-            hc_mix_kernel<H, 4><<<bt__cdiv(T, 4), MIX_THREADS, 0, stream>>>(
-                pre, post, comb, x, fn, base, scale, T, D, eps, hc_eps, iters);
+            bt__launch(hc_mix_kernel<H, 4>, bt__cdiv(T, 4), MIX_THREADS, 0, stream, pre, post, comb,
+                       x, fn, base, scale, T, D, eps, hc_eps, iters);
         } else {
-            hc_mix_kernel<H, 1><<<T, MIX_THREADS, 0, stream>>>(pre, post, comb, x, fn, base,
-                                                               scale, T, D, eps, hc_eps, iters);
+            bt__launch(hc_mix_kernel<H, 1>, T, MIX_THREADS, 0, stream, pre, post, comb, x, fn, base,
+                       scale, T, D, eps, hc_eps, iters);
         }
     });
     return bt__cuda_launched("hc_mix");
@@ -310,6 +312,7 @@ template <int HC, typename OT>
 __global__ void __launch_bounds__(1024) hc_collapse_kernel(OT *out, const float *x, const float *w,
                                                            const float *norm_w, int D, float eps)
 {
+    bt_grid_begin();
     hc_collapse<HC>(out, x, w, norm_w, D, eps, blockIdx.x);
 }
 
@@ -321,6 +324,7 @@ __global__ void __launch_bounds__(1024) hc_fold_collapse_kernel(
     const float *scale, float mix_eps, float hc_eps, int iters, int splits, OT *out,
     const float *x, const float *w, const float *norm_w, int T, int D, float eps)
 {
+    bt_grid_begin();
     if (blockIdx.x < T)
         hc_collapse<HC>(out, x, w, norm_w, D, eps, blockIdx.x);
     else
@@ -347,8 +351,8 @@ extern "C" bt_status_t bt_cuda_hc_collapse_norm(void *out, bt_cuda_dtype_t out_d
     const int threads = collapse_threads(D);
     with_hc(hc, [&](auto h) {
         with_dtype(out, out_dtype, [&](auto *o) {
-            hc_collapse_kernel<decltype(h)::value><<<T, threads, 0, stream>>>(o, x, w, norm_w, D,
-                                                                              eps);
+            bt__launch(hc_collapse_kernel<decltype(h)::value, std::remove_pointer_t<decltype(o)>>,
+                       T, threads, 0, stream, o, x, w, norm_w, D, eps);
         });
     });
     return bt__cuda_launched("hc_collapse_norm");
@@ -376,12 +380,12 @@ extern "C" bt_status_t bt_cuda_hc_mix_collapse_ws(
     const int threads = collapse_threads(D);
     with_hc(hc, [&](auto h) {
         constexpr int H = decltype(h)::value;
-        hc_mix_split_kernel<H><<<dim3(splits, T), MIX_THREADS, 0, stream>>>(work, x, fn, D,
-                                                                            splits);
+        bt__launch(hc_mix_split_kernel<H>, dim3(splits, T), MIX_THREADS, 0, stream, work, x, fn, D,
+                   splits);
         with_dtype(out, out_dtype, [&](auto *o) {
-            hc_fold_collapse_kernel<H><<<2 * T, threads, 0, stream>>>(
-                pre, post, comb, work, base, scale, mix_eps, hc_eps, iters, splits, o, x, w,
-                norm_w, T, D, eps);
+            bt__launch(hc_fold_collapse_kernel<H, std::remove_pointer_t<decltype(o)>>, 2 * T,
+                       threads, 0, stream, pre, post, comb, work, base, scale, mix_eps, hc_eps,
+                       iters, splits, o, x, w, norm_w, T, D, eps);
         });
     });
     return bt__cuda_launched("hc_mix_collapse");
@@ -391,6 +395,7 @@ template <int HC, typename OT>
 __global__ void hc_expand_kernel(float *x, const OT *o, const float *post, const float *comb,
                                  int T, int D)
 {
+    bt_grid_begin();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)T * D) return;
     size_t t = i / D;
@@ -418,10 +423,12 @@ extern "C" bt_status_t bt_cuda_hc_expand(float *x, const void *o, bt_cuda_dtype_
     BT_CUDA_REQUIRE(T > 0 && D > 0 && (hc == 1 || hc == 2 || hc == 4));
     int blocks = bt__cdiv((long long)T * D, 256);
     with_hc(hc, [&](auto h) {
-        with_dtype(const_cast<void *>(o), o_dtype, [&](auto *ov) { /* (read only) */
-            hc_expand_kernel<decltype(h)::value><<<blocks, 256, 0, stream>>>(x, ov, post, comb, T,
-                                                                             D);
-        });
+        with_dtype(const_cast<void *>(o), o_dtype,
+                   [&](auto *ov) { /* (read only) */
+                                   bt__launch(hc_expand_kernel<decltype(h)::value,
+                                                               std::remove_pointer_t<decltype(ov)>>,
+                                              blocks, 256, 0, stream, x, ov, post, comb, T, D);
+                   });
     });
     return bt__cuda_launched("hc_expand");
 }

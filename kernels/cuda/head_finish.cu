@@ -16,6 +16,7 @@ __global__ void head_finish_kernel(float *x, int heads, int dim, int norm, const
                                    float eps, const int64_t *pos, const float *inv_freq, int half,
                                    int fq_block, int fq_kind)
 {
+    bt_grid_begin();
     __shared__ float v[HF_MAXD];
     __shared__ float red[32];
     const size_t r = blockIdx.x;
@@ -68,7 +69,7 @@ extern "C" bt_status_t bt_cuda_head_finish(float *x, int rows, int heads, int di
     if (fq_block && dim % fq_block) fq_block = 0; /* the reference leaves such vectors alone */
     /* a norm over the head, not the row: the caller's heads are 1 when it asks for one */
     BT_CUDA_REQUIRE(!norm || heads == 1);
-    head_finish_kernel<<<(unsigned)rows * heads, norm_threads(dim), 0, stream>>>(
-        x, heads, dim, norm, norm_w, eps, pos, inv_freq, half, fq_block, (int)fq_kind);
+    bt__launch(head_finish_kernel, (unsigned)rows * heads, norm_threads(dim), 0, stream, x, heads,
+               dim, norm, norm_w, eps, pos, inv_freq, half, fq_block, (int)fq_kind);
     return bt__cuda_launched("head_finish");
 }

@@ -13,6 +13,7 @@ __global__ void __launch_bounds__(IX_KEYS) index_scores_kernel(float *scores, co
                                                                const int64_t *key_off,
                                                                const int32_t *n_keys)
 {
+    bt_grid_begin();
     __shared__ float sq[IX_MAXH * IX_MAXD];
     __shared__ float sk[IX_KEYS][IX_DCHUNK + 1];
     int t = blockIdx.y, j0 = blockIdx.x * IX_KEYS, j = j0 + threadIdx.x;
@@ -70,8 +71,8 @@ static bt_status_t index_scores_launch(float *scores, const float *q, const floa
     BT_CUDA_REQUIRE(T > 0 && n > 0 && heads > 0 && heads <= IX_MAXH && dim > 0);
     BT_CUDA_REQUIRE(heads * dim <= IX_MAXH * IX_MAXD);
     dim3 grid(bt__cdiv(n, IX_KEYS), T);
-    index_scores_kernel<<<grid, IX_KEYS, 0, stream>>>(scores, q, w, keys, visible, heads, dim, n,
-                                                      key_off, n_keys);
+    bt__launch(index_scores_kernel, grid, IX_KEYS, 0, stream, scores, q, w, keys, visible, heads,
+               dim, n, key_off, n_keys);
     return bt__cuda_launched(what);
 }
 
@@ -113,6 +114,7 @@ __global__ void __launch_bounds__(IXT_WARPS * 32) index_scores_tc_kernel(
     float *scores, const float *q, const float *w, const float *keys, const int64_t *visible,
     int T, int heads, int dim, int n, const int64_t *key_off, const int32_t *n_keys)
 {
+    bt_grid_begin();
     using namespace nvcuda;
     enum { ROWS = TOK * IXT_HEADS, TILES = ROWS / 16 * (IXT_KEYS / 16), PER = TILES / IXT_WARPS };
     extern __shared__ __align__(128) unsigned char smem[];
@@ -252,23 +254,23 @@ extern "C" bt_status_t bt_cuda_index_scores_tc(float *scores, const float *q, co
                          allowed[0]);
         size_t bytes = ixt_smem<1, 1>(dim);
         dim3 grid(bt__cdiv(n, IXT_KEYS), T);
-        index_scores_tc_kernel<1, 1><<<grid, IXT_WARPS * 32, bytes, stream>>>(
-            scores, q, w, keys, visible, T, heads, dim, n, key_off, n_keys);
+        bt__launch(index_scores_tc_kernel<1, 1>, grid, IXT_WARPS * 32, bytes, stream, scores, q, w,
+                   keys, visible, T, heads, dim, n, key_off, n_keys);
     } else if ((long)bt__cdiv(n, 4 * IXT_KEYS) * bt__cdiv(T, 4) >= 264 &&
                bt__smem_allowed((const void *)index_scores_tc_kernel<4, 4>, ixt_smem<4, 4>(IX_MAXD),
                                 allowed[1])) {
         /* four key tiles a block while that still leaves two blocks an SM (prefill) */
         size_t bytes = ixt_smem<4, 4>(dim);
         dim3 grid(bt__cdiv(n, 4 * IXT_KEYS), bt__cdiv(T, 4));
-        index_scores_tc_kernel<4, 4><<<grid, IXT_WARPS * 32, bytes, stream>>>(
-            scores, q, w, keys, visible, T, heads, dim, n, NULL, NULL);
+        bt__launch(index_scores_tc_kernel<4, 4>, grid, IXT_WARPS * 32, bytes, stream, scores, q, w,
+                   keys, visible, T, heads, dim, n, NULL, NULL);
     } else { /* few tokens: a block per key tile */
         bt__smem_allowed((const void *)index_scores_tc_kernel<4, 1>, ixt_smem<4, 1>(IX_MAXD),
                          allowed[2]);
         size_t bytes = ixt_smem<4, 1>(dim);
         dim3 grid(bt__cdiv(n, IXT_KEYS), bt__cdiv(T, 4));
-        index_scores_tc_kernel<4, 1><<<grid, IXT_WARPS * 32, bytes, stream>>>(
-            scores, q, w, keys, visible, T, heads, dim, n, NULL, NULL);
+        bt__launch(index_scores_tc_kernel<4, 1>, grid, IXT_WARPS * 32, bytes, stream, scores, q, w,
+                   keys, visible, T, heads, dim, n, NULL, NULL);
     }
     return bt__cuda_launched("index_scores_tc");
 }
@@ -314,6 +316,7 @@ __global__ void __launch_bounds__(TK_THREADS) topk_kernel(int32_t *out, int32_t 
                                                           int out_stride, const float *scores,
                                                           int n, int k)
 {
+    bt_grid_begin();
     __shared__ int hist[256];
     __shared__ int warp_tot[TK_THREADS / 32 + 1];
     __shared__ unsigned s_prefix;
@@ -382,6 +385,6 @@ extern "C" bt_status_t bt_cuda_topk(int32_t *out, int32_t *out_n, int out_stride
                                     const float *scores, int T, int n, int k, cudaStream_t stream)
 {
     BT_CUDA_REQUIRE(out && out_n && scores && T > 0 && n >= 0 && k >= 0 && k <= out_stride);
-    topk_kernel<<<T, TK_THREADS, 0, stream>>>(out, out_n, out_stride, scores, n, k);
+    bt__launch(topk_kernel, T, TK_THREADS, 0, stream, out, out_n, out_stride, scores, n, k);
     return bt__cuda_launched("topk");
 }

@@ -53,6 +53,7 @@ __global__ void __launch_bounds__(RT_WARPS * 32) moe_route_kernel(int32_t *idx, 
                                                                   int K, float temp, int norm,
                                                                   float route_scale)
 {
+    bt_grid_begin();
     extern __shared__ float sh[]; /* per warp: s[E], b[E] */
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int t = blockIdx.x * RT_WARPS + warp;
@@ -102,6 +103,7 @@ __global__ void __launch_bounds__(RT_MAXE) moe_route_block_kernel(int32_t *idx, 
                                                                  float temp, int norm,
                                                                  float route_scale)
 {
+    bt_grid_begin();
     __shared__ float s[RT_MAXE], cand_v[RT_MAXE / 32 * RT_MAXK];
     __shared__ int cand_i[RT_MAXE / 32 * RT_MAXK];
     const int t = blockIdx.x, e = threadIdx.x, lane = e & 31, warp = e >> 5;
@@ -148,13 +150,13 @@ extern "C" bt_status_t bt_cuda_moe_route(int32_t *idx, float *wts, const float *
     BT_CUDA_REQUIRE(idx && wts && logits && T > 0 && E > 0 && E <= RT_MAXE);
     BT_CUDA_REQUIRE(k > 0 && k <= RT_MAXK && k <= E && temp > 0.0f);
     if (T <= RT_BLOCK_TOKENS) {
-        moe_route_block_kernel<<<T, (E + 31) / 32 * 32, 0, stream>>>(idx, wts, logits, bias, E, k,
-                                                                    temp, normalize, route_scale);
+        bt__launch(moe_route_block_kernel, T, (E + 31) / 32 * 32, 0, stream, idx, wts, logits, bias,
+                   E, k, temp, normalize, route_scale);
         return bt__cuda_launched("moe_route");
     }
     size_t smem = (size_t)RT_WARPS * 2 * E * sizeof(float);
-    moe_route_kernel<<<bt__cdiv(T, RT_WARPS), RT_WARPS * 32, smem, stream>>>(
-        idx, wts, logits, bias, T, E, k, temp, normalize, route_scale);
+    bt__launch(moe_route_kernel, bt__cdiv(T, RT_WARPS), RT_WARPS * 32, smem, stream, idx, wts,
+               logits, bias, T, E, k, temp, normalize, route_scale);
     return bt__cuda_launched("moe_route");
 }
 
@@ -162,6 +164,7 @@ template <typename OT>
 __global__ void swiglu_kernel(OT *h, const float *gu, const float *wt, int rows, int I,
                               float limit)
 {
+    bt_grid_begin();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)rows * I) return;
     size_t r = i / I;
@@ -182,8 +185,10 @@ extern "C" bt_status_t bt_cuda_swiglu(void *h, bt_cuda_dtype_t h_dtype, const fl
     BT_CUDA_REQUIRE(h && gu && bt__dtype_ok(h_dtype) && rows > 0 && I > 0);
     int blocks = bt__cdiv((long long)rows * I, 256);
     if (h_dtype == BT_CUDA_F32)
-        swiglu_kernel<<<blocks, 256, 0, stream>>>((float *)h, gu, wt, rows, I, limit);
+        bt__launch(swiglu_kernel<float>, blocks, 256, 0, stream, (float *)h, gu, wt, rows, I,
+                   limit);
     else
-        swiglu_kernel<<<blocks, 256, 0, stream>>>((__nv_bfloat16 *)h, gu, wt, rows, I, limit);
+        bt__launch(swiglu_kernel<__nv_bfloat16>, blocks, 256, 0, stream, (__nv_bfloat16 *)h, gu, wt,
+                   rows, I, limit);
     return bt__cuda_launched("swiglu");
 }

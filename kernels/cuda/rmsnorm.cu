@@ -4,6 +4,7 @@
 template <typename XT, typename YT>
 __global__ void rmsnorm_kernel(YT *y, const XT *x, const float *w, int n, float eps)
 {
+    bt_grid_begin();
     __shared__ float red[32];
     size_t row = blockIdx.x, base = row * (size_t)n;
     float ss = 0.0f;
@@ -29,12 +30,16 @@ extern "C" bt_status_t bt_cuda_rmsnorm(void *y, bt_cuda_dtype_t y_dtype, const v
     int threads = n >= 1024 ? 512 : (n >= 256 ? 256 : 64);
     typedef __nv_bfloat16 bf;
     if (x_dtype == BT_CUDA_F32 && y_dtype == BT_CUDA_F32)
-        rmsnorm_kernel<<<rows, threads, 0, stream>>>((float *)y, (const float *)x, w, n, eps);
+        bt__launch(rmsnorm_kernel<float, float>, rows, threads, 0, stream, (float *)y,
+                   (const float *)x, w, n, eps);
     else if (x_dtype == BT_CUDA_F32)
-        rmsnorm_kernel<<<rows, threads, 0, stream>>>((bf *)y, (const float *)x, w, n, eps);
+        bt__launch(rmsnorm_kernel<float, bf>, rows, threads, 0, stream, (bf *)y, (const float *)x,
+                   w, n, eps);
     else if (y_dtype == BT_CUDA_F32)
-        rmsnorm_kernel<<<rows, threads, 0, stream>>>((float *)y, (const bf *)x, w, n, eps);
+        bt__launch(rmsnorm_kernel<bf, float>, rows, threads, 0, stream, (float *)y, (const bf *)x,
+                   w, n, eps);
     else
-        rmsnorm_kernel<<<rows, threads, 0, stream>>>((bf *)y, (const bf *)x, w, n, eps);
+        bt__launch(rmsnorm_kernel<bf, bf>, rows, threads, 0, stream, (bf *)y, (const bf *)x, w, n,
+                   eps);
     return bt__cuda_launched("rmsnorm");
 }

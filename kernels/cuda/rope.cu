@@ -5,6 +5,7 @@ template <typename T>
 __global__ void rope_kernel(T *x, int rows, int heads, int dim, const int64_t *pos,
                             const float *inv_freq, int half, int inverse)
 {
+    bt_grid_begin();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     size_t total = (size_t)rows * heads * half;
     if (i >= total) return;
@@ -29,10 +30,10 @@ extern "C" bt_status_t bt_cuda_rope(void *x, bt_cuda_dtype_t dtype, int rows, in
     size_t total = (size_t)rows * heads * half;
     int blocks = bt__cdiv((long long)total, 256);
     if (dtype == BT_CUDA_F32)
-        rope_kernel<<<blocks, 256, 0, stream>>>((float *)x, rows, heads, dim, pos, inv_freq, half,
-                                                inverse);
+        bt__launch(rope_kernel<float>, blocks, 256, 0, stream, (float *)x, rows, heads, dim, pos,
+                   inv_freq, half, inverse);
     else
-        rope_kernel<<<blocks, 256, 0, stream>>>((__nv_bfloat16 *)x, rows, heads, dim, pos,
-                                                inv_freq, half, inverse);
+        bt__launch(rope_kernel<__nv_bfloat16>, blocks, 256, 0, stream, (__nv_bfloat16 *)x, rows,
+                   heads, dim, pos, inv_freq, half, inverse);
     return bt__cuda_launched("rope");
 }

@@ -295,6 +295,7 @@ __global__ void __launch_bounds__(SR_THREADS)
     sample_rows_kernel(bt_cuda_sample_result_t *out, const bt_cuda_sample_params_t *params,
                        const float *logits, int64_t ld, int V)
 {
+    bt_grid_begin();
     __shared__ sr_shared_t sh;
     const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const float *row = logits + (size_t)t * ld;
@@ -441,6 +442,7 @@ __global__ void __launch_bounds__(SR_THREADS)
 
 __global__ void logit_adjust_kernel(float *logits, int64_t ld, const bt_cuda_logit_adjust_t *adj, int n)
 {
+    bt_grid_begin();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float *p = logits + (size_t)adj[i].row * ld + adj[i].id;
@@ -451,7 +453,7 @@ extern "C" bt_status_t bt_cuda_logit_adjust(float *logits, int64_t ld, const bt_
                                             int n, cudaStream_t stream)
 {
     BT_CUDA_REQUIRE(logits && adj && n > 0 && ld > 0);
-    logit_adjust_kernel<<<bt__cdiv(n, 256), 256, 0, stream>>>(logits, ld, adj, n);
+    bt__launch(logit_adjust_kernel, bt__cdiv(n, 256), 256, 0, stream, logits, ld, adj, n);
     return bt__cuda_launched("logit_adjust");
 }
 
@@ -461,6 +463,6 @@ extern "C" bt_status_t bt_cuda_sample_rows(bt_cuda_sample_result_t *out,
                                            cudaStream_t stream)
 {
     BT_CUDA_REQUIRE(out && params && logits && T > 0 && V > 0 && ld >= V);
-    sample_rows_kernel<<<T, SR_THREADS, 0, stream>>>(out, params, logits, ld, V);
+    bt__launch(sample_rows_kernel, T, SR_THREADS, 0, stream, out, params, logits, ld, V);
     return bt__cuda_launched("sample_rows");
 }
