@@ -128,18 +128,22 @@ if tdev:
     print(f"PyTorch {tdev['torch']}, eager; FP8/FP4 weights dequantized to bf16 once before "
           f"timing (no block-scaled FP8/FP4 matmul in PyTorch for these layouts).")
 print()
-head = ("| case | tokens | ours ms | ours, CUDA graph ms | floor ms (bound) | ours / floor | "
-        "graph / floor | PyTorch ms | speed-up vs PyTorch |")
+head = ("| case | tokens | ours ms | ours, CUDA graph ms | graph, two streams ms | floor ms (bound) | "
+        "ours / floor | best graph / floor | PyTorch ms | speed-up vs PyTorch |")
 if cc:
     head += " PyTorch compiled ms |"
 print(head)
-print("|---|---:|---:|---:|---|---:|---:|---:|---:|" + ("---:|" if cc else ""))
+print("|---|---:|---:|---:|---:|---|---:|---:|---:|---:|" + ("---:|" if cc else ""))
 for name in list(dict.fromkeys(list(oc) + list(tc))):
     o, t = oc.get(name, {}), tc.get(name, {})
     f = o.get("floor_ms")
-    row = (f"| {name} | {o.get('T', t.get('T', '?'))} | {ms(o.get('ms'))} | {ms(o.get('graph_ms'))} | "
+    g1, g2 = o.get('graph_ms'), o.get('graph_streams_ms')
+    gbest = min(v for v in (g1, g2) if v is not None and v > 0) if any(
+        v is not None and v > 0 for v in (g1, g2)) else None
+    same = {True: "", False: " (OTHER OUTPUT)", None: ""}[o.get('streams_same')]
+    row = (f"| {name} | {o.get('T', t.get('T', '?'))} | {ms(o.get('ms'))} | {ms(g1)} | {ms(g2)}{same} | "
            f"{fl(f)} ({o.get('floor_what', '-')}) | {ratio(o.get('ms'), f)} | "
-           f"{ratio(o.get('graph_ms'), f)} | {ms(t.get('ms'))} | {ratio(t.get('ms'), o.get('ms'))} |")
+           f"{ratio(gbest, f)} | {ms(t.get('ms'))} | {ratio(t.get('ms'), o.get('ms'))} |")
     if cc:
         c = cc.get(name)
         row += (f" {ms(c['ms'])} (first call {c['first_call_s']} s) |" if c else " - |")
