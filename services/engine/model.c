@@ -535,6 +535,14 @@ uint64_t bt_model_device_draws(const bt_model_t *m)
     return 0;
 }
 
+uint64_t bt_model_side_forks(const bt_model_t *m)
+{
+#ifdef BT_HAVE_CUDA_MODEL
+    if (m->cuda) return bt_model_cuda_side_forks(m->cuda);
+#endif
+    return 0;
+}
+
 void bt_model_destroy(bt_model_t *m)
 {
     if (!m) return;

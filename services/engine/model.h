@@ -58,6 +58,11 @@ typedef struct {
     /* CUDA: run decode steps (1..16 sequences of one token, TP 1, FP4 experts) eagerly instead
      * of as CUDA graphs; for comparisons (the environment's BT_CUDA_GRAPHS=0 does the same). */
     bool cuda_graphs_off;
+    /* CUDA, decode-sized batches: the chains of a layer that do not depend on each other on
+     * two streams. 0: where the second stream's products move at least 1 MiB of weights (under
+     * that the fork costs the host more than it saves), 1: one stream, 2: two wherever they may
+     * (tests). The environment's BT_CUDA_SIDE=0 makes it 1. */
+    int cuda_streams;
 } bt_model_options_t;
 
 enum { BT_DEVICE_CPU = 0, BT_DEVICE_CUDA = 1 };
@@ -81,6 +86,8 @@ const bt_model_config_t *bt_model_config(const bt_model_t *model);
 void bt_model_graph_stats(const bt_model_t *model, uint64_t *steps, uint64_t *instances);
 /* CUDA: the tokens bt_model_forward_sample drew on the GPU (0 on the CPU). */
 uint64_t bt_model_device_draws(const bt_model_t *model);
+/* CUDA: the times a forward forked work to its second stream (0 on the CPU). */
+uint64_t bt_model_side_forks(const bt_model_t *model);
 /* TP rank and size (0 and 1 without a comm). */
 int bt_model_tp_rank(const bt_model_t *model);
 int bt_model_tp_size(const bt_model_t *model);

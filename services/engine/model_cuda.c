@@ -121,6 +121,17 @@ struct bt_model_cuda {
     float *e_cat, *e_kv, *hidden, *hsel, *dlogits, *ytmp;
     uint16_t *xb, *hb;       /* bf16 activations on their way into FP8/FP4/BF16 GEMMs */
     size_t xb_cap, ytmp_cap; /* elements */
+    /* a second stream for a decode step's independent chains (the queries and the KV row
+     * beside the compressor and the indexer; the shared expert beside routing and the routed
+     * experts), forked and joined by events, as a graph's branches; its products' own scratch.
+     * NULL with BT_CUDA_SIDE=0. */
+    cudaStream_t side;
+    cudaEvent_t side_fork, side_join;
+    uint16_t *xb_side;
+    float *ytmp_side;
+    size_t xb_side_cap, ytmp_side_cap;
+    size_t side_min_bytes; /* the least weight bytes a forked chain's products move */
+    uint64_t side_forks;
     /* a dequantized FP8 weight (bf16) for products of at least FP8_WIDE_ROWS rows; fp8_max:
      * the largest FP8 weight's elements, counted while loading */
     uint16_t *wdq;
@@ -573,6 +584,13 @@ static void alloc_scratch(up_t *u)
         cu->hb = (uint16_t *)dev_alloc(u, N * K * I * 2, &cu->scratch_bytes);
         cu->ytmp_cap = N * (R > I ? R : I);
         cu->ytmp = scratch(u, cu->ytmp_cap);
+        if (cu->side) { /* (side_ok: decode-sized batches only) */
+            size_t S = N < GRAPH_MAX_SEQS ? N : GRAPH_MAX_SEQS, k = D > qlr ? D : qlr;
+            cu->xb_side_cap = S * (k > I ? k : I);
+            cu->xb_side = (uint16_t *)dev_alloc(u, cu->xb_side_cap * 2, &cu->scratch_bytes);
+            cu->ytmp_side_cap = S * I;
+            cu->ytmp_side = scratch(u, cu->ytmp_side_cap);
+        }
         if (N >= FP8_WIDE_ROWS && cu->fp8_max)
             cu->wdq = (uint16_t *)dev_alloc(u, cu->fp8_max * 2, &cu->scratch_bytes);
     }
@@ -678,6 +696,13 @@ bt_status_t bt_model_cuda_attach(bt_model_t *m, const char *dir, char *err, size
     cu->gpu = m->opt.gpu;
     CK_CUDA(cudaSetDevice(cu->gpu));
     CK_CUDA(cudaStreamCreateWithFlags(&cu->stream, cudaStreamNonBlocking));
+    const char *side_env = getenv("BT_CUDA_SIDE");
+    cu->side_min_bytes = m->opt.cuda_streams == 2 ? 0 : (size_t)1 << 20;
+    if (m->opt.cuda_streams != 1 && !(side_env && strcmp(side_env, "0") == 0)) {
+        CK_CUDA(cudaStreamCreateWithFlags(&cu->side, cudaStreamNonBlocking));
+        CK_CUDA(cudaEventCreateWithFlags(&cu->side_fork, cudaEventDisableTiming));
+        CK_CUDA(cudaEventCreateWithFlags(&cu->side_join, cudaEventDisableTiming));
+    }
     bt_status_t rc = bt_cuda_blas_create(&cu->blas);
     if (rc != BT_OK) {
         snprintf(err, errlen, "GPU %d: cuBLASLt did not start", cu->gpu);
@@ -751,6 +776,11 @@ uint64_t bt_model_cuda_device_draws(const struct bt_model_cuda *cu)
     return cu->draws;
 }
 
+uint64_t bt_model_cuda_side_forks(const struct bt_model_cuda *cu)
+{
+    return cu->side_forks;
+}
+
 bool bt_model_cuda_draws(const bt_model_t *m, int n_seqs)
 {
     const struct bt_model_cuda *cu = m->cuda;
@@ -779,7 +809,8 @@ void bt_model_cuda_destroy(struct bt_model_cuda *cu)
                      (float *)cu->cand, (float *)cu->cand_n, (float *)cu->sel_n,
                      (float *)cu->moe_idx, (float *)cu->meta_d, (float *)cu->mirror_mem, cu->hc_ws,
                      (float *)cu->wdq, (float *)cu->g_offs, (float *)cu->g_xrow, (float *)cu->g_rows,
-                     (float *)cu->g_hit, (float *)cu->g_cnt, cu->g_wt, (float *)cu->group_bad};
+                     (float *)cu->g_hit, (float *)cu->g_cnt, cu->g_wt, (float *)cu->group_bad,
+                     (float *)cu->xb_side, cu->ytmp_side};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cudaFree(bufs[i]);
     cudaFree(cu->tp_recv);
     cudaFree(cu->attn_all);
@@ -824,6 +855,12 @@ void bt_model_cuda_destroy(struct bt_model_cuda *cu)
     free(cu->mirror);
     bt_cuda_blas_destroy(cu->blas);
     if (cu->stream) cudaStreamDestroy(cu->stream);
+    if (cu->side) {
+        cudaStreamSynchronize(cu->side);
+        cudaStreamDestroy(cu->side);
+        cudaEventDestroy(cu->side_fork);
+        cudaEventDestroy(cu->side_join);
+    }
     free(cu);
 }
 
@@ -960,30 +997,77 @@ static bool fp8_via_cublas(const struct bt_model_cuda *cu, int M)
     return M >= FP8_WIDE_ROWS && cu->wdq;
 }
 
-static bt_status_t mm(fwd_t *f, float *y, int ldy, const float *x, int ldx, const dev_mat_t *w, int M)
+/* on stream `side`, with its own scratch, when side is true (side_ok's products only) */
+static bt_status_t mm_on(fwd_t *f, bool side, float *y, int ldy, const float *x, int ldx,
+                         const dev_mat_t *w, int M)
 {
     struct bt_model_cuda *cu = f->cu;
     char *err = f->err;
     size_t errlen = f->errlen;
-    cudaStream_t st = cu->stream;
+    cudaStream_t st = side ? cu->side : cu->stream;
+    uint16_t *xb = side ? cu->xb_side : cu->xb;
+    float *ytmp = side ? cu->ytmp_side : cu->ytmp;
+    size_t xb_cap = side ? cu->xb_side_cap : cu->xb_cap, ytmp_cap = side ? cu->ytmp_side_cap : cu->ytmp_cap;
     int N = w->N, K = w->K;
     if (w->kind == MAT_F32) return bt_cuda_gemm_f32(cu->blas, y, ldy, x, ldx, (const float *)w->w, M, N, K, st);
-    if ((size_t)M * K > cu->xb_cap || (ldy != N && (size_t)M * N > cu->ytmp_cap)) {
+    if ((size_t)M * K > xb_cap || (ldy != N && (size_t)M * N > ytmp_cap)) {
         snprintf(err, errlen, "cuda forward: a %dx%dx%d product exceeds the scratch", M, N, K);
         return BT_ERR_INTERNAL;
     }
-    CK(bt_cuda_to_bf16(cu->xb, x, M, K, ldx, st));
-    float *out = ldy == N ? y : cu->ytmp;
+    CK(bt_cuda_to_bf16(xb, x, M, K, ldx, st));
+    float *out = ldy == N ? y : ytmp;
     if (w->kind == MAT_FP8 && fp8_via_cublas(cu, M)) {
         CK(bt_cuda_dequant_fp8(cu->wdq, (const uint8_t *)w->w, w->scale, N, K, st));
-        CK(bt_cuda_gemm_bf16(cu->blas, out, BT_CUDA_F32, cu->xb, cu->wdq, M, N, K, st));
+        CK(bt_cuda_gemm_bf16(cu->blas, out, BT_CUDA_F32, xb, cu->wdq, M, N, K, st));
     } else if (w->kind == MAT_FP8)
-        CK(bt_cuda_gemm_fp8(out, BT_CUDA_F32, cu->xb, (const uint8_t *)w->w, w->scale, M, N, K, st));
+        CK(bt_cuda_gemm_fp8(out, BT_CUDA_F32, xb, (const uint8_t *)w->w, w->scale, M, N, K, st));
     else
-        CK(bt_cuda_gemm_bf16(cu->blas, out, BT_CUDA_F32, cu->xb, (const uint16_t *)w->w, M, N, K, st));
+        CK(bt_cuda_gemm_bf16(cu->blas, out, BT_CUDA_F32, xb, (const uint16_t *)w->w, M, N, K, st));
     if (out != y)
         CK_CUDA(cudaMemcpy2DAsync(y, (size_t)ldy * sizeof(float), out, (size_t)N * sizeof(float),
                                   (size_t)N * sizeof(float), (size_t)M, cudaMemcpyDeviceToDevice, st));
+    return BT_OK;
+}
+
+static bt_status_t mm(fwd_t *f, float *y, int ldy, const float *x, int ldx, const dev_mat_t *w, int M)
+{
+    return mm_on(f, false, y, ldy, x, ldx, w, M);
+}
+
+/* Whether products by a, b, c (NULL: none) may run on the side stream: a decode-sized batch
+ * and FP8 weights through the few-row kernel, which share no scratch or workspace with the
+ * main stream's work (cuBLASLt's and the dequantized weight are shared). */
+static bool side_ok(const fwd_t *f, const dev_mat_t *a, const dev_mat_t *b, const dev_mat_t *c)
+{
+    const struct bt_model_cuda *cu = f->cu;
+    if (!cu->side || !cu->xb_side || f->N > GRAPH_MAX_SEQS || fp8_via_cublas(cu, f->N)) return false;
+    const dev_mat_t *mats[] = {a, b, c};
+    size_t bytes = 0;
+    for (int i = 0; i < 3; i++) {
+        if (mats[i] && mats[i]->kind != MAT_FP8) return false;
+        if (mats[i]) bytes += (size_t)mats[i]->N * (size_t)mats[i]->K;
+    }
+    return bytes >= cu->side_min_bytes;
+}
+
+/* The side stream starts after what the main stream has queued; the main stream goes on past
+ * side_join only once the side stream's work is done. */
+static bt_status_t side_fork(fwd_t *f)
+{
+    char *err = f->err;
+    size_t errlen = f->errlen;
+    CK_CUDA(cudaEventRecord(f->cu->side_fork, f->cu->stream));
+    CK_CUDA(cudaStreamWaitEvent(f->cu->side, f->cu->side_fork, 0));
+    f->cu->side_forks++;
+    return BT_OK;
+}
+
+static bt_status_t side_join(fwd_t *f)
+{
+    char *err = f->err;
+    size_t errlen = f->errlen;
+    CK_CUDA(cudaEventRecord(f->cu->side_join, f->cu->side));
+    CK_CUDA(cudaStreamWaitEvent(f->cu->stream, f->cu->side_join, 0));
     return BT_OK;
 }
 
@@ -1230,12 +1314,17 @@ static bt_status_t attention(fwd_t *f, int l)
 
     CK(mm(f, cu->q_res, qlr, cu->xin, D, &w->wq_a, N));
     CK(bt_cuda_rmsnorm(cu->q_res, BT_CUDA_F32, cu->q_res, BT_CUDA_F32, w->q_norm, N, qlr, eps, st));
-    CK(mm(f, cu->q, H * hd, cu->q_res, qlr, &w->wq_b, N));
-    CK(mm(f, cu->kv, hd, cu->xin, D, &w->wkv, N));
-    if (half) CK(bt_cuda_rope(cu->q, BT_CUDA_F32, N, H, hd, f->pos_d, inv, half, 0, st));
+    /* the queries and the KV row: on the side stream beside the compressor and the indexer
+     * when they may, joined before the attention reads them */
+    const bool two = side_ok(f, &w->wq_b, &w->wkv, NULL);
+    cudaStream_t s2 = two ? cu->side : st;
+    if (two) CK(side_fork(f));
+    CK(mm_on(f, two, cu->q, H * hd, cu->q_res, qlr, &w->wq_b, N));
+    CK(mm_on(f, two, cu->kv, hd, cu->xin, D, &w->wkv, N));
+    if (half) CK(bt_cuda_rope(cu->q, BT_CUDA_F32, N, H, hd, f->pos_d, inv, half, 0, s2));
     /* the latent KV row: norm, rope, FP8 rounding in one launch */
     CK(bt_cuda_head_finish(cu->kv, N, 1, hd, 1, w->kv_norm, eps, half ? f->pos_d : NULL, inv, half, 32,
-                           BT_CUDA_FQ_FP8_UE8M0, st));
+                           BT_CUDA_FQ_FP8_UE8M0, s2));
 
     if (comp) {
         if (L->is_kv_source) {
@@ -1253,6 +1342,7 @@ static bt_status_t attention(fwd_t *f, int l)
             CK(indexer(f, l));
         }
     }
+    if (two) CK(side_join(f));
 
     /* a decode step: the new rows into their rings, then every token over its own sequence's
      * ring and compressed cache in one launch (offsets per token; each token's keys split as it
@@ -1376,9 +1466,26 @@ static bool moe_on_device(const fwd_t *f, int l)
            f->N * c->n_active <= f->cu->group_cap && c->n_experts <= GROUP_MAX_ROWS;
 }
 
-/* The shared expert, the routed outputs summed per token (rows: each token's grouped rows in
- * expert order, cnt: how many), and the TP reduction. */
-static bt_status_t moe_finish(fwd_t *f, int l, const int32_t *rows_d, const int32_t *cnt_d)
+/* The shared expert of layer l into cu->sh, on the side stream when side. */
+static bt_status_t shared_expert(fwd_t *f, int l, bool side)
+{
+    struct bt_model_cuda *cu = f->cu;
+    const dev_layer_t *w = &cu->layer[l];
+    char *err = f->err;
+    size_t errlen = f->errlen;
+    int N = f->N, D = f->m->cfg.hidden, I = f->m->il;
+    CK(mm_on(f, side, cu->sh_gu, 2 * I, cu->xin, D, &w->sw1, N));
+    CK(mm_on(f, side, cu->sh_gu + I, 2 * I, cu->xin, D, &w->sw3, N));
+    CK(bt_cuda_swiglu(cu->sh_h, BT_CUDA_F32, cu->sh_gu, NULL, N, I, (float)f->m->cfg.swiglu_limit,
+                      side ? cu->side : cu->stream));
+    return mm_on(f, side, cu->sh, D, cu->sh_h, I, &w->sw2, N);
+}
+
+/* The shared expert (or, side_started: its side stream joined), the routed outputs summed
+ * per token (rows: each token's grouped rows in expert order, cnt: how many), and the TP
+ * reduction. */
+static bt_status_t moe_finish(fwd_t *f, int l, const int32_t *rows_d, const int32_t *cnt_d,
+                              bool side_started)
 {
     bt_model_t *m = f->m;
     struct bt_model_cuda *cu = f->cu;
@@ -1387,15 +1494,12 @@ static bt_status_t moe_finish(fwd_t *f, int l, const int32_t *rows_d, const int3
     char *err = f->err;
     size_t errlen = f->errlen;
     cudaStream_t st = cu->stream;
-    int N = f->N, D = c->hidden, K = c->n_active, I = m->il;
-    float limit = (float)c->swiglu_limit;
+    int N = f->N, D = c->hidden, K = c->n_active;
     bool shared = w->sw1.kind != MAT_NONE;
-    if (shared) {
-        CK(mm(f, cu->sh_gu, 2 * I, cu->xin, D, &w->sw1, N));
-        CK(mm(f, cu->sh_gu + I, 2 * I, cu->xin, D, &w->sw3, N));
-        CK(bt_cuda_swiglu(cu->sh_h, BT_CUDA_F32, cu->sh_gu, NULL, N, I, limit, st));
-        CK(mm(f, cu->sh, D, cu->sh_h, I, &w->sw2, N));
-    }
+    if (side_started)
+        CK(side_join(f));
+    else if (shared)
+        CK(shared_expert(f, l, false));
     CK(bt_cuda_moe_combine(cu->out, cu->yg, rows_d, cnt_d, K, shared ? cu->sh : NULL, N, D, st));
     /* each rank summed its slice of every expert's width */
     if (cu->tp > 1) CK(tp_all_reduce(f, cu->out, (size_t)N * D));
@@ -1437,6 +1541,13 @@ static bt_status_t moe(fwd_t *f, int l)
     int N = f->N, D = c->hidden, E = c->n_experts, K = c->n_active, I = m->il; /* this rank's width */
     float limit = (float)c->swiglu_limit;
 
+    /* the shared expert on the side stream beside routing and the routed experts when it may
+     * (joined in moe_finish) */
+    const bool two = w->sw1.kind != MAT_NONE && side_ok(f, &w->sw1, &w->sw3, &w->sw2);
+    if (two) {
+        CK(side_fork(f));
+        CK(shared_expert(f, l, true));
+    }
     CK(bt_cuda_gemm_f32(b, cu->gate_logits, E, cu->xin, D, w->gate_w, N, E, D, st));
     CK(bt_cuda_moe_route(cu->moe_idx, cu->moe_wts, cu->gate_logits, w->gate_bias, N, E, K,
                          (float)c->gate_temp, c->norm_topk_prob, (float)c->route_scale, st));
@@ -1448,7 +1559,7 @@ static bt_status_t moe(fwd_t *f, int l)
         CK(bt_cuda_moe_group(cu->g_offs, cu->g_xrow, cu->g_wt, cu->g_rows, cu->g_cnt, cu->g_hit, slots,
                              cu->group_bad, l + 1, cu->moe_idx, cu->moe_wts, N, K, E, st));
         CK(fp4_experts(f, l, cu->g_xrow, cu->g_offs, cu->g_hit, slots, N, cu->g_wt));
-        return moe_finish(f, l, cu->g_rows, cu->g_cnt);
+        return moe_finish(f, l, cu->g_rows, cu->g_cnt, two);
     }
     /* the grouping by expert is planned on the host */
     CK_CUDA(cudaMemcpyAsync(cu->moe_idx_h, cu->moe_idx, (size_t)N * K * sizeof(int32_t), cudaMemcpyDeviceToHost, st));
@@ -1544,7 +1655,7 @@ static bt_status_t moe(fwd_t *f, int l)
                                 w->w2 + (size_t)e * D * I, rc, D, I, st));
         }
     }
-    return moe_finish(f, l, rows_d, cnt_d);
+    return moe_finish(f, l, rows_d, cnt_d, two);
 }
 
 /* One mHC site: the mapping from the streams, then the sublayer input collapsed with the

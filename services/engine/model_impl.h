@@ -139,6 +139,7 @@ bool bt_model_cuda_draws(const bt_model_t *m, int n_seqs);
 void bt_model_cuda_destroy(struct bt_model_cuda *cuda);
 void bt_model_cuda_graph_stats(const struct bt_model_cuda *cuda, uint64_t *steps, uint64_t *instances);
 uint64_t bt_model_cuda_device_draws(const struct bt_model_cuda *cuda);
+uint64_t bt_model_cuda_side_forks(const struct bt_model_cuda *cuda);
 #endif
 
 #endif

@@ -644,33 +644,14 @@ static void test_golden_a_quant_native(void)
     check_bf16("golden-a-quant", false, BT_WEIGHTS_AUTO, 1e-2, true);
 }
 
-/* Decode steps as CUDA graphs (golden-a-quant in its checkpoint formats: FP4 experts, whose
- * rows are grouped on the device) against the same model run eagerly: every step's logits
- * bit-identical (the same launches, replayed), one sequence and a batch of three, over enough
- * steps that the compressors' and the indexer's launches change (graphs updated or added). */
-static void test_graphs_match_eager(void)
+/* golden-a-quant decoded by models a and b side by side: prompts prefilled, then STEPS greedy
+ * steps of one sequence, then of a batch of three (teacher-forced with a's ids); returns the
+ * count of steps whose logits differ in any bit, *steps the steps run, secs each model's time */
+static int decode_twins(bt_model_t *a, bt_model_t *b, bt_safetensors_t *gold, int *steps_p, double secs[2])
 {
-    const char *name = "golden-a-quant";
     char err[256];
-    bt_safetensors_t *gold = golden_open(name);
-    if (!gold) {
-        BT_CHECK_MSG(0, "%s: no golden.safetensors", name);
-        return;
-    }
-    bt_model_t *mg = NULL, *me = NULL;
-    for (int k = 0; k < 2; k++) {
-        bt_model_options_t opt = test_options(BT_DEVICE_CUDA, BT_WEIGHTS_AUTO);
-        opt.cuda_graphs_off = k == 1;
-        *(k ? &me : &mg) = golden_model_with(name, gold, &opt);
-    }
-    BT_CHECK(mg && me);
-    if (!mg || !me) {
-        bt_model_destroy(mg);
-        bt_model_destroy(me);
-        bt_safetensors_close(gold);
-        return;
-    }
-    const bt_model_config_t *c = bt_model_config(mg);
+    bt_model_t *mk[2] = {a, b};
+    const bt_model_config_t *c = bt_model_config(a);
     int V = c->vocab;
     bt_kv_layout_t lay;
     BT_CHECK(bt_kv_layout_init(&lay, c, MAX_CTX) == BT_OK);
@@ -681,39 +662,83 @@ static void test_graphs_match_eager(void)
     uint8_t *st[2][B];
     float *lg[2];
     for (int k = 0; k < 2; k++) {
-        for (int b = 0; b < B; b++) st[k][b] = bt_aligned_alloc(64, lay.slot_bytes);
+        for (int i = 0; i < B; i++) st[k][i] = bt_aligned_alloc(64, lay.slot_bytes);
         lg[k] = malloc((size_t)MAX_CTX * V * sizeof(float));
     }
     int differ = 0, steps = 0;
-    double secs[2] = {0, 0}; /* reported, not asserted: a tiny model's step is launch-bound */
+    secs[0] = secs[1] = 0; /* reported, not asserted: a tiny model's step is launch-bound */
     /* one sequence, then three together: prompts prefilled eagerly in both models */
     for (int batch = 1; batch <= B && np >= B; batch += B - 1) {
         int32_t tok[B];
-        for (int b = 0; b < batch; b++)
+        for (int i = 0; i < batch; i++)
             for (int k = 0; k < 2; k++) {
-                BT_CHECK(run(k ? me : mg, &lay, st[k][b], P[b].ids, P[b].S, 0, lg[k], true) == 0);
-                if (k == 0) tok[b] = golden_argmax(lg[0] + (size_t)(P[b].S - 1) * V, V);
+                BT_CHECK(run(mk[k], &lay, st[k][i], P[i].ids, P[i].S, 0, lg[k], true) == 0);
+                if (k == 0) tok[i] = golden_argmax(lg[0] + (size_t)(P[i].S - 1) * V, V);
             }
         int smax = 0;
-        for (int b = 0; b < batch; b++) smax = P[b].S > smax ? P[b].S : smax;
+        for (int i = 0; i < batch; i++) smax = P[i].S > smax ? P[i].S : smax;
         for (int s = 0; s < STEPS && smax + s + 1 < MAX_CTX; s++) {
             for (int k = 0; k < 2; k++) {
                 bt_forward_seq_t seq[B];
-                for (int b = 0; b < batch; b++) seq[b] = (bt_forward_seq_t){st[k][b], &tok[b], 1, false};
+                for (int i = 0; i < batch; i++) seq[i] = (bt_forward_seq_t){st[k][i], &tok[i], 1, false};
                 struct timespec t0, t1;
                 clock_gettime(CLOCK_MONOTONIC, &t0);
-                BT_CHECK(bt_model_forward(k ? me : mg, &lay, seq, batch, lg[k], err, sizeof err) == BT_OK);
+                BT_CHECK(bt_model_forward(mk[k], &lay, seq, batch, lg[k], err, sizeof err) == BT_OK);
                 clock_gettime(CLOCK_MONOTONIC, &t1);
                 secs[k] += (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
             }
             steps++;
             if (memcmp(lg[0], lg[1], (size_t)batch * V * sizeof(float)) != 0) differ++;
-            for (int b = 0; b < batch; b++) tok[b] = golden_argmax(lg[0] + (size_t)b * V, V);
+            for (int i = 0; i < batch; i++) tok[i] = golden_argmax(lg[0] + (size_t)i * V, V);
         }
     }
+    for (int k = 0; k < 2; k++) {
+        for (int i = 0; i < B; i++) bt_aligned_free(st[k][i]);
+        free(lg[k]);
+    }
+    free_prompts(P, np);
+    *steps_p = steps;
+    return differ;
+}
+
+/* golden-a-quant in its checkpoint formats, models loaded with opt[0] and opt[1] (NULL when
+ * either fails to load, the failure checked) */
+static bool golden_twins(const char *name, bt_safetensors_t **gold, const bt_model_options_t opt[2],
+                         bt_model_t *m[2])
+{
+    m[0] = m[1] = NULL;
+    *gold = golden_open(name);
+    if (!*gold) {
+        BT_CHECK_MSG(0, "%s: no golden.safetensors", name);
+        return false;
+    }
+    for (int k = 0; k < 2; k++) m[k] = golden_model_with(name, *gold, &opt[k]);
+    BT_CHECK(m[0] && m[1]);
+    if (m[0] && m[1]) return true;
+    bt_model_destroy(m[0]);
+    bt_model_destroy(m[1]);
+    bt_safetensors_close(*gold);
+    return false;
+}
+
+/* Decode steps as CUDA graphs (golden-a-quant in its checkpoint formats: FP4 experts, whose
+ * rows are grouped on the device) against the same model run eagerly: every step's logits
+ * bit-identical (the same launches, replayed), one sequence and a batch of three, over enough
+ * steps that the compressors' and the indexer's launches change (graphs updated or added). */
+static void test_graphs_match_eager(void)
+{
+    bt_model_options_t opt[2] = {test_options(BT_DEVICE_CUDA, BT_WEIGHTS_AUTO),
+                                 test_options(BT_DEVICE_CUDA, BT_WEIGHTS_AUTO)};
+    opt[1].cuda_graphs_off = true;
+    bt_safetensors_t *gold;
+    bt_model_t *m[2];
+    if (!golden_twins("golden-a-quant", &gold, opt, m)) return;
+    int steps = 0;
+    double secs[2];
+    int differ = decode_twins(m[0], m[1], gold, &steps, secs);
     uint64_t g_steps, g_inst, e_steps, e_inst;
-    bt_model_graph_stats(mg, &g_steps, &g_inst);
-    bt_model_graph_stats(me, &e_steps, &e_inst);
+    bt_model_graph_stats(m[0], &g_steps, &g_inst);
+    bt_model_graph_stats(m[1], &e_steps, &e_inst);
     fprintf(stderr, "  graphs: %d decode steps, %d with other logits than eager; %llu ran as graphs, %llu graphs instantiated; "
                     "%.3f ms a step as graphs, %.3f ms eager (the first steps of each size instantiate)\n",
             steps, differ, (unsigned long long)g_steps, (unsigned long long)g_inst, 1e3 * secs[0] / steps,
@@ -726,14 +751,39 @@ static void test_graphs_match_eager(void)
      * (golden-a-quant's 10 layers: pieces of 1, 2, 4, 3), not one a step: 80 steps capture 320
      * pieces */
     BT_CHECK_MSG(g_inst <= 48, "%llu graphs instantiated for %d steps", (unsigned long long)g_inst, steps);
-    for (int k = 0; k < 2; k++) {
-        for (int b = 0; b < B; b++) bt_aligned_free(st[k][b]);
-        free(lg[k]);
-    }
-    free_prompts(P, np);
-    bt_model_destroy(mg);
-    bt_model_destroy(me);
+    bt_model_destroy(m[0]);
+    bt_model_destroy(m[1]);
     bt_safetensors_close(gold);
+}
+
+/* A layer's independent chains on two streams (the queries and KV row beside the compressor
+ * and the indexer, the shared expert beside the routing and the routed experts) give the same
+ * logits, bit for bit, as one stream, as graphs and eagerly; and they did fork (the tiny
+ * model's products are under the automatic threshold: forced with cuda_streams 2). */
+static void test_two_streams_match_one(void)
+{
+    for (int graphs_off = 0; graphs_off < 2; graphs_off++) {
+        bt_model_options_t opt[2] = {test_options(BT_DEVICE_CUDA, BT_WEIGHTS_AUTO),
+                                     test_options(BT_DEVICE_CUDA, BT_WEIGHTS_AUTO)};
+        opt[0].cuda_streams = 2;
+        opt[1].cuda_streams = 1;
+        opt[0].cuda_graphs_off = opt[1].cuda_graphs_off = graphs_off;
+        bt_safetensors_t *gold;
+        bt_model_t *m[2];
+        if (!golden_twins("golden-a-quant", &gold, opt, m)) return;
+        int steps = 0;
+        double secs[2];
+        int differ = decode_twins(m[0], m[1], gold, &steps, secs);
+        uint64_t forks = bt_model_side_forks(m[0]), forks1 = bt_model_side_forks(m[1]);
+        fprintf(stderr, "  two streams (%s): %d decode steps, %d with other logits than one stream; %llu forks\n",
+                graphs_off ? "eager" : "graphs", steps, differ, (unsigned long long)forks);
+        BT_CHECK_MSG(differ == 0, "%d of %d decode steps gave other logits on two streams", differ, steps);
+        BT_CHECK_MSG(forks >= (uint64_t)steps, "%llu forks in %d steps", (unsigned long long)forks, steps);
+        BT_CHECK(forks1 == 0);
+        bt_model_destroy(m[0]);
+        bt_model_destroy(m[1]);
+        bt_safetensors_close(gold);
+    }
 }
 
 /* The built-in demo model (services/engine/demo_model.c: its QAT shapes put the indexer and
@@ -905,6 +955,7 @@ int main(void)
     BT_RUN(test_tp_on_one_gpu);
     BT_RUN(test_golden_a_quant_native);
     BT_RUN(test_graphs_match_eager);
+    BT_RUN(test_two_streams_match_one);
     BT_RUN(test_batch_equals_single);
     return bt_test_summary();
 }
