@@ -585,10 +585,10 @@ static void alloc_scratch(up_t *u)
         cu->ytmp_cap = N * (R > I ? R : I);
         cu->ytmp = scratch(u, cu->ytmp_cap);
         if (cu->side) { /* (side_ok: decode-sized batches only) */
-            size_t S = N < GRAPH_MAX_SEQS ? N : GRAPH_MAX_SEQS, k = D > qlr ? D : qlr;
-            cu->xb_side_cap = S * (k > I ? k : I);
+            size_t rows = N < GRAPH_MAX_SEQS ? N : GRAPH_MAX_SEQS, k = D > qlr ? D : qlr;
+            cu->xb_side_cap = rows * (k > I ? k : I);
             cu->xb_side = (uint16_t *)dev_alloc(u, cu->xb_side_cap * 2, &cu->scratch_bytes);
-            cu->ytmp_side_cap = S * I;
+            cu->ytmp_side_cap = rows * I;
             cu->ytmp_side = scratch(u, cu->ytmp_side_cap);
         }
         if (N >= FP8_WIDE_ROWS && cu->fp8_max)

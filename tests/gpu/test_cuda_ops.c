@@ -1816,7 +1816,7 @@ static void run_moe_route(const case_t *cs, result_t *r)
     get(idx, c.idx, (size_t)T * K * 4);
     get(wts, c.wts, (size_t)T * K * 4);
     float *sc = xmalloc((size_t)E * 4), *bs = xmalloc((size_t)E * 4);
-    int *order = xmalloc((size_t)E * sizeof(int)), wrong = 0;
+    int *order = xmalloc((size_t)E * sizeof(int)), wrong = 0, tied = 0;
     for (int t = 0; t < T; t++) { /* model.c moe_token's routing */
         for (int e = 0; e < E; e++) {
             sc[e] = sqrtf(bt_softplusf(logits[(size_t)t * E + e] / 1.0f));
@@ -1825,16 +1825,30 @@ static void run_moe_route(const case_t *cs, result_t *r)
         }
         g_sort_scores = bs;
         qsort(order, (size_t)E, sizeof(int), cmp_desc);
+        /* a pick other than the host's is a tie when its biased score is the host's within
+         * rounding: the GPU's expf/log1pf differ from libm's by an ulp or two, so two experts
+         * that close may swap (2 of 24576 picks over 4096 random tokens); the weights are then
+         * checked for the GPU's own picks */
+        const int32_t *g = idx + (size_t)t * K;
         float sum = 0.0f;
-        for (int i = 0; i < K; i++) sum += sc[order[i]];
         for (int i = 0; i < K; i++) {
-            ref[(size_t)t * K + i] = sc[order[i]] / (sum + 1e-20f) * 1.5f;
-            if (idx[(size_t)t * K + i] != order[i]) wrong++;
+            if (g[i] < 0 || g[i] >= E) {
+                wrong++;
+                continue;
+            }
+            sum += sc[g[i]];
+            if (g[i] == order[i]) continue;
+            if (fabsf(bs[g[i]] - bs[order[i]]) <= 1e-6f * fmaxf(1.0f, fabsf(bs[order[i]])))
+                tied++;
+            else
+                wrong++;
         }
+        for (int i = 0; i < K; i++)
+            ref[(size_t)t * K + i] = g[i] >= 0 && g[i] < E ? sc[g[i]] / (sum + 1e-20f) * 1.5f : NAN;
     }
     relerr(r, wts, ref, (size_t)T * K);
     r->exact_ok = wrong == 0;
-    snprintf(r->note, sizeof(r->note), "expert ids: %d wrong", wrong);
+    snprintf(r->note, sizeof(r->note), "expert ids: %d wrong, %d swapped within rounding", wrong, tied);
     r->bytes = (double)T * E * 4;
     if (g_perf && cs->perf) r->ms = time_it(launch_route, &c);
     free(logits), free(bias), free(idx), free(wts), free(ref), free(sc), free(bs), free(order);
@@ -2679,7 +2693,9 @@ int main(int argc, char **argv)
 
     int failed = 0, run = 0;
     int refusals = check_refusals();
+    uint64_t rng = g_rng; /* (the cases draw the inputs they drew before this check existed) */
     int disordered = check_launch_order();
+    g_rng = rng;
     printf("kernels see what the kernel before them wrote: %s (%d of 20 rounds wrong)\n",
            disordered ? "FAIL" : "ok", disordered);
     printf("%-4s %-16s %-4s %-34s %10s %8s %9s %9s  %s\n", "", "op", "dt", "shape", "rel.err",
