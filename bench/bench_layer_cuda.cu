@@ -1185,6 +1185,29 @@ static bt_status_t time_empty_experts(const weights_t *W, case_t *c, cudaStream_
 
 /* The measurements of one case whose buffers exist: routing bound, output check and dump,
  * eager and graph timings, the empty-grid diagnostic, and the JSON line. */
+/* One layer captured from st into *g and instantiated into *ge (each left for the caller to
+ * destroy, NULL where not made); ev: the part events as record nodes, or NULL. */
+static bt_status_t capture_layer(const weights_t *W, bt_cuda_blas_t *blas, case_t *c,
+                                 cudaStream_t st, cudaEvent_t *ev, cudaGraph_t *g,
+                                 cudaGraphExec_t *ge)
+{
+    cudaError_t e = cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal);
+    if (e != cudaSuccess) {
+        fprintf(stderr, "begin capture: %s\n", cudaGetErrorString(e));
+        return BT_ERR_DEVICE;
+    }
+    bt_status_t lrc = layer_run(W, blas, c, st, ev, 1);
+    e = cudaStreamEndCapture(st, g);
+    if (e != cudaSuccess) fprintf(stderr, "end capture: %s\n", cudaGetErrorString(e));
+    if (lrc != BT_OK) return lrc;
+    if (e != cudaSuccess) return BT_ERR_DEVICE;
+    if ((e = cudaGraphInstantiate(ge, *g, 0)) != cudaSuccess) {
+        fprintf(stderr, "graph instantiate: %s\n", cudaGetErrorString(e));
+        return BT_ERR_DEVICE;
+    }
+    return BT_OK;
+}
+
 static bt_status_t case_measure(const weights_t *W, bt_cuda_blas_t *blas, case_t *c,
                                 const device_rates_t *r, const opts_t *o, cudaStream_t st,
                                 cudaEvent_t *ev)
@@ -1259,22 +1282,7 @@ static bt_status_t case_measure(const weights_t *W, bt_cuda_blas_t *blas, case_t
          * part events become event-record nodes of the graph */
         cudaGraph_t g = NULL;
         cudaGraphExec_t ge = NULL;
-        bt_status_t crc = BT_OK;
-        cudaError_t e = cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal);
-        if (e != cudaSuccess) {
-            fprintf(stderr, "begin capture: %s\n", cudaGetErrorString(e));
-            crc = BT_ERR_DEVICE;
-        }
-        if (crc == BT_OK) {
-            bt_status_t lrc = layer_run(W, blas, c, st, ev, 1);
-            e = cudaStreamEndCapture(st, &g);
-            if (e != cudaSuccess) fprintf(stderr, "end capture: %s\n", cudaGetErrorString(e));
-            crc = lrc != BT_OK ? lrc : (e == cudaSuccess ? BT_OK : BT_ERR_DEVICE);
-        }
-        if (crc == BT_OK && (e = cudaGraphInstantiate(&ge, g, 0)) != cudaSuccess) {
-            fprintf(stderr, "graph instantiate: %s\n", cudaGetErrorString(e));
-            crc = BT_ERR_DEVICE;
-        }
+        bt_status_t crc = capture_layer(W, blas, c, st, ev, &g, &ge);
         if (crc == BT_OK) crc = time_layer(W, blas, c, st, ev, ge, o->warmup, o->reps, &graphed);
         if (crc != BT_OK) {
             fprintf(stderr, "%s: CUDA graph capture/replay failed (%s); eager times only\n",
@@ -1305,17 +1313,11 @@ static bt_status_t case_measure(const weights_t *W, bt_cuda_blas_t *blas, case_t
                  cudaMemcpy(one, c->x, n * 4, cudaMemcpyDeviceToHost) != cudaSuccess))
                 crc = BT_ERR_DEVICE;
         }
-        if (crc == BT_OK &&
-            cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
-            crc = BT_ERR_DEVICE;
         if (crc == BT_OK) {
             g_side = g_side_stream;
-            bt_status_t lrc = layer_run(W, blas, c, st, NULL, 1);
+            crc = capture_layer(W, blas, c, st, NULL, &g, &ge);
             g_side = NULL;
-            cudaError_t e = cudaStreamEndCapture(st, &g);
-            crc = lrc != BT_OK ? lrc : e == cudaSuccess ? BT_OK : BT_ERR_DEVICE;
         }
-        if (crc == BT_OK && cudaGraphInstantiate(&ge, g, 0) != cudaSuccess) crc = BT_ERR_DEVICE;
         if (crc == BT_OK) {
             cudaMemcpyAsync(c->x, c->x0, xbytes, cudaMemcpyDeviceToDevice, st);
             if (cudaGraphLaunch(ge, st) != cudaSuccess ||

@@ -11,7 +11,14 @@
  *
  * Matrices are row-major. bf16 is passed as its raw 16 bits (uint16_t). Weights keep the
  * checkpoint's formats: FP8 e4m3 with one UE8M0 scale per 32x32 block, FP4 e2m1 packed two a
- * byte (low nibble = even index) with one UE8M0 scale per 32 along K. */
+ * byte (low nibble = even index) with one UE8M0 scale per 32 along K.
+ *
+ * Kernels are launched to start before the kernel ahead of them on the stream ends
+ * (kernels/cuda/common.cuh): each waits for it before reading activations, but the few-row
+ * products (bt_cuda_gemm_fp8, _fp8_batched, and bt_cuda_gemm_bf16 for up to 16 rows) load
+ * their first weights before that wait. A weight must therefore not be written by a kernel
+ * still ahead on the stream (e.g. bt_cuda_dequant_fp8's output multiplied by few rows right
+ * after); an upload, or any wait for the stream in between, will do. */
 #ifndef BT_KERNELS_CUDA_CUDA_OPS_H
 #define BT_KERNELS_CUDA_CUDA_OPS_H
 

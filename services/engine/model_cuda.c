@@ -798,6 +798,7 @@ void bt_model_cuda_destroy(struct bt_model_cuda *cu)
     if (!cu) return;
     cudaSetDevice(cu->gpu);
     if (cu->stream) cudaStreamSynchronize(cu->stream);
+    if (cu->side) cudaStreamSynchronize(cu->side);
     for (int l = 0; l < BT_MAX_LAYERS; l++) dev_free_layer(&cu->layer[l]);
     float *bufs[] = {cu->embed, cu->head, cu->norm, cu->inv_main, cu->inv_comp, cu->x,
                      cu->pre_mix, cu->attn_pre, cu->post, cu->comb, cu->xin, cu->out, cu->q_res,
@@ -856,7 +857,6 @@ void bt_model_cuda_destroy(struct bt_model_cuda *cu)
     bt_cuda_blas_destroy(cu->blas);
     if (cu->stream) cudaStreamDestroy(cu->stream);
     if (cu->side) {
-        cudaStreamSynchronize(cu->side);
         cudaStreamDestroy(cu->side);
         cudaEventDestroy(cu->side_fork);
         cudaEventDestroy(cu->side_join);
