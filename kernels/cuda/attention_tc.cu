@@ -14,7 +14,10 @@
  * Decode (a token or a few: too few blocks for the GPU) splits a token's keys over blocks
  * (flash-decoding): block z takes keys [z * chunk, z * chunk + chunk), keeps its own exact
  * softmax over them without the sink, and leaves (max, sum, unnormalized output) in a
- * workspace for attention.cu's combine kernel, which folds the splits and the sink. */
+ * workspace for attention.cu's combine kernel, which folds the splits and the sink.
+ *
+ * Prefill-sized launches of bf16 rows (no splits) take attention_flash_kernel below instead:
+ * every key gathered once for 64 heads, the softmax online. */
 #include "kernels/cuda/common.cuh"
 
 #include <mma.h>
@@ -247,6 +250,294 @@ __global__ void __launch_bounds__(TC_WARPS * 32) attention_tc_kernel(
     }
 }
 
+/* ---- prefill: every key gathered once for 64 heads, softmax online -------------------------
+ * attention_tc_kernel keeps a token's scores whole for an exact softmax, so it gathers every key
+ * twice (scores, then values) for each group of 32 heads, between barriers: at a 4096-token
+ * prefill it waited on those gathers most of the time. Here a block takes a token's 64 heads and
+ * streams its keys in chunks of 32 through a 3-slot cp.async ring, each key gathered
+ * once; the softmax is online (a running max and sum per head, the output rescaled when the max
+ * grows, as flash attention does), with the sink as the running max's start and a 1 in the sum.
+ * 16 warps: warp (hg, dq) takes heads 16 hg.. and output dims dq * dp / 4..; the scores of its
+ * heads are summed from the four warps' partial products over their dims (shared memory, in
+ * the same order in all four, so their softmaxes agree bit for bit), and the probabilities go
+ * from the score fragments straight into the A fragments of P . V (no trip through memory).
+ * bf16 rows only (cp.async copies bytes); f32 rows take attention_tc_kernel. */
+enum {
+    FL_WARPS = 16,
+    FL_HEADS = 64,
+    FL_KEYS = 32,
+    FL_STAGES = 3,
+    FL_PAD = 8,
+    FL_MAXNT = TC_MAXD / 32
+};
+
+/* dims padded with zeros to a multiple of 64 (four warps' quarters of whole k16 steps) */
+__host__ __device__ static inline int fl_dp(int dim)
+{
+    return (dim + 63) / 64 * 64;
+}
+
+/* Q [64][dp+8] | K ring [3][32][dp+8] (bf16) | partial scores [16 warps][4][32 lanes] float4 */
+static size_t fl_smem(int dim)
+{
+    size_t ld = (size_t)fl_dp(dim) + FL_PAD;
+    return FL_HEADS * ld * 2 + FL_STAGES * FL_KEYS * ld * 2 + (size_t)FL_WARPS * 4 * 32 * 16;
+}
+
+/* four 8x8 bf16 matrices from shared memory (byte address a) into MMA fragments */
+__device__ __forceinline__ void ldsm_x4(unsigned *r, unsigned a, bool trans)
+{
+    if (trans)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a)
+                     : "memory");
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a)
+                     : "memory"); /* (kept between the barriers that publish the rows) */
+}
+
+__device__ __forceinline__ float fl_exp2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ unsigned fl_pack(float lo, float hi)
+{
+    __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
+    return *(unsigned *)&b;
+}
+
+__global__ void __launch_bounds__(FL_WARPS * 32, 1)
+    attention_flash_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *q, const __nv_bfloat16 *win_kv,
+                           const int64_t *win_off, const int32_t *win_idx, const int32_t *win_n,
+                           int win_stride, const __nv_bfloat16 *comp_kv, const int64_t *comp_off,
+                           const int32_t *sel, const int32_t *sel_n, int sel_stride,
+                           const float *sink, const int64_t *pos, const float *inv_freq, int half,
+                           int H, int dim)
+{
+    typedef __nv_bfloat16 bf;
+    bt_grid_begin();
+    extern __shared__ __align__(128) unsigned char smem[];
+    /* the ring slots' key rows: 2 * window row, 2 * compressed row + 1; < 0: zeros */
+    __shared__ int rowi[FL_STAGES][FL_KEYS];
+    const int dp = fl_dp(dim), ld = dp + FL_PAD, units = dp / 8, dw = dp / 4, ntw = dw / 8;
+    bf *sq = (bf *)smem, *sk = sq + (size_t)FL_HEADS * ld;
+    float4 *sx = (float4 *)(sk + FL_STAGES * (size_t)FL_KEYS * ld);
+
+    const int t = blockIdx.y, h0 = blockIdx.x * FL_HEADS, tid = threadIdx.x;
+    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
+    const int hg = warp >> 2, dq = warp & 3, d0 = dq * dw;
+    const int64_t coff = comp_off ? comp_off[t] : 0;
+    const bool has_sel = sel_n && coff >= 0;
+    const bf *wkv = win_kv + (win_off ? win_off[t] : 0), *ckv = has_sel ? comp_kv + coff : comp_kv;
+    const int nw = min(win_n[t], win_stride), nk = nw + (has_sel ? min(sel_n[t], sel_stride) : 0);
+    const int nchunks = (nk + FL_KEYS - 1) / FL_KEYS;
+    auto key_row = [&](int j) {
+        return j >= nk  ? -1
+               : j < nw ? 2 * win_idx[(size_t)t * win_stride + j]
+                        : 2 * sel[(size_t)t * sel_stride + (j - nw)] + 1;
+    };
+    /* chunk ch's keys into ring slot ch % FL_STAGES, zeros past dim and for missing rows; one
+     * group (empty past the last chunk, so the groups in flight keep their count). A thread
+     * copies one 16-byte unit gu of rows gr, gr + gstep, ... (no division per copy). */
+    const int gstep = FL_WARPS * 32 / units, gu = tid % units, gr = tid / units;
+    const bool gcol = 8 * gu < dim;
+    auto gather = [&](int ch) {
+        bf *dst = sk + (size_t)(ch % FL_STAGES) * FL_KEYS * ld + 8 * gu;
+        const int *ri_of = rowi[ch % FL_STAGES];
+        for (int r = gr; r < FL_KEYS && gr < gstep && ch < nchunks; r += gstep) {
+            const int ri = ri_of[r];
+            const bool ok = ri >= 0 && gcol;
+            cp_async<16>(dst + (size_t)r * ld,
+                         ok ? (ri & 1 ? ckv : wkv) + (size_t)(ri >> 1) * dim + 8 * gu : wkv, ok);
+        }
+        cp_async_commit();
+    };
+
+    if (tid < FL_KEYS)
+#pragma unroll
+        for (int i = 0; i < FL_STAGES; i++)
+            rowi[i][tid] = key_row(i * FL_KEYS + tid);
+    for (int e = tid; e < FL_HEADS * units; e += FL_WARPS * 32) { /* Q, zeros past H and dim */
+        const int r = e / units, u = e % units;
+        const bool ok = h0 + r < H && 8 * u < dim;
+        cp_async<16>(sq + (size_t)r * ld + 8 * u,
+                     ok ? q + ((size_t)t * H + h0 + r) * dim + 8 * u : q, ok);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < FL_STAGES - 1; i++)
+        gather(i); /* (the first group with Q) */
+
+    /* per head row (g and g + 8 of the warp's 16): running max (log2 units) and this lane's
+     * share of the running sum; the sink starts both */
+    const float LOG2E = 1.4426950408889634f, sc = rsqrtf((float)dim) * LOG2E;
+    const int hr0 = h0 + 16 * hg + g, hr1 = hr0 + 8;
+    float mrun[2] = {(hr0 < H ? sink[hr0] : 0.0f) * LOG2E, (hr1 < H ? sink[hr1] : 0.0f) * LOG2E};
+    float lrun[2] = {c == 0 ? 1.0f : 0.0f, c == 0 ? 1.0f : 0.0f};
+    float o[FL_MAXNT][4];
+#pragma unroll
+    for (int n = 0; n < FL_MAXNT; n++)
+        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    /* this lane's ldmatrix row addresses (bytes): Q (A of S), K (B of S), K as V (B of P . V,
+     * transposed), the last two from a ring slot's start */
+    const unsigned sq_a =
+        (unsigned)__cvta_generic_to_shared(sq) +
+        2u * ((16 * hg + (lane & 7) + 8 * ((lane >> 3) & 1)) * ld + d0 + 8 * (lane >> 4));
+    const unsigned sk_a = (unsigned)__cvta_generic_to_shared(sk);
+    const unsigned kb_off = 2u * (((lane & 7) + 8 * (lane >> 4)) * ld + d0 + 8 * ((lane >> 3) & 1));
+    const unsigned vb_off = 2u * (((lane & 7) + 8 * ((lane >> 3) & 1)) * ld + d0 + 8 * (lane >> 4));
+    const unsigned slot_bytes = 2u * FL_KEYS * ld, rows16 = 2u * 16 * ld;
+    float4 *mine = sx + (size_t)warp * 4 * 32 + lane;
+    const float4 *group = sx + (size_t)4 * hg * 4 * 32 + lane;
+
+    for (int ch = 0; ch < nchunks; ch++) {
+        /* chunk ch + FL_STAGES's rows, in flight until the end of this one */
+        const int nidx = tid < FL_KEYS ? key_row((ch + FL_STAGES) * FL_KEYS + tid) : -1;
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(FL_STAGES - 2) : "memory");
+        __syncthreads(); /* chunk ch landed for all; everyone is done with chunk ch - 1's slot */
+        gather(ch + FL_STAGES - 1);
+        const unsigned kc = sk_a + (unsigned)(ch % FL_STAGES) * slot_bytes;
+
+        /* this warp's part of S[16 heads, 32 keys] over its dims */
+        float s[4][4];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+        for (unsigned k = 0; k < 2u * dw; k += 32) {
+            unsigned a[4], b[4];
+            ldsm_x4(a, sq_a + k, false);
+#pragma unroll
+            for (int np = 0; np < 2; np++) {
+                ldsm_x4(b, kc + kb_off + np * rows16 + k, false);
+                mma_bf16_16816(s[2 * np], a, b[0], b[1]);
+                mma_bf16_16816(s[2 * np + 1], a, b[2], b[3]);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            mine[i * 32] = make_float4(s[i][0], s[i][1], s[i][2], s[i][3]);
+        asm volatile("bar.sync %0, 128;" ::"r"(1 + hg) : "memory"); /* the head group's 4 warps */
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                float4 v = group[(w * 4 + i) * 32];
+                s[i][0] += v.x, s[i][1] += v.y, s[i][2] += v.z, s[i][3] += v.w;
+            }
+        }
+
+        /* online softmax: lane holds keys 8i + 2c, +1 of rows g (s[i][0..1]) and g + 8 ([2..3]) */
+        float mx[2] = {mrun[0], mrun[1]};
+        const int past =
+            nk - ch * FL_KEYS - 2 * c; /* keys 8i + (e & 1) of this lane from here on: none */
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                s[i][e] = 8 * i + (e & 1) < past ? s[i][e] * sc : -INFINITY;
+                mx[e >> 1] = fmaxf(mx[e >> 1], s[i][e]);
+            }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        }
+        const float corr[2] = {fl_exp2(mrun[0] - mx[0]), fl_exp2(mrun[1] - mx[1])};
+        mrun[0] = mx[0], mrun[1] = mx[1];
+        lrun[0] *= corr[0], lrun[1] *= corr[1];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                s[i][e] = fl_exp2(s[i][e] - mx[e >> 1]);
+                lrun[e >> 1] += s[i][e];
+            }
+        unsigned pa[2][4]; /* P as the A fragments of keys 16j.. */
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            pa[j][0] = fl_pack(s[2 * j][0], s[2 * j][1]);
+            pa[j][1] = fl_pack(s[2 * j][2], s[2 * j][3]);
+            pa[j][2] = fl_pack(s[2 * j + 1][0], s[2 * j + 1][1]);
+            pa[j][3] = fl_pack(s[2 * j + 1][2], s[2 * j + 1][3]);
+        }
+        if (__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) /* (a max grew) */
+#pragma unroll
+            for (int n = 0; n < FL_MAXNT; n++) {
+                if (n >= ntw) break;
+                o[n][0] *= corr[0], o[n][1] *= corr[0], o[n][2] *= corr[1], o[n][3] *= corr[1];
+            }
+            /* O += P . V over the warp's dims (V = the same keys, transposed by ldmatrix) */
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int np = 0; np < FL_MAXNT / 2; np++) {
+                if (2 * np >= ntw) break;
+                unsigned b[4];
+                ldsm_x4(b, kc + vb_off + j * rows16 + 32u * np, true);
+                mma_bf16_16816(o[2 * np], pa[j], b[0], b[1]);
+                mma_bf16_16816(o[2 * np + 1], pa[j], b[2], b[3]);
+            }
+        if (tid < FL_KEYS) rowi[ch % FL_STAGES][tid] = nidx; /* for chunk ch + FL_STAGES's gather */
+    }
+    cp_async_wait_all();
+
+    /* normalize, inverse RoPE of the last 2*half channels, store (a lane holds channel pairs) */
+    float inv[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float l = lrun[r];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        inv[r] = 1.0f / l;
+    }
+    const int r0 = dim - 2 * half;
+    const float p64 = (float)pos[t];
+#pragma unroll
+    for (int n = 0; n < FL_MAXNT; n++) {
+        if (n >= ntw) break;
+        const int d = d0 + 8 * n + 2 * c;
+        if (d >= dim) continue;
+        float cs = 1.0f, sn = 0.0f;
+        if (d >= r0) {
+            const float f = inv_freq[(d - r0) >> 1] * p64;
+            cs = cosf(f), sn = -sinf(f);
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int h = r ? hr1 : hr0;
+            if (h >= H) continue;
+            float a = o[n][2 * r] * inv[r], b = o[n][2 * r + 1] * inv[r];
+            const float a2 = a * cs - b * sn;
+            b = b * cs + a * sn;
+            *(__nv_bfloat162 *)(out + ((size_t)t * H + h) * dim + d) = __floats2bfloat162_rn(a2, b);
+        }
+    }
+}
+
+/* whether prefill-sized bf16 launches take attention_flash_kernel: BT_CUDA_FLASH=0 keeps
+ * attention_tc_kernel (for comparisons), read once; and its shared memory allowed once a device */
+static bool fl_enabled(int dim)
+{
+    static int on = -1;
+    static signed char allowed[BT__MAX_DEVICES];
+    if (on < 0) {
+        const char *v = getenv("BT_CUDA_FLASH");
+        on = !(v && strcmp(v, "0") == 0);
+    }
+    return on &&
+           bt__smem_allowed((const void *)attention_flash_kernel, fl_smem(TC_MAXD), allowed) &&
+           fl_smem(dim) <= fl_smem(TC_MAXD);
+}
+
 /* The dynamic shared memory a block may take on this device (the opt-in limit less the
  * kernel's static part); both kernels are allowed it once per device, so a launch needs no
  * attribute call (one per launch raced between models of one process and cost every step). */
@@ -347,7 +638,12 @@ extern "C" bt_status_t bt_cuda_attention_tc_ws(void *out, const void *q, const v
                (const TY *)q, (const TY *)win_kv, win_off, win_idx, win_n, win_stride,             \
                (const TY *)comp_kv, comp_off, sel, sel_n, sel_stride, sink, pos, inv_freq, half,   \
                H, dim, ld_s, splits, chunk, work)
-    if (dtype == BT_CUDA_F32) {
+    if (dtype == BT_CUDA_BF16 && splits == 1 && fl_enabled(dim)) {
+        bt__launch(attention_flash_kernel, dim3(bt__cdiv(H, FL_HEADS), T), FL_WARPS * 32,
+                   fl_smem(dim), stream, (bf *)out, (const bf *)q, (const bf *)win_kv, win_off,
+                   win_idx, win_n, win_stride, (const bf *)comp_kv, comp_off, sel, sel_n,
+                   sel_stride, sink, pos, inv_freq, half, H, dim);
+    } else if (dtype == BT_CUDA_F32) {
         if (splits > 1) TC_LAUNCH(float, true);
         else TC_LAUNCH(float, false);
     } else {

@@ -156,6 +156,41 @@ __device__ __forceinline__ float bt_e2m1(unsigned code)
     return (code & 8u) ? -a : a;
 }
 
+/* ---- tensor-core and asynchronous-copy building blocks (sm_80 on) ---------------------------- */
+
+/* d += a . b: one m16n8k16 bf16 MMA with f32 accumulators (PTX fragment layouts) */
+__device__ __forceinline__ void mma_bf16_16816(float *d, const unsigned *a, unsigned b0,
+                                               unsigned b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* bytes (4, 8 or 16) from global to shared memory, asynchronously; zeros where !valid */
+template <int BYTES>
+__device__ __forceinline__ void cp_async(void *smem, const void *gmem, bool valid)
+{
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    if (BYTES == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
+                     "r"(valid ? 16 : 0));
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(s), "l"(gmem),
+                     "n"(BYTES), "r"(valid ? BYTES : 0));
+}
+__device__ __forceinline__ void cp_async_commit()
+{
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+
+/* waits for all of this thread's cp.async groups */
+__device__ __forceinline__ void cp_async_wait_all()
+{
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
 static inline int bt__cdiv(long long a, long long b) { return (int)((a + b - 1) / b); }
 
 /* ---- programmatic dependent launch (Hopper on) ----------------------------------------------

@@ -355,15 +355,6 @@ __global__ void __launch_bounds__(SK_WARPS * 32) gemm_skinny(OT *y, const __nv_b
  * weights before it multiplies the current one. */
 enum { MT_WARPS = 8 };
 
-__device__ __forceinline__ void mma_bf16_16816(float *d, const unsigned *a, unsigned b0,
-                                               unsigned b1)
-{
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 /* 8 e2m1 codes (a word, low nibble first) -> 4 words of bf16 pairs in k order, each value the
  * code's times 2^-126. A permute puts the byte of codes 2j, 2j+1 and the same byte shifted by a
  * nibble into the low and high half; one shift moves both magnitudes (3 bits) onto a bf16's
@@ -699,21 +690,6 @@ enum { FT_A_UNITS = FT_ROWS * FT_UNITS, FT_B_UNITS = FT_COLS * (FT_CHUNK / 32),
        FT_SMEM = FT_STAGES * FT_STAGE_BYTES };
 
 __device__ __forceinline__ int ft_unit(int row, int u) { return u ^ ((u >> 3 & 1) << 1) ^ (row & 1); }
-
-/* bytes (4, 8 or 16) from global to shared memory, asynchronously; zeros where !valid */
-template <int BYTES>
-__device__ __forceinline__ void cp_async(void *smem, const void *gmem, bool valid)
-{
-    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    if (BYTES == 16)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
-                     "r"(valid ? 16 : 0));
-    else
-        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(s), "l"(gmem),
-                     "n"(BYTES), "r"(valid ? BYTES : 0));
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 
 /* registers for 3 blocks an SM (168): 2 blocks (193 registers, none spilled) measured 5%
  * slower on the prefill's experts */

@@ -327,6 +327,11 @@ static const case_t cases[] = {
     /* head dims padded to whole 16-wide MMA steps: the golden fixtures' 40, and 24 */
     {OP_ATTENTION_TC, F32, {4, 8, 40, 10, 12, 6}, 0},
     {OP_ATTENTION_TC, BF16, {3, 8, 24, 4, 5, 3}, 0},
+    /* bf16 prefill-sized launches go through the flash kernel (64 heads a block, keys 32 a
+     * chunk): a second, nearly empty head block, dims padded to a multiple of 64, a last chunk
+     * part full */
+    {OP_ATTENTION_TC, BF16, {3, 65, 72, 8, 40, 100}, 0},
+    {OP_ATTENTION_TC, BF16, {2, 128, 512, 32, 33, 31}, 0},
     /* decode: a token's keys split over blocks, partials folded with the sink (single keys,
      * selected-only and empty splits come from the token patterns above) */
     {OP_ATTENTION_TC_WS, BF16, {1, 64, 512, 32, 128, 512}, 0},
