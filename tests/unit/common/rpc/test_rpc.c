@@ -295,7 +295,10 @@ static void test_unary_echo(void)
     BT_CHECK_EQ_INT(r.code, BT_RPC_OK);
     BT_CHECK(r.resp_len == 5 && memcmp(r.resp, "hello", 5) == 0);
     BT_CHECK_MSG(strncmp(S.peer, "ipv4:127.0.0.1:", 15) == 0, "peer %s", S.peer);
-    BT_CHECK_MSG(S.deadline_left > 3000 && S.deadline_left <= 5000, "left %lld",
+    /* The server's deadline is its own receipt time plus the grpc-timeout header, which gRPC
+     * encodes rounded up, read back through a realtime-to-monotonic conversion: the time left
+     * came out 5009 ms once (CI, 2 busy cores). Only a deadline far off 5 s is wrong. */
+    BT_CHECK_MSG(S.deadline_left > 3000 && S.deadline_left <= 5100, "left %lld",
                  (long long)S.deadline_left);
 
     /* no deadline; empty message */
