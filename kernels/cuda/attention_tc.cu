@@ -21,6 +21,7 @@
 #include "kernels/cuda/common.cuh"
 
 #include <mma.h>
+#include <type_traits>
 
 using namespace nvcuda;
 
@@ -312,8 +313,9 @@ __device__ __forceinline__ unsigned fl_pack(float lo, float hi)
     return *(unsigned *)&b;
 }
 
+template <typename QT> /* the queries' and output's type; the keys are bf16 */
 __global__ void __launch_bounds__(FL_WARPS * 32, 1)
-    attention_flash_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *q, const __nv_bfloat16 *win_kv,
+    attention_flash_kernel(QT *out, const QT *q, const __nv_bfloat16 *win_kv,
                            const int64_t *win_off, const int32_t *win_idx, const int32_t *win_n,
                            int win_stride, const __nv_bfloat16 *comp_kv, const int64_t *comp_off,
                            const int32_t *sel, const int32_t *sel_n, int sel_stride,
@@ -366,8 +368,11 @@ __global__ void __launch_bounds__(FL_WARPS * 32, 1)
     for (int e = tid; e < FL_HEADS * units; e += FL_WARPS * 32) { /* Q, zeros past H and dim */
         const int r = e / units, u = e % units;
         const bool ok = h0 + r < H && 8 * u < dim;
-        cp_async<16>(sq + (size_t)r * ld + 8 * u,
-                     ok ? q + ((size_t)t * H + h0 + r) * dim + 8 * u : q, ok);
+        const QT *src = ok ? q + ((size_t)t * H + h0 + r) * dim + 8 * u : q;
+        if constexpr (std::is_same<QT, float>::value) /* rounded to bf16 on the way */
+            *(uint4 *)(sq + (size_t)r * ld + 8 * u) = ok ? load8_bf16(src) : make_uint4(0, 0, 0, 0);
+        else
+            cp_async<16>(sq + (size_t)r * ld + 8 * u, src, ok);
     }
     __syncthreads();
 #pragma unroll
@@ -518,14 +523,19 @@ __global__ void __launch_bounds__(FL_WARPS * 32, 1)
             float a = o[n][2 * r] * inv[r], b = o[n][2 * r + 1] * inv[r];
             const float a2 = a * cs - b * sn;
             b = b * cs + a * sn;
-            *(__nv_bfloat162 *)(out + ((size_t)t * H + h) * dim + d) = __floats2bfloat162_rn(a2, b);
+            if constexpr (std::is_same<QT, float>::value)
+                *(float2 *)(out + ((size_t)t * H + h) * dim + d) = make_float2(a2, b);
+            else
+                *(__nv_bfloat162 *)(out + ((size_t)t * H + h) * dim + d) =
+                    __floats2bfloat162_rn(a2, b);
         }
     }
 }
 
-/* whether prefill-sized bf16 launches take attention_flash_kernel: BT_CUDA_FLASH=0 keeps
- * attention_tc_kernel (for comparisons), read once; and its shared memory allowed once a device */
-static bool fl_enabled(int dim)
+/* the flash kernel's shared memory allowed once a device and instance; BT_CUDA_FLASH=0 turns
+ * the kernel off (bt_cuda_attention_tc then keeps attention_tc_kernel: for comparisons), read
+ * once */
+template <typename QT> static bool fl_allowed(void)
 {
     static int on = -1;
     static signed char allowed[BT__MAX_DEVICES];
@@ -534,8 +544,46 @@ static bool fl_enabled(int dim)
         on = !(v && strcmp(v, "0") == 0);
     }
     return on &&
-           bt__smem_allowed((const void *)attention_flash_kernel, fl_smem(TC_MAXD), allowed) &&
-           fl_smem(dim) <= fl_smem(TC_MAXD);
+           bt__smem_allowed((const void *)attention_flash_kernel<QT>, fl_smem(TC_MAXD), allowed);
+}
+
+extern "C" int bt_cuda_attention_flash_fits(int dim)
+{
+    return dim > 0 && dim % 8 == 0 && dim <= TC_MAXD && fl_allowed<float>() &&
+           fl_allowed<__nv_bfloat16>();
+}
+
+extern "C" bt_status_t
+bt_cuda_attention_flash(void *out, const void *q, bt_cuda_dtype_t q_dtype, const uint16_t *win_kv,
+                        const int32_t *win_idx, const int32_t *win_n, int win_stride,
+                        const uint16_t *comp_kv, const int32_t *sel, const int32_t *sel_n,
+                        int sel_stride, const float *sink, const int64_t *pos,
+                        const float *inv_freq, int half, int T, int H, int dim,
+                        const bt_cuda_attention_batch_t *batch, cudaStream_t stream)
+{
+    BT_CUDA_REQUIRE(out && q && win_kv && win_idx && win_n && sink && pos && bt__dtype_ok(q_dtype));
+    BT_CUDA_REQUIRE(!sel_n || (sel && comp_kv));
+    BT_CUDA_REQUIRE(T > 0 && H > 0 && win_stride >= 0 && sel_stride >= 0);
+    BT_CUDA_REQUIRE(half >= 0 && 2 * half <= dim && (half == 0 || inv_freq));
+    BT_CUDA_REQUIRE(bt_cuda_attention_flash_fits(dim));
+    /* rows are read 16 bytes at a time (a batch's offsets are the caller's to keep so) */
+    BT_CUDA_REQUIRE((uintptr_t)q % 16 == 0 && (uintptr_t)win_kv % 16 == 0 &&
+                    (uintptr_t)comp_kv % 16 == 0);
+    const int64_t *win_off = batch ? batch->win_off : NULL,
+                  *comp_off = batch ? batch->comp_off : NULL;
+    typedef __nv_bfloat16 bf;
+    const dim3 grid(bt__cdiv(H, FL_HEADS), T);
+    if (q_dtype == BT_CUDA_F32)
+        bt__launch(attention_flash_kernel<float>, grid, FL_WARPS * 32, fl_smem(dim), stream,
+                   (float *)out, (const float *)q, (const bf *)win_kv, win_off, win_idx, win_n,
+                   win_stride, (const bf *)comp_kv, comp_off, sel, sel_n, sel_stride, sink, pos,
+                   inv_freq, half, H, dim);
+    else
+        bt__launch(attention_flash_kernel<bf>, grid, FL_WARPS * 32, fl_smem(dim), stream, (bf *)out,
+                   (const bf *)q, (const bf *)win_kv, win_off, win_idx, win_n, win_stride,
+                   (const bf *)comp_kv, comp_off, sel, sel_n, sel_stride, sink, pos, inv_freq, half,
+                   H, dim);
+    return bt__cuda_launched("attention_flash");
 }
 
 /* The dynamic shared memory a block may take on this device (the opt-in limit less the
@@ -638,12 +686,12 @@ extern "C" bt_status_t bt_cuda_attention_tc_ws(void *out, const void *q, const v
                (const TY *)q, (const TY *)win_kv, win_off, win_idx, win_n, win_stride,             \
                (const TY *)comp_kv, comp_off, sel, sel_n, sel_stride, sink, pos, inv_freq, half,   \
                H, dim, ld_s, splits, chunk, work)
-    if (dtype == BT_CUDA_BF16 && splits == 1 && fl_enabled(dim)) {
-        bt__launch(attention_flash_kernel, dim3(bt__cdiv(H, FL_HEADS), T), FL_WARPS * 32,
-                   fl_smem(dim), stream, (bf *)out, (const bf *)q, (const bf *)win_kv, win_off,
-                   win_idx, win_n, win_stride, (const bf *)comp_kv, comp_off, sel, sel_n,
-                   sel_stride, sink, pos, inv_freq, half, H, dim);
-    } else if (dtype == BT_CUDA_F32) {
+    if (dtype == BT_CUDA_BF16 && splits == 1 && bt_cuda_attention_flash_fits(dim))
+        return bt_cuda_attention_flash(out, q, dtype, (const uint16_t *)win_kv, win_idx, win_n,
+                                       win_stride, (const uint16_t *)comp_kv, sel, sel_n,
+                                       sel_stride, sink, pos, inv_freq, half, T, H, dim, batch,
+                                       stream);
+    if (dtype == BT_CUDA_F32) {
         if (splits > 1) TC_LAUNCH(float, true);
         else TC_LAUNCH(float, false);
     } else {

@@ -237,6 +237,22 @@ bt_status_t bt_cuda_attention_tc_ws(void *out, const void *q, const void *win_kv
                                     int H, int dim, float *work, size_t work_floats,
                                     const bt_cuda_attention_batch_t *batch, cudaStream_t stream);
 
+/* bt_cuda_attention_tc for a prefill (no key splits), with the keys already bf16 (the
+ * window's and the compressed cache's rows, win_kv and comp_kv) and q and out in q_dtype:
+ * one block per (token, 64 heads) streams the token's keys once with an online softmax
+ * (bf16 launches of bt_cuda_attention_tc without splits take it too). The probabilities round
+ * to bf16 against the running maximum. dim a multiple of 8 and <= 512, any number of keys;
+ * bt_cuda_attention_flash_fits(dim) says whether this device runs it (shared memory; 0 also
+ * with BT_CUDA_FLASH=0). batch: NULL, or its offsets as for bt_cuda_attention_ws. */
+int bt_cuda_attention_flash_fits(int dim);
+bt_status_t bt_cuda_attention_flash(void *out, const void *q, bt_cuda_dtype_t q_dtype,
+                                    const uint16_t *win_kv, const int32_t *win_idx,
+                                    const int32_t *win_n, int win_stride, const uint16_t *comp_kv,
+                                    const int32_t *sel, const int32_t *sel_n, int sel_stride,
+                                    const float *sink, const int64_t *pos, const float *inv_freq,
+                                    int half, int T, int H, int dim,
+                                    const bt_cuda_attention_batch_t *batch, cudaStream_t stream);
+
 /* ---- indexer ---------------------------------------------------------------------------- */
 
 /* scores[t, j] = sum_h w[t,h] * ReLU(q[t,h,:] . keys[j,:]) * dim^-0.5 for j < visible[t],

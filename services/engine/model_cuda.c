@@ -139,6 +139,11 @@ struct bt_model_cuda {
     /* attention on the tensor cores (bf16 scores and probabilities): in every mode but
      * --dtype float32, where the f32 kernel keeps float32 accuracy */
     bool att_tc;
+    /* the prefill's attention as bt_cuda_attention_flash (where att_tc and the device runs
+     * it), over bf16 copies of the staged window rows and of the compressed cache, rounded
+     * once a layer (the keys the tensor-core kernels round on the way in anyway) */
+    bool att_flash;
+    uint16_t *kv16, *comp16;
     int32_t *topk, *topk_n, *cand, *cand_n, *sel_n, *moe_idx;
     size_t score_cap;  /* floats in scores */
     float *att_ws;     /* attention's split-key partials (decode) */
@@ -522,6 +527,18 @@ static void alloc_scratch(up_t *u)
     if (cu->hc_ws_cap) cu->hc_ws = scratch(u, cu->hc_ws_cap);
     cu->att_tc = cu->weights != BT_WEIGHTS_F32 &&
                  bt_cuda_attention_tc_fits((int)hd, (int)W + (c->index_topk > 0 ? c->index_topk : 0));
+    cu->att_flash = cu->att_tc && bt_cuda_attention_flash_fits((int)hd);
+    if (cu->att_flash) {
+        size_t comp_rows = 0; /* the largest compressed cache */
+        for (int l = 0; l < c->n_layers; l++) {
+            const bt_layer_config_t *L = &c->layer[l];
+            if (L->is_kv_source && L->compress_ratio > 0 &&
+                C / (size_t)L->compress_ratio > comp_rows)
+                comp_rows = C / (size_t)L->compress_ratio;
+        }
+        cu->kv16 = (uint16_t *)scratch(u, ((S * W + N) * hd + 1) / 2);
+        cu->comp16 = comp_rows ? (uint16_t *)scratch(u, (comp_rows * hd + 1) / 2) : NULL;
+    }
     cu->cstage_kv = scratch(u, lat * hd);
     cu->cstage_gate = scratch(u, lat * hd);
     cu->latent = scratch(u, lat * hd);
@@ -1393,6 +1410,20 @@ static bt_status_t attention(fwd_t *f, int l)
                 CK(bt_cuda_trim_sel(cu->sel_n + first, sel, sel_n, c->index_topk, n, have, st));
                 sel_n = cu->sel_n + first;
             }
+        }
+        if (cu->att_flash) { /* the keys rounded to bf16 once, then every key read once a token */
+            uint16_t *kv16 = cu->kv16 + ((size_t)q * W + first) * hd, *comp16 = NULL;
+            CK(bt_cuda_to_bf16(kv16, stage, W + n, hd, hd, st)); /* (rows no index names: unread) */
+            if (comp_kv) {
+                int64_t have = h->entries[L->kv_source];
+                if (have > 0) CK(bt_cuda_to_bf16(cu->comp16, comp_kv, (int)have, hd, hd, st));
+                comp16 = cu->comp16;
+            }
+            CK(bt_cuda_attention_flash(
+                cu->attn + (size_t)first * H * hd, cu->q + (size_t)first * H * hd, BT_CUDA_F32,
+                kv16, f->win_idx_d + (size_t)first * W, f->win_n_d + first, W, comp16, sel, sel_n,
+                c->index_topk, w->attn_sink, f->pos_d + first, inv, half, n, H, hd, NULL, st));
+            continue;
         }
         CK(attend(cu->attn + (size_t)first * H * hd, cu->q + (size_t)first * H * hd, stage,
                   f->win_idx_d + (size_t)first * W, f->win_n_d + first, W, comp_kv, sel, sel_n, c->index_topk,

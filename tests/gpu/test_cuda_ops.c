@@ -79,6 +79,8 @@ typedef enum {
     OP_SCATTER,     /* s: n width dst-rows */
     OP_COPY_RANGES, /* s: copies max-bytes source-bytes */
     OP_LOGIT_ADJUST, /* s: rows V ld-pad adjustments (distinct (row, id) pairs) */
+    OP_ATTENTION_FLASH, /* s: as OP_ATTENTION_TC through bt_cuda_attention_flash: keys bf16,
+                         * q and out in the case's dtype (the model's prefill: f32) */
 } op_t;
 
 static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped", "rmsnorm",
@@ -92,7 +94,7 @@ static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped
                                  "index_scores_tc", "index_sets_tc", "dequant_fp8", "hc_mix_ws", "moe_group",
                                  "attention_tc_ws", "gemm_fp8_batched", "head_finish", "hc_mix_collapse",
                                  "attention_batch", "attention_tc_batch", "scatter_rows",
-                                 "copy_ranges", "logit_adjust"};
+                                 "copy_ranges", "logit_adjust", "attention_flash"};
 
 typedef struct {
     op_t op;
@@ -332,6 +334,9 @@ static const case_t cases[] = {
      * part full */
     {OP_ATTENTION_TC, BF16, {3, 65, 72, 8, 40, 100}, 0},
     {OP_ATTENTION_TC, BF16, {2, 128, 512, 32, 33, 31}, 0},
+    {OP_ATTENTION_FLASH, F32, {3, 64, 512, 32, 128, 512}, 0},
+    {OP_ATTENTION_FLASH, F32, {4, 20, 40, 10, 12, 6}, 0}, /* the golden fixtures' dim */
+    {OP_ATTENTION_FLASH, BF16, {3, 33, 64, 16, 40, -1}, 0},
     /* decode: a token's keys split over blocks, partials folded with the sink (single keys,
      * selected-only and empty splits come from the token patterns above) */
     {OP_ATTENTION_TC_WS, BF16, {1, 64, 512, 32, 128, 512}, 0},
@@ -1369,13 +1374,18 @@ typedef struct {
     float *work; /* OP_ATTENTION_WS */
     size_t work_floats;
     bool tc; /* OP_ATTENTION_TC */
+    bool flash; /* OP_ATTENTION_FLASH: keys bf16, q and out dt */
     const bt_cuda_attention_batch_t *batch; /* OP_ATTENTION_BATCH */
 } att_ctx_t;
 
 static void launch_attention(void *p)
 {
     att_ctx_t *c = p;
-    if (c->tc && c->work)
+    if (c->flash)
+        BT_OK_OR_DIE(bt_cuda_attention_flash(c->out, c->q, c->dt, c->win, c->widx, c->wn, c->W,
+                                             c->comp, c->sel, c->sn, c->S, c->sink, c->pos,
+                                             c->freq, c->half, c->T, c->H, c->dim, NULL, 0));
+    else if (c->tc && c->work)
         BT_OK_OR_DIE(bt_cuda_attention_tc_ws(c->out, c->q, c->win, c->widx, c->wn, c->W, c->comp,
                                              c->sel, c->sn, c->S, c->sink, c->pos, c->freq, c->half,
                                              c->dt, c->T, c->H, c->dim, c->work, c->work_floats,
@@ -1397,7 +1407,9 @@ static void launch_attention(void *p)
 static void run_attention(const case_t *cs, result_t *r)
 {
     int T = cs->s[0], H = cs->s[1], dim = cs->s[2], half = cs->s[3], W = cs->s[4], S = cs->s[5];
-    bool tc = cs->op == OP_ATTENTION_TC || cs->op == OP_ATTENTION_TC_WS || cs->op == OP_ATTENTION_TC_BATCH;
+    bool flash = cs->op == OP_ATTENTION_FLASH;
+    bool tc = cs->op == OP_ATTENTION_TC || cs->op == OP_ATTENTION_TC_WS ||
+              cs->op == OP_ATTENTION_TC_BATCH || flash;
     bool pooled = cs->op == OP_ATTENTION_BATCH || cs->op == OP_ATTENTION_TC_BATCH;
     bool no_sel = S < 0; /* no_sel: sel_n, sel, comp_kv NULL */
     if (no_sel) S = 0;
@@ -1455,8 +1467,8 @@ static void run_attention(const case_t *cs, result_t *r)
         batch.split_per_token = true;
         c.batch = &batch;
     } else {
-        c.win = dup_act(win, (size_t)NW * dim, cs->dt);
-        c.comp = dup_act(comp, (size_t)NC * dim, cs->dt);
+        c.win = dup_act(win, (size_t)NW * dim, flash ? BF16 : cs->dt);
+        c.comp = dup_act(comp, (size_t)NC * dim, flash ? BF16 : cs->dt);
     }
     c.widx = dup(widx, (size_t)T * W * 4);
     c.wn = dup(wn, (size_t)T * 4);
@@ -1466,6 +1478,7 @@ static void run_attention(const case_t *cs, result_t *r)
     c.freq = dup(freq, (size_t)(half > 0 ? half : 1) * 4);
     c.pos = dup(pos, (size_t)T * 8);
     c.tc = tc;
+    c.flash = flash;
     if (no_sel) {
         c.comp = NULL;
         c.sel = c.sn = NULL;
@@ -2492,6 +2505,7 @@ static void run_case(const case_t *cs, result_t *r)
     case OP_LOGIT_ADJUST: run_logit_adjust(cs, r); break;
     case OP_ATTENTION_BATCH: run_attention(cs, r); break;
     case OP_ATTENTION_TC_BATCH: run_attention(cs, r); break;
+    case OP_ATTENTION_FLASH: run_attention(cs, r); break;
     case OP_SCALE: run_scale(cs, r); break;
     case OP_MOE_COMBINE: run_moe_combine(cs, r); break;
     case OP_COMPRESS: run_compress(cs, r); break;
@@ -2642,6 +2656,21 @@ static int check_refusals(void)
     bad += REFUSED(attention_tc_args(d, 512, 128, BT_CUDA_ATTENTION_TC_MAX_KEYS - 127));
     bad += fits_wrong(512, 640, 1) + fits_wrong(16, BT_CUDA_ATTENTION_TC_MAX_KEYS, 1);
     bad += fits_wrong(18, 640, 0) + fits_wrong(528, 640, 0);
+    /* the flash form: dim off 8, dim over 512, a float q 4 bytes off 16-byte alignment */
+    const uint16_t *k16 = (const uint16_t *)d;
+    const int32_t *di = (const int32_t *)d;
+    const float *df = (const float *)d;
+    const int64_t *dl = (const int64_t *)d;
+    bad += REFUSED(bt_cuda_attention_flash(d, d, BT_CUDA_F32, k16, di, di, 128, NULL, NULL, NULL,
+                                           0, df, dl, NULL, 0, 1, 1, 20, NULL, 0));
+    bad += REFUSED(bt_cuda_attention_flash(d, d, BT_CUDA_F32, k16, di, di, 128, NULL, NULL, NULL,
+                                           0, df, dl, NULL, 0, 1, 1, 520, NULL, 0));
+    bad += REFUSED(bt_cuda_attention_flash(d, (char *)d + 4, BT_CUDA_F32, k16, di, di, 128, NULL,
+                                           NULL, NULL, 0, df, dl, NULL, 0, 1, 1, 64, NULL, 0));
+    if (bt_cuda_attention_flash_fits(20) || bt_cuda_attention_flash_fits(520)) {
+        fprintf(stderr, "bt_cuda_attention_flash_fits takes dim 20 or 520\n");
+        bad++;
+    }
     bad += fits_wrong(512, BT_CUDA_ATTENTION_TC_MAX_KEYS + 1, 0);
     /* tensor-core indexer: dim over 128, heads over 32 */
     for (int sets = 0; sets < 2; sets++) {
