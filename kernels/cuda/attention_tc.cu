@@ -414,15 +414,23 @@ __global__ void __launch_bounds__(FL_WARPS * 32, 1)
 #pragma unroll
         for (int i = 0; i < 4; i++)
             s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
-        for (unsigned k = 0; k < 2u * dw; k += 32) {
-            unsigned a[4], b[4];
-            ldsm_x4(a, sq_a + k, false);
+        /* step it: k16 step it / 2, key tiles 2 (it % 2).. of 4; each step's fragments loaded
+         * while the one before multiplies (shared-memory latency was the largest stall) */
+        const int qk_steps = 2 * (dw / 16);
+        unsigned aq[2][4], bq[2][4];
+        ldsm_x4(aq[0], sq_a, false);
+        ldsm_x4(bq[0], kc + kb_off, false);
 #pragma unroll
-            for (int np = 0; np < 2; np++) {
-                ldsm_x4(b, kc + kb_off + np * rows16 + k, false);
-                mma_bf16_16816(s[2 * np], a, b[0], b[1]);
-                mma_bf16_16816(s[2 * np + 1], a, b[2], b[3]);
+        for (int it = 0; it < 2 * (TC_MAXD / 4 / 16); it++) {
+            if (it >= qk_steps) break;
+            if (it + 1 < qk_steps) {
+                const unsigned k1 = 32u * ((it + 1) >> 1);
+                if (((it + 1) & 1) == 0) ldsm_x4(aq[((it + 1) >> 1) & 1], sq_a + k1, false);
+                ldsm_x4(bq[(it + 1) & 1], kc + kb_off + ((it + 1) & 1) * rows16 + k1, false);
             }
+            const unsigned *af = aq[(it >> 1) & 1], *bf = bq[it & 1];
+            mma_bf16_16816(s[2 * (it & 1)], af, bf[0], bf[1]);
+            mma_bf16_16816(s[2 * (it & 1) + 1], af, bf[2], bf[3]);
         }
 #pragma unroll
         for (int i = 0; i < 4; i++)
@@ -481,16 +489,20 @@ __global__ void __launch_bounds__(FL_WARPS * 32, 1)
                 o[n][0] *= corr[0], o[n][1] *= corr[0], o[n][2] *= corr[1], o[n][3] *= corr[1];
             }
             /* O += P . V over the warp's dims (V = the same keys, transposed by ldmatrix) */
+        /* step it: dim tiles 2 (it / 2).., keys 16 (it % 2)..; loaded a step ahead, as above
+         * (each output still adds keys 0..15 before 16..31) */
+        unsigned bv[2][4];
+        ldsm_x4(bv[0], kc + vb_off, true);
 #pragma unroll
-        for (int j = 0; j < 2; j++)
-#pragma unroll
-            for (int np = 0; np < FL_MAXNT / 2; np++) {
-                if (2 * np >= ntw) break;
-                unsigned b[4];
-                ldsm_x4(b, kc + vb_off + j * rows16 + 32u * np, true);
-                mma_bf16_16816(o[2 * np], pa[j], b[0], b[1]);
-                mma_bf16_16816(o[2 * np + 1], pa[j], b[2], b[3]);
-            }
+        for (int it = 0; it < FL_MAXNT; it++) {
+            if (it >= ntw) break;
+            if (it + 1 < ntw)
+                ldsm_x4(bv[(it + 1) & 1],
+                        kc + vb_off + ((it + 1) & 1) * rows16 + 32u * ((it + 1) >> 1), true);
+            const int np = it >> 1;
+            mma_bf16_16816(o[2 * np], pa[it & 1], bv[it & 1][0], bv[it & 1][1]);
+            mma_bf16_16816(o[2 * np + 1], pa[it & 1], bv[it & 1][2], bv[it & 1][3]);
+        }
         if (tid < FL_KEYS) rowi[ch % FL_STAGES][tid] = nidx; /* for chunk ch + FL_STAGES's gather */
     }
     cp_async_wait_all();
