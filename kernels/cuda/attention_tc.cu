@@ -408,6 +408,7 @@ __global__ void __launch_bounds__(FL_WARPS * 32, 1)
         __syncthreads(); /* chunk ch landed for all; everyone is done with chunk ch - 1's slot */
         gather(ch + FL_STAGES - 1);
         const unsigned kc = sk_a + (unsigned)(ch % FL_STAGES) * slot_bytes;
+        if (h0 + 16 * hg >= H) continue; /* heads past H (a TP rank's 16 or 32): copies only */
 
         /* this warp's part of S[16 heads, 32 keys] over its dims */
         float s[4][4];

@@ -337,6 +337,7 @@ static const case_t cases[] = {
     {OP_ATTENTION_FLASH, F32, {3, 64, 512, 32, 128, 512}, 0},
     {OP_ATTENTION_FLASH, F32, {4, 20, 40, 10, 12, 6}, 0}, /* the golden fixtures' dim */
     {OP_ATTENTION_FLASH, BF16, {3, 33, 64, 16, 40, -1}, 0},
+    {OP_ATTENTION_FLASH, F32, {3, 16, 512, 32, 128, 512}, 0}, /* a TP4 rank: 3 groups idle */
     /* decode: a token's keys split over blocks, partials folded with the sink (single keys,
      * selected-only and empty splits come from the token patterns above) */
     {OP_ATTENTION_TC_WS, BF16, {1, 64, 512, 32, 128, 512}, 0},
@@ -412,6 +413,7 @@ static const case_t cases[] = {
     {OP_INDEX, F32, {1, 32, 128, 8192}, 1},
     {OP_INDEX_SETS, F32, {16, 32, 128, 8192}, 1},
     {OP_ATTENTION_TC, BF16, {4096, 64, 512, 32, 128, 512}, 1},
+    {OP_ATTENTION_TC, BF16, {4096, 16, 512, 32, 128, 512}, 1}, /* a TP4 rank's heads */
     {OP_INDEX_TC, F32, {4096, 32, 128, 8192, 0}, 1},
     {OP_DEQUANT_FP8, BF16, {32768, 1280}, 1},
     {OP_TOPK, F32, {64, 65536, 512, 0}, 1},
