@@ -494,6 +494,19 @@ __global__ void __launch_bounds__(FL_WARPS * 32, 1)
          * (each output still adds keys 0..15 before 16..31) */
         unsigned bv[2][4];
         ldsm_x4(bv[0], kc + vb_off, true);
+        if (ntw == FL_MAXNT) { /* dims 512: keys 0..15 for every dim tile first, so an output's
+                                * two products lie 8 steps apart, not back to back */
+#pragma unroll
+            for (int it = 0; it < FL_MAXNT; it++) {
+                constexpr int H2 = FL_MAXNT / 2;
+                if (it + 1 < FL_MAXNT)
+                    ldsm_x4(bv[(it + 1) & 1],
+                            kc + vb_off + ((it + 1) / H2) * rows16 + 32u * ((it + 1) % H2), true);
+                const int np = it % H2;
+                mma_bf16_16816(o[2 * np], pa[it / H2], bv[it & 1][0], bv[it & 1][1]);
+                mma_bf16_16816(o[2 * np + 1], pa[it / H2], bv[it & 1][2], bv[it & 1][3]);
+            }
+        } else
 #pragma unroll
         for (int it = 0; it < FL_MAXNT; it++) {
             if (it >= ntw) break;
