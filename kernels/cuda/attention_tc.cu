@@ -408,7 +408,8 @@ __global__ void __launch_bounds__(FL_WARPS * 32, 1)
         __syncthreads(); /* chunk ch landed for all; everyone is done with chunk ch - 1's slot */
         gather(ch + FL_STAGES - 1);
         const unsigned kc = sk_a + (unsigned)(ch % FL_STAGES) * slot_bytes;
-        if (h0 + 16 * hg >= H) continue; /* heads past H (a TP rank's 16 or 32): copies only */
+        /* heads past H (a TP rank's 16 or 32): copies only (never warp 0, which keeps rowi) */
+        if (h0 + 16 * hg >= H) continue;
 
         /* this warp's part of S[16 heads, 32 keys] over its dims */
         float s[4][4];
@@ -483,19 +484,21 @@ __global__ void __launch_bounds__(FL_WARPS * 32, 1)
             pa[j][2] = fl_pack(s[2 * j + 1][0], s[2 * j + 1][1]);
             pa[j][3] = fl_pack(s[2 * j + 1][2], s[2 * j + 1][3]);
         }
-        if (__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) /* (a max grew) */
+        if (__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) { /* (a max grew) */
 #pragma unroll
             for (int n = 0; n < FL_MAXNT; n++) {
                 if (n >= ntw) break;
                 o[n][0] *= corr[0], o[n][1] *= corr[0], o[n][2] *= corr[1], o[n][3] *= corr[1];
             }
-            /* O += P . V over the warp's dims (V = the same keys, transposed by ldmatrix) */
-        /* step it: dim tiles 2 (it / 2).., keys 16 (it % 2)..; loaded a step ahead, as above
-         * (each output still adds keys 0..15 before 16..31) */
+        }
+        /* O += P . V over the warp's dims (V = the same keys, transposed by ldmatrix), the
+         * fragments loaded a step ahead as above; each output adds keys 0..15, then 16..31.
+         * At the model's dims (512) keys 0..15 go to every dim tile first, so an output's two
+         * products lie 8 steps apart; smaller dims take them back to back (one loop for both
+         * orders needs a run-time ring parity, which spilled: 16 bytes, measured on ptxas) */
         unsigned bv[2][4];
         ldsm_x4(bv[0], kc + vb_off, true);
-        if (ntw == FL_MAXNT) { /* dims 512: keys 0..15 for every dim tile first, so an output's
-                                * two products lie 8 steps apart, not back to back */
+        if (ntw == FL_MAXNT) {
 #pragma unroll
             for (int it = 0; it < FL_MAXNT; it++) {
                 constexpr int H2 = FL_MAXNT / 2;
@@ -506,16 +509,17 @@ __global__ void __launch_bounds__(FL_WARPS * 32, 1)
                 mma_bf16_16816(o[2 * np], pa[it / H2], bv[it & 1][0], bv[it & 1][1]);
                 mma_bf16_16816(o[2 * np + 1], pa[it / H2], bv[it & 1][2], bv[it & 1][3]);
             }
-        } else
+        } else {
 #pragma unroll
-        for (int it = 0; it < FL_MAXNT; it++) {
-            if (it >= ntw) break;
-            if (it + 1 < ntw)
-                ldsm_x4(bv[(it + 1) & 1],
-                        kc + vb_off + ((it + 1) & 1) * rows16 + 32u * ((it + 1) >> 1), true);
-            const int np = it >> 1;
-            mma_bf16_16816(o[2 * np], pa[it & 1], bv[it & 1][0], bv[it & 1][1]);
-            mma_bf16_16816(o[2 * np + 1], pa[it & 1], bv[it & 1][2], bv[it & 1][3]);
+            for (int it = 0; it < FL_MAXNT; it++) { /* dim tiles 2 (it / 2).., keys 16 (it % 2).. */
+                if (it >= ntw) break;
+                if (it + 1 < ntw)
+                    ldsm_x4(bv[(it + 1) & 1],
+                            kc + vb_off + ((it + 1) & 1) * rows16 + 32u * ((it + 1) >> 1), true);
+                const int np = it >> 1;
+                mma_bf16_16816(o[2 * np], pa[it & 1], bv[it & 1][0], bv[it & 1][1]);
+                mma_bf16_16816(o[2 * np + 1], pa[it & 1], bv[it & 1][2], bv[it & 1][3]);
+            }
         }
         if (tid < FL_KEYS) rowi[ch % FL_STAGES][tid] = nidx; /* for chunk ch + FL_STAGES's gather */
     }

@@ -701,24 +701,42 @@ static int decode_twins(bt_model_t *a, bt_model_t *b, bt_safetensors_t *gold, in
     return differ;
 }
 
-/* golden-a-quant in its checkpoint formats, models loaded with opt[0] and opt[1] (NULL when
- * either fails to load, the failure checked) */
-static bool golden_twins(const char *name, bt_safetensors_t **gold, const bt_model_options_t opt[2],
-                         bt_model_t *m[2])
+/* Two models of one golden fixture in its checkpoint formats, loaded with opt[0] and opt[1],
+ * and their decode_twins run */
+typedef struct {
+    bt_safetensors_t *gold;
+    bt_model_t *m[2];
+    int steps, differ; /* decode steps, and those whose logits differ */
+    double secs[2];
+} twins_t;
+
+/* false (the failure checked, nothing left open) where the fixture or a model does not load */
+static bool twins_decode(const char *name, const bt_model_options_t opt[2], twins_t *tw)
 {
-    m[0] = m[1] = NULL;
-    *gold = golden_open(name);
-    if (!*gold) {
+    *tw = (twins_t){0};
+    tw->gold = golden_open(name);
+    if (!tw->gold) {
         BT_CHECK_MSG(0, "%s: no golden.safetensors", name);
         return false;
     }
-    for (int k = 0; k < 2; k++) m[k] = golden_model_with(name, *gold, &opt[k]);
-    BT_CHECK(m[0] && m[1]);
-    if (m[0] && m[1]) return true;
-    bt_model_destroy(m[0]);
-    bt_model_destroy(m[1]);
-    bt_safetensors_close(*gold);
+    for (int k = 0; k < 2; k++)
+        tw->m[k] = golden_model_with(name, tw->gold, &opt[k]);
+    BT_CHECK(tw->m[0] && tw->m[1]);
+    if (tw->m[0] && tw->m[1]) {
+        tw->differ = decode_twins(tw->m[0], tw->m[1], tw->gold, &tw->steps, tw->secs);
+        return true;
+    }
+    bt_model_destroy(tw->m[0]);
+    bt_model_destroy(tw->m[1]);
+    bt_safetensors_close(tw->gold);
     return false;
+}
+
+static void twins_close(twins_t *tw)
+{
+    bt_model_destroy(tw->m[0]);
+    bt_model_destroy(tw->m[1]);
+    bt_safetensors_close(tw->gold);
 }
 
 /* Decode steps as CUDA graphs (golden-a-quant in its checkpoint formats: FP4 experts, whose
@@ -730,15 +748,13 @@ static void test_graphs_match_eager(void)
     bt_model_options_t opt[2] = {test_options(BT_DEVICE_CUDA, BT_WEIGHTS_AUTO),
                                  test_options(BT_DEVICE_CUDA, BT_WEIGHTS_AUTO)};
     opt[1].cuda_graphs_off = true;
-    bt_safetensors_t *gold;
-    bt_model_t *m[2];
-    if (!golden_twins("golden-a-quant", &gold, opt, m)) return;
-    int steps = 0;
-    double secs[2];
-    int differ = decode_twins(m[0], m[1], gold, &steps, secs);
+    twins_t tw;
+    if (!twins_decode("golden-a-quant", opt, &tw)) return;
+    const int steps = tw.steps, differ = tw.differ;
+    const double *secs = tw.secs;
     uint64_t g_steps, g_inst, e_steps, e_inst;
-    bt_model_graph_stats(m[0], &g_steps, &g_inst);
-    bt_model_graph_stats(m[1], &e_steps, &e_inst);
+    bt_model_graph_stats(tw.m[0], &g_steps, &g_inst);
+    bt_model_graph_stats(tw.m[1], &e_steps, &e_inst);
     fprintf(stderr, "  graphs: %d decode steps, %d with other logits than eager; %llu ran as graphs, %llu graphs instantiated; "
                     "%.3f ms a step as graphs, %.3f ms eager (the first steps of each size instantiate)\n",
             steps, differ, (unsigned long long)g_steps, (unsigned long long)g_inst, 1e3 * secs[0] / steps,
@@ -751,9 +767,7 @@ static void test_graphs_match_eager(void)
      * (golden-a-quant's 10 layers: pieces of 1, 2, 4, 3), not one a step: 80 steps capture 320
      * pieces */
     BT_CHECK_MSG(g_inst <= 48, "%llu graphs instantiated for %d steps", (unsigned long long)g_inst, steps);
-    bt_model_destroy(m[0]);
-    bt_model_destroy(m[1]);
-    bt_safetensors_close(gold);
+    twins_close(&tw);
 }
 
 /* A layer's independent chains on two streams (the queries and KV row beside the compressor
@@ -768,21 +782,16 @@ static void test_two_streams_match_one(void)
         opt[0].cuda_streams = 2;
         opt[1].cuda_streams = 1;
         opt[0].cuda_graphs_off = opt[1].cuda_graphs_off = graphs_off;
-        bt_safetensors_t *gold;
-        bt_model_t *m[2];
-        if (!golden_twins("golden-a-quant", &gold, opt, m)) return;
-        int steps = 0;
-        double secs[2];
-        int differ = decode_twins(m[0], m[1], gold, &steps, secs);
-        uint64_t forks = bt_model_side_forks(m[0]), forks1 = bt_model_side_forks(m[1]);
+        twins_t tw;
+        if (!twins_decode("golden-a-quant", opt, &tw)) return;
+        const int steps = tw.steps, differ = tw.differ;
+        uint64_t forks = bt_model_side_forks(tw.m[0]), forks1 = bt_model_side_forks(tw.m[1]);
         fprintf(stderr, "  two streams (%s): %d decode steps, %d with other logits than one stream; %llu forks\n",
                 graphs_off ? "eager" : "graphs", steps, differ, (unsigned long long)forks);
         BT_CHECK_MSG(differ == 0, "%d of %d decode steps gave other logits on two streams", differ, steps);
         BT_CHECK_MSG(forks >= (uint64_t)steps, "%llu forks in %d steps", (unsigned long long)forks, steps);
         BT_CHECK(forks1 == 0);
-        bt_model_destroy(m[0]);
-        bt_model_destroy(m[1]);
-        bt_safetensors_close(gold);
+        twins_close(&tw);
     }
 }
 
