@@ -17,6 +17,7 @@
  *           (exact: e4m3/e2m1 times a power of two fits bf16) for 16x16x16 wmma MMAs.
  * (Dense FP8 products of >= 64 rows go through bt_cuda_dequant_fp8 and cuBLASLt instead.) */
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/wgmma.cuh"
 
 #include <cooperative_groups.h>
 #include <cuda_fp8.h>
@@ -844,6 +845,245 @@ static bool ft_smem_ready(void)
            bt__smem_allowed((const void *)gemm_fp4_tiles<float>, FT_SMEM, f32_out);
 }
 
+/* ---- many rows of FP4 experts on warpgroup MMAs, the weights in registers (Hopper) ---------
+ * The prefill's routed experts again, on wgmma (sm_90a) with the weights as A, from registers:
+ * a block's two warpgroups take 64 weight columns each (the output's columns), the expert's
+ * rows (up to 128, the output's rows) are B in shared memory, shared by both. Each thread
+ * dequantizes its own A fragments from the packed bytes straight into registers, once per block,
+ * so a weight is converted once for all of an expert's rows (gemm_fp4_tiles converts it again
+ * for each 64 rows, and its mma.sync products take an instruction each); nothing waits on a
+ * barrier between the conversions and the products, which run asynchronously while the next
+ * chunk is converted. (Session 7's gemm_fp4_wgmma put the dequantized weights in shared memory
+ * as B and lost to gemm_fp4_tiles: two barriers a chunk.) The MMA's N is the tile's rows
+ * rounded up to 16, picked per block, so an expert of 70 rows multiplies 80, not 128.
+ * K goes in chunks of 128 through a 4-stage cp.async pipeline, two chunks ahead: the rows'
+ * bf16 (gathered, 128-byte swizzled in two 64-k halves), the columns' packed bytes and their
+ * scales as stored. Both operands take k in natural order, so a thread's A pair (k 2c, 2c + 1)
+ * is byte c of a weight word: one byte permute and two shifts make it a bf16 pair. */
+enum { RS_COLS = 128, RS_ROWS = 128, RS_CHUNK = 128, RS_STAGES = 4, RS_THREADS = 256 };
+enum { RS_X_HALF = RS_ROWS * 128, RS_W_BYTES = RS_COLS * RS_CHUNK / 2,
+       RS_S_OFF = 2 * RS_X_HALF + RS_W_BYTES, RS_STAGE_BYTES = (RS_S_OFF + 4 * RS_COLS + 1023) / 1024 * 1024,
+       RS_SMEM = RS_STAGES * RS_STAGE_BYTES + 1024 /* alignment */ };
+
+#ifdef BT_WGMMA
+__device__ int wgrs_built = 1;
+#else
+__device__ int wgrs_built = 0;
+#endif
+
+/* the codes of byte `sel` selects (sel = c | c << 4 | (4 + c) << 8 | (4 + c) << 12) of v as a
+ * bf16 pair, each the code's value times 2^-126 (as e2m1x8_to_bf16_2m126's pairs) */
+__device__ __forceinline__ unsigned e2m1x2_to_bf16_2m126(unsigned v, unsigned sel)
+{
+    const unsigned r = __byte_perm(v, v >> 4, sel);
+    return ((r << 6) & 0x01c001c0u) | ((r << 12) & 0x80008000u);
+}
+
+__device__ __forceinline__ unsigned bf16x2_mul(unsigned v, __nv_bfloat162 s2)
+{
+    __nv_bfloat162 p = __hmul2(*(__nv_bfloat162 *)&v, s2);
+    return *(unsigned *)&p;
+}
+
+/* a pair of e2m1x2_to_bf16_2m126 times any scale byte (fp4x8_to_bf16_scaled's two multiplies) */
+__device__ __forceinline__ unsigned fp4x2_scaled_slow(unsigned v, uint8_t sv)
+{
+    const unsigned short bits = sv == 0 ? 0x0040 : sv == 0xff ? 0x7fc0 : (unsigned short)(sv << 7);
+    const __nv_bfloat16 sb = __ushort_as_bfloat16(bits), up = __ushort_as_bfloat16(0x7e80);
+    return bf16x2_mul(bf16x2_mul(v, __halves2bfloat162(up, up)), __halves2bfloat162(sb, sb));
+}
+
+/* BT_CUDA_WGRS=0 keeps gemm_fp4_tiles (for comparisons), read once */
+static bool wgrs_on(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *v = getenv("BT_CUDA_WGRS");
+        on = !(v && strcmp(v, "0") == 0);
+    }
+    return on;
+}
+
+template <int NT, typename OT>
+__device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t *ws, int N,
+                                          int K, int m0, int mr, int n0, unsigned char *smem,
+                                          const __nv_bfloat16 *const *arow)
+{
+#ifdef BT_WGMMA
+    const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, c = lane & 3;
+    const int f = 64 * (tid >> 7) + 16 * ((tid >> 5) & 3) + g; /* columns f and f + 8 */
+    const unsigned sel = c | c << 4 | (4 + c) << 8 | (4 + c) << 12;
+    auto stage = [&](int ch) { return smem + (ch % RS_STAGES) * RS_STAGE_BYTES; };
+    /* a chunk's copies: the tile's NT rows (16 units each, 16 neighbouring threads a row),
+     * 2 weight units a thread (4 threads a column's 64 bytes), a column's 4 scale bytes */
+    auto load = [&](int ch) {
+        unsigned char *sx = stage(ch);
+        const int k0 = ch * RS_CHUNK;
+#pragma unroll
+        for (int j = 0; j < NT * 16 / RS_THREADS; j++) {
+            const int i = tid + RS_THREADS * j, r = i >> 4, u = i & 15;
+            cp_async<16>(sx + (u >> 3) * RS_X_HALF + wg_sw(r, u & 7), arow[r] + k0 + 8 * u,
+                         r < mr);
+        }
+        uint4 *sw = (uint4 *)(sx + 2 * RS_X_HALF);
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const int i = tid + RS_THREADS * j, col = i >> 2, n = n0 + col;
+            cp_async<16>(&sw[i], w + (size_t)(n < N ? n : 0) * (K / 2) + k0 / 2 + 16 * (i & 3),
+                         n < N);
+        }
+        if (tid < RS_COLS) {
+            const int n = n0 + tid;
+            cp_async<4>(sx + RS_S_OFF + 4 * tid, ws + (size_t)(n < N ? n : 0) * (K / 32) + k0 / 32,
+                        n < N);
+        }
+    };
+
+    float d[NT / 2];
+#pragma unroll
+    for (int i = 0; i < NT / 2; i++) d[i] = 0.0f;
+    unsigned a[2][8][4]; /* A fragments of two chunks: one converted while the other multiplies */
+    const int chunks = K / RS_CHUNK;
+#pragma unroll
+    for (int ch = 0; ch < RS_STAGES - 2; ch++) {
+        if (ch < chunks) load(ch);
+        cp_async_commit();
+    }
+    auto step = [&](int ch, unsigned (*A)[4]) {
+        /* chunk ch has landed (this thread's copies; the barrier: everyone's), and every
+         * warpgroup's products of chunk ch - 1 are done, so its stage may be refilled */
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(RS_STAGES - 3));
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+        if (ch + RS_STAGES - 2 < chunks) load(ch + RS_STAGES - 2);
+        cp_async_commit(); /* (empty past the end: keeps the count) */
+        const unsigned char *sx = stage(ch);
+        const uint4 *sw = (const uint4 *)(sx + 2 * RS_X_HALF);
+        const uint32_t s_lo = ((const uint32_t *)(sx + RS_S_OFF))[f];
+        const uint32_t s_hi = ((const uint32_t *)(sx + RS_S_OFF))[f + 8];
+        bool fast = true;
+#pragma unroll
+        for (int b = 0; b < 4; b++)
+            fast = fast && fp4_scale_fast((uint8_t)(s_lo >> 8 * b)) &&
+                   fp4_scale_fast((uint8_t)(s_hi >> 8 * b));
+        auto convert = [&](auto fast_c) {
+            constexpr bool FAST = decltype(fast_c)::value;
+#pragma unroll
+            for (int q = 0; q < 4; q++) { /* k 32q .. 32q + 31: steps 2q, 2q + 1, scale q */
+                const uint4 lo = sw[4 * f + q], hi = sw[4 * (f + 8) + q];
+                const unsigned wl[4] = {lo.x, lo.y, lo.z, lo.w}, wh[4] = {hi.x, hi.y, hi.z, hi.w};
+                const uint8_t sl = (uint8_t)(s_lo >> 8 * q), sh = (uint8_t)(s_hi >> 8 * q);
+#pragma unroll
+                for (int t = 0; t < 4; t++) { /* step 2q + (t >> 1), fragment words 0, 2 */
+                    unsigned pl = e2m1x2_to_bf16_2m126(wl[t], sel);
+                    unsigned ph = e2m1x2_to_bf16_2m126(wh[t], sel);
+                    if (FAST) {
+                        pl = bf16x2_mul(pl, fp4_scale2(sl));
+                        ph = bf16x2_mul(ph, fp4_scale2(sh));
+                    } else {
+                        pl = fp4x2_scaled_slow(pl, sl);
+                        ph = fp4x2_scaled_slow(ph, sh);
+                    }
+                    A[2 * q + (t >> 1)][2 * (t & 1)] = pl;
+                    A[2 * q + (t >> 1)][2 * (t & 1) + 1] = ph;
+                }
+            }
+        };
+        if (__all_sync(0xffffffffu, fast))
+            convert(std::true_type());
+        else
+            convert(std::false_type());
+        wgmma_fence();
+#pragma unroll
+        for (int s = 0; s < 8; s++)
+            wgmma_rs<NT>(d, A[s], wg_desc(sx + (s >> 2) * RS_X_HALF + (s & 3) * 32));
+        wgmma_commit();
+        wgmma_wait<1>(); /* chunk ch - 1's products: done */
+    };
+    for (int ch = 0; ch < chunks; ch += 2) {
+        step(ch, a[0]);
+        if (ch + 1 < chunks) step(ch + 1, a[1]);
+    }
+    wgmma_wait<0>();
+    asm volatile("cp.async.wait_group 0;\n" ::);
+#pragma unroll
+    for (int i = 0; i < NT / 2; i++) asm volatile("" : "+f"(d[i])::"memory"); /* after the wait */
+    /* d[4j + t]: column f + 8 (t >> 1), row 8j + 2c + (t & 1) */
+#pragma unroll
+    for (int j = 0; j < NT / 8; j++)
+#pragma unroll
+        for (int t = 0; t < 4; t++) {
+            const int r = 8 * j + 2 * c + (t & 1), n = n0 + f + 8 * (t >> 1);
+            if (r < mr && n < N) bt_st(y, (size_t)(m0 + r) * N + n, d[4 * j + t]);
+        }
+#endif
+}
+
+template <typename OT>
+__global__ void __launch_bounds__(RS_THREADS, 1) gemm_fp4_wgrs(OT *y, const __nv_bfloat16 *x,
+                                                               const int32_t *rows,
+                                                               const int32_t *offs,
+                                                               const uint8_t *w,
+                                                               const uint8_t *ws, int N, int K,
+                                                               const int32_t *elist)
+{
+#ifdef BT_WGMMA
+    bt_grid_begin();
+    extern __shared__ __align__(128) unsigned char rs_smem[];
+    __shared__ const __nv_bfloat16 *arow[RS_ROWS];
+    const int tid = threadIdx.x;
+    const int e = elist ? elist[blockIdx.z] : blockIdx.z;
+    if (e < 0) return; /* a padded slot of the expert list (the whole block) */
+    const int r0 = offs[e], m0 = r0 + blockIdx.y * RS_ROWS, r1 = offs[e + 1];
+    if (m0 >= r1) return; /* the whole block */
+    const int mr = min(RS_ROWS, r1 - m0), n0 = blockIdx.x * RS_COLS;
+    w += (size_t)e * N * (K / 2);
+    ws += (size_t)e * N * (K / 32);
+    if (tid < RS_ROWS)
+        arow[tid] = tid < mr ? x + (size_t)(rows ? rows[m0 + tid] : m0 + tid) * K : x;
+    __syncthreads();
+    /* from a 1024-byte boundary: the swizzle's */
+    unsigned char *smem =
+        rs_smem + ((1024 - ((uint32_t)__cvta_generic_to_shared(rs_smem) & 1023)) & 1023);
+    switch ((mr + 15) / 16) {
+    case 1: wgrs_tile<16>(y, w, ws, N, K, m0, mr, n0, smem, arow); break;
+    case 2: wgrs_tile<32>(y, w, ws, N, K, m0, mr, n0, smem, arow); break;
+    case 3: wgrs_tile<48>(y, w, ws, N, K, m0, mr, n0, smem, arow); break;
+    case 4: wgrs_tile<64>(y, w, ws, N, K, m0, mr, n0, smem, arow); break;
+    case 5: wgrs_tile<80>(y, w, ws, N, K, m0, mr, n0, smem, arow); break;
+    case 6: wgrs_tile<96>(y, w, ws, N, K, m0, mr, n0, smem, arow); break;
+    case 7: wgrs_tile<112>(y, w, ws, N, K, m0, mr, n0, smem, arow); break;
+    default: wgrs_tile<128>(y, w, ws, N, K, m0, mr, n0, smem, arow); break;
+    }
+#else
+    __trap(); /* launched only where wgrs_ready() found the sm_90a image */
+#endif
+}
+
+/* gemm_fp4_wgrs runs here: a Hopper device, this binary's device code built for sm_90a, and
+ * its shared memory allowed */
+static bool wgrs_ready(void)
+{
+    static signed char built[BT__MAX_DEVICES], bf16_out[BT__MAX_DEVICES], f32_out[BT__MAX_DEVICES];
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= BT__MAX_DEVICES) {
+        cudaGetLastError();
+        return false;
+    }
+    if (!built[dev]) {
+        int major = 0, flag = 0;
+        bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ==
+                      cudaSuccess &&
+                  major == 9 &&
+                  cudaMemcpyFromSymbol(&flag, wgrs_built, sizeof flag) == cudaSuccess && flag == 1;
+        if (!ok) cudaGetLastError();
+        built[dev] = ok ? 1 : -1; /* (any thread writes the same value) */
+    }
+    return built[dev] > 0 &&
+           bt__smem_allowed((const void *)gemm_fp4_wgrs<__nv_bfloat16>, RS_SMEM, bf16_out) &&
+           bt__smem_allowed((const void *)gemm_fp4_wgrs<float>, RS_SMEM, f32_out);
+}
+
 /* K slices for a narrow FP8 or bf16 product whose column tiles fill less than one wave of
  * resident blocks (5 an SM on 132 SMs): the few blocks of e.g. a [512, 5120] projection each
  * walked all of K, one chunk a warp at a time, with most SMs idle. A cluster of 2..8 blocks
@@ -935,6 +1175,14 @@ static bt_status_t launch(void *y, bt_cuda_dtype_t yd, const uint16_t *x, const 
         else
             bt__launch(gemm_skinny<FMT, float>, grid, SK_WARPS * 32, 0, stream, (float *)y, xb,
                        rows, offs, w, ws, M, N, K, elist, io);
+    } else if (FMT == FMT_FP4 && mma_ok && (uintptr_t)ws % 4 == 0 && wgrs_on() && wgrs_ready()) {
+        dim3 grid(bt__cdiv(N, RS_COLS), bt__cdiv(max_rows, RS_ROWS), groups);
+        if (yd == BT_CUDA_BF16)
+            bt__launch(gemm_fp4_wgrs<__nv_bfloat16>, grid, RS_THREADS, RS_SMEM, stream,
+                       (__nv_bfloat16 *)y, xb, rows, offs, w, ws, N, K, elist);
+        else
+            bt__launch(gemm_fp4_wgrs<float>, grid, RS_THREADS, RS_SMEM, stream, (float *)y, xb,
+                       rows, offs, w, ws, N, K, elist);
     } else if (FMT == FMT_FP4 && mma_ok && (uintptr_t)ws % 4 == 0 && ft_smem_ready()) {
         /* (grouped only: rows K and N apart, as the plain layout) */
         dim3 grid(bt__cdiv(N, FT_COLS), bt__cdiv(max_rows, FT_ROWS), groups);

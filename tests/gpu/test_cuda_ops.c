@@ -167,6 +167,12 @@ static const case_t cases[] = {
     {OP_GEMM_FP4, F32, {3, 200, 384, 300, 100}, 0},
     {OP_GEMM_FP4, BF16, {4, 130, 2304, 400, 200, 1}, 0}, /* some tiny scales */
     {OP_GEMM_FP4, BF16, {2, 256, 128, 130, 130}, 0},
+    /* many rows, whole 128-chunks, on Hopper: gemm_fp4_wgrs (tiles of 16..128 rows in steps of
+     * 16, experts of over 128 rows in several tiles, columns past N in a warpgroup) */
+    {OP_GEMM_FP4, F32, {2, 70, 256, 600, 300}, 0},
+    {OP_GEMM_FP4, BF16, {12, 136, 512, 500, 200}, 0},
+    {OP_GEMM_FP4, F32, {5, 256, 384, 1000, 500, 1}, 0}, /* some tiny scales */
+    {OP_GEMM_FP4, F32, {40, 64, 128, 1200, 400}, 0},
     /* many rows, K not whole 128-chunks: the wmma tile kernel */
     {OP_GEMM_FP4, F32, {6, 70, 160, 150, 60}, 0},
     {OP_GEMM_FP4, F32, {300, 256, 256, 600, 300}, 0}, /* more items than resident blocks */
@@ -394,6 +400,9 @@ static const case_t cases[] = {
     {OP_GEMM_FP4, BF16, {384, 2304, 5120, 6, 1}, 1},
     {OP_GEMM_FP4_LIST, BF16, {384, 2304, 5120, 6, 1}, 1},
     {OP_GEMM_FP4_LIST, BF16, {384, 2304, 5120, 96, 16}, 1},
+    /* the prefill's: 64 rows an expert on average (4096 tokens x top-6 over 384 experts) */
+    {OP_GEMM_FP4, F32, {64, 4608, 5120, 4096, 1365}, 1},
+    {OP_GEMM_FP4, F32, {64, 5120, 2304, 4096, 1365}, 1},
     {OP_GEMM_FP4, BF16, {64, 2304, 5120, 8192, 1365}, 1},
     {OP_GEMM_FP4, BF16, {64, 5120, 2304, 8192, 1365}, 1},
     {OP_RMSNORM, BF16, {4096, 5120, 1}, 1},
