@@ -860,9 +860,11 @@ static bool ft_smem_ready(void)
  * bf16 (gathered, 128-byte swizzled in two 64-k halves), the columns' packed bytes and their
  * scales as stored. Both operands take k in natural order, so a thread's A pair (k 2c, 2c + 1)
  * is byte c of a weight word: one byte permute and two shifts make it a bf16 pair. */
-enum { RS_COLS = 128, RS_ROWS = 128, RS_CHUNK = 128, RS_STAGES = 4, RS_THREADS = 256 };
-enum { RS_X_HALF = RS_ROWS * 128, RS_W_BYTES = RS_COLS * RS_CHUNK / 2,
-       RS_S_OFF = 2 * RS_X_HALF + RS_W_BYTES, RS_STAGE_BYTES = (RS_S_OFF + 4 * RS_COLS + 1023) / 1024 * 1024,
+enum { RS_COLS = 128, RS_ROWS = 112, RS_CHUNK = 64, RS_STEPS = RS_CHUNK / 16, RS_STAGES = 4,
+       RS_THREADS = 256, RS_BLOCKS_PER_SM = 2 };
+enum { RS_X_HALF = RS_ROWS * 128, RS_HALVES = RS_CHUNK / 64, RS_W_BYTES = RS_COLS * RS_CHUNK / 2,
+       RS_S_OFF = RS_HALVES * RS_X_HALF + RS_W_BYTES,
+       RS_STAGE_BYTES = (RS_S_OFF + 4 * RS_COLS + 1023) / 1024 * 1024,
        RS_SMEM = RS_STAGES * RS_STAGE_BYTES + 1024 /* alignment */ };
 
 #ifdef BT_WGMMA
@@ -871,12 +873,18 @@ __device__ int wgrs_built = 1;
 __device__ int wgrs_built = 0;
 #endif
 
-/* the codes of byte `sel` selects (sel = c | c << 4 | (4 + c) << 8 | (4 + c) << 12) of v as a
- * bf16 pair, each the code's value times 2^-126 (as e2m1x8_to_bf16_2m126's pairs) */
+/* the two codes of the byte `sel` picks (sel = c | 0x4440: byte c, zero-extended) of v as a
+ * bf16 pair, each the code's value times 2^-126 (as e2m1x8_to_bf16_2m126's pairs). Two
+ * multiplies by constants place two copies of the byte each, 12 bits apart: the magnitudes at
+ * bits 6..8 and 22..24, the signs at 15 and 31; they run on the FMA pipe, which leaves three of
+ * the six operations to the integer pipe (half as fast), where shifts took four. */
 __device__ __forceinline__ unsigned e2m1x2_to_bf16_2m126(unsigned v, unsigned sel)
 {
-    const unsigned r = __byte_perm(v, v >> 4, sel);
-    return ((r << 6) & 0x01c001c0u) | ((r << 12) & 0x80008000u);
+    const unsigned x = __byte_perm(v, 0, sel);
+    unsigned mag, sgn;
+    asm("mul.lo.u32 %0, %1, 0x00040040;" : "=r"(mag) : "r"(x));
+    asm("mul.lo.u32 %0, %1, 0x01001000;" : "=r"(sgn) : "r"(x));
+    return (mag & 0x01c001c0u) | (sgn & 0x80008000u);
 }
 
 __device__ __forceinline__ unsigned bf16x2_mul(unsigned v, __nv_bfloat162 s2)
@@ -891,6 +899,14 @@ __device__ __forceinline__ unsigned fp4x2_scaled_slow(unsigned v, uint8_t sv)
     const unsigned short bits = sv == 0 ? 0x0040 : sv == 0xff ? 0x7fc0 : (unsigned short)(sv << 7);
     const __nv_bfloat16 sb = __ushort_as_bfloat16(bits), up = __ushort_as_bfloat16(0x7e80);
     return bf16x2_mul(bf16x2_mul(v, __halves2bfloat162(up, up)), __halves2bfloat162(sb, sb));
+}
+
+/* whether all four scale bytes of s lie in 8..127 (fp4_scale_fast, but for 128, which takes
+ * the slow path): per byte, bit 7 of b + 0x78 is set from 8 on and that of b clear below 128.
+ * A byte that carries into the next (b >= 0x88) fails itself, whatever the carry does. */
+__device__ __forceinline__ uint32_t fp4_scales_fast4(uint32_t s)
+{
+    return (s + 0x78787878u) & ~s & 0x80808080u;
 }
 
 /* BT_CUDA_WGRS=0 keeps gemm_fp4_tiles (for comparisons), read once */
@@ -912,43 +928,48 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
 #ifdef BT_WGMMA
     const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, c = lane & 3;
     const int f = 64 * (tid >> 7) + 16 * ((tid >> 5) & 3) + g; /* columns f and f + 8 */
-    const unsigned sel = c | c << 4 | (4 + c) << 8 | (4 + c) << 12;
+    const unsigned sel = c | 0x4440u;
     auto stage = [&](int ch) { return smem + (ch % RS_STAGES) * RS_STAGE_BYTES; };
-    /* a chunk's copies: the tile's NT rows (16 units each, 16 neighbouring threads a row),
-     * 2 weight units a thread (4 threads a column's 64 bytes), a column's 4 scale bytes */
+    /* a chunk's copies: the tile's NT rows (8 units a 64-k half, 8 neighbouring threads a row's
+     * 128 bytes), the columns' packed bytes (RS_CHUNK / 32 threads a column), and each column's
+     * 4 scale bytes of the 128 k holding the chunk */
     auto load = [&](int ch) {
         unsigned char *sx = stage(ch);
         const int k0 = ch * RS_CHUNK;
+        constexpr int XU = NT * RS_CHUNK / 8; /* the rows' 16-byte units */
 #pragma unroll
-        for (int j = 0; j < NT * 16 / RS_THREADS; j++) {
-            const int i = tid + RS_THREADS * j, r = i >> 4, u = i & 15;
-            cp_async<16>(sx + (u >> 3) * RS_X_HALF + wg_sw(r, u & 7), arow[r] + k0 + 8 * u,
-                         r < mr);
+        for (int j = 0; j < (XU + RS_THREADS - 1) / RS_THREADS; j++) {
+            const int i = tid + RS_THREADS * j, r = i / (RS_CHUNK / 8), u = i % (RS_CHUNK / 8);
+            if (XU % RS_THREADS == 0 || i < XU)
+                cp_async<16>(sx + (u >> 3) * RS_X_HALF + wg_sw(r, u & 7), arow[r] + k0 + 8 * u,
+                             r < mr);
         }
-        uint4 *sw = (uint4 *)(sx + 2 * RS_X_HALF);
+        uint4 *sw = (uint4 *)(sx + RS_HALVES * RS_X_HALF);
+        constexpr int UNITS = RS_CHUNK / 32; /* 16-byte units of a column's chunk */
 #pragma unroll
-        for (int j = 0; j < 2; j++) {
-            const int i = tid + RS_THREADS * j, col = i >> 2, n = n0 + col;
-            cp_async<16>(&sw[i], w + (size_t)(n < N ? n : 0) * (K / 2) + k0 / 2 + 16 * (i & 3),
+        for (int j = 0; j < RS_COLS * UNITS / RS_THREADS; j++) {
+            const int i = tid + RS_THREADS * j, col = i / UNITS, n = n0 + col;
+            cp_async<16>(&sw[i], w + (size_t)(n < N ? n : 0) * (K / 2) + k0 / 2 + 16 * (i % UNITS),
                          n < N);
         }
         if (tid < RS_COLS) {
             const int n = n0 + tid;
-            cp_async<4>(sx + RS_S_OFF + 4 * tid, ws + (size_t)(n < N ? n : 0) * (K / 32) + k0 / 32,
-                        n < N);
+            cp_async<4>(sx + RS_S_OFF + 4 * tid,
+                        ws + (size_t)(n < N ? n : 0) * (K / 32) + k0 / 128 * 4, n < N);
         }
     };
 
     float d[NT / 2];
 #pragma unroll
     for (int i = 0; i < NT / 2; i++) d[i] = 0.0f;
-    unsigned a[2][8][4]; /* A fragments of two chunks: one converted while the other multiplies */
+    unsigned a[2][RS_STEPS][4]; /* A fragments of two chunks: one converted while the other multiplies */
     const int chunks = K / RS_CHUNK;
 #pragma unroll
     for (int ch = 0; ch < RS_STAGES - 2; ch++) {
         if (ch < chunks) load(ch);
         cp_async_commit();
     }
+    bool fast = false;
     auto step = [&](int ch, unsigned (*A)[4]) {
         /* chunk ch has landed (this thread's copies; the barrier: everyone's), and every
          * warpgroup's products of chunk ch - 1 are done, so its stage may be refilled */
@@ -958,21 +979,18 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
         if (ch + RS_STAGES - 2 < chunks) load(ch + RS_STAGES - 2);
         cp_async_commit(); /* (empty past the end: keeps the count) */
         const unsigned char *sx = stage(ch);
-        const uint4 *sw = (const uint4 *)(sx + 2 * RS_X_HALF);
-        const uint32_t s_lo = ((const uint32_t *)(sx + RS_S_OFF))[f];
-        const uint32_t s_hi = ((const uint32_t *)(sx + RS_S_OFF))[f + 8];
-        bool fast = true;
-#pragma unroll
-        for (int b = 0; b < 4; b++)
-            fast = fast && fp4_scale_fast((uint8_t)(s_lo >> 8 * b)) &&
-                   fp4_scale_fast((uint8_t)(s_hi >> 8 * b));
+        const uint4 *sw = (const uint4 *)(sx + RS_HALVES * RS_X_HALF);
+        uint32_t s_lo = ((const uint32_t *)(sx + RS_S_OFF))[f];
+        uint32_t s_hi = ((const uint32_t *)(sx + RS_S_OFF))[f + 8];
+        constexpr int UNITS = RS_CHUNK / 32;
+        const int sb0 = (ch * RS_CHUNK / 32) & 3; /* the chunk's first scale byte */
         auto convert = [&](auto fast_c) {
             constexpr bool FAST = decltype(fast_c)::value;
 #pragma unroll
-            for (int q = 0; q < 4; q++) { /* k 32q .. 32q + 31: steps 2q, 2q + 1, scale q */
-                const uint4 lo = sw[4 * f + q], hi = sw[4 * (f + 8) + q];
+            for (int q = 0; q < UNITS; q++) { /* k 32q .. 32q + 31: steps 2q, 2q + 1 */
+                const uint4 lo = sw[UNITS * f + q], hi = sw[UNITS * (f + 8) + q];
                 const unsigned wl[4] = {lo.x, lo.y, lo.z, lo.w}, wh[4] = {hi.x, hi.y, hi.z, hi.w};
-                const uint8_t sl = (uint8_t)(s_lo >> 8 * q), sh = (uint8_t)(s_hi >> 8 * q);
+                const uint8_t sl = (uint8_t)(s_lo >> 8 * (sb0 + q)), sh = (uint8_t)(s_hi >> 8 * (sb0 + q));
 #pragma unroll
                 for (int t = 0; t < 4; t++) { /* step 2q + (t >> 1), fragment words 0, 2 */
                     unsigned pl = e2m1x2_to_bf16_2m126(wl[t], sel);
@@ -989,14 +1007,22 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
                 }
             }
         };
-        if (__all_sync(0xffffffffu, fast))
+        /* once per 128 k: the four scale bytes both chunks of it use */
+        if (ch % (128 / RS_CHUNK) == 0)
+            fast = __all_sync(0xffffffffu,
+                              (fp4_scales_fast4(s_lo) & fp4_scales_fast4(s_hi)) == 0x80808080u);
+        if (fast) {
             convert(std::true_type());
-        else
+        } else {
+            /* (kept from being computed ahead of the branch, for the fast path's registers) */
+            asm volatile("" : "+r"(s_lo), "+r"(s_hi));
             convert(std::false_type());
+        }
         wgmma_fence();
+        const uint64_t desc = wg_desc(sx); /* (a step's 32 bytes: 2 in the address field) */
 #pragma unroll
-        for (int s = 0; s < 8; s++)
-            wgmma_rs<NT>(d, A[s], wg_desc(sx + (s >> 2) * RS_X_HALF + (s & 3) * 32));
+        for (int s = 0; s < RS_STEPS; s++)
+            wgmma_rs<NT>(d, A[s], desc + (s >> 2) * (RS_X_HALF >> 4) + (s & 3) * 2);
         wgmma_commit();
         wgmma_wait<1>(); /* chunk ch - 1's products: done */
     };
@@ -1020,7 +1046,7 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
 }
 
 template <typename OT>
-__global__ void __launch_bounds__(RS_THREADS, 1) gemm_fp4_wgrs(OT *y, const __nv_bfloat16 *x,
+__global__ void __launch_bounds__(RS_THREADS, RS_BLOCKS_PER_SM) gemm_fp4_wgrs(OT *y, const __nv_bfloat16 *x,
                                                                const int32_t *rows,
                                                                const int32_t *offs,
                                                                const uint8_t *w,
@@ -1052,8 +1078,7 @@ __global__ void __launch_bounds__(RS_THREADS, 1) gemm_fp4_wgrs(OT *y, const __nv
     case 4: wgrs_tile<64>(y, w, ws, N, K, m0, mr, n0, smem, arow); break;
     case 5: wgrs_tile<80>(y, w, ws, N, K, m0, mr, n0, smem, arow); break;
     case 6: wgrs_tile<96>(y, w, ws, N, K, m0, mr, n0, smem, arow); break;
-    case 7: wgrs_tile<112>(y, w, ws, N, K, m0, mr, n0, smem, arow); break;
-    default: wgrs_tile<128>(y, w, ws, N, K, m0, mr, n0, smem, arow); break;
+    default: wgrs_tile<RS_ROWS>(y, w, ws, N, K, m0, mr, n0, smem, arow); break;
     }
 #else
     __trap(); /* launched only where wgrs_ready() found the sm_90a image */
