@@ -909,6 +909,18 @@ __device__ __forceinline__ uint32_t fp4_scales_fast4(uint32_t s)
     return (s + 0x78787878u) & ~s & 0x80808080u;
 }
 
+/* cp_async to a shared-memory address already in the shared window */
+template <int BYTES>
+__device__ __forceinline__ void cp_async_sh(uint32_t s, const void *gmem, bool valid)
+{
+    if (BYTES == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
+                     "r"(valid ? 16 : 0));
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(s), "l"(gmem),
+                     "n"(BYTES), "r"(valid ? BYTES : 0));
+}
+
 /* BT_CUDA_WGRS=0 keeps gemm_fp4_tiles (for comparisons), read once */
 static bool wgrs_on(void)
 {
@@ -932,31 +944,26 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
     auto stage = [&](int ch) { return smem + (ch % RS_STAGES) * RS_STAGE_BYTES; };
     /* a chunk's copies: the tile's NT rows (8 units a 64-k half, 8 neighbouring threads a row's
      * 128 bytes), the columns' packed bytes (RS_CHUNK / 32 threads a column), and each column's
-     * 4 scale bytes of the 128 k holding the chunk */
+     * 4 scale bytes of the 128 k holding the chunk. What does not change from chunk to chunk
+     * (shared addresses, the weights' and scales' sources) is computed once. */
+    static_assert(RS_CHUNK == 64 && RS_COLS * 2 == RS_THREADS, "one row unit and one weight unit a thread");
+    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(smem);
+    const uint32_t x_dst = wg_sw(tid >> 3, tid & 7); /* + 4096 j: row tid / 8 + 32 j */
+    const int wn = n0 + (tid >> 1), sn = n0 + tid;
+    const uint8_t *w_src = w + (size_t)(wn < N ? wn : 0) * (K / 2) + 16 * (tid & 1);
+    const uint8_t *s_src = ws + (size_t)(sn < N ? sn : 0) * (K / 32);
     auto load = [&](int ch) {
-        unsigned char *sx = stage(ch);
+        const uint32_t sx = sbase + (ch % RS_STAGES) * RS_STAGE_BYTES;
         const int k0 = ch * RS_CHUNK;
         constexpr int XU = NT * RS_CHUNK / 8; /* the rows' 16-byte units */
 #pragma unroll
         for (int j = 0; j < (XU + RS_THREADS - 1) / RS_THREADS; j++) {
-            const int i = tid + RS_THREADS * j, r = i / (RS_CHUNK / 8), u = i % (RS_CHUNK / 8);
-            if (XU % RS_THREADS == 0 || i < XU)
-                cp_async<16>(sx + (u >> 3) * RS_X_HALF + wg_sw(r, u & 7), arow[r] + k0 + 8 * u,
-                             r < mr);
+            const int r = (tid >> 3) + 32 * j;
+            if (XU % RS_THREADS == 0 || r < NT)
+                cp_async_sh<16>(sx + x_dst + 4096 * j, arow[r] + k0 + 8 * (tid & 7), r < mr);
         }
-        uint4 *sw = (uint4 *)(sx + RS_HALVES * RS_X_HALF);
-        constexpr int UNITS = RS_CHUNK / 32; /* 16-byte units of a column's chunk */
-#pragma unroll
-        for (int j = 0; j < RS_COLS * UNITS / RS_THREADS; j++) {
-            const int i = tid + RS_THREADS * j, col = i / UNITS, n = n0 + col;
-            cp_async<16>(&sw[i], w + (size_t)(n < N ? n : 0) * (K / 2) + k0 / 2 + 16 * (i % UNITS),
-                         n < N);
-        }
-        if (tid < RS_COLS) {
-            const int n = n0 + tid;
-            cp_async<4>(sx + RS_S_OFF + 4 * tid,
-                        ws + (size_t)(n < N ? n : 0) * (K / 32) + k0 / 128 * 4, n < N);
-        }
+        cp_async_sh<16>(sx + RS_HALVES * RS_X_HALF + 16 * tid, w_src + k0 / 2, wn < N);
+        if (tid < RS_COLS) cp_async_sh<4>(sx + RS_S_OFF + 4 * tid, s_src + k0 / 128 * 4, sn < N);
     };
 
     float d[NT / 2];
