@@ -11,8 +11,11 @@
  *           also bf16 weights for gemm.cu); a product of few column tiles has K sliced over
  *           the blocks of a cluster, which add their sums through distributed shared memory;
  *   <= 16 rows otherwise: gemm_skinny, one warp per output column on the CUDA cores;
- *   more FP4 rows, K whole 128-chunks: gemm_fp4_tiles, 64 x 128 tiles of m16n8k16 MMAs fed by a
- *           cp.async pipeline of the rows, packed weights and scales (prefill experts);
+ *   more FP4 rows, K whole 128-chunks, on Hopper: gemm_fp4_wgrs, warpgroup MMAs with the
+ *           weights dequantized in registers as A, an expert's rows (up to 112) as B (prefill
+ *           experts; BT_CUDA_WGRS=0 turns it off);
+ *   elsewhere: gemm_fp4_tiles, 64 x 128 tiles of m16n8k16 MMAs fed by a cp.async pipeline of the
+ *           rows, packed weights and scales;
  *   otherwise: gemm_tile, 64x64 tiles that dequantize the weights into bf16 in shared memory
  *           (exact: e4m3/e2m1 times a power of two fits bf16) for 16x16x16 wmma MMAs.
  * (Dense FP8 products of >= 64 rows go through bt_cuda_dequant_fp8 and cuBLASLt instead.) */
@@ -848,18 +851,21 @@ static bool ft_smem_ready(void)
 /* ---- many rows of FP4 experts on warpgroup MMAs, the weights in registers (Hopper) ---------
  * The prefill's routed experts again, on wgmma (sm_90a) with the weights as A, from registers:
  * a block's two warpgroups take 64 weight columns each (the output's columns), the expert's
- * rows (up to 128, the output's rows) are B in shared memory, shared by both. Each thread
+ * rows (up to 112, the output's rows) are B in shared memory, shared by both. Each thread
  * dequantizes its own A fragments from the packed bytes straight into registers, once per block,
  * so a weight is converted once for all of an expert's rows (gemm_fp4_tiles converts it again
  * for each 64 rows, and its mma.sync products take an instruction each); nothing waits on a
  * barrier between the conversions and the products, which run asynchronously while the next
  * chunk is converted. (Session 7's gemm_fp4_wgmma put the dequantized weights in shared memory
  * as B and lost to gemm_fp4_tiles: two barriers a chunk.) The MMA's N is the tile's rows
- * rounded up to 16, picked per block, so an expert of 70 rows multiplies 80, not 128.
- * K goes in chunks of 128 through a 4-stage cp.async pipeline, two chunks ahead: the rows'
- * bf16 (gathered, 128-byte swizzled in two 64-k halves), the columns' packed bytes and their
- * scales as stored. Both operands take k in natural order, so a thread's A pair (k 2c, 2c + 1)
- * is byte c of a weight word: one byte permute and two shifts make it a bf16 pair. */
+ * rounded up to 16, picked per block, so an expert of 70 rows multiplies 80, not 112.
+ * K goes in chunks of 64 through a 4-stage cp.async pipeline, two chunks ahead: the rows'
+ * bf16 (gathered, 128-byte swizzled), the columns' packed bytes and their scales as stored.
+ * Both operands take k in natural order, so a thread's A pair (k 2c, 2c + 1) is byte c of a
+ * weight word. Two blocks an SM (128 registers): with one, two warps a scheduler left the
+ * conversions' latencies bare. Tried and measured slower: each row one tensor-memory-accelerator
+ * copy (the 128-byte swizzle applied by the copy engine, one row a thread) in place of eight
+ * cp.async a row: 0.63 -> 1.12 ms for [4608, 5120] x 64 experts x 64 rows. */
 enum { RS_COLS = 128, RS_ROWS = 112, RS_CHUNK = 64, RS_STEPS = RS_CHUNK / 16, RS_STAGES = 4,
        RS_THREADS = 256, RS_BLOCKS_PER_SM = 2 };
 enum { RS_X_HALF = RS_ROWS * 128, RS_HALVES = RS_CHUNK / 64, RS_W_BYTES = RS_COLS * RS_CHUNK / 2,
