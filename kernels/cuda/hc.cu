@@ -128,6 +128,123 @@ __global__ void __launch_bounds__(MIX_THREADS) hc_mix_kernel(float *pre, float *
         hc_mix_finish<HC>(pre, post, comb, m[warp], base, scale, t0 + warp, hc_eps, iters);
 }
 
+/* Unsplit mixes (prefill, and decode without a workspace), hc * D a multiple of MT_KC:
+ * the mixes as a product of the rows
+ * [T, hc * D] and fn [MIX, hc * D], tiled. A block takes MT_TOK tokens; K goes through shared
+ * memory in chunks of MT_KC (rows padded by 4 floats: conflict-free float4 loads) over a
+ * 3-stage cp.async pipeline, each warp a slice of every chunk, each lane 4 float4 steps of
+ * MT_TOK / 8 tokens x (MIX / 4) mixes (MT_TOK 8, 16 or 32: the most that still fill the GPU). fn crosses L2 once per MT_TOK tokens; hc_mix_kernel
+ * (4 tokens a block, each row read twice: its norm, then the mixes) took 0.53 ms at 4096
+ * tokens where the rows alone are 0.08 ms of bandwidth. The rows are mixed unnormalized and the
+ * sums scaled by the token's 1 / rms after (as the split kernel does); every sum's order is
+ * fixed by its k, so a token's mixes do not depend on T or on its place in the block. */
+enum { MT_KC = 128, MT_STRIDE = MT_KC + 4, MT_STAGES = 3 };
+
+template <int HC, int MT_TOK>
+constexpr int mt_smem_bytes()
+{
+    return MT_STAGES * (MT_TOK + (2 + HC) * HC) * MT_STRIDE * 4;
+}
+
+template <int HC, int MT_TOK>
+__global__ void __launch_bounds__(MIX_THREADS) hc_mix_tiles_kernel(
+    float *pre, float *post, float *comb, const float *x, const float *fn, const float *base,
+    const float *scale, int T, int D, float eps, float hc_eps, int iters)
+{
+    bt_grid_begin();
+    constexpr int MIX = (2 + HC) * HC, MPL = (MIX + 3) / 4, TPL = MT_TOK / 8;
+    constexpr int STAGE = (MT_TOK + MIX) * MT_STRIDE, WK = MT_KC / (MIX_THREADS / 32);
+    extern __shared__ __align__(16) float mt_smem[];
+    __shared__ float m[MT_TOK][MIX + 1];
+    const int n = HC * D, t0 = blockIdx.x * MT_TOK, tid = threadIdx.x, lane = tid & 31;
+    const int warp = tid >> 5, tg = lane >> 2, mg = lane & 3;
+    auto load = [&](int ch) {
+        float *sx = mt_smem + (ch % MT_STAGES) * STAGE; /* the rows, then fn's */
+        const int k0 = ch * MT_KC;
+        for (int i = tid; i < (MT_TOK + MIX) * (MT_KC / 4); i += MIX_THREADS) {
+            const int r = i / (MT_KC / 4), u = i % (MT_KC / 4);
+            const float *src = r < MT_TOK ? x + (size_t)min(t0 + r, T - 1) * n /* past T: a copy */
+                                          : fn + (size_t)(r - MT_TOK) * n;
+            cp_async<16>(sx + r * MT_STRIDE + 4 * u, src + k0 + 4 * u, true);
+        }
+    };
+    float acc[TPL][MPL], ss[TPL];
+#pragma unroll
+    for (int j = 0; j < TPL; j++) {
+        ss[j] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < MPL; i++) acc[j][i] = 0.0f;
+    }
+    const int chunks = n / MT_KC;
+#pragma unroll
+    for (int ch = 0; ch < MT_STAGES - 1; ch++) {
+        if (ch < chunks) load(ch);
+        cp_async_commit();
+    }
+    for (int ch = 0; ch < chunks; ch++) {
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(MT_STAGES - 2));
+        __syncthreads(); /* chunk ch landed for all; the stage refilled next is read by none */
+        if (ch + MT_STAGES - 1 < chunks) load(ch + MT_STAGES - 1);
+        cp_async_commit();
+        const float *sx = mt_smem + (ch % MT_STAGES) * STAGE, *sf = sx + MT_TOK * MT_STRIDE;
+#pragma unroll
+        for (int q = 0; q < WK / 4; q++) {
+            const int k = warp * WK + 4 * q;
+            float4 xv[TPL], fv[MPL];
+#pragma unroll
+            for (int j = 0; j < TPL; j++) xv[j] = *(const float4 *)(sx + (TPL * tg + j) * MT_STRIDE + k);
+#pragma unroll
+            for (int i = 0; i < MPL; i++) {
+                const int mi = mg * MPL + i;
+                fv[i] = mi < MIX ? *(const float4 *)(sf + mi * MT_STRIDE + k)
+                                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+#pragma unroll
+            for (int j = 0; j < TPL; j++) {
+#pragma unroll
+                for (int i = 0; i < MPL; i++) {
+                    float a = acc[j][i];
+                    a = fmaf(fv[i].x, xv[j].x, a);
+                    a = fmaf(fv[i].y, xv[j].y, a);
+                    a = fmaf(fv[i].z, xv[j].z, a);
+                    acc[j][i] = fmaf(fv[i].w, xv[j].w, a);
+                }
+                float s = ss[j];
+                s = fmaf(xv[j].x, xv[j].x, s);
+                s = fmaf(xv[j].y, xv[j].y, s);
+                s = fmaf(xv[j].z, xv[j].z, s);
+                ss[j] = fmaf(xv[j].w, xv[j].w, s);
+            }
+        }
+    }
+    asm volatile("cp.async.wait_group 0;\n" ::);
+    __syncthreads(); /* the pipeline's memory is the warps' partial sums now */
+    float *red = mt_smem; /* [warp][token][MIX + 1] */
+#pragma unroll
+    for (int j = 0; j < TPL; j++) {
+        float *row = red + (warp * MT_TOK + TPL * tg + j) * (MIX + 1);
+#pragma unroll
+        for (int i = 0; i < MPL; i++)
+            if (mg * MPL + i < MIX) row[mg * MPL + i] = acc[j][i];
+        if (mg == 0) row[MIX] = ss[j];
+    }
+    __syncthreads();
+    for (int e = tid; e < MT_TOK * (MIX + 1); e += MIX_THREADS) {
+        float v = 0.0f;
+#pragma unroll
+        for (int w = 0; w < MIX_THREADS / 32; w++) v += red[w * MT_TOK * (MIX + 1) + e];
+        m[e / (MIX + 1)][e % (MIX + 1)] = v;
+    }
+    __syncthreads();
+    for (int u = warp; u < MT_TOK; u += MIX_THREADS / 32) {
+        if (t0 + u >= T) break;
+        const float r = 1.0f / sqrtf(m[u][MIX] / (float)n + eps);
+        if (lane < MIX) m[u][lane] *= r;
+        __syncwarp();
+        hc_mix_finish<HC>(pre, post, comb, m[u], base, scale, t0 + u, hc_eps, iters);
+    }
+}
+
 /* Few tokens (decode): one block per token streams all of fn ((2+hc)*hc rows of hc*D floats,
  * 2 MB at the real widths), at a block's bandwidth. Split instead: block (z, t) takes the
  * MIX_THREADS elements z*MIX_THREADS.. of the flattened streams and writes its partial
@@ -208,6 +325,15 @@ __global__ void hc_mix_fold_kernel(float *pre, float *post, float *comb, const f
     hc_mix_fold<HC>(pre, post, comb, work, base, scale, D, eps, hc_eps, iters, splits, blockIdx.x);
 }
 
+/* hc_mix_tiles_kernel's shared memory allowed (both instances), once a device */
+template <int H> static bool mt_allowed(void)
+{
+    static signed char a8[BT__MAX_DEVICES], a16[BT__MAX_DEVICES], a32[BT__MAX_DEVICES];
+    return bt__smem_allowed((const void *)hc_mix_tiles_kernel<H, 8>, mt_smem_bytes<H, 8>(), a8) &&
+           bt__smem_allowed((const void *)hc_mix_tiles_kernel<H, 16>, mt_smem_bytes<H, 16>(), a16) &&
+           bt__smem_allowed((const void *)hc_mix_tiles_kernel<H, 32>, mt_smem_bytes<H, 32>(), a32);
+}
+
 /* split the mix when the tokens alone leave most of the GPU idle */
 static int hc_splits(int T, int hc, int D)
 {
@@ -237,6 +363,21 @@ extern "C" bt_status_t bt_cuda_hc_mix_ws(float *pre, float *post, float *comb, c
                        D, splits);
             bt__launch(hc_mix_fold_kernel<H>, T, FOLD_WARPS * 32, 0, stream, pre, post, comb, work,
                        base, scale, D, eps, hc_eps, iters, splits);
+        } else if ((H * D) % MT_KC == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)fn % 16 == 0 &&
+                   mt_allowed<H>()) {
+            /* (for any T: a token's mixes keep their bits in any batch) the most tokens a
+             * block (32, 16, 8) that leave about 100 blocks or more: the block is bound by its
+             * shared-memory loads, which 32 tokens use best */
+#define BT__MT(TOK)                                                                                \
+    bt__launch(hc_mix_tiles_kernel<H, TOK>, bt__cdiv(T, TOK), MIX_THREADS, mt_smem_bytes<H, TOK>(), \
+               stream, pre, post, comb, x, fn, base, scale, T, D, eps, hc_eps, iters)
+            if (T >= 32 * 100)
+                BT__MT(32);
+            else if (T >= 16 * 100)
+                BT__MT(16);
+            else
+                BT__MT(8);
+#undef BT__MT
         } else if (T >= 4 * 132) { /* four tokens a block still fill the GPU */
             bt__launch(hc_mix_kernel<H, 4>, bt__cdiv(T, 4), MIX_THREADS, 0, stream, pre, post, comb,
                        x, fn, base, scale, T, D, eps, hc_eps, iters);

@@ -203,6 +203,13 @@ static const case_t cases[] = {
      * kernel bit for bit */
     {OP_HC_MIX, F32, {530, 4, 256}, 0},
     {OP_HC_MIX, F32, {600, 2, 64}, 0},
+    /* hc * D whole 128-chunks: the tiled kernel at 8, 16 and 32 tokens a block (a part-full
+     * last block each); hc * D = 160: the 4-token kernel */
+    {OP_HC_MIX, F32, {700, 4, 256}, 0},
+    {OP_HC_MIX, F32, {2000, 4, 128}, 0},
+    {OP_HC_MIX, F32, {4300, 4, 256}, 0},
+    {OP_HC_MIX, F32, {560, 1, 128}, 0},
+    {OP_HC_MIX, F32, {540, 4, 40}, 0},
     /* split over blocks up to 66 tokens (67: one block per token, the workspace unused) */
     {OP_HC_MIX_WS, F32, {1, 4, 5120}, 0},
     {OP_HC_MIX_WS, F32, {16, 4, 5120}, 0},
@@ -407,6 +414,7 @@ static const case_t cases[] = {
     {OP_GEMM_FP4, BF16, {64, 5120, 2304, 8192, 1365}, 1},
     {OP_RMSNORM, BF16, {4096, 5120, 1}, 1},
     {OP_HC_MIX, F32, {1024, 4, 5120}, 1},
+    {OP_HC_MIX, F32, {4096, 4, 5120}, 1},
     {OP_HC_MIX, F32, {1, 4, 5120}, 1},
     {OP_HC_MIX_WS, F32, {1, 4, 5120}, 1},
     {OP_HC_MIX_WS, F32, {16, 4, 5120}, 1},
