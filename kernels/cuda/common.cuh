@@ -168,17 +168,22 @@ __device__ __forceinline__ void mma_bf16_16816(float *d, const unsigned *a, unsi
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-/* bytes (4, 8 or 16) from global to shared memory, asynchronously; zeros where !valid */
+/* bytes (4, 8 or 16) from global to shared memory, asynchronously; zeros where !valid; the
+ * destination as an address in the shared window (s) or a pointer (smem) */
 template <int BYTES>
-__device__ __forceinline__ void cp_async(void *smem, const void *gmem, bool valid)
+__device__ __forceinline__ void cp_async_sh(unsigned s, const void *gmem, bool valid)
 {
-    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
     if (BYTES == 16)
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
                      "r"(valid ? 16 : 0));
     else
         asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(s), "l"(gmem),
                      "n"(BYTES), "r"(valid ? BYTES : 0));
+}
+template <int BYTES>
+__device__ __forceinline__ void cp_async(void *smem, const void *gmem, bool valid)
+{
+    cp_async_sh<BYTES>((unsigned)__cvta_generic_to_shared(smem), gmem, valid);
 }
 __device__ __forceinline__ void cp_async_commit()
 {

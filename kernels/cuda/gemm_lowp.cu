@@ -915,18 +915,6 @@ __device__ __forceinline__ uint32_t fp4_scales_fast4(uint32_t s)
     return (s + 0x78787878u) & ~s & 0x80808080u;
 }
 
-/* cp_async to a shared-memory address already in the shared window */
-template <int BYTES>
-__device__ __forceinline__ void cp_async_sh(uint32_t s, const void *gmem, bool valid)
-{
-    if (BYTES == 16)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
-                     "r"(valid ? 16 : 0));
-    else
-        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(s), "l"(gmem),
-                     "n"(BYTES), "r"(valid ? BYTES : 0));
-}
-
 /* BT_CUDA_WGRS=0 keeps gemm_fp4_tiles (for comparisons), read once */
 static bool wgrs_on(void)
 {

@@ -145,21 +145,32 @@ __global__ void __launch_bounds__(IXT_WARPS * 32) index_scores_tc_kernel(
     }
     /* nr rows of a [*, dim] f32 matrix into bf16 rows of sm; zeros past `valid` rows and past
      * dim */
+    /* (element e's row and column advance by constant steps: a division per element by the
+     * run-time row width was a large share of the kernel's instructions) */
+    constexpr int NT = IXT_WARPS * 32;
     auto stage = [&](__nv_bfloat16 *sm, const float *src, int nr, int valid) {
         if (vec) {
-            const int q4 = dp / 4;
-            for (int e = tid; e < nr * q4; e += IXT_WARPS * 32) {
-                int r = e / q4, c = (e % q4) * 4;
+            const int q4 = dp / 4, dr = NT / q4, dc = NT % q4;
+            int r = tid / q4, c4 = tid % q4;
+            for (int e = tid; e < nr * q4; e += NT) {
+                const int c = c4 * 4;
                 float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
                 if (r < valid && c < dim) v = *(const float4 *)(src + (size_t)r * dim + c);
                 __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
                 *(uint2 *)(sm + (size_t)r * ld + c) = make_uint2(*(unsigned *)&lo, *(unsigned *)&hi);
+                r += dr;
+                c4 += dc;
+                if (c4 >= q4) c4 -= q4, r++;
             }
         } else {
-            for (int e = tid; e < nr * dp; e += IXT_WARPS * 32) {
-                int r = e / dp, c = e % dp;
+            const int dr = NT / dp, dc = NT % dp;
+            int r = tid / dp, c = tid % dp;
+            for (int e = tid; e < nr * dp; e += NT) {
                 float v = r < valid && c < dim ? src[(size_t)r * dim + c] : 0.0f;
                 sm[(size_t)r * ld + c] = __float2bfloat16_rn(v);
+                r += dr;
+                c += dc;
+                if (c >= dp) c -= dp, r++;
             }
         }
     };
