@@ -131,12 +131,37 @@ __global__ void moe_combine_kernel(float *out, const float *y, const int32_t *ro
     }
 }
 
+/* The same, 4 columns a thread (D % 4 == 0, 16-byte aligned rows): a quarter of the loads,
+ * four sums in flight; each sum in the same order */
+__global__ void moe_combine4_kernel(float *out, const float *y, const int32_t *rows,
+                                    const int32_t *n, int stride, const float *shared, int D)
+{
+    bt_grid_begin();
+    int t = blockIdx.x, cnt = n[t];
+    const int32_t *rl = rows + (size_t)t * stride;
+    for (int d = 4 * threadIdx.x; d < D; d += 4 * blockDim.x) {
+        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int j = 0; j < cnt; j++) {
+            const float4 v = *(const float4 *)(y + (size_t)rl[j] * D + d);
+            acc.x += v.x, acc.y += v.y, acc.z += v.z, acc.w += v.w;
+        }
+        if (shared) {
+            const float4 s = *(const float4 *)(shared + (size_t)t * D + d);
+            acc.x += s.x, acc.y += s.y, acc.z += s.z, acc.w += s.w;
+        }
+        *(float4 *)(out + (size_t)t * D + d) = acc;
+    }
+}
+
 extern "C" bt_status_t bt_cuda_moe_combine(float *out, const float *y, const int32_t *rows,
                                            const int32_t *n, int stride, const float *shared,
                                            int T, int D, cudaStream_t stream)
 {
     BT_CUDA_REQUIRE(out && rows && n && T > 0 && D > 0 && stride >= 0);
-    bt__launch(moe_combine_kernel, T, 256, 0, stream, out, y, rows, n, stride, shared, D);
+    if (D % 4 == 0 && ((uintptr_t)out | (uintptr_t)y | (uintptr_t)shared) % 16 == 0)
+        bt__launch(moe_combine4_kernel, T, 256, 0, stream, out, y, rows, n, stride, shared, D);
+    else
+        bt__launch(moe_combine_kernel, T, 256, 0, stream, out, y, rows, n, stride, shared, D);
     return bt__cuda_launched("moe_combine");
 }
 

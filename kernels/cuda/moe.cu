@@ -178,11 +178,44 @@ __global__ void swiglu_kernel(OT *h, const float *gu, const float *wt, int rows,
     bt_st(h, i, wt ? wt[r] * y : y);
 }
 
+/* The same, 4 columns a thread (I % 4 == 0, gu 16-byte aligned): a row a grid row, so no
+ * division per element (it was 64-bit), and 16-byte loads. The same arithmetic per element. */
+template <typename OT>
+__global__ void swiglu4_kernel(OT *h, const float *gu, const float *wt, int I, float limit)
+{
+    bt_grid_begin();
+    const int c = 4 * (blockIdx.x * blockDim.x + threadIdx.x), r = blockIdx.y;
+    if (c >= I) return;
+    const float4 g4 = *(const float4 *)(gu + (size_t)r * 2 * I + c);
+    const float4 u4 = *(const float4 *)(gu + (size_t)r * 2 * I + I + c);
+    const float g[4] = {g4.x, g4.y, g4.z, g4.w}, uu[4] = {u4.x, u4.y, u4.z, u4.w};
+    const float w = wt ? wt[r] : 1.0f;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        float gj = g[j], u = uu[j];
+        if (limit > 0.0f) {
+            u = fminf(fmaxf(u, -limit), limit);
+            gj = fminf(gj, limit);
+        }
+        const float y = gj / (1.0f + expf(-gj)) * u;
+        bt_st(h, (size_t)r * I + c + j, wt ? w * y : y);
+    }
+}
+
 extern "C" bt_status_t bt_cuda_swiglu(void *h, bt_cuda_dtype_t h_dtype, const float *gu,
                                       const float *wt, int rows, int I, float limit,
                                       cudaStream_t stream)
 {
     BT_CUDA_REQUIRE(h && gu && bt__dtype_ok(h_dtype) && rows > 0 && I > 0);
+    if (I % 4 == 0 && (uintptr_t)gu % 16 == 0 && rows <= 65535) {
+        const dim3 grid(bt__cdiv(I / 4, 128), rows);
+        if (h_dtype == BT_CUDA_F32)
+            bt__launch(swiglu4_kernel<float>, grid, 128, 0, stream, (float *)h, gu, wt, I, limit);
+        else
+            bt__launch(swiglu4_kernel<__nv_bfloat16>, grid, 128, 0, stream, (__nv_bfloat16 *)h,
+                       gu, wt, I, limit);
+        return bt__cuda_launched("swiglu");
+    }
     int blocks = bt__cdiv((long long)rows * I, 256);
     if (h_dtype == BT_CUDA_F32)
         bt__launch(swiglu_kernel<float>, blocks, 256, 0, stream, (float *)h, gu, wt, rows, I,

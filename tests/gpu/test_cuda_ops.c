@@ -258,6 +258,8 @@ static const case_t cases[] = {
     {OP_MOE_ROUTE, F32, {2, 1000, 16}, 0},
     {OP_SWIGLU, F32, {5, 2304, 1}, 0},
     {OP_SWIGLU, BF16, {3, 77, 0}, 0},
+    {OP_SWIGLU, BF16, {70, 2304, 1}, 0}, /* 4 columns a thread */
+    {OP_SWIGLU, F32, {9, 516, 0}, 0},
     {OP_ENGRAM_GATHER, F32, {3, 24, 256, 1000}, 0},
     {OP_ENGRAM_GATHER, BF16, {2, 5, 64, 37}, 0},
     {OP_ENGRAM_INJECT, F32, {3, 4, 5120}, 0},
@@ -298,6 +300,7 @@ static const case_t cases[] = {
     {OP_SCALE, F32, {100003}, 0},
     {OP_MOE_COMBINE, F32, {5, 64, 6, 1}, 0},
     {OP_MOE_COMBINE, F32, {17, 5120, 6, 0}, 0},
+    {OP_MOE_COMBINE, F32, {9, 1030, 6, 1}, 0}, /* D % 4 != 0: one column a thread */
     {OP_COMPRESS, F32, {3, 4, 40}, 0},
     {OP_COMPRESS, F32, {9, 1, 512}, 0},
     {OP_COMPRESS, F32, {5, 16, 512}, 0},
