@@ -866,12 +866,23 @@ static bool ft_smem_ready(void)
  * conversions' latencies bare. Tried and measured slower: each row one tensor-memory-accelerator
  * copy (the 128-byte swizzle applied by the copy engine, one row a thread) in place of eight
  * cp.async a row: 0.63 -> 1.12 ms for [4608, 5120] x 64 experts x 64 rows. */
-enum { RS_COLS = 128, RS_ROWS = 112, RS_CHUNK = 64, RS_STEPS = RS_CHUNK / 16, RS_STAGES = 4,
-       RS_THREADS = 256, RS_BLOCKS_PER_SM = 2 };
-enum { RS_X_HALF = RS_ROWS * 128, RS_HALVES = RS_CHUNK / 64, RS_W_BYTES = RS_COLS * RS_CHUNK / 2,
-       RS_S_OFF = RS_HALVES * RS_X_HALF + RS_W_BYTES,
-       RS_STAGE_BYTES = (RS_S_OFF + 4 * RS_COLS + 1023) / 1024 * 1024,
-       RS_SMEM = RS_STAGES * RS_STAGE_BYTES + 1024 /* alignment */ };
+enum {
+    RS_COLS = 128,
+    RS_ROWS = 112,
+    RS_CHUNK = 64,
+    RS_STEPS = RS_CHUNK / 16,
+    RS_STAGES = 4,
+    RS_THREADS = 256,
+    RS_BLOCKS_PER_SM = 2
+};
+enum {
+    RS_X_HALF = RS_ROWS * 128,
+    RS_HALVES = RS_CHUNK / 64,
+    RS_W_BYTES = RS_COLS * RS_CHUNK / 2,
+    RS_S_OFF = RS_HALVES * RS_X_HALF + RS_W_BYTES,
+    RS_STAGE_BYTES = (RS_S_OFF + 4 * RS_COLS + 1023) / 1024 * 1024,
+    RS_SMEM = RS_STAGES * RS_STAGE_BYTES + 1024 /* alignment */
+};
 
 #ifdef BT_WGMMA
 __device__ int wgrs_built = 1;
@@ -927,8 +938,8 @@ static bool wgrs_on(void)
 }
 
 template <int NT, typename OT>
-__device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t *ws, int N,
-                                          int K, int m0, int mr, int n0, unsigned char *smem,
+__device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t *ws, int N, int K,
+                                          int m0, int mr, int n0, unsigned char *smem,
                                           const __nv_bfloat16 *const *arow)
 {
 #ifdef BT_WGMMA
@@ -940,7 +951,8 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
      * 128 bytes), the columns' packed bytes (RS_CHUNK / 32 threads a column), and each column's
      * 4 scale bytes of the 128 k holding the chunk. What does not change from chunk to chunk
      * (shared addresses, the weights' and scales' sources) is computed once. */
-    static_assert(RS_CHUNK == 64 && RS_COLS * 2 == RS_THREADS, "one row unit and one weight unit a thread");
+    static_assert(RS_CHUNK == 64 && RS_COLS * 2 == RS_THREADS,
+                  "one row unit and one weight unit a thread");
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(smem);
     const uint32_t x_dst = wg_sw(tid >> 3, tid & 7); /* + 4096 j: row tid / 8 + 32 j */
     const int wn = n0 + (tid >> 1), sn = n0 + tid;
@@ -962,8 +974,10 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
 
     float d[NT / 2];
 #pragma unroll
-    for (int i = 0; i < NT / 2; i++) d[i] = 0.0f;
-    unsigned a[2][RS_STEPS][4]; /* A fragments of two chunks: one converted while the other multiplies */
+    for (int i = 0; i < NT / 2; i++)
+        d[i] = 0.0f;
+    /* A fragments of two chunks: one converted while the other multiplies */
+    unsigned a[2][RS_STEPS][4];
     const int chunks = K / RS_CHUNK;
 #pragma unroll
     for (int ch = 0; ch < RS_STAGES - 2; ch++) {
@@ -971,7 +985,7 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
         cp_async_commit();
     }
     bool fast = false;
-    auto step = [&](int ch, unsigned (*A)[4]) {
+    auto step = [&](int ch, unsigned(*A)[4]) {
         /* chunk ch has landed (this thread's copies; the barrier: everyone's), and every
          * warpgroup's products of chunk ch - 1 are done, so its stage may be refilled */
         asm volatile("cp.async.wait_group %0;\n" ::"n"(RS_STAGES - 3));
@@ -991,7 +1005,8 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
             for (int q = 0; q < UNITS; q++) { /* k 32q .. 32q + 31: steps 2q, 2q + 1 */
                 const uint4 lo = sw[UNITS * f + q], hi = sw[UNITS * (f + 8) + q];
                 const unsigned wl[4] = {lo.x, lo.y, lo.z, lo.w}, wh[4] = {hi.x, hi.y, hi.z, hi.w};
-                const uint8_t sl = (uint8_t)(s_lo >> 8 * (sb0 + q)), sh = (uint8_t)(s_hi >> 8 * (sb0 + q));
+                const uint8_t sl = (uint8_t)(s_lo >> 8 * (sb0 + q)),
+                              sh = (uint8_t)(s_hi >> 8 * (sb0 + q));
 #pragma unroll
                 for (int t = 0; t < 4; t++) { /* step 2q + (t >> 1), fragment words 0, 2 */
                     unsigned pl = e2m1x2_to_bf16_2m126(wl[t], sel);
@@ -1034,7 +1049,9 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
     wgmma_wait<0>();
     asm volatile("cp.async.wait_group 0;\n" ::);
 #pragma unroll
-    for (int i = 0; i < NT / 2; i++) asm volatile("" : "+f"(d[i])::"memory"); /* after the wait */
+    for (int i = 0; i < NT / 2; i++) { /* (read after the wait) */
+        asm volatile("" : "+f"(d[i])::"memory");
+    }
     /* d[4j + t]: column f + 8 (t >> 1), row 8j + 2c + (t & 1) */
 #pragma unroll
     for (int j = 0; j < NT / 8; j++)
@@ -1047,12 +1064,9 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
 }
 
 template <typename OT>
-__global__ void __launch_bounds__(RS_THREADS, RS_BLOCKS_PER_SM) gemm_fp4_wgrs(OT *y, const __nv_bfloat16 *x,
-                                                               const int32_t *rows,
-                                                               const int32_t *offs,
-                                                               const uint8_t *w,
-                                                               const uint8_t *ws, int N, int K,
-                                                               const int32_t *elist)
+__global__ void __launch_bounds__(RS_THREADS, RS_BLOCKS_PER_SM)
+    gemm_fp4_wgrs(OT *y, const __nv_bfloat16 *x, const int32_t *rows, const int32_t *offs,
+                  const uint8_t *w, const uint8_t *ws, int N, int K, const int32_t *elist)
 {
 #ifdef BT_WGMMA
     bt_grid_begin();
@@ -1073,13 +1087,27 @@ __global__ void __launch_bounds__(RS_THREADS, RS_BLOCKS_PER_SM) gemm_fp4_wgrs(OT
     unsigned char *smem =
         rs_smem + ((1024 - ((uint32_t)__cvta_generic_to_shared(rs_smem) & 1023)) & 1023);
     switch ((mr + 15) / 16) {
-    case 1: wgrs_tile<16>(y, w, ws, N, K, m0, mr, n0, smem, arow); break;
-    case 2: wgrs_tile<32>(y, w, ws, N, K, m0, mr, n0, smem, arow); break;
-    case 3: wgrs_tile<48>(y, w, ws, N, K, m0, mr, n0, smem, arow); break;
-    case 4: wgrs_tile<64>(y, w, ws, N, K, m0, mr, n0, smem, arow); break;
-    case 5: wgrs_tile<80>(y, w, ws, N, K, m0, mr, n0, smem, arow); break;
-    case 6: wgrs_tile<96>(y, w, ws, N, K, m0, mr, n0, smem, arow); break;
-    default: wgrs_tile<RS_ROWS>(y, w, ws, N, K, m0, mr, n0, smem, arow); break;
+    case 1:
+        wgrs_tile<16>(y, w, ws, N, K, m0, mr, n0, smem, arow);
+        break;
+    case 2:
+        wgrs_tile<32>(y, w, ws, N, K, m0, mr, n0, smem, arow);
+        break;
+    case 3:
+        wgrs_tile<48>(y, w, ws, N, K, m0, mr, n0, smem, arow);
+        break;
+    case 4:
+        wgrs_tile<64>(y, w, ws, N, K, m0, mr, n0, smem, arow);
+        break;
+    case 5:
+        wgrs_tile<80>(y, w, ws, N, K, m0, mr, n0, smem, arow);
+        break;
+    case 6:
+        wgrs_tile<96>(y, w, ws, N, K, m0, mr, n0, smem, arow);
+        break;
+    default:
+        wgrs_tile<RS_ROWS>(y, w, ws, N, K, m0, mr, n0, smem, arow);
+        break;
     }
 #else
     __trap(); /* launched only where wgrs_ready() found the sm_90a image */
@@ -1098,10 +1126,10 @@ static bool wgrs_ready(void)
     }
     if (!built[dev]) {
         int major = 0, flag = 0;
-        bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ==
-                      cudaSuccess &&
-                  major == 9 &&
-                  cudaMemcpyFromSymbol(&flag, wgrs_built, sizeof flag) == cudaSuccess && flag == 1;
+        bool ok =
+            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+            major == 9 && cudaMemcpyFromSymbol(&flag, wgrs_built, sizeof flag) == cudaSuccess &&
+            flag == 1;
         if (!ok) cudaGetLastError();
         built[dev] = ok ? 1 : -1; /* (any thread writes the same value) */
     }

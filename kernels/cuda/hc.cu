@@ -133,23 +133,24 @@ __global__ void __launch_bounds__(MIX_THREADS) hc_mix_kernel(float *pre, float *
  * [T, hc * D] and fn [MIX, hc * D], tiled. A block takes MT_TOK tokens; K goes through shared
  * memory in chunks of MT_KC (rows padded by 4 floats: conflict-free float4 loads) over a
  * 3-stage cp.async pipeline, each warp a slice of every chunk, each lane 4 float4 steps of
- * MT_TOK / 8 tokens x (MIX / 4) mixes (MT_TOK 8, 16 or 32: the most that still fill the GPU). fn crosses L2 once per MT_TOK tokens; hc_mix_kernel
- * (4 tokens a block, each row read twice: its norm, then the mixes) took 0.53 ms at 4096
- * tokens where the rows alone are 0.08 ms of bandwidth. The rows are mixed unnormalized and the
- * sums scaled by the token's 1 / rms after (as the split kernel does); every sum's order is
- * fixed by its k, so a token's mixes do not depend on T or on its place in the block. */
+ * MT_TOK / 8 tokens x (MIX / 4) mixes (MT_TOK 8, 16 or 32: the most that still fill the GPU). fn
+ * crosses L2 once per MT_TOK tokens; hc_mix_kernel (4 tokens a block, each row read twice: its
+ * norm, then the mixes) took 0.53 ms at 4096 tokens where the rows alone are 0.08 ms of bandwidth.
+ * The rows are mixed unnormalized and the sums scaled by the token's 1 / rms after (as the split
+ * kernel does); every sum's order is fixed by its k, so a token's mixes do not depend on T or on
+ * its place in the block. */
 enum { MT_KC = 128, MT_STRIDE = MT_KC + 4, MT_STAGES = 3 };
 
-template <int HC, int MT_TOK>
-constexpr int mt_smem_bytes()
+template <int HC, int MT_TOK> constexpr int mt_smem_bytes()
 {
     return MT_STAGES * (MT_TOK + (2 + HC) * HC) * MT_STRIDE * 4;
 }
 
 template <int HC, int MT_TOK>
-__global__ void __launch_bounds__(MIX_THREADS) hc_mix_tiles_kernel(
-    float *pre, float *post, float *comb, const float *x, const float *fn, const float *base,
-    const float *scale, int T, int D, float eps, float hc_eps, int iters)
+__global__ void __launch_bounds__(MIX_THREADS)
+    hc_mix_tiles_kernel(float *pre, float *post, float *comb, const float *x, const float *fn,
+                        const float *base, const float *scale, int T, int D, float eps,
+                        float hc_eps, int iters)
 {
     bt_grid_begin();
     constexpr int MIX = (2 + HC) * HC, MPL = (MIX + 3) / 4, TPL = MT_TOK / 8;
@@ -173,7 +174,8 @@ __global__ void __launch_bounds__(MIX_THREADS) hc_mix_tiles_kernel(
     for (int j = 0; j < TPL; j++) {
         ss[j] = 0.0f;
 #pragma unroll
-        for (int i = 0; i < MPL; i++) acc[j][i] = 0.0f;
+        for (int i = 0; i < MPL; i++)
+            acc[j][i] = 0.0f;
     }
     const int chunks = n / MT_KC;
 #pragma unroll
@@ -192,7 +194,8 @@ __global__ void __launch_bounds__(MIX_THREADS) hc_mix_tiles_kernel(
             const int k = warp * WK + 4 * q;
             float4 xv[TPL], fv[MPL];
 #pragma unroll
-            for (int j = 0; j < TPL; j++) xv[j] = *(const float4 *)(sx + (TPL * tg + j) * MT_STRIDE + k);
+            for (int j = 0; j < TPL; j++)
+                xv[j] = *(const float4 *)(sx + (TPL * tg + j) * MT_STRIDE + k);
 #pragma unroll
             for (int i = 0; i < MPL; i++) {
                 const int mi = mg * MPL + i;
@@ -218,7 +221,7 @@ __global__ void __launch_bounds__(MIX_THREADS) hc_mix_tiles_kernel(
         }
     }
     asm volatile("cp.async.wait_group 0;\n" ::);
-    __syncthreads(); /* the pipeline's memory is the warps' partial sums now */
+    __syncthreads();      /* the pipeline's memory is the warps' partial sums now */
     float *red = mt_smem; /* [warp][token][MIX + 1] */
 #pragma unroll
     for (int j = 0; j < TPL; j++) {
@@ -232,7 +235,8 @@ __global__ void __launch_bounds__(MIX_THREADS) hc_mix_tiles_kernel(
     for (int e = tid; e < MT_TOK * (MIX + 1); e += MIX_THREADS) {
         float v = 0.0f;
 #pragma unroll
-        for (int w = 0; w < MIX_THREADS / 32; w++) v += red[w * MT_TOK * (MIX + 1) + e];
+        for (int w = 0; w < MIX_THREADS / 32; w++)
+            v += red[w * MT_TOK * (MIX + 1) + e];
         m[e / (MIX + 1)][e % (MIX + 1)] = v;
     }
     __syncthreads();
@@ -330,7 +334,8 @@ template <int H> static bool mt_allowed(void)
 {
     static signed char a8[BT__MAX_DEVICES], a16[BT__MAX_DEVICES], a32[BT__MAX_DEVICES];
     return bt__smem_allowed((const void *)hc_mix_tiles_kernel<H, 8>, mt_smem_bytes<H, 8>(), a8) &&
-           bt__smem_allowed((const void *)hc_mix_tiles_kernel<H, 16>, mt_smem_bytes<H, 16>(), a16) &&
+           bt__smem_allowed((const void *)hc_mix_tiles_kernel<H, 16>, mt_smem_bytes<H, 16>(),
+                            a16) &&
            bt__smem_allowed((const void *)hc_mix_tiles_kernel<H, 32>, mt_smem_bytes<H, 32>(), a32);
 }
 
@@ -369,8 +374,9 @@ extern "C" bt_status_t bt_cuda_hc_mix_ws(float *pre, float *post, float *comb, c
              * block (32, 16, 8) that leave about 100 blocks or more: the block is bound by its
              * shared-memory loads, which 32 tokens use best */
 #define BT__MT(TOK)                                                                                \
-    bt__launch(hc_mix_tiles_kernel<H, TOK>, bt__cdiv(T, TOK), MIX_THREADS, mt_smem_bytes<H, TOK>(), \
-               stream, pre, post, comb, x, fn, base, scale, T, D, eps, hc_eps, iters)
+    bt__launch(hc_mix_tiles_kernel<H, TOK>, bt__cdiv(T, TOK), MIX_THREADS,                         \
+               mt_smem_bytes<H, TOK>(), stream, pre, post, comb, x, fn, base, scale, T, D, eps,    \
+               hc_eps, iters)
             if (T >= 32 * 100)
                 BT__MT(32);
             else if (T >= 16 * 100)

@@ -212,8 +212,8 @@ extern "C" bt_status_t bt_cuda_swiglu(void *h, bt_cuda_dtype_t h_dtype, const fl
         if (h_dtype == BT_CUDA_F32)
             bt__launch(swiglu4_kernel<float>, grid, 128, 0, stream, (float *)h, gu, wt, I, limit);
         else
-            bt__launch(swiglu4_kernel<__nv_bfloat16>, grid, 128, 0, stream, (__nv_bfloat16 *)h,
-                       gu, wt, I, limit);
+            bt__launch(swiglu4_kernel<__nv_bfloat16>, grid, 128, 0, stream, (__nv_bfloat16 *)h, gu,
+                       wt, I, limit);
         return bt__cuda_launched("swiglu");
     }
     int blocks = bt__cdiv((long long)rows * I, 256);
