@@ -431,13 +431,18 @@ __device__ __forceinline__ __nv_bfloat162 fp8_scale2(uint8_t sv)
     return __halves2bfloat162(sb, sb);
 }
 
+/* a bf16 pair times s2 */
+__device__ __forceinline__ unsigned bf16x2_mul(unsigned v, __nv_bfloat162 s2)
+{
+    __nv_bfloat162 p = __hmul2(*(__nv_bfloat162 *)&v, s2);
+    return *(unsigned *)&p;
+}
+
 __device__ __forceinline__ unsigned e4m3x2_to_bf16_scaled(unsigned v, __nv_bfloat162 s2)
 {
     const __half2_raw h2 = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(v & 0xffffu), __NV_E4M3);
     const unsigned h = (unsigned)h2.x | (unsigned)h2.y << 16;
-    unsigned b = ((h >> 3) & 0x0fff0fffu) | (h & 0x80008000u);
-    __nv_bfloat162 p = __hmul2(*(__nv_bfloat162 *)&b, s2);
-    return *(unsigned *)&p;
+    return bf16x2_mul(((h >> 3) & 0x0fff0fffu) | (h & 0x80008000u), s2);
 }
 
 /* 8 e2m1 codes (a word, low nibble first) times their scale -> 4 words of bf16 pairs in k
@@ -449,29 +454,30 @@ __device__ __forceinline__ void fp4x8_to_bf16_fast(unsigned v, __nv_bfloat162 s2
 {
     e2m1x8_to_bf16_pairs<SPREAD>(v, out);
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
-        __nv_bfloat162 p = __hmul2(*(__nv_bfloat162 *)&out[j], s2);
-        out[j] = *(unsigned *)&p;
-    }
+    for (int j = 0; j < 4; j++)
+        out[j] = bf16x2_mul(out[j], s2);
 }
 
-/* The same for any scale byte, in two multiplies: by 2^126 (the codes' values, exact), then by
- * the scale as a bf16 (2^-127 a subnormal, 0xff NaN): exact, products under 2^-126 included
- * (bf16 multiplies keep subnormals, and e2m1 times a power of two has at most 2 significant
- * bits); overflow gives infinity as f32 does. Branch-free and light on registers: the slow path of
- * kernels whose fast path holds many. */
-template <bool SPREAD = false>
-__device__ __forceinline__ void fp4x8_to_bf16_scaled(unsigned v, uint8_t sv, unsigned *out)
+/* A pair of those codes (bf16, times 2^-126) times any scale byte, in two multiplies: by 2^126
+ * (the codes' values, exact), then by the scale as a bf16 (2^-127 a subnormal, 0xff NaN):
+ * exact, products under 2^-126 included (bf16 multiplies keep subnormals, and e2m1 times a power
+ * of two has at most 2 significant bits); overflow gives infinity as f32 does. Branch-free and
+ * light on registers: the slow path of kernels whose fast path holds many. */
+__device__ __forceinline__ unsigned fp4x2_scaled_slow(unsigned v, uint8_t sv)
 {
     const unsigned short bits = sv == 0 ? 0x0040 : sv == 0xff ? 0x7fc0 : (unsigned short)(sv << 7);
     const __nv_bfloat16 sb = __ushort_as_bfloat16(bits), up = __ushort_as_bfloat16(0x7e80);
-    const __nv_bfloat162 s2 = __halves2bfloat162(sb, sb), up2 = __halves2bfloat162(up, up);
+    return bf16x2_mul(bf16x2_mul(v, __halves2bfloat162(up, up)), __halves2bfloat162(sb, sb));
+}
+
+/* fp4x8_to_bf16_fast for any scale byte */
+template <bool SPREAD = false>
+__device__ __forceinline__ void fp4x8_to_bf16_scaled(unsigned v, uint8_t sv, unsigned *out)
+{
     e2m1x8_to_bf16_pairs<SPREAD>(v, out);
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
-        __nv_bfloat162 p = __hmul2(__hmul2(*(__nv_bfloat162 *)&out[j], up2), s2);
-        out[j] = *(unsigned *)&p;
-    }
+    for (int j = 0; j < 4; j++)
+        out[j] = fp4x2_scaled_slow(out[j], sv);
 }
 
 /* blocks an SM the registers must allow: 5 for the narrow FP8 and bf16 instances (at most 51
@@ -904,20 +910,6 @@ __device__ __forceinline__ unsigned e2m1x2_to_bf16_2m126(unsigned v, unsigned se
     return (mag & 0x01c001c0u) | (sgn & 0x80008000u);
 }
 
-__device__ __forceinline__ unsigned bf16x2_mul(unsigned v, __nv_bfloat162 s2)
-{
-    __nv_bfloat162 p = __hmul2(*(__nv_bfloat162 *)&v, s2);
-    return *(unsigned *)&p;
-}
-
-/* a pair of e2m1x2_to_bf16_2m126 times any scale byte (fp4x8_to_bf16_scaled's two multiplies) */
-__device__ __forceinline__ unsigned fp4x2_scaled_slow(unsigned v, uint8_t sv)
-{
-    const unsigned short bits = sv == 0 ? 0x0040 : sv == 0xff ? 0x7fc0 : (unsigned short)(sv << 7);
-    const __nv_bfloat16 sb = __ushort_as_bfloat16(bits), up = __ushort_as_bfloat16(0x7e80);
-    return bf16x2_mul(bf16x2_mul(v, __halves2bfloat162(up, up)), __halves2bfloat162(sb, sb));
-}
-
 /* whether all four scale bytes of s lie in 8..127 (fp4_scale_fast, but for 128, which takes
  * the slow path): per byte, bit 7 of b + 0x78 is set from 8 on and that of b clear below 128.
  * A byte that carries into the next (b >= 0x88) fails itself, whatever the carry does. */
@@ -1086,29 +1078,20 @@ __global__ void __launch_bounds__(RS_THREADS, RS_BLOCKS_PER_SM)
     /* from a 1024-byte boundary: the swizzle's */
     unsigned char *smem =
         rs_smem + ((1024 - ((uint32_t)__cvta_generic_to_shared(rs_smem) & 1023)) & 1023);
+    /* N: the tile's rows rounded up to 16 */
+#define BT__WGRS_TILE(NT) wgrs_tile<NT>(y, w, ws, N, K, m0, mr, n0, smem, arow)
+    /* clang-format off */
     switch ((mr + 15) / 16) {
-    case 1:
-        wgrs_tile<16>(y, w, ws, N, K, m0, mr, n0, smem, arow);
-        break;
-    case 2:
-        wgrs_tile<32>(y, w, ws, N, K, m0, mr, n0, smem, arow);
-        break;
-    case 3:
-        wgrs_tile<48>(y, w, ws, N, K, m0, mr, n0, smem, arow);
-        break;
-    case 4:
-        wgrs_tile<64>(y, w, ws, N, K, m0, mr, n0, smem, arow);
-        break;
-    case 5:
-        wgrs_tile<80>(y, w, ws, N, K, m0, mr, n0, smem, arow);
-        break;
-    case 6:
-        wgrs_tile<96>(y, w, ws, N, K, m0, mr, n0, smem, arow);
-        break;
-    default:
-        wgrs_tile<RS_ROWS>(y, w, ws, N, K, m0, mr, n0, smem, arow);
-        break;
+    case 1: BT__WGRS_TILE(16); break;
+    case 2: BT__WGRS_TILE(32); break;
+    case 3: BT__WGRS_TILE(48); break;
+    case 4: BT__WGRS_TILE(64); break;
+    case 5: BT__WGRS_TILE(80); break;
+    case 6: BT__WGRS_TILE(96); break;
+    default: BT__WGRS_TILE(RS_ROWS); break;
     }
+    /* clang-format on */
+#undef BT__WGRS_TILE
 #else
     __trap(); /* launched only where wgrs_ready() found the sm_90a image */
 #endif

@@ -128,17 +128,16 @@ __global__ void __launch_bounds__(MIX_THREADS) hc_mix_kernel(float *pre, float *
         hc_mix_finish<HC>(pre, post, comb, m[warp], base, scale, t0 + warp, hc_eps, iters);
 }
 
-/* Unsplit mixes (prefill, and decode without a workspace), hc * D a multiple of MT_KC:
- * the mixes as a product of the rows
- * [T, hc * D] and fn [MIX, hc * D], tiled. A block takes MT_TOK tokens; K goes through shared
- * memory in chunks of MT_KC (rows padded by 4 floats: conflict-free float4 loads) over a
- * 3-stage cp.async pipeline, each warp a slice of every chunk, each lane 4 float4 steps of
- * MT_TOK / 8 tokens x (MIX / 4) mixes (MT_TOK 8, 16 or 32: the most that still fill the GPU). fn
- * crosses L2 once per MT_TOK tokens; hc_mix_kernel (4 tokens a block, each row read twice: its
- * norm, then the mixes) took 0.53 ms at 4096 tokens where the rows alone are 0.08 ms of bandwidth.
- * The rows are mixed unnormalized and the sums scaled by the token's 1 / rms after (as the split
- * kernel does); every sum's order is fixed by its k, so a token's mixes do not depend on T or on
- * its place in the block. */
+/* Unsplit mixes (prefill, and decode without a workspace), hc * D a multiple of MT_KC: the
+ * mixes as a tiled product of the rows [T, hc * D] and fn [MIX, hc * D]. A block takes MT_TOK
+ * tokens (8, 16 or 32: the most that still fill the GPU); K goes through shared memory in
+ * chunks of MT_KC (rows padded by 4 floats: conflict-free float4 loads) over a 3-stage cp.async
+ * pipeline, each warp a slice of every chunk, each lane 4 float4 steps of MT_TOK / 8 tokens x
+ * (MIX / 4) mixes. fn crosses L2 once per MT_TOK tokens; hc_mix_kernel (4 tokens a block, each
+ * row read twice: its norm, then the mixes) took 0.53 ms at 4096 tokens where the rows alone
+ * are 0.08 ms of bandwidth. The rows are mixed unnormalized and the sums scaled by the token's
+ * 1 / rms after (as the split kernel does); every sum's order is fixed by its k, so a token's
+ * mixes do not depend on T or on its place in the block. */
 enum { MT_KC = 128, MT_STRIDE = MT_KC + 4, MT_STAGES = 3 };
 
 template <int HC, int MT_TOK> constexpr int mt_smem_bytes()
@@ -329,7 +328,7 @@ __global__ void hc_mix_fold_kernel(float *pre, float *post, float *comb, const f
     hc_mix_fold<HC>(pre, post, comb, work, base, scale, D, eps, hc_eps, iters, splits, blockIdx.x);
 }
 
-/* hc_mix_tiles_kernel's shared memory allowed (both instances), once a device */
+/* hc_mix_tiles_kernel's shared memory allowed (its three instances), once a device */
 template <int H> static bool mt_allowed(void)
 {
     static signed char a8[BT__MAX_DEVICES], a16[BT__MAX_DEVICES], a32[BT__MAX_DEVICES];

@@ -144,9 +144,8 @@ __global__ void __launch_bounds__(IXT_WARPS * 32) index_scores_tc_kernel(
         if (v > vmax) vmax = v;
     }
     /* nr rows of a [*, dim] f32 matrix into bf16 rows of sm; zeros past `valid` rows and past
-     * dim */
-    /* (element e's row and column advance by constant steps: a division per element by the
-     * run-time row width was a large share of the kernel's instructions) */
+     * dim (element e's row and column advance by constant steps: a division per element by
+     * the run-time row width was a large share of the kernel's instructions) */
     constexpr int NT = IXT_WARPS * 32;
     auto stage = [&](__nv_bfloat16 *sm, const float *src, int nr, int valid) {
         if (vec) {

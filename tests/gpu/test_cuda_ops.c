@@ -167,8 +167,8 @@ static const case_t cases[] = {
     {OP_GEMM_FP4, F32, {3, 200, 384, 300, 100}, 0},
     {OP_GEMM_FP4, BF16, {4, 130, 2304, 400, 200, 1}, 0}, /* some tiny scales */
     {OP_GEMM_FP4, BF16, {2, 256, 128, 130, 130}, 0},
-    /* many rows, whole 128-chunks, on Hopper: gemm_fp4_wgrs (tiles of 16..128 rows in steps of
-     * 16, experts of over 128 rows in several tiles, columns past N in a warpgroup) */
+    /* many rows, whole 128-chunks, on Hopper: gemm_fp4_wgrs (tiles of 16..112 rows in steps of
+     * 16, experts of over 112 rows in several tiles, columns past N in a warpgroup) */
     {OP_GEMM_FP4, F32, {2, 70, 256, 600, 300}, 0},
     {OP_GEMM_FP4, BF16, {12, 136, 512, 500, 200}, 0},
     {OP_GEMM_FP4, F32, {5, 256, 384, 1000, 500, 1}, 0}, /* some tiny scales */
