@@ -10,6 +10,8 @@
  *           with the weights dequantized in registers straight into B fragments (decode;
  *           also bf16 weights for gemm.cu); a product of few column tiles has K sliced over
  *           the blocks of a cluster, which add their sums through distributed shared memory;
+ *           for FP4 gemm_fp4_rows instead, the weights as A and 8 rows as B, the next chunk's
+ *           weights and rows loaded ahead (BT_CUDA_FP4ROWS=0 keeps gemm_mma16);
  *   <= 16 rows otherwise: gemm_skinny, one warp per output column on the CUDA cores;
  *   more FP4 rows, K whole 128-chunks, on Hopper: gemm_fp4_wgrs, warpgroup MMAs with the
  *           weights dequantized in registers as A, an expert's rows (up to 112) as B (prefill
@@ -683,6 +685,210 @@ __global__ void __launch_bounds__(MT_WARPS * 32, MMA16_MIN_BLOCKS(FMT, TILES)) g
     }
 }
 
+/* ---- few rows of FP4 experts, the weights as A ---------------------------------------------
+ * The decode's routed experts: an expert's share of a decode batch (one or two rows at 16)
+ * against its e2m1 weights. gemm_mma16 with the roles swapped and its bookkeeping trimmed, since
+ * here the conversion of the codes is all the work there is: the weights are the m16n8k16 MMA's
+ * A (16 columns: this lane's g and g + 8), 8 rows its B. Per chunk of 128 k a lane converts the
+ * 32 codes of each of its 2 * MT columns (16 bytes, one scale) in gemm_mma16's permuted k order
+ * (pairs 2st, 2st + 1 are logical k 2c, 2c + 1, 2c + 8, 2c + 9 of MMA st); 8 MMAs take a
+ * 16-column tile: half of gemm_mma16's MMAs, and the rows' loads and permutes for 8 rows, not 16.
+ * - The weights and the rows of the next chunk are loaded before this one is converted (the
+ *   rows come from L2: waiting for them each chunk was this kernel's largest stall), the
+ *   weights into a second register set the chunks alternate with: nothing is copied.
+ * - A block walks `tiles` column tiles of its expert, the next tile's first chunk loaded during
+ *   the last one of the tile before: the chain of loads that starts a block (expert list,
+ *   offsets, row indices, rows: ~2 us) was an eighth of a one-tile block's time.
+ * - Loads need no predicates: columns past N read column N - 1 (never stored), and the
+ *   prefetch past a warp's last chunk is skipped by a uniform branch.
+ * - An expert with more than 8 rows takes a second pass (weights from L2) for rows 8..15: rare
+ *   in a decode batch, and a pass for 8 rows holds half the registers of one for 16. */
+enum { FR_CHUNK = 128, FR_STEP = MT_WARPS * FR_CHUNK };
+
+template <int MT, typename OT>
+__global__ void __launch_bounds__(MT_WARPS * 32, 2)
+    gemm_fp4_rows(OT *y, const __nv_bfloat16 *x, const int32_t *rows, const int32_t *offs,
+                  const uint8_t *w, const uint8_t *ws, int M, int N, int K, const int32_t *elist,
+                  gemm_io io, int tiles)
+{
+    constexpr int NC = 2 * MT, COLS = 16 * MT; /* a lane's columns; a tile's */
+    __shared__ float red[MT_WARPS][8][COLS + 1];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+    const int nb = blockIdx.x * tiles * COLS; /* the block's first column */
+    tiles = min(tiles, (N - nb + COLS - 1) / COLS);
+    /* weights known before the wait: a plain product's (no expert list, no offsets) */
+    const bool known = !elist && !offs;
+    if (!known) bt_grid_begin();
+    const int e = elist ? elist[blockIdx.y] : blockIdx.y;
+    if (e < 0) return; /* a padded slot of the expert list (the whole block) */
+    const int r0 = offs ? offs[e] : 0, r1 = offs ? offs[e + 1] : M, mr = r1 - r0;
+    if (mr <= 0) {
+        if (known) bt_grid_begin();
+        return;
+    }
+    expert_weights<FMT_FP4>(w, ws, e, N, K);
+    x += (size_t)e * io.x_group;
+    y += (size_t)e * io.y_group;
+    const int k_first = warp * FR_CHUNK + 32 * c;                   /* this lane's first k */
+    const int nw = (K / FR_CHUNK - warp + MT_WARPS - 1) / MT_WARPS; /* the warp's chunks a tile */
+
+    /* this lane's column i of tile t (nb + t * COLS + 8i + g): 16 code bytes and a scale byte
+     * a chunk. woff[i] + kc is the offset of the codes of the chunk to load, that over 16 the
+     * offset of its scale (K / 2 and the lane's first k / 2 are multiples of 16): one offset a
+     * column, not two, as the 4-column instances ran out of registers. */
+    unsigned woff[NC], kc = 0;
+    auto set_tile = [&](int t) {
+#pragma unroll
+        for (int i = 0; i < NC; i++) {
+            const unsigned n = (unsigned)min(nb + t * COLS + 8 * i + g, N - 1);
+            woff[i] = n * (unsigned)(K / 2) + k_first / 2;
+        }
+        kc = 0;
+    };
+    auto load_w = [&](uint4 *v, uint8_t *s) {
+#pragma unroll
+        for (int i = 0; i < NC; i++) {
+            const unsigned o = woff[i] + kc;
+            v[i] = __ldg((const uint4 *)(w + o));
+            s[i] = __ldg(ws + (o >> 4));
+        }
+        kc += FR_STEP / 2;
+    };
+    const __nv_bfloat16 *xrow, *xp;
+    uint4 xr[4]; /* the next chunk's row bf16, as loaded */
+    auto load_x = [&](uint4 *v) {
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+            v[q] = *(const uint4 *)(xp + 8 * q);
+        xp += FR_STEP;
+    };
+    uint4 wa[NC], wb[NC];
+    uint8_t sa[NC], sb[NC];
+    float acc[MT][4];
+    int t = 0; /* the tile being walked */
+
+    enum { LAST, NEXT_CHUNK, NEXT_TILE }; /* what a chunk loads for the next one */
+    /* one chunk from wc/sc and xr; the next one's weights into wn/sn and its rows into xr
+     * (once they are re-paired here) */
+    auto chunk = [&](const uint4 *wc, const uint8_t *sc, uint4 *wn, uint8_t *sn, int next) {
+        if (next == NEXT_TILE) {
+            set_tile(t + 1);
+            xp = xrow;
+        }
+        if (next != LAST) load_w(wn, sn);
+        unsigned xw[16]; /* the row's bf16 re-paired (k j, j + 4 of each 8) as the codes */
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const uint4 v = xr[q];
+            xw[4 * q] = __byte_perm(v.x, v.z, 0x5410);
+            xw[4 * q + 1] = __byte_perm(v.x, v.z, 0x7632);
+            xw[4 * q + 2] = __byte_perm(v.y, v.w, 0x5410);
+            xw[4 * q + 3] = __byte_perm(v.y, v.w, 0x7632);
+        }
+        if (next != LAST) load_x(xr);
+        bool fast = true;
+#pragma unroll
+        for (int i = 0; i < NC; i++)
+            fast = fast && fp4_scale_fast(sc[i]);
+        auto mmas = [&](auto fast_c) {
+            constexpr bool FAST = decltype(fast_c)::value;
+#pragma unroll
+            for (int tt = 0; tt < MT; tt++) {
+                const uint4 va = wc[2 * tt], vb = wc[2 * tt + 1];
+                const unsigned ua[4] = {va.x, va.y, va.z, va.w}, ub[4] = {vb.x, vb.y, vb.z, vb.w};
+                /* word q of columns g and g + 8: pairs 4q..4q + 3, MMAs 2q and 2q + 1 */
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    unsigned ba[4], bb[4];
+                    if (FAST) {
+                        fp4x8_to_bf16_fast<true>(ua[q], fp4_scale2(sc[2 * tt]), ba);
+                        fp4x8_to_bf16_fast<true>(ub[q], fp4_scale2(sc[2 * tt + 1]), bb);
+                    } else {
+                        fp4x8_to_bf16_scaled<true>(ua[q], sc[2 * tt], ba);
+                        fp4x8_to_bf16_scaled<true>(ub[q], sc[2 * tt + 1], bb);
+                    }
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const unsigned a[4] = {ba[2 * h], bb[2 * h], ba[2 * h + 1], bb[2 * h + 1]};
+                        mma_bf16_16816(acc[tt], a, xw[4 * q + 2 * h], xw[4 * q + 2 * h + 1]);
+                    }
+                }
+            }
+        };
+        if (__all_sync(0xffffffffu, fast))
+            mmas(std::true_type());
+        else
+            mmas(std::false_type());
+    };
+    /* tile t's sums over the warps, stored; the accumulators zeroed for the next one. Every
+     * warp comes here `tiles` times a pass, the same barriers in the same order. */
+    auto flush = [&](int rb) {
+#pragma unroll
+        for (int tt = 0; tt < MT; tt++) { /* C: column 16tt + g (+ 8), rows 2c, 2c + 1 */
+            red[warp][2 * c][16 * tt + g] = acc[tt][0];
+            red[warp][2 * c + 1][16 * tt + g] = acc[tt][1];
+            red[warp][2 * c][16 * tt + g + 8] = acc[tt][2];
+            red[warp][2 * c + 1][16 * tt + g + 8] = acc[tt][3];
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                acc[tt][j] = 0.0f;
+        }
+        __syncthreads();
+        for (int o = threadIdx.x; o < 8 * COLS; o += MT_WARPS * 32) {
+            const int r = o / COLS, col = o % COLS, n = nb + t * COLS + col;
+            if (rb + r >= mr || n >= N) continue;
+            float v = 0.0f;
+#pragma unroll
+            for (int q = 0; q < MT_WARPS; q++)
+                v += red[q][r][col];
+            bt_st(y, (size_t)(r0 + rb + r) * io.ldy + n, v);
+        }
+        __syncthreads();
+        t++;
+    };
+    /* rows rb..rb + 7: the warp's chunks of all its tiles as one sequence, two a turn through
+     * the two register sets */
+    for (int rb = 0; rb < mr; rb += 8) {
+        /* rows past mr read the last real row: their sums land in rows never stored */
+        const int gr = min(rb + g, mr - 1);
+        xrow = x + (size_t)(rows ? rows[r0 + gr] : r0 + gr) * io.ldx + k_first;
+        xp = xrow;
+        t = 0;
+        set_tile(0);
+        if (nw > 0) {
+            load_w(wa, sa);
+            load_x(xr);
+        }
+        if (known && rb == 0) bt_grid_begin();
+#pragma unroll
+        for (int tt = 0; tt < MT; tt++)
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                acc[tt][j] = 0.0f;
+        if (nw == 0) { /* K too short for this warp: nothing to add, barriers to keep */
+            while (t < tiles)
+                flush(rb);
+            continue;
+        }
+        int tj = 0; /* the chunk's index in its tile */
+        /* what the chunk loads for the next one; then the tile's end when it was its last */
+        auto next = [&]() { return tj + 1 < nw ? NEXT_CHUNK : t + 1 < tiles ? NEXT_TILE : LAST; };
+        auto done = [&]() {
+            if (++tj == nw) {
+                tj = 0;
+                flush(rb);
+            }
+        };
+        while (t < tiles) {
+            chunk(wa, sa, wb, sb, next());
+            done();
+            if (t >= tiles) break;
+            chunk(wb, sb, wa, sa, next());
+            done();
+        }
+    }
+}
+
 /* ---- many rows of FP4 experts on the tensor cores ------------------------------------------
  * A prefill's routed experts: an expert's rows (about 64 at 4096 tokens) against its weights.
  * A block takes 64 rows x 128 columns; each of its 4 warps 64 rows x 32 columns (4 x 4
@@ -1121,6 +1327,33 @@ static bool wgrs_ready(void)
            bt__smem_allowed((const void *)gemm_fp4_wgrs<float>, RS_SMEM, f32_out);
 }
 
+/* BT_CUDA_FP4ROWS=0 keeps gemm_mma16 for few FP4 rows (for comparisons), read once */
+static bool fp4_rows_on(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *v = getenv("BT_CUDA_FP4ROWS");
+        on = !(v && strcmp(v, "0") == 0);
+    }
+    return on;
+}
+
+/* column tiles a gemm_fp4_rows block walks: as many as keep 4 waves of blocks (2 an SM);
+ * BT_CUDA_FP4ROWS_TILES overrides (experiments) */
+static int fp4_rows_tiles(int ntiles, int groups)
+{
+    static int forced = -1;
+    if (forced < 0) {
+        const char *v = getenv("BT_CUDA_FP4ROWS_TILES");
+        forced = v ? atoi(v) : 0;
+    }
+    if (forced > 0) return forced;
+    int tpb = 1;
+    while (tpb < 8 && (long)bt__cdiv(ntiles, 2 * tpb) * groups >= 4L * 2 * 132)
+        tpb *= 2;
+    return tpb;
+}
+
 /* K slices for a narrow FP8 or bf16 product whose column tiles fill less than one wave of
  * resident blocks (5 an SM on 132 SMs): the few blocks of e.g. a [512, 5120] projection each
  * walked all of K, one chunk a warp at a time, with most SMs idle. A cluster of 2..8 blocks
@@ -1144,6 +1377,25 @@ static bt_status_t mma16_launch(void *y, bt_cuda_dtype_t yd, const __nv_bfloat16
                                 const int32_t *elist, gemm_io io, cudaStream_t stream)
 {
     bool wide = (long)bt__cdiv(N, 32) * groups >= 264; /* two blocks an SM */
+    if (FMT == FMT_FP4 && fp4_rows_on()) {
+#define BT__FP4ROWS(MT)                                                                            \
+    do {                                                                                           \
+        const int nt = bt__cdiv(N, 16 * MT), tpb = fp4_rows_tiles(nt, groups);                     \
+        dim3 grid(bt__cdiv(nt, tpb), groups);                                                      \
+        if (yd == BT_CUDA_BF16)                                                                    \
+            bt__launch(gemm_fp4_rows<MT, __nv_bfloat16>, grid, MT_WARPS * 32, 0, stream,           \
+                       (__nv_bfloat16 *)y, xb, rows, offs, w, ws, M, N, K, elist, io, tpb);        \
+        else                                                                                       \
+            bt__launch(gemm_fp4_rows<MT, float>, grid, MT_WARPS * 32, 0, stream, (float *)y, xb,   \
+                       rows, offs, w, ws, M, N, K, elist, io, tpb);                                \
+    } while (0)
+        if (wide)
+            BT__FP4ROWS(2);
+        else
+            BT__FP4ROWS(1);
+#undef BT__FP4ROWS
+        return BT_OK;
+    }
 #define BT__MMA16(TL)                                                                              \
     do {                                                                                           \
         dim3 grid(bt__cdiv(N, 8 * TL), groups);                                                    \

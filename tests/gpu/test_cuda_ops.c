@@ -396,6 +396,11 @@ static const case_t cases[] = {
     {OP_DEQUANT_FP8, BF16, {31, 32}, 0},
     {OP_DEQUANT_FP8, BF16, {4096, 512}, 0},
     {OP_DEQUANT_FP8, BF16, {2304, 5120}, 0},
+    /* few FP4 rows an expert, many column tiles: gemm_fp4_rows with 32-column tiles, several a
+     * block, the last block's tiles fewer and its last tile part past N; then experts of 9..16
+     * rows (a second pass for rows 8..15) in the same */
+    {OP_GEMM_FP4_LIST, BF16, {384, 2000, 384, 96, 16}, 0},
+    {OP_GEMM_FP4, F32, {12, 11200, 256, 96, 40}, 0},
     /* large: timed with --perf (GEMM references on a few sampled rows) */
     {OP_GEMM_BF16, BF16, {4096, 4096, 4096}, 1},
     {OP_GEMM_BF16, BF16, {8, 32768, 1280}, 1},
