@@ -10,8 +10,9 @@
  *           with the weights dequantized in registers straight into B fragments (decode;
  *           also bf16 weights for gemm.cu); a product of few column tiles has K sliced over
  *           the blocks of a cluster, which add their sums through distributed shared memory;
- *           for FP4 gemm_fp4_rows instead, the weights as A and 8 rows as B, the next chunk's
- *           weights and rows loaded ahead (BT_CUDA_FP4ROWS=0 keeps gemm_mma16);
+ *           for FP4 and FP8 gemm_rows instead (where K is not sliced), the weights as A and 8
+ *           rows as B, the next chunk's weights and rows loaded ahead (BT_CUDA_FP4ROWS=0,
+ *           BT_CUDA_FP8ROWS=0 keep gemm_mma16);
  *   <= 16 rows otherwise: gemm_skinny, one warp per output column on the CUDA cores;
  *   more FP4 rows, K whole 128-chunks, on Hopper: gemm_fp4_wgrs, warpgroup MMAs with the
  *           weights dequantized in registers as A, an expert's rows (up to 112) as B (prefill
@@ -447,6 +448,14 @@ __device__ __forceinline__ unsigned e4m3x2_to_bf16_scaled(unsigned v, __nv_bfloa
     return bf16x2_mul(((h >> 3) & 0x0fff0fffu) | (h & 0x80008000u), s2);
 }
 
+/* two e4m3 codes (the low 16 bits of v) as floats */
+__device__ __forceinline__ float2 e4m3x2_to_f32(unsigned v)
+{
+    const __half2_raw h2 =
+        __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(v & 0xffffu), __NV_E4M3);
+    return __half22float2(*(const __half2 *)&h2);
+}
+
 /* 8 e2m1 codes (a word, low nibble first) times their scale -> 4 words of bf16 pairs in k
  * order, exact for a fp4_scale_fast scale: the codes as bf16 times 2^-126, then times
  * s2 = fp4_scale2 (subnormal inputs are exact in bf16 multiplies). No branch: the kernels pick
@@ -685,34 +694,52 @@ __global__ void __launch_bounds__(MT_WARPS * 32, MMA16_MIN_BLOCKS(FMT, TILES)) g
     }
 }
 
-/* ---- few rows of FP4 experts, the weights as A ---------------------------------------------
- * The decode's routed experts: an expert's share of a decode batch (one or two rows at 16)
- * against its e2m1 weights. gemm_mma16 with the roles swapped and its bookkeeping trimmed, since
- * here the conversion of the codes is all the work there is: the weights are the m16n8k16 MMA's
- * A (16 columns: this lane's g and g + 8), 8 rows its B. Per chunk of 128 k a lane converts the
- * 32 codes of each of its 2 * MT columns (16 bytes, one scale) in gemm_mma16's permuted k order
- * (pairs 2st, 2st + 1 are logical k 2c, 2c + 1, 2c + 8, 2c + 9 of MMA st); 8 MMAs take a
- * 16-column tile: half of gemm_mma16's MMAs, and the rows' loads and permutes for 8 rows, not 16.
+/* ---- few rows, the weights as A: gemm_rows (FP4 experts, FP8 products) -------------------
+ * The decode's products: a decode batch (or an expert's share of it: one or two rows at 16)
+ * against e2m1 or e4m3 weights. gemm_mma16 with the roles swapped and its bookkeeping trimmed,
+ * since here converting the weights is all the work there is: the weights are the m16n8k16
+ * MMA's A (16 columns: this lane's g and g + 8), 8 rows its B. A lane takes 16 weight bytes of
+ * each of its 2 * MT columns a chunk: 32 FP4 codes (chunks of 128 k, one scale a column, in
+ * gemm_mma16's permuted k order: pairs 2st, 2st + 1 are logical k 2c, 2c + 1, 2c + 8, 2c + 9
+ * of MMA st) or 16 FP8 bytes (chunks of 64 k, pairs in k order, one scale for the lane: a
+ * 32-column tile is one 32x32 scale block wide). Half of gemm_mma16's MMAs, and the rows' loads
+ * (and FP4's permutes) for 8 rows, not 16.
  * - The weights and the rows of the next chunk are loaded before this one is converted (the
- *   rows come from L2: waiting for them each chunk was this kernel's largest stall), the
+ *   rows come from L2: waiting for them each chunk was the FP4 kernel's largest stall), the
  *   weights into a second register set the chunks alternate with: nothing is copied.
- * - A block walks `tiles` column tiles of its expert, the next tile's first chunk loaded during
+ * - A block walks `tiles` column tiles of its matrix, the next tile's first chunk loaded during
  *   the last one of the tile before: the chain of loads that starts a block (expert list,
- *   offsets, row indices, rows: ~2 us) was an eighth of a one-tile block's time.
+ *   offsets, row indices, rows: ~2 us) was an eighth of a one-tile FP4 block's time.
  * - Loads need no predicates: columns past N read column N - 1 (never stored), and the
  *   prefetch past a warp's last chunk is skipped by a uniform branch.
- * - An expert with more than 8 rows takes a second pass (weights from L2) for rows 8..15: rare
- *   in a decode batch, and a pass for 8 rows holds half the registers of one for 16. */
-enum { FR_CHUNK = 128, FR_STEP = MT_WARPS * FR_CHUNK };
+ * - An expert of more than 8 rows takes a second pass (weights from L2) for rows 8..15: rare
+ *   in a decode batch, and a pass for 8 rows holds half the registers of one for 16. An FP8
+ *   product of 9..16 rows (R16) takes them in one pass, two MMAs a step: a second pass cost
+ *   the 16-row [32768, 1280] product 0.025 -> 0.033 ms. */
+template <int FMT> struct rows_fmt {
+    static constexpr int CHUNK = FMT == FMT_FP4 ? 128 : 64; /* k a warp's chunk */
+    static constexpr int KW = CHUNK / 4;                    /* k a lane's chunk (16 bytes) */
+    static constexpr int STEP = MT_WARPS * CHUNK;           /* k between a warp's chunks */
+    static constexpr int STEP_BYTES = STEP * (FMT == FMT_FP4 ? 1 : 2) / 2; /* 512 either way */
+};
 
-template <int MT, typename OT>
-__global__ void __launch_bounds__(MT_WARPS * 32, 2)
-    gemm_fp4_rows(OT *y, const __nv_bfloat16 *x, const int32_t *rows, const int32_t *offs,
-                  const uint8_t *w, const uint8_t *ws, int M, int N, int K, const int32_t *elist,
-                  gemm_io io, int tiles)
+/* registers for 2 blocks an SM (FP4, whose conversion needs them; FP8 with 32 columns a tile
+ * or 16 rows) or 3 (FP8, 16 columns, 8 rows: 4 spilled) */
+#define ROWS_MIN_BLOCKS(FMT, MT, R16) ((FMT) == FMT_FP4 || (MT) == 2 || (R16) ? 2 : 3)
+
+template <int FMT, int MT, bool R16, typename OT>
+__global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
+    gemm_rows(OT *y, const __nv_bfloat16 *x, const int32_t *rows, const int32_t *offs,
+              const uint8_t *w, const uint8_t *ws, int M, int N, int K, const int32_t *elist,
+              gemm_io io, int tiles)
 {
+    using F = rows_fmt<FMT>;
+    constexpr bool FP4 = FMT == FMT_FP4;
     constexpr int NC = 2 * MT, COLS = 16 * MT; /* a lane's columns; a tile's */
-    __shared__ float red[MT_WARPS][8][COLS + 1];
+    constexpr int NS = FP4 ? NC : 1;           /* a lane's scales a chunk */
+    constexpr int XQ = F::KW / 8;              /* uint4 of a row a lane's chunk */
+    constexpr int RP = R16 ? 2 : 1;            /* 8-row groups a pass */
+    __shared__ float red[MT_WARPS][8 * RP][COLS + 1];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
     const int nb = blockIdx.x * tiles * COLS; /* the block's first column */
     tiles = min(tiles, (N - nb + COLS - 1) / COLS);
@@ -726,23 +753,25 @@ __global__ void __launch_bounds__(MT_WARPS * 32, 2)
         if (known) bt_grid_begin();
         return;
     }
-    expert_weights<FMT_FP4>(w, ws, e, N, K);
+    expert_weights<FMT>(w, ws, e, N, K);
     x += (size_t)e * io.x_group;
     y += (size_t)e * io.y_group;
-    const int k_first = warp * FR_CHUNK + 32 * c;                   /* this lane's first k */
-    const int nw = (K / FR_CHUNK - warp + MT_WARPS - 1) / MT_WARPS; /* the warp's chunks a tile */
+    const int k_first = warp * F::CHUNK + F::KW * c;                /* this lane's first k */
+    const int nw = (K / F::CHUNK - warp + MT_WARPS - 1) / MT_WARPS; /* the warp's chunks a tile */
+    const int ks32 = (K + 31) / 32;
 
-    /* this lane's column i of tile t (nb + t * COLS + 8i + g): 16 code bytes and a scale byte
-     * a chunk. woff[i] + kc is the offset of the codes of the chunk to load, that over 16 the
-     * offset of its scale (K / 2 and the lane's first k / 2 are multiples of 16): one offset a
-     * column, not two, as the 4-column instances ran out of registers. */
-    unsigned woff[NC], kc = 0;
+    /* this lane's column i of tile t (nb + t * COLS + 8i + g): woff[i] + kc is the offset of
+     * the 16 weight bytes of the chunk to load. FP4: that over 16 is the offset of its scale
+     * (K / 2 and the lane's first k / 2 are multiples of 16): one offset a column, not two, as
+     * the 4-column instances ran out of registers. FP8: soff + kc / 32 is the lane's scale. */
+    unsigned woff[NC], soff = 0, kc = 0;
     auto set_tile = [&](int t) {
 #pragma unroll
         for (int i = 0; i < NC; i++) {
             const unsigned n = (unsigned)min(nb + t * COLS + 8 * i + g, N - 1);
-            woff[i] = n * (unsigned)(K / 2) + k_first / 2;
+            woff[i] = FP4 ? n * (unsigned)(K / 2) + k_first / 2 : n * (unsigned)K + k_first;
         }
+        if (!FP4) soff = (unsigned)(min(nb + t * COLS, N - 1) / 32 * ks32 + k_first / 32);
         kc = 0;
     };
     auto load_w = [&](uint4 *v, uint8_t *s) {
@@ -750,67 +779,104 @@ __global__ void __launch_bounds__(MT_WARPS * 32, 2)
         for (int i = 0; i < NC; i++) {
             const unsigned o = woff[i] + kc;
             v[i] = __ldg((const uint4 *)(w + o));
-            s[i] = __ldg(ws + (o >> 4));
+            if (FP4) s[i] = __ldg(ws + (o >> 4));
         }
-        kc += FR_STEP / 2;
+        if (!FP4) s[0] = __ldg(ws + soff + kc / 32);
+        kc += F::STEP_BYTES;
     };
-    const __nv_bfloat16 *xrow, *xp;
-    uint4 xr[4]; /* the next chunk's row bf16, as loaded */
-    auto load_x = [&](uint4 *v) {
+    /* this lane's rows (g, and g + 8 when R16): where their first k lies, where the next
+     * chunk's, and that chunk's bf16 as loaded */
+    const __nv_bfloat16 *xrow[RP], *xp[RP];
+    uint4 xr[RP][XQ];
+    auto load_x = [&]() {
 #pragma unroll
-        for (int q = 0; q < 4; q++)
-            v[q] = *(const uint4 *)(xp + 8 * q);
-        xp += FR_STEP;
+        for (int r = 0; r < RP; r++) {
+#pragma unroll
+            for (int q = 0; q < XQ; q++)
+                xr[r][q] = *(const uint4 *)(xp[r] + 8 * q);
+            xp[r] += F::STEP;
+        }
     };
     uint4 wa[NC], wb[NC];
-    uint8_t sa[NC], sb[NC];
-    float acc[MT][4];
+    uint8_t sa[NS], sb[NS];
+    float acc[RP][MT][4];
     int t = 0; /* the tile being walked */
 
     enum { LAST, NEXT_CHUNK, NEXT_TILE }; /* what a chunk loads for the next one */
     /* one chunk from wc/sc and xr; the next one's weights into wn/sn and its rows into xr
-     * (once they are re-paired here) */
+     * (once they are in xw here) */
     auto chunk = [&](const uint4 *wc, const uint8_t *sc, uint4 *wn, uint8_t *sn, int next) {
         if (next == NEXT_TILE) {
             set_tile(t + 1);
-            xp = xrow;
+#pragma unroll
+            for (int r = 0; r < RP; r++)
+                xp[r] = xrow[r];
         }
         if (next != LAST) load_w(wn, sn);
-        unsigned xw[16]; /* the row's bf16 re-paired (k j, j + 4 of each 8) as the codes */
+        /* the rows' bf16 pairs; FP4: re-paired (k j, j + 4 of each 8) as the codes */
+        unsigned xw[RP][4 * XQ];
 #pragma unroll
-        for (int q = 0; q < 4; q++) {
-            const uint4 v = xr[q];
-            xw[4 * q] = __byte_perm(v.x, v.z, 0x5410);
-            xw[4 * q + 1] = __byte_perm(v.x, v.z, 0x7632);
-            xw[4 * q + 2] = __byte_perm(v.y, v.w, 0x5410);
-            xw[4 * q + 3] = __byte_perm(v.y, v.w, 0x7632);
+        for (int r = 0; r < RP; r++) {
+#pragma unroll
+            for (int q = 0; q < XQ; q++) {
+                const uint4 v = xr[r][q];
+                if (FP4) {
+                    xw[r][4 * q] = __byte_perm(v.x, v.z, 0x5410);
+                    xw[r][4 * q + 1] = __byte_perm(v.x, v.z, 0x7632);
+                    xw[r][4 * q + 2] = __byte_perm(v.y, v.w, 0x5410);
+                    xw[r][4 * q + 3] = __byte_perm(v.y, v.w, 0x7632);
+                } else {
+                    xw[r][4 * q] = v.x, xw[r][4 * q + 1] = v.y;
+                    xw[r][4 * q + 2] = v.z, xw[r][4 * q + 3] = v.w;
+                }
+            }
         }
-        if (next != LAST) load_x(xr);
+        if (next != LAST) load_x();
         bool fast = true;
 #pragma unroll
-        for (int i = 0; i < NC; i++)
-            fast = fast && fp4_scale_fast(sc[i]);
+        for (int i = 0; i < NS; i++)
+            fast = fast && (FP4 ? fp4_scale_fast(sc[i]) : fp8_scale_fast(sc[i]));
         auto mmas = [&](auto fast_c) {
             constexpr bool FAST = decltype(fast_c)::value;
 #pragma unroll
             for (int tt = 0; tt < MT; tt++) {
                 const uint4 va = wc[2 * tt], vb = wc[2 * tt + 1];
                 const unsigned ua[4] = {va.x, va.y, va.z, va.w}, ub[4] = {vb.x, vb.y, vb.z, vb.w};
-                /* word q of columns g and g + 8: pairs 4q..4q + 3, MMAs 2q and 2q + 1 */
+                /* word q of columns g and g + 8: FP4 pairs 4q..4q + 3 (MMAs 2q, 2q + 1),
+                 * FP8 pairs 2q, 2q + 1 (MMA q) */
 #pragma unroll
                 for (int q = 0; q < 4; q++) {
                     unsigned ba[4], bb[4];
-                    if (FAST) {
-                        fp4x8_to_bf16_fast<true>(ua[q], fp4_scale2(sc[2 * tt]), ba);
-                        fp4x8_to_bf16_fast<true>(ub[q], fp4_scale2(sc[2 * tt + 1]), bb);
+                    if constexpr (FP4) {
+                        if (FAST) {
+                            fp4x8_to_bf16_fast<true>(ua[q], fp4_scale2(sc[2 * tt]), ba);
+                            fp4x8_to_bf16_fast<true>(ub[q], fp4_scale2(sc[2 * tt + 1]), bb);
+                        } else {
+                            fp4x8_to_bf16_scaled<true>(ua[q], sc[2 * tt], ba);
+                            fp4x8_to_bf16_scaled<true>(ub[q], sc[2 * tt + 1], bb);
+                        }
+                    } else if (FAST) {
+                        const __nv_bfloat162 s2 = fp8_scale2(sc[0]);
+                        ba[0] = e4m3x2_to_bf16_scaled(ua[q], s2);
+                        ba[1] = e4m3x2_to_bf16_scaled(ua[q] >> 16, s2);
+                        bb[0] = e4m3x2_to_bf16_scaled(ub[q], s2);
+                        bb[1] = e4m3x2_to_bf16_scaled(ub[q] >> 16, s2);
                     } else {
-                        fp4x8_to_bf16_scaled<true>(ua[q], sc[2 * tt], ba);
-                        fp4x8_to_bf16_scaled<true>(ub[q], sc[2 * tt + 1], bb);
+                        const float s = bt_e8m0(sc[0]);
+                        const float2 a0 = e4m3x2_to_f32(ua[q]), a1 = e4m3x2_to_f32(ua[q] >> 16);
+                        const float2 b0 = e4m3x2_to_f32(ub[q]), b1 = e4m3x2_to_f32(ub[q] >> 16);
+                        ba[0] = pack_bf16(a0.x * s, a0.y * s),
+                        ba[1] = pack_bf16(a1.x * s, a1.y * s);
+                        bb[0] = pack_bf16(b0.x * s, b0.y * s),
+                        bb[1] = pack_bf16(b1.x * s, b1.y * s);
                     }
 #pragma unroll
-                    for (int h = 0; h < 2; h++) {
+                    for (int h = 0; h < (FP4 ? 2 : 1); h++) {
                         const unsigned a[4] = {ba[2 * h], bb[2 * h], ba[2 * h + 1], bb[2 * h + 1]};
-                        mma_bf16_16816(acc[tt], a, xw[4 * q + 2 * h], xw[4 * q + 2 * h + 1]);
+                        const int p = FP4 ? 4 * q + 2 * h : 2 * q; /* the pairs' index */
+#pragma unroll
+                        for (int r = 0; r < RP; r++)
+                            mma_bf16_16816(acc[r][tt], a, xw[r][p], xw[r][p + 1]);
                     }
                 }
             }
@@ -824,17 +890,20 @@ __global__ void __launch_bounds__(MT_WARPS * 32, 2)
      * warp comes here `tiles` times a pass, the same barriers in the same order. */
     auto flush = [&](int rb) {
 #pragma unroll
-        for (int tt = 0; tt < MT; tt++) { /* C: column 16tt + g (+ 8), rows 2c, 2c + 1 */
-            red[warp][2 * c][16 * tt + g] = acc[tt][0];
-            red[warp][2 * c + 1][16 * tt + g] = acc[tt][1];
-            red[warp][2 * c][16 * tt + g + 8] = acc[tt][2];
-            red[warp][2 * c + 1][16 * tt + g + 8] = acc[tt][3];
+        for (int r = 0; r < RP; r++) {
 #pragma unroll
-            for (int j = 0; j < 4; j++)
-                acc[tt][j] = 0.0f;
+            for (int tt = 0; tt < MT; tt++) { /* C: column 16tt + g (+ 8), rows 2c, 2c + 1 */
+                red[warp][8 * r + 2 * c][16 * tt + g] = acc[r][tt][0];
+                red[warp][8 * r + 2 * c + 1][16 * tt + g] = acc[r][tt][1];
+                red[warp][8 * r + 2 * c][16 * tt + g + 8] = acc[r][tt][2];
+                red[warp][8 * r + 2 * c + 1][16 * tt + g + 8] = acc[r][tt][3];
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    acc[r][tt][j] = 0.0f;
+            }
         }
         __syncthreads();
-        for (int o = threadIdx.x; o < 8 * COLS; o += MT_WARPS * 32) {
+        for (int o = threadIdx.x; o < 8 * RP * COLS; o += MT_WARPS * 32) {
             const int r = o / COLS, col = o % COLS, n = nb + t * COLS + col;
             if (rb + r >= mr || n >= N) continue;
             float v = 0.0f;
@@ -846,25 +915,25 @@ __global__ void __launch_bounds__(MT_WARPS * 32, 2)
         __syncthreads();
         t++;
     };
-    /* rows rb..rb + 7: the warp's chunks of all its tiles as one sequence, two a turn through
-     * the two register sets */
-    for (int rb = 0; rb < mr; rb += 8) {
-        /* rows past mr read the last real row: their sums land in rows never stored */
-        const int gr = min(rb + g, mr - 1);
-        xrow = x + (size_t)(rows ? rows[r0 + gr] : r0 + gr) * io.ldx + k_first;
-        xp = xrow;
+    /* rows rb..rb + 8 * RP - 1: the warp's chunks of all its tiles as one sequence, two a turn
+     * through the two register sets */
+    for (int rb = 0; rb < mr; rb += 8 * RP) {
         t = 0;
         set_tile(0);
-        if (nw > 0) {
-            load_w(wa, sa);
-            load_x(xr);
+        if (nw > 0) load_w(wa, sa);
+        if (known && rb == 0) bt_grid_begin(); /* (the rows and row indices come after it) */
+            /* rows past mr read the last real row: their sums land in rows never stored */
+#pragma unroll
+        for (int r = 0; r < RP; r++) {
+            const int gr = min(rb + 8 * r + g, mr - 1);
+            xp[r] = xrow[r] = x + (size_t)(rows ? rows[r0 + gr] : r0 + gr) * io.ldx + k_first;
+#pragma unroll
+            for (int tt = 0; tt < MT; tt++)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    acc[r][tt][j] = 0.0f;
         }
-        if (known && rb == 0) bt_grid_begin();
-#pragma unroll
-        for (int tt = 0; tt < MT; tt++)
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-                acc[tt][j] = 0.0f;
+        if (nw > 0) load_x();
         if (nw == 0) { /* K too short for this warp: nothing to add, barriers to keep */
             while (t < tiles)
                 flush(rb);
@@ -1327,29 +1396,30 @@ static bool wgrs_ready(void)
            bt__smem_allowed((const void *)gemm_fp4_wgrs<float>, RS_SMEM, f32_out);
 }
 
-/* BT_CUDA_FP4ROWS=0 keeps gemm_mma16 for few FP4 rows (for comparisons), read once */
-static bool fp4_rows_on(void)
+/* BT_CUDA_FP4ROWS=0 / BT_CUDA_FP8ROWS=0 keep gemm_mma16 for few rows of FP4 / FP8 weights
+ * (for comparisons), read once */
+template <int FMT> static bool rows_on(void)
 {
     static int on = -1;
     if (on < 0) {
-        const char *v = getenv("BT_CUDA_FP4ROWS");
+        const char *v = getenv(FMT == FMT_FP4 ? "BT_CUDA_FP4ROWS" : "BT_CUDA_FP8ROWS");
         on = !(v && strcmp(v, "0") == 0);
     }
     return on;
 }
 
-/* column tiles a gemm_fp4_rows block walks: as many as keep 4 waves of blocks (2 an SM);
- * BT_CUDA_FP4ROWS_TILES overrides (experiments) */
-static int fp4_rows_tiles(int ntiles, int groups)
+/* column tiles a gemm_rows block walks: as many as keep 4 waves of blocks (per_sm an SM);
+ * BT_CUDA_ROWS_TILES overrides (experiments) */
+static int rows_tiles(int ntiles, int groups, int per_sm)
 {
     static int forced = -1;
     if (forced < 0) {
-        const char *v = getenv("BT_CUDA_FP4ROWS_TILES");
+        const char *v = getenv("BT_CUDA_ROWS_TILES");
         forced = v ? atoi(v) : 0;
     }
     if (forced > 0) return forced;
     int tpb = 1;
-    while (tpb < 8 && (long)bt__cdiv(ntiles, 2 * tpb) * groups >= 4L * 2 * 132)
+    while (tpb < 8 && (long)bt__cdiv(ntiles, 2 * tpb) * groups >= 4L * per_sm * 132)
         tpb *= 2;
     return tpb;
 }
@@ -1377,23 +1447,33 @@ static bt_status_t mma16_launch(void *y, bt_cuda_dtype_t yd, const __nv_bfloat16
                                 const int32_t *elist, gemm_io io, cudaStream_t stream)
 {
     bool wide = (long)bt__cdiv(N, 32) * groups >= 264; /* two blocks an SM */
-    if (FMT == FMT_FP4 && fp4_rows_on()) {
-#define BT__FP4ROWS(MT)                                                                            \
+    const int split =
+        FMT != FMT_FP4 && !wide && !offs ? mma16_ksplit(N, K, groups, FMT == FMT_FP8 ? 64 : 32) : 1;
+    if (FMT != FMT_BF16 && split == 1 && rows_on<FMT>()) {
+        constexpr int F = FMT == FMT_FP4 ? FMT_FP4 : FMT_FP8; /* (no bf16 instance) */
+#define BT__ROWS(MT, R16)                                                                          \
     do {                                                                                           \
-        const int nt = bt__cdiv(N, 16 * MT), tpb = fp4_rows_tiles(nt, groups);                     \
+        const int nt = bt__cdiv(N, 16 * MT);                                                       \
+        const int tpb = rows_tiles(nt, groups, ROWS_MIN_BLOCKS(F, MT, R16));                       \
         dim3 grid(bt__cdiv(nt, tpb), groups);                                                      \
         if (yd == BT_CUDA_BF16)                                                                    \
-            bt__launch(gemm_fp4_rows<MT, __nv_bfloat16>, grid, MT_WARPS * 32, 0, stream,           \
+            bt__launch(gemm_rows<F, MT, R16, __nv_bfloat16>, grid, MT_WARPS * 32, 0, stream,       \
                        (__nv_bfloat16 *)y, xb, rows, offs, w, ws, M, N, K, elist, io, tpb);        \
         else                                                                                       \
-            bt__launch(gemm_fp4_rows<MT, float>, grid, MT_WARPS * 32, 0, stream, (float *)y, xb,   \
-                       rows, offs, w, ws, M, N, K, elist, io, tpb);                                \
+            bt__launch(gemm_rows<F, MT, R16, float>, grid, MT_WARPS * 32, 0, stream, (float *)y,   \
+                       xb, rows, offs, w, ws, M, N, K, elist, io, tpb);                            \
     } while (0)
-        if (wide)
-            BT__FP4ROWS(2);
+        /* FP4 experts: 8 rows a pass (more are rare); FP8 products: all their rows in one */
+        if (FMT == FMT_FP8 && !offs && M > 8) {
+            if (wide) /* (F == FMT_FP8: no FP4 instances of these) */
+                BT__ROWS(2, F == FMT_FP8);
+            else
+                BT__ROWS(1, F == FMT_FP8);
+        } else if (wide)
+            BT__ROWS(2, false);
         else
-            BT__FP4ROWS(1);
-#undef BT__FP4ROWS
+            BT__ROWS(1, false);
+#undef BT__ROWS
         return BT_OK;
     }
 #define BT__MMA16(TL)                                                                              \
@@ -1406,8 +1486,6 @@ static bt_status_t mma16_launch(void *y, bt_cuda_dtype_t yd, const __nv_bfloat16
             bt__launch(gemm_mma16<FMT, TL, float>, grid, MT_WARPS * 32, 0, stream, (float *)y, xb, \
                        rows, offs, w, ws, M, N, K, elist, io, 1);                                  \
     } while (0)
-    const int split =
-        FMT != FMT_FP4 && !wide && !offs ? mma16_ksplit(N, K, groups, FMT == FMT_FP8 ? 64 : 32) : 1;
     if (split > 1) {
         cudaLaunchConfig_t cfg = {};
         cfg.gridDim = dim3(bt__cdiv(N, 8) * split, groups);
