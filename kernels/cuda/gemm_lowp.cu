@@ -355,7 +355,7 @@ __global__ void __launch_bounds__(SK_WARPS * 32) gemm_skinny(OT *y, const __nv_b
  * contiguous: in a chunk of 64 (FP8; 128 for FP4) k, MMA s gives lane c the actual k
  * chunk + W*c + 4s + {0,1,2,3} (W = 16 or 32: the lane's 16 weight bytes), logical
  * {2c, 2c+1, 2c+8, 2c+9}. FP4 goes one step further: a bf16 pair holds k j and j + 4 of each 8
- * (e2m1x8_to_bf16_2m126_spread: shifts only), the rows' pairs permuted to match once a chunk
+ * (e2m1x8_to_bf16_2m126_spread: no byte permutes), the rows' pairs permuted to match once a chunk
  * for all tiles. The 8 warps split K; their partial sums meet in shared memory.
  * A block takes TILES x 8 columns: 4 where that leaves enough blocks, else 1 (a [512, 5120]
  * weight in blocks of 32 columns would run on 16 SMs). Each warp loads the next chunk's
@@ -378,15 +378,19 @@ __device__ __forceinline__ void e2m1x8_to_bf16_2m126(unsigned v, unsigned *out)
 }
 
 /* The same 8 codes as 4 words whose pair j is codes j and j + 4 (k j, j + 4 of the word): the
- * two nibbles of such a pair lie 16 bits apart, so shifts alone (no byte permute) put both
- * magnitudes and both signs in place; 15 operations for the 21 above. The few-row kernel pairs
- * its rows' bf16 the same way, permuted once for all its tiles. */
+ * two nibbles of such a pair lie 16 bits apart. With the pair's nibbles alone in a word, one
+ * multiply by 2^a + 2^b puts two copies of each, shifted by a (magnitude onto the bf16's two low
+ * exponent bits and top mantissa bit) and by b = a + 6 (sign onto bit 15 / 31), in disjoint
+ * bits, so the sum is their OR; a mask keeps the bits wanted. Pairs 2 and 3 as 0 and 1 of the
+ * word shifted down a byte: 13 operations for the 21 above (15 with two shifts a pair). The
+ * few-row kernels pair their rows' bf16 the same way, permuted once for all their tiles. */
 __device__ __forceinline__ void e2m1x8_to_bf16_2m126_spread(unsigned v, unsigned *out)
 {
-    out[0] = ((v << 6) & 0x01c001c0u) | ((v << 12) & 0x80008000u);
-    out[1] = ((v << 2) & 0x01c001c0u) | ((v << 8) & 0x80008000u);
-    out[2] = ((v >> 2) & 0x01c001c0u) | ((v << 4) & 0x80008000u);
-    out[3] = ((v >> 6) & 0x01c001c0u) | (v & 0x80008000u);
+    const unsigned v8 = v >> 8;
+    out[0] = ((v & 0x000f000fu) * 0x1040u) & 0x81c081c0u; /* << 6 and << 12 */
+    out[1] = ((v & 0x00f000f0u) * 0x0104u) & 0x81c081c0u; /* << 2 and << 8 */
+    out[2] = ((v8 & 0x000f000fu) * 0x1040u) & 0x81c081c0u;
+    out[3] = ((v8 & 0x00f000f0u) * 0x0104u) & 0x81c081c0u;
 }
 
 /* e2m1 codes into bf16 pairs, in k order (SPREAD false) or pairs (j, j + 4) (true) */
