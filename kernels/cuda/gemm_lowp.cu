@@ -926,9 +926,8 @@ __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
         set_tile(0);
         if (nw > 0) load_w(wa, sa);
         if (known && rb == 0) bt_grid_begin(); /* (the rows and row indices come after it) */
-            /* rows past mr read the last real row: their sums land in rows never stored */
 #pragma unroll
-        for (int r = 0; r < RP; r++) {
+        for (int r = 0; r < RP; r++) { /* rows past mr read the last real row (never stored) */
             const int gr = min(rb + 8 * r + g, mr - 1);
             xp[r] = xrow[r] = x + (size_t)(rows ? rows[r0 + gr] : r0 + gr) * io.ldx + k_first;
 #pragma unroll
@@ -1533,7 +1532,7 @@ static bt_status_t launch(void *y, bt_cuda_dtype_t yd, const uint16_t *x, const 
     /* whole chunks of K and 16-byte rows: the tensor-core kernel for few rows */
     bool mma_ok = K % (FMT == FMT_FP8 ? 64 : 128) == 0 && (uintptr_t)x % 16 == 0 &&
                   (uintptr_t)w % 16 == 0 && io.ldx % 8 == 0 && io.x_group % 8 == 0;
-    /* (gemm_mma16's offsets in a matrix are 32-bit) */
+    /* (gemm_mma16's and gemm_rows' offsets in a matrix are 32-bit) */
     if (max_rows <= SKINNY_MAX_ROWS && mma_ok && (long long)N * K < (1ll << 31)) {
         bt_status_t st = mma16_launch<FMT>(y, yd, xb, rows, offs, groups, w, ws, M, N, K, elist,
                                            io, stream);
