@@ -401,6 +401,10 @@ static const case_t cases[] = {
      * rows (a second pass for rows 8..15) in the same */
     {OP_GEMM_FP4_LIST, BF16, {384, 2000, 384, 96, 16}, 0},
     {OP_GEMM_FP4, F32, {12, 11200, 256, 96, 40}, 0},
+    /* few FP8 rows on gemm_rows' 16-column tiles (K not sliced), scales on both conversion
+     * routes: 8 rows, then 9..16 in one pass with K of 3 chunks (5 warps without any) */
+    {OP_GEMM_FP8, F32, {5, 1000, 128, 1}, 0},
+    {OP_GEMM_FP8, BF16, {12, 1000, 192, 1}, 0},
     /* large: timed with --perf (GEMM references on a few sampled rows) */
     {OP_GEMM_BF16, BF16, {4096, 4096, 4096}, 1},
     {OP_GEMM_BF16, BF16, {8, 32768, 1280}, 1},
