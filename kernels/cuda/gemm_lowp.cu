@@ -23,6 +23,7 @@
  *           (exact: e4m3/e2m1 times a power of two fits bf16) for 16x16x16 wmma MMAs.
  * (Dense FP8 products of >= 64 rows go through bt_cuda_dequant_fp8 and cuBLASLt instead.) */
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/lowp_bits.h"
 #include "kernels/cuda/wgmma.cuh"
 
 #include <cooperative_groups.h>
@@ -355,7 +356,7 @@ __global__ void __launch_bounds__(SK_WARPS * 32) gemm_skinny(OT *y, const __nv_b
  * contiguous: in a chunk of 64 (FP8; 128 for FP4) k, MMA s gives lane c the actual k
  * chunk + W*c + 4s + {0,1,2,3} (W = 16 or 32: the lane's 16 weight bytes), logical
  * {2c, 2c+1, 2c+8, 2c+9}. FP4 goes one step further: a bf16 pair holds k j and j + 4 of each 8
- * (e2m1x8_to_bf16_2m126_spread: no byte permutes), the rows' pairs permuted to match once a chunk
+ * (bt_e2m1x8_to_bf16_spread: no byte permutes), the rows' pairs permuted to match once a chunk
  * for all tiles. The 8 warps split K; their partial sums meet in shared memory.
  * A block takes TILES x 8 columns: 4 where that leaves enough blocks, else 1 (a [512, 5120]
  * weight in blocks of 32 columns would run on 16 SMs). Each warp loads the next chunk's
@@ -377,28 +378,12 @@ __device__ __forceinline__ void e2m1x8_to_bf16_2m126(unsigned v, unsigned *out)
     }
 }
 
-/* The same 8 codes as 4 words whose pair j is codes j and j + 4 (k j, j + 4 of the word): the
- * two nibbles of such a pair lie 16 bits apart. With the pair's nibbles alone in a word, one
- * multiply by 2^a + 2^b puts two copies of each, shifted by a (magnitude onto the bf16's two low
- * exponent bits and top mantissa bit) and by b = a + 6 (sign onto bit 15 / 31), in disjoint
- * bits, so the sum is their OR; a mask keeps the bits wanted. Pairs 2 and 3 as 0 and 1 of the
- * word shifted down a byte: 13 operations for the 21 above (15 with two shifts a pair). The
- * few-row kernels pair their rows' bf16 the same way, permuted once for all their tiles. */
-__device__ __forceinline__ void e2m1x8_to_bf16_2m126_spread(unsigned v, unsigned *out)
-{
-    const unsigned v8 = v >> 8;
-    out[0] = ((v & 0x000f000fu) * 0x1040u) & 0x81c081c0u; /* << 6 and << 12 */
-    out[1] = ((v & 0x00f000f0u) * 0x0104u) & 0x81c081c0u; /* << 2 and << 8 */
-    out[2] = ((v8 & 0x000f000fu) * 0x1040u) & 0x81c081c0u;
-    out[3] = ((v8 & 0x00f000f0u) * 0x0104u) & 0x81c081c0u;
-}
-
 /* e2m1 codes into bf16 pairs, in k order (SPREAD false) or pairs (j, j + 4) (true) */
 template <bool SPREAD>
 __device__ __forceinline__ void e2m1x8_to_bf16_pairs(unsigned v, unsigned *out)
 {
     if (SPREAD)
-        e2m1x8_to_bf16_2m126_spread(v, out);
+        bt_e2m1x8_to_bf16_spread(v, out);
     else
         e2m1x8_to_bf16_2m126(v, out);
 }
@@ -409,15 +394,10 @@ __device__ __forceinline__ unsigned pack_bf16(float lo, float hi)
     return *(unsigned *)&b;
 }
 
-/* The scales with which fp4x8_to_bf16_fast is exact: 2^126 * scale is a bf16 up to scale 2,
- * and the products stay normal numbers from scale 2^-119 on. Real checkpoints' scales (their
- * weights are far under 12 in magnitude) are all such. */
-__device__ __forceinline__ bool fp4_scale_fast(uint8_t sv) { return sv >= 8 && sv <= 128; }
-
 /* 2^126 * scale, twice, for fp4x8_to_bf16_fast */
 __device__ __forceinline__ __nv_bfloat162 fp4_scale2(uint8_t sv)
 {
-    const __nv_bfloat16 sb = __ushort_as_bfloat16((unsigned short)((sv + 126) << 7));
+    const __nv_bfloat16 sb = __ushort_as_bfloat16(bt_fp4_scale_bf16(sv));
     return __halves2bfloat162(sb, sb);
 }
 
@@ -426,15 +406,13 @@ __device__ __forceinline__ __nv_bfloat162 fp4_scale2(uint8_t sv)
  * times 2^-112 (f16 and bf16 differ by their exponent widths; e4m3 values are f16 normals),
  * and one bf16 multiply by 2^112 * scale finishes it. 5 operations a pair where the f32 route
  * (two conversions to f32, two multiplies, one packing) took 6. Exact while the scale keeps
- * every product a bf16 with its 4 significant bits: scale bytes 8..142 (fp8_scale_fast);
+ * every product a bf16 with its 4 significant bits: scale bytes 8..142 (bt_fp8_scale_fast);
  * real checkpoints' are all such, others take the f32 route. The NaN codes (0x7f, 0xff) come
  * out finite here (the f32 route keeps them NaN): no checkpoint has them, and checking every
  * byte would cost a third of the conversion. */
-__device__ __forceinline__ bool fp8_scale_fast(uint8_t sv) { return sv >= 8 && sv <= 142; }
-
 __device__ __forceinline__ __nv_bfloat162 fp8_scale2(uint8_t sv)
 {
-    const __nv_bfloat16 sb = __ushort_as_bfloat16((unsigned short)((sv + 112) << 7));
+    const __nv_bfloat16 sb = __ushort_as_bfloat16(bt_fp8_scale_bf16(sv));
     return __halves2bfloat162(sb, sb);
 }
 
@@ -448,8 +426,7 @@ __device__ __forceinline__ unsigned bf16x2_mul(unsigned v, __nv_bfloat162 s2)
 __device__ __forceinline__ unsigned e4m3x2_to_bf16_scaled(unsigned v, __nv_bfloat162 s2)
 {
     const __half2_raw h2 = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(v & 0xffffu), __NV_E4M3);
-    const unsigned h = (unsigned)h2.x | (unsigned)h2.y << 16;
-    return bf16x2_mul(((h >> 3) & 0x0fff0fffu) | (h & 0x80008000u), s2);
+    return bf16x2_mul(bt_f16x2_to_bf16x2_2m112((unsigned)h2.x | (unsigned)h2.y << 16), s2);
 }
 
 /* two e4m3 codes (the low 16 bits of v) as floats */
@@ -461,7 +438,7 @@ __device__ __forceinline__ float2 e4m3x2_to_f32(unsigned v)
 }
 
 /* 8 e2m1 codes (a word, low nibble first) times their scale -> 4 words of bf16 pairs in k
- * order, exact for a fp4_scale_fast scale: the codes as bf16 times 2^-126, then times
+ * order, exact for a bt_fp4_scale_fast scale: the codes as bf16 times 2^-126, then times
  * s2 = fp4_scale2 (subnormal inputs are exact in bf16 multiplies). No branch: the kernels pick
  * this or fp4x8_to_bf16_scaled once per chunk, so the MMAs around it can be interleaved. */
 template <bool SPREAD = false>
@@ -605,7 +582,8 @@ __global__ void __launch_bounds__(MT_WARPS * 32, MMA16_MIN_BLOCKS(FMT, TILES)) g
             }
         }
         const unsigned *xw0 = (const unsigned *)xv[0], *xw1 = (const unsigned *)xv[1];
-        /* FAST: every scale of the warp's chunk takes the bf16 route (fp4/fp8_scale_fast), checked once */
+        /* FAST: every scale of the warp's chunk takes the bf16 route (bt_fp4/fp8_scale_fast),
+         * checked once */
         auto tiles = [&](auto fast_c) {
             [[maybe_unused]] constexpr bool FAST = decltype(fast_c)::value; /* (bf16: none) */
 #pragma unroll
@@ -645,7 +623,7 @@ __global__ void __launch_bounds__(MT_WARPS * 32, MMA16_MIN_BLOCKS(FMT, TILES)) g
         bool fast = true;
 #pragma unroll
         for (int i = 0; i < TILES; i++)
-            fast = fast && (FMT == FMT_FP4 ? fp4_scale_fast(sv[i]) : fp8_scale_fast(sv[i]));
+            fast = fast && (FMT == FMT_FP4 ? bt_fp4_scale_fast(sv[i]) : bt_fp8_scale_fast(sv[i]));
         if (FMT == FMT_BF16 || __all_sync(0xffffffffu, fast))
             tiles(std::true_type());
         else
@@ -839,7 +817,7 @@ __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
         bool fast = true;
 #pragma unroll
         for (int i = 0; i < NS; i++)
-            fast = fast && (FP4 ? fp4_scale_fast(sc[i]) : fp8_scale_fast(sc[i]));
+            fast = fast && (FP4 ? bt_fp4_scale_fast(sc[i]) : bt_fp8_scale_fast(sc[i]));
         auto mmas = [&](auto fast_c) {
             constexpr bool FAST = decltype(fast_c)::value;
 #pragma unroll
@@ -1060,7 +1038,7 @@ __global__ void __launch_bounds__(FT_WARPS * 32, 3) gemm_fp4_tiles(OT *y, const 
             const int col = 32 * warp + 8 * j + g;
             wv[j] = sb[col * 4 + c];
             sv[j] = (uint8_t)(stage_s(st)[col] >> (8 * c)); /* 0 past N: the slow path there */
-            fast = fast && fp4_scale_fast(sv[j]);
+            fast = fast && bt_fp4_scale_fast(sv[j]);
         }
         /* FAST: every scale of the warp's chunk converts in bf16, checked once, so the chunk is
          * one branch-free block in which the conversions and the MMAs interleave */
@@ -1188,7 +1166,7 @@ __device__ __forceinline__ unsigned e2m1x2_to_bf16_2m126(unsigned v, unsigned se
     return (mag & 0x01c001c0u) | (sgn & 0x80008000u);
 }
 
-/* whether all four scale bytes of s lie in 8..127 (fp4_scale_fast, but for 128, which takes
+/* whether all four scale bytes of s lie in 8..127 (bt_fp4_scale_fast, but for 128, which takes
  * the slow path): per byte, bit 7 of b + 0x78 is set from 8 on and that of b clear below 128.
  * A byte that carries into the next (b >= 0x88) fails itself, whatever the carry does. */
 __device__ __forceinline__ uint32_t fp4_scales_fast4(uint32_t s)
