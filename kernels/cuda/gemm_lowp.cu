@@ -706,7 +706,8 @@ template <int FMT> struct rows_fmt {
 };
 
 /* registers for 2 blocks an SM (FP4, whose conversion needs them; FP8 with 32 columns a tile
- * or 16 rows) or 3 (FP8, 16 columns, 8 rows: 4 spilled) */
+ * or 16 rows) or 3 (FP8, 16 columns, 8 rows: 80 registers; at 4 blocks an SM, 64, it spilled
+ * 60 bytes) */
 #define ROWS_MIN_BLOCKS(FMT, MT, R16) ((FMT) == FMT_FP4 || (MT) == 2 || (R16) ? 2 : 3)
 
 template <int FMT, int MT, bool R16, typename OT>
@@ -1419,13 +1420,15 @@ static int mma16_ksplit(int N, int K, int groups, int chunk)
     return s;
 }
 
-/* The few-row kernel's launch: 32 columns a block when that leaves two blocks an SM, else 8,
- * the narrow ones with K in slices over a cluster when they fill less than a wave. */
+/* The few-row kernels' launch. FP4 and FP8 weights: gemm_rows, blocks of rows_tiles() tiles of
+ * 32 columns when that leaves two blocks an SM, else 16; but FP8 products whose column tiles
+ * fill less than a wave take gemm_mma16 with K in slices over a cluster, as bf16 weights do
+ * (gemm_mma16: 32 columns a block when that leaves two blocks an SM, else 8). */
 template <int FMT>
-static bt_status_t mma16_launch(void *y, bt_cuda_dtype_t yd, const __nv_bfloat16 *xb,
-                                const int32_t *rows, const int32_t *offs, int groups,
-                                const uint8_t *w, const uint8_t *ws, int M, int N, int K,
-                                const int32_t *elist, gemm_io io, cudaStream_t stream)
+static bt_status_t few_rows_launch(void *y, bt_cuda_dtype_t yd, const __nv_bfloat16 *xb,
+                                   const int32_t *rows, const int32_t *offs, int groups,
+                                   const uint8_t *w, const uint8_t *ws, int M, int N, int K,
+                                   const int32_t *elist, gemm_io io, cudaStream_t stream)
 {
     bool wide = (long)bt__cdiv(N, 32) * groups >= 264; /* two blocks an SM */
     const int split =
@@ -1512,8 +1515,8 @@ static bt_status_t launch(void *y, bt_cuda_dtype_t yd, const uint16_t *x, const 
                   (uintptr_t)w % 16 == 0 && io.ldx % 8 == 0 && io.x_group % 8 == 0;
     /* (gemm_mma16's and gemm_rows' offsets in a matrix are 32-bit) */
     if (max_rows <= SKINNY_MAX_ROWS && mma_ok && (long long)N * K < (1ll << 31)) {
-        bt_status_t st = mma16_launch<FMT>(y, yd, xb, rows, offs, groups, w, ws, M, N, K, elist,
-                                           io, stream);
+        bt_status_t st =
+            few_rows_launch<FMT>(y, yd, xb, rows, offs, groups, w, ws, M, N, K, elist, io, stream);
         if (st != BT_OK) return st;
     } else if (max_rows <= SKINNY_MAX_ROWS) {
         dim3 grid(bt__cdiv(N, SK_WARPS), groups);
@@ -1650,8 +1653,8 @@ bool bt__gemm_bf16_rows_fits(const void *x, const void *w, int M, int N, int K)
 bt_status_t bt__gemm_bf16_rows(void *y, bt_cuda_dtype_t yd, const uint16_t *x,
                                const uint16_t *w, int M, int N, int K, cudaStream_t stream)
 {
-    bt_status_t st = mma16_launch<FMT_BF16>(y, yd, (const __nv_bfloat16 *)x, NULL, NULL, 1,
-                                            (const uint8_t *)w, NULL, M, N, K, NULL,
-                                            plain_io(N, K), stream);
+    bt_status_t st =
+        few_rows_launch<FMT_BF16>(y, yd, (const __nv_bfloat16 *)x, NULL, NULL, 1,
+                                  (const uint8_t *)w, NULL, M, N, K, NULL, plain_io(N, K), stream);
     return st != BT_OK ? st : bt__cuda_launched("gemm_bf16 (rows)");
 }

@@ -33,10 +33,11 @@ BT_LOWP_FN void bt_e2m1x8_to_bf16_spread(uint32_t v, uint32_t *out)
     out[3] = ((v8 & 0x00f000f0u) * 0x0104u) & 0x81c081c0u;
 }
 
-/* FP4 scale bytes (UE8M0: 2^(sv - 127)) for which the bf16 pattern below times the codes above
- * is exact: 2^126 * scale is a bf16 up to scale 2, and the products stay normal numbers from
- * scale 2^-119 on. Real checkpoints' scales (their weights are far under 12 in magnitude) are
- * all such. */
+/* FP4 scale bytes (UE8M0: 2^(sv - 127)) the kernels take the bf16 route for: the pattern below
+ * times the codes above is exact. The top, 128 (scale 2), is where 2^126 * scale is still a
+ * bf16; the bottom, 8, is a margin (the products are normal numbers from byte 2 on, and bf16
+ * multiplies keep the subnormals below). Real checkpoints' scales (their weights are far under
+ * 12 in magnitude) are all such. */
 BT_LOWP_FN bool bt_fp4_scale_fast(uint8_t sv)
 {
     return sv >= 8 && sv <= 128;
@@ -56,8 +57,10 @@ BT_LOWP_FN uint32_t bt_f16x2_to_bf16x2_2m112(uint32_t h)
     return ((h >> 3) & 0x0fff0fffu) | (h & 0x80008000u);
 }
 
-/* FP8 scale bytes for which the bf16 pattern below times those is exact (every product a bf16
- * with its 4 significant bits): 8..142. Real checkpoints' are all such. */
+/* FP8 scale bytes the kernels take the bf16 route for: the pattern below times those is exact
+ * (every product a bf16 with its 4 significant bits). The top, 142, is where 2^112 * scale is
+ * still a bf16; the bottom, 8, is a margin (the products are exact from byte 3 on). Real
+ * checkpoints' are all such. */
 BT_LOWP_FN bool bt_fp8_scale_fast(uint8_t sv)
 {
     return sv >= 8 && sv <= 142;

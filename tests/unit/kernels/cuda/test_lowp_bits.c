@@ -75,63 +75,83 @@ static void test_e2m1_spread_words(void)
     BT_CHECK_EQ_INT(bad, 0);
 }
 
-/* For a fast FP4 scale byte the scale's pattern is 2^126 * 2^(sv - 127), and each code's
- * pattern times it is the dequantized weight exactly, a bf16 itself (so the kernels' bf16
- * multiply rounds nothing). The fast range is where that holds: its bounds are checked too. */
+/* A scale byte's pattern is 2^126 * 2^(sv - 127), and each code's pattern times it is the
+ * dequantized weight exactly, a bf16 itself (so the kernels' bf16 multiply rounds nothing) */
+static int fp4_scale_exact(int sv)
+{
+    const double s = bf16_value(bt_fp4_scale_bf16((uint8_t)sv));
+    if (s != ldexp(1.0, 126 + sv - 127)) return 0;
+    for (int code = 0; code < 16; code++) {
+        uint32_t out[4];
+        bt_e2m1x8_to_bf16_spread((uint32_t)code, out); /* code at nibble 0: pair 0, low */
+        const double p = bf16_value(out[0] & 0xffffu) * s;
+        const double want =
+            (double)bt_e2m1_to_f32((uint8_t)code) * (double)bt_e8m0_to_f32((uint8_t)sv);
+        if (p != want || !bf16_exact(p)) return 0;
+    }
+    return 1;
+}
+
+/* every fast FP4 scale byte is exact; the top bound is tight (129's pattern is no longer a
+ * finite bf16), the bottom one a margin (bytes 0..7 are exact too) */
 static void test_fp4_scale(void)
 {
     int bad = 0, fast = 0;
     for (int sv = 0; sv < 256; sv++) {
         if (!bt_fp4_scale_fast((uint8_t)sv)) continue;
         fast++;
-        const double s = bf16_value(bt_fp4_scale_bf16((uint8_t)sv));
-        if (s != ldexp(1.0, 126 + sv - 127)) bad++;
-        for (int code = 0; code < 16; code++) {
-            uint32_t out[4];
-            bt_e2m1x8_to_bf16_spread((uint32_t)code, out); /* code at nibble 0: pair 0, low */
-            const double p = bf16_value(out[0] & 0xffffu) * s;
-            const double want =
-                (double)bt_e2m1_to_f32((uint8_t)code) * (double)bt_e8m0_to_f32((uint8_t)sv);
-            if (p != want || !bf16_exact(p)) bad++;
-        }
+        bad += !fp4_scale_exact(sv);
     }
     BT_CHECK_EQ_INT(bad, 0);
     BT_CHECK_EQ_INT(fast, 121); /* 8..128 */
-    BT_CHECK(!bt_fp4_scale_fast(7) && bt_fp4_scale_fast(8) && bt_fp4_scale_fast(128) &&
-             !bt_fp4_scale_fast(129));
+    BT_CHECK(bt_fp4_scale_fast(128) && !bt_fp4_scale_fast(129) && !fp4_scale_exact(129));
+    for (int sv = 0; sv < 8; sv++)
+        BT_CHECK_MSG(!bt_fp4_scale_fast((uint8_t)sv) && fp4_scale_exact(sv), "byte %d", sv);
 }
 
-/* e4m3 pairs: the f16 patterns of the codes' values (as the hardware converts them) moved to
- * bf16 are the values times 2^-112; times a fast scale's pattern (2^112 * 2^(sv - 127)) they
- * are the dequantized weights exactly, bf16 values themselves. NaN codes excluded (see
- * gemm_lowp.cu: they come out finite on this route, and no checkpoint has them). */
+/* e4m3 codes c0 (low half) and c1 (high half): the f16 patterns of their values (as the
+ * hardware converts them) moved to bf16 are the values times 2^-112; times the scale's pattern
+ * (2^112 * 2^(sv - 127)) each is the dequantized weight exactly, a bf16 value itself. NaN codes
+ * are the caller's to skip (see gemm_lowp.cu: they come out finite on this route, and no
+ * checkpoint has them). */
+static int fp8_pair_exact(int c0, int c1, int sv)
+{
+    const double v0 = bt_e4m3_to_f32((uint8_t)c0), v1 = bt_e4m3_to_f32((uint8_t)c1);
+    const uint32_t h = (uint32_t)bt_f32_to_f16((float)v0) | (uint32_t)bt_f32_to_f16((float)v1)
+                                                                << 16;
+    if ((double)bt_f16_to_f32((uint16_t)h) != v0 || (double)bt_f16_to_f32(h >> 16) != v1)
+        return 0; /* (f16 holds e4m3 values exactly) */
+    const uint32_t b = bt_f16x2_to_bf16x2_2m112(h);
+    if (ldexp(bf16_value(b & 0xffffu), 112) != v0 || ldexp(bf16_value(b >> 16), 112) != v1)
+        return 0;
+    const double s = bf16_value(bt_fp8_scale_bf16((uint8_t)sv)),
+                 scale = (double)bt_e8m0_to_f32((uint8_t)sv);
+    const double p0 = bf16_value(b & 0xffffu) * s, p1 = bf16_value(b >> 16) * s;
+    return s == ldexp(1.0, 112 + sv - 127) && p0 == v0 * scale && p1 == v1 * scale &&
+           bf16_exact(p0) && bf16_exact(p1);
+}
+
+/* every non-NaN code (paired with another) at every fast FP8 scale byte is exact; the top
+ * bound is tight (143's pattern is infinite), the bottom one a margin (3..7 are exact too) */
 static void test_fp8_route(void)
 {
-    int bad = 0, fast = 0;
-    for (int c0 = 0; c0 < 256; c0++) {
-        if ((c0 & 0x7f) == 0x7f) continue;
-        const int c1 = (c0 * 37 + 11) & 0xff; /* a partner code for the high half */
-        if ((c1 & 0x7f) == 0x7f) continue;
-        const double v0 = bt_e4m3_to_f32((uint8_t)c0), v1 = bt_e4m3_to_f32((uint8_t)c1);
-        const uint32_t h = (uint32_t)bt_f32_to_f16((float)v0) | (uint32_t)bt_f32_to_f16((float)v1)
-                                                                    << 16;
-        if ((double)bt_f16_to_f32((uint16_t)h) != v0) bad++; /* (f16 holds e4m3 exactly) */
-        const uint32_t b = bt_f16x2_to_bf16x2_2m112(h);
-        if (ldexp(bf16_value(b & 0xffffu), 112) != v0 || ldexp(bf16_value(b >> 16), 112) != v1)
-            bad++;
-        for (int sv = 0; sv < 256; sv++) {
-            if (!bt_fp8_scale_fast((uint8_t)sv)) continue;
-            fast += c0 == 0;
-            const double s = bf16_value(bt_fp8_scale_bf16((uint8_t)sv));
-            const double p = bf16_value(b & 0xffffu) * s;
-            if (s != ldexp(1.0, 112 + sv - 127) || p != v0 * (double)bt_e8m0_to_f32((uint8_t)sv) ||
-                !bf16_exact(p))
-                bad++;
+    int bad = 0, fast = 0, pairs = 0;
+    for (int sv = 0; sv < 256; sv++) {
+        if (!bt_fp8_scale_fast((uint8_t)sv)) continue;
+        fast++;
+        for (int c0 = 0; c0 < 256; c0++) {
+            const int c1 = (c0 * 37 + 11) & 0xff; /* a partner code for the high half */
+            if ((c0 & 0x7f) == 0x7f || (c1 & 0x7f) == 0x7f) continue;
+            pairs++;
+            bad += !fp8_pair_exact(c0, c1, sv);
         }
     }
     BT_CHECK_EQ_INT(bad, 0);
+    BT_CHECK(pairs > 0);
     BT_CHECK_EQ_INT(fast, 135); /* 8..142 */
-    BT_CHECK(!bt_fp8_scale_fast(7) && bt_fp8_scale_fast(142) && !bt_fp8_scale_fast(143));
+    BT_CHECK(bt_fp8_scale_fast(142) && !bt_fp8_scale_fast(143) && !fp8_pair_exact(0x7e, 1, 143));
+    for (int sv = 3; sv < 8; sv++)
+        BT_CHECK_MSG(!bt_fp8_scale_fast((uint8_t)sv) && fp8_pair_exact(1, 0x81, sv), "byte %d", sv);
 }
 
 int main(void)
