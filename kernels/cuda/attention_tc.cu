@@ -567,13 +567,9 @@ __global__ void __launch_bounds__(FL_WARPS * 32, 1)
  * once */
 template <typename QT> static bool fl_allowed(void)
 {
-    static int on = -1;
+    static int once = -1;
     static signed char allowed[BT__MAX_DEVICES];
-    if (on < 0) {
-        const char *v = getenv("BT_CUDA_FLASH");
-        on = !(v && strcmp(v, "0") == 0);
-    }
-    return on &&
+    return bt__env_switch("BT_CUDA_FLASH", &once) &&
            bt__smem_allowed((const void *)attention_flash_kernel<QT>, fl_smem(TC_MAXD), allowed);
 }
 

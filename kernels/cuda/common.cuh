@@ -229,16 +229,23 @@ __device__ __forceinline__ void bt_grid_begin(void)
     bt_grid_release();
 }
 
-/* whether launches carry the attribute: BT_CUDA_PDL unset or not "0", read once per file
- * (every thread reads the same value: a benign race) */
+/* An on/off switch from the environment (BT_CUDA_PDL, BT_CUDA_WGRS, ...: off for comparisons):
+ * on unless the variable is "0", read once into *once (-1 until read; every thread reads the
+ * same value: a benign race). */
+static inline bool bt__env_switch(const char *name, int *once)
+{
+    if (*once < 0) {
+        const char *v = getenv(name);
+        *once = !(v && strcmp(v, "0") == 0);
+    }
+    return *once;
+}
+
+/* whether launches carry the attribute: BT_CUDA_PDL, read once per file */
 static inline bool bt__pdl_enabled(void)
 {
-    static int on = -1;
-    if (on < 0) {
-        const char *v = getenv("BT_CUDA_PDL");
-        on = !(v && strcmp(v, "0") == 0);
-    }
-    return on;
+    static int once = -1;
+    return bt__env_switch("BT_CUDA_PDL", &once);
 }
 
 /* Fills the attribute of a launch configuration for bt__launch and the launchers that build

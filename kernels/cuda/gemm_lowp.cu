@@ -429,12 +429,14 @@ __device__ __forceinline__ unsigned e4m3x2_to_bf16_scaled(unsigned v, __nv_bfloa
     return bf16x2_mul(bt_f16x2_to_bf16x2_2m112((unsigned)h2.x | (unsigned)h2.y << 16), s2);
 }
 
-/* two e4m3 codes (the low 16 bits of v) as floats */
-__device__ __forceinline__ float2 e4m3x2_to_f32(unsigned v)
+/* the same pair times any scale (s = bt_e8m0 of its byte) by way of f32, as dequant_fp8x16:
+ * NaN codes stay NaN */
+__device__ __forceinline__ unsigned e4m3x2_to_bf16_f32(unsigned v, float s)
 {
     const __half2_raw h2 =
         __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(v & 0xffffu), __NV_E4M3);
-    return __half22float2(*(const __half2 *)&h2);
+    const float2 f = __half22float2(*(const __half2 *)&h2);
+    return pack_bf16(f.x * s, f.y * s);
 }
 
 /* 8 e2m1 codes (a word, low nibble first) times their scale -> 4 words of bf16 pairs in k
@@ -846,12 +848,10 @@ __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
                         bb[1] = e4m3x2_to_bf16_scaled(ub[q] >> 16, s2);
                     } else {
                         const float s = bt_e8m0(sc[0]);
-                        const float2 a0 = e4m3x2_to_f32(ua[q]), a1 = e4m3x2_to_f32(ua[q] >> 16);
-                        const float2 b0 = e4m3x2_to_f32(ub[q]), b1 = e4m3x2_to_f32(ub[q] >> 16);
-                        ba[0] = pack_bf16(a0.x * s, a0.y * s),
-                        ba[1] = pack_bf16(a1.x * s, a1.y * s);
-                        bb[0] = pack_bf16(b0.x * s, b0.y * s),
-                        bb[1] = pack_bf16(b1.x * s, b1.y * s);
+                        ba[0] = e4m3x2_to_bf16_f32(ua[q], s);
+                        ba[1] = e4m3x2_to_bf16_f32(ua[q] >> 16, s);
+                        bb[0] = e4m3x2_to_bf16_f32(ub[q], s);
+                        bb[1] = e4m3x2_to_bf16_f32(ub[q] >> 16, s);
                     }
 #pragma unroll
                     for (int h = 0; h < (FP4 ? 2 : 1); h++) {
@@ -1178,12 +1178,8 @@ __device__ __forceinline__ uint32_t fp4_scales_fast4(uint32_t s)
 /* BT_CUDA_WGRS=0 keeps gemm_fp4_tiles (for comparisons), read once */
 static bool wgrs_on(void)
 {
-    static int on = -1;
-    if (on < 0) {
-        const char *v = getenv("BT_CUDA_WGRS");
-        on = !(v && strcmp(v, "0") == 0);
-    }
-    return on;
+    static int once = -1;
+    return bt__env_switch("BT_CUDA_WGRS", &once);
 }
 
 template <int NT, typename OT>
@@ -1382,12 +1378,8 @@ static bool wgrs_ready(void)
  * (for comparisons), read once */
 template <int FMT> static bool rows_on(void)
 {
-    static int on = -1;
-    if (on < 0) {
-        const char *v = getenv(FMT == FMT_FP4 ? "BT_CUDA_FP4ROWS" : "BT_CUDA_FP8ROWS");
-        on = !(v && strcmp(v, "0") == 0);
-    }
-    return on;
+    static int once = -1;
+    return bt__env_switch(FMT == FMT_FP4 ? "BT_CUDA_FP4ROWS" : "BT_CUDA_FP8ROWS", &once);
 }
 
 /* column tiles a gemm_rows block walks: as many as keep 4 waves of blocks (per_sm an SM);

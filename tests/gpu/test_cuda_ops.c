@@ -396,7 +396,7 @@ static const case_t cases[] = {
     {OP_DEQUANT_FP8, BF16, {31, 32}, 0},
     {OP_DEQUANT_FP8, BF16, {4096, 512}, 0},
     {OP_DEQUANT_FP8, BF16, {2304, 5120}, 0},
-    /* few FP4 rows an expert, many column tiles: gemm_fp4_rows with 32-column tiles, several a
+    /* few FP4 rows an expert, many column tiles: gemm_rows with 32-column tiles, several a
      * block, the last block's tiles fewer and its last tile part past N; then experts of 9..16
      * rows (a second pass for rows 8..15) in the same */
     {OP_GEMM_FP4_LIST, BF16, {384, 2000, 384, 96, 16}, 0},
