@@ -287,7 +287,7 @@ extern "C" bt_status_t bt_cuda_index_scores_tc(float *scores, const float *q, co
 
 /* ---- top-k ------------------------------------------------------------------------------ */
 
-enum { TK_THREADS = 1024 };
+enum { TK_THREADS = 1024, TK_PER = 8 };
 static_assert(TK_THREADS == 32 * 32, "block_prefix scans the warps' counts a lane each");
 
 /* order-preserving map of a float onto uint32 (larger float -> larger key) */
@@ -297,31 +297,41 @@ __device__ __forceinline__ unsigned ordered(float f)
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-/* Exclusive prefix count of `flag` over the block in thread order; total in *total. */
-__device__ __forceinline__ int block_prefix(int flag, int *warp_tot, int *total)
+/* Exclusive prefix sum of v over the block in thread order; total in *total. */
+__device__ __forceinline__ int block_prefix(int v, int *warp_tot, int *total)
 {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    unsigned ballot = __ballot_sync(0xffffffffu, flag);
-    int before = __popc(ballot & ((1u << lane) - 1u));
+    int incl = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        int u = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += u;
+    }
+    __syncthreads(); /* (warp_tot's last readers are done) */
+    if (lane == 31) warp_tot[warp] = incl;
     __syncthreads();
-    if (lane == 0) warp_tot[warp] = __popc(ballot);
-    __syncthreads();
-    if (warp == 0) { /* the 32 warps' counts scanned by a warp, not walked by one thread */
-        const int v = warp_tot[lane];
-        int incl = v;
+    if (warp == 0) { /* the 32 warps' sums scanned by a warp, not walked by one thread */
+        const int w = warp_tot[lane];
+        int wi = w;
 #pragma unroll
         for (int o = 1; o < 32; o <<= 1) {
-            int u = __shfl_up_sync(0xffffffffu, incl, o);
-            if (lane >= o) incl += u;
+            int u = __shfl_up_sync(0xffffffffu, wi, o);
+            if (lane >= o) wi += u;
         }
-        warp_tot[lane] = incl - v;
-        if (lane == 31) warp_tot[TK_THREADS / 32] = incl;
+        warp_tot[lane] = wi - w;
+        if (lane == 31) warp_tot[TK_THREADS / 32] = wi;
     }
     __syncthreads();
     *total = warp_tot[TK_THREADS / 32];
-    return warp_tot[warp] + before;
+    return warp_tot[warp] + incl - v;
 }
 
+/* The k largest of each row's n scores, as indices in increasing order (-inf never taken);
+ * ties at the k-th value go to the lower indices. A block a row: a radix select finds the
+ * k-th largest key 8 bits at a time, then one pass writes the picks. That pass gives each
+ * thread TK_PER consecutive scores, so a tile of TK_THREADS * TK_PER scores takes two block
+ * scans (the equal keys' ranks, the picks' places): one score a thread took 16 scans (48
+ * barriers) for 8192 scores, most of a decode step's top-k. */
 __global__ void __launch_bounds__(TK_THREADS) topk_kernel(int32_t *out, int32_t *out_n,
                                                           int out_stride, const float *scores,
                                                           int n, int k)
@@ -375,16 +385,41 @@ __global__ void __launch_bounds__(TK_THREADS) topk_kernel(int32_t *out, int32_t 
     /* prefix is now the k-th largest key: take everything above it, and the first `need`
      * equal to it in index order; drop -inf picks; write the rest in index order */
     int written = 0, eq_seen = 0;
-    for (int j0 = 0; j0 < n && k > 0; j0 += TK_THREADS) {
-        int j = j0 + threadIdx.x, total;
-        float v = j < n ? row[j] : -INFINITY;
-        unsigned key = ordered(v);
-        int eq = j < n && key == prefix;
-        int eq_rank = eq_seen + block_prefix(eq, warp_tot, &total);
+    const bool vec = n % 4 == 0 && (uintptr_t)scores % 16 == 0; /* (every row 16-aligned) */
+    for (int j0 = 0; j0 < n && k > 0; j0 += TK_THREADS * TK_PER) {
+        const int jb = j0 + TK_PER * threadIdx.x;
+        float v[TK_PER];
+        if (vec && jb + TK_PER <= n) {
+#pragma unroll
+            for (int i = 0; i < TK_PER; i += 4)
+                *(float4 *)&v[i] = *(const float4 *)(row + jb + i);
+        } else {
+#pragma unroll
+            for (int i = 0; i < TK_PER; i++)
+                v[i] = jb + i < n ? row[jb + i] : -INFINITY;
+        }
+        unsigned eq = 0, gt = 0; /* bit i: score jb + i equals / is over the k-th key */
+#pragma unroll
+        for (int i = 0; i < TK_PER; i++) {
+            const unsigned key = ordered(v[i]);
+            if (jb + i < n && key == prefix) eq |= 1u << i;
+            if (jb + i < n && v[i] > -INFINITY && key > prefix) gt |= 1u << i;
+        }
+        int total;
+        const int eq_before = eq_seen + block_prefix(__popc(eq), warp_tot, &total);
         eq_seen += total;
-        int take = j < n && v > -INFINITY && (key > prefix || (eq && eq_rank < need));
-        int at = written + block_prefix(take, warp_tot, &total);
-        if (take) orow[at] = j;
+        unsigned take = gt;
+        int r = eq_before; /* the rank of this thread's next equal key */
+#pragma unroll
+        for (int i = 0; i < TK_PER; i++)
+            if (eq >> i & 1u) {
+                if (r < need && v[i] > -INFINITY) take |= 1u << i;
+                r++;
+            }
+        int at = written + block_prefix(__popc(take), warp_tot, &total);
+#pragma unroll
+        for (int i = 0; i < TK_PER; i++)
+            if (take >> i & 1u) orow[at++] = jb + i;
         written += total;
     }
     for (int i = written + threadIdx.x; i < out_stride; i += TK_THREADS) orow[i] = -1;

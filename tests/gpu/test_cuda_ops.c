@@ -250,6 +250,7 @@ static const case_t cases[] = {
     {OP_TOPK, F32, {4, 5000, 512, 1}, 0},
     {OP_TOPK, F32, {1, 20000, 2048, 0}, 0},
     {OP_TOPK, F32, {2, 8192, 512, 1}, 0}, /* a decode step's shape, with ties */
+    {OP_TOPK, F32, {3, 10001, 700, 1}, 0}, /* two tiles of the output pass, the last part-full */
     {OP_MOE_ROUTE, F32, {5, 384, 6}, 0},
     {OP_MOE_ROUTE, F32, {3, 64, 6}, 0},
     {OP_MOE_ROUTE, F32, {1, 17, 3}, 0},
