@@ -405,6 +405,10 @@ static bt_status_t weights_make(arena_t *a, weights_t *W, uint32_t seed, cudaStr
     DALLOC(a, W->w2_s, (size_t)HID * (MI / 32) * NE);
     BT_TRY(gen(W->w13, n13, NE, seed, TAG_W13, G_FP4, 0, 0.0f, st));
     BT_TRY(gen(W->w2, n2, NE, seed, TAG_W2, G_FP4, 0, 0.0f, st));
+    /* into the FP4 kernels' fragment order (the formula gives the checkpoint's order, as
+     * layer_torch.py reads it) */
+    BT_TRY(bt_cuda_fp4_to_frag(W->w13, n13 * NE, st));
+    BT_TRY(bt_cuda_fp4_to_frag(W->w2, n2 * NE, st));
     /* e2m1 codes have an rms of ~2.9: two more halvings than the FP8 tensors */
     CU_TRY(cudaMemsetAsync(W->w13_s, 127 - 8, (size_t)2 * MI * (HID / 32) * NE, st));
     CU_TRY(cudaMemsetAsync(W->w2_s, 127 - 8, (size_t)HID * (MI / 32) * NE, st));

@@ -75,11 +75,19 @@ bt_status_t bt_cuda_gemm_fp8_batched(void *y, bt_cuda_dtype_t y_dtype, int ldy,
 bt_status_t bt_cuda_dequant_fp8(uint16_t *w_bf16, const uint8_t *w, const uint8_t *w_scale, int N,
                                 int K, cudaStream_t stream);
 
+/* Packed FP4 weights (e2m1, two a byte, low nibble first: a checkpoint's order) into the
+ * fragment order the FP4 GEMMs read (kernels/cuda/lowp_bits.h: each run of 32 codes, 16 bytes,
+ * rearranged so that a lane's bf16 pairs come from one word), in place. bytes: a multiple of
+ * 16, every weight row's K a multiple of 32 (then no run crosses a row); w 16-byte aligned.
+ * Once per tensor, after it is on the device. */
+bt_status_t bt_cuda_fp4_to_frag(uint8_t *w, size_t bytes, cudaStream_t stream);
+
 /* Grouped FP4 GEMM over experts. Rows are grouped by expert: expert e owns rows
  * offs[e] .. offs[e+1]-1 (offs: n_experts+1 int32, device). Row r reads input row
  * rows ? rows[r] : r of x[*,K] (bf16) and writes y[r, 0..N). Expert weights w[e] are
- * [N, K/2] bytes (e2m1 pairs) with UE8M0 scales [N, K/32]. max_rows bounds any expert's row
- * count (host side; the total row count will do). K must be a multiple of 32. */
+ * [N, K/2] bytes of e2m1 codes in fragment order (bt_cuda_fp4_to_frag) with UE8M0 scales
+ * [N, K/32]. max_rows bounds any expert's row count (host side; the total row count will do).
+ * K must be a multiple of 32. */
 bt_status_t bt_cuda_gemm_fp4_grouped(void *y, bt_cuda_dtype_t y_dtype, const uint16_t *x,
                                      const int32_t *rows, const int32_t *offs, int n_experts,
                                      int max_rows, const uint8_t *w, const uint8_t *w_scale,

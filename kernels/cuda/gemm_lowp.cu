@@ -1,7 +1,8 @@
 /* GEMMs on the checkpoint's low-precision weights, consumed natively:
  *   FP8 e4m3 [N,K] with one UE8M0 scale per 32x32 block (dense layers),
- *   FP4 e2m1 [N,K/2] (two a byte, low nibble first) with one UE8M0 scale per 32 along K
- *   (routed experts, grouped over experts).
+ *   FP4 e2m1 [N,K/2] with one UE8M0 scale per 32 along K (routed experts, grouped over
+ *   experts), the codes in fragment order (lowp_bits.h; bt_cuda_fp4_to_frag rearranges a
+ *   checkpoint's two-a-byte bytes once, at load): a lane's bf16 pairs come from one word.
  * cuBLASLt's block-scaled paths do not fit: on Hopper they scale 1x128 / 128x128 blocks,
  * and the 32-element UE8M0 (MX) layouts are Blackwell-only; so these are our own kernels.
  *
@@ -56,27 +57,14 @@ __device__ __forceinline__ void dequant_fp8x16(uint4 v, float s, float *out)
     }
 }
 
-/* 8 e2m1 codes of one word (low nibble first) -> 8 floats times s. Each code's 3 magnitude
- * bits go into a half's exponent and top mantissa bit, its sign into the half's sign: that half
- * is the e2m1 value times 2^-14 (code 1 lands on the subnormal 2^-15), so s carries 2^14. */
-__device__ __forceinline__ void fp4x8(unsigned v, float s, float *out)
+/* codes k0 .. k0 + n - 1 of a run of 32 in fragment order (16 bytes) -> their values times s,
+ * in k order (exact: e2m1 times a power of two) */
+__device__ __forceinline__ void fp4_run_values(uint4 v, int k0, int n, float s, float *out)
 {
+    const uint32_t u[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
-        unsigned b = v >> (8 * j);
-        unsigned h = ((b & 0x7u) << 9) | ((b & 0x8u) << 12) | ((b & 0x70u) << 21) |
-                     ((b & 0x80u) << 24);
-        float2 f = __half22float2(*(__half2 *)&h);
-        out[2 * j] = f.x * s;
-        out[2 * j + 1] = f.y * s;
-    }
-}
-
-/* 8 bytes of e2m1 pairs (16 values, low nibble first) times a scale -> 16 floats, exact */
-__device__ __forceinline__ void dequant_fp4x16(uint2 v, float s, float *out)
-{
-    fp4x8(v.x, s * 16384.0f, out);
-    fp4x8(v.y, s * 16384.0f, out + 8);
+    for (int j = 0; j < n; j++)
+        out[j] = bt_e2m1(bt_fp4_frag_code(u, k0 + j)) * s;
 }
 
 __device__ __forceinline__ void bf16x8_to_f32(uint4 v, float *out)
@@ -108,8 +96,10 @@ __device__ __forceinline__ float weight_at(const uint8_t *w, const uint8_t *ws, 
         int ks = (K + 31) / 32;
         return bt_e4m3(w[(size_t)n * K + k]) * bt_e8m0(ws[(size_t)(n / 32) * ks + k / 32]);
     }
-    uint8_t b = w[(size_t)n * (K / 2) + k / 2];
-    return bt_e2m1((k & 1) ? b >> 4 : b & 0xfu) * bt_e8m0(ws[(size_t)n * (K / 32) + k / 32]);
+    /* fragment order: code k of a run is nibble k / 8 % 4 + 4 (k % 2) of word k % 8 / 2 */
+    const int nib = (k >> 3 & 3) + 4 * (k & 1);
+    const uint8_t b = w[(size_t)n * (K / 2) + (k & ~31) / 2 + 4 * ((k & 7) >> 1) + nib / 2];
+    return bt_e2m1((nib & 1) ? b >> 4 : b & 0xfu) * bt_e8m0(ws[(size_t)n * (K / 32) + k / 32]);
 }
 
 template <int FMT>
@@ -207,7 +197,9 @@ __global__ void __launch_bounds__(TILE_THREADS) gemm_tile(OT *y, const __nv_bflo
                     dequant_fp8x16(*(const uint4 *)(w + (size_t)n * K + k), s, f);
                 } else {
                     float s = bt_e8m0(ws[(size_t)n * (K / 32) + k0 / 32]);
-                    dequant_fp4x16(*(const uint2 *)(w + (size_t)n * (K / 2) + k / 2), s, f);
+                    /* (the 16 codes of a half-run lie in all four of its words) */
+                    fp4_run_values(*(const uint4 *)(w + (size_t)n * (K / 2) + k0 / 2), kc, 16, s,
+                                   f);
                 }
             } else {
                 for (int j = 0; j < 16; j++)
@@ -311,11 +303,8 @@ __global__ void __launch_bounds__(SK_WARPS * 32) gemm_skinny(OT *y, const __nv_b
                 for (int u = 0; u < 2; u++) {
                     int k = kk[u];
                     if (k >= K) break;
-                    float s = bt_e8m0(sr[k / 32]) * 16384.0f, f[32];
-                    fp4x8(wv[u].x, 1.0f, f);
-                    fp4x8(wv[u].y, 1.0f, f + 8);
-                    fp4x8(wv[u].z, 1.0f, f + 16);
-                    fp4x8(wv[u].w, 1.0f, f + 24);
+                    float s = bt_e8m0(sr[k / 32]), f[32];
+                    fp4_run_values(wv[u], 0, 32, 1.0f, f);
 #pragma unroll
                     for (int m = 0; m < SK_ROWS; m++) {
                         if (m >= mr) break;
@@ -355,38 +344,14 @@ __global__ void __launch_bounds__(SK_WARPS * 32) gemm_skinny(OT *y, const __nv_b
  * each MMA's 16 logical k are mapped onto memory such that lane c's B (and A) elements are
  * contiguous: in a chunk of 64 (FP8; 128 for FP4) k, MMA s gives lane c the actual k
  * chunk + W*c + 4s + {0,1,2,3} (W = 16 or 32: the lane's 16 weight bytes), logical
- * {2c, 2c+1, 2c+8, 2c+9}. FP4 goes one step further: a bf16 pair holds k j and j + 4 of each 8
- * (bt_e2m1x8_to_bf16_spread: no byte permutes), the rows' pairs permuted to match once a chunk
- * for all tiles. The 8 warps split K; their partial sums meet in shared memory.
+ * {2c, 2c+1, 2c+8, 2c+9}. FP4's fragment order puts a bf16 pair's two codes in one word's
+ * nibbles j and j + 4 (bt_e2m1x8_to_bf16_spread: no byte permutes); the pair of word q is the
+ * lane's k 2q + 8j, so MMA st takes the rows' natural bf16 words q + 8h and q + 8h + 4 (q = st /
+ * 2, h = st % 2). The 8 warps split K; their partial sums meet in shared memory.
  * A block takes TILES x 8 columns: 4 where that leaves enough blocks, else 1 (a [512, 5120]
  * weight in blocks of 32 columns would run on 16 SMs). Each warp loads the next chunk's
  * weights before it multiplies the current one. */
 enum { MT_WARPS = 8 };
-
-/* 8 e2m1 codes (a word, low nibble first) -> 4 words of bf16 pairs in k order, each value the
- * code's times 2^-126. A permute puts the byte of codes 2j, 2j+1 and the same byte shifted by a
- * nibble into the low and high half; one shift moves both magnitudes (3 bits) onto a bf16's
- * two low exponent bits and top mantissa bit, another both signs onto bit 15: e2m1 and bf16
- * then agree bit for bit up to the exponent bias (code 1, 0.5, lands on the subnormal 2^-127). */
-__device__ __forceinline__ void e2m1x8_to_bf16_2m126(unsigned v, unsigned *out)
-{
-    const unsigned vh = v >> 4;
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        unsigned r = __byte_perm(v, vh, j | j << 4 | (4 + j) << 8 | (4 + j) << 12);
-        out[j] = ((r << 6) & 0x01c001c0u) | ((r << 12) & 0x80008000u);
-    }
-}
-
-/* e2m1 codes into bf16 pairs, in k order (SPREAD false) or pairs (j, j + 4) (true) */
-template <bool SPREAD>
-__device__ __forceinline__ void e2m1x8_to_bf16_pairs(unsigned v, unsigned *out)
-{
-    if (SPREAD)
-        bt_e2m1x8_to_bf16_spread(v, out);
-    else
-        e2m1x8_to_bf16_2m126(v, out);
-}
 
 __device__ __forceinline__ unsigned pack_bf16(float lo, float hi)
 {
@@ -439,14 +404,14 @@ __device__ __forceinline__ unsigned e4m3x2_to_bf16_f32(unsigned v, float s)
     return pack_bf16(f.x * s, f.y * s);
 }
 
-/* 8 e2m1 codes (a word, low nibble first) times their scale -> 4 words of bf16 pairs in k
- * order, exact for a bt_fp4_scale_fast scale: the codes as bf16 times 2^-126, then times
+/* 8 e2m1 codes (a word, low nibble first) times their scale -> 4 words of bf16 pairs, pair j
+ * codes j and j + 4 (bt_e2m1x8_to_bf16_spread; in fragment order a pair of consecutive k),
+ * exact for a bt_fp4_scale_fast scale: the codes as bf16 times 2^-126, then times
  * s2 = fp4_scale2 (subnormal inputs are exact in bf16 multiplies). No branch: the kernels pick
  * this or fp4x8_to_bf16_scaled once per chunk, so the MMAs around it can be interleaved. */
-template <bool SPREAD = false>
 __device__ __forceinline__ void fp4x8_to_bf16_fast(unsigned v, __nv_bfloat162 s2, unsigned *out)
 {
-    e2m1x8_to_bf16_pairs<SPREAD>(v, out);
+    bt_e2m1x8_to_bf16_spread(v, out);
 #pragma unroll
     for (int j = 0; j < 4; j++)
         out[j] = bf16x2_mul(out[j], s2);
@@ -465,10 +430,9 @@ __device__ __forceinline__ unsigned fp4x2_scaled_slow(unsigned v, uint8_t sv)
 }
 
 /* fp4x8_to_bf16_fast for any scale byte */
-template <bool SPREAD = false>
 __device__ __forceinline__ void fp4x8_to_bf16_scaled(unsigned v, uint8_t sv, unsigned *out)
 {
-    e2m1x8_to_bf16_pairs<SPREAD>(v, out);
+    bt_e2m1x8_to_bf16_spread(v, out);
 #pragma unroll
     for (int j = 0; j < 4; j++)
         out[j] = fp4x2_scaled_slow(out[j], sv);
@@ -569,20 +533,6 @@ __global__ void __launch_bounds__(MT_WARPS * 32, MMA16_MIN_BLOCKS(FMT, TILES)) g
             xv[0][q] = *(const uint4 *)(xa + kl + 8 * q);
             xv[1][q] = *(const uint4 *)(xb + kl + 8 * q);
         }
-        /* FP4: the rows' bf16 re-paired in place as the weights are (k j, j + 4 of each 8);
-         * rows 8..15 only when there are such (else the rows never stored: no permutes) */
-        if (FMT == FMT_FP4) {
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                if (r == 1 && mr <= 8) break;
-#pragma unroll
-                for (int q = 0; q < XW; q++) {
-                    const uint4 v = xv[r][q];
-                    xv[r][q] = make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632),
-                                          __byte_perm(v.y, v.w, 0x5410), __byte_perm(v.y, v.w, 0x7632));
-                }
-            }
-        }
         const unsigned *xw0 = (const unsigned *)xv[0], *xw1 = (const unsigned *)xv[1];
         /* FAST: every scale of the warp's chunk takes the bf16 route (bt_fp4/fp8_scale_fast),
          * checked once */
@@ -609,15 +559,19 @@ __global__ void __launch_bounds__(MT_WARPS * 32, MMA16_MIN_BLOCKS(FMT, TILES)) g
 #pragma unroll
                     for (int q = 0; q < 4; q++) {
                         if (FAST)
-                            fp4x8_to_bf16_fast<true>(u[q], s2, bw + 4 * q);
+                            fp4x8_to_bf16_fast(u[q], s2, bw + 4 * q);
                         else
-                            fp4x8_to_bf16_scaled<true>(u[q], sv[i], bw + 4 * q);
+                            fp4x8_to_bf16_scaled(u[q], sv[i], bw + 4 * q);
                     }
                 }
 #pragma unroll
                 for (int st = 0; st < STEPS; st++) {
-                    const unsigned a[4] = {xw0[2 * st], xw1[2 * st], xw0[2 * st + 1],
-                                           xw1[2 * st + 1]};
+                    /* the rows' bf16 pairs of the weights' k: FP4's bw[2st], bw[2st + 1] are
+                     * (fragment order) the pairs at k 2q + 16h and + 8 of the lane's 32, q =
+                     * st / 2, h = st % 2: row words q + 8h and q + 8h + 4 */
+                    const int p0 = FMT == FMT_FP4 ? st / 2 + 8 * (st % 2) : 2 * st;
+                    const int p1 = FMT == FMT_FP4 ? p0 + 4 : 2 * st + 1;
+                    const unsigned a[4] = {xw0[p0], xw1[p0], xw0[p1], xw1[p1]};
                     mma_bf16_16816(acc[i], a, bw[2 * st], bw[2 * st + 1]);
                 }
             }
@@ -687,7 +641,7 @@ __global__ void __launch_bounds__(MT_WARPS * 32, MMA16_MIN_BLOCKS(FMT, TILES)) g
  * gemm_mma16's permuted k order: pairs 2st, 2st + 1 are logical k 2c, 2c + 1, 2c + 8, 2c + 9
  * of MMA st) or 16 FP8 bytes (chunks of 64 k, pairs in k order, one scale for the lane: a
  * 32-column tile is one 32x32 scale block wide). Half of gemm_mma16's MMAs, and the rows' loads
- * (and FP4's permutes) for 8 rows, not 16.
+ * for 8 rows, not 16.
  * - The weights and the rows of the next chunk are loaded before this one is converted (the
  *   rows come from L2: waiting for them each chunk was the FP4 kernel's largest stall), the
  *   weights into a second register set the chunks alternate with: nothing is copied.
@@ -798,22 +752,15 @@ __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
                 xp[r] = xrow[r];
         }
         if (next != LAST) load_w(wn, sn);
-        /* the rows' bf16 pairs; FP4: re-paired (k j, j + 4 of each 8) as the codes */
+        /* the rows' bf16 pairs, in k order (FP4's fragment order needs no re-pairing) */
         unsigned xw[RP][4 * XQ];
 #pragma unroll
         for (int r = 0; r < RP; r++) {
 #pragma unroll
             for (int q = 0; q < XQ; q++) {
                 const uint4 v = xr[r][q];
-                if (FP4) {
-                    xw[r][4 * q] = __byte_perm(v.x, v.z, 0x5410);
-                    xw[r][4 * q + 1] = __byte_perm(v.x, v.z, 0x7632);
-                    xw[r][4 * q + 2] = __byte_perm(v.y, v.w, 0x5410);
-                    xw[r][4 * q + 3] = __byte_perm(v.y, v.w, 0x7632);
-                } else {
-                    xw[r][4 * q] = v.x, xw[r][4 * q + 1] = v.y;
-                    xw[r][4 * q + 2] = v.z, xw[r][4 * q + 3] = v.w;
-                }
+                xw[r][4 * q] = v.x, xw[r][4 * q + 1] = v.y;
+                xw[r][4 * q + 2] = v.z, xw[r][4 * q + 3] = v.w;
             }
         }
         if (next != LAST) load_x();
@@ -827,18 +774,18 @@ __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
             for (int tt = 0; tt < MT; tt++) {
                 const uint4 va = wc[2 * tt], vb = wc[2 * tt + 1];
                 const unsigned ua[4] = {va.x, va.y, va.z, va.w}, ub[4] = {vb.x, vb.y, vb.z, vb.w};
-                /* word q of columns g and g + 8: FP4 pairs 4q..4q + 3 (MMAs 2q, 2q + 1),
-                 * FP8 pairs 2q, 2q + 1 (MMA q) */
+                /* word q of columns g and g + 8: FP4 pairs of the lane's k 2q + 8j, j = 0..3
+                 * (MMAs 2q, 2q + 1: j = 2h, 2h + 1), FP8 pairs 2q, 2q + 1 (MMA q) */
 #pragma unroll
                 for (int q = 0; q < 4; q++) {
                     unsigned ba[4], bb[4];
                     if constexpr (FP4) {
                         if (FAST) {
-                            fp4x8_to_bf16_fast<true>(ua[q], fp4_scale2(sc[2 * tt]), ba);
-                            fp4x8_to_bf16_fast<true>(ub[q], fp4_scale2(sc[2 * tt + 1]), bb);
+                            fp4x8_to_bf16_fast(ua[q], fp4_scale2(sc[2 * tt]), ba);
+                            fp4x8_to_bf16_fast(ub[q], fp4_scale2(sc[2 * tt + 1]), bb);
                         } else {
-                            fp4x8_to_bf16_scaled<true>(ua[q], sc[2 * tt], ba);
-                            fp4x8_to_bf16_scaled<true>(ub[q], sc[2 * tt + 1], bb);
+                            fp4x8_to_bf16_scaled(ua[q], sc[2 * tt], ba);
+                            fp4x8_to_bf16_scaled(ub[q], sc[2 * tt + 1], bb);
                         }
                     } else if (FAST) {
                         const __nv_bfloat162 s2 = fp8_scale2(sc[0]);
@@ -856,10 +803,11 @@ __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
 #pragma unroll
                     for (int h = 0; h < (FP4 ? 2 : 1); h++) {
                         const unsigned a[4] = {ba[2 * h], bb[2 * h], ba[2 * h + 1], bb[2 * h + 1]};
-                        const int p = FP4 ? 4 * q + 2 * h : 2 * q; /* the pairs' index */
+                        /* the rows' pairs of the same k: FP4 words q + 8h and q + 8h + 4 */
+                        const int p0 = FP4 ? q + 8 * h : 2 * q, p1 = FP4 ? p0 + 4 : p0 + 1;
 #pragma unroll
                         for (int r = 0; r < RP; r++)
-                            mma_bf16_16816(acc[r][tt], a, xw[r][p], xw[r][p + 1]);
+                            mma_bf16_16816(acc[r][tt], a, xw[r][p0], xw[r][p1]);
                     }
                 }
             }
@@ -947,7 +895,8 @@ __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
  * chunks of 128 through a 3-stage cp.async pipeline into shared memory: the rows' bf16
  * (gathered), the columns' packed e2m1 bytes and their scales, all still as stored. Each lane
  * then reads its operands with 16-byte loads in the permuted k order of gemm_mma16 (lane c:
- * 32 contiguous k, 16 weight bytes, one scale) and dequantizes B in registers. The shared rows
+ * 32 contiguous k, 16 weight bytes, one scale) and dequantizes B in registers: the rows' octet
+ * q of the lane's 32 k meets pair q of each of its 4 weight words (fragment order). The shared rows
  * are swizzled (16-byte unit u of row r at u ^ 2 * bit3(u) ^ (r & 1)) so that a quarter warp's
  * eight loads hit all 32 banks; the weight bytes are conflict-free as they lie. */
 enum { FT_ROWS = 64, FT_COLS = 128, FT_WARPS = 4, FT_CHUNK = 128, FT_UNITS = FT_CHUNK / 8,
@@ -1051,14 +1000,17 @@ __global__ void __launch_bounds__(FT_WARPS * 32, 3) gemm_fp4_tiles(OT *y, const 
             for (int j = 0; j < 4; j++) s2[j] = fp4_scale2(sv[j]);
 #pragma unroll
             for (int q = 0; q < 4; q++) { /* k 32c + 8q .. +8 of the lane: steps 2q, 2q+1 */
-                unsigned b[4][4]; /* the warp's four B fragments for both steps */
+                /* the warp's four B fragments for both steps: the pairs of k 32c + 8q + 2p, p =
+                 * 0..3, are (fragment order) pair q of word p */
+                unsigned b[4][4];
 #pragma unroll
                 for (int j = 0; j < 4; j++) {
                     const unsigned u[4] = {wv[j].x, wv[j].y, wv[j].z, wv[j].w};
-                    if (FAST)
-                        fp4x8_to_bf16_fast(u[q], s2[j], b[j]);
-                    else
-                        fp4x8_to_bf16_scaled(u[q], sv[j], b[j]);
+#pragma unroll
+                    for (int p = 0; p < 4; p++) {
+                        const unsigned pr = bt_e2m1_spread_pair(u[p], q);
+                        b[j][p] = FAST ? bf16x2_mul(pr, s2[j]) : fp4x2_scaled_slow(pr, sv[j]);
+                    }
                 }
 #pragma unroll
                 for (int i = 0; i < MT; i++) {
@@ -1124,11 +1076,13 @@ static bool ft_smem_ready(void)
  * rounded up to 16, picked per block, so an expert of 70 rows multiplies 80, not 112.
  * K goes in chunks of 64 through a 4-stage cp.async pipeline, two chunks ahead: the rows'
  * bf16 (gathered, 128-byte swizzled), the columns' packed bytes and their scales as stored.
- * Both operands take k in natural order, so a thread's A pair (k 2c, 2c + 1) is byte c of a
- * weight word. Two blocks an SM (128 registers): with one, two warps a scheduler left the
- * conversions' latencies bare. Tried and measured slower: each row one tensor-memory-accelerator
- * copy (the 128-byte swizzle applied by the copy engine, one row a thread) in place of eight
- * cp.async a row: 0.63 -> 1.12 ms for [4608, 5120] x 64 experts x 64 rows. */
+ * Both operands take k in natural order: a thread's A pairs of a 32-k run (k 2c + 8t, + 1) are
+ * word c of the run in fragment order, converted a pair in 3 operations and a multiply (the
+ * checkpoint order, where they are byte c of four words, took 6). Two blocks an SM (128 registers):
+ * with one, two warps a scheduler left the conversions' latencies bare. Tried and measured slower:
+ * each row one tensor-memory-accelerator copy (the 128-byte swizzle applied by the copy engine, one
+ * row a thread) in place of eight cp.async a row: 0.63 -> 1.12 ms for [4608, 5120] x 64 experts x
+ * 64 rows. */
 enum {
     RS_COLS = 128,
     RS_ROWS = 112,
@@ -1153,20 +1107,6 @@ __device__ int wgrs_built = 1;
 __device__ int wgrs_built = 0;
 #endif
 
-/* the two codes of the byte `sel` picks (sel = c | 0x4440: byte c, zero-extended) of v as a
- * bf16 pair, each the code's value times 2^-126 (as e2m1x8_to_bf16_2m126's pairs). Two
- * multiplies by constants place two copies of the byte each, 12 bits apart: the magnitudes at
- * bits 6..8 and 22..24, the signs at 15 and 31; they run on the FMA pipe, which leaves three of
- * the six operations to the integer pipe (half as fast), where shifts took four. */
-__device__ __forceinline__ unsigned e2m1x2_to_bf16_2m126(unsigned v, unsigned sel)
-{
-    const unsigned x = __byte_perm(v, 0, sel);
-    unsigned mag, sgn;
-    asm("mul.lo.u32 %0, %1, 0x00040040;" : "=r"(mag) : "r"(x));
-    asm("mul.lo.u32 %0, %1, 0x01001000;" : "=r"(sgn) : "r"(x));
-    return (mag & 0x01c001c0u) | (sgn & 0x80008000u);
-}
-
 /* whether all four scale bytes of s lie in 8..127 (bt_fp4_scale_fast, but for 128, which takes
  * the slow path): per byte, bit 7 of b + 0x78 is set from 8 on and that of b clear below 128.
  * A byte that carries into the next (b >= 0x88) fails itself, whatever the carry does. */
@@ -1190,7 +1130,6 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
 #ifdef BT_WGMMA
     const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, c = lane & 3;
     const int f = 64 * (tid >> 7) + 16 * ((tid >> 5) & 3) + g; /* columns f and f + 8 */
-    const unsigned sel = c | 0x4440u;
     auto stage = [&](int ch) { return smem + (ch % RS_STAGES) * RS_STAGE_BYTES; };
     /* a chunk's copies: the tile's NT rows (8 units a 64-k half, 8 neighbouring threads a row's
      * 128 bytes), the columns' packed bytes (RS_CHUNK / 32 threads a column), and each column's
@@ -1248,14 +1187,15 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
             constexpr bool FAST = decltype(fast_c)::value;
 #pragma unroll
             for (int q = 0; q < UNITS; q++) { /* k 32q .. 32q + 31: steps 2q, 2q + 1 */
-                const uint4 lo = sw[UNITS * f + q], hi = sw[UNITS * (f + 8) + q];
-                const unsigned wl[4] = {lo.x, lo.y, lo.z, lo.w}, wh[4] = {hi.x, hi.y, hi.z, hi.w};
+                /* word c of the run: (fragment order) this lane's pairs, k 2c + 8t */
+                const unsigned wl = ((const uint32_t *)(sw + UNITS * f + q))[c];
+                const unsigned wh = ((const uint32_t *)(sw + UNITS * (f + 8) + q))[c];
                 const uint8_t sl = (uint8_t)(s_lo >> 8 * (sb0 + q)),
                               sh = (uint8_t)(s_hi >> 8 * (sb0 + q));
 #pragma unroll
                 for (int t = 0; t < 4; t++) { /* step 2q + (t >> 1), fragment words 0, 2 */
-                    unsigned pl = e2m1x2_to_bf16_2m126(wl[t], sel);
-                    unsigned ph = e2m1x2_to_bf16_2m126(wh[t], sel);
+                    unsigned pl = bt_e2m1_spread_pair(wl, t);
+                    unsigned ph = bt_e2m1_spread_pair(wh, t);
                     if (FAST) {
                         pl = bf16x2_mul(pl, fp4_scale2(sl));
                         ph = bf16x2_mul(ph, fp4_scale2(sh));
@@ -1570,6 +1510,30 @@ extern "C" bt_status_t bt_cuda_gemm_fp8_batched(void *y, bt_cuda_dtype_t y_dtype
     BT_CUDA_REQUIRE(ldy >= N && y_stride >= 0);
     return launch<FMT_FP8>(y, y_dtype, x, NULL, NULL, batch, M, w, w_scale, M, N, K, NULL,
                            gemm_io{ldx, x_stride, ldy, y_stride}, stream);
+}
+
+/* ---- FP4 weights into fragment order ------------------------------------------------------ */
+
+__global__ void fp4_to_frag_kernel(uint8_t *w, size_t runs)
+{
+    bt_grid_begin();
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= runs) return;
+    uint4 v = ((const uint4 *)w)[i];
+    uint8_t in[16], out[16];
+    memcpy(in, &v, 16);
+    bt_fp4_run_to_frag(in, out);
+    memcpy(&v, out, 16);
+    ((uint4 *)w)[i] = v;
+}
+
+extern "C" bt_status_t bt_cuda_fp4_to_frag(uint8_t *w, size_t bytes, cudaStream_t stream)
+{
+    BT_CUDA_REQUIRE(w && bytes % 16 == 0 && (uintptr_t)w % 16 == 0);
+    if (bytes == 0) return BT_OK;
+    const size_t runs = bytes / 16;
+    bt__launch(fp4_to_frag_kernel, bt__cdiv((long long)runs, 256), 256, 0, stream, w, runs);
+    return bt__cuda_launched("fp4_to_frag");
 }
 
 extern "C" bt_status_t bt_cuda_gemm_fp4_grouped(void *y, bt_cuda_dtype_t y_dtype,

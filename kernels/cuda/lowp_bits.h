@@ -17,6 +17,44 @@
 #define BT_LOWP_FN static inline
 #endif
 
+/* The CUDA backend keeps packed FP4 weights in "fragment order": each run of 32 codes (16 bytes,
+ * k 32b .. 32b + 31 of a weight row; K % 32 == 0) is rearranged so that word c (bytes 4c .. 4c + 3)
+ * holds the codes of k 2c + 8o and 2c + 8o + 1, o = 0..3, as nibbles o and o + 4. Those pairs are
+ * what lane c of an MMA fragment takes from a 32-k block (k 2c, 2c + 1 and 2c + 8, 2c + 9 of
+ * each 16), and nibbles o and o + 4 are the pair bt_e2m1x8_to_bf16_spread converts in one
+ * multiply: so a lane converts its pairs straight from one word, in k order. In the checkpoint
+ * order (two codes a byte, low nibble first) code k is byte k / 2: word c of a run is its bytes
+ * c, c + 4, c + 8, c + 12, their low nibbles in the word's low half and high nibbles in its high
+ * half. The scales are unchanged. */
+
+/* one run of 32 codes (16 bytes) from checkpoint order into fragment order */
+BT_LOWP_FN void bt_fp4_run_to_frag(const uint8_t *in, uint8_t *out)
+{
+    for (int c = 0; c < 4; c++) {
+        uint32_t w = 0;
+        for (int o = 0; o < 4; o++) {
+            const uint32_t b = in[c + 4 * o];
+            w |= (b & 0xfu) << (4 * o) | (b >> 4) << (4 * o + 16);
+        }
+        for (int i = 0; i < 4; i++)
+            out[4 * c + i] = (uint8_t)(w >> (8 * i));
+    }
+}
+
+/* code k (0..31) of a run in fragment order, given its four words */
+BT_LOWP_FN uint32_t bt_fp4_frag_code(const uint32_t *run, int k)
+{
+    return run[(k & 7) >> 1] >> (4 * ((k >> 3) + 4 * (k & 1))) & 0xfu;
+}
+
+/* pair j (0..3) of bt_e2m1x8_to_bf16_spread alone: codes j and j + 4 of v */
+BT_LOWP_FN uint32_t bt_e2m1_spread_pair(uint32_t v, int j)
+{
+    const uint32_t u = j & 2 ? v >> 8 : v;
+    return j & 1 ? ((u & 0x00f000f0u) * 0x0104u) & 0x81c081c0u
+                 : ((u & 0x000f000fu) * 0x1040u) & 0x81c081c0u;
+}
+
 /* 8 e2m1 codes (a word, low nibble first) -> 4 words of bf16 pairs, pair j codes j and j + 4,
  * each value the code's times 2^-126 (code 1, 0.5, lands on the subnormal 2^-127). The two
  * nibbles of pair j lie 16 bits apart: masked alone in a word, one multiply by 2^a + 2^(a + 6)

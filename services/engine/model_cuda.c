@@ -386,10 +386,20 @@ static bool load_fp4_experts(up_t *u, int l)
         u->c->bf16_experts = true;
     }
     if (ok) {
-        d->w13_q = upload_bytes(u, q13, (size_t)E * 2 * I * row13);
+        const size_t b13 = (size_t)E * 2 * I * row13, b2 = (size_t)E * D * row2;
+        d->w13_q = upload_bytes(u, q13, b13);
         d->w13_s = upload_bytes(u, sc13, (size_t)E * 2 * I * s13);
-        d->w2_q = upload_bytes(u, q2, (size_t)E * D * row2);
+        d->w2_q = upload_bytes(u, q2, b2);
         d->w2_s = upload_bytes(u, sc2, (size_t)E * D * s2);
+        /* the codes into the FP4 kernels' fragment order, there (the rows' K: D and I, % 32) */
+        if (u->rc == BT_OK && (bt_cuda_fp4_to_frag(d->w13_q, b13, 0) != BT_OK ||
+                               bt_cuda_fp4_to_frag(d->w2_q, b2, 0) != BT_OK ||
+                               cudaStreamSynchronize(0) != cudaSuccess)) {
+            cudaGetLastError();
+            snprintf(u->err, u->errlen, "GPU %d: FP4 experts of layer %d not rearranged", u->c->gpu,
+                     l);
+            u->rc = BT_ERR_DEVICE;
+        }
         u->c->n_fp4_layers++;
     }
     free(q13), free(sc13), free(q2), free(sc2);

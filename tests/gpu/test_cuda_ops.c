@@ -15,6 +15,7 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/quant.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/lowp_bits.h"
 #include "services/engine/sampler.h"
 
 #include <cuda_runtime_api.h>
@@ -81,6 +82,7 @@ typedef enum {
     OP_LOGIT_ADJUST, /* s: rows V ld-pad adjustments (distinct (row, id) pairs) */
     OP_ATTENTION_FLASH, /* s: as OP_ATTENTION_TC through bt_cuda_attention_flash: keys bf16,
                          * q and out in the case's dtype (the model's prefill: f32) */
+    OP_FP4_FRAG,    /* s: runs of 16 bytes: bt_cuda_fp4_to_frag against lowp_bits.h's host form */
 } op_t;
 
 static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped", "rmsnorm",
@@ -94,7 +96,7 @@ static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped
                                  "index_scores_tc", "index_sets_tc", "dequant_fp8", "hc_mix_ws", "moe_group",
                                  "attention_tc_ws", "gemm_fp8_batched", "head_finish", "hc_mix_collapse",
                                  "attention_batch", "attention_tc_batch", "scatter_rows",
-                                 "copy_ranges", "logit_adjust", "attention_flash"};
+                                 "copy_ranges", "logit_adjust", "attention_flash", "fp4_frag"};
 
 typedef struct {
     op_t op;
@@ -397,6 +399,8 @@ static const case_t cases[] = {
     {OP_DEQUANT_FP8, BF16, {31, 32}, 0},
     {OP_DEQUANT_FP8, BF16, {4096, 512}, 0},
     {OP_DEQUANT_FP8, BF16, {2304, 5120}, 0},
+    {OP_FP4_FRAG, BF16, {1}, 0},
+    {OP_FP4_FRAG, BF16, {100003}, 0}, /* (391 blocks, the last part-full) */
     /* few FP4 rows an expert, many column tiles: gemm_rows with 32-column tiles, several a
      * block, the last block's tiles fewer and its last tile part past N; then experts of 9..16
      * rows (a second pass for rows 8..15) in the same */
@@ -910,7 +914,28 @@ static void run_dequant_fp8(const case_t *cs, result_t *r)
     free(w8), free(s8), free(y);
 }
 
-/* grouped FP4: s = experts N K rows tokens; each row picks a random expert and token */
+/* FP4 codes into fragment order on the device: the same bytes as the host's form */
+static void run_fp4_frag(const case_t *cs, result_t *r)
+{
+    const size_t runs = (size_t)cs->s[0], bytes = 16 * runs;
+    uint8_t *w = xmalloc(bytes), *want = xmalloc(bytes), *got = xmalloc(bytes);
+    for (size_t i = 0; i < bytes; i++) w[i] = (uint8_t)rnd();
+    for (size_t i = 0; i < runs; i++) bt_fp4_run_to_frag(w + 16 * i, want + 16 * i);
+    uint8_t *d = dup(w, bytes);
+    BT_OK_OR_DIE(bt_cuda_fp4_to_frag(d, bytes, 0));
+    get(got, d, bytes);
+    size_t diff = 0;
+    for (size_t i = 0; i < bytes; i++) diff += got[i] != want[i];
+    r->bound = 0.0;
+    r->err = (double)diff;
+    r->exact_ok = diff == 0;
+    snprintf(r->note, sizeof(r->note), "bit-exact: %zu of %zu bytes differ", diff, bytes);
+    free(w), free(want), free(got);
+}
+
+/* grouped FP4: s = experts N K rows tokens; each row picks a random expert and token. The
+ * weights go up in the checkpoint's order and are rearranged there, as the engine does; the
+ * reference reads the checkpoint's order. */
 static void run_gemm_fp4(const case_t *cs, result_t *r)
 {
     int E = cs->s[0], N = cs->s[1], K = cs->s[2], R = cs->s[3], T = cs->s[4];
@@ -941,6 +966,7 @@ static void run_gemm_fp4(const case_t *cs, result_t *r)
     gemm_ctx_t c = {0};
     c.x = dup_bf16(x, (size_t)T * K);
     c.w8 = dup(w, wbytes);
+    BT_OK_OR_DIE(bt_cuda_fp4_to_frag((uint8_t *)c.w8, wbytes, 0));
     c.s8 = dup(s, sbytes);
     c.rows = dup(rows, (size_t)R * 4);
     c.offs = dup(offs, (size_t)(E + 1) * 4);
@@ -2554,6 +2580,7 @@ static void run_case(const case_t *cs, result_t *r)
     case OP_INDEX_TC:
     case OP_INDEX_SETS_TC: run_index(cs, r); break;
     case OP_DEQUANT_FP8: run_dequant_fp8(cs, r); break;
+    case OP_FP4_FRAG: run_fp4_frag(cs, r); break;
     }
 }
 
@@ -2657,6 +2684,8 @@ static int check_refusals(void)
     bad += REFUSED(bt_cuda_rmsnorm(d, BT_CUDA_F32, d, (bt_cuda_dtype_t)7, NULL, 1, 4, 1e-6f, 0));
     bad += REFUSED(bt_cuda_gemm_fp4_grouped(d, BT_CUDA_F32, (uint16_t *)d, NULL, (int32_t *)d, 1,
                                             1, (uint8_t *)d, (uint8_t *)d, 4, 33, 0));
+    bad += REFUSED(bt_cuda_fp4_to_frag((uint8_t *)d, 24, 0)); /* not whole runs */
+    bad += REFUSED(bt_cuda_fp4_to_frag((uint8_t *)d + 8, 16, 0)); /* not 16-byte aligned */
     bad += REFUSED(bt_cuda_attention(d, d, d, (int32_t *)d, (int32_t *)d, 1, NULL, NULL, NULL, 0,
                                      d, NULL, NULL, 0, BT_CUDA_F32, 1, 1, 101, 0));
     { /* split per token with a workspace short of every token's splits: fewer splits would

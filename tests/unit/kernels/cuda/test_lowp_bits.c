@@ -75,6 +75,54 @@ static void test_e2m1_spread_words(void)
     BT_CHECK_EQ_INT(bad, 0);
 }
 
+/* each pair alone is the same as in the four-pair conversion */
+static void test_e2m1_spread_pair(void)
+{
+    int bad = 0;
+    for (int i = 0; i < 100000; i++) {
+        const uint32_t v = rnd32();
+        uint32_t out[4];
+        bt_e2m1x8_to_bf16_spread(v, out);
+        for (int j = 0; j < 4; j++)
+            bad += bt_e2m1_spread_pair(v, j) != out[j];
+    }
+    BT_CHECK_EQ_INT(bad, 0);
+}
+
+/* fragment order: every code of a run is where bt_fp4_frag_code looks for it, and the spread
+ * pair o of word c is the codes of k 2c + 8o and 2c + 8o + 1 (low half, high half) */
+static void test_fp4_frag_order(void)
+{
+    int bad_code = 0, bad_pair = 0;
+    for (int i = 0; i < 20000; i++) {
+        uint8_t run[16], frag[16];
+        for (int b = 0; b < 16; b++)
+            run[b] = i < 16   ? (uint8_t)(0x11 * i)
+                     : i < 32 ? (uint8_t)(16 * b + (i & 15))
+                              : (uint8_t)rnd32();
+        bt_fp4_run_to_frag(run, frag);
+        uint32_t w[4];
+        for (int c = 0; c < 4; c++)
+            w[c] = frag[4 * c] | (uint32_t)frag[4 * c + 1] << 8 | (uint32_t)frag[4 * c + 2] << 16 |
+                   (uint32_t)frag[4 * c + 3] << 24;
+        for (int k = 0; k < 32; k++) {
+            const uint32_t code = (run[k / 2] >> (4 * (k & 1))) & 0xfu;
+            bad_code += bt_fp4_frag_code(w, k) != code;
+        }
+        for (int c = 0; c < 4; c++)
+            for (int o = 0; o < 4; o++) {
+                const int k = 2 * c + 8 * o;
+                const uint32_t p = bt_e2m1_spread_pair(w[c], o);
+                const uint8_t lo = (run[k / 2]) & 0xf, hi = run[k / 2] >> 4;
+                if (ldexp(bf16_value(p & 0xffffu), 126) != (double)bt_e2m1_to_f32(lo) ||
+                    ldexp(bf16_value(p >> 16), 126) != (double)bt_e2m1_to_f32(hi))
+                    bad_pair++;
+            }
+    }
+    BT_CHECK_EQ_INT(bad_code, 0);
+    BT_CHECK_EQ_INT(bad_pair, 0);
+}
+
 /* A scale byte's pattern is 2^126 * 2^(sv - 127), and each code's pattern times it is the
  * dequantized weight exactly, a bf16 itself (so the kernels' bf16 multiply rounds nothing) */
 static int fp4_scale_exact(int sv)
@@ -158,6 +206,8 @@ int main(void)
 {
     BT_RUN(test_e2m1_spread);
     BT_RUN(test_e2m1_spread_words);
+    BT_RUN(test_e2m1_spread_pair);
+    BT_RUN(test_fp4_frag_order);
     BT_RUN(test_fp4_scale);
     BT_RUN(test_fp8_route);
     return bt_test_summary();
