@@ -10,7 +10,8 @@
  * open groups) are read and advanced on the host, which plans every launch.
  *
  * Weights. Projections stored as FP8 e4m3 with 32x32 UE8M0 blocks stay FP8 on the GPU and
- * routed experts stored as packed FP4 stay FP4 (bt_cuda_gemm_fp8 / bt_cuda_gemm_fp4_grouped,
+ * routed experts stored as packed FP4 stay FP4, rearranged at load into the FP4 kernels'
+ * fragment order (bt_cuda_gemm_fp8 / bt_cuda_gemm_fp4_grouped,
  * activations rounded to bf16 on the way in, fp32 accumulation and output); BF16 projections
  * stay BF16 (cuBLASLt). Everything else is dequantized to f32 at load and multiplied in fp32
  * (cuBLASLt, no TF32). opt.cuda_weights picks other modes: BT_WEIGHTS_F32, every weight f32,
