@@ -11,7 +11,8 @@
  *
  * Matrices are row-major. bf16 is passed as its raw 16 bits (uint16_t). Weights keep the
  * checkpoint's formats: FP8 e4m3 with one UE8M0 scale per 32x32 block, FP4 e2m1 packed two a
- * byte (low nibble = even index) with one UE8M0 scale per 32 along K.
+ * byte with one UE8M0 scale per 32 along K, its bytes in the fragment order
+ * bt_cuda_fp4_to_frag makes of a checkpoint's (kernels/cuda/lowp_bits.h).
  *
  * Kernels are launched to start before the kernel ahead of them on the stream ends
  * (kernels/cuda/common.cuh): each waits for it before reading activations, but the few-row
@@ -85,9 +86,9 @@ bt_status_t bt_cuda_fp4_to_frag(uint8_t *w, size_t bytes, cudaStream_t stream);
 /* Grouped FP4 GEMM over experts. Rows are grouped by expert: expert e owns rows
  * offs[e] .. offs[e+1]-1 (offs: n_experts+1 int32, device). Row r reads input row
  * rows ? rows[r] : r of x[*,K] (bf16) and writes y[r, 0..N). Expert weights w[e] are
- * [N, K/2] bytes of e2m1 codes in fragment order (bt_cuda_fp4_to_frag) with UE8M0 scales
- * [N, K/32]. max_rows bounds any expert's row count (host side; the total row count will do).
- * K must be a multiple of 32. */
+ * [N, K/2] bytes of e2m1 codes in fragment order (bt_cuda_fp4_to_frag; w 16-byte aligned: its
+ * runs are read whole) with UE8M0 scales [N, K/32]. max_rows bounds any expert's row count
+ * (host side; the total row count will do). K must be a multiple of 32. */
 bt_status_t bt_cuda_gemm_fp4_grouped(void *y, bt_cuda_dtype_t y_dtype, const uint16_t *x,
                                      const int32_t *rows, const int32_t *offs, int n_experts,
                                      int max_rows, const uint8_t *w, const uint8_t *w_scale,

@@ -342,8 +342,8 @@ __global__ void __launch_bounds__(SK_WARPS * 32) gemm_skinny(OT *y, const __nv_b
  * once, 16 bytes a lane, dequantized into bf16 in registers (exact: e4m3/e2m1 times a power of
  * two) straight into B fragments. A dot product does not care in which order K is walked, so
  * each MMA's 16 logical k are mapped onto memory such that lane c's B (and A) elements are
- * contiguous: in a chunk of 64 (FP8; 128 for FP4) k, MMA s gives lane c the actual k
- * chunk + W*c + 4s + {0,1,2,3} (W = 16 or 32: the lane's 16 weight bytes), logical
+ * contiguous: in a chunk of 64 (FP8; 128 for FP4) k, MMA s gives lane c (FP8, bf16) the actual
+ * k chunk + W*c + 4s + {0,1,2,3} (W = 16 or 32: the lane's 16 weight bytes), logical
  * {2c, 2c+1, 2c+8, 2c+9}. FP4's fragment order puts a bf16 pair's two codes in one word's
  * nibbles j and j + 4 (bt_e2m1x8_to_bf16_spread: no byte permutes); the pair of word q is the
  * lane's k 2q + 8j, so MMA st takes the rows' natural bf16 words q + 8h and q + 8h + 4 (q = st /
@@ -540,7 +540,9 @@ __global__ void __launch_bounds__(MT_WARPS * 32, MMA16_MIN_BLOCKS(FMT, TILES)) g
             [[maybe_unused]] constexpr bool FAST = decltype(fast_c)::value; /* (bf16: none) */
 #pragma unroll
             for (int i = 0; i < TILES; i++) {
-                unsigned bw[KW / 2]; /* the lane's KW weights as bf16 pairs, in k order */
+                /* the lane's KW weights as bf16 pairs: in k order (FP8, bf16), pair 4q + j the
+                 * lane's k 2q + 8j (FP4) */
+                unsigned bw[KW / 2];
                 if constexpr (FMT == FMT_BF16) { /* already bf16 pairs in k order */
                     bw[0] = wv[i].x, bw[1] = wv[i].y, bw[2] = wv[i].z, bw[3] = wv[i].w;
                 } else if constexpr (FMT == FMT_FP8 && FAST) {
@@ -1543,6 +1545,7 @@ extern "C" bt_status_t bt_cuda_gemm_fp4_grouped(void *y, bt_cuda_dtype_t y_dtype
                                                 int K, cudaStream_t stream)
 {
     BT_CUDA_REQUIRE(y && x && offs && w && w_scale && bt__dtype_ok(y_dtype));
+    BT_CUDA_REQUIRE((uintptr_t)w % 16 == 0); /* (runs of 32 codes are read whole) */
     BT_CUDA_REQUIRE(n_experts > 0 && n_experts <= 65535 && max_rows > 0 && N > 0);
     BT_CUDA_REQUIRE(K > 0 && K % 32 == 0 && max_rows <= 65535 * BM);
     return launch<FMT_FP4>(y, y_dtype, x, rows, offs, n_experts, max_rows, w, w_scale, 0, N, K,
@@ -1557,6 +1560,7 @@ extern "C" bt_status_t bt_cuda_gemm_fp4_grouped_list(void *y, bt_cuda_dtype_t y_
                                                      cudaStream_t stream)
 {
     BT_CUDA_REQUIRE(y && x && offs && experts && w && w_scale && bt__dtype_ok(y_dtype));
+    BT_CUDA_REQUIRE((uintptr_t)w % 16 == 0); /* (runs of 32 codes are read whole) */
     BT_CUDA_REQUIRE(n_listed > 0 && n_listed <= 65535 && max_rows > 0 && N > 0);
     BT_CUDA_REQUIRE(K > 0 && K % 32 == 0 && max_rows <= 65535 * BM);
     return launch<FMT_FP4>(y, y_dtype, x, rows, offs, n_listed, max_rows, w, w_scale, 0, N, K,

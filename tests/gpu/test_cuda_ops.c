@@ -2684,6 +2684,8 @@ static int check_refusals(void)
     bad += REFUSED(bt_cuda_rmsnorm(d, BT_CUDA_F32, d, (bt_cuda_dtype_t)7, NULL, 1, 4, 1e-6f, 0));
     bad += REFUSED(bt_cuda_gemm_fp4_grouped(d, BT_CUDA_F32, (uint16_t *)d, NULL, (int32_t *)d, 1,
                                             1, (uint8_t *)d, (uint8_t *)d, 4, 33, 0));
+    bad += REFUSED(bt_cuda_gemm_fp4_grouped(d, BT_CUDA_F32, (uint16_t *)d, NULL, (int32_t *)d, 1,
+                                            1, (uint8_t *)d + 8, (uint8_t *)d, 4, 32, 0));
     bad += REFUSED(bt_cuda_fp4_to_frag((uint8_t *)d, 24, 0)); /* not whole runs */
     bad += REFUSED(bt_cuda_fp4_to_frag((uint8_t *)d + 8, 16, 0)); /* not 16-byte aligned */
     bad += REFUSED(bt_cuda_attention(d, d, d, (int32_t *)d, (int32_t *)d, 1, NULL, NULL, NULL, 0,
