@@ -639,11 +639,11 @@ __global__ void __launch_bounds__(MT_WARPS * 32, MMA16_MIN_BLOCKS(FMT, TILES)) g
  * against e2m1 or e4m3 weights. gemm_mma16 with the roles swapped and its bookkeeping trimmed,
  * since here converting the weights is all the work there is: the weights are the m16n8k16
  * MMA's A (16 columns: this lane's g and g + 8), 8 rows its B. A lane takes 16 weight bytes of
- * each of its 2 * MT columns a chunk: 32 FP4 codes (chunks of 128 k, one scale a column, in
- * gemm_mma16's permuted k order: pairs 2st, 2st + 1 are logical k 2c, 2c + 1, 2c + 8, 2c + 9
- * of MMA st) or 16 FP8 bytes (chunks of 64 k, pairs in k order, one scale for the lane: a
- * 32-column tile is one 32x32 scale block wide). Half of gemm_mma16's MMAs, and the rows' loads
- * for 8 rows, not 16.
+ * each of its 2 * MT columns a chunk: 32 FP4 codes (chunks of 128 k, one scale a column; in
+ * fragment order word q holds the lane's k 2q + 8j, j = 0..3, and MMA (q, h) takes its pairs
+ * j = 2h, 2h + 1 as logical k 2c, 2c + 1, 2c + 8, 2c + 9) or 16 FP8 bytes (chunks of 64 k, pairs in
+ * k order, one scale for the lane: a 32-column tile is one 32x32 scale block wide). Half of
+ * gemm_mma16's MMAs, and the rows' loads for 8 rows, not 16.
  * - The weights and the rows of the next chunk are loaded before this one is converted (the
  *   rows come from L2: waiting for them each chunk was the FP4 kernel's largest stall), the
  *   weights into a second register set the chunks alternate with: nothing is copied.

@@ -393,13 +393,17 @@ static bool load_fp4_experts(up_t *u, int l)
         d->w2_q = upload_bytes(u, q2, b2);
         d->w2_s = upload_bytes(u, sc2, (size_t)E * D * s2);
         /* the codes into the FP4 kernels' fragment order, there (the rows' K: D and I, % 32) */
-        if (u->rc == BT_OK && (bt_cuda_fp4_to_frag(d->w13_q, b13, 0) != BT_OK ||
-                               bt_cuda_fp4_to_frag(d->w2_q, b2, 0) != BT_OK ||
-                               cudaStreamSynchronize(0) != cudaSuccess)) {
-            cudaGetLastError();
-            snprintf(u->err, u->errlen, "GPU %d: FP4 experts of layer %d not rearranged", u->c->gpu,
-                     l);
-            u->rc = BT_ERR_DEVICE;
+        if (u->rc == BT_OK) {
+            bt_status_t st = bt_cuda_fp4_to_frag(d->w13_q, b13, 0);
+            if (st == BT_OK) st = bt_cuda_fp4_to_frag(d->w2_q, b2, 0);
+            const cudaError_t ce = st == BT_OK ? cudaStreamSynchronize(0) : cudaGetLastError();
+            if (st != BT_OK || ce != cudaSuccess) {
+                snprintf(u->err, u->errlen,
+                         "GPU %d: FP4 experts of layer %d not rearranged into fragment order (%s)",
+                         u->c->gpu, l,
+                         ce != cudaSuccess ? cudaGetErrorString(ce) : bt_status_str(st));
+                u->rc = BT_ERR_DEVICE;
+            }
         }
         u->c->n_fp4_layers++;
     }
