@@ -246,6 +246,293 @@ template <int TOK, int KT> static size_t ixt_smem(int dim)
     return q + k > s ? q + k : s;
 }
 
+/* ---- the same on Hopper's warpgroup MMAs ------------------------------------------------ */
+
+#include "kernels/cuda/wgmma.cuh"
+
+/* index_scores_wg: S^T = K . Q^T on wgmma, both operands in shared memory: A = a step's 64
+ * keys (the MMA's M), B = a warpgroup's TOKW tokens x 32 heads (N = 32 TOKW), K = the head dim
+ * in KH halves of 64 (zeros past dim). The sum over the heads stays in registers: a thread
+ * holds 8 heads of each of its tokens for two keys and adds w_h relu(S) over them; the four
+ * lanes of a key row then add theirs as (c0 + c1) + (c2 + c3), in every instance, so a score
+ * does not depend on the launch that computed it (batched decode against one sequence's).
+ * WGS warpgroups a block share each step's keys, which all threads convert f32 -> bf16 into a
+ * two-stage ring: the next step's are stored while this step's MMAs run, the one after's are
+ * loaded into registers. Where index_scores_tc staged f32 keys per 128-key tile for 4 tokens
+ * and summed the heads through shared memory, a block here holds 16 tokens (prefill). */
+enum { IXW_KEYS = 64, IXW_HEADS = 32 };
+
+#ifdef BT_WGMMA
+__device__ int ixwg_built = 1;
+#else
+__device__ int ixwg_built = 0;
+#endif
+
+template <int TOKW, int WGS, int KH> struct ixw_shape {
+    enum {
+        THREADS = 128 * WGS,
+        ROWS = IXW_HEADS * TOKW, /* a warpgroup's Q rows: the MMA's N */
+        Q_HALF = ROWS * 128,     /* bytes of 64 dims of them */
+        Q_BYTES = WGS * KH * Q_HALF,
+        K_HALF = IXW_KEYS * 128,
+        K_STAGE = KH * K_HALF,
+        UNITS = IXW_KEYS * KH * 8,          /* a step's 16-byte units of keys */
+        UPT = UNITS / THREADS,              /* ... a thread's */
+        SMEM = Q_BYTES + 2 * K_STAGE + 1024 /* + alignment to 1024 bytes */
+    };
+    static_assert(UNITS % THREADS == 0, "whole units a thread");
+};
+
+struct ixw_f8 {
+    float4 a, b;
+};
+
+/* floats d0..d0 + 7 of a row (zeros past dim; all zeros when !ok); vec: 16-byte loads (dim a
+ * multiple of 4, rows 16-byte aligned) */
+__device__ __forceinline__ ixw_f8 ixw_fetch(const float *row, int d0, int dim, bool ok, bool vec)
+{
+    ixw_f8 v;
+    v.a = v.b = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (!ok) return v;
+    if (vec) {
+        if (d0 < dim) v.a = *(const float4 *)(row + d0);
+        if (d0 + 4 < dim) v.b = *(const float4 *)(row + d0 + 4);
+    } else {
+        float t[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            t[i] = d0 + i < dim ? row[d0 + i] : 0.0f;
+        v.a = make_float4(t[0], t[1], t[2], t[3]);
+        v.b = make_float4(t[4], t[5], t[6], t[7]);
+    }
+    return v;
+}
+
+__device__ __forceinline__ uint4 ixw_pack(ixw_f8 v)
+{
+    __nv_bfloat162 p0 = __floats2bfloat162_rn(v.a.x, v.a.y),
+                   p1 = __floats2bfloat162_rn(v.a.z, v.a.w);
+    __nv_bfloat162 p2 = __floats2bfloat162_rn(v.b.x, v.b.y),
+                   p3 = __floats2bfloat162_rn(v.b.z, v.b.w);
+    return make_uint4(*(unsigned *)&p0, *(unsigned *)&p1, *(unsigned *)&p2, *(unsigned *)&p3);
+}
+
+/* grid (key ranges of tiles_per_block steps, token groups of TOKW * WGS); key_off: TOKW * WGS
+ * is 1 */
+template <int TOKW, int WGS, int KH>
+__global__ void __launch_bounds__(128 * WGS)
+    index_scores_wg(float *scores, const float *q, const float *w, const float *keys,
+                    const int64_t *visible, int T, int heads, int dim, int n,
+                    const int64_t *key_off, const int32_t *n_keys, int tiles_per_block)
+{
+#ifdef BT_WGMMA
+    using S = ixw_shape<TOKW, WGS, KH>;
+    constexpr int TB = TOKW * WGS; /* a block's tokens */
+    bt_grid_begin();
+    extern __shared__ __align__(128) unsigned char ixw_smem[];
+    __shared__ float w_s[TB][IXW_HEADS];
+    __shared__ int64_t vis_s[TB];
+    /* from a 1024-byte boundary: the swizzle's */
+    unsigned char *smem =
+        ixw_smem + ((1024 - ((uint32_t)__cvta_generic_to_shared(ixw_smem) & 1023)) & 1023);
+    unsigned char *sq = smem, *sk = smem + S::Q_BYTES;
+    const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, c = lane & 3;
+    const int wg = tid >> 7, wq = (tid >> 5) & 3;
+    const int t0 = blockIdx.y * TB;
+    if (key_off) keys += key_off[t0];
+    int64_t vmax = 0;
+    for (int i = 0; i < TB; i++) {
+        const int t = t0 + i;
+        int64_t v = 0;
+        if (t < T) {
+            v = visible[t];
+            if (key_off && v > n_keys[t]) v = n_keys[t];
+            if (v > n) v = n;
+        }
+        if (tid == 0) vis_s[i] = v;
+        if (v > vmax) vmax = v;
+    }
+    /* the block's keys [js, je); steps over [js, jv), which some token sees */
+    const int js = blockIdx.x * tiles_per_block * IXW_KEYS;
+    const int je = min(n, js + tiles_per_block * IXW_KEYS);
+    const int jv = (int)(vmax < je ? vmax : je);
+    const int steps = jv > js ? (jv - js + IXW_KEYS - 1) / IXW_KEYS : 0;
+    const int jc = min(je, js + steps * IXW_KEYS), nf = je - jc;
+    for (int e = tid; e < TB * nf; e += S::THREADS) { /* keys past the steps: seen by none */
+        const int i = e / nf, j = jc + e % nf;
+        if (t0 + i < T) scores[(size_t)(t0 + i) * n + j] = -INFINITY;
+    }
+    if (steps == 0) return; /* (the whole block) */
+
+    const bool vec = dim % 4 == 0 && (uintptr_t)q % 16 == 0 && (uintptr_t)keys % 16 == 0;
+    /* the Q rows (warpgroup, token, head): zeros for heads past `heads` and tokens past T */
+    for (int e = tid; e < WGS * S::ROWS * KH * 8; e += S::THREADS) {
+        const int u = e & 7, hf = (e >> 3) % KH, r = (e >> 3) / KH;
+        const int wr = r / S::ROWS, rr = r % S::ROWS, h = rr % IXW_HEADS;
+        const int t = t0 + wr * TOKW + rr / IXW_HEADS;
+        const bool ok = t < T && h < heads;
+        const float *row = q + ((size_t)(ok ? t : 0) * heads + (ok ? h : 0)) * dim;
+        *(uint4 *)(sq + (wr * KH + hf) * S::Q_HALF + wg_sw(rr, u)) =
+            ixw_pack(ixw_fetch(row, hf * 64 + 8 * u, dim, ok, vec));
+    }
+    for (int e = tid; e < TB * IXW_HEADS; e += S::THREADS) {
+        const int i = e / IXW_HEADS, h = e % IXW_HEADS, t = t0 + i;
+        w_s[i][h] = t < T && h < heads ? w[(size_t)t * heads + h] : 0.0f;
+    }
+    /* a step's keys: a thread's UPT units, rows past jv zeros */
+    ixw_f8 pf[S::UPT];
+    auto fetch = [&](int s) {
+        const int j0 = js + s * IXW_KEYS;
+#pragma unroll
+        for (int k = 0; k < S::UPT; k++) {
+            const int e = tid + k * S::THREADS, r = e / (8 * KH), hf = (e >> 3) % KH, u = e & 7;
+            const int j = j0 + r;
+            pf[k] =
+                ixw_fetch(keys + (size_t)(j < jv ? j : 0) * dim, hf * 64 + 8 * u, dim, j < jv, vec);
+        }
+    };
+    auto put = [&](int st) {
+        unsigned char *dst = sk + st * S::K_STAGE;
+#pragma unroll
+        for (int k = 0; k < S::UPT; k++) {
+            const int e = tid + k * S::THREADS, r = e / (8 * KH), hf = (e >> 3) % KH, u = e & 7;
+            *(uint4 *)(dst + hf * S::K_HALF + wg_sw(r, u)) = ixw_pack(pf[k]);
+        }
+    };
+    fetch(0);
+    put(0);
+    if (steps > 1) fetch(1);
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* for the MMAs' reads */
+    __syncthreads();
+
+    const uint64_t dq = wg_desc(sq + wg * KH * S::Q_HALF), dk = wg_desc(sk);
+    const float scale = 1.0f / sqrtf((float)dim);
+    float d[S::ROWS / 2]; /* d[4j + t]: key 16 wq + g + 8 (t >> 1), Q row 8j + 2c + (t & 1) */
+    for (int s = 0; s < steps; s++) {
+        const uint64_t dks = dk + (s & 1) * (S::K_STAGE >> 4);
+        wgmma_fence();
+#pragma unroll
+        for (int hf = 0; hf < KH; hf++)
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) /* 16 dims a step: 32 bytes, 2 in the address */
+                wgmma_ss<S::ROWS>(d, dks + hf * (S::K_HALF >> 4) + 2 * kk,
+                                  dq + hf * (S::Q_HALF >> 4) + 2 * kk, hf | kk);
+        wgmma_commit();
+        if (s + 1 < steps) { /* (stage (s + 1) & 1's last readers, step s - 1, are done) */
+            put((s + 1) & 1);
+            if (s + 2 < steps) fetch(s + 2);
+        }
+        wgmma_wait<0>();
+#pragma unroll
+        for (int i = 0; i < S::ROWS / 2; i++) /* (read after the wait) */
+            asm volatile("" : "+f"(d[i])::"memory");
+        /* part[2i + kr]: token i's sum over this thread's heads 8jj + 2c + b, key row kr */
+        float part[2 * TOKW];
+#pragma unroll
+        for (int i = 0; i < TOKW; i++) {
+            float2 wv[4];
+#pragma unroll
+            for (int jj = 0; jj < 4; jj++)
+                wv[jj] = *(const float2 *)&w_s[wg * TOKW + i][8 * jj + 2 * c];
+#pragma unroll
+            for (int kr = 0; kr < 2; kr++) {
+                float p = 0.0f;
+#pragma unroll
+                for (int jj = 0; jj < 4; jj++) {
+                    const float *dd = d + 4 * (4 * i + jj) + 2 * kr;
+                    p = fmaf(wv[jj].x, fmaxf(dd[0], 0.0f), p);
+                    p = fmaf(wv[jj].y, fmaxf(dd[1], 0.0f), p);
+                }
+                part[2 * i + kr] = p;
+            }
+        }
+        /* the four lanes' sums, scattered: after the first exchange lane c holds p = (c & 1)
+         * TOKW + q; after the second, p = (c & 1) TOKW + (c >> 1 & 1) TOKW / 2 + q */
+#pragma unroll
+        for (int q1 = 0; q1 < TOKW; q1++) {
+            const float lo = part[q1], hi = part[q1 + TOKW];
+            part[q1] = ((c & 1) ? hi : lo) + __shfl_xor_sync(0xffffffffu, (c & 1) ? lo : hi, 1);
+        }
+        if constexpr (TOKW >= 2) {
+#pragma unroll
+            for (int q2 = 0; q2 < TOKW / 2; q2++) {
+                const float lo = part[q2], hi = part[q2 + TOKW / 2];
+                part[q2] = ((c & 2) ? hi : lo) + __shfl_xor_sync(0xffffffffu, (c & 2) ? lo : hi, 2);
+            }
+        } else {
+            part[0] += __shfl_xor_sync(0xffffffffu, part[0], 2);
+        }
+        const int jr = js + s * IXW_KEYS + 16 * wq + g;
+        auto store = [&](int i, int kr, float v) {
+            const int t = t0 + wg * TOKW + i, j = jr + 8 * kr;
+            if (t < T && j < je)
+                scores[(size_t)t * n + j] = j < vis_s[wg * TOKW + i] ? v * scale : -INFINITY;
+        };
+        if constexpr (TOKW >= 2) {
+#pragma unroll
+            for (int q2 = 0; q2 < TOKW / 2; q2++) {
+                const int p = (c & 1) * TOKW + (c >> 1 & 1) * (TOKW / 2) + q2;
+                store(p >> 1, p & 1, part[q2]);
+            }
+        } else if (!(c & 2)) {
+            store(0, c & 1, part[0]);
+        }
+        /* every warpgroup's products of this step are done before its stage is refilled */
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+    }
+#else
+    __trap(); /* launched only where ixwg_ready() found the sm_90a image */
+#endif
+}
+
+/* index_scores_wg runs here: a Hopper device and this binary's device code built for sm_90a;
+ * BT_CUDA_IXWG=0 keeps index_scores_tc (for comparisons) */
+static bool ixwg_ready(void)
+{
+    static int once = -1;
+    static signed char built[BT__MAX_DEVICES];
+    if (!bt__env_switch("BT_CUDA_IXWG", &once)) return false;
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= BT__MAX_DEVICES) {
+        cudaGetLastError();
+        return false;
+    }
+    if (!built[dev]) {
+        int major = 0, flag = 0;
+        bool ok =
+            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+            major == 9 && cudaMemcpyFromSymbol(&flag, ixwg_built, sizeof flag) == cudaSuccess &&
+            flag == 1;
+        if (!ok) cudaGetLastError();
+        built[dev] = ok ? 1 : -1;
+    }
+    return built[dev] > 0;
+}
+
+/* false where the instance's shared memory is not allowed (then index_scores_tc runs) */
+template <int TOKW, int WGS, int KH>
+static bool ixwg_launch(float *scores, const float *q, const float *w, const float *keys,
+                        const int64_t *key_off, const int32_t *n_keys, const int64_t *visible,
+                        int T, int heads, int dim, int n, cudaStream_t stream)
+{
+    using S = ixw_shape<TOKW, WGS, KH>;
+    static signed char allowed[BT__MAX_DEVICES];
+    if (!bt__smem_allowed((const void *)index_scores_wg<TOKW, WGS, KH>, S::SMEM, allowed))
+        return false;
+    /* key ranges that leave about two waves of blocks on 132 SMs (blocks an SM by threads and
+     * shared memory) */
+    const int groups = bt__cdiv(T, TOKW * WGS), tiles = bt__cdiv(n, IXW_KEYS);
+    const int by_threads = 16 / WGS, by_smem = (int)(228 * 1024 / (S::SMEM + 3 * 1024));
+    const long wave = 132L * (by_threads < by_smem ? by_threads : by_smem);
+    int per = bt__cdiv((long long)tiles * groups, 2 * wave);
+    if (per < 1) per = 1;
+    dim3 grid(bt__cdiv(tiles, per), groups);
+    bt__launch(index_scores_wg<TOKW, WGS, KH>, grid, S::THREADS, S::SMEM, stream, scores, q, w,
+               keys, visible, T, heads, dim, n, key_off, n_keys, per);
+    return true;
+}
+
 extern "C" bt_status_t bt_cuda_index_scores_tc(float *scores, const float *q, const float *w,
                                                const float *keys, const int64_t *key_off,
                                                const int32_t *n_keys, const int64_t *visible,
@@ -255,6 +542,21 @@ extern "C" bt_status_t bt_cuda_index_scores_tc(float *scores, const float *q, co
     BT_CUDA_REQUIRE(scores && q && w && keys && visible && (!key_off || n_keys));
     BT_CUDA_REQUIRE(T > 0 && n > 0 && heads > 0 && heads <= IXT_HEADS);
     BT_CUDA_REQUIRE(dim > 0 && dim <= IX_MAXD);
+    if (ixwg_ready()) {
+        /* Hopper: 16 tokens a block where they share the keys and fill the GPU, else one */
+        bool big = !key_off && T >= 16, ok;
+        if (dim <= 64)
+            ok = big ? ixwg_launch<4, 4, 1>(scores, q, w, keys, key_off, n_keys, visible, T, heads,
+                                            dim, n, stream)
+                     : ixwg_launch<1, 1, 1>(scores, q, w, keys, key_off, n_keys, visible, T, heads,
+                                            dim, n, stream);
+        else
+            ok = big ? ixwg_launch<4, 4, 2>(scores, q, w, keys, key_off, n_keys, visible, T, heads,
+                                            dim, n, stream)
+                     : ixwg_launch<1, 1, 2>(scores, q, w, keys, key_off, n_keys, visible, T, heads,
+                                            dim, n, stream);
+        if (ok) return bt__cuda_launched("index_scores_wg");
+    }
     /* each instance is allowed its largest (dim 128) shared memory on its own: four key tiles
      * a block (100 KB) are over what some GPUs allow a block (GB10: 99 KB), and then only that
      * instance is passed over */

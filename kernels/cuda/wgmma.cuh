@@ -1,5 +1,6 @@
 /* Hopper's warpgroup MMAs (wgmma, sm_90a) as the kernels use them: A, a warpgroup's 64 rows,
- * from registers; B from shared memory, K-major in the 128-byte swizzle; f32 accumulators.
+ * from registers (wgmma_rs) or from shared memory (wgmma_ss); B from shared memory; operands in
+ * shared memory K-major in the 128-byte swizzle; f32 accumulators.
  * Each N a shape of its own (16..112: gemm_fp4_wgrs' tiles), since an instruction's operand
  * count is fixed. Only in device code built for sm_90a (BT_WGMMA); the launcher checks at run
  * time that the binary has such code (gemm_lowp.cu's wgrs_built). */
@@ -45,6 +46,11 @@ template <int N> __device__ __forceinline__ void wgmma_wait()
  * its warp's 16 rows: (g, 2c..), (g + 8, 2c..), (g, 2c + 8..), (g + 8, 2c + 8..) as bf16
  * pairs); b, B's descriptor; d[4j + t] is row 16 warp + g + 8 (t >> 1), column 8j + 2c + (t & 1) */
 template <int N> __device__ __forceinline__ void wgmma_rs(float *d, const unsigned *a, uint64_t b);
+
+/* d[64 x N] (+)= A[64 x 16] . B[N x 16]^T, both from shared memory (descriptors a and b);
+ * acc 0: d is overwritten, not added to. d's layout as wgmma_rs's. */
+template <int N>
+__device__ __forceinline__ void wgmma_ss(float *d, uint64_t a, uint64_t b, int acc);
 
 #ifdef BT_WGMMA
 template <> __device__ __forceinline__ void wgmma_rs<16>(float *d, const unsigned *a, uint64_t b)
@@ -156,6 +162,41 @@ template <> __device__ __forceinline__ void wgmma_rs<112>(float *d, const unsign
           "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
           "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+
+template <> __device__ __forceinline__ void wgmma_ss<32>(float *d, uint64_t a, uint64_t b, int acc)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+                 "}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+                 : "l"(a), "l"(b), "r"(acc));
+}
+
+template <> __device__ __forceinline__ void wgmma_ss<128>(float *d, uint64_t a, uint64_t b, int acc)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+                 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+                   "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+                   "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+                   "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+                   "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
+                   "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+                   "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(a), "l"(b), "r"(acc));
 }
 
 #endif

@@ -388,6 +388,10 @@ static const case_t cases[] = {
      * fixtures' 40; 24 un-rounded, at the bf16 bound) */
     {OP_INDEX_TC, F32, {6, 8, 40, 300, 0}, 0},
     {OP_INDEX_TC, F32, {3, 8, 24, 100, 1}, 0},
+    /* Hopper's warpgroup kernel, 16 tokens a block: a partial last group (unrounded inputs),
+     * a head dim of exactly one 64-wide half with keys off its 64-key steps */
+    {OP_INDEX_TC, F32, {37, 32, 128, 1000, 1}, 0},
+    {OP_INDEX_TC, F32, {20, 32, 64, 130, 0}, 0},
     {OP_INDEX_SETS_TC, F32, {64, 32, 128, 8192, 0}, 0},
     {OP_INDEX_SETS_TC, F32, {5, 32, 128, 1000, 0}, 0},
     {OP_INDEX_SETS_TC, F32, {3, 7, 64, 77, 0}, 0},
