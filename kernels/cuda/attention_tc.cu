@@ -19,6 +19,7 @@
  * Prefill-sized launches of bf16 rows (no splits) take attention_flash_kernel below instead:
  * every key gathered once for 64 heads, the softmax online. */
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/wgmma.cuh"
 
 #include <mma.h>
 #include <type_traits>
@@ -562,6 +563,272 @@ __global__ void __launch_bounds__(FL_WARPS * 32, 1)
     }
 }
 
+/* ---- prefill on Hopper's warpgroup MMAs ---------------------------------------------------
+ * attention_flash_wg: attention_flash_kernel's work (a token's 64 heads a block, its keys
+ * streamed once with an online softmax, the sink as the running max's start and a 1 in the
+ * sum) on wgmma, for the model's dim 512. The heads are the MMAs' M (64). Two warpgroups split
+ * the dims: each multiplies its 256 dims of Q and of a chunk of 32 keys (both in shared memory)
+ * into a partial S, the two partials are added through shared memory (both warpgroups then hold
+ * the same S, so their softmaxes agree bit for bit), and each accumulates O for its 256 dims:
+ * P from registers (the S accumulators are P's A fragments), the same keys as V, read MN-major
+ * from the same slot. A chunk's value products and the next chunk's scores are issued back to
+ * back and run while nothing else waits; keys arrive through a 4-slot cp.async ring, three
+ * chunks ahead. Each warpgroup copies and reads only its own half of every slot. */
+enum {
+    FW_HEADS = 64,
+    FW_KEYS = 32,
+    FW_DIM = 512,
+    FW_THREADS = 256,
+    FW_SLOTS = 4,
+    FW_QTILE = FW_HEADS * 128, /* 64 heads x 64 dims, bf16, the 128-byte swizzle */
+    FW_KTILE = FW_KEYS * 128,  /* 32 keys x 64 dims */
+    FW_Q = FW_DIM / 64 * FW_QTILE,
+    FW_SLOT = FW_DIM / 64 * FW_KTILE,
+    FW_XS = 2 * 128 * 16 * 4,                          /* the two warpgroups' partial S */
+    FW_SMEM = FW_Q + FW_SLOTS * FW_SLOT + FW_XS + 1024 /* + alignment to 1024 bytes */
+};
+
+#ifdef BT_WGMMA
+__device__ int fw_built = 1;
+#else
+__device__ int fw_built = 0;
+#endif
+
+template <typename QT>
+__global__ void __launch_bounds__(FW_THREADS, 1)
+    attention_flash_wg(QT *out, const QT *q, const __nv_bfloat16 *win_kv, const int64_t *win_off,
+                       const int32_t *win_idx, const int32_t *win_n, int win_stride,
+                       const __nv_bfloat16 *comp_kv, const int64_t *comp_off, const int32_t *sel,
+                       const int32_t *sel_n, int sel_stride, const float *sink, const int64_t *pos,
+                       const float *inv_freq, int half, int H)
+{
+#ifdef BT_WGMMA
+    typedef __nv_bfloat16 bf;
+    bt_grid_begin();
+    extern __shared__ __align__(128) unsigned char fw_raw[];
+    unsigned char *smem =
+        fw_raw + ((1024 - ((uint32_t)__cvta_generic_to_shared(fw_raw) & 1023)) & 1023);
+    unsigned char *sq = smem, *sk = smem + FW_Q;
+    float4 *xs = (float4 *)(sk + FW_SLOTS * FW_SLOT);
+    const int t = blockIdx.y, h0 = blockIdx.x * FW_HEADS, tid = threadIdx.x;
+    const int wg = tid >> 7, wt = tid & 127, wq = wt >> 5, lane = tid & 31, g = lane >> 2,
+              c = lane & 3;
+    const int64_t coff = comp_off ? comp_off[t] : 0;
+    const bool has_sel = sel_n && coff >= 0;
+    const bf *wkv = win_kv + (win_off ? win_off[t] : 0), *ckv = has_sel ? comp_kv + coff : comp_kv;
+    const int nw = min(win_n[t], win_stride), nk = nw + (has_sel ? min(sel_n[t], sel_stride) : 0);
+    const int nchunks = (nk + FW_KEYS - 1) / FW_KEYS;
+
+    /* this warpgroup's half of chunk ch into slot ch % FW_SLOTS: key wt / 4, 16-byte units
+     * (wt & 3) + 4k of the half's 32 (zeros for keys past nk); one group, empty past the end */
+    const int gk = wt >> 2;
+    auto gather = [&](int ch) {
+        if (ch < nchunks) {
+            const int j = ch * FW_KEYS + gk;
+            const int ri = j >= nk  ? -1
+                           : j < nw ? 2 * win_idx[(size_t)t * win_stride + j]
+                                    : 2 * sel[(size_t)t * sel_stride + (j - nw)] + 1;
+            const bf *row = ri >= 0 ? (ri & 1 ? ckv : wkv) + (size_t)(ri >> 1) * FW_DIM : wkv;
+            unsigned char *slot = sk + (ch % FW_SLOTS) * FW_SLOT;
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                const int du = (wt & 3) + 4 * k, dt = 4 * wg + (du >> 3);
+                cp_async<16>(slot + dt * FW_KTILE + wg_sw(gk, du & 7),
+                             row + 8 * (dt * 8 + (du & 7)), ri >= 0);
+            }
+        }
+        cp_async_commit();
+    };
+    /* this warpgroup's half of Q: 64 heads x 32 units */
+    for (int e = wt; e < FW_HEADS * 32; e += 128) {
+        const int r = e >> 5, du = e & 31, dt = 4 * wg + (du >> 3);
+        const QT *src = q + ((size_t)t * H + h0 + r) * FW_DIM + 8 * (dt * 8 + (du & 7));
+        unsigned char *dst = sq + dt * FW_QTILE + wg_sw(r, du & 7);
+        if constexpr (std::is_same<QT, float>::value) /* rounded to bf16 on the way */
+            *(uint4 *)dst = load8_bf16(src);
+        else
+            cp_async<16>(dst, src, true);
+    }
+#pragma unroll
+    for (int i = 0; i < FW_SLOTS - 1; i++)
+        gather(i); /* (the first group with Q) */
+
+    const float LOG2E = 1.4426950408889634f, sc = rsqrtf((float)FW_DIM) * LOG2E;
+    const int hr0 = h0 + 16 * wq + g, hr1 = hr0 + 8;
+    float mrun[2] = {sink[hr0] * LOG2E, sink[hr1] * LOG2E};
+    float lrun[2] = {c == 0 ? 1.0f : 0.0f, c == 0 ? 1.0f : 0.0f};
+    float o[128]; /* o[4j + e]: head row g + 8 (e >> 1), dim 256 wg + 8j + 2c + (e & 1) */
+#pragma unroll
+    for (int i = 0; i < 128; i++)
+        o[i] = 0.0f;
+    float s[16]; /* s[4j + e]: head row g + 8 (e >> 1), key 8j + 2c + (e & 1) of the chunk */
+    const uint64_t dq = wg_desc(sq + 4 * wg * FW_QTILE);
+    /* S over this warpgroup's dims: 16 steps of 16 */
+    auto scores = [&](int ch) {
+        const uint64_t dk = wg_desc(sk + (ch % FW_SLOTS) * FW_SLOT + 4 * wg * FW_KTILE);
+#pragma unroll
+        for (int kt = 0; kt < 4; kt++)
+#pragma unroll
+            for (int ks = 0; ks < 4; ks++)
+                wgmma_ss<FW_KEYS>(s, dq + kt * (FW_QTILE >> 4) + 2 * ks,
+                                  dk + kt * (FW_KTILE >> 4) + 2 * ks, kt | ks);
+    };
+    if (nchunks > 0) {
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(FW_SLOTS - 2) : "memory");
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads(); /* Q and chunk 0 */
+        wgmma_fence();
+        scores(0);
+        wgmma_commit();
+        wgmma_wait<0>();
+    }
+    for (int ch = 0; ch < nchunks; ch++) {
+#pragma unroll
+        for (int i = 0; i < 16; i++) /* (read after the wait) */
+            asm volatile("" : "+f"(s[i])::"memory");
+            /* S = this warpgroup's partial + the other's (the same sum in both) */
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            xs[(wg * 4 + k) * 128 + wt] =
+                make_float4(s[4 * k], s[4 * k + 1], s[4 * k + 2], s[4 * k + 3]);
+        __syncthreads(); /* the partials; also: every product of chunk ch - 1 is done */
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const float4 v = xs[((wg ^ 1) * 4 + k) * 128 + wt];
+            s[4 * k] += v.x, s[4 * k + 1] += v.y, s[4 * k + 2] += v.z, s[4 * k + 3] += v.w;
+        }
+        gather(ch + FW_SLOTS - 1); /* into chunk ch - 1's slot */
+
+        /* online softmax; keys past nk (the last chunk) masked */
+        float mx[2] = {mrun[0], mrun[1]};
+        const int past = nk - ch * FW_KEYS - 2 * c;
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                s[4 * j + e] = 8 * j + (e & 1) < past ? s[4 * j + e] * sc : -INFINITY;
+                mx[e >> 1] = fmaxf(mx[e >> 1], s[4 * j + e]);
+            }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        }
+        const float corr[2] = {fl_exp2(mrun[0] - mx[0]), fl_exp2(mrun[1] - mx[1])};
+        mrun[0] = mx[0], mrun[1] = mx[1];
+        lrun[0] *= corr[0], lrun[1] *= corr[1];
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            s[i] = fl_exp2(s[i] - mx[(i >> 1) & 1]);
+            lrun[(i >> 1) & 1] += s[i];
+        }
+        unsigned pa[2][4]; /* P as the A fragments of keys 16 ks.. */
+#pragma unroll
+        for (int ks = 0; ks < 2; ks++) {
+            pa[ks][0] = fl_pack(s[8 * ks], s[8 * ks + 1]);
+            pa[ks][1] = fl_pack(s[8 * ks + 2], s[8 * ks + 3]);
+            pa[ks][2] = fl_pack(s[8 * ks + 4], s[8 * ks + 5]);
+            pa[ks][3] = fl_pack(s[8 * ks + 6], s[8 * ks + 7]);
+        }
+        if (__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) { /* (a max grew) */
+#pragma unroll
+            for (int i = 0; i < 128; i++)
+                o[i] *= corr[(i >> 1) & 1];
+        }
+        /* O += P . V over this warpgroup's dims, then the next chunk's scores */
+        const uint64_t dv =
+            wg_desc_mn(sk + (ch % FW_SLOTS) * FW_SLOT + 4 * wg * FW_KTILE, FW_KTILE);
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < 2; ks++)
+            wgmma_rs_mn256(o, pa[ks], dv + ks * ((16 * 128) >> 4));
+        wgmma_commit();
+        if (ch + 1 < nchunks) {
+            asm volatile("cp.async.wait_group %0;\n" ::"n"(FW_SLOTS - 2) : "memory");
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            __syncthreads(); /* chunk ch + 1 landed; the partials of chunk ch are read */
+            wgmma_fence();
+            scores(ch + 1);
+            wgmma_commit();
+        }
+        wgmma_wait<0>();
+        /* the products' registers: O and S are read, and P's may be reused, only from here
+         * (the compiler sees them written or read when the MMAs are issued) */
+#pragma unroll
+        for (int i = 0; i < 128; i++)
+            asm volatile("" : "+f"(o[i])::"memory");
+#pragma unroll
+        for (int ks = 0; ks < 2; ks++)
+            asm volatile("" ::"r"(pa[ks][0]), "r"(pa[ks][1]), "r"(pa[ks][2]), "r"(pa[ks][3])
+                         : "memory");
+    }
+    cp_async_wait_all();
+#pragma unroll
+    for (int i = 0; i < 128; i++) /* (read after the wait) */
+        asm volatile("" : "+f"(o[i])::"memory");
+
+    /* normalize, inverse RoPE of the last 2*half channels, store */
+    float inv[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float l = lrun[r];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        inv[r] = 1.0f / l;
+    }
+    const int r0 = FW_DIM - 2 * half;
+    const float p64 = (float)pos[t];
+#pragma unroll
+    for (int j = 0; j < 32; j++) {
+        const int d = 256 * wg + 8 * j + 2 * c;
+        float cs = 1.0f, sn = 0.0f;
+        if (d >= r0) {
+            const float f = inv_freq[(d - r0) >> 1] * p64;
+            cs = cosf(f), sn = -sinf(f);
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int h = r ? hr1 : hr0;
+            float a = o[4 * j + 2 * r] * inv[r], b = o[4 * j + 2 * r + 1] * inv[r];
+            const float a2 = a * cs - b * sn;
+            b = b * cs + a * sn;
+            if constexpr (std::is_same<QT, float>::value)
+                *(float2 *)(out + ((size_t)t * H + h) * FW_DIM + d) = make_float2(a2, b);
+            else
+                *(__nv_bfloat162 *)(out + ((size_t)t * H + h) * FW_DIM + d) =
+                    __floats2bfloat162_rn(a2, b);
+        }
+    }
+#else
+    __trap(); /* launched only where fw_ready() found the sm_90a image */
+#endif
+}
+
+/* attention_flash_wg runs here: a Hopper device, this binary's code for sm_90a, the shared
+ * memory allowed; BT_CUDA_FLASHWG=0 keeps attention_flash_kernel (for comparisons) */
+template <typename QT> static bool fw_ready(void)
+{
+    static int once = -1;
+    static signed char built[BT__MAX_DEVICES], allowed[BT__MAX_DEVICES];
+    if (!bt__env_switch("BT_CUDA_FLASHWG", &once)) return false;
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= BT__MAX_DEVICES) {
+        cudaGetLastError();
+        return false;
+    }
+    if (!built[dev]) {
+        int major = 0, flag = 0;
+        bool ok =
+            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+            major == 9 && cudaMemcpyFromSymbol(&flag, fw_built, sizeof flag) == cudaSuccess &&
+            flag == 1;
+        if (!ok) cudaGetLastError();
+        built[dev] = ok ? 1 : -1;
+    }
+    return built[dev] > 0 &&
+           bt__smem_allowed((const void *)attention_flash_wg<QT>, FW_SMEM, allowed);
+}
+
 /* the flash kernel's shared memory allowed once a device and instance; BT_CUDA_FLASH=0 turns
  * the kernel off (bt_cuda_attention_tc then keeps attention_tc_kernel: for comparisons), read
  * once */
@@ -599,6 +866,20 @@ bt_cuda_attention_flash(void *out, const void *q, bt_cuda_dtype_t q_dtype, const
                   *comp_off = batch ? batch->comp_off : NULL;
     typedef __nv_bfloat16 bf;
     const dim3 grid(bt__cdiv(H, FL_HEADS), T);
+    if (dim == FW_DIM && H % FW_HEADS == 0 &&
+        (q_dtype == BT_CUDA_F32 ? fw_ready<float>() : fw_ready<bf>())) {
+        if (q_dtype == BT_CUDA_F32)
+            bt__launch(attention_flash_wg<float>, grid, FW_THREADS, FW_SMEM, stream, (float *)out,
+                       (const float *)q, (const bf *)win_kv, win_off, win_idx, win_n, win_stride,
+                       (const bf *)comp_kv, comp_off, sel, sel_n, sel_stride, sink, pos, inv_freq,
+                       half, H);
+        else
+            bt__launch(attention_flash_wg<bf>, grid, FW_THREADS, FW_SMEM, stream, (bf *)out,
+                       (const bf *)q, (const bf *)win_kv, win_off, win_idx, win_n, win_stride,
+                       (const bf *)comp_kv, comp_off, sel, sel_n, sel_stride, sink, pos, inv_freq,
+                       half, H);
+        return bt__cuda_launched("attention_flash_wg");
+    }
     if (q_dtype == BT_CUDA_F32)
         bt__launch(attention_flash_kernel<float>, grid, FL_WARPS * 32, fl_smem(dim), stream,
                    (float *)out, (const float *)q, (const bf *)win_kv, win_off, win_idx, win_n,

@@ -357,6 +357,11 @@ static const case_t cases[] = {
     {OP_ATTENTION_FLASH, F32, {4, 20, 40, 10, 12, 6}, 0}, /* the golden fixtures' dim */
     {OP_ATTENTION_FLASH, BF16, {3, 33, 64, 16, 40, -1}, 0},
     {OP_ATTENTION_FLASH, F32, {3, 16, 512, 32, 128, 512}, 0}, /* a TP4 rank: 3 groups idle */
+    /* dim 512 and whole 64-head blocks take Hopper's warpgroup kernel: two head blocks with a
+     * part-full last chunk, a lone part-full chunk without selected keys, no rotation */
+    {OP_ATTENTION_FLASH, BF16, {3, 128, 512, 32, 100, 37}, 0},
+    {OP_ATTENTION_FLASH, F32, {2, 64, 512, 32, 7, -1}, 0},
+    {OP_ATTENTION_FLASH, F32, {3, 64, 512, 0, 128, 512}, 0},
     /* decode: a token's keys split over blocks, partials folded with the sink (single keys,
      * selected-only and empty splits come from the token patterns above) */
     {OP_ATTENTION_TC_WS, BF16, {1, 64, 512, 32, 128, 512}, 0},
