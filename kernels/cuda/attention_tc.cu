@@ -611,8 +611,10 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
     unsigned char *sq = smem, *sk = smem + FW_Q;
     float4 *xs = (float4 *)(sk + FW_SLOTS * FW_SLOT);
     const int t = blockIdx.y, h0 = blockIdx.x * FW_HEADS, tid = threadIdx.x;
-    const int wg = tid >> 7, wt = tid & 127, wq = wt >> 5, lane = tid & 31, g = lane >> 2,
-              c = lane & 3;
+    /* (the warpgroup through a shuffle: uniform to the compiler, so the MMAs' descriptors
+     * are built in uniform registers, not moved there before every MMA) */
+    const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0), wt = tid & 127, wq = wt >> 5,
+              lane = tid & 31, g = lane >> 2, c = lane & 3;
     const int64_t coff = comp_off ? comp_off[t] : 0;
     const bool has_sel = sel_n && coff >= 0;
     const bf *wkv = win_kv + (win_off ? win_off[t] : 0), *ckv = has_sel ? comp_kv + coff : comp_kv;
@@ -622,12 +624,22 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
     /* this warpgroup's half of chunk ch into slot ch % FW_SLOTS: key wt / 4, 16-byte units
      * (wt & 3) + 4k of the half's 32 (zeros for keys past nk); one group, empty past the end */
     const int gk = wt >> 2;
-    auto gather = [&](int ch) {
+    /* the key row of this thread's copies in chunk ch: its index is loaded a chunk ahead
+     * (raw_of, unconditionally: a dummy past nk), the row made of it when the copies are
+     * issued (key_ri): the copies' addresses hang on it */
+    auto raw_of = [&](int ch) {
+        const int j = ch * FW_KEYS + gk;
+        const int32_t *p = j >= nk  ? win_n + t
+                           : j < nw ? win_idx + (size_t)t * win_stride + j
+                                    : sel + (size_t)t * sel_stride + (j - nw);
+        return *p;
+    };
+    auto key_ri = [&](int ch, int raw) {
+        const int j = ch * FW_KEYS + gk;
+        return j >= nk ? -1 : 2 * raw + (j < nw ? 0 : 1);
+    };
+    auto gather = [&](int ch, int ri) {
         if (ch < nchunks) {
-            const int j = ch * FW_KEYS + gk;
-            const int ri = j >= nk  ? -1
-                           : j < nw ? 2 * win_idx[(size_t)t * win_stride + j]
-                                    : 2 * sel[(size_t)t * sel_stride + (j - nw)] + 1;
             const bf *row = ri >= 0 ? (ri & 1 ? ckv : wkv) + (size_t)(ri >> 1) * FW_DIM : wkv;
             unsigned char *slot = sk + (ch % FW_SLOTS) * FW_SLOT;
 #pragma unroll
@@ -651,7 +663,8 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
     }
 #pragma unroll
     for (int i = 0; i < FW_SLOTS - 1; i++)
-        gather(i); /* (the first group with Q) */
+        gather(i, key_ri(i, raw_of(i))); /* (the first group with Q) */
+    int raw_next = raw_of(FW_SLOTS - 1);
 
     const float LOG2E = 1.4426950408889634f, sc = rsqrtf((float)FW_DIM) * LOG2E;
     const int hr0 = h0 + 16 * wq + g, hr1 = hr0 + 8;
@@ -697,7 +710,8 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
             const float4 v = xs[((wg ^ 1) * 4 + k) * 128 + wt];
             s[4 * k] += v.x, s[4 * k + 1] += v.y, s[4 * k + 2] += v.z, s[4 * k + 3] += v.w;
         }
-        gather(ch + FW_SLOTS - 1); /* into chunk ch - 1's slot */
+        gather(ch + FW_SLOTS - 1, key_ri(ch + FW_SLOTS - 1, raw_next)); /* chunk ch - 1's slot */
+        raw_next = raw_of(ch + FW_SLOTS);
 
         /* online softmax; keys past nk (the last chunk) masked */
         float mx[2] = {mrun[0], mrun[1]};
@@ -714,6 +728,11 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
         }
+        /* the running max moves only when a score passes it by more than 2^8 (probabilities
+         * up to 256, fine in bf16 and f32): O is rescaled at few chunks, not at most */
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+            mx[r] = mx[r] > mrun[r] + 8.0f ? mx[r] : mrun[r];
         const float corr[2] = {fl_exp2(mrun[0] - mx[0]), fl_exp2(mrun[1] - mx[1])};
         mrun[0] = mx[0], mrun[1] = mx[1];
         lrun[0] *= corr[0], lrun[1] *= corr[1];
@@ -730,7 +749,8 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
             pa[ks][2] = fl_pack(s[8 * ks + 4], s[8 * ks + 5]);
             pa[ks][3] = fl_pack(s[8 * ks + 6], s[8 * ks + 7]);
         }
-        if (__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) { /* (a max grew) */
+        if (ch > 0 && /* (O is zero before) */
+            __any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) {
 #pragma unroll
             for (int i = 0; i < 128; i++)
                 o[i] *= corr[(i >> 1) & 1];
