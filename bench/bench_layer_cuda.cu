@@ -21,12 +21,12 @@
  *         scores over the cached index keys, top 512           gemm_bf16, index_scores, topk
  *   core  attention over window + selected, sink, inverse rope attention
  *   proj  wo_a per group (8 x 1024), wo_b                      gemm_fp8_batched (decode) or
- *                                                               swap12 (here) + gemm_fp8 x8, gemm_fp8
- *   mHC   expand; mix (FFN site), collapse + ffn_norm           hc_expand, hc_mix_collapse
+ *                                                               swap12 (here) + gemm_fp8 x8,
+ * gemm_fp8 mHC   expand; mix (FFN site), collapse + ffn_norm           hc_expand, hc_mix_collapse
  *   route router logits (bf16 weights, fp32 out), top-6        gemm_bf16, moe_route,
  *         rows grouped by expert                                moe_dispatch (here)
  *   exp   384 routed FP4 experts (grouped), 1 FP8 shared       gemm_fp4_grouped, swiglu,
- *                                                              gemm_fp8, moe_combine (here)
+ *                                                              gemm_fp8, moe_combine
  *   mHC   expand                                                hc_expand
  * "(here)": small glue kernels of this file; the rest are bt_cuda_* launchers.
  *
@@ -300,19 +300,6 @@ __global__ void __launch_bounds__(1024) moe_dispatch_kernel(int32_t *offs, int32
     }
 }
 
-/* out[t] = shared expert + the token's routed rows, summed in slot order, f32 */
-__global__ void moe_combine_kernel(float *out, const float *y, const int32_t *row_of,
-                                   const float *shared, int T, int k, int D)
-{
-    bt_grid_begin();
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)T * D) return;
-    size_t t = i / D, d = i % D;
-    float acc = 0.0f;
-    for (int s = 0; s < k; s++) acc += y[(size_t)row_of[t * k + s] * D + d];
-    out[i] = acc + shared[i];
-}
-
 static int cdiv(size_t a, size_t b) { return (int)((a + b - 1) / b); }
 
 /* ---- weights ---------------------------------------------------------------------------- */
@@ -448,6 +435,7 @@ typedef struct {
     int n_elist;
     float *kv, *ikeys, *qi, *iw, *scores, *logits, *rw, *row_w, *gu, *y2, *sgu, *sy, *moe;
     int32_t *sel, *sel_n, *win_idx, *win_n, *kv_row, *ridx, *offs, *rows, *row_of;
+    int32_t *topk_n; /* TOPK for every token: bt_cuda_moe_combine's row counts */
     int64_t *pos, *visible;
     int32_t *offs_zero; /* diagnostics: every expert empty */
     uint16_t *wdq; /* a dequantized FP8 weight (bf16), for products of many rows */
@@ -508,6 +496,7 @@ static bt_status_t case_make(arena_t *a, case_t *c, uint32_t seed, cudaStream_t 
     DALLOC(a, c->rows, R * 4);
     DALLOC(a, c->row_w, R * 4);
     DALLOC(a, c->row_of, R * 4);
+    DALLOC(a, c->topk_n, (size_t)T * 4);
     DALLOC(a, c->gu, R * 2 * MI * 4);
     DALLOC(a, c->h, R * MI * 2);
     DALLOC(a, c->y2, R * HID * 4);
@@ -582,6 +571,9 @@ static bt_status_t case_make(arena_t *a, case_t *c, uint32_t seed, cudaStream_t 
         for (int t = 0; t < T; t++) ko[t] = (int64_t)(t / c->tps) * c->n * ID;
         if (e == cudaSuccess) e = cudaMemcpy(c->key_off, ko, (size_t)T * 8, cudaMemcpyHostToDevice);
         if (e == cudaSuccess) e = cudaMemcpy(c->n_keys, nk, (size_t)T * 4, cudaMemcpyHostToDevice);
+        for (int t = 0; t < T; t++)
+            nk[t] = TOPK;
+        if (e == cudaSuccess) e = cudaMemcpy(c->topk_n, nk, (size_t)T * 4, cudaMemcpyHostToDevice);
         free(ko);
         free(nk);
     }
@@ -788,9 +780,8 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
         BT_TRY(join_side(st, 1));
     else
         BT_TRY(shared_expert(st));
-    bt__launch(moe_combine_kernel, cdiv((size_t)T * HID, thr), thr, 0, st, c->moe, c->y2, c->row_of,
-               c->sy, T, TOPK, HID);
-    LAUNCHED("moe_combine");
+    /* the token's routed rows in slot order, then the shared expert (the engine's combine) */
+    BT_TRY(bt_cuda_moe_combine(c->moe, c->y2, c->row_of, c->topk_n, TOPK, c->sy, T, HID, st));
     BT_TRY(mark(ev, 8, st, capture));
 
     BT_TRY(bt_cuda_hc_expand(c->x, c->moe, F32, c->post, c->comb, T, HC, HID, st));

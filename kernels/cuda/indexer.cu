@@ -337,7 +337,9 @@ __global__ void __launch_bounds__(128 * WGS)
         ixw_smem + ((1024 - ((uint32_t)__cvta_generic_to_shared(ixw_smem) & 1023)) & 1023);
     unsigned char *sq = smem, *sk = smem + S::Q_BYTES;
     const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, c = lane & 3;
-    const int wg = tid >> 7, wq = (tid >> 5) & 3;
+    /* (the warpgroup through a shuffle: uniform to the compiler, so the MMAs' descriptors are
+     * built in uniform registers, not moved there before every MMA) */
+    const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0), wq = (tid >> 5) & 3;
     const int t0 = blockIdx.y * TB;
     if (key_off) keys += key_off[t0];
     int64_t vmax = 0;

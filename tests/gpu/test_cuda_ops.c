@@ -304,6 +304,7 @@ static const case_t cases[] = {
     {OP_MOE_COMBINE, F32, {5, 64, 6, 1}, 0},
     {OP_MOE_COMBINE, F32, {17, 5120, 6, 0}, 0},
     {OP_MOE_COMBINE, F32, {9, 1030, 6, 1}, 0}, /* D % 4 != 0: one column a thread */
+    {OP_MOE_COMBINE, F32, {7, 256, 9, 1}, 0}, /* rows loaded 4 at a time: a third group */
     {OP_COMPRESS, F32, {3, 4, 40}, 0},
     {OP_COMPRESS, F32, {9, 1, 512}, 0},
     {OP_COMPRESS, F32, {5, 16, 512}, 0},
