@@ -886,6 +886,7 @@ bt_cuda_attention_flash(void *out, const void *q, bt_cuda_dtype_t q_dtype, const
                   *comp_off = batch ? batch->comp_off : NULL;
     typedef __nv_bfloat16 bf;
     const dim3 grid(bt__cdiv(H, FL_HEADS), T);
+    static_assert((int)FW_HEADS == (int)FL_HEADS, "one grid for both flash kernels");
     if (dim == FW_DIM && H % FW_HEADS == 0 &&
         (q_dtype == BT_CUDA_F32 ? fw_ready<float>() : fw_ready<bf>())) {
         if (q_dtype == BT_CUDA_F32)

@@ -330,7 +330,7 @@ __global__ void __launch_bounds__(128 * WGS)
     constexpr int TB = TOKW * WGS; /* a block's tokens */
     bt_grid_begin();
     extern __shared__ __align__(128) unsigned char ixw_smem[];
-    __shared__ float w_s[TB][IXW_HEADS];
+    __shared__ __align__(16) float w_s[TB][IXW_HEADS]; /* (read as float2) */
     __shared__ int64_t vis_s[TB];
     /* from a 1024-byte boundary: the swizzle's */
     unsigned char *smem =

@@ -363,6 +363,7 @@ static const case_t cases[] = {
     {OP_ATTENTION_FLASH, BF16, {3, 128, 512, 32, 100, 37}, 0},
     {OP_ATTENTION_FLASH, F32, {2, 64, 512, 32, 7, -1}, 0},
     {OP_ATTENTION_FLASH, F32, {3, 64, 512, 0, 128, 512}, 0},
+    {OP_ATTENTION_FLASH, F32, {5, 64, 512, 32, 128, 512}, 0}, /* token 3 without keys */
     /* decode: a token's keys split over blocks, partials folded with the sink (single keys,
      * selected-only and empty splits come from the token patterns above) */
     {OP_ATTENTION_TC_WS, BF16, {1, 64, 512, 32, 128, 512}, 0},
@@ -1515,6 +1516,9 @@ static void run_attention(const case_t *cs, result_t *r)
         } else if (tc && t % 4 == 2 && S > 0) { /* selected keys only (either list may be empty) */
             wn[t] = 0;
             sn[t] = 1 + irand(S);
+        } else if (cs->op == OP_ATTENTION_FLASH && t == 3) { /* no keys at all: the sink alone */
+            wn[t] = 0;
+            sn[t] = 0;
         }
         for (int j = 0; j < W; j++) widx[(size_t)t * W + j] = irand(NW);
         for (int j = 0; j < Sst; j++) sel[(size_t)t * Sst + j] = irand(NC);
