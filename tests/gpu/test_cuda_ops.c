@@ -227,6 +227,9 @@ static const case_t cases[] = {
     {OP_HEAD_FINISH, F32, {4, 3, 100, 0, 7, 0}, 0},            /* rope alone, odd sizes */
     {OP_HEAD_FINISH, F32, {3, 1, 1500, 1, 0, 64 * 4 + 0}, 0},  /* norm past 1024, no rope */
     {OP_HEAD_FINISH, F32, {2, 1, 96, 1, 16, 64 * 4 + 1}, 0},   /* blocks that do not divide */
+    /* rows of 128 without the norm: a warp a row, the last block of 8 rows part-full */
+    {OP_HEAD_FINISH, F32, {37, 3, 128, 0, 32, 32 * 4 + 1}, 0},
+    {OP_HEAD_FINISH, F32, {5, 4, 128, 0, 0, 32 * 4 + 0}, 0},
     {OP_HC_MIX_COLLAPSE, BF16, {1, 4, 5120}, 0},
     {OP_HC_MIX_COLLAPSE, F32, {16, 4, 5120}, 0},
     {OP_HC_MIX_COLLAPSE, BF16, {3, 2, 300}, 0},  /* fewer threads than the fold's warps */
