@@ -830,22 +830,7 @@ template <typename QT> static bool fw_ready(void)
 {
     static int once = -1;
     static signed char built[BT__MAX_DEVICES], allowed[BT__MAX_DEVICES];
-    if (!bt__env_switch("BT_CUDA_FLASHWG", &once)) return false;
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= BT__MAX_DEVICES) {
-        cudaGetLastError();
-        return false;
-    }
-    if (!built[dev]) {
-        int major = 0, flag = 0;
-        bool ok =
-            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-            major == 9 && cudaMemcpyFromSymbol(&flag, fw_built, sizeof flag) == cudaSuccess &&
-            flag == 1;
-        if (!ok) cudaGetLastError();
-        built[dev] = ok ? 1 : -1;
-    }
-    return built[dev] > 0 &&
+    return bt__env_switch("BT_CUDA_FLASHWG", &once) && bt__wgmma_ready(fw_built, built) &&
            bt__smem_allowed((const void *)attention_flash_wg<QT>, FW_SMEM, allowed);
 }
 

@@ -1297,21 +1297,7 @@ __global__ void __launch_bounds__(RS_THREADS, RS_BLOCKS_PER_SM)
 static bool wgrs_ready(void)
 {
     static signed char built[BT__MAX_DEVICES], bf16_out[BT__MAX_DEVICES], f32_out[BT__MAX_DEVICES];
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= BT__MAX_DEVICES) {
-        cudaGetLastError();
-        return false;
-    }
-    if (!built[dev]) {
-        int major = 0, flag = 0;
-        bool ok =
-            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-            major == 9 && cudaMemcpyFromSymbol(&flag, wgrs_built, sizeof flag) == cudaSuccess &&
-            flag == 1;
-        if (!ok) cudaGetLastError();
-        built[dev] = ok ? 1 : -1; /* (any thread writes the same value) */
-    }
-    return built[dev] > 0 &&
+    return bt__wgmma_ready(wgrs_built, built) &&
            bt__smem_allowed((const void *)gemm_fp4_wgrs<__nv_bfloat16>, RS_SMEM, bf16_out) &&
            bt__smem_allowed((const void *)gemm_fp4_wgrs<float>, RS_SMEM, f32_out);
 }

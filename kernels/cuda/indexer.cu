@@ -494,22 +494,7 @@ static bool ixwg_ready(void)
 {
     static int once = -1;
     static signed char built[BT__MAX_DEVICES];
-    if (!bt__env_switch("BT_CUDA_IXWG", &once)) return false;
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= BT__MAX_DEVICES) {
-        cudaGetLastError();
-        return false;
-    }
-    if (!built[dev]) {
-        int major = 0, flag = 0;
-        bool ok =
-            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-            major == 9 && cudaMemcpyFromSymbol(&flag, ixwg_built, sizeof flag) == cudaSuccess &&
-            flag == 1;
-        if (!ok) cudaGetLastError();
-        built[dev] = ok ? 1 : -1;
-    }
-    return built[dev] > 0;
+    return bt__env_switch("BT_CUDA_IXWG", &once) && bt__wgmma_ready(ixwg_built, built);
 }
 
 /* false where the instance's shared memory is not allowed (then index_scores_tc runs) */

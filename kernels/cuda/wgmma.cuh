@@ -6,11 +6,36 @@
  * time that the binary has such code (gemm_lowp.cu's wgrs_built). */
 #pragma once
 
+#include "kernels/cuda/common.cuh"
+
 #include <stdint.h>
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define BT_WGMMA 1
 #endif
+
+/* Whether the current device is a Hopper and the calling file's device code was built for
+ * sm_90a: `built` is that file's __device__ int, 1 under BT_WGMMA, else 0 (a binary built for
+ * several architectures may run an image without the warpgroup MMAs). Asked once a device;
+ * state is the caller's cache of BT__MAX_DEVICES. */
+template <typename S> static inline bool bt__wgmma_ready(const S &built, signed char *state)
+{
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= BT__MAX_DEVICES) {
+        cudaGetLastError();
+        return false;
+    }
+    if (!state[dev]) {
+        int major = 0, flag = 0;
+        bool ok =
+            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+            major == 9 && cudaMemcpyFromSymbol(&flag, built, sizeof flag) == cudaSuccess &&
+            flag == 1;
+        if (!ok) cudaGetLastError();
+        state[dev] = ok ? 1 : -1; /* (any thread writes the same value) */
+    }
+    return state[dev] > 0;
+}
 
 /* byte offset of the 16 bytes holding k 8u..8u+7 of row r in a 64-k operand tile: 128-byte
  * rows whose 16-byte units are permuted by the row's index within its 8 (the 128-byte swizzle) */
