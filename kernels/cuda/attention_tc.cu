@@ -314,6 +314,44 @@ __device__ __forceinline__ unsigned fl_pack(float lo, float hi)
     return *(unsigned *)&b;
 }
 
+/* 1 / the softmax denominators of a lane's two head rows: the four lanes' shares summed */
+__device__ __forceinline__ void fl_row_inv(const float *lrun, float *inv)
+{
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float l = lrun[r];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        inv[r] = 1.0f / l;
+    }
+}
+
+/* A lane's channels d, d + 1 of its two head rows, v = (row 0: d, d + 1, row 1: d, d + 1),
+ * normalized by inv, rotated back (inverse RoPE) where d >= r0 at position p, stored at
+ * out_row[r] + d; a NULL row is not stored. (Both flash kernels' last step.) */
+template <typename QT>
+__device__ __forceinline__ void fl_finish_pair(QT *const *out_row, int d, const float *v,
+                                               const float *inv, int r0, const float *inv_freq,
+                                               float p)
+{
+    float cs = 1.0f, sn = 0.0f;
+    if (d >= r0) {
+        const float f = inv_freq[(d - r0) >> 1] * p;
+        cs = cosf(f), sn = -sinf(f);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (!out_row[r]) continue;
+        float a = v[2 * r] * inv[r], b = v[2 * r + 1] * inv[r];
+        const float a2 = a * cs - b * sn;
+        b = b * cs + a * sn;
+        if constexpr (std::is_same<QT, float>::value)
+            *(float2 *)(out_row[r] + d) = make_float2(a2, b);
+        else
+            *(__nv_bfloat162 *)(out_row[r] + d) = __floats2bfloat162_rn(a2, b);
+    }
+}
+
 template <typename QT> /* the queries' and output's type; the keys are bf16 */
 __global__ void __launch_bounds__(FL_WARPS * 32, 1)
     attention_flash_kernel(QT *out, const QT *q, const __nv_bfloat16 *win_kv,
@@ -528,38 +566,15 @@ __global__ void __launch_bounds__(FL_WARPS * 32, 1)
 
     /* normalize, inverse RoPE of the last 2*half channels, store (a lane holds channel pairs) */
     float inv[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float l = lrun[r];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        inv[r] = 1.0f / l;
-    }
-    const int r0 = dim - 2 * half;
-    const float p64 = (float)pos[t];
+    fl_row_inv(lrun, inv);
+    QT *const rows[2] = {hr0 < H ? out + ((size_t)t * H + hr0) * dim : NULL,
+                         hr1 < H ? out + ((size_t)t * H + hr1) * dim : NULL};
+    const float p = (float)pos[t]; /* (read once: the stores might alias it) */
 #pragma unroll
     for (int n = 0; n < FL_MAXNT; n++) {
         if (n >= ntw) break;
         const int d = d0 + 8 * n + 2 * c;
-        if (d >= dim) continue;
-        float cs = 1.0f, sn = 0.0f;
-        if (d >= r0) {
-            const float f = inv_freq[(d - r0) >> 1] * p64;
-            cs = cosf(f), sn = -sinf(f);
-        }
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const int h = r ? hr1 : hr0;
-            if (h >= H) continue;
-            float a = o[n][2 * r] * inv[r], b = o[n][2 * r + 1] * inv[r];
-            const float a2 = a * cs - b * sn;
-            b = b * cs + a * sn;
-            if constexpr (std::is_same<QT, float>::value)
-                *(float2 *)(out + ((size_t)t * H + h) * dim + d) = make_float2(a2, b);
-            else
-                *(__nv_bfloat162 *)(out + ((size_t)t * H + h) * dim + d) =
-                    __floats2bfloat162_rn(a2, b);
-        }
+        if (d < dim) fl_finish_pair(rows, d, o[n], inv, dim - 2 * half, inv_freq, p);
     }
 }
 
@@ -789,36 +804,14 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
 
     /* normalize, inverse RoPE of the last 2*half channels, store */
     float inv[2];
+    fl_row_inv(lrun, inv);
+    QT *const rows[2] = {out + ((size_t)t * H + hr0) * FW_DIM,
+                         out + ((size_t)t * H + hr1) * FW_DIM};
+    const float p = (float)pos[t]; /* (read once: the stores might alias it) */
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float l = lrun[r];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        inv[r] = 1.0f / l;
-    }
-    const int r0 = FW_DIM - 2 * half;
-    const float p64 = (float)pos[t];
-#pragma unroll
-    for (int j = 0; j < 32; j++) {
-        const int d = 256 * wg + 8 * j + 2 * c;
-        float cs = 1.0f, sn = 0.0f;
-        if (d >= r0) {
-            const float f = inv_freq[(d - r0) >> 1] * p64;
-            cs = cosf(f), sn = -sinf(f);
-        }
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const int h = r ? hr1 : hr0;
-            float a = o[4 * j + 2 * r] * inv[r], b = o[4 * j + 2 * r + 1] * inv[r];
-            const float a2 = a * cs - b * sn;
-            b = b * cs + a * sn;
-            if constexpr (std::is_same<QT, float>::value)
-                *(float2 *)(out + ((size_t)t * H + h) * FW_DIM + d) = make_float2(a2, b);
-            else
-                *(__nv_bfloat162 *)(out + ((size_t)t * H + h) * FW_DIM + d) =
-                    __floats2bfloat162_rn(a2, b);
-        }
-    }
+    for (int j = 0; j < 32; j++)
+        fl_finish_pair(rows, 256 * wg + 8 * j + 2 * c, o + 4 * j, inv, FW_DIM - 2 * half, inv_freq,
+                       p);
 #else
     __trap(); /* launched only where fw_ready() found the sm_90a image */
 #endif

@@ -97,6 +97,28 @@ extern "C" bt_status_t bt_cuda_index_scores_sets(float *scores, const float *q, 
 
 /* ---- the same on the tensor cores ------------------------------------------------------- */
 
+/* The keys a block's tokens t0 .. t0 + tokens - 1 see, each clipped to its key set (n_keys[t]
+ * when key_off is given) and to n, into vis_s (by thread 0; read after a barrier), and their
+ * most: 0 for tokens past T. (The tensor-core scorers' first step.) */
+__device__ __forceinline__ int64_t ix_block_visible(int64_t *vis_s, int t0, int tokens, int T,
+                                                    const int64_t *visible, const int64_t *key_off,
+                                                    const int32_t *n_keys, int n)
+{
+    int64_t vmax = 0;
+    for (int i = 0; i < tokens; i++) {
+        const int t = t0 + i;
+        int64_t v = 0;
+        if (t < T) {
+            v = visible[t];
+            if (key_off && v > n_keys[t]) v = n_keys[t];
+            if (v > n) v = n;
+        }
+        if (threadIdx.x == 0) vis_s[i] = v;
+        if (v > vmax) vmax = v;
+    }
+    return vmax;
+}
+
 #include <mma.h>
 
 enum { IXT_KEYS = 128, IXT_HEADS = 32, IXT_PAD = 8, IXT_WARPS = 8 };
@@ -131,18 +153,7 @@ __global__ void __launch_bounds__(IXT_WARPS * 32) index_scores_tc_kernel(
     if (key_off) keys += key_off[t0]; /* TOK == 1 */
     /* 16-byte row loads where every row is 16-byte aligned */
     const bool vec = dim % 4 == 0 && (uintptr_t)q % 16 == 0 && (uintptr_t)keys % 16 == 0;
-    int64_t vmax = 0;
-    for (int i = 0; i < TOK; i++) {
-        int t = t0 + i;
-        int64_t v = 0;
-        if (t < T) {
-            v = visible[t];
-            if (key_off && v > n_keys[t]) v = n_keys[t];
-            if (v > n) v = n;
-        }
-        if (tid == 0) vis_s[i] = v;
-        if (v > vmax) vmax = v;
-    }
+    const int64_t vmax = ix_block_visible(vis_s, t0, TOK, T, visible, key_off, n_keys, n);
     /* nr rows of a [*, dim] f32 matrix into bf16 rows of sm; zeros past `valid` rows and past
      * dim (element e's row and column advance by constant steps: a division per element by
      * the run-time row width was a large share of the kernel's instructions) */
@@ -342,18 +353,7 @@ __global__ void __launch_bounds__(128 * WGS)
     const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0), wq = (tid >> 5) & 3;
     const int t0 = blockIdx.y * TB;
     if (key_off) keys += key_off[t0];
-    int64_t vmax = 0;
-    for (int i = 0; i < TB; i++) {
-        const int t = t0 + i;
-        int64_t v = 0;
-        if (t < T) {
-            v = visible[t];
-            if (key_off && v > n_keys[t]) v = n_keys[t];
-            if (v > n) v = n;
-        }
-        if (tid == 0) vis_s[i] = v;
-        if (v > vmax) vmax = v;
-    }
+    const int64_t vmax = ix_block_visible(vis_s, t0, TB, T, visible, key_off, n_keys, n);
     /* the block's keys [js, je); steps over [js, jv), which some token sees */
     const int js = blockIdx.x * tiles_per_block * IXW_KEYS;
     const int je = min(n, js + tiles_per_block * IXW_KEYS);
