@@ -22,7 +22,8 @@
  *   core  attention over window + selected, sink, inverse rope attention
  *   proj  wo_a per group (8 x 1024), wo_b                      gemm_fp8_batched (decode) or
  *                                                               swap12 (here) + gemm_fp8 x8,
- * gemm_fp8 mHC   expand; mix (FFN site), collapse + ffn_norm           hc_expand, hc_mix_collapse
+ *                                                               gemm_fp8
+ *   mHC   expand; mix (FFN site), collapse + ffn_norm           hc_expand, hc_mix_collapse
  *   route router logits (bf16 weights, fp32 out), top-6        gemm_bf16, moe_route,
  *         rows grouped by expert                                moe_dispatch (here)
  *   exp   384 routed FP4 experts (grouped), 1 FP8 shared       gemm_fp4_grouped, swiglu,
