@@ -1077,7 +1077,8 @@ static bool ft_smem_ready(void)
  * as B and lost to gemm_fp4_tiles: two barriers a chunk.) The MMA's N is the tile's rows
  * rounded up to 16, picked per block, so an expert of 70 rows multiplies 80, not 112.
  * K goes in chunks of 64 through a 4-stage cp.async pipeline, two chunks ahead: the rows'
- * bf16 (gathered, 128-byte swizzled), the columns' packed bytes and their scales as stored.
+ * bf16 (gathered, 128-byte swizzled), the columns' packed bytes, and with every other chunk
+ * their scales of its 128 k as stored.
  * Both operands take k in natural order: a thread's A pairs of a 32-k run (k 2c + 8t, + 1) are
  * word c of the run in fragment order, converted a pair in 3 operations and a multiply (the
  * checkpoint order, where they are byte c of four words, took 6). Two blocks an SM (128 registers):
@@ -1133,10 +1134,8 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
     const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, c = lane & 3;
     const int f = 64 * (tid >> 7) + 16 * ((tid >> 5) & 3) + g; /* columns f and f + 8 */
     auto stage = [&](int ch) { return smem + (ch % RS_STAGES) * RS_STAGE_BYTES; };
-    /* a chunk's copies: the tile's NT rows (8 units a 64-k half, 8 neighbouring threads a row's
-     * 128 bytes), the columns' packed bytes (RS_CHUNK / 32 threads a column), and each column's
-     * 4 scale bytes of the 128 k holding the chunk. What does not change from chunk to chunk
-     * (shared addresses, the weights' and scales' sources) is computed once. */
+    /* What does not change from chunk to chunk (shared addresses, the rows', weights' and
+     * scales' sources) is computed once. */
     static_assert(RS_CHUNK == 64 && RS_COLS * 2 == RS_THREADS,
                   "one row unit and one weight unit a thread");
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(smem);
@@ -1144,19 +1143,33 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
     const int wn = n0 + (tid >> 1), sn = n0 + tid;
     const uint8_t *w_src = w + (size_t)(wn < N ? wn : 0) * (K / 2) + 16 * (tid & 1);
     const uint8_t *s_src = ws + (size_t)(sn < N ? sn : 0) * (K / 32);
-    auto load = [&](int ch) {
+    constexpr int XU = NT * RS_CHUNK / 8, XJ = (XU + RS_THREADS - 1) / RS_THREADS;
+    /* the rows' sources in registers: read from shared memory at every chunk, each copy's
+     * address waited on that load */
+    const __nv_bfloat16 *x_src[XJ];
+#pragma unroll
+    for (int j = 0; j < XJ; j++) {
+        const int r = (tid >> 3) + 32 * j;
+        x_src[j] = arow[r < NT ? r : 0] + 8 * (tid & 7);
+    }
+    /* a chunk's copies: the tile's NT rows (8 units a 64-k half, 8 neighbouring threads a row's
+     * 128 bytes), the columns' packed bytes (RS_CHUNK / 32 threads a column), and, with the
+     * first chunk of each 128 k, each column's 4 scale bytes of those 128 k */
+    auto load = [&](int ch, auto first_c) {
         const uint32_t sx = sbase + (ch % RS_STAGES) * RS_STAGE_BYTES;
         const int k0 = ch * RS_CHUNK;
-        constexpr int XU = NT * RS_CHUNK / 8; /* the rows' 16-byte units */
 #pragma unroll
-        for (int j = 0; j < (XU + RS_THREADS - 1) / RS_THREADS; j++) {
+        for (int j = 0; j < XJ; j++) {
             const int r = (tid >> 3) + 32 * j;
             if (XU % RS_THREADS == 0 || r < NT)
-                cp_async_sh<16>(sx + x_dst + 4096 * j, arow[r] + k0 + 8 * (tid & 7), r < mr);
+                cp_async_sh<16>(sx + x_dst + 4096 * j, x_src[j] + k0, r < mr);
         }
         cp_async_sh<16>(sx + RS_HALVES * RS_X_HALF + 16 * tid, w_src + k0 / 2, wn < N);
-        if (tid < RS_COLS) cp_async_sh<4>(sx + RS_S_OFF + 4 * tid, s_src + k0 / 128 * 4, sn < N);
+        if (decltype(first_c)::value && tid < RS_COLS)
+            cp_async_sh<4>(sx + RS_S_OFF + 4 * tid, s_src + k0 / 128 * 4, sn < N);
     };
+    static_assert(RS_CHUNK * 2 == 128 && RS_STAGES % 2 == 0,
+                  "two chunks a 128-k scale word, taken in the same parity of stages");
 
     float d[NT / 2];
 #pragma unroll
@@ -1167,24 +1180,42 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
     const int chunks = K / RS_CHUNK;
 #pragma unroll
     for (int ch = 0; ch < RS_STAGES - 2; ch++) {
-        if (ch < chunks) load(ch);
+        if (ch < chunks) {
+            if (ch % 2 == 0)
+                load(ch, std::true_type());
+            else
+                load(ch, std::false_type());
+        }
         cp_async_commit();
     }
     bool fast = false;
-    auto step = [&](int ch, unsigned(*A)[4]) {
+    /* the 128 k's scale words of columns f and f + 8, read with its first chunk; fast, each
+     * byte plus 126 (bt_fp4_scale_bf16's exponent, no carry between bytes 8..127) */
+    uint32_t s_lo = 0, s_hi = 0;
+    /* chunk ch: FIRST, the first of its 128 k (ch even) */
+    auto step = [&](int ch, unsigned(*A)[4], auto first_c) {
+        constexpr bool FIRST = decltype(first_c)::value;
         /* chunk ch has landed (this thread's copies; the barrier: everyone's), and every
          * warpgroup's products of chunk ch - 1 are done, so its stage may be refilled */
         asm volatile("cp.async.wait_group %0;\n" ::"n"(RS_STAGES - 3));
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         __syncthreads();
-        if (ch + RS_STAGES - 2 < chunks) load(ch + RS_STAGES - 2);
+        if (ch + RS_STAGES - 2 < chunks) load(ch + RS_STAGES - 2, first_c); /* (same parity) */
         cp_async_commit(); /* (empty past the end: keeps the count) */
         const unsigned char *sx = stage(ch);
         const uint4 *sw = (const uint4 *)(sx + RS_HALVES * RS_X_HALF);
-        uint32_t s_lo = ((const uint32_t *)(sx + RS_S_OFF))[f];
-        uint32_t s_hi = ((const uint32_t *)(sx + RS_S_OFF))[f + 8];
+        if (FIRST) {
+            s_lo = ((const uint32_t *)(sx + RS_S_OFF))[f];
+            s_hi = ((const uint32_t *)(sx + RS_S_OFF))[f + 8];
+            fast = __all_sync(0xffffffffu,
+                              (fp4_scales_fast4(s_lo) & fp4_scales_fast4(s_hi)) == 0x80808080u);
+            if (fast) {
+                s_lo += 0x7e7e7e7eu;
+                s_hi += 0x7e7e7e7eu;
+            }
+        }
         constexpr int UNITS = RS_CHUNK / 32;
-        const int sb0 = (ch * RS_CHUNK / 32) & 3; /* the chunk's first scale byte */
+        constexpr int sb0 = FIRST ? 0 : UNITS; /* the chunk's first scale byte */
         auto convert = [&](auto fast_c) {
             constexpr bool FAST = decltype(fast_c)::value;
 #pragma unroll
@@ -1192,15 +1223,27 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
                 /* word c of the run: (fragment order) this lane's pairs, k 2c + 8t */
                 const unsigned wl = ((const uint32_t *)(sw + UNITS * f + q))[c];
                 const unsigned wh = ((const uint32_t *)(sw + UNITS * (f + 8) + q))[c];
-                const uint8_t sl = (uint8_t)(s_lo >> 8 * (sb0 + q)),
-                              sh = (uint8_t)(s_hi >> 8 * (sb0 + q));
+                __nv_bfloat162 s2l, s2h;
+                uint8_t sl = 0, sh = 0;
+                if (FAST) { /* bt_fp4_scale_bf16 of byte sb0 + q, the 126 added above */
+                    const int b = sb0 + q; /* (a constant once unrolled) */
+                    const unsigned el = (b ? s_lo >> (8 * b - 7) : s_lo << 7) & 0x7f80u,
+                                   eh = (b ? s_hi >> (8 * b - 7) : s_hi << 7) & 0x7f80u;
+                    s2l = __halves2bfloat162(__ushort_as_bfloat16((unsigned short)el),
+                                             __ushort_as_bfloat16((unsigned short)el));
+                    s2h = __halves2bfloat162(__ushort_as_bfloat16((unsigned short)eh),
+                                             __ushort_as_bfloat16((unsigned short)eh));
+                } else {
+                    sl = (uint8_t)(s_lo >> 8 * (sb0 + q));
+                    sh = (uint8_t)(s_hi >> 8 * (sb0 + q));
+                }
 #pragma unroll
                 for (int t = 0; t < 4; t++) { /* step 2q + (t >> 1), fragment words 0, 2 */
                     unsigned pl = bt_e2m1_spread_pair(wl, t);
                     unsigned ph = bt_e2m1_spread_pair(wh, t);
                     if (FAST) {
-                        pl = bf16x2_mul(pl, fp4_scale2(sl));
-                        ph = bf16x2_mul(ph, fp4_scale2(sh));
+                        pl = bf16x2_mul(pl, s2l);
+                        ph = bf16x2_mul(ph, s2h);
                     } else {
                         pl = fp4x2_scaled_slow(pl, sl);
                         ph = fp4x2_scaled_slow(ph, sh);
@@ -1210,10 +1253,6 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
                 }
             }
         };
-        /* once per 128 k: the four scale bytes both chunks of it use */
-        if (ch % (128 / RS_CHUNK) == 0)
-            fast = __all_sync(0xffffffffu,
-                              (fp4_scales_fast4(s_lo) & fp4_scales_fast4(s_hi)) == 0x80808080u);
         if (fast) {
             convert(std::true_type());
         } else {
@@ -1230,8 +1269,8 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
         wgmma_wait<1>(); /* chunk ch - 1's products: done */
     };
     for (int ch = 0; ch < chunks; ch += 2) {
-        step(ch, a[0]);
-        if (ch + 1 < chunks) step(ch + 1, a[1]);
+        step(ch, a[0], std::true_type());
+        if (ch + 1 < chunks) step(ch + 1, a[1], std::false_type());
     }
     wgmma_wait<0>();
     asm volatile("cp.async.wait_group 0;\n" ::);
