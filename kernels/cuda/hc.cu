@@ -137,15 +137,44 @@ __global__ void __launch_bounds__(MIX_THREADS) hc_mix_kernel(float *pre, float *
  * row read twice: its norm, then the mixes) took 0.53 ms at 4096 tokens where the rows alone
  * are 0.08 ms of bandwidth. The rows are mixed unnormalized and the sums scaled by the token's
  * 1 / rms after (as the split kernel does); every sum's order is fixed by its k, so a token's
- * mixes do not depend on T or on its place in the block. */
-enum { MT_KC = 128, MT_STRIDE = MT_KC + 4, MT_STAGES = 3 };
+ * mixes do not depend on T or on its place in the block. The tensor-core form (TC, below) takes
+ * 5 stages: its products are cheap, and with 3 it waited on its loads (layer prefill mHC 1.30 ->
+ * 1.12 ms on an H200 with 5, no gain with 3). */
+enum { MT_KC = 128, MT_STRIDE = MT_KC + 4, MT_STAGES = 3, MT_TC_STAGES = 5 };
 
-template <int HC, int MT_TOK> constexpr int mt_smem_bytes()
+template <bool TC> __host__ __device__ constexpr int mt_stages()
 {
-    return MT_STAGES * (MT_TOK + (2 + HC) * HC) * MT_STRIDE * 4;
+    return TC ? MT_TC_STAGES : MT_STAGES;
 }
 
-template <int HC, int MT_TOK>
+template <int HC, int MT_TOK, bool TC> constexpr int mt_smem_bytes()
+{
+    return mt_stages<TC>() * (MT_TOK + (2 + HC) * HC) * MT_STRIDE * 4;
+}
+
+/* 3xTF32 on the tensor cores: a = hi + lo, hi the value rounded to tf32 (10 stored bits) and lo
+ * the rest rounded again, so a b ~ lo_a hi_b + hi_a lo_b + hi_a hi_b with the products' error
+ * near 2^-22 of a b: f32 accuracy at a third of the tensor cores' tf32 rate */
+__device__ __forceinline__ void tf32_split(float v, uint32_t &hi, uint32_t &lo)
+{
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(v));
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(lo) : "f"(v - __uint_as_float(hi)));
+}
+
+__device__ __forceinline__ void mma_tf32(float *d, const uint32_t *a, uint32_t b0, uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* TC: the products on the tensor cores (m16n8k8 tf32, 3xTF32), MT_TOK 16 or 32: a warp's
+ * slice of a chunk is two k-steps of 8, its tokens 16-row tiles, the mixes 8-column tiles.
+ * The kernel is then bound by its rows' bandwidth, where the f32 FMAs (!TC) were bound by the
+ * shared-memory loads feeding them. Each sum's order is still fixed by its k and the token's
+ * row alone, so a token's mixes keep their bits in any batch and either tile size. */
+template <int HC, int MT_TOK, bool TC>
 __global__ void __launch_bounds__(MIX_THREADS)
     hc_mix_tiles_kernel(float *pre, float *post, float *comb, const float *x, const float *fn,
                         const float *base, const float *scale, int T, int D, float eps,
@@ -153,13 +182,14 @@ __global__ void __launch_bounds__(MIX_THREADS)
 {
     bt_grid_begin();
     constexpr int MIX = (2 + HC) * HC, MPL = (MIX + 3) / 4, TPL = MT_TOK / 8;
-    constexpr int STAGE = (MT_TOK + MIX) * MT_STRIDE, WK = MT_KC / (MIX_THREADS / 32);
+    constexpr int STAGE = (MT_TOK + MIX) * MT_STRIDE, WK = MT_KC / (MIX_THREADS / 32),
+                  STAGES = mt_stages<TC>();
     extern __shared__ __align__(16) float mt_smem[];
     __shared__ float m[MT_TOK][MIX + 1];
     const int n = HC * D, t0 = blockIdx.x * MT_TOK, tid = threadIdx.x, lane = tid & 31;
     const int warp = tid >> 5, tg = lane >> 2, mg = lane & 3;
     auto load = [&](int ch) {
-        float *sx = mt_smem + (ch % MT_STAGES) * STAGE; /* the rows, then fn's */
+        float *sx = mt_smem + (ch % STAGES) * STAGE; /* the rows, then fn's */
         const int k0 = ch * MT_KC;
         for (int i = tid; i < (MT_TOK + MIX) * (MT_KC / 4); i += MIX_THREADS) {
             const int r = i / (MT_KC / 4), u = i % (MT_KC / 4);
@@ -168,7 +198,12 @@ __global__ void __launch_bounds__(MIX_THREADS)
             cp_async<16>(sx + r * MT_STRIDE + 4 * u, src + k0 + 4 * u, true);
         }
     };
+    /* !TC: a lane's TPL tokens x MPL mixes; TC: a warp's [m tile][n tile] accumulators (token
+     * g / g + 8, mixes 2c, 2c + 1 of the tile) and the sums of squares of tokens g, g + 8 */
+    constexpr int MTL = TC ? MT_TOK / 16 : 1, NTL = TC ? (MIX + 7) / 8 : 1;
+    static_assert(!TC || MT_TOK % 16 == 0, "16-token tiles");
     float acc[TPL][MPL], ss[TPL];
+    float tacc[MTL][NTL][4], tss[MTL][2];
 #pragma unroll
     for (int j = 0; j < TPL; j++) {
         ss[j] = 0.0f;
@@ -176,54 +211,131 @@ __global__ void __launch_bounds__(MIX_THREADS)
         for (int i = 0; i < MPL; i++)
             acc[j][i] = 0.0f;
     }
+#pragma unroll
+    for (int mt = 0; mt < MTL; mt++) {
+        tss[mt][0] = tss[mt][1] = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < NTL; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                tacc[mt][nt][e] = 0.0f;
+    }
     const int chunks = n / MT_KC;
 #pragma unroll
-    for (int ch = 0; ch < MT_STAGES - 1; ch++) {
+    for (int ch = 0; ch < STAGES - 1; ch++) {
         if (ch < chunks) load(ch);
         cp_async_commit();
     }
     for (int ch = 0; ch < chunks; ch++) {
-        asm volatile("cp.async.wait_group %0;\n" ::"n"(MT_STAGES - 2));
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2));
         __syncthreads(); /* chunk ch landed for all; the stage refilled next is read by none */
-        if (ch + MT_STAGES - 1 < chunks) load(ch + MT_STAGES - 1);
+        if (ch + STAGES - 1 < chunks) load(ch + STAGES - 1);
         cp_async_commit();
-        const float *sx = mt_smem + (ch % MT_STAGES) * STAGE, *sf = sx + MT_TOK * MT_STRIDE;
+        const float *sx = mt_smem + (ch % STAGES) * STAGE, *sf = sx + MT_TOK * MT_STRIDE;
+        if constexpr (TC) {
+            /* a chunk's products summed apart, then added in f32: the tensor cores' own
+             * accumulation loses bits against a large running sum (10x the f32 path's error
+             * when it carried the whole row) */
+            float part[MTL][NTL][4];
 #pragma unroll
-        for (int q = 0; q < WK / 4; q++) {
-            const int k = warp * WK + 4 * q;
-            float4 xv[TPL], fv[MPL];
+            for (int mt = 0; mt < MTL; mt++)
 #pragma unroll
-            for (int j = 0; j < TPL; j++)
-                xv[j] = *(const float4 *)(sx + (TPL * tg + j) * MT_STRIDE + k);
+                for (int nt = 0; nt < NTL; nt++)
 #pragma unroll
-            for (int i = 0; i < MPL; i++) {
-                const int mi = mg * MPL + i;
-                fv[i] = mi < MIX ? *(const float4 *)(sf + mi * MT_STRIDE + k)
-                                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                    for (int e = 0; e < 4; e++)
+                        part[mt][nt][e] = 0.0f;
+#pragma unroll
+            for (int q = 0; q < WK / 8; q++) {
+                const int k = warp * WK + 8 * q + mg;
+                uint32_t bh[NTL][2], bl[NTL][2];
+#pragma unroll
+                for (int nt = 0; nt < NTL; nt++) {
+                    const int mi = 8 * nt + tg;
+                    tf32_split(mi < MIX ? sf[mi * MT_STRIDE + k] : 0.0f, bh[nt][0], bl[nt][0]);
+                    tf32_split(mi < MIX ? sf[mi * MT_STRIDE + k + 4] : 0.0f, bh[nt][1], bl[nt][1]);
+                }
+#pragma unroll
+                for (int mt = 0; mt < MTL; mt++) {
+                    const float *r0 = sx + (16 * mt + tg) * MT_STRIDE + k, *r1 = r0 + 8 * MT_STRIDE;
+                    const float v[4] = {r0[0], r1[0], r0[4], r1[4]};
+                    uint32_t ah[4], al[4];
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        tf32_split(v[e], ah[e], al[e]);
+                    tss[mt][0] = fmaf(v[2], v[2], fmaf(v[0], v[0], tss[mt][0]));
+                    tss[mt][1] = fmaf(v[3], v[3], fmaf(v[1], v[1], tss[mt][1]));
+#pragma unroll
+                    for (int nt = 0; nt < NTL; nt++) { /* the small terms first */
+                        mma_tf32(part[mt][nt], al, bh[nt][0], bh[nt][1]);
+                        mma_tf32(part[mt][nt], ah, bl[nt][0], bl[nt][1]);
+                        mma_tf32(part[mt][nt], ah, bh[nt][0], bh[nt][1]);
+                    }
+                }
             }
 #pragma unroll
-            for (int j = 0; j < TPL; j++) {
+            for (int mt = 0; mt < MTL; mt++)
+#pragma unroll
+                for (int nt = 0; nt < NTL; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        tacc[mt][nt][e] += part[mt][nt][e];
+        } else {
+#pragma unroll
+            for (int q = 0; q < WK / 4; q++) {
+                const int k = warp * WK + 4 * q;
+                float4 xv[TPL], fv[MPL];
+#pragma unroll
+                for (int j = 0; j < TPL; j++)
+                    xv[j] = *(const float4 *)(sx + (TPL * tg + j) * MT_STRIDE + k);
 #pragma unroll
                 for (int i = 0; i < MPL; i++) {
-                    float a = acc[j][i];
-                    a = fmaf(fv[i].x, xv[j].x, a);
-                    a = fmaf(fv[i].y, xv[j].y, a);
-                    a = fmaf(fv[i].z, xv[j].z, a);
-                    acc[j][i] = fmaf(fv[i].w, xv[j].w, a);
+                    const int mi = mg * MPL + i;
+                    fv[i] = mi < MIX ? *(const float4 *)(sf + mi * MT_STRIDE + k)
+                                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
                 }
-                float s = ss[j];
-                s = fmaf(xv[j].x, xv[j].x, s);
-                s = fmaf(xv[j].y, xv[j].y, s);
-                s = fmaf(xv[j].z, xv[j].z, s);
-                ss[j] = fmaf(xv[j].w, xv[j].w, s);
+#pragma unroll
+                for (int j = 0; j < TPL; j++) {
+#pragma unroll
+                    for (int i = 0; i < MPL; i++) {
+                        float a = acc[j][i];
+                        a = fmaf(fv[i].x, xv[j].x, a);
+                        a = fmaf(fv[i].y, xv[j].y, a);
+                        a = fmaf(fv[i].z, xv[j].z, a);
+                        acc[j][i] = fmaf(fv[i].w, xv[j].w, a);
+                    }
+                    float s = ss[j];
+                    s = fmaf(xv[j].x, xv[j].x, s);
+                    s = fmaf(xv[j].y, xv[j].y, s);
+                    s = fmaf(xv[j].z, xv[j].z, s);
+                    ss[j] = fmaf(xv[j].w, xv[j].w, s);
+                }
             }
         }
     }
     asm volatile("cp.async.wait_group 0;\n" ::);
     __syncthreads();      /* the pipeline's memory is the warps' partial sums now */
     float *red = mt_smem; /* [warp][token][MIX + 1] */
+    if constexpr (TC) {
 #pragma unroll
-    for (int j = 0; j < TPL; j++) {
+        for (int mt = 0; mt < MTL; mt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) { /* token g, then g + 8 of the tile */
+                float *row = red + (warp * MT_TOK + 16 * mt + 8 * h + tg) * (MIX + 1);
+#pragma unroll
+                for (int nt = 0; nt < NTL; nt++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++)
+                        if (8 * nt + 2 * mg + e < MIX)
+                            row[8 * nt + 2 * mg + e] = tacc[mt][nt][2 * h + e];
+                /* the four lanes of a token: (c0 + c1) + (c2 + c3), in every instance */
+                float v = tss[mt][h];
+                v += __shfl_xor_sync(0xffffffffu, v, 1);
+                v += __shfl_xor_sync(0xffffffffu, v, 2);
+                if (mg == 0) row[MIX] = v;
+            }
+    }
+#pragma unroll
+    for (int j = 0; j < (TC ? 0 : TPL); j++) {
         float *row = red + (warp * MT_TOK + TPL * tg + j) * (MIX + 1);
 #pragma unroll
         for (int i = 0; i < MPL; i++)
@@ -328,14 +440,28 @@ __global__ void hc_mix_fold_kernel(float *pre, float *post, float *comb, const f
     hc_mix_fold<HC>(pre, post, comb, work, base, scale, D, eps, hc_eps, iters, splits, blockIdx.x);
 }
 
-/* hc_mix_tiles_kernel's shared memory allowed (its three instances), once a device */
+/* BT_CUDA_HCTC=0 keeps the mixes' products on f32 FMAs (for comparisons), read once */
+static bool hc_tc_on(void)
+{
+    static int once = -1;
+    return bt__env_switch("BT_CUDA_HCTC", &once);
+}
+
+/* hc_mix_tiles_kernel's shared memory allowed (each instance), once a device */
 template <int H> static bool mt_allowed(void)
 {
-    static signed char a8[BT__MAX_DEVICES], a16[BT__MAX_DEVICES], a32[BT__MAX_DEVICES];
-    return bt__smem_allowed((const void *)hc_mix_tiles_kernel<H, 8>, mt_smem_bytes<H, 8>(), a8) &&
-           bt__smem_allowed((const void *)hc_mix_tiles_kernel<H, 16>, mt_smem_bytes<H, 16>(),
-                            a16) &&
-           bt__smem_allowed((const void *)hc_mix_tiles_kernel<H, 32>, mt_smem_bytes<H, 32>(), a32);
+    static signed char a8[BT__MAX_DEVICES], a16[BT__MAX_DEVICES], a32[BT__MAX_DEVICES],
+        t16[BT__MAX_DEVICES], t32[BT__MAX_DEVICES];
+    return bt__smem_allowed((const void *)hc_mix_tiles_kernel<H, 8, false>,
+                            mt_smem_bytes<H, 8, false>(), a8) &&
+           bt__smem_allowed((const void *)hc_mix_tiles_kernel<H, 16, false>,
+                            mt_smem_bytes<H, 16, false>(), a16) &&
+           bt__smem_allowed((const void *)hc_mix_tiles_kernel<H, 32, false>,
+                            mt_smem_bytes<H, 32, false>(), a32) &&
+           bt__smem_allowed((const void *)hc_mix_tiles_kernel<H, 16, true>,
+                            mt_smem_bytes<H, 16, true>(), t16) &&
+           bt__smem_allowed((const void *)hc_mix_tiles_kernel<H, 32, true>,
+                            mt_smem_bytes<H, 32, true>(), t32);
 }
 
 /* split the mix when the tokens alone leave most of the GPU idle */
@@ -370,18 +496,22 @@ extern "C" bt_status_t bt_cuda_hc_mix_ws(float *pre, float *post, float *comb, c
         } else if ((H * D) % MT_KC == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)fn % 16 == 0 &&
                    mt_allowed<H>()) {
             /* (for any T: a token's mixes keep their bits in any batch) the most tokens a
-             * block (32, 16, 8) that leave about 100 blocks or more: the block is bound by its
-             * shared-memory loads, which 32 tokens use best */
-#define BT__MT(TOK)                                                                                \
-    bt__launch(hc_mix_tiles_kernel<H, TOK>, bt__cdiv(T, TOK), MIX_THREADS,                         \
-               mt_smem_bytes<H, TOK>(), stream, pre, post, comb, x, fn, base, scale, T, D, eps,    \
-               hc_eps, iters)
-            if (T >= 32 * 100)
-                BT__MT(32);
+             * block (32, 16, 8; on the tensor cores 32 or 16) that leave about 100 blocks or
+             * more: the f32 form is bound by its shared-memory loads, which 32 tokens use best */
+#define BT__MT(TOK, TC)                                                                            \
+    bt__launch(hc_mix_tiles_kernel<H, TOK, TC>, bt__cdiv(T, TOK), MIX_THREADS,                     \
+               mt_smem_bytes<H, TOK, TC>(), stream, pre, post, comb, x, fn, base, scale, T, D,     \
+               eps, hc_eps, iters)
+            if (hc_tc_on() && T >= 32 * 100)
+                BT__MT(32, true);
+            else if (hc_tc_on()) /* (1024 tokens: 0.147 ms, where 32 a block took 0.197) */
+                BT__MT(16, true);
+            else if (T >= 32 * 100)
+                BT__MT(32, false);
             else if (T >= 16 * 100)
-                BT__MT(16);
+                BT__MT(16, false);
             else
-                BT__MT(8);
+                BT__MT(8, false);
 #undef BT__MT
         } else if (T >= 4 * 132) { /* four tokens a block still fill the GPU */
             bt__launch(hc_mix_kernel<H, 4>, bt__cdiv(T, 4), MIX_THREADS, 0, stream, pre, post, comb,
