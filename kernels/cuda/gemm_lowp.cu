@@ -659,9 +659,29 @@ __global__ void __launch_bounds__(MT_WARPS * 32, MMA16_MIN_BLOCKS(FMT, TILES)) g
 template <int FMT> struct rows_fmt {
     static constexpr int CHUNK = FMT == FMT_FP4 ? 128 : 64; /* k a warp's chunk */
     static constexpr int KW = CHUNK / 4;                    /* k a lane's chunk (16 bytes) */
-    static constexpr int STEP = MT_WARPS * CHUNK;           /* k between a warp's chunks */
-    static constexpr int STEP_BYTES = STEP * (FMT == FMT_FP4 ? 1 : 2) / 2; /* 512 either way */
+    static constexpr int CHUNK_BYTES = CHUNK * (FMT == FMT_FP4 ? 1 : 2) / 2; /* 64 either way */
 };
+
+/* Warps that share a tile's K in gemm_rows (the block's warps in groups of ks, each group its own
+ * tiles): chunk j of a tile goes to the group's warp j % ks. FP4: the most of 8, 4, 2 that
+ * divides the tile's chunks, so no warp takes more of them than another: w2's K of 2304 is 18
+ * chunks, 3 for two of 8 warps and 2 for the others, where each tile waited on the slowest.
+ * A function of the format and K alone, so a row's sums keep their order in any batch. FP8: 8. */
+static int rows_ks(int fmt, int K)
+{
+    static int forced = -1; /* BT_CUDA_ROWS_KS (8, 4, 2) overrides (comparisons) */
+    if (forced < 0) {
+        const char *v = getenv("BT_CUDA_ROWS_KS");
+        forced = v ? atoi(v) : 0;
+        if (forced != 8 && forced != 4 && forced != 2) forced = 0;
+    }
+    if (forced) return forced;
+    const int nch = K / (fmt == FMT_FP4 ? 128 : 64);
+    if (fmt != FMT_FP4 || nch % MT_WARPS == 0) return MT_WARPS;
+    for (int ks = MT_WARPS / 2; ks >= 2; ks /= 2)
+        if (nch % ks == 0) return ks;
+    return MT_WARPS;
+}
 
 /* registers for 2 blocks an SM (FP4, whose conversion needs them; FP8 with 32 columns a tile
  * or 16 rows) or 3 (FP8, 16 columns, 8 rows: 80 registers; at 4 blocks an SM, 64, it spilled
@@ -672,7 +692,7 @@ template <int FMT, int MT, bool R16, typename OT>
 __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
     gemm_rows(OT *y, const __nv_bfloat16 *x, const int32_t *rows, const int32_t *offs,
               const uint8_t *w, const uint8_t *ws, int M, int N, int K, const int32_t *elist,
-              gemm_io io, int tiles)
+              gemm_io io, int tiles, int ks)
 {
     using F = rows_fmt<FMT>;
     constexpr bool FP4 = FMT == FMT_FP4;
@@ -697,8 +717,12 @@ __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
     expert_weights<FMT>(w, ws, e, N, K);
     x += (size_t)e * io.x_group;
     y += (size_t)e * io.y_group;
-    const int k_first = warp * F::CHUNK + F::KW * c;                /* this lane's first k */
-    const int nw = (K / F::CHUNK - warp + MT_WARPS - 1) / MT_WARPS; /* the warp's chunks a tile */
+    /* the warp's group (its tiles: grp, grp + ngr, ...) and place in it (its chunks of a tile:
+     * wi, wi + ks, ...) */
+    const int grp = warp / ks, wi = warp % ks, ngr = MT_WARPS / ks;
+    const int step = ks * F::CHUNK, step_bytes = ks * F::CHUNK_BYTES; /* between its chunks */
+    const int k_first = wi * F::CHUNK + F::KW * c;                    /* this lane's first k */
+    const int nw = (K / F::CHUNK - wi + ks - 1) / ks;                 /* the warp's chunks a tile */
     const int ks32 = (K + 31) / 32;
 
     /* this lane's column i of tile t (nb + t * COLS + 8i + g): woff[i] + kc is the offset of
@@ -723,7 +747,7 @@ __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
             if (FP4) s[i] = __ldg(ws + (o >> 4));
         }
         if (!FP4) s[0] = __ldg(ws + soff + kc / 32);
-        kc += F::STEP_BYTES;
+        kc += step_bytes;
     };
     /* this lane's rows (g, and g + 8 when R16): where their first k lies, where the next
      * chunk's, and that chunk's bf16 as loaded */
@@ -735,20 +759,20 @@ __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
 #pragma unroll
             for (int q = 0; q < XQ; q++)
                 xr[r][q] = *(const uint4 *)(xp[r] + 8 * q);
-            xp[r] += F::STEP;
+            xp[r] += step;
         }
     };
     uint4 wa[NC], wb[NC];
     uint8_t sa[NS], sb[NS];
     float acc[RP][MT][4];
-    int t = 0; /* the tile being walked */
+    int t = grp; /* the tile being walked */
 
     enum { LAST, NEXT_CHUNK, NEXT_TILE }; /* what a chunk loads for the next one */
     /* one chunk from wc/sc and xr; the next one's weights into wn/sn and its rows into xr
      * (once they are in xw here) */
     auto chunk = [&](const uint4 *wc, const uint8_t *sc, uint4 *wn, uint8_t *sn, int next) {
         if (next == NEXT_TILE) {
-            set_tile(t + 1);
+            set_tile(t + ngr);
 #pragma unroll
             for (int r = 0; r < RP; r++)
                 xp[r] = xrow[r];
@@ -819,8 +843,12 @@ __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
         else
             mmas(std::false_type());
     };
-    /* tile t's sums over the warps, stored; the accumulators zeroed for the next one. Every
-     * warp comes here `tiles` times a pass, the same barriers in the same order. */
+    /* tile t's sums over the group's warps, stored; the accumulators zeroed for the next one.
+     * Every warp of a group comes here for each of the group's tiles a pass, the same barriers
+     * (the group's own) in the same order. */
+    auto group_sync = [&]() {
+        asm volatile("bar.sync %0, %1;\n" ::"r"(1 + grp), "r"(ks * 32) : "memory");
+    };
     auto flush = [&](int rb) {
 #pragma unroll
         for (int r = 0; r < RP; r++) {
@@ -835,24 +863,23 @@ __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
                     acc[r][tt][j] = 0.0f;
             }
         }
-        __syncthreads();
-        for (int o = threadIdx.x; o < 8 * RP * COLS; o += MT_WARPS * 32) {
+        group_sync();
+        for (int o = wi * 32 + lane; o < 8 * RP * COLS; o += ks * 32) {
             const int r = o / COLS, col = o % COLS, n = nb + t * COLS + col;
             if (rb + r >= mr || n >= N) continue;
             float v = 0.0f;
-#pragma unroll
-            for (int q = 0; q < MT_WARPS; q++)
+            for (int q = grp * ks; q < grp * ks + ks; q++)
                 v += red[q][r][col];
             bt_st(y, (size_t)(r0 + rb + r) * io.ldy + n, v);
         }
-        __syncthreads();
-        t++;
+        group_sync();
+        t += ngr;
     };
     /* rows rb..rb + 8 * RP - 1: the warp's chunks of all its tiles as one sequence, two a turn
      * through the two register sets */
     for (int rb = 0; rb < mr; rb += 8 * RP) {
-        t = 0;
-        set_tile(0);
+        t = grp;
+        set_tile(t);
         if (nw > 0) load_w(wa, sa);
         if (known && rb == 0) bt_grid_begin(); /* (the rows and row indices come after it) */
 #pragma unroll
@@ -873,7 +900,7 @@ __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
         }
         int tj = 0; /* the chunk's index in its tile */
         /* what the chunk loads for the next one; then the tile's end when it was its last */
-        auto next = [&]() { return tj + 1 < nw ? NEXT_CHUNK : t + 1 < tiles ? NEXT_TILE : LAST; };
+        auto next = [&]() { return tj + 1 < nw ? NEXT_CHUNK : t + ngr < tiles ? NEXT_TILE : LAST; };
         auto done = [&]() {
             if (++tj == nw) {
                 tj = 0;
@@ -1396,15 +1423,16 @@ static bt_status_t few_rows_launch(void *y, bt_cuda_dtype_t yd, const __nv_bfloa
         constexpr int F = FMT == FMT_FP4 ? FMT_FP4 : FMT_FP8; /* (no bf16 instance) */
 #define BT__ROWS(MT, R16)                                                                          \
     do {                                                                                           \
-        const int nt = bt__cdiv(N, 16 * MT);                                                       \
-        const int tpb = rows_tiles(nt, groups, ROWS_MIN_BLOCKS(F, MT, R16));                       \
+        const int nt = bt__cdiv(N, 16 * MT), ks = rows_ks(F, K), ngr = MT_WARPS / ks;              \
+        /* (tiles a block: a multiple of its warp groups) */                                       \
+        const int tpb = bt__cdiv(rows_tiles(nt, groups, ROWS_MIN_BLOCKS(F, MT, R16)), ngr) * ngr;  \
         dim3 grid(bt__cdiv(nt, tpb), groups);                                                      \
         if (yd == BT_CUDA_BF16)                                                                    \
             bt__launch(gemm_rows<F, MT, R16, __nv_bfloat16>, grid, MT_WARPS * 32, 0, stream,       \
-                       (__nv_bfloat16 *)y, xb, rows, offs, w, ws, M, N, K, elist, io, tpb);        \
+                       (__nv_bfloat16 *)y, xb, rows, offs, w, ws, M, N, K, elist, io, tpb, ks);    \
         else                                                                                       \
             bt__launch(gemm_rows<F, MT, R16, float>, grid, MT_WARPS * 32, 0, stream, (float *)y,   \
-                       xb, rows, offs, w, ws, M, N, K, elist, io, tpb);                            \
+                       xb, rows, offs, w, ws, M, N, K, elist, io, tpb, ks);                        \
     } while (0)
         /* FP4 experts: 8 rows a pass (more are rare); FP8 products: all their rows in one */
         if (FMT == FMT_FP8 && !offs && M > 8) {
