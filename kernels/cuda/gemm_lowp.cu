@@ -663,10 +663,11 @@ template <int FMT> struct rows_fmt {
 };
 
 /* Warps that share a tile's K in gemm_rows (the block's warps in groups of ks, each group its own
- * tiles): chunk j of a tile goes to the group's warp j % ks. FP4: the most of 8, 4, 2 that
- * divides the tile's chunks, so no warp takes more of them than another: w2's K of 2304 is 18
- * chunks, 3 for two of 8 warps and 2 for the others, where each tile waited on the slowest.
- * A function of the format and K alone, so a row's sums keep their order in any batch. FP8: 8. */
+ * tiles): chunk j of a tile goes to the group's warp j % ks. The most of 8, 4, 2 that divides the
+ * tile's chunks, so no warp takes more of them than another: the FP4 w2's K of 2304 is 18
+ * chunks, 3 for two of 8 warps and 2 for the others, where each tile waited on the slowest
+ * (FP8: K 1280 and 2304 are 20 and 36 chunks of 64). A function of the format and K alone, so
+ * a row's sums keep their order in any batch. */
 static int rows_ks(int fmt, int K)
 {
     static int forced = -1; /* BT_CUDA_ROWS_KS (8, 4, 2) overrides (comparisons) */
@@ -677,7 +678,7 @@ static int rows_ks(int fmt, int K)
     }
     if (forced) return forced;
     const int nch = K / (fmt == FMT_FP4 ? 128 : 64);
-    if (fmt != FMT_FP4 || nch % MT_WARPS == 0) return MT_WARPS;
+    if (nch % MT_WARPS == 0) return MT_WARPS;
     for (int ks = MT_WARPS / 2; ks >= 2; ks /= 2)
         if (nch % ks == 0) return ks;
     return MT_WARPS;
