@@ -634,15 +634,42 @@ __global__ void __launch_bounds__(TK_THREADS) topk_kernel(int32_t *out, int32_t 
     const float *row = scores + (size_t)t * n;
     int32_t *orow = out + (size_t)t * out_stride;
     if (k > n) k = n;
+    const bool vec = n % 4 == 0 && (uintptr_t)scores % 16 == 0; /* (every row 16-aligned) */
+    /* a thread's TK_PER consecutive scores (the output pass's), -inf past n */
+    float v[TK_PER];
+    auto load_scores = [&](int jb) {
+        if (vec && jb + TK_PER <= n) {
+#pragma unroll
+            for (int i = 0; i < TK_PER; i += 4)
+                *(float4 *)&v[i] = *(const float4 *)(row + jb + i);
+        } else {
+#pragma unroll
+            for (int i = 0; i < TK_PER; i++)
+                v[i] = jb + i < n ? row[jb + i] : -INFINITY;
+        }
+    };
+    /* a row of up to TK_THREADS * TK_PER scores (a decode's 8192) is read once, into registers:
+     * every pass below read it again from L2 */
+    const bool held = n <= TK_THREADS * TK_PER;
+    if (held) load_scores(TK_PER * threadIdx.x);
     /* radix select: the k-th largest key, 8 bits at a time from the top */
     unsigned prefix = 0, mask = 0;
     int need = k; /* how many are still to take at or under the prefix */
     for (int shift = 24; shift >= 0 && k > 0; shift -= 8) {
         for (int i = threadIdx.x; i < 256; i += TK_THREADS) hist[i] = 0;
         __syncthreads();
-        for (int j = threadIdx.x; j < n; j += TK_THREADS) {
-            unsigned key = ordered(row[j]);
-            if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 0xffu], 1);
+        if (held) {
+#pragma unroll
+            for (int i = 0; i < TK_PER; i++) {
+                const unsigned key = ordered(v[i]);
+                if (TK_PER * threadIdx.x + i < n && (key & mask) == prefix)
+                    atomicAdd(&hist[(key >> shift) & 0xffu], 1);
+            }
+        } else {
+            for (int j = threadIdx.x; j < n; j += TK_THREADS) {
+                unsigned key = ordered(row[j]);
+                if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 0xffu], 1);
+            }
         }
         __syncthreads();
         if (threadIdx.x < 32) { /* the bin where the count from the top reaches `need`: lane
@@ -674,19 +701,9 @@ __global__ void __launch_bounds__(TK_THREADS) topk_kernel(int32_t *out, int32_t 
     /* prefix is now the k-th largest key: take everything above it, and the first `need`
      * equal to it in index order; drop -inf picks; write the rest in index order */
     int written = 0, eq_seen = 0;
-    const bool vec = n % 4 == 0 && (uintptr_t)scores % 16 == 0; /* (every row 16-aligned) */
     for (int j0 = 0; j0 < n && k > 0; j0 += TK_THREADS * TK_PER) {
         const int jb = j0 + TK_PER * threadIdx.x;
-        float v[TK_PER];
-        if (vec && jb + TK_PER <= n) {
-#pragma unroll
-            for (int i = 0; i < TK_PER; i += 4)
-                *(float4 *)&v[i] = *(const float4 *)(row + jb + i);
-        } else {
-#pragma unroll
-            for (int i = 0; i < TK_PER; i++)
-                v[i] = jb + i < n ? row[jb + i] : -INFINITY;
-        }
+        if (!held) load_scores(jb); /* (held: the one tile is in v) */
         unsigned eq = 0, gt = 0; /* bit i: score jb + i equals / is over the k-th key */
 #pragma unroll
         for (int i = 0; i < TK_PER; i++) {
