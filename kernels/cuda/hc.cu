@@ -201,7 +201,7 @@ __global__ void __launch_bounds__(MIX_THREADS)
     /* !TC: a lane's TPL tokens x MPL mixes; TC: a warp's [m tile][n tile] accumulators (token
      * g / g + 8, mixes 2c, 2c + 1 of the tile) and the sums of squares of tokens g, g + 8 */
     constexpr int MTL = TC ? MT_TOK / 16 : 1, NTL = TC ? (MIX + 7) / 8 : 1;
-    static_assert(!TC || MT_TOK % 16 == 0, "16-token tiles");
+    static_assert(!TC || (MT_TOK % 16 == 0 && WK % 8 == 0), "16-token tiles, 8-k steps");
     float acc[TPL][MPL], ss[TPL];
     float tacc[MTL][NTL][4], tss[MTL][2];
 #pragma unroll
@@ -395,6 +395,109 @@ __global__ void __launch_bounds__(MIX_THREADS) hc_mix_split_kernel(float *work, 
     }
 }
 
+/* hc_mix_split_kernel on the tensor cores: block (z, y) takes the same MIX_THREADS elements
+ * z * MIX_THREADS.. for the 16 tokens 16y..16y + 15 at once (m16n8k8 tf32 in 3xTF32, as
+ * hc_mix_tiles_kernel), each warp 32 of them in 4 k-steps, so fn's slice is read once for all
+ * the tokens, not once per token (2 MB a token at the real widths), and a warp's 25 sums take
+ * MMAs, not 25 five-shuffle reductions. A token's sums depend on its row and k alone: the
+ * same bits in any batch. Writes the same partials as hc_mix_split_kernel. */
+template <int HC>
+__global__ void __launch_bounds__(MIX_THREADS)
+    hc_mix_split_tc_kernel(float *work, const float *x, const float *fn, int T, int D, int splits)
+{
+    bt_grid_begin();
+    constexpr int MIX = (2 + HC) * HC, NTL = (MIX + 7) / 8, WARPS = MIX_THREADS / 32;
+    __shared__ float red[WARPS][16][MIX + 1];
+    const int z = blockIdx.x, t0 = 16 * blockIdx.y, n = HC * D, lane = threadIdx.x & 31,
+              warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+    const int kw = z * MIX_THREADS + 32 * warp; /* the warp's 32 elements */
+    /* every operand first (40 loads in flight), zeros past T, n and MIX */
+    const float *x0 = x + (size_t)min(t0 + g, T - 1) * n,
+                *x1 = x + (size_t)min(t0 + g + 8, T - 1) * n;
+    const bool r0 = t0 + g < T, r1 = t0 + g + 8 < T;
+    float av[4][4], bv[4][NTL][2];
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        const int k = kw + 8 * q + c;
+        const bool k0 = k < n, k4 = k + 4 < n;
+        av[q][0] = r0 && k0 ? x0[k] : 0.0f;
+        av[q][1] = r1 && k0 ? x1[k] : 0.0f;
+        av[q][2] = r0 && k4 ? x0[k + 4] : 0.0f;
+        av[q][3] = r1 && k4 ? x1[k + 4] : 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < NTL; nt++) {
+            const int mi = 8 * nt + g;
+            bv[q][nt][0] = mi < MIX && k0 ? fn[(size_t)mi * n + k] : 0.0f;
+            bv[q][nt][1] = mi < MIX && k4 ? fn[(size_t)mi * n + k + 4] : 0.0f;
+        }
+    }
+    float acc[NTL][4] = {}, ss0 = 0.0f, ss1 = 0.0f;
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        uint32_t ah[4], al[4];
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            tf32_split(av[q][e], ah[e], al[e]);
+        ss0 = fmaf(av[q][2], av[q][2], fmaf(av[q][0], av[q][0], ss0));
+        ss1 = fmaf(av[q][3], av[q][3], fmaf(av[q][1], av[q][1], ss1));
+#pragma unroll
+        for (int nt = 0; nt < NTL; nt++) {
+            uint32_t bh0, bl0, bh1, bl1;
+            tf32_split(bv[q][nt][0], bh0, bl0);
+            tf32_split(bv[q][nt][1], bh1, bl1);
+            mma_tf32(acc[nt], al, bh0, bh1); /* the small terms first */
+            mma_tf32(acc[nt], ah, bl0, bl1);
+            mma_tf32(acc[nt], ah, bh0, bh1);
+        }
+    }
+    /* the four lanes of a token: (c0 + c1) + (c2 + c3) */
+    ss0 += __shfl_xor_sync(0xffffffffu, ss0, 1);
+    ss0 += __shfl_xor_sync(0xffffffffu, ss0, 2);
+    ss1 += __shfl_xor_sync(0xffffffffu, ss1, 1);
+    ss1 += __shfl_xor_sync(0xffffffffu, ss1, 2);
+#pragma unroll
+    for (int nt = 0; nt < NTL; nt++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int mi = 8 * nt + 2 * c + e;
+            if (mi < MIX) {
+                red[warp][g][mi] = acc[nt][e];
+                red[warp][g + 8][mi] = acc[nt][2 + e];
+            }
+        }
+    if (c == 0) red[warp][g][MIX] = ss0, red[warp][g + 8][MIX] = ss1;
+    __syncthreads();
+    for (int o = threadIdx.x; o < 16 * (MIX + 1); o += MIX_THREADS) {
+        const int u = o / (MIX + 1), m = o % (MIX + 1);
+        if (t0 + u >= T) continue;
+        float a = 0.0f;
+#pragma unroll
+        for (int w = 0; w < WARPS; w++)
+            a += red[w][u][m];
+        work[((size_t)(t0 + u) * splits + z) * (MIX + 1) + m] = a;
+    }
+}
+
+/* BT_CUDA_HCTC=0 keeps the mixes' products on f32 FMAs (for comparisons), read once */
+static bool hc_tc_on(void)
+{
+    static int once = -1;
+    return bt__env_switch("BT_CUDA_HCTC", &once);
+}
+
+/* the split mixes' partials: on the tensor cores (BT_CUDA_HCTC=0: a block a token) */
+template <int H>
+static void hc_mix_split_launch(float *work, const float *x, const float *fn, int T, int D,
+                                int splits, cudaStream_t stream)
+{
+    if (hc_tc_on())
+        bt__launch(hc_mix_split_tc_kernel<H>, dim3(splits, bt__cdiv(T, 16)), MIX_THREADS, 0, stream,
+                   work, x, fn, T, D, splits);
+    else
+        bt__launch(hc_mix_split_kernel<H>, dim3(splits, T), MIX_THREADS, 0, stream, work, x, fn, D,
+                   splits);
+}
+
 /* token t's fold, by the block's first FOLD_WARPS warps; every thread of the block calls it
  * (its barriers) */
 template <int HC>
@@ -440,28 +543,22 @@ __global__ void hc_mix_fold_kernel(float *pre, float *post, float *comb, const f
     hc_mix_fold<HC>(pre, post, comb, work, base, scale, D, eps, hc_eps, iters, splits, blockIdx.x);
 }
 
-/* BT_CUDA_HCTC=0 keeps the mixes' products on f32 FMAs (for comparisons), read once */
-static bool hc_tc_on(void)
+/* hc_mix_tiles_kernel's shared memory allowed, the tensor-core instances (5 stages: 148 KB at 32
+ * tokens, over some GPUs' 99 KB) or the f32 ones, once a device */
+template <int H, bool TC> static bool mt_allowed(void)
 {
-    static int once = -1;
-    return bt__env_switch("BT_CUDA_HCTC", &once);
-}
-
-/* hc_mix_tiles_kernel's shared memory allowed (each instance), once a device */
-template <int H> static bool mt_allowed(void)
-{
-    static signed char a8[BT__MAX_DEVICES], a16[BT__MAX_DEVICES], a32[BT__MAX_DEVICES],
-        t16[BT__MAX_DEVICES], t32[BT__MAX_DEVICES];
+    static signed char a8[BT__MAX_DEVICES], a16[BT__MAX_DEVICES], a32[BT__MAX_DEVICES];
+    if (TC) /* (both or neither: a token's bits must not depend on T) */
+        return bt__smem_allowed((const void *)hc_mix_tiles_kernel<H, 16, true>,
+                                mt_smem_bytes<H, 16, true>(), a16) &&
+               bt__smem_allowed((const void *)hc_mix_tiles_kernel<H, 32, true>,
+                                mt_smem_bytes<H, 32, true>(), a32);
     return bt__smem_allowed((const void *)hc_mix_tiles_kernel<H, 8, false>,
                             mt_smem_bytes<H, 8, false>(), a8) &&
            bt__smem_allowed((const void *)hc_mix_tiles_kernel<H, 16, false>,
                             mt_smem_bytes<H, 16, false>(), a16) &&
            bt__smem_allowed((const void *)hc_mix_tiles_kernel<H, 32, false>,
-                            mt_smem_bytes<H, 32, false>(), a32) &&
-           bt__smem_allowed((const void *)hc_mix_tiles_kernel<H, 16, true>,
-                            mt_smem_bytes<H, 16, true>(), t16) &&
-           bt__smem_allowed((const void *)hc_mix_tiles_kernel<H, 32, true>,
-                            mt_smem_bytes<H, 32, true>(), t32);
+                            mt_smem_bytes<H, 32, false>(), a32);
 }
 
 /* split the mix when the tokens alone leave most of the GPU idle */
@@ -489,12 +586,11 @@ extern "C" bt_status_t bt_cuda_hc_mix_ws(float *pre, float *post, float *comb, c
     with_hc(hc, [&](auto h) {
         constexpr int H = decltype(h)::value;
         if (splits > 1) {
-            bt__launch(hc_mix_split_kernel<H>, dim3(splits, T), MIX_THREADS, 0, stream, work, x, fn,
-                       D, splits);
+            hc_mix_split_launch<H>(work, x, fn, T, D, splits, stream);
             bt__launch(hc_mix_fold_kernel<H>, T, FOLD_WARPS * 32, 0, stream, pre, post, comb, work,
                        base, scale, D, eps, hc_eps, iters, splits);
         } else if ((H * D) % MT_KC == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)fn % 16 == 0 &&
-                   mt_allowed<H>()) {
+                   ((hc_tc_on() && mt_allowed<H, true>()) || mt_allowed<H, false>())) {
             /* (for any T: a token's mixes keep their bits in any batch) the most tokens a
              * block (32, 16, 8; on the tensor cores 32 or 16) that leave about 100 blocks or
              * more: the f32 form is bound by its shared-memory loads, which 32 tokens use best */
@@ -502,9 +598,10 @@ extern "C" bt_status_t bt_cuda_hc_mix_ws(float *pre, float *post, float *comb, c
     bt__launch(hc_mix_tiles_kernel<H, TOK, TC>, bt__cdiv(T, TOK), MIX_THREADS,                     \
                mt_smem_bytes<H, TOK, TC>(), stream, pre, post, comb, x, fn, base, scale, T, D,     \
                eps, hc_eps, iters)
-            if (hc_tc_on() && T >= 32 * 100)
+            const bool tc = hc_tc_on() && mt_allowed<H, true>();
+            if (tc && T >= 32 * 100)
                 BT__MT(32, true);
-            else if (hc_tc_on()) /* (1024 tokens: 0.147 ms, where 32 a block took 0.197) */
+            else if (tc) /* (1024 tokens: 0.147 ms, where 32 a block took 0.197) */
                 BT__MT(16, true);
             else if (T >= 32 * 100)
                 BT__MT(32, false);
@@ -656,8 +753,7 @@ extern "C" bt_status_t bt_cuda_hc_mix_collapse_ws(
     const int threads = collapse_threads(D);
     with_hc(hc, [&](auto h) {
         constexpr int H = decltype(h)::value;
-        bt__launch(hc_mix_split_kernel<H>, dim3(splits, T), MIX_THREADS, 0, stream, work, x, fn, D,
-                   splits);
+        hc_mix_split_launch<H>(work, x, fn, T, D, splits, stream);
         with_dtype(out, out_dtype, [&](auto *o) {
             bt__launch(hc_fold_collapse_kernel<H, std::remove_pointer_t<decltype(o)>>, 2 * T,
                        threads, 0, stream, pre, post, comb, work, base, scale, mix_eps, hc_eps,
