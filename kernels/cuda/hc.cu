@@ -169,6 +169,35 @@ __device__ __forceinline__ void mma_tf32(float *d, const uint32_t *a, uint32_t b
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/* An m16n8k8 A fragment of f32 values v (rows g, g + 8, g, g + 8 of the lane's k c, c + 4)
+ * split into its tf32 halves, and the values' squares added to the rows' sums ss0 (row g),
+ * ss1 (row g + 8) */
+__device__ __forceinline__ void tf32_split_a(const float *v, uint32_t *hi, uint32_t *lo, float &ss0,
+                                             float &ss1)
+{
+#pragma unroll
+    for (int e = 0; e < 4; e++)
+        tf32_split(v[e], hi[e], lo[e]);
+    ss0 = fmaf(v[2], v[2], fmaf(v[0], v[0], ss0));
+    ss1 = fmaf(v[3], v[3], fmaf(v[1], v[1], ss1));
+}
+
+/* d += a b in 3xTF32 from split fragments (the small terms first) */
+__device__ __forceinline__ void mma_3xtf32(float *d, const uint32_t *ah, const uint32_t *al,
+                                           const uint32_t *bh, const uint32_t *bl)
+{
+    mma_tf32(d, al, bh[0], bh[1]);
+    mma_tf32(d, ah, bl[0], bl[1]);
+    mma_tf32(d, ah, bh[0], bh[1]);
+}
+
+/* a row's sum over the four lanes of its quad, (c0 + c1) + (c2 + c3) in every lane */
+__device__ __forceinline__ float quad_sum(float v)
+{
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
 /* TC: the products on the tensor cores (m16n8k8 tf32, 3xTF32), MT_TOK 16 or 32: a warp's
  * slice of a chunk is two k-steps of 8, its tokens 16-row tiles, the mixes 8-column tiles.
  * The kernel is then bound by its rows' bandwidth, where the f32 FMAs (!TC) were bound by the
@@ -259,17 +288,10 @@ __global__ void __launch_bounds__(MIX_THREADS)
                     const float *r0 = sx + (16 * mt + tg) * MT_STRIDE + k, *r1 = r0 + 8 * MT_STRIDE;
                     const float v[4] = {r0[0], r1[0], r0[4], r1[4]};
                     uint32_t ah[4], al[4];
+                    tf32_split_a(v, ah, al, tss[mt][0], tss[mt][1]);
 #pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        tf32_split(v[e], ah[e], al[e]);
-                    tss[mt][0] = fmaf(v[2], v[2], fmaf(v[0], v[0], tss[mt][0]));
-                    tss[mt][1] = fmaf(v[3], v[3], fmaf(v[1], v[1], tss[mt][1]));
-#pragma unroll
-                    for (int nt = 0; nt < NTL; nt++) { /* the small terms first */
-                        mma_tf32(part[mt][nt], al, bh[nt][0], bh[nt][1]);
-                        mma_tf32(part[mt][nt], ah, bl[nt][0], bl[nt][1]);
-                        mma_tf32(part[mt][nt], ah, bh[nt][0], bh[nt][1]);
-                    }
+                    for (int nt = 0; nt < NTL; nt++)
+                        mma_3xtf32(part[mt][nt], ah, al, bh[nt], bl[nt]);
                 }
             }
 #pragma unroll
@@ -327,10 +349,7 @@ __global__ void __launch_bounds__(MIX_THREADS)
                     for (int e = 0; e < 2; e++)
                         if (8 * nt + 2 * mg + e < MIX)
                             row[8 * nt + 2 * mg + e] = tacc[mt][nt][2 * h + e];
-                /* the four lanes of a token: (c0 + c1) + (c2 + c3), in every instance */
-                float v = tss[mt][h];
-                v += __shfl_xor_sync(0xffffffffu, v, 1);
-                v += __shfl_xor_sync(0xffffffffu, v, 2);
+                const float v = quad_sum(tss[mt][h]); /* (the same order in every instance) */
                 if (mg == 0) row[MIX] = v;
             }
     }
@@ -435,26 +454,17 @@ __global__ void __launch_bounds__(MIX_THREADS)
 #pragma unroll
     for (int q = 0; q < 4; q++) {
         uint32_t ah[4], al[4];
-#pragma unroll
-        for (int e = 0; e < 4; e++)
-            tf32_split(av[q][e], ah[e], al[e]);
-        ss0 = fmaf(av[q][2], av[q][2], fmaf(av[q][0], av[q][0], ss0));
-        ss1 = fmaf(av[q][3], av[q][3], fmaf(av[q][1], av[q][1], ss1));
+        tf32_split_a(av[q], ah, al, ss0, ss1);
 #pragma unroll
         for (int nt = 0; nt < NTL; nt++) {
-            uint32_t bh0, bl0, bh1, bl1;
-            tf32_split(bv[q][nt][0], bh0, bl0);
-            tf32_split(bv[q][nt][1], bh1, bl1);
-            mma_tf32(acc[nt], al, bh0, bh1); /* the small terms first */
-            mma_tf32(acc[nt], ah, bl0, bl1);
-            mma_tf32(acc[nt], ah, bh0, bh1);
+            uint32_t bh[2], bl[2];
+            tf32_split(bv[q][nt][0], bh[0], bl[0]);
+            tf32_split(bv[q][nt][1], bh[1], bl[1]);
+            mma_3xtf32(acc[nt], ah, al, bh, bl);
         }
     }
-    /* the four lanes of a token: (c0 + c1) + (c2 + c3) */
-    ss0 += __shfl_xor_sync(0xffffffffu, ss0, 1);
-    ss0 += __shfl_xor_sync(0xffffffffu, ss0, 2);
-    ss1 += __shfl_xor_sync(0xffffffffu, ss1, 1);
-    ss1 += __shfl_xor_sync(0xffffffffu, ss1, 2);
+    ss0 = quad_sum(ss0);
+    ss1 = quad_sum(ss1);
 #pragma unroll
     for (int nt = 0; nt < NTL; nt++)
 #pragma unroll
