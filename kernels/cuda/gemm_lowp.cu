@@ -674,7 +674,10 @@ static int rows_ks(int fmt, int K)
     if (forced < 0) {
         const char *v = getenv("BT_CUDA_ROWS_KS");
         forced = v ? atoi(v) : 0;
-        if (forced != 8 && forced != 4 && forced != 2) forced = 0;
+        if (forced != 8 && forced != 4 && forced != 2) {
+            if (v) fprintf(stderr, "cuda: BT_CUDA_ROWS_KS=%s ignored: 8, 4 or 2\n", v);
+            forced = 0;
+        }
     }
     if (forced) return forced;
     const int nch = K / (fmt == FMT_FP4 ? 128 : 64);
