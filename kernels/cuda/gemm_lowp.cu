@@ -96,10 +96,11 @@ __device__ __forceinline__ float weight_at(const uint8_t *w, const uint8_t *ws, 
         int ks = (K + 31) / 32;
         return bt_e4m3(w[(size_t)n * K + k]) * bt_e8m0(ws[(size_t)(n / 32) * ks + k / 32]);
     }
-    /* fragment order: code k of a run is nibble k / 8 % 4 + 4 (k % 2) of word k % 8 / 2 */
-    const int nib = (k >> 3 & 3) + 4 * (k & 1);
-    const uint8_t b = w[(size_t)n * (K / 2) + (k & ~31) / 2 + 4 * ((k & 7) >> 1) + nib / 2];
-    return bt_e2m1((nib & 1) ? b >> 4 : b & 0xfu) * bt_e8m0(ws[(size_t)n * (K / 32) + k / 32]);
+    /* fragment order: code k of a run is pair k / 8 % 4, half k % 2 of word k % 8 / 2 */
+    const uint32_t word =
+        *(const uint32_t *)(w + (size_t)n * (K / 2) + (k & ~31) / 2 + 4 * ((k & 7) >> 1));
+    return bt_e2m1(bt_fp4_word_code(word, k >> 3 & 3, k & 1)) *
+           bt_e8m0(ws[(size_t)n * (K / 32) + k / 32]);
 }
 
 template <int FMT>
@@ -344,9 +345,9 @@ __global__ void __launch_bounds__(SK_WARPS * 32) gemm_skinny(OT *y, const __nv_b
  * each MMA's 16 logical k are mapped onto memory such that lane c's B (and A) elements are
  * contiguous: in a chunk of 64 (FP8; 128 for FP4) k, MMA s gives lane c (FP8, bf16) the actual
  * k chunk + W*c + 4s + {0,1,2,3} (W = 16 or 32: the lane's 16 weight bytes), logical
- * {2c, 2c+1, 2c+8, 2c+9}. FP4's fragment order puts a bf16 pair's two codes in one word's
- * nibbles j and j + 4 (bt_e2m1x8_to_bf16_spread: no byte permutes); the pair of word q is the
- * lane's k 2q + 8j, so MMA st takes the rows' natural bf16 words q + 8h and q + 8h + 4 (q = st /
+ * {2c, 2c+1, 2c+8, 2c+9}. FP4's fragment order puts a bf16 pair's two codes in one word, its
+ * pair j (bt_e2m1x8_to_bf16_spread: no byte permutes); pair j of word q is the lane's k 2q + 8j,
+ * so MMA st takes the rows' natural bf16 words q + 8h and q + 8h + 4 (q = st /
  * 2, h = st % 2). The 8 warps split K; their partial sums meet in shared memory.
  * A block takes TILES x 8 columns: 4 where that leaves enough blocks, else 1 (a [512, 5120]
  * weight in blocks of 32 columns would run on 16 SMs). Each warp loads the next chunk's
@@ -404,8 +405,8 @@ __device__ __forceinline__ unsigned e4m3x2_to_bf16_f32(unsigned v, float s)
     return pack_bf16(f.x * s, f.y * s);
 }
 
-/* 8 e2m1 codes (a word, low nibble first) times their scale -> 4 words of bf16 pairs, pair j
- * codes j and j + 4 (bt_e2m1x8_to_bf16_spread; in fragment order a pair of consecutive k),
+/* 8 e2m1 codes (a word in fragment order) times their scale -> its 4 bf16 pairs
+ * (bt_e2m1x8_to_bf16_spread; each a pair of consecutive k),
  * exact for a bt_fp4_scale_fast scale: the codes as bf16 times 2^-126, then times
  * s2 = fp4_scale2 (subnormal inputs are exact in bf16 multiplies). No branch: the kernels pick
  * this or fp4x8_to_bf16_scaled once per chunk, so the MMAs around it can be interleaved. */
@@ -1111,8 +1112,8 @@ static bool ft_smem_ready(void)
  * bf16 (gathered, 128-byte swizzled), the columns' packed bytes, and with every other chunk
  * their scales of its 128 k as stored.
  * Both operands take k in natural order: a thread's A pairs of a 32-k run (k 2c + 8t, + 1) are
- * word c of the run in fragment order, converted a pair in 3 operations and a multiply (the
- * checkpoint order, where they are byte c of four words, took 6). Two blocks an SM (128 registers):
+ * word c of the run in fragment order, converted a word's 4 pairs in 8 operations and 4
+ * multiplies (the checkpoint order, where they are byte c of four words, took 6 a pair). Two blocks an SM (128 registers):
  * with one, two warps a scheduler left the conversions' latencies bare. Tried and measured slower:
  * each row one tensor-memory-accelerator copy (the 128-byte swizzle applied by the copy engine, one
  * row a thread) in place of eight cp.async a row: 0.63 -> 1.12 ms for [4608, 5120] x 64 experts x

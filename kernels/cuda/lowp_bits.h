@@ -19,13 +19,52 @@
 
 /* The CUDA backend keeps packed FP4 weights in "fragment order": each run of 32 codes (16 bytes,
  * k 32b .. 32b + 31 of a weight row; K % 32 == 0) is rearranged so that word c (bytes 4c .. 4c + 3)
- * holds the codes of k 2c + 8o and 2c + 8o + 1, o = 0..3, as nibbles o and o + 4. Those pairs are
- * what lane c of an MMA fragment takes from a 32-k block (k 2c, 2c + 1 and 2c + 8, 2c + 9 of
- * each 16), and nibbles o and o + 4 are the pair bt_e2m1x8_to_bf16_spread converts in one
- * multiply: so a lane converts its pairs straight from one word, in k order. In the checkpoint
- * order (two codes a byte, low nibble first) code k is byte k / 2: word c of a run is its bytes
- * c, c + 4, c + 8, c + 12, their low nibbles in the word's low half and high nibbles in its high
- * half. The scales are unchanged. */
+ * holds the codes of k 2c + 8o and 2c + 8o + 1, o = 0..3: pair o of the word, its low and high
+ * half. Those pairs are what lane c of an MMA fragment takes from a 32-k block (k 2c, 2c + 1 and
+ * 2c + 8, 2c + 9 of each 16), so a lane converts its pairs straight from one word, in k order.
+ * Inside the word the 32 code bits lie where bt_e2m1_spread_pair finds them in the fewest
+ * operations (bt_fp4_word_bit): 8 for the word's 4 pairs, where codes kept as nibbles took 13.
+ * In the checkpoint order (two codes a byte, low nibble first) code k is byte k / 2. The
+ * scales are unchanged. */
+
+/* A pair's bf16 patterns: code bits 0..2 (mantissa, exponent) on bits 6..8 of each half, so
+ * the value is the code's times 2^-126 (code 1, 0.5, lands on the subnormal 2^-127), the sign
+ * (bit 3) on bit 15 */
+#define BT_E2M1_PAIR_MASK 0x81c081c0u
+
+/* Where bit b (0..3) of the code in half h (0 low, 1 high) of pair o (0..3) lies in its word:
+ * the inverse of bt_e2m1_spread_pair's moves. Pair 0 lies in place; pairs 1 and 2 rotated 3 bits
+ * down and up (each one rotate); pair 3 in the 8 bits left over, which the word rotated as for
+ * pair 1 brings, masked and multiplied by 2^2 + 2^7 + 2^12, to their places (three disjoint
+ * copies, so the sum is their OR). */
+BT_LOWP_FN int bt_fp4_word_bit(int o, int h, int b)
+{
+    const int t = 16 * h + (b == 3 ? 15 : 6 + b); /* its place in the pair's pattern */
+    switch (o) {
+    case 0: return t;
+    case 1: return (t - 3) & 31;
+    case 2: return (t + 3) & 31;
+    default: return (t - 3 - (b == 0 ? 2 : b == 3 ? 12 : 7)) & 31;
+    }
+}
+
+/* code (4 bits) as pair o, half h of a word (OR it in) */
+BT_LOWP_FN uint32_t bt_fp4_word_put(int o, int h, uint32_t code)
+{
+    uint32_t w = 0;
+    for (int b = 0; b < 4; b++)
+        w |= (code >> b & 1u) << bt_fp4_word_bit(o, h, b);
+    return w;
+}
+
+/* the code of pair o, half h of word w */
+BT_LOWP_FN uint32_t bt_fp4_word_code(uint32_t w, int o, int h)
+{
+    uint32_t code = 0;
+    for (int b = 0; b < 4; b++)
+        code |= (w >> bt_fp4_word_bit(o, h, b) & 1u) << b;
+    return code;
+}
 
 /* one run of 32 codes (16 bytes) from checkpoint order into fragment order */
 BT_LOWP_FN void bt_fp4_run_to_frag(const uint8_t *in, uint8_t *out)
@@ -33,8 +72,8 @@ BT_LOWP_FN void bt_fp4_run_to_frag(const uint8_t *in, uint8_t *out)
     for (int c = 0; c < 4; c++) {
         uint32_t w = 0;
         for (int o = 0; o < 4; o++) {
-            const uint32_t b = in[c + 4 * o];
-            w |= (b & 0xfu) << (4 * o) | (b >> 4) << (4 * o + 16);
+            const uint32_t b = in[c + 4 * o]; /* codes k 2c + 8o (low nibble) and + 1 */
+            w |= bt_fp4_word_put(o, 0, b & 0xfu) | bt_fp4_word_put(o, 1, b >> 4);
         }
         for (int i = 0; i < 4; i++)
             out[4 * c + i] = (uint8_t)(w >> (8 * i));
@@ -44,31 +83,40 @@ BT_LOWP_FN void bt_fp4_run_to_frag(const uint8_t *in, uint8_t *out)
 /* code k (0..31) of a run in fragment order, given its four words */
 BT_LOWP_FN uint32_t bt_fp4_frag_code(const uint32_t *run, int k)
 {
-    return run[(k & 7) >> 1] >> (4 * ((k >> 3) + 4 * (k & 1))) & 0xfu;
+    return bt_fp4_word_code(run[(k & 7) >> 1], k >> 3, k & 1);
 }
 
-/* pair j (0..3) of bt_e2m1x8_to_bf16_spread alone: codes j and j + 4 of v */
-BT_LOWP_FN uint32_t bt_e2m1_spread_pair(uint32_t v, int j)
+/* v rotated left by s (1..31): one funnel shift on the GPU */
+BT_LOWP_FN uint32_t bt_rotl32(uint32_t v, int s)
 {
-    const uint32_t u = j & 2 ? v >> 8 : v;
-    return j & 1 ? ((u & 0x00f000f0u) * 0x0104u) & 0x81c081c0u
-                 : ((u & 0x000f000fu) * 0x1040u) & 0x81c081c0u;
+#if defined(__CUDA_ARCH__)
+    return __funnelshift_l(v, v, s);
+#else
+    return v << s | v >> (32 - s);
+#endif
 }
 
-/* 8 e2m1 codes (a word, low nibble first) -> 4 words of bf16 pairs, pair j codes j and j + 4,
- * each value the code's times 2^-126 (code 1, 0.5, lands on the subnormal 2^-127). The two
- * nibbles of pair j lie 16 bits apart: masked alone in a word, one multiply by 2^a + 2^(a + 6)
- * puts two copies of each in disjoint bits (so the sum is their OR), shifted by a (the 3
- * magnitude bits onto the bf16's two low exponent bits and top mantissa bit) and by a + 6 (the
- * sign onto bit 15 / 31); one mask keeps those. Pairs 2 and 3 are 0 and 1 of the word shifted
- * down a byte: 13 operations (two shifts a pair took 15). */
+/* pair o (0..3) of a word as two bf16 patterns (BT_E2M1_PAIR_MASK's bits), each the code's value
+ * times 2^-126: one mask for pair 0, a rotate and a mask for pairs 1 and 2, a mask, a multiply
+ * and a mask for pair 3 (whose rotate is pair 1's) */
+BT_LOWP_FN uint32_t bt_e2m1_spread_pair(uint32_t v, int o)
+{
+    switch (o) {
+    case 0: return v & BT_E2M1_PAIR_MASK;
+    case 1: return bt_rotl32(v, 3) & BT_E2M1_PAIR_MASK;
+    case 2: return bt_rotl32(v, 29) & BT_E2M1_PAIR_MASK;
+    default: return ((bt_rotl32(v, 3) & 0x001b001bu) * 0x1084u) & BT_E2M1_PAIR_MASK;
+    }
+}
+
+/* a word's 4 pairs (bt_e2m1_spread_pair 0..3): 8 operations */
 BT_LOWP_FN void bt_e2m1x8_to_bf16_spread(uint32_t v, uint32_t *out)
 {
-    const uint32_t v8 = v >> 8;
-    out[0] = ((v & 0x000f000fu) * 0x1040u) & 0x81c081c0u; /* << 6 and << 12 */
-    out[1] = ((v & 0x00f000f0u) * 0x0104u) & 0x81c081c0u; /* << 2 and << 8 */
-    out[2] = ((v8 & 0x000f000fu) * 0x1040u) & 0x81c081c0u;
-    out[3] = ((v8 & 0x00f000f0u) * 0x0104u) & 0x81c081c0u;
+    const uint32_t r3 = bt_rotl32(v, 3);
+    out[0] = v & BT_E2M1_PAIR_MASK;
+    out[1] = r3 & BT_E2M1_PAIR_MASK;
+    out[2] = bt_rotl32(v, 29) & BT_E2M1_PAIR_MASK;
+    out[3] = ((r3 & 0x001b001bu) * 0x1084u) & BT_E2M1_PAIR_MASK;
 }
 
 /* FP4 scale bytes (UE8M0: 2^(sv - 127)) the kernels take the bf16 route for: the pattern below

@@ -18,7 +18,7 @@
 /* One request's outcome. Latencies in milliseconds. */
 typedef struct {
     bool ok;
-    char error[32];        /* kind when !ok: refused, timeout, http_503, grpc_UNAVAILABLE, ... */
+    char error[48];        /* kind when !ok: refused, timeout, http_503, grpc_UNAVAILABLE, ... */
     int input_tokens;      /* sent, or as the server counted them (usage) */
     int output_tokens;     /* from token ids */
     double ttft, e2e, tpot; /* tpot < 0 when fewer than 2 tokens */

@@ -34,8 +34,24 @@ static int bf16_exact(double x)
     return (double)f == x && (u & 0xffffu) == 0;
 }
 
-/* pair j of a word holds codes j and j + 4 (nibbles 16 bits apart), each as its value times
- * 2^-126, whatever the other six codes are */
+/* the word's layout: its 32 bits are the 4 pairs' 8 codes' 32 bits, each once */
+static void test_fp4_word_layout(void)
+{
+    uint32_t seen = 0;
+    int twice = 0;
+    for (int o = 0; o < 4; o++)
+        for (int h = 0; h < 2; h++)
+            for (int b = 0; b < 4; b++) {
+                const int at = bt_fp4_word_bit(o, h, b);
+                twice += at < 0 || at > 31 || (seen >> at & 1u);
+                seen |= 1u << (at & 31);
+            }
+    BT_CHECK_EQ_INT(twice, 0);
+    BT_CHECK(seen == 0xffffffffu);
+}
+
+/* pair j of a word holds its two codes (low half, high half), each as its value times 2^-126,
+ * whatever the other six codes are */
 static void test_e2m1_spread(void)
 {
     int bad = 0;
@@ -43,15 +59,17 @@ static void test_e2m1_spread(void)
         for (int a = 0; a < 16; a++)
             for (int b = 0; b < 16; b++)
                 for (int fill = 0; fill < 32; fill++) {
-                    const uint32_t keep = ~(0xfu << (4 * j) | 0xfu << (4 * j + 16));
-                    const uint32_t v =
-                        (rnd32() & keep) | (uint32_t)a << (4 * j) | (uint32_t)b << (4 * j + 16);
+                    const uint32_t keep = ~(bt_fp4_word_put(j, 0, 0xf) | bt_fp4_word_put(j, 1, 0xf));
+                    const uint32_t v = (rnd32() & keep) | bt_fp4_word_put(j, 0, (uint32_t)a) |
+                                       bt_fp4_word_put(j, 1, (uint32_t)b);
                     uint32_t out[4];
                     bt_e2m1x8_to_bf16_spread(v, out);
                     const double lo = ldexp(bf16_value(out[j] & 0xffffu), 126);
                     const double hi = ldexp(bf16_value(out[j] >> 16), 126);
                     if (lo != (double)bt_e2m1_to_f32((uint8_t)a) ||
-                        hi != (double)bt_e2m1_to_f32((uint8_t)b))
+                        hi != (double)bt_e2m1_to_f32((uint8_t)b) ||
+                        bt_fp4_word_code(v, j, 0) != (uint32_t)a ||
+                        bt_fp4_word_code(v, j, 1) != (uint32_t)b)
                         bad++;
                 }
     BT_CHECK_EQ_INT(bad, 0);
@@ -66,7 +84,8 @@ static void test_e2m1_spread_words(void)
         uint32_t out[4];
         bt_e2m1x8_to_bf16_spread(v, out);
         for (int j = 0; j < 4; j++) {
-            const uint8_t a = (v >> (4 * j)) & 0xf, b = (v >> (4 * j + 16)) & 0xf;
+            const uint8_t a = (uint8_t)bt_fp4_word_code(v, j, 0),
+                          b = (uint8_t)bt_fp4_word_code(v, j, 1);
             if (ldexp(bf16_value(out[j] & 0xffffu), 126) != (double)bt_e2m1_to_f32(a) ||
                 ldexp(bf16_value(out[j] >> 16), 126) != (double)bt_e2m1_to_f32(b))
                 bad++;
@@ -131,7 +150,7 @@ static int fp4_scale_exact(int sv)
     if (s != ldexp(1.0, 126 + sv - 127)) return 0;
     for (int code = 0; code < 16; code++) {
         uint32_t out[4];
-        bt_e2m1x8_to_bf16_spread((uint32_t)code, out); /* code at nibble 0: pair 0, low */
+        bt_e2m1x8_to_bf16_spread(bt_fp4_word_put(0, 0, (uint32_t)code), out); /* pair 0, low */
         const double p = bf16_value(out[0] & 0xffffu) * s;
         const double want =
             (double)bt_e2m1_to_f32((uint8_t)code) * (double)bt_e8m0_to_f32((uint8_t)sv);
@@ -204,6 +223,7 @@ static void test_fp8_route(void)
 
 int main(void)
 {
+    BT_RUN(test_fp4_word_layout);
     BT_RUN(test_e2m1_spread);
     BT_RUN(test_e2m1_spread_words);
     BT_RUN(test_e2m1_spread_pair);
