@@ -1179,6 +1179,44 @@ static bt_status_t time_empty_experts(const weights_t *W, case_t *c, cudaStream_
     return rc;
 }
 
+/* The routed experts' two FP4 GEMMs alone (w13, then w2 on the swiglu's rows as the layer
+ * left them), as layer_run launches them: the figure the tensor-core rate target is read
+ * against (the experts part also holds the swiglu, the shared expert and the combine). */
+static bt_status_t time_routed_gemms(const weights_t *W, case_t *c, cudaStream_t st,
+                                     cudaEvent_t *ev, int reps, double *ms_p)
+{
+    float *v = (float *)calloc((size_t)reps, sizeof(float));
+    if (!v) return BT_ERR_NO_MEMORY;
+    bt_status_t rc = BT_OK;
+    for (int i = 0; i < reps + 3 && rc == BT_OK; i++) {
+        if (cudaEventRecord(ev[0], st) != cudaSuccess) rc = BT_ERR_DEVICE;
+        if (rc == BT_OK)
+            rc = c->elist
+                     ? bt_cuda_gemm_fp4_grouped_list(c->gu, F32, c->xin, c->rows, c->offs, c->elist,
+                                                     c->n_elist, c->max_rows, W->w13, W->w13_s,
+                                                     2 * MI, HID, st)
+                     : bt_cuda_gemm_fp4_grouped(c->gu, F32, c->xin, c->rows, c->offs, NE,
+                                                c->max_rows, W->w13, W->w13_s, 2 * MI, HID, st);
+        if (rc == BT_OK)
+            rc = c->elist ? bt_cuda_gemm_fp4_grouped_list(c->y2, F32, c->h, NULL, c->offs, c->elist,
+                                                          c->n_elist, c->max_rows, W->w2, W->w2_s,
+                                                          HID, MI, st)
+                          : bt_cuda_gemm_fp4_grouped(c->y2, F32, c->h, NULL, c->offs, NE,
+                                                     c->max_rows, W->w2, W->w2_s, HID, MI, st);
+        if (rc == BT_OK && (cudaEventRecord(ev[1], st) != cudaSuccess ||
+                            cudaEventSynchronize(ev[1]) != cudaSuccess))
+            rc = BT_ERR_DEVICE;
+        if (rc == BT_OK && i >= 3 && cudaEventElapsedTime(&v[i - 3], ev[0], ev[1]) != cudaSuccess)
+            rc = BT_ERR_DEVICE;
+    }
+    if (rc == BT_OK)
+        *ms_p = median(v, reps);
+    else
+        fprintf(stderr, "routed-GEMM timing failed: %s\n", bt_status_str(rc));
+    free(v);
+    return rc;
+}
+
 /* The measurements of one case whose buffers exist: routing bound, output check and dump,
  * eager and graph timings, the empty-grid diagnostic, and the JSON line. */
 /* One layer captured from st into *g and instantiated into *ge (each left for the caller to
@@ -1337,8 +1375,13 @@ static bt_status_t case_measure(const weights_t *W, bt_cuda_blas_t *blas, case_t
         free(two);
         CU_TRY(cudaStreamSynchronize(st));
     }
-    double empty_ms = -1;
+    double empty_ms = -1, routed_ms = -1;
     time_empty_experts(W, c, st, ev, o->reps, &empty_ms);
+    time_routed_gemms(W, c, st, ev, o->reps, &routed_ms);
+    /* their FLOPs: every routed row through w13 ([2 MI, HID]) and w2 ([HID, MI]) */
+    const double routed_flops = 2.0 * c->T * TOPK * (2.0 * MI * HID + (double)HID * MI);
+    const double routed_of_bf16 =
+        routed_ms > 0 ? routed_flops / (routed_ms * 1e-3) / r->bf16_rate : -1;
 
     cost_t k;
     case_cost(c, &k);
@@ -1354,13 +1397,15 @@ static bt_status_t case_measure(const weights_t *W, bt_cuda_blas_t *blas, case_t
            "\"experts_hit\":%d,\"max_rows\":%d,\"finite\":%s,\"ms\":%.4f,\"graph_ms\":%.4f,"
            "\"floor_ms\":%.6f,\"floor_what\":\"%s\",\"floor_bf16_ms\":%.6f,\"bytes\":%.0f,"
            "\"flops\":%.0f,\"flops_lowp\":%.0f,\"empty_expert_grid_ms\":%.4f,"
-           "\"graph_streams_ms\":%.4f,\"streams_same\":%s,\"parts\":{",
+           "\"graph_streams_ms\":%.4f,\"streams_same\":%s,\"routed_gemms_ms\":%.4f,"
+           "\"routed_gemms_flops\":%.0f,\"routed_gemms_of_bf16_rate\":%.4f,\"parts\":{",
            c->name, c->T, c->seqs, c->n, c->hit, c->max_rows, finite ? "true" : "false",
            eager.total_ms, graphed.total_ms, fl.ms, fl.what, fl.bf16_ms, tb, tlp + thp, tlp,
            empty_ms, streams_ms,
            streams_same < 0 ? "null"
            : streams_same   ? "true"
-                            : "false");
+                            : "false",
+           routed_ms, routed_flops, routed_of_bf16);
     for (int p = 0; p < N_PARTS; p++) {
         floor_t pf = floor_of(k.bytes[p], k.flops_lp[p], k.flops_hp[p], r);
         printf("%s\"%s\":{\"ms\":%.4f,\"graph_ms\":%.4f,\"floor_ms\":%.6f,"
@@ -1379,6 +1424,11 @@ static bt_status_t case_measure(const weights_t *W, bt_cuda_blas_t *blas, case_t
             c->name, c->T, eager.total_ms, graphed.total_ms, streams_ms,
             streams_same == 0 ? " OTHER OUTPUT" : "", fl.ms, fl.what, fl.bf16_ms, best / fl.ms,
             c->hit, c->max_rows, finite ? "finite" : "NOT FINITE");
+    if (routed_ms > 0)
+        fprintf(
+            stderr,
+            "%-10s routed-expert FP4 GEMMs alone %.3f ms: %.0f TFLOP/s, %.0f%% of the bf16 rate\n",
+            c->name, routed_ms, routed_flops / (routed_ms * 1e9), 100.0 * routed_of_bf16);
     return finite && streams_same != 0 ? BT_OK : BT_ERR_INTERNAL;
 }
 

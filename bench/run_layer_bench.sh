@@ -113,6 +113,9 @@ parts = ["attn_proj", "attn_core", "indexer", "moe_route", "experts", "mhc"]
 def ms(v):
     return "-" if v is None or v < 0 else f"{v:.3f}"
 
+def pct(v):
+    return "-" if v is None or v < 0 else f"{100 * v:.0f}%"
+
 def fl(v):  # floors can be tiny: three significant digits
     return "-" if v is None or v < 0 else f"{v:.3g}"
 
@@ -155,7 +158,9 @@ for name in oc:
           f"{o['experts_hit']} experts hit, largest group {o['max_rows']} rows; floor "
           f"{o['bytes'] / 1e6:.0f} MB, {o['flops'] / 1e9:.1f} GFLOP; bf16-only floor "
           f"{fl(o['floor_bf16_ms'])} ms; grouped-GEMM launch with every expert empty "
-          f"{ms(o.get('empty_expert_grid_ms'))} ms; output {'finite' if o['finite'] else 'NOT FINITE'})")
+          f"{ms(o.get('empty_expert_grid_ms'))} ms; the routed experts' FP4 GEMMs alone "
+          f"{ms(o.get('routed_gemms_ms'))} ms, {pct(o.get('routed_gemms_of_bf16_rate'))} "
+          f"of the bf16 rate; output {'finite' if o['finite'] else 'NOT FINITE'})")
     print()
     print("| part | ours ms | ours, graph ms | floor ms (bound) | ours / floor | PyTorch ms |")
     print("|---|---:|---:|---|---:|---:|")
