@@ -1150,23 +1150,18 @@ static bt_status_t dump_case(const case_t *c, const char *dir, const int *rows, 
     return BT_OK;
 }
 
-/* Empty-grid cost of the grouped GEMMs: the same launch with every expert empty. It tells how
- * much of the experts' time goes to blocks of experts no token picked. */
-static bt_status_t time_empty_experts(const weights_t *W, case_t *c, cudaStream_t st,
-                                      cudaEvent_t *ev, int reps, double *ms_p)
+/* The median over reps (after 3 warm-ups) of launch(), timed by events on st; what names it
+ * in an error */
+template <typename F>
+static bt_status_t time_launches(cudaStream_t st, cudaEvent_t *ev, int reps, const char *what,
+                                 F launch, double *ms_p)
 {
     float *v = (float *)calloc((size_t)reps, sizeof(float));
     if (!v) return BT_ERR_NO_MEMORY;
     bt_status_t rc = BT_OK;
     for (int i = 0; i < reps + 3 && rc == BT_OK; i++) {
-        cudaError_t e = cudaEventRecord(ev[0], st);
-        if (e != cudaSuccess) rc = BT_ERR_DEVICE;
-        if (rc == BT_OK)
-            rc = bt_cuda_gemm_fp4_grouped(c->gu, F32, c->xin, c->rows, c->offs_zero, NE,
-                                          c->max_rows, W->w13, W->w13_s, 2 * MI, HID, st);
-        if (rc == BT_OK)
-            rc = bt_cuda_gemm_fp4_grouped(c->y2, F32, c->h, NULL, c->offs_zero, NE, c->max_rows,
-                                          W->w2, W->w2_s, HID, MI, st);
+        if (cudaEventRecord(ev[0], st) != cudaSuccess) rc = BT_ERR_DEVICE;
+        if (rc == BT_OK) rc = launch();
         if (rc == BT_OK && (cudaEventRecord(ev[1], st) != cudaSuccess ||
                             cudaEventSynchronize(ev[1]) != cudaSuccess))
             rc = BT_ERR_DEVICE;
@@ -1174,9 +1169,26 @@ static bt_status_t time_empty_experts(const weights_t *W, case_t *c, cudaStream_
             rc = BT_ERR_DEVICE;
     }
     if (rc == BT_OK) *ms_p = median(v, reps);
-    else fprintf(stderr, "empty-grid timing failed: %s\n", bt_status_str(rc));
+    else
+        fprintf(stderr, "%s timing failed: %s\n", what, bt_status_str(rc));
     free(v);
     return rc;
+}
+
+/* Empty-grid cost of the grouped GEMMs: the same launch with every expert empty. It tells how
+ * much of the experts' time goes to blocks of experts no token picked. */
+static bt_status_t time_empty_experts(const weights_t *W, case_t *c, cudaStream_t st,
+                                      cudaEvent_t *ev, int reps, double *ms_p)
+{
+    return time_launches(
+        st, ev, reps, "empty-grid",
+        [&]() {
+            BT_TRY(bt_cuda_gemm_fp4_grouped(c->gu, F32, c->xin, c->rows, c->offs_zero, NE,
+                                            c->max_rows, W->w13, W->w13_s, 2 * MI, HID, st));
+            return bt_cuda_gemm_fp4_grouped(c->y2, F32, c->h, NULL, c->offs_zero, NE, c->max_rows,
+                                            W->w2, W->w2_s, HID, MI, st);
+        },
+        ms_p);
 }
 
 /* The routed experts' two FP4 GEMMs alone (w13, then w2 on the swiglu's rows as the layer
@@ -1185,36 +1197,23 @@ static bt_status_t time_empty_experts(const weights_t *W, case_t *c, cudaStream_
 static bt_status_t time_routed_gemms(const weights_t *W, case_t *c, cudaStream_t st,
                                      cudaEvent_t *ev, int reps, double *ms_p)
 {
-    float *v = (float *)calloc((size_t)reps, sizeof(float));
-    if (!v) return BT_ERR_NO_MEMORY;
-    bt_status_t rc = BT_OK;
-    for (int i = 0; i < reps + 3 && rc == BT_OK; i++) {
-        if (cudaEventRecord(ev[0], st) != cudaSuccess) rc = BT_ERR_DEVICE;
-        if (rc == BT_OK)
-            rc = c->elist
-                     ? bt_cuda_gemm_fp4_grouped_list(c->gu, F32, c->xin, c->rows, c->offs, c->elist,
+    return time_launches(
+        st, ev, reps, "routed-GEMM",
+        [&]() {
+            if (c->elist) {
+                BT_TRY(bt_cuda_gemm_fp4_grouped_list(c->gu, F32, c->xin, c->rows, c->offs, c->elist,
                                                      c->n_elist, c->max_rows, W->w13, W->w13_s,
-                                                     2 * MI, HID, st)
-                     : bt_cuda_gemm_fp4_grouped(c->gu, F32, c->xin, c->rows, c->offs, NE,
-                                                c->max_rows, W->w13, W->w13_s, 2 * MI, HID, st);
-        if (rc == BT_OK)
-            rc = c->elist ? bt_cuda_gemm_fp4_grouped_list(c->y2, F32, c->h, NULL, c->offs, c->elist,
-                                                          c->n_elist, c->max_rows, W->w2, W->w2_s,
-                                                          HID, MI, st)
-                          : bt_cuda_gemm_fp4_grouped(c->y2, F32, c->h, NULL, c->offs, NE,
-                                                     c->max_rows, W->w2, W->w2_s, HID, MI, st);
-        if (rc == BT_OK && (cudaEventRecord(ev[1], st) != cudaSuccess ||
-                            cudaEventSynchronize(ev[1]) != cudaSuccess))
-            rc = BT_ERR_DEVICE;
-        if (rc == BT_OK && i >= 3 && cudaEventElapsedTime(&v[i - 3], ev[0], ev[1]) != cudaSuccess)
-            rc = BT_ERR_DEVICE;
-    }
-    if (rc == BT_OK)
-        *ms_p = median(v, reps);
-    else
-        fprintf(stderr, "routed-GEMM timing failed: %s\n", bt_status_str(rc));
-    free(v);
-    return rc;
+                                                     2 * MI, HID, st));
+                return bt_cuda_gemm_fp4_grouped_list(c->y2, F32, c->h, NULL, c->offs, c->elist,
+                                                     c->n_elist, c->max_rows, W->w2, W->w2_s, HID,
+                                                     MI, st);
+            }
+            BT_TRY(bt_cuda_gemm_fp4_grouped(c->gu, F32, c->xin, c->rows, c->offs, NE, c->max_rows,
+                                            W->w13, W->w13_s, 2 * MI, HID, st));
+            return bt_cuda_gemm_fp4_grouped(c->y2, F32, c->h, NULL, c->offs, NE, c->max_rows, W->w2,
+                                            W->w2_s, HID, MI, st);
+        },
+        ms_p);
 }
 
 /* The measurements of one case whose buffers exist: routing bound, output check and dump,
