@@ -689,6 +689,23 @@ static int rows_ks(int fmt, int K)
     return MT_WARPS;
 }
 
+/* BT_CUDA_ROWS_PF (1 or 2; default 0, off): how many chunks past the one a gemm_rows warp loads
+ * into registers it prefetches into L2 (an experiment: one chunk ahead in registers left the
+ * FP4 experts at ~75% of the copy bandwidth), read once */
+static int rows_pf(void)
+{
+    static int pf = -1;
+    if (pf < 0) {
+        const char *v = getenv("BT_CUDA_ROWS_PF");
+        pf = v ? atoi(v) : 0;
+        if (pf < 0 || pf > 2) {
+            fprintf(stderr, "cuda: BT_CUDA_ROWS_PF=%s ignored: 0, 1 or 2\n", v);
+            pf = 0;
+        }
+    }
+    return pf;
+}
+
 /* registers for 2 blocks an SM (FP4, whose conversion needs them; FP8 with 32 columns a tile
  * or 16 rows) or 3 (FP8, 16 columns, 8 rows: 80 registers; at 4 blocks an SM, 64, it spilled
  * 60 bytes) */
@@ -698,7 +715,7 @@ template <int FMT, int MT, bool R16, typename OT>
 __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
     gemm_rows(OT *y, const __nv_bfloat16 *x, const int32_t *rows, const int32_t *offs,
               const uint8_t *w, const uint8_t *ws, int M, int N, int K, const int32_t *elist,
-              gemm_io io, int tiles, int ks)
+              gemm_io io, int tiles, int ks, int pf)
 {
     using F = rows_fmt<FMT>;
     constexpr bool FP4 = FMT == FMT_FP4;
@@ -736,11 +753,21 @@ __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
      * (K / 2 and the lane's first k / 2 are multiples of 16): one offset a column, not two, as
      * the 4-column instances ran out of registers. FP8: soff + kc / 32 is the lane's scale. */
     unsigned woff[NC], soff = 0, kc = 0;
+    /* FP4, pf > 0 (BT_CUDA_ROWS_PF, an experiment): the weights of the chunk pf after the one
+     * loaded into registers are prefetched into L2, so that load finds them there. Lane c takes
+     * column c % NC's 64 bytes (the 4 lanes' 16 each; pf_off: their start) and its scale byte. */
+    unsigned pf_off = 0;
+    const unsigned pf_bytes = FP4 ? (unsigned)(pf * step_bytes) : 0,
+                   tile_bytes = (unsigned)(nw * step_bytes);
     auto set_tile = [&](int t) {
 #pragma unroll
         for (int i = 0; i < NC; i++) {
             const unsigned n = (unsigned)min(nb + t * COLS + 8 * i + g, N - 1);
             woff[i] = FP4 ? n * (unsigned)(K / 2) + k_first / 2 : n * (unsigned)K + k_first;
+        }
+        if (FP4 && pf_bytes) {
+            const unsigned n = (unsigned)min(nb + t * COLS + 8 * (c % NC) + g, N - 1);
+            pf_off = n * (unsigned)(K / 2) + wi * F::CHUNK_BYTES;
         }
         if (!FP4) soff = (unsigned)(min(nb + t * COLS, N - 1) / 32 * ks32 + k_first / 32);
         kc = 0;
@@ -753,6 +780,11 @@ __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
             if (FP4) s[i] = __ldg(ws + (o >> 4));
         }
         if (!FP4) s[0] = __ldg(ws + soff + kc / 32);
+        if (FP4 && pf_bytes && kc + pf_bytes < tile_bytes) { /* (uniform) */
+            const unsigned o = pf_off + kc + pf_bytes;
+            bt_prefetch_l2(w + o, F::CHUNK_BYTES);
+            bt_prefetch_l2(ws + (o >> 4), 0);
+        }
         kc += step_bytes;
     };
     /* this lane's rows (g, and g + 8 when R16): where their first k lies, where the next
@@ -1156,6 +1188,9 @@ template <int SK> struct wgrs_ring {
     static constexpr int STAGE_BYTES = (S_OFF + 4 * RS_COLS + 1023) / 1024 * 1024;
     static constexpr int SMEM = STAGES * STAGE_BYTES + 1024; /* (+ alignment) */
 };
+/* two blocks an SM of 228 KB: each its ring, the rows' pointers and the 1 KB the system keeps */
+static_assert(2 * (wgrs_ring<128>::SMEM + RS_ROWS * sizeof(void *) + 1024) <= 228 * 1024,
+              "128-k stages no longer leave two blocks an SM");
 
 #ifdef BT_WGMMA
 __device__ int wgrs_built = 1;
@@ -1197,11 +1232,15 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(smem);
     const uint32_t x_dst = wg_sw(tid >> 3, tid & 7); /* + 4096 j: row tid / 8 + 32 j */
     const int wn = n0 + (tid >> 1), sn = n0 + tid;
-    const uint8_t *w_src = w + (size_t)(wn < N ? wn : 0) * (K / 2) + 16 * WU * (tid & 1);
+    const uint8_t *w_src = w + (size_t)(wn < N ? wn : 0) * (K / 2) + 16 * (tid & 1);
+    /* 128-k stages: a column's 4 units lie XOR-swizzled by bits 1..2 of its index, so that the 8
+     * columns a quarter warp reads (g) fall on 32 distinct banks (in k order they took 4-way
+     * conflicts); 64-k stages keep k order */
+    const int wsw = UPC == 4 ? (f >> 1) & 3 : 0;
     const uint8_t *s_src = ws + (size_t)(sn < N ? sn : 0) * (K / 32);
     constexpr int XU = NT * 8, XJ = (XU + RS_THREADS - 1) / RS_THREADS; /* a half's row units */
-    /* the rows' sources in registers: read from shared memory at every chunk, each copy's
-     * address waited on that load */
+    /* the rows' sources in registers (read from shared memory at every stage, each copy's
+     * address had waited on that load) */
     const __nv_bfloat16 *x_src[XJ];
 #pragma unroll
     for (int j = 0; j < XJ; j++) {
@@ -1224,9 +1263,12 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
                                     r < mr);
             }
 #pragma unroll
-        for (int i = 0; i < WU; i++)
-            cp_async_sh<16>(sx + R::HALVES * RS_X_HALF + 16 * WU * tid + 16 * i,
-                            w_src + k0 / 2 + 16 * i, wn < N);
+        for (int i = 0; i < WU; i++) { /* unit (tid & 1) + 2i of column tid / 2 */
+            const uint32_t dst =
+                SK == 64 ? 16 * tid
+                         : 16 * UPC * (tid >> 1) + 16 * (((tid & 1) + 2 * i) ^ ((tid >> 2) & 3));
+            cp_async_sh<16>(sx + R::HALVES * RS_X_HALF + dst, w_src + k0 / 2 + 32 * i, wn < N);
+        }
         if (decltype(first_c)::value && tid < RS_COLS)
             cp_async_sh<4>(sx + R::S_OFF + 4 * tid, s_src + k0 / 128 * 4, sn < N);
     };
@@ -1269,7 +1311,7 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
     auto half = [&](int st, int h, unsigned(*A)[4], auto first_c) {
         constexpr bool FIRST = decltype(first_c)::value;
         const unsigned char *sx = stage(st);
-        const uint4 *sw = (const uint4 *)(sx + R::HALVES * RS_X_HALF) + 2 * h;
+        const uint4 *sw = (const uint4 *)(sx + R::HALVES * RS_X_HALF);
         if (FIRST) {
             s_lo = ((const uint32_t *)(sx + R::S_OFF))[f];
             s_hi = ((const uint32_t *)(sx + R::S_OFF))[f + 8];
@@ -1286,8 +1328,9 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
 #pragma unroll
             for (int q = 0; q < 2; q++) { /* k 32q .. 32q + 31: steps 2q, 2q + 1 */
                 /* word c of the run: (fragment order) this lane's pairs, k 2c + 8t */
-                const unsigned wl = ((const uint32_t *)(sw + UPC * f + q))[c];
-                const unsigned wh = ((const uint32_t *)(sw + UPC * (f + 8) + q))[c];
+                const unsigned wl = ((const uint32_t *)(sw + UPC * f + ((2 * h + q) ^ wsw)))[c];
+                const unsigned wh =
+                    ((const uint32_t *)(sw + UPC * (f + 8) + ((2 * h + q) ^ wsw)))[c];
                 __nv_bfloat162 s2l, s2h;
                 uint8_t sl = 0, sh = 0;
                 if (FAST) { /* bt_fp4_scale_bf16 of byte sb0 + q, the 126 added above */
@@ -1415,6 +1458,19 @@ template <int SK> static bool wgrs_ready(void)
 {
     static signed char built[BT__MAX_DEVICES], bf16_out[BT__MAX_DEVICES], f32_out[BT__MAX_DEVICES];
     constexpr int smem = wgrs_ring<SK>::SMEM;
+    static signed char carved[BT__MAX_DEVICES];
+    int dev = 0;
+    if (SK == 128 && cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < BT__MAX_DEVICES &&
+        !carved[dev]) { /* (a hint, once a device: all of the SM's 228 KB shared, two blocks) */
+        cudaFuncSetAttribute((const void *)gemm_fp4_wgrs<SK, __nv_bfloat16>,
+                             cudaFuncAttributePreferredSharedMemoryCarveout,
+                             cudaSharedmemCarveoutMaxShared);
+        cudaFuncSetAttribute((const void *)gemm_fp4_wgrs<SK, float>,
+                             cudaFuncAttributePreferredSharedMemoryCarveout,
+                             cudaSharedmemCarveoutMaxShared);
+        carved[dev] = 1;
+    }
+    cudaGetLastError(); /* (not sticky) */
     return bt__wgmma_ready(wgrs_built, built) &&
            bt__smem_allowed((const void *)gemm_fp4_wgrs<SK, __nv_bfloat16>, smem, bf16_out) &&
            bt__smem_allowed((const void *)gemm_fp4_wgrs<SK, float>, smem, f32_out);
@@ -1495,10 +1551,11 @@ static bt_status_t few_rows_launch(void *y, bt_cuda_dtype_t yd, const __nv_bfloa
         dim3 grid(bt__cdiv(nt, tpb), groups);                                                      \
         if (yd == BT_CUDA_BF16)                                                                    \
             bt__launch(gemm_rows<F, MT, R16, __nv_bfloat16>, grid, MT_WARPS * 32, 0, stream,       \
-                       (__nv_bfloat16 *)y, xb, rows, offs, w, ws, M, N, K, elist, io, tpb, ks);    \
+                       (__nv_bfloat16 *)y, xb, rows, offs, w, ws, M, N, K, elist, io, tpb, ks,     \
+                       rows_pf());                                                                 \
         else                                                                                       \
             bt__launch(gemm_rows<F, MT, R16, float>, grid, MT_WARPS * 32, 0, stream, (float *)y,   \
-                       xb, rows, offs, w, ws, M, N, K, elist, io, tpb, ks);                        \
+                       xb, rows, offs, w, ws, M, N, K, elist, io, tpb, ks, rows_pf());             \
     } while (0)
         /* FP4 experts: 8 rows a pass (more are rare); FP8 products: all their rows in one */
         if (FMT == FMT_FP8 && !offs && M > 8) {
