@@ -5,8 +5,9 @@
 # against the golden fixtures (graphs, batch invariance, TP on one GPU), and the services'
 # greedy ids against `baton generate` (auto TP 1, float32 TP 2). The operators whose Hopper
 # kernels have another kernel for other GPUs (or for too little shared memory) run again with
-# those switched off, so the kernels a GB10 takes are checked on the H200 too; the prefill's FP4
-# experts also with 128-k stages (BT_CUDA_WGRS_K=128, an experiment). Each step is bounded in time;
+# those switched off, so the kernels a GB10 takes are checked on the H200 too; the FP4 experts
+# also with the switches of experiments not yet taken (BT_CUDA_WGRS_K=128, BT_CUDA_ROWS_PF=2).
+# Each step is bounded in time;
 # logs go to OUT_DIR, one summary line per step to stdout; the exit status is the number of
 # steps that failed.
 #   tests/gpu/run_all.sh BUNDLE_DIR OUT_DIR [--perf] [--only NAME]
@@ -46,7 +47,7 @@ step test_cuda_ops_fallbacks 300 env BT_CUDA_FLASHWG=0 BT_CUDA_IXWG=0 BT_CUDA_WG
   "$bundle/bin/test_cuda_ops" --only "attention_flash,attention_tc,attention_tc_ws,attention_tc_batch,\
 index_scores,index_scores_sets,index_scores_tc,index_sets_tc,gemm_fp4_grouped,gemm_fp4_listed,\
 hc_mix,hc_mix_ws,hc_mix_collapse"
-step test_cuda_ops_wgrs128 120 env BT_CUDA_WGRS_K=128 \
+step test_cuda_ops_experiments 120 env BT_CUDA_WGRS_K=128 BT_CUDA_ROWS_PF=2 \
   "$bundle/bin/test_cuda_ops" --only "gemm_fp4_grouped,gemm_fp4_listed"
 step test_model_cuda 300 "$bundle/bin/test_model_cuda"
 step cluster_auto_tp1 200 bash "$here/cluster_cuda.sh" "$bundle/bin"
