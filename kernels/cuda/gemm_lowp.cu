@@ -753,21 +753,15 @@ __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
      * (K / 2 and the lane's first k / 2 are multiples of 16): one offset a column, not two, as
      * the 4-column instances ran out of registers. FP8: soff + kc / 32 is the lane's scale. */
     unsigned woff[NC], soff = 0, kc = 0;
-    /* FP4, pf > 0 (BT_CUDA_ROWS_PF, an experiment): the weights of the chunk pf after the one
-     * loaded into registers are prefetched into L2, so that load finds them there. Lane c takes
-     * column c % NC's 64 bytes (the 4 lanes' 16 each; pf_off: their start) and its scale byte. */
-    unsigned pf_off = 0;
-    const unsigned pf_bytes = FP4 ? (unsigned)(pf * step_bytes) : 0,
-                   tile_bytes = (unsigned)(nw * step_bytes);
+    /* pf > 0 (BT_CUDA_ROWS_PF, an experiment): the weights of the chunk pf after the one loaded
+     * into registers are prefetched into L2, so that load finds them there: lane c takes column
+     * c % NC's 64 bytes (the 4 lanes' 16 each) and, FP4, its scale line. Its offsets are
+     * computed when used, as the FP8 instances had no register to spare for them. */
     auto set_tile = [&](int t) {
 #pragma unroll
         for (int i = 0; i < NC; i++) {
             const unsigned n = (unsigned)min(nb + t * COLS + 8 * i + g, N - 1);
             woff[i] = FP4 ? n * (unsigned)(K / 2) + k_first / 2 : n * (unsigned)K + k_first;
-        }
-        if (FP4 && pf_bytes) {
-            const unsigned n = (unsigned)min(nb + t * COLS + 8 * (c % NC) + g, N - 1);
-            pf_off = n * (unsigned)(K / 2) + wi * F::CHUNK_BYTES;
         }
         if (!FP4) soff = (unsigned)(min(nb + t * COLS, N - 1) / 32 * ks32 + k_first / 32);
         kc = 0;
@@ -780,10 +774,14 @@ __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
             if (FP4) s[i] = __ldg(ws + (o >> 4));
         }
         if (!FP4) s[0] = __ldg(ws + soff + kc / 32);
-        if (FP4 && pf_bytes && kc + pf_bytes < tile_bytes) { /* (uniform) */
-            const unsigned o = pf_off + kc + pf_bytes;
+        if (pf && kc + (unsigned)(pf * step_bytes) < (unsigned)(nw * step_bytes)) { /* (uniform) */
+            unsigned o = woff[0];
+#pragma unroll
+            for (int i = 1; i < NC; i++)
+                if (c % NC == i) o = woff[i];
+            o += kc + (unsigned)(pf * step_bytes) - 16 * c; /* (the lane's 16 bytes: 16c on) */
             bt_prefetch_l2(w + o, F::CHUNK_BYTES);
-            bt_prefetch_l2(ws + (o >> 4), 0);
+            if (FP4) bt_prefetch_l2(ws + (o >> 4), 0);
         }
         kc += step_bytes;
     };
