@@ -177,6 +177,39 @@ for name in oc:
             print()
             print(f"Ours vs {what}, same inputs (relative L2 over the dumped rows; *_same: "
                   f"fraction of the same picks): {cmp}")
+
+# the targets, read off this run: decode steps <= 1.5x their floor (the best of the
+# graph forms), the prefill's routed FP4 GEMMs >= 60% of the bf16 rate, ours faster than
+# PyTorch eager in every case and part
+def verdict(ok):
+    return "-" if ok is None else ("met" if ok else "NOT met")
+
+print()
+print("Targets, this run:")
+for name in ("decode_b1", "decode_b16"):
+    o = oc.get(name)
+    if not o:
+        continue
+    g = [v for v in (o.get("graph_ms"), o.get("graph_streams_ms"), o.get("ms")) if v and v > 0]
+    r = min(g) / o["floor_ms"] if g and o.get("floor_ms") else None
+    print(f"- {name} <= 1.5x its floor: {'-' if r is None else f'{r:.2f}x'}, "
+          f"{verdict(None if r is None else r <= 1.5)}")
+pf = oc.get("prefill", {}).get("routed_gemms_of_bf16_rate")
+print(f"- prefill routed FP4 GEMMs >= 60% of the bf16 rate: {pct(pf)}, "
+      f"{verdict(None if pf is None or pf < 0 else pf >= 0.6)}")
+slower = []
+for name, o in oc.items():
+    t = tc.get(name)
+    if not t:
+        continue
+    if t.get("ms") is not None and o.get("ms", 0) >= t["ms"]:
+        slower.append(name)
+    for p in parts:
+        op, tp = o["parts"][p], t.get("parts", {}).get(p, {})
+        if tp.get("ms") is not None and op["ms"] >= tp["ms"]:
+            slower.append(f"{name}/{p}")
+print(f"- faster than PyTorch eager in every case and part: "
+      f"{verdict(None if not tc else not slower)}" + (f" (not: {', '.join(slower)})" if slower else ""))
 EOF
 cat "$out/table.md"
 [ -z "$save" ] || cp "$out/table.md" "$save/"
