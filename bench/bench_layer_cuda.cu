@@ -1216,6 +1216,45 @@ static bt_status_t time_routed_gemms(const weights_t *W, case_t *c, cudaStream_t
         ms_p);
 }
 
+/* The layer's dense products alone, as layer_run launches them (each FP8 one of many rows
+ * with its dequantization, as it runs): the attention projections, the indexer's, the shared
+ * expert and the router, on the buffers the layer left. *flops_p: their FLOPs. */
+static bt_status_t time_dense_gemms(const weights_t *W, bt_cuda_blas_t *blas, case_t *c,
+                                    cudaStream_t st, cudaEvent_t *ev, int reps, double *ms_p,
+                                    double *flops_p)
+{
+    const int T = c->T;
+    *flops_p = 2.0 * T *
+               ((double)QL * HID + (double)NH * HD * QL + (double)HD * HID + (double)IH * ID * QL +
+                (double)IH * HID + (double)OG * OL * OGIN + (double)HID * OG * OL + 2.0 * MI * HID +
+                (double)HID * MI + (double)NE * HID);
+    return time_launches(
+        st, ev, reps, "dense-GEMM",
+        [&]() {
+            BT_TRY(fp8_mm(blas, c, c->qr, BF16, c->xin, W->wq_a.w, W->wq_a.s, T, QL, HID, st));
+            BT_TRY(fp8_mm(blas, c, c->q, BF16, c->qr, W->wq_b.w, W->wq_b.s, T, NH * HD, QL, st));
+            BT_TRY(fp8_mm(blas, c, c->kv, F32, c->xin, W->wkv.w, W->wkv.s, T, HD, HID, st));
+            BT_TRY(fp8_mm(blas, c, c->qi, F32, c->qr, W->iwq_b.w, W->iwq_b.s, T, IH * ID, QL, st));
+            BT_TRY(bt_cuda_gemm_bf16(blas, c->iw, F32, c->xin, W->wproj, T, IH, HID, st));
+            if (!fp8_via_cublas(c, T)) {
+                BT_TRY(bt_cuda_gemm_fp8_batched(c->oa, BF16, OG * OL, OL, c->attn, OG * OGIN, OGIN,
+                                                W->wo_a.w, W->wo_a.s, OG, T, OL, OGIN, st));
+            } else {
+                for (int g = 0; g < OG; g++)
+                    BT_TRY(
+                        fp8_mm(blas, c, c->oa_g + (size_t)g * T * OL, BF16,
+                               c->attn_g + (size_t)g * T * OGIN, W->wo_a.w + (size_t)g * OL * OGIN,
+                               W->wo_a.s + (size_t)g * (OL / 32) * (OGIN / 32), T, OL, OGIN, st));
+            }
+            BT_TRY(
+                fp8_mm(blas, c, c->o_attn, BF16, c->oa, W->wo_b.w, W->wo_b.s, T, HID, OG * OL, st));
+            BT_TRY(fp8_mm(blas, c, c->sgu, F32, c->xin, W->sw13.w, W->sw13.s, T, 2 * MI, HID, st));
+            BT_TRY(fp8_mm(blas, c, c->sy, F32, c->sh, W->sw2.w, W->sw2.s, T, HID, MI, st));
+            return bt_cuda_gemm_bf16(blas, c->logits, F32, c->xin, W->gate_w, T, NE, HID, st);
+        },
+        ms_p);
+}
+
 /* The measurements of one case whose buffers exist: routing bound, output check and dump,
  * eager and graph timings, the empty-grid diagnostic, and the JSON line. */
 /* One layer captured from st into *g and instantiated into *ge (each left for the caller to
@@ -1374,9 +1413,11 @@ static bt_status_t case_measure(const weights_t *W, bt_cuda_blas_t *blas, case_t
         free(two);
         CU_TRY(cudaStreamSynchronize(st));
     }
-    double empty_ms = -1, routed_ms = -1;
+    double empty_ms = -1, routed_ms = -1, dense_ms = -1, dense_flops = 0;
     time_empty_experts(W, c, st, ev, o->reps, &empty_ms);
     time_routed_gemms(W, c, st, ev, o->reps, &routed_ms);
+    time_dense_gemms(W, blas, c, st, ev, o->reps, &dense_ms, &dense_flops);
+    const double dense_of_bf16 = dense_ms > 0 ? dense_flops / (dense_ms * 1e-3) / r->bf16_rate : -1;
     /* their FLOPs: every routed row through w13 ([2 MI, HID]) and w2 ([HID, MI]) */
     const double routed_flops = 2.0 * c->T * TOPK * (2.0 * MI * HID + (double)HID * MI);
     const double routed_of_bf16 =
@@ -1397,14 +1438,16 @@ static bt_status_t case_measure(const weights_t *W, bt_cuda_blas_t *blas, case_t
            "\"floor_ms\":%.6f,\"floor_what\":\"%s\",\"floor_bf16_ms\":%.6f,\"bytes\":%.0f,"
            "\"flops\":%.0f,\"flops_lowp\":%.0f,\"empty_expert_grid_ms\":%.4f,"
            "\"graph_streams_ms\":%.4f,\"streams_same\":%s,\"routed_gemms_ms\":%.4f,"
-           "\"routed_gemms_flops\":%.0f,\"routed_gemms_of_bf16_rate\":%.4f,\"parts\":{",
+           "\"routed_gemms_flops\":%.0f,\"routed_gemms_of_bf16_rate\":%.4f,"
+           "\"dense_gemms_ms\":%.4f,\"dense_gemms_flops\":%.0f,"
+           "\"dense_gemms_of_bf16_rate\":%.4f,\"parts\":{",
            c->name, c->T, c->seqs, c->n, c->hit, c->max_rows, finite ? "true" : "false",
            eager.total_ms, graphed.total_ms, fl.ms, fl.what, fl.bf16_ms, tb, tlp + thp, tlp,
            empty_ms, streams_ms,
            streams_same < 0 ? "null"
            : streams_same   ? "true"
                             : "false",
-           routed_ms, routed_flops, routed_of_bf16);
+           routed_ms, routed_flops, routed_of_bf16, dense_ms, dense_flops, dense_of_bf16);
     for (int p = 0; p < N_PARTS; p++) {
         floor_t pf = floor_of(k.bytes[p], k.flops_lp[p], k.flops_hp[p], r);
         printf("%s\"%s\":{\"ms\":%.4f,\"graph_ms\":%.4f,\"floor_ms\":%.6f,"
@@ -1423,11 +1466,12 @@ static bt_status_t case_measure(const weights_t *W, bt_cuda_blas_t *blas, case_t
             c->name, c->T, eager.total_ms, graphed.total_ms, streams_ms,
             streams_same == 0 ? " OTHER OUTPUT" : "", fl.ms, fl.what, fl.bf16_ms, best / fl.ms,
             c->hit, c->max_rows, finite ? "finite" : "NOT FINITE");
-    if (routed_ms > 0)
-        fprintf(
-            stderr,
-            "%-10s routed-expert FP4 GEMMs alone %.3f ms: %.0f TFLOP/s, %.0f%% of the bf16 rate\n",
-            c->name, routed_ms, routed_flops / (routed_ms * 1e9), 100.0 * routed_of_bf16);
+    if (routed_ms > 0 && dense_ms > 0)
+        fprintf(stderr,
+                "%-10s GEMMs alone: routed experts (FP4) %.3f ms, %.0f TFLOP/s, %.0f%% of the bf16 "
+                "rate; dense (FP8, bf16) %.3f ms, %.0f TFLOP/s, %.0f%%\n",
+                c->name, routed_ms, routed_flops / (routed_ms * 1e9), 100.0 * routed_of_bf16,
+                dense_ms, dense_flops / (dense_ms * 1e9), 100.0 * dense_of_bf16);
     return finite && streams_same != 0 ? BT_OK : BT_ERR_INTERNAL;
 }
 
