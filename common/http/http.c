@@ -1119,18 +1119,16 @@ void bt_http_add_header(bt_http_request_t *req, const char *name, const char *va
     *tail = e;
 }
 
-/* The connection is gone or going: zombies are freed here; a request whose on_close is still
- * to fire is left for it. */
+/* The connection is gone or going. The handler's final call (respond, stream_end) frees the
+ * request here, and its on_close is dropped: the handler's context goes with its answer, so a
+ * close that comes later (a deferred abort's, on the next loop turn) must not call into it. */
 static bt_status_t answer_cancelled(bt_http_request_t *req, bool final)
 {
     if (!final) return BT_ERR_CANCELLED;
     conn_t *c = req->conn;
-    if (!c) {
-        req_free(req);
-    } else if (!req->on_close) {
-        c->req = NULL;
-        req_free(req);
-    }
+    if (c && c->req == req) c->req = NULL;
+    req->on_close = NULL;
+    req_free(req);
     return BT_ERR_CANCELLED;
 }
 

@@ -80,8 +80,9 @@ bt_status_t bt_http_stream_begin(bt_http_request_t *req, int status, const char 
 /* BT_ERR_CANCELLED once the client is gone. Bytes are copied. */
 bt_status_t bt_http_stream_write(bt_http_request_t *req, const void *data, size_t len);
 bt_status_t bt_http_stream_end(bt_http_request_t *req);
-/* Called once when the connection closes before the answer is complete; after it req is
- * gone and must not be used. It fires from a libuv callback, never from inside a bt_http_*
+/* Called once when the connection closes before the answer is complete (never after the
+ * handler's final respond/stream_end, even one that returned BT_ERR_CANCELLED); after it req
+ * is gone and must not be used. It fires from a libuv callback, never from inside a bt_http_*
  * call. Register it from the handler, before it returns. (Registered on a request whose
  * connection is already gone, fn runs at once and req is freed.) Without it, a request whose
  * connection went away stays allocated until the handler's bt_http_respond/stream_end, which

@@ -35,6 +35,7 @@ struct fx {
     atomic_long flood_bytes; /* bytes accepted by stream_write on /flood */
     atomic_int server_closed;
     atomic_int n_late_cancelled; /* /slow answered after its client reset */
+    atomic_int n_closed_after_end; /* on_close fired after the handler's final stream_end */
     int leftover_fd;             /* a connection the client leaves open for server_close */
 };
 
@@ -90,6 +91,21 @@ static void job_tick(uv_timer_t *t)
         }
         return;
     }
+    if (j->kind == 'E') { /* /flood-end: as /flood, and the answer ends where a write fails */
+        static char chunk[64 * 1024];
+        memset(chunk, 'x', sizeof chunk);
+        for (int k = 0; k < 16; k++) {
+            if (bt_http_stream_write(j->req, chunk, sizeof chunk) == BT_OK) continue;
+            /* the handler's final call, the connection dead but not yet closed (as a gateway
+             * whose upstream ended in the same turn): its context goes with the answer */
+            BT_CHECK_EQ_INT(bt_http_stream_end(j->req), BT_ERR_CANCELLED);
+            atomic_fetch_add(&j->fx->n_cancelled, 1);
+            uv_timer_stop(&j->timer);
+            uv_close((uv_handle_t *)&j->timer, job_free);
+            return;
+        }
+        return;
+    }
     if (j->kind == 'F') { /* /flood: 1 MiB a tick to a client that never reads */
         static char chunk[64 * 1024];
         memset(chunk, 'x', sizeof chunk);
@@ -106,6 +122,13 @@ static void job_tick(uv_timer_t *t)
     }
 }
 
+/* /flood-end's on_close: the answer was final, so this must never run */
+static void on_close_after_end(void *ctx)
+{
+    fx_t *fx = ctx;
+    atomic_fetch_add(&fx->n_closed_after_end, 1);
+}
+
 static void start_job(fx_t *fx, bt_http_request_t *req, char kind, int every_ms)
 {
     job_t *j = calloc(1, sizeof *j);
@@ -116,7 +139,10 @@ static void start_job(fx_t *fx, bt_http_request_t *req, char kind, int every_ms)
     j->timer.data = j;
     if (kind != 'w') {
         BT_CHECK(bt_http_stream_begin(req, 200, "text/event-stream") == BT_OK);
-        bt_http_on_close(req, job_on_close, j);
+        if (kind == 'E') /* (not the job: it is freed with the final answer) */
+            bt_http_on_close(req, on_close_after_end, fx);
+        else
+            bt_http_on_close(req, job_on_close, j);
     }
     uv_timer_start(&j->timer, job_tick, (uint64_t)every_ms, kind == 'w' ? 0 : (uint64_t)every_ms);
 }
@@ -157,6 +183,8 @@ static void handler(void *ctx, bt_http_request_t *req)
         start_job(fx, req, 'f', 10);
     } else if (strcmp(path, "/flood") == 0) {
         start_job(fx, req, 'F', 1);
+    } else if (strcmp(path, "/flood-end") == 0) {
+        start_job(fx, req, 'E', 1);
     } else {
         static const char nf[] = "{\"error\":\"not found\"}";
         bt_http_respond(req, 404, "application/json", nf, sizeof nf - 1);
@@ -1007,6 +1035,40 @@ static void test_write_backpressure(void)
     BT_CHECK_MSG(b > 0 && b < 64L * 1024 * 1024, "flooded %ld bytes", b);
 }
 
+/* reads and drops what arrives until the server closes (EOF or reset), bounded in time */
+static bool cl_drain_closed(int fd, double secs)
+{
+    static char b[1 << 16];
+    double t0 = now_s();
+    while (now_s() - t0 < secs) {
+        ssize_t k = recv(fd, b, sizeof b, 0);
+        if (k == 0) return true;
+        if (k < 0) return errno == ECONNRESET;
+    }
+    return false;
+}
+
+static void client_flood_end(fx_t *fx)
+{
+    int fd = cl_connect_rcvbuf(fx->port, 4096);
+    BT_CHECK(cl_send(fd, "GET /flood-end HTTP/1.1\r\nHost: x\r\n\r\n"));
+    BT_CHECK(wait_for(&fx->n_cancelled, 1, 10.0));
+    /* the server closes the connection after the answer ended: by the time the client sees
+     * the close, an on_close still armed would have fired (on freed state, in a gateway) */
+    BT_CHECK(cl_drain_closed(fd, 10.0));
+    BT_CHECK_EQ_INT(atomic_load(&fx->n_closed_after_end), 0);
+    close(fd);
+}
+
+/* A stream cut off for reading too slowly, then ended by its handler in the same turn: the
+ * final answer frees the request, and on_close never fires after it (a use after free and a
+ * double free in the gateway before). */
+static void test_stream_end_after_cutoff(void)
+{
+    fx_t fx;
+    run_fixture(NULL, client_flood_end, &fx);
+}
+
 static void client_close_midstream(fx_t *fx)
 {
     cl_t c, d;
@@ -1137,6 +1199,7 @@ int main(void)
     BT_RUN(test_expect_continue);
     BT_RUN(test_max_connections);
     BT_RUN(test_write_backpressure);
+    BT_RUN(test_stream_end_after_cutoff);
     BT_RUN(test_server_close_midstream);
     BT_RUN(test_curl);
     return bt_test_summary();
