@@ -55,6 +55,7 @@ typedef struct seq {
     prefill_peer_t *peer;
     bt_rpc_client_call_t *prefill_call;
     bool prefill_pending, last_notice, prefill_ok, in_step, cancelled;
+    bool target_sent;           /* a Prefill call carried the slot's address out */
     bool needs_sync;            /* TP: copy its KV to the other ranks before its first step */
     int32_t first_token;
     float first_logprob;
@@ -137,7 +138,10 @@ static void seq_unlink(decode_t *d, seq_t *s)
 
 /* Frees the sequence once nothing refers to it any more. */
 /* A slot whose prefill did not end cleanly may still receive late puts from a prefill group
- * that gave up on us (or that we gave up on): it waits out one watchdog before reuse. */
+ * that gave up on us (or that we gave up on): it waits out one watchdog before reuse. Only
+ * one whose address went out in a Prefill call: a request that failed before (its prefill
+ * group unreachable, incompatible, or the call not made) frees its slot at once; before, those
+ * too held their slots for the watchdog, and a few refusals filled the pool. */
 typedef struct quarantine {
     struct quarantine *next;
     int slot;
@@ -148,7 +152,7 @@ static void seq_release(seq_t *s)
 {
     decode_t *d = s->d;
     if (s->call || s->prefill_pending || s->in_step) return;
-    if (s->slot >= 0 && s->peer && !s->prefill_ok) {
+    if (s->slot >= 0 && s->target_sent && !s->prefill_ok) {
         quarantine_t *q = bt_calloc_or_die(1, sizeof *q);
         q->slot = s->slot;
         q->until_ms = bt_now_ms() + d->watchdog_ms;
@@ -353,6 +357,7 @@ static void start_prefill(seq_t *s)
     bt_status_t st = bt_rpc_unary(s->peer->ch, "/baton.v1.Prefill/Prefill", buf, len,
                                   d->watchdog_ms, on_prefill_reply, s, &s->prefill_call);
     free(buf);
+    s->target_sent = st == BT_OK;
     if (st != BT_OK) {
         s->prefill_pending = false;
         seq_fail(s, BT_RPC_UNAVAILABLE, "cannot call the prefill group");

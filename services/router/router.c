@@ -661,9 +661,12 @@ static void worker_remove(router_t *r, worker_t *w, const char *why)
     char msg[512];
     snprintf(msg, sizeof msg, "%s group %s at %s is gone (%s)",
              w->role == BATON__V1__WORKER_ROLE__ROLE_DECODE ? "decode" : "prefill", w->id, w->address, why);
+    /* a running request needs its decode group to the end, its prefill group only until its
+     * first token (the handoff): one past that keeps decoding */
     for (req_t *q = r->reqs; q;) {
         req_t *next = q->next;
-        if (q->call && (q->decode == w || q->prefill == w) && q->state == REQ_RUNNING)
+        if (q->call && q->state == REQ_RUNNING &&
+            (q->decode == w || (q->prefill == w && q->in_prefill)))
             req_fail(q, BT_RPC_UNAVAILABLE, msg);
         else if (q->prefill == w) {
             q->in_prefill = false;
