@@ -25,19 +25,32 @@ struct bt_registration {
     char *address, *model;
     char worker_id[128];
     int heartbeat_ms;
-    bool registered, in_flight, stopping;
+    bool registered, in_flight, stopping, timer_closed;
     bt_load_fn load;
     void *ctx;
 };
 
 static void schedule(bt_registration_t *r, int ms);
 
+/* Stopped: freed once its timer is closed and no call of it is in flight (the channel's
+ * destroy cancels that call, whose callback still comes, later, from the loop). */
+static void maybe_free(bt_registration_t *r)
+{
+    if (!r->stopping || !r->timer_closed || r->in_flight) return;
+    free(r->address);
+    free(r->model);
+    free(r);
+}
+
 static void on_registered(void *ctx, bt_rpc_code_t code, const char *msg, const uint8_t *resp,
                           size_t len)
 {
     bt_registration_t *r = ctx;
     r->in_flight = false;
-    if (r->stopping) return;
+    if (r->stopping) {
+        maybe_free(r);
+        return;
+    }
     Baton__V1__RegisterResponse *rr = NULL;
     if (code == BT_RPC_OK) rr = BT_PROTO_UNPACK(baton__v1__register_response, resp, len);
     if (!rr) {
@@ -59,7 +72,10 @@ static void on_heartbeat(void *ctx, bt_rpc_code_t code, const char *msg, const u
 {
     bt_registration_t *r = ctx;
     r->in_flight = false;
-    if (r->stopping) return;
+    if (r->stopping) {
+        maybe_free(r);
+        return;
+    }
     Baton__V1__HeartbeatResponse *hr = NULL;
     if (code == BT_RPC_OK) hr = BT_PROTO_UNPACK(baton__v1__heartbeat_response, resp, len);
     if (!hr || !hr->known) {
@@ -131,12 +147,11 @@ bt_status_t bt_registration_start(bt_rpc_t *rpc, const char *router_addr,
     return BT_OK;
 }
 
-static void free_registration(uv_handle_t *h)
+static void on_timer_closed(uv_handle_t *h)
 {
     bt_registration_t *r = h->data;
-    free(r->address);
-    free(r->model);
-    free(r);
+    r->timer_closed = true;
+    maybe_free(r);
 }
 
 void bt_registration_stop(bt_registration_t *r)
@@ -145,7 +160,7 @@ void bt_registration_stop(bt_registration_t *r)
     r->stopping = true;
     uv_timer_stop(&r->timer);
     bt_rpc_channel_destroy(r->ch);
-    uv_close((uv_handle_t *)&r->timer, free_registration);
+    uv_close((uv_handle_t *)&r->timer, on_timer_closed);
 }
 
 /* ---- signals ------------------------------------------------------------------------------ */

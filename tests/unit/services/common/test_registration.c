@@ -1,0 +1,116 @@
+/* A worker's registration with the router (services/common/service.c) over the real gRPC stack
+ * on loopback, against a stand-in router whose RegisterWorker never answers: stopping the
+ * registration with its call in flight must not leave the call's callback to run on freed
+ * state (the channel's destroy cancels the call, and its callback comes later from the loop;
+ * the registration was freed before it). The sanitizer build (CI) reports the use after free. */
+#include "bt_test.h"
+#include "common/rpc/rpc.h"
+#include "services/common/service.h"
+
+#include <uv.h>
+
+typedef struct {
+    bt_rpc_call_t *held; /* the RegisterWorker call, never answered until it is cancelled */
+    int calls, cancels;
+    bool down;
+} router_t;
+
+static void on_held_cancel(void *ctx)
+{
+    router_t *r = ctx;
+    r->cancels++;
+    bt_rpc_call_finish(r->held, BT_RPC_CANCELLED, NULL); /* (only releases it) */
+    r->held = NULL;
+}
+
+static void on_register(void *ctx, bt_rpc_call_t *call, const uint8_t *req, size_t len)
+{
+    (void)req;
+    (void)len;
+    router_t *r = ctx;
+    r->calls++;
+    r->held = call;
+    bt_rpc_call_on_cancel(call, on_held_cancel, r);
+}
+
+/* stops the registration from the loop's check phase, so that the closing phase of the same
+ * turn comes before any completion the cancel brings (as when a service stops from a callback) */
+typedef struct {
+    uv_check_t check;
+    bt_registration_t *reg;
+    const int *calls;
+    bool stopped;
+} stopper_t;
+
+static void on_check(uv_check_t *h)
+{
+    stopper_t *s = h->data;
+    if (s->stopped || *s->calls < 1) return;
+    s->stopped = true;
+    bt_registration_stop(s->reg);
+    uv_check_stop(h);
+}
+
+static void on_down(void *ctx)
+{
+    ((router_t *)ctx)->down = true;
+}
+
+/* runs the loop until *flag or ms pass */
+static bool run_until(uv_loop_t *loop, const bool *flag, const int *count, int want, int ms)
+{
+    for (int i = 0; i < ms; i++) {
+        if ((flag && *flag) || (count && *count >= want)) return true;
+        uv_run(loop, UV_RUN_NOWAIT);
+        uv_sleep(1);
+    }
+    return (flag && *flag) || (count && *count >= want);
+}
+
+static void test_stop_with_call_in_flight(void)
+{
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    bt_rpc_t *rpc;
+    BT_CHECK(bt_rpc_create(&loop, &rpc) == BT_OK);
+    bt_rpc_server_t *srv;
+    BT_CHECK(bt_rpc_server_create(rpc, "127.0.0.1:0", NULL, &srv) == BT_OK);
+    router_t router = {0};
+    BT_CHECK(bt_rpc_server_method(srv, "/baton.v1.Registry/RegisterWorker", BT_RPC_UNARY,
+                                  on_register, &router) == BT_OK);
+    BT_CHECK(bt_rpc_server_start(srv) == BT_OK);
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", bt_rpc_server_port(srv));
+
+    Baton__V1__WorkerInfo info = BATON__V1__WORKER_INFO__INIT;
+    info.role = BATON__V1__WORKER_ROLE__ROLE_DECODE;
+    info.address = "127.0.0.1:1";
+    info.model = "m";
+    bt_registration_t *reg;
+    BT_CHECK(bt_registration_start(rpc, addr, &info, NULL, NULL, &reg) == BT_OK);
+    stopper_t stopper = {.reg = reg, .calls = &router.calls};
+    uv_check_init(&loop, &stopper.check);
+    stopper.check.data = &stopper;
+    uv_check_start(&stopper.check, on_check);
+    /* its call reaches the stand-in router, which holds it: stopped with the call in flight */
+    BT_CHECK(run_until(&loop, &stopper.stopped, NULL, 0, 5000));
+    uv_close((uv_handle_t *)&stopper.check, NULL);
+    /* the cancel reaches the stand-in router, and the client's callback runs in these turns */
+    BT_CHECK(run_until(&loop, NULL, &router.cancels, 1, 5000));
+    for (int i = 0; i < 200; i++) {
+        uv_run(&loop, UV_RUN_NOWAIT);
+        uv_sleep(1);
+    }
+    BT_CHECK_EQ_INT(router.calls, 1);
+    bt_rpc_server_shutdown(srv, 0, on_down, &router);
+    BT_CHECK(run_until(&loop, &router.down, NULL, 0, 5000));
+    bt_rpc_destroy(rpc);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    BT_CHECK(uv_loop_close(&loop) == 0);
+}
+
+int main(void)
+{
+    BT_RUN(test_stop_with_call_in_flight);
+    return bt_test_summary();
+}
