@@ -56,6 +56,7 @@ typedef struct seq {
     bt_rpc_client_call_t *prefill_call;
     bool prefill_pending, last_notice, prefill_ok, in_step, cancelled;
     bool target_sent;           /* a Prefill call carried the slot's address out */
+    bool prefill_stopped;       /* its prefill group said (STOPPED) that no more writes come */
     bool needs_sync;            /* TP: copy its KV to the other ranks before its first step */
     int32_t first_token;
     float first_logprob;
@@ -146,16 +147,20 @@ typedef struct quarantine {
     struct quarantine *next;
     int slot;
     int64_t until_ms;
+    uint64_t epoch; /* the request it held: its prefill group's STOPPED notice frees it early */
+    char *request_id;
 } quarantine_t;
 
 static void seq_release(seq_t *s)
 {
     decode_t *d = s->d;
     if (s->call || s->prefill_pending || s->in_step) return;
-    if (s->slot >= 0 && s->target_sent && !s->prefill_ok) {
+    if (s->slot >= 0 && s->target_sent && !s->prefill_ok && !s->prefill_stopped) {
         quarantine_t *q = bt_calloc_or_die(1, sizeof *q);
         q->slot = s->slot;
         q->until_ms = bt_now_ms() + d->watchdog_ms;
+        q->epoch = s->epoch;
+        q->request_id = bt_strdup_or_die(s->request_id);
         q->next = d->quarantine;
         d->quarantine = q;
         s->slot = -1;
@@ -465,7 +470,23 @@ static void on_notice(void *ctx, const uint8_t *data, size_t len)
         return;
     }
     seq_t *s = find_seq(d, n->request_id, n->epoch);
-    if (!s || s->state != SEQ_PREFILLING) {
+    if (n->kind == BATON__V1__KV_NOTICE__KIND__STOPPED) {
+        /* a cancelled request's prefill group has flushed its last write: its slot (held
+         * still, or already waiting out the watchdog) needs no quarantine */
+        if (s) s->prefill_stopped = true;
+        for (quarantine_t **q = &d->quarantine; *q; q = &(*q)->next)
+            if ((*q)->epoch == n->epoch && !strcmp((*q)->request_id, n->request_id)) {
+                quarantine_t *done = *q;
+                *q = done->next;
+                bt_kv_pool_free(d->pool, done->slot);
+                free(done->request_id);
+                free(done);
+                count(d, "kv_slots_released_early_total",
+                      "Quarantined slots freed by their prefill group's STOPPED notice", NULL,
+                      NULL);
+                break;
+            }
+    } else if (!s || s->state != SEQ_PREFILLING) {
         /* a late notice of a finished or unknown request (its epoch tells them apart) */
         BT_LOG_DEBUG("dropping a late KV notice for %s epoch %" PRIu64, n->request_id, n->epoch);
         count(d, "kv_notices_dropped_total", "Late or unknown KV notices dropped", NULL, NULL);
@@ -643,6 +664,7 @@ static void on_quarantine_timer(uv_timer_t *t)
         quarantine_t *done = *q;
         *q = done->next;
         bt_kv_pool_free(d->pool, done->slot);
+        free(done->request_id);
         free(done);
     }
 }

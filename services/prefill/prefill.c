@@ -42,6 +42,7 @@ typedef struct job {
     int done;          /* prompt tokens prefilled */
     int chunk_index;
     bool cancelled;
+    bool stop_sent; /* its STOPPED notice is being committed (cancelled jobs) */
     int64_t bytes;
     int64_t t_start;
     bool orphaned; /* given up on by the watchdog; freed when its commit finally returns */
@@ -191,6 +192,33 @@ static void chunk_work(uv_work_t *w)
 }
 
 static void start_chunk(prefill_t *p, job_t *j);
+static void on_committed(void *ctx, bt_status_t st);
+
+/* A cancelled job's last word to its decode group, committed after its puts are flushed: no
+ * more writes for this request, so the decode group may reuse the slot at once (without it the
+ * slot waits out the decode group's watchdog, 300 s by default, in case a write is late). The
+ * job ends when the commit returns (on_committed); false when there is no peer to tell. */
+static bool send_stopped(prefill_t *p, job_t *j)
+{
+    if (!j->peer || j->peer->failed || !j->peer->xp || j->stop_sent) return false;
+    Baton__V1__KvNotice n = BATON__V1__KV_NOTICE__INIT;
+    n.request_id = j->req->request_id;
+    n.epoch = j->req->epoch;
+    n.kind = BATON__V1__KV_NOTICE__KIND__STOPPED;
+    uint8_t *buf;
+    size_t len;
+    bt_proto_pack(&n.base, &buf, &len);
+    j->stop_sent = true;
+    p->committing = true; /* (the watchdog covers it like a chunk's) */
+    p->commit_start_ms = bt_now_ms();
+    bt_status_t st = bt_xfer_commit(j->peer->xp, buf, len, on_committed, j);
+    free(buf);
+    if (st != BT_OK) {
+        p->committing = false;
+        return false;
+    }
+    return true;
+}
 
 static void on_committed(void *ctx, bt_status_t st)
 {
@@ -205,7 +233,8 @@ static void on_committed(void *ctx, bt_status_t st)
         return;
     }
     p->committing = false;
-    bt_histogram_observe(p->commit_time, (double)(bt_now_ms() - p->commit_start_ms) / 1000.0);
+    if (!j->stop_sent)
+        bt_histogram_observe(p->commit_time, (double)(bt_now_ms() - p->commit_start_ms) / 1000.0);
     if (st != BT_OK) {
         bt_counter_add(bt_metrics_counter(p->metrics, "transfer_failures_total", "KV transfers that failed, by cause",
                                           "cause", "commit"), 1);
@@ -213,6 +242,7 @@ static void on_committed(void *ctx, bt_status_t st)
         return;
     }
     if (j->cancelled) {
+        if (!j->stop_sent && send_stopped(p, j)) return;
         job_end(j, BT_RPC_CANCELLED, "cancelled by the decode group");
         return;
     }
@@ -273,7 +303,8 @@ static void chunk_done(uv_work_t *w, int status)
         job_end(j, BT_RPC_INTERNAL, p->step_err);
         return;
     }
-    if (j->cancelled) {
+    if (j->cancelled) { /* (this chunk's KV not put; the ones before are flushed) */
+        if (send_stopped(p, j)) return;
         job_end(j, BT_RPC_CANCELLED, "cancelled by the decode group");
         return;
     }
@@ -372,11 +403,15 @@ static void run_next(prefill_t *p)
         p->queue = j->next;
         if (!p->queue) p->queue_tail = NULL;
         p->queued_tokens -= (int64_t)j->req->n_prompt_ids;
-        if (j->cancelled) {
+        char err[256];
+        if (j->cancelled) { /* nothing written; still, the decode group hears it at once */
+            j->peer = peer_get(p, j->req->target->region.data, j->req->target->region.len, err,
+                               sizeof err);
+            p->active = j;
+            if (send_stopped(p, j)) return; /* (on_committed ends it) */
             job_end(j, BT_RPC_CANCELLED, "cancelled before it started");
             return; /* job_end calls run_next */
         }
-        char err[256];
         j->peer = peer_get(p, j->req->target->region.data, j->req->target->region.len, err, sizeof err);
         j->t_start = bt_now_ms();
         if (!j->peer) {

@@ -383,6 +383,51 @@ static void test_kill_prefill_and_cancel(void)
     context = "512";
 }
 
+/* A client cancel during prefill: the decode group cancels its Prefill call, and the prefill
+ * group, once its last write is flushed, says so (a STOPPED notice), so the slot is free again
+ * at once. Before, nothing told the decode group when the writes had stopped, and the slot
+ * waited out the watchdog (300 s by default: 16 such cancels filled the pool). */
+static void test_cancel_during_prefill(void)
+{
+    cluster_t c;
+    context = "4096";
+    /* chunks of one token: the prefill is long enough to cancel mid-way; a 30 s watchdog */
+    BT_CHECK(cluster_start(&c, golden_exact, "tcp", "1", "256", "30") == 0);
+    client_t cl;
+    client_open(&cl, c.router_addr);
+    BT_CHECK(serving(&cl));
+    static int32_t prompt[4000];
+    for (int i = 0; i < 4000; i++)
+        prompt[i] = (i * 13 + 5) % 1000;
+    gen_t g;
+    gen_start(&cl, &g, prompt, 4000, 8, true, 60000);
+    int running = 0, seen = 0;
+    int64_t used = -1, until = ms_now() + 10000;
+    while (ms_now() < until && !g.done &&
+           !(stats_ok(&cl, c.decode.addr, &running, &seen, &used) && used == 1))
+        uv_run(&cl.loop, UV_RUN_NOWAIT);
+    BT_CHECK_MSG(used == 1 && !g.done, "a slot is taken during prefill (%lld)", (long long)used);
+    usleep(200000); /* some chunks in */
+    bt_rpc_client_cancel(g.call);
+    BT_CHECK(run_until(&cl, gen_done, &g, 5000));
+    BT_CHECK_MSG(g.code == BT_RPC_CANCELLED, "%s", bt_rpc_code_name(g.code));
+    int64_t t_cancel = ms_now(), deadline = t_cancel + 5000;
+    while (ms_now() < deadline && stats_ok(&cl, c.decode.addr, &running, &seen, &used) && used != 0)
+        usleep(20000);
+    fprintf(stderr, "  cancelled during prefill: the slot was free again after %lld ms\n",
+            (long long)(ms_now() - t_cancel));
+    BT_CHECK_MSG(used == 0, "the decode group still holds %lld slots (waiting out its watchdog?)",
+                 (long long)used);
+    /* and the groups serve the next request */
+    gen_start(&cl, &g, prompt, 3, 4, true, 30000);
+    BT_CHECK(run_until(&cl, gen_done, &g, 30000));
+    BT_CHECK_MSG(g.code == BT_RPC_OK && g.n == 4, "after: %s %s", bt_rpc_code_name(g.code),
+                 g.message);
+    client_close(&cl);
+    cluster_stop(&c);
+    context = "512";
+}
+
 /* A prefill group that goes away after a request's handoff (its first token) must not end
  * that request: decoding needs only the decode group. The router failed every request it had
  * ever sent to the group, so a prefill restart cut off streams that were decoding. */
@@ -698,6 +743,7 @@ int main(void)
     BT_RUN(test_admission);
     BT_RUN(test_kill_decode);
     BT_RUN(test_kill_prefill_and_cancel);
+    BT_RUN(test_cancel_during_prefill);
 #if CLUSTER_TP == 1 /* (router logic: once is enough, and TP4 groups decode 4000 tokens slowly) */
     BT_RUN(test_prefill_gone_while_decoding);
 #endif
