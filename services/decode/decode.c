@@ -949,6 +949,14 @@ int main(int argc, char **argv)
     }
     BT_LOG_INFO("KV pool: %lld slots x %lld tokens = %.1f MiB", (long long)slots, (long long)ctx_len,
                 (double)slots * (double)d->eng.layout.slot_bytes / 1048576.0);
+    if (slots < d->max_running) {
+        /* a request runs in a slot: fewer slots than --max-running-requests (from
+         * --max-total-tokens or --mem-fraction-static) cap the group, as it registers with
+         * the router (which else sent more and got them refused: 429s with its queue empty) */
+        BT_LOG_WARN("the KV pool holds %lld requests: running at most that many, not %d",
+                    (long long)slots, d->max_running);
+        d->max_running = (int)slots;
+    }
     d->batch = bt_calloc_or_die((size_t)max_running, sizeof *d->batch);
     d->fwd = bt_calloc_or_die((size_t)max_running, sizeof *d->fwd);
     d->draw_req = bt_calloc_or_die((size_t)max_running, sizeof *d->draw_req);

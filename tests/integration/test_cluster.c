@@ -29,6 +29,7 @@ typedef struct {
 } cluster_t;
 
 static const char *context = "512";
+static const char *decode_max_total = NULL; /* --max-total-tokens of decode groups (NULL: none) */
 
 /* Starts a prefill (decode = false) or decode group: the following ranks first (they wait
  * for rank 0), then rank 0, which registers with the router. */
@@ -47,6 +48,9 @@ static int group_start(cluster_t *c, bool decode, const char *ctx, const char *c
         if (!decode) {
             args[n++] = "--chunked-prefill-size";
             args[n++] = (char *)chunk;
+        } else if (decode_max_total) {
+            args[n++] = "--max-total-tokens";
+            args[n++] = (char *)decode_max_total;
         }
         if (CLUSTER_TP > 1) {
             args[n++] = "--tp";
@@ -381,6 +385,35 @@ static void test_kill_prefill_and_cancel(void)
     client_close(&cl);
     cluster_stop(&c);
     context = "512";
+}
+
+/* A decode group whose KV pool holds fewer requests than --max-running-requests (here 2
+ * slots of 512 tokens, from --max-total-tokens 1024) runs at most that many and says so when it
+ * registers: the router queues the rest. It registered 16, so the router sent 4 at once and
+ * two came back RESOURCE_EXHAUSTED (429 at the gateway) with its queue empty. */
+static void test_pool_smaller_than_batch(void)
+{
+    cluster_t c;
+    decode_max_total = "1024";
+    BT_CHECK(cluster_start(&c, golden_exact, "tcp", "4096", "256", "30") == 0);
+    decode_max_total = NULL;
+    client_t cl;
+    client_open(&cl, c.router_addr);
+    BT_CHECK(serving(&cl));
+    int32_t prompt[3] = {0, 42, 71};
+    gen_t g[4];
+    for (int i = 0; i < 4; i++)
+        gen_start(&cl, &g[i], prompt, 3, 40, true, 60000);
+    BT_CHECK(run_until(&cl, all_done, &cl, 60000));
+    for (int i = 0; i < 4; i++)
+        BT_CHECK_MSG(g[i].code == BT_RPC_OK && g[i].n == 40, "request %d: %s %s, %d tokens", i,
+                     bt_rpc_code_name(g[i].code), g[i].message, g[i].n);
+    int running = 0, seen = 0;
+    int64_t used = -1;
+    BT_CHECK(stats_ok(&cl, c.decode.addr, &running, &seen, &used));
+    BT_CHECK_MSG(seen <= 2, "the decode group ran %d at once", seen);
+    client_close(&cl);
+    cluster_stop(&c);
 }
 
 /* A client cancel during prefill: the decode group cancels its Prefill call, and the prefill
@@ -744,6 +777,7 @@ int main(void)
     BT_RUN(test_kill_decode);
     BT_RUN(test_kill_prefill_and_cancel);
     BT_RUN(test_cancel_during_prefill);
+    BT_RUN(test_pool_smaller_than_batch);
 #if CLUSTER_TP == 1 /* (router logic: once is enough, and TP4 groups decode 4000 tokens slowly) */
     BT_RUN(test_prefill_gone_while_decoding);
 #endif
