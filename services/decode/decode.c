@@ -886,9 +886,12 @@ int main(int argc, char **argv)
     bt_sim_t sim = bt_sim_default();
     bt_flag_t spec[] = {
         BT_WORKER_FLAGS(&w),
-        BT_FLAG_INT("max-running-requests", &max_running, "requests in the batch (default 16)"),
-        BT_FLAG_INT("max-total-tokens", &max_total, "KV pool size in tokens (default: running x context)"),
-        BT_FLAG_FLOAT("mem-fraction-static", &mem_fraction, "fraction of memory for weights and KV (caps the pool)"),
+        BT_FLAG_INT("max-running-requests", &max_running,
+                    "requests in the batch (default 16; at most the KV pool's slots)"),
+        BT_FLAG_INT("max-total-tokens", &max_total,
+                    "KV pool size in tokens (default: running x context)"),
+        BT_FLAG_FLOAT("mem-fraction-static", &mem_fraction,
+                      "fraction of memory for weights and KV (caps the pool)"),
         BT_SIM_FLAGS(&sim),
     };
     char err[1024];
