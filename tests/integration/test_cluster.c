@@ -241,6 +241,34 @@ static bool stats_ok(client_t *cl, const char *addr, int *running, int *max_seen
     return true;
 }
 
+/* Polls the decode group at addr (pumping the client's loop) until it holds `want` KV slots,
+ * up to ms, or until g (when given) is done; returns the count it last reported (-1: none) and
+ * its running requests in *running. */
+static int64_t wait_slots_used(client_t *cl, const char *addr, int64_t want, const gen_t *g, int ms,
+                               int *running)
+{
+    int r = 0, seen = 0;
+    int64_t used = -1, until = ms_now() + ms;
+    while (ms_now() < until && !(g && g->done)) {
+        if (stats_ok(cl, addr, &r, &seen, &used) && used == want) break;
+        uv_run(&cl->loop, UV_RUN_NOWAIT);
+        usleep(10000);
+    }
+    if (running) *running = r;
+    return used;
+}
+
+/* A 4000-token prompt (in chunks of one token, a long prefill) started on c, and the wait until
+ * its decode slot is taken while it is still in prefill: returns the slots the decode group
+ * holds then. */
+static int64_t start_long_prefill(client_t *cl, const cluster_t *c, gen_t *g, int32_t *prompt)
+{
+    for (int i = 0; i < 4000; i++)
+        prompt[i] = (i * 13 + 5) % 1000;
+    gen_start(cl, g, prompt, 4000, 8, true, 60000);
+    return wait_slots_used(cl, c->decode.addr, 1, g, 10000, NULL);
+}
+
 static void test_admission(void)
 {
     cluster_t c;
@@ -349,13 +377,8 @@ static void test_kill_prefill_and_cancel(void)
     client_open(&cl, c.router_addr);
     BT_CHECK(serving(&cl));
     static int32_t prompt[4000];
-    for (int i = 0; i < 4000; i++) prompt[i] = (i * 13 + 5) % 1000;
     gen_t g;
-    gen_start(&cl, &g, prompt, 4000, 8, true, 60000);
-    int running = 0, seen = 0;
-    int64_t used = -1, until = ms_now() + 10000;
-    while (ms_now() < until && !g.done && !(stats_ok(&cl, c.decode.addr, &running, &seen, &used) && used == 1))
-        uv_run(&cl.loop, UV_RUN_NOWAIT);
+    int64_t used = start_long_prefill(&cl, &c, &g, prompt);
     BT_CHECK_MSG(used == 1 && !g.done, "a slot is taken during prefill (%lld)", (long long)used);
     usleep(200000);
     int64_t t_kill = ms_now();
@@ -364,8 +387,7 @@ static void test_kill_prefill_and_cancel(void)
     fprintf(stderr, "  prefill killed: request ended %s after %lld ms (%s)\n", bt_rpc_code_name(g.code),
             (long long)(g.t_done - t_kill), g.message);
     BT_CHECK(g.code == BT_RPC_UNAVAILABLE);
-    int64_t deadline = ms_now() + 10000;
-    while (ms_now() < deadline && stats_ok(&cl, c.decode.addr, &running, &seen, &used) && used != 0) usleep(50000);
+    used = wait_slots_used(&cl, c.decode.addr, 0, NULL, 10000, NULL);
     BT_CHECK_MSG(used == 0, "decode still holds %lld slots", (long long)used);
     BT_CHECK(groups(&cl, 1, 0));
 
@@ -375,12 +397,12 @@ static void test_kill_prefill_and_cancel(void)
     BT_CHECK(groups(&cl, 1, 1));
     gen_start(&cl, &g, prompt, 3, 400, true, 60000);
     BT_CHECK(run_until(&cl, got_tokens, &g, 20000));
+    int running = 0, seen = 0;
     BT_CHECK(stats_ok(&cl, c.decode.addr, &running, &seen, &used) && used == 1);
     bt_rpc_client_cancel(g.call);
     BT_CHECK(run_until(&cl, gen_done, &g, 5000));
     BT_CHECK(g.code == BT_RPC_CANCELLED);
-    deadline = ms_now() + 5000;
-    while (ms_now() < deadline && stats_ok(&cl, c.decode.addr, &running, &seen, &used) && used != 0) usleep(20000);
+    used = wait_slots_used(&cl, c.decode.addr, 0, NULL, 5000, &running);
     BT_CHECK_MSG(used == 0 && running == 0, "after cancel: %lld slots, %d running", (long long)used, running);
     client_close(&cl);
     cluster_stop(&c);
@@ -430,23 +452,15 @@ static void test_cancel_during_prefill(void)
     client_open(&cl, c.router_addr);
     BT_CHECK(serving(&cl));
     static int32_t prompt[4000];
-    for (int i = 0; i < 4000; i++)
-        prompt[i] = (i * 13 + 5) % 1000;
     gen_t g;
-    gen_start(&cl, &g, prompt, 4000, 8, true, 60000);
-    int running = 0, seen = 0;
-    int64_t used = -1, until = ms_now() + 10000;
-    while (ms_now() < until && !g.done &&
-           !(stats_ok(&cl, c.decode.addr, &running, &seen, &used) && used == 1))
-        uv_run(&cl.loop, UV_RUN_NOWAIT);
+    int64_t used = start_long_prefill(&cl, &c, &g, prompt);
     BT_CHECK_MSG(used == 1 && !g.done, "a slot is taken during prefill (%lld)", (long long)used);
     usleep(200000); /* some chunks in */
     bt_rpc_client_cancel(g.call);
     BT_CHECK(run_until(&cl, gen_done, &g, 5000));
     BT_CHECK_MSG(g.code == BT_RPC_CANCELLED, "%s", bt_rpc_code_name(g.code));
-    int64_t t_cancel = ms_now(), deadline = t_cancel + 5000;
-    while (ms_now() < deadline && stats_ok(&cl, c.decode.addr, &running, &seen, &used) && used != 0)
-        usleep(20000);
+    int64_t t_cancel = ms_now();
+    used = wait_slots_used(&cl, c.decode.addr, 0, NULL, 5000, NULL);
     fprintf(stderr, "  cancelled during prefill: the slot was free again after %lld ms\n",
             (long long)(ms_now() - t_cancel));
     BT_CHECK_MSG(used == 0, "the decode group still holds %lld slots (waiting out its watchdog?)",
@@ -517,10 +531,7 @@ static void test_incompatible_groups(void)
                  bt_rpc_code_name(g.code), g.message);
     /* the refused request's slot is free again at once: no Prefill call took its address (it
      * was held for the watchdog, 30 s here, so refusals filled the pool) */
-    int running = 0, seen = 0;
-    int64_t used = -1, deadline = ms_now() + 3000;
-    while (ms_now() < deadline && stats_ok(&cl, c.decode.addr, &running, &seen, &used) && used != 0)
-        usleep(20000);
+    const int64_t used = wait_slots_used(&cl, c.decode.addr, 0, NULL, 3000, NULL);
     BT_CHECK_MSG(used == 0, "the decode group still holds %lld slots", (long long)used);
     client_close(&cl);
     cluster_stop(&c);
@@ -651,10 +662,7 @@ static void test_stalled_decode(void)
     for (int i = 0; i < 4000; i++) prompt[i] = (i * 7 + 3) % 1000;
     gen_t g;
     gen_start(&cl, &g, prompt, 4000, 8, true, 60000);
-    int running = 0, seen = 0;
-    int64_t used = -1, until = ms_now() + 10000;
-    while (ms_now() < until && !g.done && !(stats_ok(&cl, c.decode.addr, &running, &seen, &used) && used == 1))
-        uv_run(&cl.loop, UV_RUN_NOWAIT);
+    wait_slots_used(&cl, c.decode.addr, 1, &g, 10000, NULL);
     usleep(200000);
     kill(c.decode.pid, SIGSTOP);
     /* the router drops the silent group; a second decode group arrives */
