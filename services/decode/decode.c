@@ -151,6 +151,16 @@ typedef struct quarantine {
     char *request_id;
 } quarantine_t;
 
+/* Ends the quarantine at *qp (unlinked): its slot back in the pool. */
+static void quarantine_end(decode_t *d, quarantine_t **qp)
+{
+    quarantine_t *q = *qp;
+    *qp = q->next;
+    bt_kv_pool_free(d->pool, q->slot);
+    free(q->request_id);
+    free(q);
+}
+
 static void seq_release(seq_t *s)
 {
     decode_t *d = s->d;
@@ -476,11 +486,7 @@ static void on_notice(void *ctx, const uint8_t *data, size_t len)
         if (s) s->prefill_stopped = true;
         for (quarantine_t **q = &d->quarantine; *q; q = &(*q)->next)
             if ((*q)->epoch == n->epoch && !strcmp((*q)->request_id, n->request_id)) {
-                quarantine_t *done = *q;
-                *q = done->next;
-                bt_kv_pool_free(d->pool, done->slot);
-                free(done->request_id);
-                free(done);
+                quarantine_end(d, q);
                 count(d, "kv_slots_released_early_total",
                       "Quarantined slots freed by their prefill group's STOPPED notice", NULL,
                       NULL);
@@ -661,11 +667,7 @@ static void on_quarantine_timer(uv_timer_t *t)
             q = &(*q)->next;
             continue;
         }
-        quarantine_t *done = *q;
-        *q = done->next;
-        bt_kv_pool_free(d->pool, done->slot);
-        free(done->request_id);
-        free(done);
+        quarantine_end(d, q);
     }
 }
 
