@@ -255,6 +255,33 @@ static inline bool bt__env_switch(const char *name, int *once)
     return *once;
 }
 
+/* A choice from the environment (BT_CUDA_ROWS_KS, BT_CUDA_WGRS_K, ...: experiments and
+ * comparisons): the variable's value when it is one of the n `allowed`, else dflt, with a line
+ * on stderr when it was set to something else; read once into *once (-1 until read). */
+static inline int bt__env_choice(const char *name, const int *allowed, int n, int dflt, int *once)
+{
+    if (*once >= 0) return *once;
+    const char *v = getenv(name);
+    int pick = dflt;
+    if (v) {
+        char *end;
+        const long x = strtol(v, &end, 10);
+        int i = 0;
+        while (i < n && (end == v || *end || allowed[i] != x))
+            i++;
+        if (i < n) {
+            pick = allowed[i];
+        } else {
+            fprintf(stderr, "cuda: %s=%s ignored: one of", name, v);
+            for (i = 0; i < n; i++)
+                fprintf(stderr, " %d", allowed[i]);
+            fprintf(stderr, "\n");
+        }
+    }
+    *once = pick;
+    return pick;
+}
+
 /* whether launches carry the attribute: BT_CUDA_PDL, read once per file */
 static inline bool bt__pdl_enabled(void)
 {

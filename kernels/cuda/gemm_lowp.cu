@@ -673,15 +673,8 @@ template <int FMT> struct rows_fmt {
 static int rows_ks(int fmt, int K)
 {
     static int forced = -1; /* BT_CUDA_ROWS_KS (8, 4, 2) overrides (comparisons) */
-    if (forced < 0) {
-        const char *v = getenv("BT_CUDA_ROWS_KS");
-        forced = v ? atoi(v) : 0;
-        if (forced != 8 && forced != 4 && forced != 2) {
-            if (v) fprintf(stderr, "cuda: BT_CUDA_ROWS_KS=%s ignored: 8, 4 or 2\n", v);
-            forced = 0;
-        }
-    }
-    if (forced) return forced;
+    static const int ks_allowed[] = {8, 4, 2};
+    if (bt__env_choice("BT_CUDA_ROWS_KS", ks_allowed, 3, 0, &forced)) return forced;
     const int nch = K / (fmt == FMT_FP4 ? 128 : 64);
     if (nch % MT_WARPS == 0) return MT_WARPS;
     for (int ks = MT_WARPS / 2; ks >= 2; ks /= 2)
@@ -695,15 +688,8 @@ static int rows_ks(int fmt, int K)
 static int rows_pf(void)
 {
     static int pf = -1;
-    if (pf < 0) {
-        const char *v = getenv("BT_CUDA_ROWS_PF");
-        pf = v ? atoi(v) : 0;
-        if (pf < 0 || pf > 2) {
-            fprintf(stderr, "cuda: BT_CUDA_ROWS_PF=%s ignored: 0, 1 or 2\n", v);
-            pf = 0;
-        }
-    }
-    return pf;
+    static const int allowed[] = {0, 1, 2};
+    return bt__env_choice("BT_CUDA_ROWS_PF", allowed, 3, 0, &pf);
 }
 
 /* registers for 2 blocks an SM (FP4, whose conversion needs them; FP8 with 32 columns a tile
@@ -1478,14 +1464,9 @@ template <int SK> static bool wgrs_ready(void)
  * default 64; see wgrs_ring), read once */
 static int wgrs_k(void)
 {
-    static int k = 0;
-    if (!k) {
-        const char *v = getenv("BT_CUDA_WGRS_K");
-        k = v && !strcmp(v, "128") ? 128 : 64;
-        if (v && strcmp(v, "128") && strcmp(v, "64"))
-            fprintf(stderr, "cuda: BT_CUDA_WGRS_K=%s ignored: 64 or 128\n", v);
-    }
-    return k;
+    static int k = -1;
+    static const int allowed[] = {64, 128};
+    return bt__env_choice("BT_CUDA_WGRS_K", allowed, 2, 64, &k);
 }
 
 /* BT_CUDA_FP4ROWS=0 / BT_CUDA_FP8ROWS=0 keep gemm_mma16 for few rows of FP4 / FP8 weights
