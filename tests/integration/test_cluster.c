@@ -258,15 +258,16 @@ static int64_t wait_slots_used(client_t *cl, const char *addr, int64_t want, con
     return used;
 }
 
-/* A 4000-token prompt (in chunks of one token, a long prefill) started on c, and the wait until
- * its decode slot is taken while it is still in prefill: returns the slots the decode group
- * holds then. */
-static int64_t start_long_prefill(client_t *cl, const cluster_t *c, gen_t *g, int32_t *prompt)
+/* A 4000-token prompt (in chunks of one token, a long prefill) started on c: checks that its
+ * decode slot is taken while it is still in prefill, then lets some chunks go by. */
+static void start_long_prefill(client_t *cl, const cluster_t *c, gen_t *g, int32_t *prompt)
 {
     for (int i = 0; i < 4000; i++)
         prompt[i] = (i * 13 + 5) % 1000;
     gen_start(cl, g, prompt, 4000, 8, true, 60000);
-    return wait_slots_used(cl, c->decode.addr, 1, g, 10000, NULL);
+    const int64_t used = wait_slots_used(cl, c->decode.addr, 1, g, 10000, NULL);
+    BT_CHECK_MSG(used == 1 && !g->done, "a slot is taken during prefill (%lld)", (long long)used);
+    usleep(200000);
 }
 
 static void test_admission(void)
@@ -378,16 +379,14 @@ static void test_kill_prefill_and_cancel(void)
     BT_CHECK(serving(&cl));
     static int32_t prompt[4000];
     gen_t g;
-    int64_t used = start_long_prefill(&cl, &c, &g, prompt);
-    BT_CHECK_MSG(used == 1 && !g.done, "a slot is taken during prefill (%lld)", (long long)used);
-    usleep(200000);
+    start_long_prefill(&cl, &c, &g, prompt);
     int64_t t_kill = ms_now();
     proc_stop(&c.prefill, SIGKILL);
     BT_CHECK(run_until(&cl, gen_done, &g, 10000));
     fprintf(stderr, "  prefill killed: request ended %s after %lld ms (%s)\n", bt_rpc_code_name(g.code),
             (long long)(g.t_done - t_kill), g.message);
     BT_CHECK(g.code == BT_RPC_UNAVAILABLE);
-    used = wait_slots_used(&cl, c.decode.addr, 0, NULL, 10000, NULL);
+    int64_t used = wait_slots_used(&cl, c.decode.addr, 0, NULL, 10000, NULL);
     BT_CHECK_MSG(used == 0, "decode still holds %lld slots", (long long)used);
     BT_CHECK(groups(&cl, 1, 0));
 
@@ -453,14 +452,12 @@ static void test_cancel_during_prefill(void)
     BT_CHECK(serving(&cl));
     static int32_t prompt[4000];
     gen_t g;
-    int64_t used = start_long_prefill(&cl, &c, &g, prompt);
-    BT_CHECK_MSG(used == 1 && !g.done, "a slot is taken during prefill (%lld)", (long long)used);
-    usleep(200000); /* some chunks in */
+    start_long_prefill(&cl, &c, &g, prompt);
     bt_rpc_client_cancel(g.call);
     BT_CHECK(run_until(&cl, gen_done, &g, 5000));
     BT_CHECK_MSG(g.code == BT_RPC_CANCELLED, "%s", bt_rpc_code_name(g.code));
     int64_t t_cancel = ms_now();
-    used = wait_slots_used(&cl, c.decode.addr, 0, NULL, 5000, NULL);
+    const int64_t used = wait_slots_used(&cl, c.decode.addr, 0, NULL, 5000, NULL);
     fprintf(stderr, "  cancelled during prefill: the slot was free again after %lld ms\n",
             (long long)(ms_now() - t_cancel));
     BT_CHECK_MSG(used == 0, "the decode group still holds %lld slots (waiting out its watchdog?)",
