@@ -27,7 +27,14 @@
 
 typedef struct decode decode_t;
 
-typedef enum { SEQ_PREFILLING, SEQ_RUNNING, SEQ_DONE } seq_state_t;
+/* SEQ_WAITING: arrived while the group was full but a place was being freed (a request whose
+ * stream ended, still in the step in flight or its prefill call being cancelled; a quarantined
+ * slot); admitted when that place is free, or refused once PLACE_WAIT_MS pass. */
+typedef enum { SEQ_WAITING, SEQ_PREFILLING, SEQ_RUNNING, SEQ_DONE } seq_state_t;
+
+/* How long an arrival waits for a place being freed. A step is well under this; a slot whose
+ * prefill group went away waits out the watchdog, and the router finds another place. */
+#define PLACE_WAIT_MS 2000
 
 typedef struct prefill_peer prefill_peer_t;
 
@@ -58,6 +65,8 @@ typedef struct seq {
     bool target_sent;           /* a Prefill call carried the slot's address out */
     bool prefill_stopped;       /* its prefill group said (STOPPED) that no more writes come */
     bool needs_sync;            /* TP: copy its KV to the other ranks before its first step */
+    bool waiting;               /* not admitted yet: no slot, not in n_admitted (SEQ_WAITING) */
+    uint64_t arrival;           /* waiting ones are admitted in this order */
     int32_t first_token;
     float first_logprob;
     bt_top_logprob_t first_top[20];
@@ -89,6 +98,9 @@ struct decode {
     seq_t *seqs;
     prefill_peer_t *peers;
     int max_running, n_admitted, max_seen;
+    int n_waiting; /* requests in SEQ_WAITING */
+    uint64_t arrivals;
+    bool admitting; /* admit_waiting is on the stack */
     int64_t watchdog_ms;
     int64_t requests_done;
     /* the step in flight */
@@ -110,7 +122,7 @@ struct decode {
     bt_sim_t sim;       /* --simulate: a timing model instead of the model */
     /* tensor parallelism: this process leads the group (rank 0) when comm is set */
     struct quarantine *quarantine; /* slots waiting out late writes */
-    uv_timer_t quarantine_timer;
+    uv_timer_t housekeeping_timer;
     bt_comm_t *comm;
     bool tp_noop;       /* the work in flight is an idle heartbeat to the other ranks */
     bool group_failed;
@@ -124,6 +136,7 @@ static void count(decode_t *d, const char *name, const char *help, const char *l
 }
 
 static void maybe_step(decode_t *d);
+static void admit_waiting(decode_t *d);
 struct quarantine;
 
 /* ---- sequence lifetime --------------------------------------------------------------------- */
@@ -180,13 +193,18 @@ static void seq_release(seq_t *s)
         s->slot = -1;
     }
     seq_unlink(d, s);
-    d->n_admitted--;
+    const bool was_waiting = s->waiting;
+    if (was_waiting)
+        d->n_waiting--;
+    else
+        d->n_admitted--;
     free(s->prompt);
     free(s->stop_ids);
     bt_penalties_free(&s->pen);
     free(s->bias_ids);
     free(s->bias);
     free(s);
+    if (!was_waiting) admit_waiting(d);
 }
 
 /* Ends the router's stream with a status (once). */
@@ -462,6 +480,59 @@ static void seq_begin_prefill(seq_t *s)
     free(buf);
 }
 
+/* ---- requests waiting for a place ---------------------------------------------------------- */
+
+/* Places being freed: admitted requests whose stream has ended (released when the step in
+ * flight, or their cancelled prefill call, ends) and quarantined slots. */
+static int places_leaving(const decode_t *d)
+{
+    int n = 0;
+    for (const seq_t *s = d->seqs; s; s = s->next)
+        n += !s->waiting && !s->call;
+    for (const quarantine_t *q = d->quarantine; q; q = q->next)
+        n++;
+    return n;
+}
+
+/* Admits waiting requests, oldest first, while there are places (after a release). */
+static void admit_waiting(decode_t *d)
+{
+    if (d->admitting || d->stopping) return;
+    d->admitting = true; /* a failure inside seq_begin_prefill releases, and comes back here */
+    while (d->n_waiting > 0 && d->n_admitted < d->max_running) {
+        seq_t *w = NULL;
+        for (seq_t *s = d->seqs; s; s = s->next)
+            if (s->waiting && (!w || s->arrival < w->arrival)) w = s;
+        int slot;
+        if (!w || bt_kv_pool_alloc(d->pool, &slot) != BT_OK) break;
+        w->waiting = false;
+        d->n_waiting--;
+        w->slot = slot;
+        w->state = SEQ_PREFILLING;
+        d->n_admitted++;
+        if (d->n_admitted > d->max_seen) d->max_seen = d->n_admitted;
+        BT_LOG_DEBUG("request %s admitted after %lld ms waiting", w->request_id,
+                     (long long)(bt_now_ms() - w->t_admit));
+        seq_begin_prefill(w);
+    }
+    d->admitting = false;
+}
+
+/* Refuses the requests that waited PLACE_WAIT_MS (the router then finds them another place). */
+static void expire_waiting(decode_t *d, int64_t now)
+{
+    for (seq_t *s = d->seqs; s;) {
+        seq_t *next = s->next; /* failing a waiting request frees it alone */
+        if (s->waiting && s->call && now - s->t_admit >= PLACE_WAIT_MS) {
+            char m[96];
+            snprintf(m, sizeof m, "decode group full: no place was freed within %d ms",
+                     PLACE_WAIT_MS);
+            seq_fail(s, BT_RPC_RESOURCE_EXHAUSTED, m);
+        }
+        s = next;
+    }
+}
+
 /* ---- KV notices from prefill groups -------------------------------------------------------- */
 
 static seq_t *find_seq(decode_t *d, const char *id, uint64_t epoch)
@@ -490,6 +561,7 @@ static void on_notice(void *ctx, const uint8_t *data, size_t len)
                 count(d, "kv_slots_released_early_total",
                       "Quarantined slots freed by their prefill group's STOPPED notice", NULL,
                       NULL);
+                admit_waiting(d);
                 break;
             }
     } else if (!s || s->state != SEQ_PREFILLING) {
@@ -658,7 +730,7 @@ static void maybe_step(decode_t *d)
     uv_queue_work(d->loop, &d->work, step_work, step_done);
 }
 
-static void on_quarantine_timer(uv_timer_t *t)
+static void on_housekeeping_timer(uv_timer_t *t)
 {
     decode_t *d = t->data;
     int64_t now = bt_now_ms();
@@ -669,6 +741,8 @@ static void on_quarantine_timer(uv_timer_t *t)
         }
         quarantine_end(d, q);
     }
+    admit_waiting(d);
+    expire_waiting(d, now);
 }
 
 /* TP: while idle, a heartbeat through the group finds a dead rank before a request does */
@@ -710,7 +784,6 @@ static void on_generate(void *ctx, bt_rpc_call_t *call, const uint8_t *data, siz
     }
     char msg[256];
     bt_rpc_code_t code = BT_RPC_OK;
-    int slot = -1;
     if (d->stopping) {
         code = BT_RPC_UNAVAILABLE;
         snprintf(msg, sizeof msg, "decode group is shutting down");
@@ -724,10 +797,6 @@ static void on_generate(void *ctx, bt_rpc_call_t *call, const uint8_t *data, siz
     } else if (!r->prefill_address || !*r->prefill_address) {
         code = BT_RPC_INVALID_ARGUMENT;
         snprintf(msg, sizeof msg, "no prefill_address");
-    } else if (d->n_admitted >= d->max_running || bt_kv_pool_alloc(d->pool, &slot) != BT_OK) {
-        code = BT_RPC_RESOURCE_EXHAUSTED;
-        snprintf(msg, sizeof msg, "decode group full: %d running, KV slots %d/%d", d->n_admitted,
-                 bt_kv_pool_used(d->pool), bt_kv_pool_capacity(d->pool));
     }
     for (size_t i = 0; code == BT_RPC_OK && i < r->n_prompt_ids; i++)
         if (r->prompt_ids[i] < 0 || r->prompt_ids[i] >= d->eng.cfg->vocab) {
@@ -746,8 +815,20 @@ static void on_generate(void *ctx, bt_rpc_call_t *call, const uint8_t *data, siz
             snprintf(msg, sizeof msg, "logit_bias token %d outside the vocabulary (0..%d)", rsp->logit_bias_ids[i],
                      bt_service_emit_vocab(&d->eng) - 1);
         }
+    /* a place now, or one being freed (the router counted it free already: a stream it ended
+     * whose request is still in the step in flight), or none */
+    int slot = -1;
+    bool wait = false;
+    if (code == BT_RPC_OK && !(d->n_waiting == 0 && d->n_admitted < d->max_running &&
+                               bt_kv_pool_alloc(d->pool, &slot) == BT_OK)) {
+        wait = d->n_waiting < places_leaving(d);
+        if (!wait) {
+            code = BT_RPC_RESOURCE_EXHAUSTED;
+            snprintf(msg, sizeof msg, "decode group full: %d running, KV slots %d/%d",
+                     d->n_admitted, bt_kv_pool_used(d->pool), bt_kv_pool_capacity(d->pool));
+        }
+    }
     if (code != BT_RPC_OK) {
-        if (slot >= 0) bt_kv_pool_free(d->pool, slot);
         bt_rpc_call_finish(call, code, msg);
         BT_PROTO_FREE(baton__v1__decode_request, r);
         return;
@@ -756,6 +837,7 @@ static void on_generate(void *ctx, bt_rpc_call_t *call, const uint8_t *data, siz
     s->d = d;
     s->call = call;
     s->slot = slot;
+    s->arrival = ++d->arrivals;
     snprintf(s->request_id, sizeof s->request_id, "%s", r->request_id);
     s->epoch = r->epoch;
     s->n_prompt = (int)r->n_prompt_ids;
@@ -786,12 +868,19 @@ static void on_generate(void *ctx, bt_rpc_call_t *call, const uint8_t *data, siz
         memcpy(s->stop_ids, sp->stop_token_ids, sp->n_stop_token_ids * sizeof(int32_t));
     }
     if (d->sim.on) s->sim_key = bt_sim_key(s->prompt, (size_t)s->n_prompt, s->sampling.seed);
-    s->state = SEQ_PREFILLING;
     s->t_admit = bt_now_ms();
     s->next = d->seqs;
     d->seqs = s;
-    d->n_admitted++;
-    if (d->n_admitted > d->max_seen) d->max_seen = d->n_admitted;
+    if (wait) {
+        s->state = SEQ_WAITING;
+        s->waiting = true;
+        d->n_waiting++;
+        BT_LOG_DEBUG("request %s waits for a place being freed", s->request_id);
+    } else {
+        s->state = SEQ_PREFILLING;
+        d->n_admitted++;
+        if (d->n_admitted > d->max_seen) d->max_seen = d->n_admitted;
+    }
     bt_rpc_call_on_cancel(call, on_cancel, s);
     s->peer = peer_get(d, r->prefill_address);
     BT_PROTO_FREE(baton__v1__decode_request, r);
@@ -799,7 +888,7 @@ static void on_generate(void *ctx, bt_rpc_call_t *call, const uint8_t *data, siz
         seq_fail(s, BT_RPC_UNAVAILABLE, "bad prefill address");
         return;
     }
-    seq_begin_prefill(s);
+    if (!wait) seq_begin_prefill(s);
 }
 
 static void fill_stats(decode_t *d, Baton__V1__StatsResponse *st)
@@ -826,13 +915,17 @@ static void on_stats(void *ctx, bt_rpc_call_t *call, const uint8_t *data, size_t
 static void refresh_metrics(void *ctx)
 {
     decode_t *d = ctx;
-    int running = 0, prefilling = 0;
+    int running = 0, prefilling = 0, waiting = 0;
     for (seq_t *s = d->seqs; s; s = s->next) {
         running += s->state == SEQ_RUNNING;
         prefilling += s->state == SEQ_PREFILLING;
+        waiting += s->state == SEQ_WAITING;
     }
     bt_gauge_set(bt_metrics_gauge(d->metrics, "running_requests", "Admitted requests", "phase", "decoding"), running);
     bt_gauge_set(bt_metrics_gauge(d->metrics, "running_requests", "Admitted requests", "phase", "prefilling"), prefilling);
+    bt_gauge_set(bt_metrics_gauge(d->metrics, "waiting_requests",
+                                  "Requests waiting for a place being freed", NULL, NULL),
+                 waiting);
     bt_gauge_set(bt_metrics_gauge(d->metrics, "max_running_seen", "Most admitted at once", NULL, NULL), d->max_seen);
     bt_gauge_set(bt_metrics_gauge(d->metrics, "kv_slots_used", "KV pool slots in use", NULL, NULL), bt_kv_pool_used(d->pool));
     bt_gauge_set(bt_metrics_gauge(d->metrics, "kv_slots_capacity", "KV pool slots", NULL, NULL), bt_kv_pool_capacity(d->pool));
@@ -1020,9 +1113,9 @@ int main(int argc, char **argv)
     bt_service_on_signal(d->loop, on_stop, d);
     uv_timer_init(d->loop, &d->tp_timer);
     d->tp_timer.data = d;
-    uv_timer_init(d->loop, &d->quarantine_timer);
-    d->quarantine_timer.data = d;
-    uv_timer_start(&d->quarantine_timer, on_quarantine_timer, 250, 250);
+    uv_timer_init(d->loop, &d->housekeeping_timer);
+    d->housekeeping_timer.data = d;
+    uv_timer_start(&d->housekeeping_timer, on_housekeeping_timer, 250, 250);
     if (d->comm) uv_timer_start(&d->tp_timer, on_tp_timer, 1000, 1000);
     uv_run(d->loop, UV_RUN_DEFAULT);
     if (d->comm && !d->group_failed && !d->stepping) bt_tp_lead_shutdown(d->comm);

@@ -30,6 +30,7 @@ typedef struct peer {
     size_t desc_len;
     bt_xfer_peer_t *xp;
     bool failed;
+    int jobs; /* jobs that hold it (an orphaned one until its commit returns) */
     prefill_t *p;
 } peer_t;
 
@@ -93,6 +94,32 @@ struct prefill {
 
 static void run_next(prefill_t *p);
 
+/* A failed peer is let go once no job holds it: before, every decode group that went away
+ * (a restart, a kill) left its endpoint and rkey here for the life of the process. */
+static void peer_reap(peer_t *pe)
+{
+    if (!pe->failed || pe->jobs > 0) return;
+    prefill_t *p = pe->p;
+    for (peer_t **pp = &p->peers; *pp; pp = &(*pp)->next)
+        if (*pp == pe) {
+            *pp = pe->next;
+            break;
+        }
+    if (pe->xp) bt_xfer_disconnect(pe->xp); /* (failed: a forced close) */
+    free(pe->desc);
+    free(pe);
+}
+
+/* The job lets go of its peer (if it had one). */
+static void job_drop_peer(job_t *j)
+{
+    peer_t *pe = j->peer;
+    if (!pe) return;
+    j->peer = NULL;
+    pe->jobs--;
+    peer_reap(pe);
+}
+
 static void job_end(job_t *j, bt_rpc_code_t code, const char *msg)
 {
     prefill_t *p = j->p;
@@ -130,6 +157,7 @@ static void job_end(job_t *j, bt_rpc_code_t code, const char *msg)
         j->call = NULL;
     }
     if (p->active == j) p->active = NULL;
+    job_drop_peer(j);
     BT_PROTO_FREE(baton__v1__prefill_request, j->req);
     free(j);
     run_next(p);
@@ -140,13 +168,18 @@ static void on_peer_error(void *ctx, bt_status_t st)
     peer_t *pe = ctx;
     BT_LOG_WARN("decode peer failed: %s", bt_status_str(st));
     pe->failed = true;
+    peer_reap(pe); /* (safe here: the transfer layer is done with the event) */
 }
 
 static peer_t *peer_get(prefill_t *p, const uint8_t *desc, size_t len, char *err, size_t errlen)
 {
     for (peer_t *pe = p->peers; pe; pe = pe->next)
-        if (!pe->failed && pe->desc_len == len && !memcmp(pe->desc, desc, len)) return pe;
+        if (!pe->failed && pe->desc_len == len && !memcmp(pe->desc, desc, len)) {
+            pe->jobs++;
+            return pe;
+        }
     peer_t *pe = bt_calloc_or_die(1, sizeof *pe);
+    pe->jobs = 1;
     pe->p = p;
     bt_status_t st = bt_xfer_connect(p->xfer, desc, len, on_peer_error, pe, &pe->xp);
     if (st != BT_OK) {
@@ -226,8 +259,7 @@ static void on_committed(void *ctx, bt_status_t st)
     prefill_t *p = j->p;
     if (j->orphaned) {
         /* the stalled peer answered at last (or failed): now it can be let go */
-        if (j->peer->xp) bt_xfer_disconnect(j->peer->xp);
-        j->peer->xp = NULL;
+        job_drop_peer(j);
         BT_PROTO_FREE(baton__v1__prefill_request, j->req);
         free(j);
         return;
@@ -554,6 +586,12 @@ static void refresh_metrics(void *ctx)
     bt_gauge_set(bt_metrics_gauge(p->metrics, "queued_requests", "Prefill jobs waiting", NULL, NULL), queued);
     bt_gauge_set(bt_metrics_gauge(p->metrics, "running_requests", "Prefill jobs running", NULL, NULL), p->active ? 1 : 0);
     bt_gauge_set(bt_metrics_gauge(p->metrics, "queued_prompt_tokens", "Prompt tokens waiting", NULL, NULL), (double)p->queued_tokens);
+    int peers = 0;
+    for (const peer_t *pe = p->peers; pe; pe = pe->next)
+        peers++;
+    bt_gauge_set(bt_metrics_gauge(p->metrics, "kv_peers", "Decode groups' KV pools connected to",
+                                  NULL, NULL),
+                 peers);
 }
 
 static void load_fn(void *ctx, Baton__V1__HeartbeatRequest *hb)

@@ -41,6 +41,9 @@ typedef struct worker {
     int64_t context_length;
     int64_t queued_prefill_tokens;
     uint64_t compat_hash;
+    /* decode: it refused a request the router counted a place for; not picked until then */
+    int64_t refused_until_ms;
+    int refusals; /* in a row: the rest doubles */
 } worker_t;
 
 typedef enum { REQ_QUEUED, REQ_RUNNING, REQ_DONE } req_state_t;
@@ -91,9 +94,11 @@ struct router {
     bool reasoning_parser, tool_parser, stopping;
     uint64_t next_worker, next_request, epoch_base;
     uv_timer_t sweep;
+    uv_timer_t retry; /* dispatches again when a refusing decode group's rest ends */
     bt_metrics_t *metrics;
     bt_metrics_server_t *metrics_server;
     bt_histogram_t *ttft, *itl, *e2e;
+    bt_counter_t *requeued;
 };
 
 static void count_outcome(router_t *r, const char *outcome)
@@ -238,6 +243,7 @@ static void on_decode_event(void *ctx, const uint8_t *data, size_t len)
 {
     req_t *q = ctx;
     int64_t now = bt_now_ms();
+    if (q->decode && !q->t_first) q->decode->refusals = 0; /* it admitted one */
     if (q->call && !q->t_first) {
         q->t_first = now;
         bt_histogram_observe(q->r->ttft, (double)(now - q->t_start) / 1000.0);
@@ -276,11 +282,57 @@ static void on_decode_event(void *ctx, const uint8_t *data, size_t len)
     BT_PROTO_FREE(baton__v1__decode_event, ev);
 }
 
+/* The decode group refused, before any token, a request the router had counted a place for:
+ * that place is still held there (a request the router saw end is still in the group's step
+ * in flight past the group's own wait, or a slot waits out late KV writes). The request goes
+ * back to the head of the queue, and the group is not picked for a rest of 10 ms, doubling
+ * to 640 ms while it keeps refusing; --watchdog-timeout bounds the wait. Before, the
+ * client got the refusal (a 429 at the gateway) with the router's queue empty. */
+static void requeue_refused(req_t *q, const char *msg)
+{
+    router_t *r = q->r;
+    worker_t *w = q->decode;
+    if (bt_now_ms() - q->t_start > r->watchdog_ms) { /* (the sweep may only see it running) */
+        char m[512];
+        snprintf(m, sizeof m,
+                 "no decode group had a place within --watchdog-timeout; the last, "
+                 "%s: %s",
+                 w->address, msg ? msg : "full");
+        req_fail(q, BT_RPC_RESOURCE_EXHAUSTED, m);
+        return;
+    }
+    const int64_t rest_ms = (int64_t)10 << (w->refusals < 6 ? w->refusals : 6);
+    w->refusals++;
+    w->refused_until_ms = bt_now_ms() + rest_ms;
+    BT_LOG_INFO(
+        "request %s: decode group %s refused it (%s); queued again, the group rests %lld ms", q->id,
+        w->address, msg ? msg : "full", (long long)rest_ms);
+    bt_counter_add(r->requeued, 1);
+    leave_prefill(q);
+    w->running--;
+    q->decode = NULL;
+    q->prefill = NULL;
+    /* a new epoch: should the refused attempt have got further than the refusal said (a
+     * refusal made by the transport), notices about it never reach the next one */
+    q->epoch = r->epoch_base + ++r->next_request;
+    q->state = REQ_QUEUED;
+    q->qnext = r->queue;
+    r->queue = q;
+    if (!r->queue_tail) r->queue_tail = q;
+    r->n_queued++;
+    dispatch_queued(r);
+}
+
 static void on_decode_done(void *ctx, bt_rpc_code_t code, const char *msg)
 {
     req_t *q = ctx;
     q->dcall_live = false;
     q->dcall = NULL;
+    if (q->call && code == BT_RPC_RESOURCE_EXHAUSTED && q->state == REQ_RUNNING && q->decode &&
+        !q->t_first && !q->r->stopping) {
+        requeue_refused(q, msg);
+        return;
+    }
     if (q->call) {
         char m[512];
         if (code == BT_RPC_OK) {
@@ -296,14 +348,21 @@ static void on_decode_done(void *ctx, bt_rpc_code_t code, const char *msg)
     req_release(q);
 }
 
+/* The requests the router runs at once on decode group w: the least of its own cap and the
+ * group's (its KV pool may hold fewer). */
+static int places(const router_t *r, const worker_t *w)
+{
+    return w->max_running > 0 && w->max_running < r->max_running ? w->max_running : r->max_running;
+}
+
 static worker_t *pick(router_t *r, Baton__V1__WorkerRole role, bool need_room)
 {
     worker_t *best = NULL;
+    const int64_t now = need_room ? bt_now_ms() : 0;
     for (worker_t *w = r->workers; w; w = w->next) {
         if (w->role != role) continue;
         if (need_room) {
-            int limit = w->max_running > 0 && w->max_running < r->max_running ? w->max_running : r->max_running;
-            if (w->running >= limit) continue;
+            if (w->running >= places(r, w) || w->refused_until_ms > now) continue;
             if (!best || w->running < best->running) best = w;
         } else if (!best || w->running < best->running ||
                    (w->running == best->running && w->queued_prefill_tokens < best->queued_prefill_tokens)) {
@@ -358,13 +417,36 @@ static bool start_request(req_t *q)
     return true;
 }
 
+static void on_retry(uv_timer_t *t)
+{
+    dispatch_queued(t->data);
+}
+
+/* No decode group has room: when one with room is resting after a refusal, come back as its
+ * rest ends. */
+static void retry_after_rest(router_t *r)
+{
+    if (r->stopping) return;
+    const int64_t now = bt_now_ms();
+    int64_t due = -1;
+    for (worker_t *w = r->workers; w; w = w->next) {
+        if (w->role == BATON__V1__WORKER_ROLE__ROLE_DECODE && w->running < places(r, w) &&
+            w->refused_until_ms > now && (due < 0 || w->refused_until_ms < due))
+            due = w->refused_until_ms;
+    }
+    if (due >= 0) uv_timer_start(&r->retry, on_retry, (uint64_t)(due - now) + 1, 0);
+}
+
 static void dispatch_queued(router_t *r)
 {
+    if (r->stopping) return; /* (on_stop fails what is queued) */
     while (r->queue) {
         req_t *q = r->queue;
-        if (!pick(r, BATON__V1__WORKER_ROLE__ROLE_DECODE, true) ||
-            !pick(r, BATON__V1__WORKER_ROLE__ROLE_PREFILL, false))
+        if (!pick(r, BATON__V1__WORKER_ROLE__ROLE_DECODE, true)) {
+            retry_after_rest(r);
             return;
+        }
+        if (!pick(r, BATON__V1__WORKER_ROLE__ROLE_PREFILL, false)) return;
         queue_remove(r, q);
         q->state = REQ_RUNNING;
         start_request(q);
@@ -605,6 +687,7 @@ static void on_generate(void *ctx, bt_rpc_call_t *call, const uint8_t *data, siz
         r->queue = q;
     r->queue_tail = q;
     r->n_queued++;
+    retry_after_rest(r); /* the only room may be on a group resting after a refusal */
 }
 
 static void reply(bt_rpc_call_t *call, const ProtobufCMessage *m)
@@ -806,6 +889,7 @@ static void on_stop(void *ctx)
     router_t *r = ctx;
     r->stopping = true;
     uv_timer_stop(&r->sweep);
+    uv_timer_stop(&r->retry);
     for (req_t *q = r->reqs; q;) {
         req_t *next = q->next;
         if (q->call) req_fail(q, BT_RPC_UNAVAILABLE, "router shutting down");
@@ -900,6 +984,8 @@ int main(int argc, char **argv)
         return 1;
     }
     r->metrics = bt_metrics_create("baton_router");
+    r->requeued = bt_metrics_counter(r->metrics, "requests_requeued_total",
+                                     "Requests a decode group refused, queued again", NULL, NULL);
     r->ttft = bt_metrics_histogram(r->metrics, "time_to_first_token_seconds", "Time to first token",
                                    bt_metrics_latency_buckets, NULL, NULL);
     r->itl = bt_metrics_histogram(r->metrics, "inter_token_latency_seconds", "Time between decode events",
@@ -919,6 +1005,8 @@ int main(int argc, char **argv)
                 bt_rpc_server_port(r->server), r->max_running, r->max_queued);
     uv_timer_init(r->loop, &r->sweep);
     r->sweep.data = r;
+    uv_timer_init(r->loop, &r->retry);
+    r->retry.data = r;
     uv_timer_start(&r->sweep, on_sweep, (uint64_t)heartbeat_ms / 2, (uint64_t)heartbeat_ms / 2);
     bt_service_on_signal(r->loop, on_stop, r);
     uv_run(r->loop, UV_RUN_DEFAULT);

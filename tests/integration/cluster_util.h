@@ -144,6 +144,31 @@ static inline void proc_stop(proc_t *p, int sig)
     p->pid = 0;
 }
 
+/* The value of the unlabelled metric `name` at a service's /metrics (host:port), read with
+ * curl; -1 when it cannot be read. */
+static inline double metric_value(const char *addr, const char *name)
+{
+    char cmd[256], line[512];
+    snprintf(cmd, sizeof cmd, "curl -sf --noproxy '*' --max-time 5 http://%s/metrics", addr);
+    FILE *f = popen(cmd, "r");
+    if (!f) return -1;
+    double v = -1;
+    const size_t n = strlen(name);
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, name, n) && line[n] == ' ') v = strtod(line + n + 1, NULL);
+    pclose(f);
+    return v;
+}
+
+/* Polls metric_value until it equals want or ms pass; returns the last value read. */
+static inline double wait_metric(const char *addr, const char *name, double want, int ms)
+{
+    double v = -1;
+    for (int64_t until = ms_now() + ms; ms_now() < until; usleep(100000))
+        if ((v = metric_value(addr, name)) == want) break;
+    return v;
+}
+
 /* ---- a gRPC client driving many calls on one loop ---------------------------------------- */
 
 typedef struct {

@@ -30,6 +30,8 @@ typedef struct {
 
 static const char *context = "512";
 static const char *decode_max_total = NULL; /* --max-total-tokens of decode groups (NULL: none) */
+/* more flags for the groups group_start starts (NULL-terminated; NULL: none) */
+static const char *const *prefill_extra, *const *decode_extra;
 
 /* Starts a prefill (decode = false) or decode group: the following ranks first (they wait
  * for rank 0), then rank 0, which registers with the router. */
@@ -52,6 +54,8 @@ static int group_start(cluster_t *c, bool decode, const char *ctx, const char *c
             args[n++] = "--max-total-tokens";
             args[n++] = (char *)decode_max_total;
         }
+        for (const char *const *e = decode ? decode_extra : prefill_extra; e && *e && n < 30; e++)
+            args[n++] = (char *)*e;
         if (CLUSTER_TP > 1) {
             args[n++] = "--tp";
             args[n++] = tp;
@@ -357,6 +361,11 @@ static void test_kill_decode(void)
     BT_CHECK(g.t_done - t_kill < 5000);
     /* the router stops sending to it: it drops out of the registry */
     BT_CHECK(groups(&cl, 0, 1));
+    /* and the prefill group lets go of its KV pool once the transport finds it gone (it kept
+     * one endpoint for every decode group that ever went away) */
+    BT_CHECK_MSG(c.prefill.metrics[0], "the prefill group printed no metrics address");
+    double peers = wait_metric(c.prefill.metrics, "baton_prefill_kv_peers", 0, 10000);
+    BT_CHECK_MSG(peers == 0, "the prefill group holds %g decode peers, the dead group's", peers);
     /* restarted, it registers again and serves */
     group_stop(&c, true, SIGKILL); /* the rest of the group left with its leader */
     BT_CHECK(group_start(&c, true, context, c.chunk) == 0);
@@ -364,6 +373,8 @@ static void test_kill_decode(void)
     gen_start(&cl, &g, prompt, 3, 8, true, 30000);
     BT_CHECK(run_until(&cl, gen_done, &g, 30000));
     BT_CHECK_MSG(g.code == BT_RPC_OK && g.n == 8, "after restart: %s %s", bt_rpc_code_name(g.code), g.message);
+    peers = metric_value(c.prefill.metrics, "baton_prefill_kv_peers");
+    BT_CHECK_MSG(peers == 1, "the prefill group holds %g decode peers, not the one live", peers);
     client_close(&cl);
     cluster_stop(&c);
 }
@@ -502,6 +513,116 @@ static __attribute__((unused)) void test_prefill_gone_while_decoding(void)
     group_stop(&c, false, SIGKILL); /* the rest of the prefill group left with its leader */
     cluster_stop(&c);
     context = "512";
+}
+
+static __attribute__((unused)) bool two_tokens(void *ctx)
+{
+    gen_t *g = ctx;
+    return g->n >= 2 || g->done;
+}
+
+/* Simulated groups (their steps and prefills as long as a test needs) whose decode group
+ * has one place. */
+static __attribute__((unused)) int start_one_place(cluster_t *c, const char *step_ms,
+                                                   const char *prefill_tps, const char *watchdog)
+{
+    const char *const dec[] = {
+        "--simulate", "--max-running-requests", "1", "--sim-decode-step-ms-base", step_ms, NULL};
+    const char *const pre[] = {"--simulate", "--sim-prefill-tokens-per-s", prefill_tps, NULL};
+    decode_extra = dec;
+    prefill_extra = pre;
+    const int rc = cluster_start(c, golden_exact, "tcp", "4096", "256", watchdog);
+    decode_extra = prefill_extra = NULL;
+    return rc;
+}
+
+/* A request the router saw end (a client cancel; a stop string the router matched) is still
+ * in the decode group's step in flight, so its place there is not free yet when the router
+ * sends the next request into it. The decode group refused that one (a 429 at the gateway)
+ * with the router's queue empty; now it waits for the step's end. One place, 400 ms steps. */
+static __attribute__((unused)) void test_place_freed_mid_step(void)
+{
+    cluster_t c;
+    BT_CHECK(start_one_place(&c, "400", "5000", "30") == 0);
+    client_t cl;
+    client_open(&cl, c.router_addr);
+    BT_CHECK(serving(&cl));
+    int32_t prompt[3] = {0, 42, 71};
+    gen_t a, b;
+    gen_start(&cl, &a, prompt, 3, 100, true, 60000);
+    BT_CHECK(run_until(&cl, two_tokens, &a, 20000)); /* its next step has just begun */
+    bt_rpc_client_cancel(a.call);
+    BT_CHECK(run_until(&cl, gen_done, &a, 5000));
+    const int64_t t0 = ms_now();
+    gen_start(&cl, &b, prompt, 3, 3, true, 60000);
+    BT_CHECK(run_until(&cl, gen_done, &b, 30000));
+    fprintf(stderr,
+            "  the next request, sent into a place freed mid-step: %s, %d tokens after %lld ms\n",
+            bt_rpc_code_name(b.code), b.n, (long long)(b.t_done - t0));
+    BT_CHECK_MSG(b.code == BT_RPC_OK && b.n == 3, "%s %s, %d tokens", bt_rpc_code_name(b.code),
+                 b.message, b.n);
+    int running = 0, seen = 0;
+    int64_t used = -1;
+    BT_CHECK(stats_ok(&cl, c.decode.addr, &running, &seen, &used));
+    BT_CHECK_MSG(seen == 1, "the decode group ran %d at once", seen);
+    /* the decode group held it for the step's end: the router had nothing to send again */
+    const double requeued = metric_value(c.router.metrics, "baton_router_requests_requeued_total");
+    BT_CHECK_MSG(requeued == 0, "the router queued %g requests again", requeued);
+    client_close(&cl);
+    cluster_stop(&c);
+}
+
+/* A place the router counts free can stay held at the decode group longer than the group
+ * waits for it: here the slot of a request whose prefill group died mid-transfer, which
+ * waits out the watchdog (6 s) for late writes. The group refuses the next request after its
+ * own 2 s wait; the router queues it again and sends it back after a rest, and it runs once
+ * the slot is free. Before, the refusal went to the client. */
+static __attribute__((unused)) void test_refusal_queued_again(void)
+{
+    cluster_t c;
+    /* a prompt of 300 tokens at 50 a second: six seconds of prefill to kill it in */
+    BT_CHECK(start_one_place(&c, "20", "50", "6") == 0);
+    client_t cl;
+    client_open(&cl, c.router_addr);
+    BT_CHECK(serving(&cl));
+    static int32_t prompt[300];
+    for (int i = 0; i < 300; i++)
+        prompt[i] = (i * 13 + 5) % 1000;
+    gen_t a, b;
+    gen_start(&cl, &a, prompt, 300, 4, true, 60000);
+    const int64_t used = wait_slots_used(&cl, c.decode.addr, 1, &a, 10000, NULL);
+    BT_CHECK_MSG(used == 1 && !a.done, "a slot is taken during prefill (%lld)", (long long)used);
+    usleep(300000);
+    proc_stop(&c.prefill, SIGKILL);
+    BT_CHECK(run_until(&cl, gen_done, &a, 10000));
+    BT_CHECK_MSG(a.code == BT_RPC_UNAVAILABLE, "%s", bt_rpc_code_name(a.code));
+    const int64_t t_fail = ms_now();
+    BT_CHECK(groups(&cl, 1, 0));
+    group_stop(&c, false, SIGKILL);
+    const char *const pre[] = {"--simulate", NULL};
+    prefill_extra = pre;
+    BT_CHECK(group_start(&c, false, context, c.chunk) == 0);
+    prefill_extra = NULL;
+    BT_CHECK(groups(&cl, 1, 1));
+    gen_start(&cl, &b, prompt, 3, 3, true, 60000);
+    BT_CHECK(run_until(&cl, gen_done, &b, 30000));
+    fprintf(stderr,
+            "  the next request, into a slot waiting out late writes: %s, %d tokens, done "
+            "%lld ms after the first one failed\n",
+            bt_rpc_code_name(b.code), b.n, (long long)(b.t_done - t_fail));
+    BT_CHECK_MSG(b.code == BT_RPC_OK && b.n == 3, "%s %s, %d tokens", bt_rpc_code_name(b.code),
+                 b.message, b.n);
+    BT_CHECK_MSG(b.t_done - t_fail >= 5000,
+                 "done %lld ms after the failure: the slot was not "
+                 "held (the test shows nothing)",
+                 (long long)(b.t_done - t_fail));
+    const double requeued = metric_value(c.router.metrics, "baton_router_requests_requeued_total");
+    BT_CHECK_MSG(requeued >= 1,
+                 "the router queued %g requests again (the group never refused "
+                 "it: the test shows nothing)",
+                 requeued);
+    client_close(&cl);
+    cluster_stop(&c);
 }
 
 static void test_incompatible_groups(void)
@@ -785,6 +906,8 @@ int main(void)
     BT_RUN(test_pool_smaller_than_batch);
 #if CLUSTER_TP == 1 /* (router logic: once is enough, and TP4 groups decode 4000 tokens slowly) */
     BT_RUN(test_prefill_gone_while_decoding);
+    BT_RUN(test_place_freed_mid_step);
+    BT_RUN(test_refusal_queued_again);
 #endif
     BT_RUN(test_incompatible_groups);
 #if CLUSTER_TP > 1
