@@ -129,6 +129,11 @@ struct bt_http_request {
 struct conn {
     uv_tcp_t tcp; /* first: the handle's data points back here anyway */
     uv_timer_t timer;
+    /* while output is pending: fires every send_timeout_ms, and closes the connection when
+     * the client took none of it since the last time (a reader that stopped reading) */
+    uv_timer_t send_timer;
+    uint64_t bytes_queued; /* ever, by conn_writev */
+    uint64_t sent_at_check;
     uv_shutdown_t shutdown_req;
     bt_http_server_t *srv;
     conn_t *prev, *next;
@@ -186,6 +191,7 @@ bt_http_limits_t bt_http_limits_default(void)
         .header_timeout_ms = 10000,
         .body_timeout_ms = 30000,
         .idle_timeout_ms = 60000,
+        .send_timeout_ms = 60000,
         .max_connections = 4096,
         .error_body = NULL,
     };
@@ -203,6 +209,7 @@ static bt_http_limits_t limits_resolve(const bt_http_limits_t *in)
     if (l.header_timeout_ms <= 0) l.header_timeout_ms = d.header_timeout_ms;
     if (l.body_timeout_ms <= 0) l.body_timeout_ms = d.body_timeout_ms;
     if (l.idle_timeout_ms <= 0) l.idle_timeout_ms = d.idle_timeout_ms;
+    if (l.send_timeout_ms <= 0) l.send_timeout_ms = d.send_timeout_ms;
     if (l.max_connections <= 0) l.max_connections = d.max_connections;
     return l;
 }
@@ -307,6 +314,7 @@ static void conn_end(conn_t *c);
 static void conn_process(conn_t *c);
 static void conn_read_start(conn_t *c);
 static void on_timer(uv_timer_t *t);
+static void on_send_timer(uv_timer_t *t);
 
 static void timer_set(conn_t *c, timer_kind_t kind, int ms)
 {
@@ -399,7 +407,32 @@ static bool conn_writev(conn_t *c, const uv_buf_t *parts, int n)
         return false;
     }
     c->pending_writes++;
+    c->bytes_queued += len;
+    if (!uv_is_active((uv_handle_t *)&c->send_timer)) {
+        c->sent_at_check = c->bytes_queued - queued_bytes(c);
+        uv_timer_start(&c->send_timer, on_send_timer, (uint64_t)c->srv->lim.send_timeout_ms,
+                       (uint64_t)c->srv->lim.send_timeout_ms);
+    }
     return true;
+}
+
+static void on_send_timer(uv_timer_t *t)
+{
+    conn_t *c = t->data;
+    if (c->closing) return;
+    if (c->pending_writes == 0) {
+        uv_timer_stop(t);
+        return;
+    }
+    /* bytes the kernel took: what was queued less what libuv still holds */
+    const uint64_t sent = c->bytes_queued - queued_bytes(c);
+    if (sent > c->sent_at_check) {
+        c->sent_at_check = sent;
+        return;
+    }
+    BT_LOG_DEBUG("http %s: the client took no output for %d ms; closing", c->peer,
+                 c->srv->lim.send_timeout_ms);
+    conn_close(c);
 }
 
 static bool conn_write(conn_t *c, const void *a, size_t alen, const void *b, size_t blen)
@@ -435,6 +468,8 @@ static void conn_close(conn_t *c)
     if (c->probe) return;
     uv_timer_stop(&c->timer);
     uv_close((uv_handle_t *)&c->timer, on_handle_closed);
+    uv_timer_stop(&c->send_timer);
+    uv_close((uv_handle_t *)&c->send_timer, on_handle_closed);
     uv_close((uv_handle_t *)&c->tcp, on_handle_closed);
 }
 
@@ -834,7 +869,10 @@ static void on_timer(uv_timer_t *t)
         send_error(c, 408, "request body timed out");
         break;
     case T_IDLE:
-        conn_close(c);
+        if (c->pending_writes > 0) /* not idle: its answer is still going out (send_timer) */
+            timer_set(c, T_IDLE, c->srv->lim.idle_timeout_ms);
+        else
+            conn_close(c);
         break;
     case T_LINGER:
         conn_close(c);
@@ -864,7 +902,7 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b)
     bool busy = c->req && c->req->dispatched;
     if (n < 0) {
         c->reading = false;
-        if (n != UV_EOF || c->ending || c->dead) {
+        if (n != UV_EOF || c->ending || c->dead || (busy && c->srv->lim.eof_cancels)) {
             if (n != UV_EOF) BT_LOG_DEBUG("http %s: read: %s", c->peer, uv_strerror((int)n));
             conn_close(c);
             return;
@@ -923,9 +961,11 @@ static void on_connection(uv_stream_t *ls, int status)
     c->srv = srv;
     uv_tcp_init(srv->loop, &c->tcp);
     uv_timer_init(srv->loop, &c->timer);
+    uv_timer_init(srv->loop, &c->send_timer);
     c->tcp.data = c;
     c->timer.data = c;
-    c->handles_open = 2;
+    c->send_timer.data = c;
+    c->handles_open = 3;
     c->next = srv->conns;
     if (srv->conns) srv->conns->prev = c;
     srv->conns = c;
@@ -1031,6 +1071,10 @@ void bt_http_server_close(bt_http_server_t *srv, void (*on_closed)(void *ctx), v
         n = c->next;
         if (c->req && c->req->dispatched) continue; /* finishes, then closes */
         if (c->ending) continue;                    /* flushing an answer already */
+        if (c->pending_writes > 0) {                /* an answer still going out */
+            conn_end(c);
+            continue;
+        }
         conn_close(c);
     }
     uv_close((uv_handle_t *)&srv->listener, on_listener_closed);

@@ -33,7 +33,13 @@ typedef struct {
     int header_timeout_ms;     /* whole head must arrive within; default 10000 -> 408 */
     int body_timeout_ms;       /* body must arrive within; default 30000 -> 408 */
     int idle_timeout_ms;       /* keep-alive idle; default 60000 (close quietly) */
+    int send_timeout_ms;       /* output pending and none of it taken by the client for this
+                                  long: closed (on_close); default 60000 */
     int max_connections;       /* default 4096; beyond it new sockets are closed at once */
+    /* The client's end of input while its request is being answered means it is gone (the
+     * answer is dropped and on_close fires), as most HTTP servers take it; false (default):
+     * a half-closed client still gets its answer. */
+    bool eof_cancels;
     /* Builds the JSON body of an error the server answers on its own (status, message);
      * NULL uses {"error": {"message": ..., "type": ..., "code": status}}. Returns malloc'd. */
     char *(*error_body)(int status, const char *message);
@@ -58,7 +64,8 @@ bt_status_t bt_http_server_create(uv_loop_t *loop, const char *host, int port,
                                   const bt_http_limits_t *limits, bt_http_handler_fn fn,
                                   void *ctx, bt_http_server_t **srv_p);
 int bt_http_server_port(const bt_http_server_t *srv); /* the bound port (port 0 picks one) */
-/* Stops accepting, closes idle connections, lets answered ones finish, then on_closed. */
+/* Stops accepting, closes idle connections, lets answered ones finish (their queued output
+ * sent, within send_timeout_ms of no progress), then on_closed. */
 void bt_http_server_close(bt_http_server_t *srv, void (*on_closed)(void *ctx), void *ctx);
 
 const char *bt_http_method(const bt_http_request_t *req);  /* "GET", "POST", ... */

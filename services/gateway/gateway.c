@@ -213,7 +213,8 @@ static void completion_logprobs(cJSON *obj, Baton__V1__GenerateResponse *m, size
             cJSON_AddNumberToObject(top, lp->top[k]->text ? lp->top[k]->text : "", lp->top[k]->logprob);
         cJSON_AddItemToArray(tops, top);
         cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)*offset));
-        *offset += strlen(t);
+        for (const unsigned char *c = (const unsigned char *)t; *c; c++) /* characters, as OpenAI */
+            *offset += (*c & 0xC0) != 0x80;
     }
 }
 
@@ -709,10 +710,11 @@ int main(int argc, char **argv)
         fprintf(stderr, "baton-gateway: %s\n", err);
         return 2;
     }
-    if (bt_log_level_parse(log_level) < 0 || max_request < 1 || request_timeout <= 0 || header_timeout < 1 ||
-        body_timeout < 1 || max_connections < 1 || port < 0 || port > 65535) {
+    /* (a --request-timeout under a millisecond would round to 0 ms: no deadline at all) */
+    if (bt_log_level_parse(log_level) < 0 || max_request < 1 || request_timeout < 0.001 ||
+        header_timeout < 1 || body_timeout < 1 || max_connections < 1 || port < 0 || port > 65535) {
         fprintf(stderr, "baton-gateway: bad flag value (--log-level, --max-request-bytes >= 1, "
-                        "--request-timeout > 0, timeouts >= 1, --port 0..65535)\n");
+                        "--request-timeout >= 0.001, timeouts >= 1, --port 0..65535)\n");
         return 2;
     }
     bt_log_set_level((bt_log_level_t)bt_log_level_parse(log_level));
@@ -744,6 +746,9 @@ int main(int argc, char **argv)
     lim.body_timeout_ms = (int)body_timeout;
     lim.max_connections = (int)max_connections;
     lim.error_body = error_body;
+    /* a client that closes its end is gone (an SDK's timeout, Ctrl-C): its generation stops
+     * rather than holding a decode place to the end, unread, while the SDK retries */
+    lim.eof_cancels = true;
     if ((st = bt_http_server_create(g->loop, host, (int)port, &lim, on_request, g, &g->http)) != BT_OK) {
         fprintf(stderr, "baton-gateway: cannot listen on %s:%lld: %s\n", host, (long long)port, bt_status_str(st));
         return 1;

@@ -231,17 +231,19 @@ bt_status_t bt_openai_parse(bt_openai_kind_t kind, const char *body, size_t len,
     if (max_tokens > INT32_MAX) max_tokens = INT32_MAX;
     TRY(integer(root, "seed", -9.2e18, 9.2e18, 0, &seed, e));
     TRY(boolean(root, "stream", false, &r->stream, e));
-    TRY(boolean(root, "logprobs", false, &r->logprobs, e));
     TRY(boolean(root, "return_token_ids", false, &r->return_token_ids, e));
     bool ignore_eos, skip_special;
     TRY(boolean(root, "ignore_eos", false, &ignore_eos, e));
     TRY(boolean(root, "skip_special_tokens", true, &skip_special, e));
-    /* chat: logprobs bool + top_logprobs; completions: logprobs is an integer count */
-    if (kind == BT_OPENAI_COMPLETION && item(root, "logprobs") && cJSON_IsNumber(item(root, "logprobs"))) {
+    /* chat: logprobs bool + top_logprobs; completions: logprobs is an integer count (the
+     * OpenAI form; true is taken too) */
+    if (kind == BT_OPENAI_COMPLETION && cJSON_IsNumber(item(root, "logprobs"))) {
         int64_t k;
         TRY(integer(root, "logprobs", 0, 20, 0, &k, e));
         r->logprobs = true;
         r->top_logprobs = (int)k;
+    } else {
+        TRY(boolean(root, "logprobs", false, &r->logprobs, e));
     }
     TRY(integer(root, "top_logprobs", 0, 20, 0, &top_logprobs, e));
     if (kind == BT_OPENAI_CHAT) r->top_logprobs = (int)top_logprobs;
@@ -253,6 +255,10 @@ bt_status_t bt_openai_parse(bt_openai_kind_t kind, const char *body, size_t len,
     if (so) {
         if (!cJSON_IsObject(so)) {
             fail(e, "stream_options", "'stream_options' must be an object");
+            goto out;
+        }
+        if (!r->stream) { /* (as OpenAI and vLLM answer) */
+            fail(e, "stream_options", "'stream_options' is only allowed when 'stream' is true");
             goto out;
         }
         TRY(boolean(so, "include_usage", false, &r->include_usage, e));

@@ -12,6 +12,8 @@
 #include <pthread.h>
 #include <sys/socket.h>
 
+#include <cjson/cJSON.h>
+
 static proc_t router, prefill, decode, gateway;
 static int gw_port;
 
@@ -90,48 +92,80 @@ static const case_t cases[] = {
     {"empty messages", "POST", CHAT, "{\"messages\":[]}", 400, "must not be empty"},
     {"messages not an array", "POST", CHAT, "{\"messages\":\"hi\"}", 400, "must be an array"},
     {"message not an object", "POST", CHAT, "{\"messages\":[42]}", 400, "messages[0]"},
-    {"unknown role", "POST", CHAT, "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", 400, "messages[0].role"},
-    {"role not a string", "POST", CHAT, "{\"messages\":[{\"role\":7,\"content\":\"x\"}]}", 400, "messages[0].role"},
-    {"content a number", "POST", CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":5}]}", 400, "messages[0].content"},
-    {"user without content", "POST", CHAT, "{\"messages\":[{\"role\":\"user\"}]}", 400, "messages[0].content"},
-    {"temperature a string", "POST", CHAT, "{" MSGS ",\"temperature\":\"hot\"}", 400, "\"param\":\"temperature\""},
+    {"unknown role", "POST", CHAT, "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", 400,
+     "messages[0].role"},
+    {"role not a string", "POST", CHAT, "{\"messages\":[{\"role\":7,\"content\":\"x\"}]}", 400,
+     "messages[0].role"},
+    {"content a number", "POST", CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":5}]}", 400,
+     "messages[0].content"},
+    {"user without content", "POST", CHAT, "{\"messages\":[{\"role\":\"user\"}]}", 400,
+     "messages[0].content"},
+    {"temperature a string", "POST", CHAT, "{" MSGS ",\"temperature\":\"hot\"}", 400,
+     "\"param\":\"temperature\""},
     {"temperature too high", "POST", CHAT, "{" MSGS ",\"temperature\":5}", 400, "temperature"},
     {"top_p zero", "POST", CHAT, "{" MSGS ",\"top_p\":0}", 400, "top_p"},
     {"negative max_tokens", "POST", CHAT, "{" MSGS ",\"max_tokens\":-1}", 400, "max_tokens"},
     {"zero max_tokens", "POST", CHAT, "{" MSGS ",\"max_tokens\":0}", 400, "max_tokens"},
     {"max_tokens past int64", "POST", CHAT, "{" MSGS ",\"max_tokens\":1e30}", 400, "max_tokens"},
     {"max_tokens fractional", "POST", CHAT, "{" MSGS ",\"max_tokens\":2.5}", 400, "max_tokens"},
-    {"huge max_tokens is clamped", "POST", CHAT, "{" MSGS ",\"max_tokens\":1000000000000,\"temperature\":0}", 200, "chat.completion"},
+    {"huge max_tokens is clamped", "POST", CHAT,
+     "{" MSGS ",\"max_tokens\":1000000000000,\"temperature\":0}", 200, "chat.completion"},
     {"n of two", "POST", CHAT, "{" MSGS ",\"n\":2}", 400, "'n'"},
-    {"penalties", "POST", CHAT, "{" MSGS ",\"presence_penalty\":0.5,\"frequency_penalty\":-1,\"max_tokens\":2}", 200,
+    {"penalties", "POST", CHAT,
+     "{" MSGS ",\"presence_penalty\":0.5,\"frequency_penalty\":-1,\"max_tokens\":2}", 200,
      "chat.completion"},
-    {"presence_penalty too high", "POST", CHAT, "{" MSGS ",\"presence_penalty\":2.5}", 400, "\"param\":\"presence_penalty\""},
+    {"presence_penalty too high", "POST", CHAT, "{" MSGS ",\"presence_penalty\":2.5}", 400,
+     "\"param\":\"presence_penalty\""},
     {"frequency_penalty a string", "POST", CHAT, "{" MSGS ",\"frequency_penalty\":\"x\"}", 400,
      "\"param\":\"frequency_penalty\""},
-    {"logit_bias", "POST", CHAT, "{" MSGS ",\"logit_bias\":{\"5\":100,\"7\":-3.5},\"max_tokens\":2}", 200, "chat.completion"},
-    {"logit_bias not an object", "POST", CHAT, "{" MSGS ",\"logit_bias\":[1]}", 400, "\"param\":\"logit_bias\""},
-    {"logit_bias key not an id", "POST", CHAT, "{" MSGS ",\"logit_bias\":{\"x\":1}}", 400, "\"param\":\"logit_bias\""},
-    {"logit_bias too large", "POST", CHAT, "{" MSGS ",\"logit_bias\":{\"5\":101}}", 400, "\"param\":\"logit_bias\""},
-    {"logit_bias id twice", "POST", CHAT, "{" MSGS ",\"logit_bias\":{\"5\":1,\"05\":2}}", 400, "twice"},
+    {"logit_bias", "POST", CHAT,
+     "{" MSGS ",\"logit_bias\":{\"5\":100,\"7\":-3.5},\"max_tokens\":2}", 200, "chat.completion"},
+    {"logit_bias not an object", "POST", CHAT, "{" MSGS ",\"logit_bias\":[1]}", 400,
+     "\"param\":\"logit_bias\""},
+    {"logit_bias key not an id", "POST", CHAT, "{" MSGS ",\"logit_bias\":{\"x\":1}}", 400,
+     "\"param\":\"logit_bias\""},
+    {"logit_bias too large", "POST", CHAT, "{" MSGS ",\"logit_bias\":{\"5\":101}}", 400,
+     "\"param\":\"logit_bias\""},
+    {"logit_bias id twice", "POST", CHAT, "{" MSGS ",\"logit_bias\":{\"5\":1,\"05\":2}}", 400,
+     "twice"},
     {"penalties of 0 and an empty logit_bias", "POST", CHAT,
-     "{" MSGS ",\"presence_penalty\":0,\"frequency_penalty\":0,\"logit_bias\":{},\"max_tokens\":2,\"temperature\":0}", 200,
-     "chat.completion"},
+     "{" MSGS ",\"presence_penalty\":0,\"frequency_penalty\":0,\"logit_bias\":{},\"max_tokens\":2,"
+              "\"temperature\":0}",
+     200, "chat.completion"},
     {"stop of numbers", "POST", CHAT, "{" MSGS ",\"stop\":[1,2]}", 400, "\"param\":\"stop\""},
     {"stream not a bool", "POST", CHAT, "{" MSGS ",\"stream\":\"yes\"}", 400, "stream"},
-    {"stream_options not an object", "POST", CHAT, "{" MSGS ",\"stream_options\":3}", 400, "stream_options"},
-    {"top_logprobs without logprobs", "POST", CHAT, "{" MSGS ",\"top_logprobs\":2}", 400, "top_logprobs"},
-    {"bad tool_choice", "POST", CHAT, "{" MSGS ",\"tool_choice\":\"sometimes\"}", 400, "tool_choice"},
+    {"stream_options not an object", "POST", CHAT,
+     "{" MSGS ",\"stream\":true,\"stream_options\":3}", 400, "stream_options"},
+    {"stream_options without stream", "POST", CHAT,
+     "{" MSGS ",\"stream_options\":{\"include_usage\":true}}", 400,
+     "only allowed when 'stream' is true"},
+    {"top_logprobs without logprobs", "POST", CHAT, "{" MSGS ",\"top_logprobs\":2}", 400,
+     "top_logprobs"},
+    {"bad tool_choice", "POST", CHAT, "{" MSGS ",\"tool_choice\":\"sometimes\"}", 400,
+     "tool_choice"},
     {"tools not an array", "POST", CHAT, "{" MSGS ",\"tools\":{}}", 400, "tools"},
     {"unknown model", "POST", CHAT, "{\"model\":\"gpt-nope\"," MSGS "}", 404, "not served"},
-    {"bad reasoning effort", "POST", CHAT, "{" MSGS ",\"chat_template_kwargs\":{\"thinking\":true},\"reasoning_effort\":\"extreme\"}", 400, "reasoning_effort"},
+    {"bad reasoning effort", "POST", CHAT,
+     "{" MSGS ",\"chat_template_kwargs\":{\"thinking\":true},\"reasoning_effort\":\"extreme\"}",
+     400, "reasoning_effort"},
     {"completions without prompt", "POST", "/v1/completions", "{\"max_tokens\":3}", 400, "prompt"},
-    {"completions batch of two", "POST", "/v1/completions", "{\"prompt\":[\"a\",\"b\"]}", 400, "batch"},
-    {"completions token id out of vocabulary", "POST", "/v1/completions", "{\"prompt\":[0,99999999]}", 400, "vocabulary"},
-    {"completions echo", "POST", "/v1/completions", "{\"prompt\":\"a\",\"echo\":true}", 400, "echo"},
+    {"completions batch of two", "POST", "/v1/completions", "{\"prompt\":[\"a\",\"b\"]}", 400,
+     "batch"},
+    {"completions token id out of vocabulary", "POST", "/v1/completions",
+     "{\"prompt\":[0,99999999]}", 400, "vocabulary"},
+    {"completions echo", "POST", "/v1/completions", "{\"prompt\":\"a\",\"echo\":true}", 400,
+     "echo"},
+    /* the OpenAI form of completions logprobs: a count of alternatives (it was refused as "not a
+       bool") */
+    {"completions logprobs count", "POST", "/v1/completions",
+     "{\"prompt\":\"a\",\"max_tokens\":2,\"logprobs\":2}", 200, "\"top_logprobs\":[{\""},
+    {"completions logprobs past 20", "POST", "/v1/completions",
+     "{\"prompt\":\"a\",\"logprobs\":21}", 400, "logprobs"},
     {"unknown route", "GET", "/v2/everything", "", 404, "no route"},
     {"GET on chat", "GET", CHAT, "", 405, "not allowed"},
     {"DELETE on models", "DELETE", "/v1/models", "", 405, "not allowed"},
-    {"valid chat", "POST", CHAT, "{" MSGS ",\"max_tokens\":3,\"temperature\":0}", 200, "\"finish_reason\""},
+    {"valid chat", "POST", CHAT, "{" MSGS ",\"max_tokens\":3,\"temperature\":0}", 200,
+     "\"finish_reason\""},
 };
 
 static void run_case(const case_t *c)
@@ -211,9 +245,14 @@ static void test_raw_cases(void)
     /* a body that stops arriving (body timeout 1 s) */
     const char partial[] = "POST " CHAT " HTTP/1.1\r\nHost: gw\r\nContent-Length: 100\r\n\r\n{\"messages\"";
     BT_CHECK_EQ_INT(raw(partial, sizeof partial - 1, false, 0, out, sizeof out), 408);
-    /* a half-closed socket still gets its answer */
+    /* a client that closes its end while its generation runs is gone: no answer (the
+     * generation is cancelled: test_nonstream_disconnect_cancels); one answered at once
+     * (a refusal) still gets its answer */
     r = request("POST", CHAT, "{" MSGS ",\"max_tokens\":2,\"temperature\":0}", NULL);
-    BT_CHECK_EQ_INT(raw(r, strlen(r), true, 0, out, sizeof out), 200);
+    BT_CHECK_EQ_INT(raw(r, strlen(r), true, 0, out, sizeof out), -1);
+    free(r);
+    r = request("POST", CHAT, "{\"messages\":", NULL); /* (refused before any call) */
+    BT_CHECK_EQ_INT(raw(r, strlen(r), true, 0, out, sizeof out), 400);
     free(r);
     /* Expect: 100-continue */
     r = request("POST", CHAT, "{" MSGS ",\"max_tokens\":2,\"temperature\":0}", "Expect: 100-continue\r\n");
@@ -283,6 +322,43 @@ static void test_disconnect_cancels(void)
     BT_CHECK_MSG(used == 0, "decode still holds %lld slots after the client left", (long long)used);
 }
 
+/* A client that gives up on a non-streaming request (an SDK's timeout, Ctrl-C: it closes its
+ * socket) cancels the generation: it was taken for a half-close, and ran to its end unread
+ * while the SDK sent it again. The decode group's normal finishes do not move. */
+static void test_nonstream_disconnect_cancels(void)
+{
+    const double finished0 = metric_value(decode.metrics, "baton_decode_requests_finished_total");
+    char *r = request("POST", CHAT,
+                      "{" MSGS ",\"max_tokens\":400,\"temperature\":0,\"ignore_eos\":true}", NULL);
+    int fd = connect_gw();
+    send_all(fd, r, strlen(r));
+    free(r);
+    client_t cl;
+    client_open(&cl, router.addr);
+    int64_t used = -1;
+    for (int64_t deadline = ms_now() + 5000; ms_now() < deadline && used != 1; usleep(2000)) {
+        Baton__V1__StatsResponse *s;
+        if (decode_stats(&cl, decode.addr, &s)) {
+            used = s->kv_slots_used;
+            BT_PROTO_FREE(baton__v1__stats_response, s);
+        }
+    }
+    BT_CHECK_MSG(used == 1, "the generation never took a slot (%lld)", (long long)used);
+    close(fd);
+    for (int64_t deadline = ms_now() + 5000; ms_now() < deadline && used != 0; usleep(20000)) {
+        Baton__V1__StatsResponse *s;
+        if (decode_stats(&cl, decode.addr, &s)) {
+            used = s->kv_slots_used;
+            BT_PROTO_FREE(baton__v1__stats_response, s);
+        }
+    }
+    client_close(&cl);
+    BT_CHECK_MSG(used == 0, "decode still holds %lld slots after the client left", (long long)used);
+    const double finished = metric_value(decode.metrics, "baton_decode_requests_finished_total");
+    BT_CHECK_MSG(decode.metrics[0] && finished == finished0,
+                 "the generation ran to its end (finished %g -> %g)", finished0, finished);
+}
+
 static void test_promtool(void)
 {
     char gw_metrics[64];
@@ -304,6 +380,48 @@ static void test_promtool(void)
 
 /* "return_token_ids": true (SGLang's extension) puts the ids into every streamed choice, one
  * chunk per token step even when the text is held back; without it there are none. */
+static size_t utf8_chars(const char *s)
+{
+    size_t n = 0;
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++)
+        n += (*c & 0xC0) != 0x80;
+    return n;
+}
+
+/* Completions logprobs' text_offset counts characters, as OpenAI's (a Python string's); it
+ * counted bytes, so every offset after a token outside ASCII was too large. The logit_bias
+ * makes the answer the BOS token, whose text "<｜begin▁of▁sentence｜>" is 21 characters and 29
+ * bytes. */
+static void test_completion_text_offset(void)
+{
+    static char out[1 << 16];
+    const char *body =
+        "{\"prompt\":\"a\",\"max_tokens\":3,\"logprobs\":0,\"ignore_eos\":true,"
+        "\"skip_special_tokens\":false,\"temperature\":0,\"logit_bias\":{\"0\":100}}";
+    char *r = request("POST", "/v1/completions", body, NULL);
+    BT_CHECK_EQ_INT(raw(r, strlen(r), false, 0, out, sizeof out), 200);
+    free(r);
+    const char *json = strstr(out, "\r\n\r\n");
+    cJSON *root = json ? cJSON_Parse(json + 4) : NULL;
+    const cJSON *lp = cJSON_GetObjectItem(
+        cJSON_GetArrayItem(cJSON_GetObjectItem(root, "choices"), 0), "logprobs");
+    const cJSON *tokens = cJSON_GetObjectItem(lp, "tokens"),
+                *offs = cJSON_GetObjectItem(lp, "text_offset");
+    BT_CHECK_MSG(cJSON_GetArraySize(tokens) == 3 && cJSON_GetArraySize(offs) == 3, "logprobs: %s",
+                 json ? json + 4 : out);
+    bool wide = false;
+    for (int i = 0; i + 1 < cJSON_GetArraySize(tokens); i++) {
+        const char *t = cJSON_GetStringValue(cJSON_GetArrayItem(tokens, i));
+        const double step = cJSON_GetNumberValue(cJSON_GetArrayItem(offs, i + 1)) -
+                            cJSON_GetNumberValue(cJSON_GetArrayItem(offs, i));
+        BT_CHECK_MSG(t && step == (double)utf8_chars(t), "token %d '%s': offset step %g", i,
+                     t ? t : "?", step);
+        wide |= t && utf8_chars(t) != strlen(t);
+    }
+    BT_CHECK_MSG(wide, "no token outside ASCII: the test shows nothing");
+    cJSON_Delete(root);
+}
+
 static void test_return_token_ids(void)
 {
     static char out[1 << 16];
@@ -355,8 +473,10 @@ int main(void)
     usleep(500000);
     BT_RUN(test_hostile_table);
     BT_RUN(test_disconnect_cancels);
+    BT_RUN(test_nonstream_disconnect_cancels);
     BT_RUN(test_promtool);
     BT_RUN(test_return_token_ids);
+    BT_RUN(test_completion_text_offset);
     proc_stop(&gateway, SIGTERM);
     proc_stop(&decode, SIGTERM);
     proc_stop(&prefill, SIGTERM);

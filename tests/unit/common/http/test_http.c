@@ -20,6 +20,9 @@
 /* ---- fixture: server + loop in this thread, client function in another ------------------- */
 
 typedef struct fx fx_t;
+
+/* /big's answer: more than the kernel's socket buffers take (their autotuning stops at 4 MiB) */
+enum { BIG_BYTES = 8 << 20 };
 typedef void (*client_fn)(fx_t *);
 
 struct fx {
@@ -179,6 +182,13 @@ static void handler(void *ctx, bt_http_request_t *req)
         /* the server closes while this stream is in flight: the stream must finish */
         start_job(fx, req, 's', 5);
         bt_http_server_close(fx->srv, on_server_closed, fx);
+    } else if (strcmp(path, "/big") == 0 || strcmp(path, "/big-then-close") == 0) {
+        /* an answer larger than the socket buffers: it goes out as the client reads */
+        static char big[BIG_BYTES];
+        memset(big, 'b', sizeof big);
+        bt_http_respond(req, 200, "application/octet-stream", big, sizeof big);
+        if (strcmp(path, "/big-then-close") == 0)
+            bt_http_server_close(fx->srv, on_server_closed, fx);
     } else if (strcmp(path, "/forever") == 0) {
         start_job(fx, req, 'f', 10);
     } else if (strcmp(path, "/flood") == 0) {
@@ -1097,6 +1107,121 @@ static void test_server_close_midstream(void)
     run_fixture(NULL, client_close_midstream, &fx);
 }
 
+/* Reads one response with a pause between reads of at most 64 KiB (a slow reader); returns
+ * the body bytes received after the head, or -1 when the head never came. */
+static long cl_slow_body(int fd, int pause_ms)
+{
+    static char b[1 << 16];
+    long body = -1;
+    char head[4096];
+    size_t hl = 0;
+    double t0 = now_s();
+    while (now_s() - t0 < 10.0) {
+        ssize_t k = recv(fd, b, sizeof b, 0);
+        if (k <= 0) break;
+        size_t off = 0;
+        if (body < 0) { /* still in the head */
+            size_t take = (size_t)k < sizeof head - 1 - hl ? (size_t)k : sizeof head - 1 - hl;
+            memcpy(head + hl, b, take);
+            hl += take;
+            head[hl] = 0;
+            const char *e = strstr(head, "\r\n\r\n");
+            if (!e) continue;
+            off = (size_t)(e + 4 - head) - (hl - take);
+            body = 0;
+        }
+        body += k - (long)off;
+        if (body >= BIG_BYTES) break;
+        if (pause_ms) sleep_ms(pause_ms);
+    }
+    return body;
+}
+
+/* A client that stops reading an answer (here one that asked for Connection: close) is cut
+ * off once none of the output pending for it went out for send_timeout_ms: before, the
+ * connection waited for it forever, and the server's close with it. */
+static void client_send_stall(fx_t *fx)
+{
+    int fd = cl_connect_rcvbuf(fx->port, 4096);
+    BT_CHECK(cl_send(fd, "GET /big HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+    sleep_ms(1500); /* several send timeouts (300 ms) without reading */
+    const long got = cl_slow_body(fd, 0);
+    BT_CHECK_MSG(got < BIG_BYTES, "the stalled client still got all %ld bytes", got);
+    close(fd);
+}
+
+static void test_send_timeout(void)
+{
+    fx_t fx;
+    bt_http_limits_t lim = bt_http_limits_default();
+    lim.send_timeout_ms = 300;
+    run_fixture(&lim, client_send_stall, &fx);
+}
+
+/* A slow reader keeps its answer: the keep-alive idle timer (300 ms here) does not cut a
+ * connection whose answer is still going out, nor does the server's close; each took it
+ * for an idle one and closed it mid-body. */
+static void client_slow_reader(fx_t *fx)
+{
+    int fd = cl_connect_rcvbuf(fx->port, 1 << 16);
+    BT_CHECK(cl_send(fd, "GET /big HTTP/1.1\r\nHost: x\r\n\r\n"));
+    long got = cl_slow_body(fd, 20); /* 64 KiB every 20 ms: about 3 s */
+    BT_CHECK_MSG(got == BIG_BYTES, "idle timer: the slow reader got %ld of %d bytes", got,
+                 (int)BIG_BYTES);
+    close(fd);
+    fd = cl_connect_rcvbuf(fx->port, 1 << 16);
+    BT_CHECK(cl_send(fd, "GET /big-then-close HTTP/1.1\r\nHost: x\r\n\r\n"));
+    got = cl_slow_body(fd, 20);
+    BT_CHECK_MSG(got == BIG_BYTES, "server close: the slow reader got %ld of %d bytes", got,
+                 (int)BIG_BYTES);
+    close(fd);
+}
+
+static void test_slow_reader_keeps_answer(void)
+{
+    fx_t fx;
+    bt_http_limits_t lim = bt_http_limits_default();
+    lim.idle_timeout_ms = 300;
+    run_fixture(&lim, client_slow_reader, &fx);
+}
+
+/* With eof_cancels, a client that closes its end while its request is being answered is
+ * gone: the request's on_close fires (or its late answer is refused), nothing is sent. */
+static void client_eof_cancels(fx_t *fx)
+{
+    cl_t c;
+    cl_init(&c, cl_connect(fx->port));
+    BT_CHECK(cl_send(c.fd, "GET /forever HTTP/1.1\r\nHost: x\r\n\r\n"));
+    BT_CHECK(wait_for(&fx->n_requests, 1, 3.0));
+    shutdown(c.fd, SHUT_WR);
+    BT_CHECK(wait_for(&fx->n_closed, 1, 3.0));
+    cl_free(&c);
+    cl_init(&c, cl_connect(fx->port));
+    BT_CHECK(cl_send(c.fd, "GET /slow HTTP/1.1\r\nHost: x\r\n\r\n"));
+    shutdown(c.fd, SHUT_WR);
+    BT_CHECK(wait_for(&fx->n_late_cancelled, 1, 3.0));
+    char b[64];
+    BT_CHECK_MSG(recv(c.fd, b, sizeof b, 0) <= 0, "an answer came to a client that left");
+    cl_free(&c);
+    /* a request answered at once still goes out (nothing left to cancel) */
+    cl_init(&c, cl_connect(fx->port));
+    BT_CHECK(cl_send(c.fd, "GET /hello HTTP/1.1\r\nHost: x\r\n\r\n"));
+    shutdown(c.fd, SHUT_WR);
+    resp_t r;
+    BT_CHECK_EQ_INT(cl_response(&c, &r), 0);
+    BT_CHECK_EQ_INT(r.status, 200);
+    resp_free(&r);
+    cl_free(&c);
+}
+
+static void test_eof_cancels(void)
+{
+    fx_t fx;
+    bt_http_limits_t lim = bt_http_limits_default();
+    lim.eof_cancels = true;
+    run_fixture(&lim, client_eof_cancels, &fx);
+}
+
 static void client_curl(fx_t *fx)
 {
     if (system("command -v curl >/dev/null 2>&1") != 0) {
@@ -1201,6 +1326,9 @@ int main(void)
     BT_RUN(test_write_backpressure);
     BT_RUN(test_stream_end_after_cutoff);
     BT_RUN(test_server_close_midstream);
+    BT_RUN(test_send_timeout);
+    BT_RUN(test_slow_reader_keeps_answer);
+    BT_RUN(test_eof_cancels);
     BT_RUN(test_curl);
     return bt_test_summary();
 }
