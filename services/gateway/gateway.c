@@ -252,16 +252,22 @@ static cJSON *envelope(gen_t *x, bool chunk)
     return o;
 }
 
-static void sse(gen_t *x, cJSON *o)
+/* One SSE event: "data: " json "\n\n", whatever its length. */
+static void sse_text(gen_t *x, const char *json)
 {
-    char *s = cJSON_PrintUnformatted(o);
-    size_t n = strlen(s);
+    size_t n = strlen(json);
     char *frame = bt_malloc_or_die(n + 9);
     memcpy(frame, "data: ", 6);
-    memcpy(frame + 6, s, n);
+    memcpy(frame + 6, json, n);
     memcpy(frame + 6 + n, "\n\n", 3);
     bt_http_stream_write(x->req, frame, n + 8);
     free(frame);
+}
+
+static void sse(gen_t *x, cJSON *o)
+{
+    char *s = cJSON_PrintUnformatted(o);
+    sse_text(x, s);
     free(s);
 }
 
@@ -416,9 +422,7 @@ static void on_gen_done(void *ctx, bt_rpc_code_t code, const char *msg)
         } else {
             /* mid-stream: an error event, then the end of the stream */
             char *body = bt_openai_error_json(status, msg ? msg : bt_rpc_code_name(code), NULL);
-            char frame[2048];
-            int n = snprintf(frame, sizeof frame, "data: %s\n\n", body);
-            bt_http_stream_write(x->req, frame, (size_t)(n < (int)sizeof frame ? n : (int)sizeof frame - 1));
+            sse_text(x, body); /* (a fixed frame cut long messages and their "\n\n") */
             free(body);
             bt_http_stream_write(x->req, "data: [DONE]\n\n", 14);
             bt_http_stream_end(x->req);

@@ -164,6 +164,22 @@ test('logprobs', async () => {
   }
 });
 
+test('completions logprobs: a count of alternatives, offsets in characters', async () => {
+  const r = await client.completions.create({
+    model: MODEL, prompt: 'The', max_tokens: 4, temperature: 0, logprobs: 2, ignore_eos: true,
+  });
+  const lp = r.choices[0].logprobs;
+  assert.equal(lp.tokens.length, 4);
+  assert.equal(lp.token_logprobs.length, 4);
+  let offset = 0;
+  for (let i = 0; i < 4; i++) {
+    assert.equal(Object.keys(lp.top_logprobs[i]).length <= 2, true);
+    assert.ok(Object.keys(lp.top_logprobs[i]).length >= 1);
+    assert.equal(lp.text_offset[i], offset);
+    offset += [...lp.tokens[i]].length; // characters (code points), as OpenAI counts them
+  }
+});
+
 test('presence and frequency penalties, logit_bias', async () => {
   const ask = (extra) => client.completions.create({
     model: MODEL, prompt: 'The', max_tokens: 24, temperature: 0, ignore_eos: true, return_token_ids: true, ...extra,

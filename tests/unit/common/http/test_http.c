@@ -186,9 +186,10 @@ static void handler(void *ctx, bt_http_request_t *req)
         /* an answer larger than the socket buffers: it goes out as the client reads */
         static char big[BIG_BYTES];
         memset(big, 'b', sizeof big);
+        const bool then_close =
+            strcmp(path, "/big-then-close") == 0; /* (req goes with the answer) */
         bt_http_respond(req, 200, "application/octet-stream", big, sizeof big);
-        if (strcmp(path, "/big-then-close") == 0)
-            bt_http_server_close(fx->srv, on_server_closed, fx);
+        if (then_close) bt_http_server_close(fx->srv, on_server_closed, fx);
     } else if (strcmp(path, "/forever") == 0) {
         start_job(fx, req, 'f', 10);
     } else if (strcmp(path, "/flood") == 0) {

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# A GPU session's device calls, prepared here and run there. The device tool lends a few calls
+# a session (sometimes one), each at most 10 minutes: each call should bring back all it can.
+#
+# Here (builds, then packs .dev/cb/c.tgz for the tool's carry [".dev/cb"], under its 64 MiB):
+#   scripts/gpu-session.sh pack [--rev REV]... [--cubin FILE.cu]...
+#     build-cuda (Release) and the layer bench; the tests, services, golden fixtures and the
+#     layer bench in one bundle; with --rev, REV's layer bench too (built in a worktree), as
+#     bench_layer_cuda_REV, for same-run A/B; with --cubin, FILE's sm_90a cubin for its SASS.
+# There (the command of one device call; results in $OUT/r.tgz):
+#   bash scripts/gpu-session.sh run STEP... [--ab CONFIG]...
+#     sass   the SASS of every packed cubin
+#     check  tests/gpu/run_all.sh (operators, fallbacks, experiments, model, two clusters)
+#     bench  the layer against its floors and PyTorch (bench/run_layer_bench.sh)
+#     ab     bench/ab_layer.py, two rounds: the packed bench, each bench_layer_cuda_REV, and
+#            each --ab CONFIG (a bench binary's name in the bundle, with :NAME=VALUE,...
+#            environment switches, e.g. bench_layer_cuda:BT_CUDA_ROWS_PF=2)
+#   check + bench + sass fit one call (~7 min); ab with five configurations takes another.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+bundle=.dev/c
+what=${1:-}
+shift || true
+
+pack() {
+  local revs=() cus=()
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --rev) revs+=("$2"); shift 2 ;;
+      --cubin) cus+=("$2"); shift 2 ;;
+      *) echo "gpu-session.sh pack: unknown argument $1" >&2; exit 2 ;;
+    esac
+  done
+  set -e
+  [ -d build-cuda ] || cmake -S . -B build-cuda -DBT_CUDA=ON -DCMAKE_BUILD_TYPE=Release > /dev/null
+  cmake --build build-cuda -j2 > /dev/null
+  JOBS=2 bash bench/run_layer_bench.sh --build-only | tail -1
+  rm -rf "$bundle" && mkdir -p .dev/cb
+  scripts/device-bundle.sh build-cuda "$bundle" --golden test_cuda_ops test_model_cuda baton \
+    baton-router baton-prefill baton-decode baton-gateway bench_decode > /dev/null
+  mkdir -p "$bundle/bench" "$bundle/cubin"
+  strip -o "$bundle/bench/bench_layer_cuda" build-gpu-bench/bench_layer_cuda
+  for rev in "${revs[@]}"; do
+    local wt short
+    short=$(git rev-parse --short "$rev")
+    wt=$(mktemp -d)/wt
+    git worktree add -q "$wt" "$rev"
+    (cd "$wt" && JOBS=2 bash bench/run_layer_bench.sh --build-only | tail -1)
+    strip -o "$bundle/bench/bench_layer_cuda_$short" "$wt/build-gpu-bench/bench_layer_cuda"
+    git worktree remove --force "$wt"
+  done
+  local nvcc
+  nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+  for cu in "${cus[@]}"; do
+    "$nvcc" -cubin -O3 -std=c++17 -I. -gencode arch=compute_90a,code=sm_90a "$cu" \
+      -o "$bundle/cubin/$(basename "$cu" .cu).cubin"
+  done
+  tar -C .dev -czf .dev/cb/c.tgz c
+  local mib=$(($(stat -c %s .dev/cb/c.tgz) >> 20))
+  echo "packed .dev/cb/c.tgz: $mib MiB (the carry holds 64); benches: $(ls "$bundle/bench" | tr '\n' ' ')"
+  [ "$mib" -lt 63 ] || { echo "too large for the carry" >&2; exit 1; }
+}
+
+run() {
+  local steps=() configs=()
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --ab) configs+=("$2"); shift 2 ;;
+      sass | check | bench | ab) steps+=("$1"); shift ;;
+      *) echo "gpu-session.sh run: unknown argument $1" >&2; exit 2 ;;
+    esac
+  done
+  local out=${OUT:?run where the device tool sets OUT} t0=$SECONDS
+  local r=$out/r
+  mkdir -p "$r"
+  tar -C .dev -xzf .dev/cb/c.tgz
+  export LD_LIBRARY_PATH=$PWD/$bundle/lib:/usr/local/cuda/lib64
+  chmod +x "$bundle"/bench/* 2>/dev/null
+  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader > "$r/gpu.txt" 2>&1
+  git log -1 --format='%H %s' > "$r/commit.txt" 2>/dev/null || true
+  for step in "${steps[@]}"; do
+    echo "== $step (at $((SECONDS - t0)) s)"
+    case $step in
+      sass)
+        for c in "$bundle"/cubin/*.cubin; do
+          [ -f "$c" ] || continue
+          cuobjdump -sass "$c" 2>&1 | gzip > "$r/$(basename "$c" .cubin).sass.gz"
+        done ;;
+      check)
+        timeout 340 bash tests/gpu/run_all.sh "$bundle" "$r/gpu" | tee "$r/check.txt" ;;
+      bench)
+        timeout 200 bash bench/run_layer_bench.sh --no-build --out "$bundle/bench" --save "$r/layer" \
+          > "$r/bench.txt" 2>&1
+        tail -25 "$r/bench.txt" ;;
+      ab)
+        local all=("$bundle/bench/bench_layer_cuda")
+        for b in "$bundle"/bench/bench_layer_cuda_*; do [ -f "$b" ] && all+=("$b"); done
+        for cfg in "${configs[@]}"; do all+=("$bundle/bench/$cfg"); done
+        timeout 420 python3 bench/ab_layer.py "${all[@]}" --rounds 2 --log "$r/ab.log" > "$r/ab.txt" 2>&1
+        cat "$r/ab.txt" ;;
+    esac
+  done
+  echo "== done at $((SECONDS - t0)) s"
+  (cd "$out" && tar czf r.tgz r && rm -rf r)
+}
+
+case $what in
+  pack) pack "$@" ;;
+  run) run "$@" ;;
+  *) sed -n '2,20p' "$0"; exit 2 ;;
+esac
