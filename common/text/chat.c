@@ -481,24 +481,40 @@ static bt_status_t render_message(ctx_t *c, bt__buf_t *b, const msgs_t *ms, int 
     return BT_OK;
 }
 
-/* thinking from chat_template_kwargs.thinking, alias enable_thinking ("thinking" wins) */
+/* thinking from chat_template_kwargs.thinking, its alias chat_template_kwargs.enable_thinking
+ * ("thinking" wins), else a top-level enable_thinking (as some OpenAI-style APIs take it) */
 static bt_status_t parse_thinking(ctx_t *c, const cJSON *req, bool *thinking_p)
 {
     *thinking_p = false;
     const cJSON *kw = cJSON_GetObjectItemCaseSensitive(req, "chat_template_kwargs");
-    if (!kw || cJSON_IsNull(kw)) return BT_OK;
-    if (!cJSON_IsObject(kw)) BAD("chat_template_kwargs: must be an object");
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(kw, "thinking");
-    const char *name = "thinking";
-    if (!v || cJSON_IsNull(v)) v = cJSON_GetObjectItemCaseSensitive(kw, "enable_thinking"), name = "enable_thinking";
+    if (kw && !cJSON_IsNull(kw) && !cJSON_IsObject(kw))
+        BAD("chat_template_kwargs: must be an object");
+    const cJSON *v = NULL;
+    const char *name = "chat_template_kwargs.thinking";
+    if (cJSON_IsObject(kw)) {
+        v = cJSON_GetObjectItemCaseSensitive(kw, "thinking");
+        if (!v || cJSON_IsNull(v))
+            v = cJSON_GetObjectItemCaseSensitive(kw, "enable_thinking"),
+            name = "chat_template_kwargs.enable_thinking";
+    }
+    if (!v || cJSON_IsNull(v))
+        v = cJSON_GetObjectItemCaseSensitive(req, "enable_thinking"), name = "enable_thinking";
     if (!v || cJSON_IsNull(v)) return BT_OK;
     if (cJSON_IsBool(v))
         *thinking_p = cJSON_IsTrue(v);
     else if (cJSON_IsNumber(v))
         *thinking_p = v->valuedouble != 0;
     else
-        BAD("chat_template_kwargs.%s: must be a boolean", name);
+        BAD("%s: must be a boolean", name);
     return BT_OK;
+}
+
+bt_status_t bt_chat_thinking(const cJSON *request, bool *thinking_p, char *err, size_t errlen)
+{
+    char dummy[1];
+    ctx_t cx = {err ? err : dummy, err ? errlen : sizeof dummy};
+    if (!request || !thinking_p) return BT_ERR_INVALID_ARG;
+    return parse_thinking(&cx, request, thinking_p);
 }
 
 static bt_status_t parse_effort(ctx_t *c, const cJSON *req, int *effort_p)

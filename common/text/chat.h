@@ -15,9 +15,9 @@
  *
  * Request mapping (as SGLang serves this encoder): `tools` go on the first message, which
  * becomes an empty system message when the conversation does not start with one;
- * thinking is off unless chat_template_kwargs.thinking (or its alias enable_thinking) is
- * true; reasoning_effort is "low" (50), "high" (75, the default), "max" (100) or an integer
- * 1..100 and is rendered only in thinking mode. */
+ * thinking is off unless chat_template_kwargs.thinking (or its alias enable_thinking, or a
+ * top-level enable_thinking) is true; reasoning_effort is "low" (50), "high" (75, the default),
+ * "max" (100) or an integer 1..100 and is rendered only in thinking mode. */
 #ifndef BT_TEXT_CHAT_H
 #define BT_TEXT_CHAT_H
 
@@ -25,6 +25,7 @@
 #include "common/text/tokenizer.h"
 
 #include <cjson/cJSON.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -37,6 +38,10 @@ cJSON *bt_chat_parse_request(const char *json, size_t len);
  * a message naming the field for a request the reference encoder would reject. */
 bt_status_t bt_chat_render(const cJSON *request, char **prompt_p, size_t *len_p, char *err,
                            size_t errlen);
+
+/* Whether the request renders in thinking mode (the prompt ends in <think>): the one rule the
+ * encoder and the reasoning parser's user share. BT_ERR_BAD_REQUEST as bt_chat_render. */
+bt_status_t bt_chat_thinking(const cJSON *request, bool *thinking_p, char *err, size_t errlen);
 
 /* Renders and tokenizes (special-token text in the prompt becomes special ids). *ids_p is
  * malloc'd (caller frees). */

@@ -247,17 +247,20 @@ static pres_t parse_step(const char *s, size_t n, size_t at, parsed_call_t *call
     if (ri == P_NEED) return P_NEED;
     b += strlen(INVOKE_START), m -= strlen(INVOKE_START);
 
-    /* header up to the first parameter or the invoke end: \s*name="NAME">\n */
+    /* header up to the first parameter or the invoke end: \s*name="NAME">\s* (the encoder
+     * writes ">\n\n" before the invoke end of a call without arguments) */
     const char *ps = find(b, m, PARAM_START), *ie = find(b, m, INVOKE_END);
     const char *stop = ps && (!ie || ps < ie) ? ps : ie;
     if (!stop) return m > MAX_HEADER ? P_BAD : P_NEED;
     size_t hl = (size_t)(stop - b);
     const char *h = b;
     while (hl && (*h == ' ' || *h == '\t' || *h == '\n' || *h == '\r')) h++, hl--;
-    if (hl < 9 || memcmp(h, "name=\"", 6) || memcmp(h + hl - 3, "\">\n", 3)) return P_BAD;
-    char *name = bt_malloc_or_die(hl - 9 + 1);
-    memcpy(name, h + 6, hl - 9);
-    name[hl - 9] = '\0';
+    while (hl && (h[hl - 1] == ' ' || h[hl - 1] == '\t' || h[hl - 1] == '\n' || h[hl - 1] == '\r'))
+        hl--;
+    if (hl < 8 || memcmp(h, "name=\"", 6) || memcmp(h + hl - 2, "\">", 2)) return P_BAD;
+    char *name = bt_malloc_or_die(hl - 8 + 1);
+    memcpy(name, h + 6, hl - 8);
+    name[hl - 8] = '\0';
 
     bt__buf_t args = {0};
     bt__buf_putc(&args, '{');
@@ -303,7 +306,19 @@ static pres_t parse_step(const char *s, size_t n, size_t at, parsed_call_t *call
             bt__json_dump_string(&args, val);
             free(val);
         } else {
-            bt__buf_append(&args, v, vl);
+            /* a JSON value, as the model wrote it; text that is none (a bare path, nothing
+             * at all) is passed on as a string, so that arguments stay valid JSON */
+            cJSON *j = bt__json_parse(v, vl);
+            if (j)
+                bt__buf_append(&args, v, vl);
+            else {
+                char *val = bt_malloc_or_die(vl + 1);
+                memcpy(val, v, vl);
+                val[vl] = '\0';
+                bt__json_dump_string(&args, val);
+                free(val);
+            }
+            cJSON_Delete(j);
         }
         free(key);
         /* ">\n" then the next parameter or the invoke end */

@@ -41,6 +41,7 @@ typedef struct {
     cJSON *tool_calls;   /* array */
     cJSON *logprobs;     /* chat: content array; completions: object of arrays */
     const char *finish;
+    char *matched_stop; /* the stop string that ended it (SGLang's matched_stop); NULL: none */
     int prompt_tokens, completion_tokens, cached_tokens;
     bool have_usage;
     char model[256];
@@ -150,7 +151,17 @@ static void gen_free(gen_t *x)
     cJSON_Delete(x->logprobs);
     free(x->content);
     free(x->reasoning);
+    free(x->matched_stop);
     free(x);
+}
+
+/* A final choice's matched_stop: the stop string, or null (as SGLang answers) */
+static void add_matched_stop(cJSON *choice, const gen_t *x)
+{
+    if (x->matched_stop)
+        cJSON_AddStringToObject(choice, "matched_stop", x->matched_stop);
+    else
+        cJSON_AddNullToObject(choice, "matched_stop");
 }
 
 static void maybe_free(gen_t *x)
@@ -326,6 +337,8 @@ static void on_gen_message(void *ctx, const uint8_t *data, size_t len)
     bool final = m->finish_reason != BATON__V1__FINISH_REASON__FINISH_NONE;
     if (final) {
         x->finish = finish_name(m->finish_reason);
+        if (m->matched_stop && *m->matched_stop && !x->matched_stop)
+            x->matched_stop = bt_strdup_or_die(m->matched_stop);
         if (m->usage) {
             x->prompt_tokens = m->usage->prompt_tokens;
             x->completion_tokens = m->usage->completion_tokens;
@@ -382,10 +395,12 @@ static void on_gen_message(void *ctx, const uint8_t *data, size_t len)
             cJSON *ids = cJSON_AddArrayToObject(c, "token_ids");
             for (size_t i = 0; i < m->n_token_ids; i++) cJSON_AddItemToArray(ids, cJSON_CreateNumber(m->token_ids[i]));
         }
-        if (final)
+        if (final) {
             cJSON_AddStringToObject(c, "finish_reason", x->finish);
-        else
+            add_matched_stop(c, x);
+        } else {
             cJSON_AddNullToObject(c, "finish_reason");
+        }
         cJSON_AddItemToArray(choices, c);
         if (final && x->r.include_usage) cJSON_AddNullToObject(o, "usage");
         sse(x, o);
@@ -471,6 +486,7 @@ static void on_gen_done(void *ctx, bt_rpc_code_t code, const char *msg)
             }
         }
         cJSON_AddStringToObject(c, "finish_reason", x->finish ? x->finish : "stop");
+        add_matched_stop(c, x);
         cJSON_AddItemToArray(choices, c);
         cJSON_AddItemToObject(o, "usage", usage_json(x));
         char *s = cJSON_PrintUnformatted(o);

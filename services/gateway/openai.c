@@ -342,7 +342,6 @@ bt_status_t bt_openai_parse(bt_openai_kind_t kind, const char *body, size_t len,
         g.chat_json = bt_malloc_or_die(len + 1);
         memcpy(g.chat_json, body, len);
         g.chat_json[len] = 0;
-        if (tc && cJSON_IsString(tc) && !strcmp(tc->valuestring, "none")) g.no_output_parsers = 1;
     } else {
         const cJSON *p = item(root, "prompt");
         if (!p) {

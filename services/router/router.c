@@ -194,8 +194,10 @@ static void send_response(req_t *q, const int32_t *ids, size_t n_ids,
     resp.logprobs = lps;
     resp.text = (char *)d.content;
     resp.reasoning_text = (char *)d.reasoning;
-    Baton__V1__ToolCall calls[16], *call_ptrs[16];
-    int nc = d.n_calls < 16 ? d.n_calls : 16;
+    /* every call this push released (a flush behind a long stop string can release many) */
+    const int nc = d.n_calls;
+    Baton__V1__ToolCall *calls = nc ? bt_calloc_or_die((size_t)nc, sizeof *calls) : NULL;
+    Baton__V1__ToolCall **call_ptrs = nc ? bt_calloc_or_die((size_t)nc, sizeof *call_ptrs) : NULL;
     for (int i = 0; i < nc; i++) {
         baton__v1__tool_call__init(&calls[i]);
         calls[i].index = d.calls[i].index;
@@ -223,6 +225,8 @@ static void send_response(req_t *q, const int32_t *ids, size_t n_ids,
     bt_proto_pack(&resp.base, &buf, &len);
     bt_rpc_call_send(q->call, buf, len, NULL, NULL);
     free(buf);
+    free(calls);
+    free(call_ptrs);
     if (final) {
         bt_rpc_call_finish(q->call, BT_RPC_OK, NULL);
         q->call = NULL;
@@ -512,6 +516,11 @@ static bt_rpc_code_t prepare(router_t *r, req_t *q, const Baton__V1__GenerateReq
             snprintf(msg, msglen, "chat_json: invalid JSON");
             return BT_RPC_INVALID_ARGUMENT;
         }
+        /* tool_choice "none": the tools leave the prompt, as SGLang serves it (the reasoning
+         * parser stays; turning every parser off let </think> and DSML out as content) */
+        const cJSON *tc = cJSON_GetObjectItemCaseSensitive(req, "tool_choice");
+        if (cJSON_IsString(tc) && !strcmp(tc->valuestring, "none"))
+            cJSON_DeleteItemFromObjectCaseSensitive(req, "tools");
         char err[256];
         st = bt_chat_encode(r->tok, req, &q->prompt, &n, err, sizeof err);
         if (st != BT_OK) {
@@ -520,11 +529,9 @@ static bt_rpc_code_t prepare(router_t *r, req_t *q, const Baton__V1__GenerateReq
             return BT_RPC_INVALID_ARGUMENT;
         }
         chat = true;
-        const cJSON *kw = cJSON_GetObjectItemCaseSensitive(req, "chat_template_kwargs");
-        const cJSON *th = kw ? cJSON_GetObjectItemCaseSensitive(kw, "thinking") : NULL;
-        if (!th && kw) th = cJSON_GetObjectItemCaseSensitive(kw, "enable_thinking");
-        if (!th) th = cJSON_GetObjectItemCaseSensitive(req, "enable_thinking");
-        thinking = th && cJSON_IsTrue(th);
+        /* the encoder's own rule: the reasoning parser expects </think> exactly when the
+         * prompt ends in <think> (the router's copy of the rule read other fields) */
+        bt_chat_thinking(req, &thinking, NULL, 0);
         const cJSON *tl = cJSON_GetObjectItemCaseSensitive(req, "tools");
         tools = cJSON_IsArray(tl) && cJSON_GetArraySize(tl) > 0;
         cJSON_Delete(req);

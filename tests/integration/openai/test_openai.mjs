@@ -150,6 +150,50 @@ test('tools and tool results', async () => {
   assert.equal(t.choices[0].message.role, 'assistant');
 });
 
+test('thinking asked three ways: the same prompt, and the same reasoning/content split', async () => {
+  // the router's reasoning parser and the chat encoder decided "thinking" each by its own
+  // rule: {thinking: 1} rendered a thinking prompt parsed as plain content, and a top-level
+  // enable_thinking a plain prompt parsed as reasoning
+  const ask = (extra) => client.chat.completions.create({
+    model: MODEL, messages: [{ role: 'user', content: 'Think.' }], max_tokens: 8, temperature: 0, ignore_eos: true, ...extra,
+  });
+  const want = (await ask({ chat_template_kwargs: { thinking: true } })).choices[0].message;
+  for (const extra of [{ chat_template_kwargs: { thinking: 1 } }, { enable_thinking: true },
+    { chat_template_kwargs: { thinking: null, enable_thinking: true } }]) {
+    const got = (await ask(extra)).choices[0].message;
+    assert.equal(got.reasoning_content, want.reasoning_content, JSON.stringify(extra));
+    assert.equal(got.content, want.content, JSON.stringify(extra));
+  }
+});
+
+test('tool_choice none: no tools in the prompt, reasoning still parsed', async () => {
+  const ask = (extra) => client.chat.completions.create({
+    model: MODEL, messages: [{ role: 'user', content: 'Weather?' }], max_tokens: 8, temperature: 0, ignore_eos: true,
+    chat_template_kwargs: { thinking: true }, ...extra,
+  });
+  const tools = [{ type: 'function', function: { name: 'get_weather', parameters: { type: 'object', properties: {} } } }];
+  const want = (await ask({})).choices[0].message;
+  const got = (await ask({ tools, tool_choice: 'none' })).choices[0].message;
+  assert.equal(got.reasoning_content, want.reasoning_content);
+  assert.equal(got.content, want.content);
+  assert.ok(!got.tool_calls || got.tool_calls.length === 0);
+});
+
+test('matched_stop names the stop string that ended the answer', async () => {
+  const ask = (extra) => client.completions.create({
+    model: MODEL, prompt: 'The', max_tokens: 24, temperature: 0, ignore_eos: true, ...extra,
+  });
+  const full = (await ask({})).choices[0];
+  assert.equal(full.matched_stop, null);
+  const text = full.text;
+  assert.ok([...text].length >= 6, `too little text: ${JSON.stringify(text)}`);
+  const stop = [...text].slice(3, 5).join(''); // (whole code points)
+  const cut = (await ask({ stop: [stop] })).choices[0];
+  assert.equal(cut.finish_reason, 'stop');
+  assert.equal(cut.matched_stop, stop);
+  assert.ok(text.startsWith(cut.text) && !cut.text.includes(stop));
+});
+
 test('logprobs', async () => {
   const r = await client.chat.completions.create({
     model: MODEL, messages: [{ role: 'user', content: 'Hi' }], max_tokens: 3, temperature: 0, logprobs: true, top_logprobs: 2, ignore_eos: true,

@@ -121,6 +121,44 @@ static void test_number_spelling(void)
     cJSON_Delete(kept);
 }
 
+/* bt_chat_thinking (the reasoning parser's switch, in the router) says thinking exactly when
+ * the rendered prompt ends in <think>, however the request asks for it */
+static void test_thinking_rule(void)
+{
+    static const struct {
+        const char *extra;
+        bool want;
+    } cases[] = {
+        {"", false},
+        {",\"chat_template_kwargs\":{\"thinking\":true}", true},
+        {",\"chat_template_kwargs\":{\"thinking\":1}", true},
+        {",\"chat_template_kwargs\":{\"thinking\":0}", false},
+        {",\"chat_template_kwargs\":{\"thinking\":null,\"enable_thinking\":true}", true},
+        {",\"chat_template_kwargs\":{\"enable_thinking\":true}", true},
+        {",\"enable_thinking\":true", true},
+        {",\"chat_template_kwargs\":{\"thinking\":false},\"enable_thinking\":true", false},
+        {",\"chat_template_kwargs\":null,\"enable_thinking\":true", true},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char json[512];
+        snprintf(json, sizeof json, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]%s}",
+                 cases[i].extra);
+        cJSON *req = bt_chat_parse_request(json, strlen(json));
+        char *p = NULL, err[256] = "";
+        size_t l = 0;
+        bool thinking = !cases[i].want;
+        BT_CHECK_MSG(req && bt_chat_render(req, &p, &l, err, sizeof err) == BT_OK, "%s: %s", json,
+                     err);
+        BT_CHECK(req && bt_chat_thinking(req, &thinking, err, sizeof err) == BT_OK);
+        const bool ends = p && l >= 7 && !strcmp(p + l - 7, "<think>");
+        BT_CHECK_MSG(thinking == cases[i].want && ends == cases[i].want,
+                     "%s: thinking %d, prompt ends in <think> %d, want %d", json, thinking, ends,
+                     cases[i].want);
+        free(p);
+        cJSON_Delete(req);
+    }
+}
+
 int main(void)
 {
     char err[256];
@@ -131,6 +169,7 @@ int main(void)
     BT_RUN(test_reference_table);
     BT_RUN(test_bad_requests);
     BT_RUN(test_number_spelling);
+    BT_RUN(test_thinking_rule);
     bt_tokenizer_destroy(tok);
     return bt_test_summary();
 }

@@ -3,6 +3,7 @@
 #include "bt_test.h"
 
 #include "common/log.h"
+#include "common/text/chat.h"
 #include "common/text/parsers.h"
 #include "common/text/text_internal.h"
 
@@ -33,38 +34,109 @@ typedef struct {
 } case_t;
 
 static const case_t cases[] = {
-    {"thinking_answer", true, "Let me think.\nOK.</think>The answer is 4.", "Let me think.\nOK.",
-     "The answer is 4.", {{0}}, 0, false},
-    {"thinking_explicit_start", true, "<think>r1 r2</think>\n\nDone", "r1 r2", "\n\nDone", {{0}}, 0, false},
-    {"chat_plain", false, "Just content, with <b>tags</b> and </thin k>.", "",
-     "Just content, with <b>tags</b> and </thin k>.", {{0}}, 0, false},
+    {"thinking_answer",
+     true,
+     "Let me think.\nOK.</think>The answer is 4.",
+     "Let me think.\nOK.",
+     "The answer is 4.",
+     {{0}},
+     0,
+     false},
+    {"thinking_explicit_start",
+     true,
+     "<think>r1 r2</think>\n\nDone",
+     "r1 r2",
+     "\n\nDone",
+     {{0}},
+     0,
+     false},
+    {"chat_plain",
+     false,
+     "Just content, with <b>tags</b> and </thin k>.",
+     "",
+     "Just content, with <b>tags</b> and </thin k>.",
+     {{0}},
+     0,
+     false},
     {"chat_model_thinks_anyway", false, "<think>hmm</think>ok", "hmm", "ok", {{0}}, 0, false},
-    {"chat_think_not_at_start", false, "a <think>b</think>", "", "a <think>b</think>", {{0}}, 0, false},
-    {"truncated_reasoning", true, "still thinking about </thi", "still thinking about </thi", "",
-     {{0}}, 0, false},
+    {"chat_think_not_at_start",
+     false,
+     "a <think>b</think>",
+     "",
+     "a <think>b</think>",
+     {{0}},
+     0,
+     false},
+    {"truncated_reasoning",
+     true,
+     "still thinking about </thi",
+     "still thinking about </thi",
+     "",
+     {{0}},
+     0,
+     false},
     {"empty_reasoning", true, "</think>", "", "", {{0}}, 0, false},
     {"unicode_reasoning", true, "日本語😀</think>é😀", "日本語😀", "é😀", {{0}}, 0, false},
-    {"one_call_thinking", true, "need weather</think>\n\n<" D " calls>\n" CALL_W "\n</" D " calls>",
-     "need weather", "", {{"get_weather", ARGS_W}}, 1, false},
-    {"content_then_two_calls", false,
-     "Checking both.\n\n<" D " calls>\n" CALL_W "\n" CALL_S "\n</" D " calls>", "", "Checking both.",
-     {{"get_weather", ARGS_W}, {"search", ARGS_S}}, 2, false},
-    {"call_without_params", false, "\n\n<" D " calls>\n" CALL_EMPTY "\n</" D " calls>", "", "",
-     {{"now", "{}"}}, 1, false},
-    {"content_after_calls", false, "x\n\n<" D " calls>\n" CALL_EMPTY "\n</" D " calls>\ntrailing", "",
-     "x\ntrailing", {{"now", "{}"}}, 1, false},
-    {"dsml_mentioned_in_text", false, "the token " D " alone, and <" D " call not a block", "",
-     "the token " D " alone, and <" D " call not a block", {{0}}, 0, false},
-    {"malformed_no_name", false, "a\n\n<" D " calls>\n<" D " invoke>\n</" D " invoke>\n</" D " calls>",
-     "", "a\n\n<" D " calls>\n<" D " invoke>\n</" D " invoke>\n</" D " calls>", {{0}}, 0, true},
-    {"malformed_bad_string_flag", false,
-     "\n\n<" D " calls>\n<" D " invoke name=\"f\">\n<" D " parameter name=\"a\" string=\"maybe\">1</" D
-     " parameter>\n</" D " invoke>\n</" D " calls>",
+    {"one_call_thinking",
+     true,
+     "need weather</think>\n\n<" D " calls>\n" CALL_W "\n</" D " calls>",
+     "need weather",
      "",
-     "\n\n<" D " calls>\n<" D " invoke name=\"f\">\n<" D " parameter name=\"a\" string=\"maybe\">1</" D
-     " parameter>\n</" D " invoke>\n</" D " calls>",
-     {{0}}, 0, true},
-    {"duplicate_param", false,
+     {{"get_weather", ARGS_W}},
+     1,
+     false},
+    {"content_then_two_calls",
+     false,
+     "Checking both.\n\n<" D " calls>\n" CALL_W "\n" CALL_S "\n</" D " calls>",
+     "",
+     "Checking both.",
+     {{"get_weather", ARGS_W}, {"search", ARGS_S}},
+     2,
+     false},
+    {"call_without_params",
+     false,
+     "\n\n<" D " calls>\n" CALL_EMPTY "\n</" D " calls>",
+     "",
+     "",
+     {{"now", "{}"}},
+     1,
+     false},
+    {"content_after_calls",
+     false,
+     "x\n\n<" D " calls>\n" CALL_EMPTY "\n</" D " calls>\ntrailing",
+     "",
+     "x\ntrailing",
+     {{"now", "{}"}},
+     1,
+     false},
+    {"dsml_mentioned_in_text",
+     false,
+     "the token " D " alone, and <" D " call not a block",
+     "",
+     "the token " D " alone, and <" D " call not a block",
+     {{0}},
+     0,
+     false},
+    {"malformed_no_name",
+     false,
+     "a\n\n<" D " calls>\n<" D " invoke>\n</" D " invoke>\n</" D " calls>",
+     "",
+     "a\n\n<" D " calls>\n<" D " invoke>\n</" D " invoke>\n</" D " calls>",
+     {{0}},
+     0,
+     true},
+    {"malformed_bad_string_flag",
+     false,
+     "\n\n<" D " calls>\n<" D " invoke name=\"f\">\n<" D
+     " parameter name=\"a\" string=\"maybe\">1</" D " parameter>\n</" D " invoke>\n</" D " calls>",
+     "",
+     "\n\n<" D " calls>\n<" D " invoke name=\"f\">\n<" D
+     " parameter name=\"a\" string=\"maybe\">1</" D " parameter>\n</" D " invoke>\n</" D " calls>",
+     {{0}},
+     0,
+     true},
+    {"duplicate_param",
+     false,
      "<" D " calls>\n<" D " invoke name=\"f\">\n<" D " parameter name=\"a\" string=\"true\">1</" D
      " parameter>\n<" D " parameter name=\"a\" string=\"true\">2</" D " parameter>\n</" D
      " invoke>\n</" D " calls>",
@@ -72,16 +144,58 @@ static const case_t cases[] = {
      "<" D " calls>\n<" D " invoke name=\"f\">\n<" D " parameter name=\"a\" string=\"true\">1</" D
      " parameter>\n<" D " parameter name=\"a\" string=\"true\">2</" D " parameter>\n</" D
      " invoke>\n</" D " calls>",
-     {{0}}, 0, true},
-    {"truncated_in_parameter", true, "r</think>ok\n\n<" D " calls>\n<" D " invoke name=\"f\">\n<" D
+     {{0}},
+     0,
+     true},
+    {"truncated_in_parameter",
+     true,
+     "r</think>ok\n\n<" D " calls>\n<" D " invoke name=\"f\">\n<" D
      " parameter name=\"a\" string=\"true\">hal",
-     "r", "ok\n\n<" D " calls>\n<" D " invoke name=\"f\">\n<" D " parameter name=\"a\" string=\"true\">hal",
-     {{0}}, 0, true},
-    {"second_call_truncated", false, "\n\n<" D " calls>\n" CALL_EMPTY "\n<" D " invoke name=\"g", "",
-     ">\n<" D " invoke name=\"g", {{"now", "{}"}}, 1, true},
-    {"garbage_after_marker", false, "<" D " callsXYZ then text", "", "<" D " callsXYZ then text", {{0}},
-     0, true},
+     "r",
+     "ok\n\n<" D " calls>\n<" D " invoke name=\"f\">\n<" D
+     " parameter name=\"a\" string=\"true\">hal",
+     {{0}},
+     0,
+     true},
+    {"second_call_truncated",
+     false,
+     "\n\n<" D " calls>\n" CALL_EMPTY "\n<" D " invoke name=\"g",
+     "",
+     ">\n<" D " invoke name=\"g",
+     {{"now", "{}"}},
+     1,
+     true},
+    {"garbage_after_marker",
+     false,
+     "<" D " callsXYZ then text",
+     "",
+     "<" D " callsXYZ then text",
+     {{0}},
+     0,
+     true},
     {"newlines_only", false, "\n\n\n", "", "\n\n\n", {{0}}, 0, false},
+    /* a call without arguments as the encoder writes it (">\n", no parameters, "\n" before
+     * the invoke end): it was refused as malformed and went out as content */
+    {"call_without_params_encoder_form",
+     false,
+     "\n\n<" D " calls>\n<" D " invoke name=\"now\">\n\n</" D " invoke>\n</" D " calls>",
+     "",
+     "",
+     {{"now", "{}"}},
+     1,
+     false},
+    /* string="false" text that is no JSON value went into arguments as written: {"path": /tmp/x} */
+    {"non_json_value_quoted",
+     false,
+     "<" D " calls>\n<" D " invoke name=\"open\">\n<" D
+     " parameter name=\"path\" string=\"false\">/tmp/x</" D " parameter>\n<" D
+     " parameter name=\"mode\" string=\"false\"></" D " parameter>\n</" D " invoke>\n</" D
+     " calls>",
+     "",
+     "",
+     {{"open", "{\"path\": \"/tmp/x\", \"mode\": \"\"}"}},
+     1,
+     false},
 };
 
 typedef struct {
@@ -162,6 +276,12 @@ static void test_table(void)
             snprintf(want, sizeof want, "%s|%s\n", c->calls[k][0], c->calls[k][1]);
             const char *rest = strchr(id, '|') + 1;
             BT_CHECK_MSG(!strncmp(rest, want, strlen(want)), "call %d: %.200s", k, rest);
+            /* whatever the model wrote, a client gets arguments it can parse */
+            const char *args = strchr(rest, '|') + 1, *end = strchr(args, '\n');
+            cJSON *j = end ? cJSON_ParseWithLength(args, (size_t)(end - args)) : NULL;
+            BT_CHECK_MSG(cJSON_IsObject(j), "call %d: arguments not a JSON object: %.200s", k,
+                         args);
+            cJSON_Delete(j);
             BT_CHECK_EQ_INT(atoi(line), k);
             line = strchr(rest, '\n');
             if (line) line++;
@@ -204,10 +324,50 @@ static void test_ids_unique(void)
     bt_tool_parser_destroy(tp);
 }
 
+/* The encoder's DSML for an assistant turn's tool calls (bt_chat_render), fed back through the
+ * tool parser, gives the same calls: what the model is taught to write is what is read back. */
+static void test_encoder_round_trip(void)
+{
+    const char *req_json =
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":"
+        "\"\","
+        "\"tool_calls\":[{\"type\":\"function\",\"function\":{\"name\":\"now\",\"arguments\":\"{}"
+        "\"}},"
+        "{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"arguments\":"
+        "\"{\\\"city\\\": \\\"Paris\\\", \\\"days\\\": 3}\"}}]}]}";
+    cJSON *req = bt_chat_parse_request(req_json, strlen(req_json));
+    char *prompt = NULL, err[256] = "";
+    size_t len = 0;
+    BT_CHECK_MSG(req && bt_chat_render(req, &prompt, &len, err, sizeof err) == BT_OK, "render: %s",
+                 err);
+    const char *from = prompt ? strstr(prompt, "\n\n<" D " calls>") : NULL;
+    const char *to = from ? strstr(from, "</" D " calls>") : NULL;
+    BT_CHECK_MSG(from && to, "no DSML block in %s", prompt ? prompt : "(none)");
+    if (from && to) {
+        to += strlen("</" D " calls>");
+        bt_tool_parser_t *tp = bt_tool_parser_create(1);
+        bt_tool_delta_t td;
+        bt_tool_parser_push(tp, from, (size_t)(to - from), &td);
+        BT_CHECK_EQ_INT(td.n_calls, 2);
+        BT_CHECK_EQ_INT(td.warnings, 0);
+        if (td.n_calls == 2) {
+            BT_CHECK(!strcmp(td.calls[0].name, "now") && !strcmp(td.calls[0].arguments, "{}"));
+            BT_CHECK_MSG(!strcmp(td.calls[1].name, "get_weather") &&
+                             !strcmp(td.calls[1].arguments, "{\"city\": \"Paris\", \"days\": 3}"),
+                         "%s %s", td.calls[1].name, td.calls[1].arguments);
+        }
+        bt_tool_parser_finish(tp, &td);
+        bt_tool_parser_destroy(tp);
+    }
+    free(prompt);
+    cJSON_Delete(req);
+}
+
 int main(void)
 {
     bt_log_set_level(BT_LOG_ERROR); /* the malformed cases warn by design */
     BT_RUN(test_table);
     BT_RUN(test_ids_unique);
+    BT_RUN(test_encoder_round_trip);
     return bt_test_summary();
 }
