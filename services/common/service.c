@@ -78,14 +78,17 @@ static void on_heartbeat(void *ctx, bt_rpc_code_t code, const char *msg, const u
     }
     Baton__V1__HeartbeatResponse *hr = NULL;
     if (code == BT_RPC_OK) hr = BT_PROTO_UNPACK(baton__v1__heartbeat_response, resp, len);
-    if (!hr || !hr->known) {
-        if (r->registered)
-            BT_LOG_WARN("router %s this worker; registering again",
-                        hr ? "forgot" : "did not answer the heartbeat of");
+    if (hr && !hr->known) {
+        BT_LOG_WARN("router forgot this worker; registering again");
         r->registered = false;
+    } else if (!hr) {
+        /* no answer (the router busy or briefly unreachable): the same id again soon. A new
+         * registration from this address would read as a restart, and the router would fail
+         * every request it has here; a router that did restart answers "unknown" */
+        BT_LOG_WARN("router did not answer a heartbeat (%s); trying again", bt_rpc_code_name(code));
     }
     if (hr) BT_PROTO_FREE(baton__v1__heartbeat_response, hr);
-    schedule(r, r->registered ? r->heartbeat_ms : 200);
+    schedule(r, r->registered && hr ? r->heartbeat_ms : 200);
 }
 
 static void tick(uv_timer_t *t)

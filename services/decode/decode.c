@@ -1006,6 +1006,13 @@ int main(int argc, char **argv)
     }
     bt_log_set_level((bt_log_level_t)bt_log_level_parse(w.log_level));
 
+    if (max_running > BT_MODEL_MAX_SEQS) {
+        /* a step runs every running request in one forward, which takes at most this many
+         * (above it every step failed); the group registers the cap, so the router queues */
+        BT_LOG_WARN("a decode step runs at most %d sequences: running at most that many, not %lld",
+                    BT_MODEL_MAX_SEQS, (long long)max_running);
+        max_running = BT_MODEL_MAX_SEQS;
+    }
     static decode_t dd;
     decode_t *d = &dd;
     d->loop = uv_default_loop();

@@ -564,7 +564,7 @@ typedef struct {
     const bt_kv_layout_t *lay;
     const bt_forward_seq_t *seqs;
     int n_seqs, N, l;
-    int seq_first[64]; /* first token index of each sequence (bounded by max_batch_seqs) */
+    int seq_first[BT_MODEL_MAX_SEQS]; /* first token index of each sequence */
     bt_status_t comm_status; /* the first failed collective, BT_OK otherwise */
 } fwd_t;
 
@@ -1356,7 +1356,7 @@ bt_status_t bt_model_forward_sample(bt_model_t *m, const bt_kv_layout_t *lay,
         snprintf(err, errlen, "sampling over %d ids: outside 1..%d, the model's vocabulary", vocab, c->vocab);
         return BT_ERR_INVALID_ARG;
     }
-    if (n_seqs < 1 || n_seqs > m->opt.max_batch_seqs || n_seqs > 64) {
+    if (n_seqs < 1 || n_seqs > m->opt.max_batch_seqs || n_seqs > BT_MODEL_MAX_SEQS) {
         snprintf(err, errlen, "batch of %d sequences outside 1..%d", n_seqs, m->opt.max_batch_seqs);
         return BT_ERR_INVALID_ARG;
     }
@@ -1417,7 +1417,7 @@ static bt_status_t forward_seqs(bt_model_t *m, const bt_kv_layout_t *lay, const 
 {
     const bt_model_config_t *c = &m->cfg;
     scratch_t *s = &m->s;
-    if (n_seqs < 1 || n_seqs > m->opt.max_batch_seqs || n_seqs > 64) {
+    if (n_seqs < 1 || n_seqs > m->opt.max_batch_seqs || n_seqs > BT_MODEL_MAX_SEQS) {
         snprintf(err, errlen, "batch of %d sequences outside 1..%d", n_seqs, m->opt.max_batch_seqs);
         return BT_ERR_INVALID_ARG;
     }

@@ -28,13 +28,16 @@
 
 typedef struct bt_model bt_model_t;
 
+/* Sequences in one forward, at most (per-sequence bookkeeping is sized for it). */
+#define BT_MODEL_MAX_SEQS 64
+
 typedef struct {
     const int32_t *engram_token_map; /* [vocab] token -> class; copied at load */
     int engram_classes;
     int n_threads;                   /* 0 = one per core */
     int max_batch_tokens;            /* most tokens in one forward, all sequences together */
     int64_t max_ctx;                 /* most positions per sequence */
-    int max_batch_seqs;
+    int max_batch_seqs;              /* at most BT_MODEL_MAX_SEQS */
     /* Tensor parallelism: this process (or thread) is one rank of comm's group and keeps only
      * its shard: attention heads (with their wq_b rows, sinks and, when the output groups
      * divide evenly, their wo_a groups and wo_b columns), expert and shared-expert widths, and

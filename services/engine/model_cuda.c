@@ -905,14 +905,15 @@ typedef struct {
     const bt_forward_seq_t *seqs;
     int n_seqs, N;
     const int *first;
-    uint8_t *dslot[64];          /* each sequence's mirror */
+    uint8_t *dslot[BT_MODEL_MAX_SEQS]; /* each sequence's mirror */
     bool graph;                  /* this forward's launches are captured into CUDA graphs */
     bool capturing;              /* the stream is capturing (a piece begun, not yet run) */
     int piece;                   /* the piece being captured */
     const bt_model_draw_t *draw; /* tokens drawn on the GPU from the logits (then no logits out) */
     int logit_rows;              /* rows of logits the forward produced */
-    bool topk_set[64], cand_set[64];
-    int64_t topk_bound[64];      /* the published picks are below this (their owner's entries) */
+    bool topk_set[BT_MODEL_MAX_SEQS], cand_set[BT_MODEL_MAX_SEQS];
+    int64_t topk_bound[BT_MODEL_MAX_SEQS]; /* the published picks are below this (their owner's
+                                              entries) */
     int64_t *pos_d;              /* [N] positions, device */
     int32_t *win_idx_d, *win_n_d;
     /* a decode step (one token a sequence): attention reads every sequence's caches where they
@@ -1120,8 +1121,8 @@ static bt_status_t compress(fwd_t *f, int l)
     int r = c->layer[l].compress_ratio, hd = c->head_dim, ihd = c->index_head_dim;
     size_t row = (size_t)hd * sizeof(float);
     int n_lat = 0, cb = 0, S = f->n_seqs;
-    int ng_q[64], cb_q[64];
-    int64_t e0s[64];
+    int ng_q[BT_MODEL_MAX_SEQS], cb_q[BT_MODEL_MAX_SEQS];
+    int64_t e0s[BT_MODEL_MAX_SEQS];
     int64_t *epos, *epos_d;
     PLAN(f, int64_t, cu->rmax * S + f->N, epos, epos_d);
     /* the copies: staging at [0, 4S), what stays open at [4S, 6S), new entries at [6S, 8S) */

@@ -30,8 +30,9 @@ typedef struct {
 
 static const char *context = "512";
 static const char *decode_max_total = NULL; /* --max-total-tokens of decode groups (NULL: none) */
-/* more flags for the groups group_start starts (NULL-terminated; NULL: none) */
-static const char *const *prefill_extra, *const *decode_extra;
+/* more flags for the groups group_start starts and for the router (NULL-terminated; NULL:
+ * none) */
+static const char *const *prefill_extra, *const *decode_extra, *const *router_extra;
 
 /* Starts a prefill (decode = false) or decode group: the following ranks first (they wait
  * for rank 0), then rank 0, which registers with the router. */
@@ -85,10 +86,24 @@ static int cluster_start(cluster_t *c, const char *model, const char *tls, const
     c->tls = tls;
     c->chunk = chunk;
     c->watchdog = watchdog;
-    if (proc_start(&c->router, "baton-router", "--port", "0", "--model-path", model,
-                   "--served-model-name", "m", "--max-queued-requests", max_queued,
-                   "--heartbeat-ms", "200", "--watchdog-timeout", watchdog, NULL))
-        return -1;
+    char *args[24] = {"--port",
+                      "0",
+                      "--model-path",
+                      (char *)model,
+                      "--served-model-name",
+                      "m",
+                      "--max-queued-requests",
+                      (char *)max_queued,
+                      "--heartbeat-ms",
+                      "200",
+                      "--watchdog-timeout",
+                      (char *)watchdog,
+                      NULL};
+    int n = 12;
+    for (const char *const *e = router_extra; e && *e && n < 22; e++)
+        args[n++] = (char *)*e;
+    args[n] = NULL;
+    if (proc_startv(&c->router, "baton-router", args, true)) return -1;
     snprintf(c->router_addr, sizeof c->router_addr, "%s", c->router.addr);
     if (group_start(c, false, context, chunk) || group_start(c, true, context, chunk)) return -1;
     usleep(300000); /* registration */
@@ -625,6 +640,43 @@ static __attribute__((unused)) void test_refusal_queued_again(void)
     cluster_stop(&c);
 }
 
+/* More running requests than one decode step takes (the engine's BT_MODEL_MAX_SEQS, 64):
+ * the decode group accepted --max-running-requests up to 1024, and once a 65th request ran
+ * every step failed (INTERNAL for the whole batch; under TP the group left). Now it runs at
+ * most 64 and registers that, and the router queues the rest. */
+static __attribute__((unused)) void test_batch_past_engine_limit(void)
+{
+    static const char *const rex[] = {"--max-running-requests", "80", NULL};
+    static const char *const dex[] = {"--max-running-requests", "80", NULL};
+    router_extra = rex;
+    decode_extra = dex;
+    cluster_t c;
+    BT_CHECK(cluster_start(&c, golden_exact, "tcp", "4096", "256", "60") == 0);
+    router_extra = decode_extra = NULL;
+    client_t cl;
+    client_open(&cl, c.router_addr);
+    BT_CHECK(serving(&cl));
+    static gen_t g[70];
+    static int32_t prompts[70][3];
+    for (int i = 0; i < 70; i++) {
+        prompts[i][0] = 0, prompts[i][1] = 40 + i, prompts[i][2] = 71;
+        gen_start(&cl, &g[i], prompts[i], 3, 300, true, 120000);
+    }
+    BT_CHECK(run_until(&cl, all_done, &cl, 120000));
+    int ok = 0;
+    for (int i = 0; i < 70; i++)
+        ok += g[i].code == BT_RPC_OK && g[i].n == 300;
+    int running = 0, seen = 0;
+    int64_t used = -1;
+    BT_CHECK(stats_ok(&cl, c.decode.addr, &running, &seen, &used));
+    fprintf(stderr, "  70 requests, 80 allowed: %d finished, the decode group ran at most %d\n", ok,
+            seen);
+    BT_CHECK_EQ_INT(ok, 70);
+    BT_CHECK_MSG(seen <= 64, "the decode group ran %d at once", seen);
+    client_close(&cl);
+    cluster_stop(&c);
+}
+
 static void test_incompatible_groups(void)
 {
     cluster_t c;
@@ -908,6 +960,7 @@ int main(void)
     BT_RUN(test_prefill_gone_while_decoding);
     BT_RUN(test_place_freed_mid_step);
     BT_RUN(test_refusal_queued_again);
+    BT_RUN(test_batch_past_engine_limit);
 #endif
     BT_RUN(test_incompatible_groups);
 #if CLUSTER_TP > 1

@@ -5,7 +5,10 @@
  * the registration was freed before it). The sanitizer build (CI) reports the use after free. */
 #include "bt_test.h"
 #include "common/rpc/rpc.h"
+#include "services/common/proto_util.h"
 #include "services/common/service.h"
+
+#include <string.h>
 
 #include <uv.h>
 
@@ -54,6 +57,11 @@ static void on_check(uv_check_t *h)
 static void on_down(void *ctx)
 {
     ((router_t *)ctx)->down = true;
+}
+
+static void on_down_flag(void *ctx)
+{
+    *(bool *)ctx = true;
 }
 
 /* runs the loop until *flag or ms pass */
@@ -109,8 +117,87 @@ static void test_stop_with_call_in_flight(void)
     BT_CHECK(uv_loop_close(&loop) == 0);
 }
 
+/* A stand-in router that registers the worker as "w1" and fails its first heartbeat. */
+typedef struct {
+    int registers, heartbeats, wrong_ids;
+} hb_router_t;
+
+static void reply_msg(bt_rpc_call_t *call, const ProtobufCMessage *m)
+{
+    uint8_t *buf;
+    size_t n;
+    bt_proto_pack(m, &buf, &n);
+    bt_rpc_call_reply(call, buf, n);
+    free(buf);
+}
+
+static void hb_on_register(void *ctx, bt_rpc_call_t *call, const uint8_t *req, size_t len)
+{
+    (void)req;
+    (void)len;
+    hb_router_t *r = ctx;
+    r->registers++;
+    Baton__V1__RegisterResponse resp = BATON__V1__REGISTER_RESPONSE__INIT;
+    resp.worker_id = "w1";
+    resp.heartbeat_ms = 50;
+    reply_msg(call, &resp.base);
+}
+
+static void hb_on_heartbeat(void *ctx, bt_rpc_call_t *call, const uint8_t *req, size_t len)
+{
+    hb_router_t *r = ctx;
+    Baton__V1__HeartbeatRequest *hb = BT_PROTO_UNPACK(baton__v1__heartbeat_request, req, len);
+    r->wrong_ids += !hb || !hb->worker_id || strcmp(hb->worker_id, "w1") != 0;
+    if (hb) BT_PROTO_FREE(baton__v1__heartbeat_request, hb);
+    if (r->heartbeats++ == 0) { /* as a router whose loop was busy past the deadline */
+        bt_rpc_call_finish(call, BT_RPC_UNAVAILABLE, "busy");
+        return;
+    }
+    Baton__V1__HeartbeatResponse resp = BATON__V1__HEARTBEAT_RESPONSE__INIT;
+    resp.known = 1;
+    reply_msg(call, &resp.base);
+}
+
+/* A heartbeat the router does not answer is tried again with the same id: the worker
+ * registered again instead, and the router, seeing its address register anew, took it for a
+ * restart and failed every request it had there. */
+static void test_missed_heartbeat_keeps_registration(void)
+{
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    bt_rpc_t *rpc;
+    BT_CHECK(bt_rpc_create(&loop, &rpc) == BT_OK);
+    bt_rpc_server_t *srv;
+    BT_CHECK(bt_rpc_server_create(rpc, "127.0.0.1:0", NULL, &srv) == BT_OK);
+    hb_router_t router = {0};
+    BT_CHECK(bt_rpc_server_method(srv, "/baton.v1.Registry/RegisterWorker", BT_RPC_UNARY,
+                                  hb_on_register, &router) == BT_OK);
+    BT_CHECK(bt_rpc_server_method(srv, "/baton.v1.Registry/Heartbeat", BT_RPC_UNARY,
+                                  hb_on_heartbeat, &router) == BT_OK);
+    BT_CHECK(bt_rpc_server_start(srv) == BT_OK);
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", bt_rpc_server_port(srv));
+    Baton__V1__WorkerInfo info = BATON__V1__WORKER_INFO__INIT;
+    info.role = BATON__V1__WORKER_ROLE__ROLE_DECODE;
+    info.address = "127.0.0.1:1";
+    info.model = "m";
+    bt_registration_t *reg;
+    BT_CHECK(bt_registration_start(rpc, addr, &info, NULL, NULL, &reg) == BT_OK);
+    BT_CHECK(run_until(&loop, NULL, &router.heartbeats, 4, 5000));
+    BT_CHECK_MSG(router.registers == 1, "registered %d times", router.registers);
+    BT_CHECK_EQ_INT(router.wrong_ids, 0);
+    bt_registration_stop(reg);
+    bool down = false;
+    bt_rpc_server_shutdown(srv, 0, on_down_flag, &down);
+    BT_CHECK(run_until(&loop, &down, NULL, 0, 5000));
+    bt_rpc_destroy(rpc);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    BT_CHECK(uv_loop_close(&loop) == 0);
+}
+
 int main(void)
 {
     BT_RUN(test_stop_with_call_in_flight);
+    BT_RUN(test_missed_heartbeat_keeps_registration);
     return bt_test_summary();
 }
