@@ -1,7 +1,8 @@
 /* baton up: a whole local cluster in one command. Starts the router, the prefill and decode
  * groups (and the gateway when it is built) as separate processes on loopback, prints where
- * each listens, and stops them all on Ctrl-C or SIGTERM. A service that dies takes the
- * cluster down with a message saying which.
+ * each listens, and stops them all on Ctrl-C, SIGTERM, SIGHUP or SIGQUIT (and they stop
+ * themselves if it dies outright). A service that dies takes the cluster down with a message
+ * saying which.
  *
  * `--config FILE` (deploy/README.md) supplies defaults that command-line flags override. What
  * this host cannot honour is reported: nnodes > 1 (then tp runs as 1 here; tp > 1 on one node
@@ -26,6 +27,7 @@
 #include <limits.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,6 +79,7 @@ static int spawn(const char *name, char **argv, int timeout_ms)
 {
     int fds[2];
     if (pipe(fds) != 0) return -1;
+    const pid_t parent = getpid();
     pid_t pid = fork();
     if (pid < 0) return -1;
     if (pid == 0) {
@@ -84,6 +87,10 @@ static int spawn(const char *name, char **argv, int timeout_ms)
         close(fds[0]);
         close(fds[1]);
         setpgid(0, 0); /* Ctrl-C reaches only `baton up`, which stops the children in order */
+        /* and if `baton up` dies without stopping them (SIGKILL, a crash), they stop too:
+         * else they kept the cluster's ports, and the next `baton up` could not start */
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        if (getppid() != parent) _exit(1); /* (it died before the prctl) */
         execv(argv[0], argv);
         fprintf(stderr, "baton up: cannot start %s: %s\n", argv[0], strerror(errno));
         _exit(127);
@@ -447,6 +454,8 @@ static int up(int argc, char **argv, const bt_conf_t *conf)
     sa.sa_handler = on_signal;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL); /* the terminal or ssh session closed */
+    sigaction(SIGQUIT, &sa, NULL);
 
     char dir[PATH_MAX], exe[PATH_MAX + 32];
     bin_dir(dir, sizeof dir);

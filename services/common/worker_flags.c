@@ -31,7 +31,10 @@ bool bt_worker_flags_check(const bt_worker_flags_t *w, bool simulate, char *err,
     else if (w->nnodes < 1) bad = "--nnodes must be at least 1";
     else if (w->tp > 1 && !w->dist_addr) bad = "--dist-init-addr is required when --tp > 1";
     else if (w->tp > 1 && simulate) bad = "--simulate runs with --tp 1 only";
-    else if (!(w->watchdog_s > 0)) bad = "--watchdog-timeout must be positive";
+    /* a millisecond at least (0 ms would mean no deadline at all, and no quarantine), and
+     * within the int milliseconds the group's sockets take */
+    else if (!(w->watchdog_s >= 0.001 && w->watchdog_s <= 2e6))
+        bad = "--watchdog-timeout must be 0.001..2000000 seconds";
     else if (strcmp(w->transfer, "ucx") != 0) bad = "--transfer must be ucx";
     else if (w->port < 0 || w->port > 65535 || w->metrics_port < 0 || w->metrics_port > 65535)
         bad = "--port and --metrics-port must be 0..65535";

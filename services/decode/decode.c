@@ -63,7 +63,8 @@ typedef struct seq {
     bt_rpc_client_call_t *prefill_call;
     bool prefill_pending, last_notice, prefill_ok, in_step, cancelled;
     bool target_sent;           /* a Prefill call carried the slot's address out */
-    bool prefill_stopped;       /* its prefill group said (STOPPED) that no more writes come */
+    bool prefill_stopped;       /* no more writes come: its prefill group said so (STOPPED), or
+                                   answered as it does only for a job that wrote nothing */
     bool needs_sync;            /* TP: copy its KV to the other ranks before its first step */
     bool waiting;               /* not admitted yet: no slot, not in n_admitted (SEQ_WAITING) */
     uint64_t arrival;           /* waiting ones are admitted in this order */
@@ -321,6 +322,11 @@ static void on_prefill_reply(void *ctx, bt_rpc_code_t code, const char *msg, con
     seq_t *s = ctx;
     s->prefill_pending = false;
     s->prefill_call = NULL;
+    /* answers a prefill group gives only for a job that wrote nothing (statuses the gRPC
+     * library never makes itself): no late writes can come, so the slot needs no quarantine */
+    if (code == BT_RPC_ABORTED || code == BT_RPC_INVALID_ARGUMENT ||
+        code == BT_RPC_FAILED_PRECONDITION)
+        s->prefill_stopped = true;
     if (s->state == SEQ_DONE) {
         seq_release(s);
         return;
@@ -330,6 +336,13 @@ static void on_prefill_reply(void *ctx, bt_rpc_code_t code, const char *msg, con
     if (!pr) {
         char m[512];
         count(s->d, "handoff_failures_total", "KV handoffs that failed, by cause", "cause", bt_rpc_code_name(code));
+        /* the group may be gone: the next request asks it (Hello) before sending a slot's
+         * address there, which a dead group never answers. Else every request the router
+         * sent there until it noticed (three heartbeats) sent its slot out, and each slot
+         * waited out the watchdog for writes that could never come. */
+        if ((code == BT_RPC_UNAVAILABLE || code == BT_RPC_DEADLINE_EXCEEDED) &&
+            s->peer->hello == HELLO_OK)
+            s->peer->hello = HELLO_NONE;
         snprintf(m, sizeof m, "prefill at %s failed: %s%s%s", s->peer->address,
                  bt_rpc_code_name(code), msg ? ": " : "", msg ? msg : "");
         /* the prefill process stopped writing: the call ended (or its process is gone) */

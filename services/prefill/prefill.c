@@ -90,9 +90,16 @@ struct prefill {
     int64_t watchdog_ms;
     bool committing;
     uv_timer_t watchdog;
+    /* stopping: the server is down; the loop stops once the active job has ended (its last
+     * writes flushed, its decode group told), or EXIT_GRACE_MS after */
+    bool server_down;
+    int64_t server_down_ms;
 };
 
+#define EXIT_GRACE_MS 5000
+
 static void run_next(prefill_t *p);
+static void maybe_exit(prefill_t *p);
 
 /* A failed peer is let go once no job holds it: before, every decode group that went away
  * (a restart, a kill) left its endpoint and rkey here for the life of the process. */
@@ -161,6 +168,7 @@ static void job_end(job_t *j, bt_rpc_code_t code, const char *msg)
     BT_PROTO_FREE(baton__v1__prefill_request, j->req);
     free(j);
     run_next(p);
+    maybe_exit(p);
 }
 
 static void on_peer_error(void *ctx, bt_status_t st)
@@ -467,6 +475,7 @@ static void run_next(prefill_t *p)
 static void on_watchdog(uv_timer_t *t)
 {
     prefill_t *p = t->data;
+    maybe_exit(p);
     job_t *j = p->active;
     if (!j || !p->committing || !j->peer || j->peer->failed) return;
     if (bt_now_ms() - p->commit_start_ms < p->watchdog_ms) return;
@@ -526,7 +535,7 @@ static void on_prefill(void *ctx, bt_rpc_call_t *call, const uint8_t *data, size
     }
     bt_rpc_code_t code = BT_RPC_OK;
     if (p->stopping) {
-        code = BT_RPC_UNAVAILABLE;
+        code = BT_RPC_ABORTED; /* (nothing written: the decode group frees the slot at once) */
         snprintf(msg, sizeof msg, "prefill group shutting down");
     } else if (r->compat_hash != p->eng.compat_hash) {
         code = BT_RPC_FAILED_PRECONDITION;
@@ -601,18 +610,46 @@ static void load_fn(void *ctx, Baton__V1__HeartbeatRequest *hb)
     hb->queued_prefill_tokens = p->queued_tokens;
 }
 
+static void maybe_exit(prefill_t *p)
+{
+    if (!p->server_down) return;
+    if ((!p->active && !p->busy) || bt_now_ms() - p->server_down_ms >= EXIT_GRACE_MS)
+        uv_stop(p->loop);
+}
+
 static void on_server_down(void *ctx)
 {
     prefill_t *p = ctx;
-    uv_stop(p->loop);
+    p->server_down = true;
+    p->server_down_ms = bt_now_ms();
+    maybe_exit(p); /* (else when the active job ends: its call was cancelled, so at its next
+                      chunk boundary, after a STOPPED notice) */
 }
 
+/* Jobs still queued at a stop end at once, ABORTED: a status the prefill group gives only for
+ * a job that wrote nothing, so the decode group frees its slot without waiting out late
+ * writes (it quarantined them all for its watchdog, 300 s by default: a prefill restart under
+ * load filled the decode pools). The active job stops at its next chunk boundary once the
+ * server's grace cancels its call, and tells its decode group so (STOPPED). */
 static void on_stop(void *ctx)
 {
     prefill_t *p = ctx;
     p->stopping = true;
     bt_registration_stop(p->reg);
     p->reg = NULL;
+    while (p->queue) {
+        job_t *j = p->queue;
+        p->queue = j->next;
+        p->queued_tokens -= (int64_t)j->req->n_prompt_ids;
+        if (j->call)
+            bt_rpc_call_finish(j->call, BT_RPC_ABORTED,
+                               "prefill group shutting down before this "
+                               "request's turn (nothing written)");
+        j->call = NULL;
+        BT_PROTO_FREE(baton__v1__prefill_request, j->req);
+        free(j);
+    }
+    p->queue_tail = NULL;
     bt_rpc_server_shutdown(p->server, 1000, on_server_down, p);
 }
 

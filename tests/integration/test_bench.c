@@ -15,6 +15,8 @@
 typedef struct {
     pid_t pid;
     char router[128], gateway[128];
+    pid_t children[16]; /* as its table of services printed them */
+    int n_children;
 } up_t;
 
 /* Starts baton up with the extra args; waits for its table of services. */
@@ -61,6 +63,8 @@ static bool up_start(up_t *u, const char *const *extra)
     const char *r = strstr(buf, "  router "), *g = strstr(buf, "  gateway ");
     if (r) sscanf(r, " router %127s", u->router);
     if (g) sscanf(g, " gateway %127s", u->gateway);
+    for (const char *p = buf; (p = strstr(p, "(pid ")) && u->n_children < 16; p++)
+        u->children[u->n_children++] = (pid_t)atoi(p + 5);
     if (!u->router[0] || !u->gateway[0]) {
         fprintf(stderr, "baton up did not start:\n%s\n", buf);
         return false;
@@ -232,6 +236,52 @@ static void test_refused(void)
     }
 }
 
+/* A process that has exited (gone, or a zombie no one reaped yet). */
+static bool exited(pid_t pid)
+{
+    char path[64], stat[256];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return true;
+    const bool got = fgets(stat, sizeof stat, f) != NULL;
+    fclose(f);
+    const char *e = got ? strrchr(stat, ')') : NULL;
+    return !e || e[2] == 'Z' || e[2] == 'X';
+}
+
+static bool all_exited(const up_t *u, int ms)
+{
+    for (int64_t until = ms_now() + ms; ms_now() < until; usleep(50000)) {
+        bool all = true;
+        for (int i = 0; i < u->n_children; i++)
+            all &= exited(u->children[i]);
+        if (all) return true;
+    }
+    return false;
+}
+
+/* `baton up`'s services stop with it however it goes: on SIGHUP (a closed terminal or ssh
+ * session: it was not handled, so `baton up` died and left them running, holding the
+ * cluster's ports), and when it is killed outright (they follow their parent's death). */
+static void test_services_follow_up(void)
+{
+    static const int sigs[2] = {SIGHUP, SIGKILL};
+    for (int k = 0; k < 2; k++) {
+        up_t u;
+        const char *none[] = {NULL};
+        BT_CHECK(up_start(&u, none));
+        BT_CHECK_MSG(u.n_children >= 6, "%d services listed", u.n_children);
+        kill(u.pid, sigs[k]);
+        waitpid(u.pid, NULL, 0);
+        u.pid = 0;
+        const bool gone = all_exited(&u, 10000);
+        BT_CHECK_MSG(gone, "after %s of baton up, its services still run", strsignal(sigs[k]));
+        if (!gone)
+            for (int i = 0; i < u.n_children; i++)
+                kill(u.children[i], SIGKILL);
+    }
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -246,5 +296,6 @@ int main(void)
         BT_RUN(test_refused);
     }
     up_stop(&cluster);
+    BT_RUN(test_services_follow_up);
     return bt_test_summary();
 }

@@ -677,6 +677,74 @@ static __attribute__((unused)) void test_batch_past_engine_limit(void)
     cluster_stop(&c);
 }
 
+/* A prefill group stopped (SIGTERM) with one request in prefill and two queued behind it: the
+ * queued ones wrote nothing and the active one stops at a chunk boundary, so the decode group
+ * gets all three slots back at once. Before, the queued calls were cut by the server's close
+ * and the process left before the active job's STOPPED notice: every slot waited out the
+ * watchdog (30 s here, 300 s by default), and a prefill restart under load filled the pools. */
+static __attribute__((unused)) void test_prefill_stop_frees_slots(void)
+{
+    cluster_t c;
+    context = "4096";
+    BT_CHECK(cluster_start(&c, golden_exact, "tcp", "1", "256", "30") == 0);
+    client_t cl;
+    client_open(&cl, c.router_addr);
+    BT_CHECK(serving(&cl));
+    static int32_t prompt[4000];
+    gen_t a, b, d;
+    start_long_prefill(&cl, &c, &a, prompt);
+    gen_start(&cl, &b, prompt, 5, 4, true, 60000);
+    gen_start(&cl, &d, prompt + 5, 5, 4, true, 60000);
+    int64_t used = wait_slots_used(&cl, c.decode.addr, 3, NULL, 5000, NULL);
+    BT_CHECK_MSG(used == 3, "three slots taken (%lld)", (long long)used);
+    const int64_t t_stop = ms_now();
+    group_stop(&c, false, SIGTERM);
+    BT_CHECK(run_until(&cl, all_done, &cl, 10000));
+    used = wait_slots_used(&cl, c.decode.addr, 0, NULL, 5000, NULL);
+    fprintf(stderr, "  prefill stopped with 1 active and 2 queued: %lld slots held %lld ms after\n",
+            (long long)used, (long long)(ms_now() - t_stop));
+    BT_CHECK_MSG(used == 0, "the decode group still holds %lld slots (waiting out its watchdog?)",
+                 (long long)used);
+    client_close(&cl);
+    cluster_stop(&c);
+    context = "512";
+}
+
+/* The requests the router sends to a prefill group that just died (until it misses three
+ * heartbeats) each sent a decode slot's address to the dead group, and each slot then waited
+ * out the watchdog for late writes: after the first failure the decode group asks the group
+ * (Hello) before sending another slot there, and the dead group fails that harmlessly. */
+static __attribute__((unused)) void test_dead_prefill_holds_one_slot(void)
+{
+    cluster_t c;
+    BT_CHECK(cluster_start(&c, golden_exact, "tcp", "4096", "256", "30") == 0);
+    client_t cl;
+    client_open(&cl, c.router_addr);
+    BT_CHECK(serving(&cl));
+    int32_t prompt[3] = {0, 42, 71};
+    gen_t g;
+    gen_start(&cl, &g, prompt, 3, 2, true, 30000); /* the groups have met (Hello) */
+    BT_CHECK(run_until(&cl, gen_done, &g, 30000) && g.code == BT_RPC_OK);
+    proc_stop(&c.prefill, SIGKILL);
+    int sent_there = 0;
+    for (int i = 0; i < 3; i++) {
+        gen_start(&cl, &g, prompt, 3, 2, true, 30000);
+        BT_CHECK(run_until(&cl, gen_done, &g, 30000));
+        BT_CHECK_MSG(g.code != BT_RPC_OK, "request %d: %s", i, bt_rpc_code_name(g.code));
+        sent_there += strstr(g.message, "no prefill group") == NULL;
+    }
+    const int64_t used = wait_slots_used(&cl, c.decode.addr, -1, NULL, 300, NULL);
+    fprintf(stderr, "  3 requests sent to a dead prefill group (%d reached it): %lld slots held\n",
+            sent_there, (long long)used);
+    BT_CHECK_MSG(sent_there >= 2, "only %d requests reached the dead group: the test shows nothing",
+                 sent_there);
+    BT_CHECK_MSG(used <= 1, "the decode group holds %lld slots for a dead prefill group",
+                 (long long)used);
+    client_close(&cl);
+    group_stop(&c, false, SIGKILL);
+    cluster_stop(&c);
+}
+
 static void test_incompatible_groups(void)
 {
     cluster_t c;
@@ -961,6 +1029,8 @@ int main(void)
     BT_RUN(test_place_freed_mid_step);
     BT_RUN(test_refusal_queued_again);
     BT_RUN(test_batch_past_engine_limit);
+    BT_RUN(test_prefill_stop_frees_slots);
+    BT_RUN(test_dead_prefill_holds_one_slot);
 #endif
     BT_RUN(test_incompatible_groups);
 #if CLUSTER_TP > 1
