@@ -797,8 +797,8 @@ static void on_generate(void *ctx, bt_rpc_call_t *call, const uint8_t *data, siz
     }
     char msg[256];
     bt_rpc_code_t code = BT_RPC_OK;
-    if (d->stopping) {
-        code = BT_RPC_UNAVAILABLE;
+    if (d->stopping) { /* (the router finds it another place: see on_stop) */
+        code = BT_RPC_RESOURCE_EXHAUSTED;
         snprintf(msg, sizeof msg, "decode group is shutting down");
     } else if (r->n_prompt_ids == 0) {
         code = BT_RPC_INVALID_ARGUMENT;
@@ -978,7 +978,11 @@ static void on_stop(void *ctx)
     d->reg = NULL;
     for (seq_t *s = d->seqs; s;) {
         seq_t *next = s->next;
-        if (s->call) seq_fail(s, BT_RPC_UNAVAILABLE, "decode group shutting down");
+        /* a request with no token out yet can start again elsewhere: the refusal the router
+         * answers by finding another place (before, a rolling restart failed them all) */
+        if (s->call)
+            seq_fail(s, s->generated == 0 ? BT_RPC_RESOURCE_EXHAUSTED : BT_RPC_UNAVAILABLE,
+                     "decode group shutting down");
         s = next;
     }
     bt_rpc_server_shutdown(d->server, 1000, on_server_down, d);

@@ -745,6 +745,55 @@ static __attribute__((unused)) void test_dead_prefill_holds_one_slot(void)
     cluster_stop(&c);
 }
 
+/* A decode group stopped (SIGTERM, as in a rolling restart) with a request still in prefill
+ * there: the request starts again on the other decode group and finishes. It failed
+ * UNAVAILABLE, though it had produced nothing yet and another group had room. */
+static __attribute__((unused)) void test_decode_stop_moves_requests(void)
+{
+    cluster_t c;
+    context = "4096";
+    /* chunks of one token: a 1500-token prefill lasts long enough to stop its group in */
+    BT_CHECK(cluster_start(&c, golden_exact, "tcp", "1", "256", "30") == 0);
+    client_t cl;
+    client_open(&cl, c.router_addr);
+    BT_CHECK(serving(&cl));
+    proc_t second;
+    BT_CHECK(proc_start(&second, "baton-decode", "--port", "0", "--model-path", golden_exact,
+                        "--served-model-name", "m", "--router", c.router_addr, "--context-length",
+                        context, "--threads", "1", "--watchdog-timeout", "30", NULL) == 0);
+    BT_CHECK(groups(&cl, 2, 1));
+    static int32_t prompt[1500];
+    for (int i = 0; i < 1500; i++)
+        prompt[i] = (i * 11 + 7) % 1000;
+    gen_t g;
+    gen_start(&cl, &g, prompt, 1500, 4, true, 120000);
+    /* which group holds it */
+    proc_t *holder = NULL, *other = NULL;
+    for (int64_t until = ms_now() + 10000; !holder && ms_now() < until && !g.done; usleep(10000)) {
+        int r;
+        if (wait_slots_used(&cl, c.decode.addr, 1, &g, 1, &r) == 1)
+            holder = &c.decode, other = &second;
+        else if (wait_slots_used(&cl, second.addr, 1, &g, 1, &r) == 1)
+            holder = &second, other = &c.decode;
+    }
+    BT_CHECK_MSG(holder && !g.done, "the request is in prefill on one of the groups");
+    if (holder) {
+        usleep(300000);
+        proc_stop(holder, SIGTERM);
+        BT_CHECK(run_until(&cl, gen_done, &g, 90000));
+        fprintf(stderr,
+                "  its decode group stopped mid-prefill: the request ended %s with %d tokens\n",
+                bt_rpc_code_name(g.code), g.n);
+        BT_CHECK_MSG(g.code == BT_RPC_OK && g.n == 4, "%s %s", bt_rpc_code_name(g.code), g.message);
+        int r = 0;
+        BT_CHECK(wait_slots_used(&cl, other->addr, 0, NULL, 5000, &r) == 0);
+    }
+    client_close(&cl);
+    proc_stop(&second, SIGTERM);
+    cluster_stop(&c);
+    context = "512";
+}
+
 static void test_incompatible_groups(void)
 {
     cluster_t c;
@@ -1031,6 +1080,7 @@ int main(void)
     BT_RUN(test_batch_past_engine_limit);
     BT_RUN(test_prefill_stop_frees_slots);
     BT_RUN(test_dead_prefill_holds_one_slot);
+    BT_RUN(test_decode_stop_moves_requests);
 #endif
     BT_RUN(test_incompatible_groups);
 #if CLUSTER_TP > 1
