@@ -23,6 +23,20 @@ static void buf_add(buf_t *b, const char *s, size_t n)
     b->p[b->len] = 0;
 }
 
+/* Adds detokenized text, U+0000 as U+FFFD: the text is a C string from here to the client (stop
+ * strings, the parsers, the protobuf text field), and a NUL the model wrote cut it there: a
+ * stop string after it never matched, and the rest of that delta was lost. */
+static void text_add(buf_t *b, const char *s, size_t n)
+{
+    for (const char *z; n && (z = memchr(s, 0, n));) {
+        buf_add(b, s, (size_t)(z - s));
+        buf_add(b, "\xEF\xBF\xBD", 3);
+        n -= (size_t)(z - s) + 1;
+        s = z + 1;
+    }
+    buf_add(b, s, n);
+}
+
 struct bt_output {
     bt_detok_t *detok;
     bt_reasoning_parser_t *rp;
@@ -167,12 +181,13 @@ void bt_output_push(bt_output_t *o, const int32_t *ids, size_t n, bool final, bt
         for (size_t i = 0; i < n; i++) {
             const char *chunk;
             size_t len;
-            if (bt_detok_push(o->detok, &ids[i], 1, &chunk, &len) == BT_OK) buf_add(&o->text, chunk, len);
+            if (bt_detok_push(o->detok, &ids[i], 1, &chunk, &len) == BT_OK)
+                text_add(&o->text, chunk, len);
         }
         if (final) {
             const char *chunk;
             size_t len;
-            if (bt_detok_finish(o->detok, &chunk, &len) == BT_OK) buf_add(&o->text, chunk, len);
+            if (bt_detok_finish(o->detok, &chunk, &len) == BT_OK) text_add(&o->text, chunk, len);
         }
         long stop_at;
         size_t end = releasable(o, final, &stop_at);

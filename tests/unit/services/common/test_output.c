@@ -107,6 +107,39 @@ static void test_special_tokens_and_utf8(void)
     BT_CHECK(strstr(r.content, "end▁of▁sentence") != NULL);
 }
 
+/* A NUL the model writes (the byte-level token for 0x00) comes out as U+FFFD: the text is a C
+ * string to the client, and the NUL cut it (a stop string after it never matched). */
+static void test_nul_byte(void)
+{
+    int32_t *x, *y, nul;
+    size_t nx, ny;
+    BT_CHECK(bt_tokenizer_encode(tok, "x", 1, 0, &x, &nx) == BT_OK && nx == 1);
+    BT_CHECK(bt_tokenizer_encode(tok, "y", 1, 0, &y, &ny) == BT_OK && ny == 1);
+    nul = bt_tokenizer_token_to_id(tok, "\xC4\x80"); /* "Ā": the byte-level symbol of 0x00 */
+    size_t nb = 0;
+    const char *bytes = nul >= 0 ? bt_tokenizer_id_bytes(tok, nul, &nb) : NULL;
+    BT_CHECK_MSG(bytes && nb == 1 && bytes[0] == 0, "id %d is not the byte 0", nul);
+    const char *stops[] = {"y"};
+    bt_output_options_t o = {stops, 1, true, false, false, false, 0};
+    bt_output_t *out = bt_output_create(tok, &o);
+    char content[256] = "";
+    bool stopped = false;
+    const int32_t seq[3] = {x[0], nul, y[0]};
+    const size_t m = 3;
+    for (size_t i = 0; i < m && !stopped && nul >= 0; i++) {
+        bt_output_delta_t d;
+        bt_output_push(out, &seq[i], 1, i + 1 == m, &d);
+        strncat(content, d.content, d.content_len);
+        stopped = d.stopped;
+    }
+    BT_CHECK_MSG(nul >= 0, "no single id for byte 0");
+    BT_CHECK_MSG(stopped, "the stop string after the NUL never matched");
+    BT_CHECK_MSG(!strcmp(content, "x\xEF\xBF\xBD"), "content '%s'", content);
+    bt_output_destroy(out);
+    free(x);
+    free(y);
+}
+
 int main(void)
 {
     char err[256], dir[512];
@@ -118,6 +151,7 @@ int main(void)
     BT_RUN(test_reasoning_and_tools);
     BT_RUN(test_stop_strings);
     BT_RUN(test_special_tokens_and_utf8);
+    BT_RUN(test_nul_byte);
     bt_tokenizer_destroy(tok);
     return bt_test_summary();
 }
