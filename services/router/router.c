@@ -41,6 +41,8 @@ typedef struct worker {
     int64_t context_length;
     int64_t queued_prefill_tokens;
     uint64_t compat_hash;
+    /* decode: slots that hold no request (waiting out late writes), from its last heartbeat */
+    int64_t slots_total, slots_held;
     /* decode: it refused a request the router counted a place for; not picked until then */
     int64_t refused_until_ms;
     int refusals; /* in a row: the rest doubles */
@@ -352,11 +354,17 @@ static void on_decode_done(void *ctx, bt_rpc_code_t code, const char *msg)
     req_release(q);
 }
 
-/* The requests the router runs at once on decode group w: the least of its own cap and the
- * group's (its KV pool may hold fewer). */
+/* The requests the router runs at once on decode group w: the least of its own cap, the
+ * group's (its KV pool may hold fewer), and the slots its last heartbeat left free of
+ * quarantines (a slot whose prefill group went away waits out the watchdog: counted as a
+ * place, it drew requests the group could only refuse, every 2 s until the watchdog). */
 static int places(const router_t *r, const worker_t *w)
 {
-    return w->max_running > 0 && w->max_running < r->max_running ? w->max_running : r->max_running;
+    int64_t n =
+        w->max_running > 0 && w->max_running < r->max_running ? w->max_running : r->max_running;
+    if (w->slots_total > 0 && w->slots_total - w->slots_held < n)
+        n = w->slots_total - w->slots_held;
+    return n > 0 ? (int)n : 0;
 }
 
 static worker_t *pick(router_t *r, Baton__V1__WorkerRole role, bool need_room)
@@ -836,13 +844,23 @@ static void on_heartbeat(void *ctx, bt_rpc_call_t *call, const uint8_t *data, si
     Baton__V1__HeartbeatRequest *hb = BT_PROTO_UNPACK(baton__v1__heartbeat_request, data, len);
     Baton__V1__HeartbeatResponse resp = BATON__V1__HEARTBEAT_RESPONSE__INIT;
     worker_t *w = hb ? find_worker(r, hb->worker_id) : NULL;
+    bool more_room = false;
     if (w) {
         w->last_seen_ms = bt_now_ms();
         w->queued_prefill_tokens = hb->queued_prefill_tokens;
+        if (w->role == BATON__V1__WORKER_ROLE__ROLE_DECODE) {
+            const int before = places(r, w);
+            /* each running request holds one slot: the rest are held by quarantines */
+            const int64_t held = hb->kv_slots_used - hb->running;
+            w->slots_total = hb->kv_slots_total;
+            w->slots_held = held > 0 ? held : 0;
+            more_room = places(r, w) > before;
+        }
         resp.known = 1;
     }
     if (hb) BT_PROTO_FREE(baton__v1__heartbeat_request, hb);
     reply(call, &resp.base);
+    if (more_room) dispatch_queued(r); /* a quarantine ended */
 }
 
 static void on_sweep(uv_timer_t *t)
