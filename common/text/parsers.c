@@ -153,6 +153,10 @@ struct bt_tool_parser {
     bt__buf_t cout;  /* content produced by this call */
     bt__buf_t lead;  /* T_CALLS: newlines stripped before the block and the marker itself */
     bool block_emitted; /* a call of this block was emitted */
+    /* T_CALLS, waiting inside a parameter's value: the block was searched for the value's end
+     * up to here (0: not waiting). A value may be long (a file to write): parsing the block
+     * again at every push made its cost quadratic in the value's length. */
+    size_t value_scan;
     uint64_t rng;
     int next_index;
     int warnings;
@@ -230,9 +234,12 @@ static pres_t expect(const char *s, size_t n, const char *lit)
 }
 
 /* Parses one step of a DSML block from offset `at`: ">\n" then an invoke (-> P_CALL with
- * *call_p and *next_p past it) or the block end (-> P_END, *next_p past it). */
-static pres_t parse_step(const char *s, size_t n, size_t at, parsed_call_t *call_p, size_t *next_p)
+ * *call_p and *next_p past it) or the block end (-> P_END, *next_p past it). *in_value_p:
+ * P_NEED came from a parameter value whose end has not arrived (only that end can change it). */
+static pres_t parse_step(const char *s, size_t n, size_t at, parsed_call_t *call_p, size_t *next_p,
+                         bool *in_value_p)
 {
+    *in_value_p = false;
     const char *b = s + at;
     size_t m = n - at;
     pres_t r = expect(b, m, ">\n");
@@ -273,6 +280,7 @@ static pres_t parse_step(const char *s, size_t n, size_t at, parsed_call_t *call
         const char *pe = find(b, m, PARAM_END);
         if (!pe) {
             result = P_NEED;
+            *in_value_p = true;
             goto out;
         }
         /* ' name="K" string="true|false">V<' */
@@ -399,9 +407,19 @@ static void tool_run(bt_tool_parser_t *p, bool final)
             return;
         }
         /* T_CALLS: b holds the block text after "<｜DSML｜ calls" */
+        if (p->value_scan && !final) { /* still inside a value unless its end arrived */
+            const size_t ll = strlen(PARAM_END);
+            const size_t from = p->value_scan >= ll ? p->value_scan - (ll - 1) : 0;
+            if (!find(b->data + from, b->len - from, PARAM_END)) {
+                p->value_scan = b->len;
+                return;
+            }
+        }
+        p->value_scan = 0;
         parsed_call_t call;
         size_t next = 0;
-        pres_t r = parse_step(b->data, b->len, 0, &call, &next);
+        bool in_value;
+        pres_t r = parse_step(b->data, b->len, 0, &call, &next, &in_value);
         if (r == P_CALL) {
             emit_call(p, call.name, call.args);
             p->block_emitted = true;
@@ -414,7 +432,10 @@ static void tool_run(bt_tool_parser_t *p, bool final)
             p->lead.len = 0;
             continue;
         }
-        if (r == P_NEED && !final) return;
+        if (r == P_NEED && !final) {
+            if (in_value) p->value_scan = b->len;
+            return;
+        }
         warn(p, r == P_NEED ? "truncated DSML tool-call block" : "malformed DSML tool-call block");
         degrade(p);
     }

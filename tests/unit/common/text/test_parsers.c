@@ -8,6 +8,7 @@
 #include "common/text/text_internal.h"
 
 #include <string.h>
+#include <time.h>
 
 #define D "｜DSML｜"
 #define CALL_W                                                                                      \
@@ -363,11 +364,53 @@ static void test_encoder_round_trip(void)
     cJSON_Delete(req);
 }
 
+/* A long parameter value (a file to write) streamed a few bytes a push: the parser parsed the
+ * whole block again at every push, quadratic in the value's length (a 512 KiB value in 4-byte
+ * pushes took tens of seconds of the router's loop). Not a performance claim: the bound is
+ * orders of magnitude above the linear cost and below the quadratic one. */
+static void test_long_value_linear(void)
+{
+    const size_t vlen = 512 * 1024;
+    const char *head = "<" D " calls>\n<" D " invoke name=\"write\">\n<" D
+                       " parameter name=\"content\" string=\"true\">";
+    const char *tail = "</" D " parameter>\n</" D " invoke>\n</" D " calls>";
+    const size_t hl = strlen(head), tl = strlen(tail), n = hl + vlen + tl;
+    char *text = malloc(n);
+    memcpy(text, head, hl);
+    for (size_t i = 0; i < vlen; i++)
+        text[hl + i] = "<p>x"[i % 4]; /* markup, as files have */
+    memcpy(text + hl + vlen, tail, tl);
+    bt_tool_parser_t *tp = bt_tool_parser_create(1);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int calls = 0;
+    size_t args_len = 0, content = 0;
+    for (size_t at = 0; at < n; at += 4) {
+        bt_tool_delta_t td;
+        bt_tool_parser_push(tp, text + at, n - at < 4 ? n - at : 4, &td);
+        calls += td.n_calls;
+        if (td.n_calls) args_len = strlen(td.calls[0].arguments);
+        content += td.content_len;
+    }
+    bt_tool_delta_t td;
+    bt_tool_parser_finish(tp, &td);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    const double s = (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    fprintf(stderr, "  a %zu-byte value in 4-byte pushes: %.3f s\n", vlen, s);
+    BT_CHECK_EQ_INT(calls, 1);
+    BT_CHECK_EQ_INT(content, 0);
+    BT_CHECK_EQ_INT(args_len, vlen + strlen("{\"content\": \"\"}")); /* (no escapes in "<p>x") */
+    BT_CHECK_MSG(s < 2.0, "%.1f s: the parse is not linear in the value's length", s);
+    bt_tool_parser_destroy(tp);
+    free(text);
+}
+
 int main(void)
 {
     bt_log_set_level(BT_LOG_ERROR); /* the malformed cases warn by design */
     BT_RUN(test_table);
     BT_RUN(test_ids_unique);
     BT_RUN(test_encoder_round_trip);
+    BT_RUN(test_long_value_linear);
     return bt_test_summary();
 }
