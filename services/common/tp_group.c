@@ -3,6 +3,7 @@
 #include "common/alloc.h"
 #include "common/log.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,7 +24,12 @@ bt_status_t bt_tp_join(const char *service, int rank, int size, const char *addr
     char tag[64];
     snprintf(tag, sizeof tag, "%s.%d", service, rank);
     bt_log_set_tag(tag);
-    bt_status_t st = bt_comm_socket_create(rank, size, addr, timeout_ms, comm_p);
+    /* a following rank waits for plans longer than the lead's own watchdog: while the lead
+     * waits (up to that watchdog) on a stalled peer, it sends none, and followers that gave
+     * up first took the whole group down with the stalled peer */
+    int64_t wait_ms = rank > 0 ? 2 * (int64_t)timeout_ms + 1000 : timeout_ms;
+    if (wait_ms > INT32_MAX) wait_ms = INT32_MAX;
+    bt_status_t st = bt_comm_socket_create(rank, size, addr, (int)wait_ms, comm_p);
     if (st != BT_OK)
         fprintf(stderr, "baton-%s: rank %d of %d cannot join the group at %s: %s\n", service, rank, size, addr,
                 bt_status_str(st));

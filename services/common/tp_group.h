@@ -23,7 +23,9 @@
 #include <stdint.h>
 
 /* Joins the group as rank `rank` of `size` (rank 0 listens on addr) and tags this process's
- * log lines "<service>.<rank>". Says why on stderr when it cannot. */
+ * log lines "<service>.<rank>". Says why on stderr when it cannot. timeout_ms: the service's
+ * watchdog, how long the lead waits on the group; the other ranks wait 2 x + 1 s (the lead may
+ * itself wait a watchdog on a stalled peer between two plans). */
 bt_status_t bt_tp_join(const char *service, int rank, int size, const char *addr, int timeout_ms,
                        bt_comm_t **comm_p);
 

@@ -1011,6 +1011,39 @@ static void test_kill_follower_rank(void)
 #endif
 
 #if CLUSTER_TP > 1
+/* A decode group that stops answering (SIGSTOP of its lead) mid-transfer: the prefill group
+ * gives up on it after its watchdog and goes on serving. Its other ranks waited for the next
+ * plan only as long as that watchdog, gave up first, and took the whole prefill group down. */
+static void test_stalled_decode_tp(void)
+{
+    context = "4096";
+    cluster_t c;
+    BT_CHECK(cluster_start(&c, golden_exact, "tcp", "1", "256", "3") == 0);
+    client_t cl;
+    client_open(&cl, c.router_addr);
+    BT_CHECK(serving(&cl));
+    static int32_t prompt[4000];
+    for (int i = 0; i < 4000; i++)
+        prompt[i] = (i * 7 + 3) % 1000;
+    gen_t g;
+    gen_start(&cl, &g, prompt, 4000, 8, true, 60000);
+    wait_slots_used(&cl, c.decode.addr, 1, &g, 10000, NULL);
+    usleep(200000);
+    kill(c.decode.pid, SIGSTOP);
+    BT_CHECK(run_until(&cl, gen_done, &g, 15000));
+    BT_CHECK_MSG(g.code != BT_RPC_OK, "the request finished on a stopped group");
+    /* well past the prefill group's watchdog (3 s) from its last plan */
+    for (int64_t until = ms_now() + 6000; ms_now() < until;) {
+        uv_run(&cl.loop, UV_RUN_NOWAIT);
+        usleep(50000);
+    }
+    BT_CHECK_MSG(groups(&cl, 0, 1), "the prefill group left with the stalled decode group");
+    kill(c.decode.pid, SIGCONT);
+    client_close(&cl);
+    cluster_stop(&c);
+    context = "512";
+}
+
 /* A request that reaches an idle TP prefill leader while it is inside its heartbeat (the
  * NOOP plan it sends its other ranks once a second) must start when the heartbeat ends. It
  * did not: the heartbeat's completion never looked at the queue, so the request waited for
@@ -1090,6 +1123,7 @@ int main(void)
     BT_RUN(test_incompatible_groups);
 #if CLUSTER_TP > 1
     BT_RUN(test_kill_follower_rank);
+    BT_RUN(test_stalled_decode_tp);
     BT_RUN(test_request_during_heartbeat);
 #else
     BT_RUN(test_stalled_decode);
