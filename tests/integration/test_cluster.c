@@ -117,6 +117,18 @@ static void cluster_stop(cluster_t *c)
     proc_stop(&c->router, SIGTERM);
 }
 
+static bool serving(client_t *cl);
+
+/* A cluster on the exact golden model over UCX tcp, and a client of its router (opened even
+ * when the start fails, for client_close): true once the router serves. */
+static bool cluster_up(cluster_t *c, client_t *cl, const char *chunk, const char *max_queued,
+                       const char *watchdog)
+{
+    const bool started = cluster_start(c, golden_exact, "tcp", chunk, max_queued, watchdog) == 0;
+    client_open(cl, c->router_addr);
+    return started && serving(cl);
+}
+
 /* Polls the router's Health (up to ~10 s) until it shows `decode` decode and `prefill`
  * prefill groups, or, with negative counts, until it serves at all. */
 static bool wait_health(client_t *cl, int decode, int prefill)
@@ -292,10 +304,8 @@ static void start_long_prefill(client_t *cl, const cluster_t *c, gen_t *g, int32
 static void test_admission(void)
 {
     cluster_t c;
-    BT_CHECK(cluster_start(&c, golden_exact, "tcp", "4096", "256", "60") == 0);
     client_t cl;
-    client_open(&cl, c.router_addr);
-    BT_CHECK(serving(&cl));
+    BT_CHECK(cluster_up(&c, &cl, "4096", "256", "60"));
     int32_t prompt[5] = {0, 1000, 42, 71, 78};
     int32_t ref[64];
     int k = one_process(golden_exact, prompt, 5, 48, ref);
@@ -359,10 +369,8 @@ static bool gen_done(void *ctx)
 static void test_kill_decode(void)
 {
     cluster_t c;
-    BT_CHECK(cluster_start(&c, golden_exact, "tcp", "4096", "256", "5") == 0);
     client_t cl;
-    client_open(&cl, c.router_addr);
-    BT_CHECK(serving(&cl));
+    BT_CHECK(cluster_up(&c, &cl, "4096", "256", "5"));
     int32_t prompt[3] = {0, 42, 71};
     gen_t g;
     gen_start(&cl, &g, prompt, 3, 400, true, 60000);
@@ -399,10 +407,8 @@ static void test_kill_prefill_and_cancel(void)
     cluster_t c;
     /* a long prompt in chunks of one token: the transfer is long enough to kill mid-way */
     context = "4096";
-    BT_CHECK(cluster_start(&c, golden_exact, "tcp", "1", "256", "5") == 0);
     client_t cl;
-    client_open(&cl, c.router_addr);
-    BT_CHECK(serving(&cl));
+    BT_CHECK(cluster_up(&c, &cl, "1", "256", "5"));
     static int32_t prompt[4000];
     gen_t g;
     start_long_prefill(&cl, &c, &g, prompt);
@@ -472,10 +478,8 @@ static void test_cancel_during_prefill(void)
     cluster_t c;
     context = "4096";
     /* chunks of one token: the prefill is long enough to cancel mid-way; a 30 s watchdog */
-    BT_CHECK(cluster_start(&c, golden_exact, "tcp", "1", "256", "30") == 0);
     client_t cl;
-    client_open(&cl, c.router_addr);
-    BT_CHECK(serving(&cl));
+    BT_CHECK(cluster_up(&c, &cl, "1", "256", "30"));
     static int32_t prompt[4000];
     gen_t g;
     start_long_prefill(&cl, &c, &g, prompt);
@@ -505,10 +509,8 @@ static __attribute__((unused)) void test_prefill_gone_while_decoding(void)
 {
     cluster_t c;
     context = "4096";
-    BT_CHECK(cluster_start(&c, golden_exact, "tcp", "4096", "256", "30") == 0);
     client_t cl;
-    client_open(&cl, c.router_addr);
-    BT_CHECK(serving(&cl));
+    BT_CHECK(cluster_up(&c, &cl, "4096", "256", "30"));
     int32_t prompt[3] = {0, 42, 71};
     gen_t g;
     const int want = 4000; /* long enough to outlast the router's three missed heartbeats */
@@ -688,10 +690,8 @@ static __attribute__((unused)) void test_prefill_stop_frees_slots(void)
 {
     cluster_t c;
     context = "4096";
-    BT_CHECK(cluster_start(&c, golden_exact, "tcp", "1", "256", "30") == 0);
     client_t cl;
-    client_open(&cl, c.router_addr);
-    BT_CHECK(serving(&cl));
+    BT_CHECK(cluster_up(&c, &cl, "1", "256", "30"));
     static int32_t prompt[4000];
     gen_t a, b, d;
     start_long_prefill(&cl, &c, &a, prompt);
@@ -719,10 +719,8 @@ static __attribute__((unused)) void test_prefill_stop_frees_slots(void)
 static __attribute__((unused)) void test_dead_prefill_holds_one_slot(void)
 {
     cluster_t c;
-    BT_CHECK(cluster_start(&c, golden_exact, "tcp", "4096", "256", "30") == 0);
     client_t cl;
-    client_open(&cl, c.router_addr);
-    BT_CHECK(serving(&cl));
+    BT_CHECK(cluster_up(&c, &cl, "4096", "256", "30"));
     int32_t prompt[3] = {0, 42, 71};
     gen_t g;
     gen_start(&cl, &g, prompt, 3, 2, true, 30000); /* the groups have met (Hello) */
@@ -755,10 +753,8 @@ static __attribute__((unused)) void test_decode_stop_moves_requests(void)
     cluster_t c;
     context = "4096";
     /* chunks of one token: a 1500-token prefill lasts long enough to stop its group in */
-    BT_CHECK(cluster_start(&c, golden_exact, "tcp", "1", "256", "30") == 0);
     client_t cl;
-    client_open(&cl, c.router_addr);
-    BT_CHECK(serving(&cl));
+    BT_CHECK(cluster_up(&c, &cl, "1", "256", "30"));
     proc_t second;
     BT_CHECK(proc_start(&second, "baton-decode", "--port", "0", "--model-path", golden_exact,
                         "--served-model-name", "m", "--router", c.router_addr, "--context-length",
@@ -841,10 +837,8 @@ static void test_incompatible_groups(void)
 static void test_penalties(void)
 {
     cluster_t c;
-    BT_CHECK(cluster_start(&c, golden_exact, "tcp", "4096", "256", "30") == 0);
     client_t cl;
-    client_open(&cl, c.router_addr);
-    BT_CHECK(serving(&cl));
+    BT_CHECK(cluster_up(&c, &cl, "4096", "256", "30"));
     int changed = 0;
     for (int p = 0; p < 3; p++) {
         int32_t prompt[6] = {5 + 7 * p, 17, 99 + p, 3, 42, 8};
@@ -912,10 +906,8 @@ static void test_penalties(void)
 static void test_one_token_requests(void)
 {
     cluster_t c;
-    BT_CHECK(cluster_start(&c, golden_exact, "tcp", "4096", "256", "30") == 0);
     client_t cl;
-    client_open(&cl, c.router_addr);
-    BT_CHECK(serving(&cl));
+    BT_CHECK(cluster_up(&c, &cl, "4096", "256", "30"));
     int32_t prompt[4] = {5, 17, 99, 3};
     static gen_t g[8];
     for (int i = 0; i < 8; i++) {
@@ -946,10 +938,8 @@ static void test_stalled_decode(void)
 {
     context = "4096";
     cluster_t c;
-    BT_CHECK(cluster_start(&c, golden_exact, "tcp", "1", "256", "3") == 0);
     client_t cl;
-    client_open(&cl, c.router_addr);
-    BT_CHECK(serving(&cl));
+    BT_CHECK(cluster_up(&c, &cl, "1", "256", "3"));
     static int32_t prompt[4000];
     for (int i = 0; i < 4000; i++) prompt[i] = (i * 7 + 3) % 1000;
     gen_t g;
@@ -986,10 +976,8 @@ static void test_stalled_decode(void)
 static void test_kill_follower_rank(void)
 {
     cluster_t c;
-    BT_CHECK(cluster_start(&c, golden_exact, "tcp", "4096", "256", "5") == 0);
     client_t cl;
-    client_open(&cl, c.router_addr);
-    BT_CHECK(serving(&cl));
+    BT_CHECK(cluster_up(&c, &cl, "4096", "256", "5"));
     int32_t prompt[3] = {0, 42, 71};
     gen_t g;
     gen_start(&cl, &g, prompt, 3, 400, true, 60000);
@@ -1018,10 +1006,8 @@ static void test_stalled_decode_tp(void)
 {
     context = "4096";
     cluster_t c;
-    BT_CHECK(cluster_start(&c, golden_exact, "tcp", "1", "256", "3") == 0);
     client_t cl;
-    client_open(&cl, c.router_addr);
-    BT_CHECK(serving(&cl));
+    BT_CHECK(cluster_up(&c, &cl, "1", "256", "3"));
     static int32_t prompt[4000];
     for (int i = 0; i < 4000; i++)
         prompt[i] = (i * 7 + 3) % 1000;

@@ -75,27 +75,41 @@ static bool run_until(uv_loop_t *loop, const bool *flag, const int *count, int w
     return (flag && *flag) || (count && *count >= want);
 }
 
-static void test_stop_with_call_in_flight(void)
+/* A stand-in router's server on loopback (the caller adds its methods) and the rpc both ends
+ * use. */
+static bt_rpc_server_t *stand_in(uv_loop_t *loop, bt_rpc_t **rpc_p)
 {
-    uv_loop_t loop;
-    uv_loop_init(&loop);
-    bt_rpc_t *rpc;
-    BT_CHECK(bt_rpc_create(&loop, &rpc) == BT_OK);
-    bt_rpc_server_t *srv;
-    BT_CHECK(bt_rpc_server_create(rpc, "127.0.0.1:0", NULL, &srv) == BT_OK);
-    router_t router = {0};
-    BT_CHECK(bt_rpc_server_method(srv, "/baton.v1.Registry/RegisterWorker", BT_RPC_UNARY,
-                                  on_register, &router) == BT_OK);
+    uv_loop_init(loop);
+    BT_CHECK(bt_rpc_create(loop, rpc_p) == BT_OK);
+    bt_rpc_server_t *srv = NULL;
+    BT_CHECK(bt_rpc_server_create(*rpc_p, "127.0.0.1:0", NULL, &srv) == BT_OK);
+    return srv;
+}
+
+/* Starts the stand-in and a decode worker's registration with it. */
+static bt_registration_t *worker_registers(bt_rpc_t *rpc, bt_rpc_server_t *srv)
+{
     BT_CHECK(bt_rpc_server_start(srv) == BT_OK);
     char addr[64];
     snprintf(addr, sizeof addr, "127.0.0.1:%d", bt_rpc_server_port(srv));
-
     Baton__V1__WorkerInfo info = BATON__V1__WORKER_INFO__INIT;
     info.role = BATON__V1__WORKER_ROLE__ROLE_DECODE;
     info.address = "127.0.0.1:1";
     info.model = "m";
-    bt_registration_t *reg;
+    bt_registration_t *reg = NULL;
     BT_CHECK(bt_registration_start(rpc, addr, &info, NULL, NULL, &reg) == BT_OK);
+    return reg;
+}
+
+static void test_stop_with_call_in_flight(void)
+{
+    uv_loop_t loop;
+    bt_rpc_t *rpc;
+    bt_rpc_server_t *srv = stand_in(&loop, &rpc);
+    router_t router = {0};
+    BT_CHECK(bt_rpc_server_method(srv, "/baton.v1.Registry/RegisterWorker", BT_RPC_UNARY,
+                                  on_register, &router) == BT_OK);
+    bt_registration_t *reg = worker_registers(rpc, srv);
     stopper_t stopper = {.reg = reg, .calls = &router.calls};
     uv_check_init(&loop, &stopper.check);
     stopper.check.data = &stopper;
@@ -164,25 +178,14 @@ static void hb_on_heartbeat(void *ctx, bt_rpc_call_t *call, const uint8_t *req, 
 static void test_missed_heartbeat_keeps_registration(void)
 {
     uv_loop_t loop;
-    uv_loop_init(&loop);
     bt_rpc_t *rpc;
-    BT_CHECK(bt_rpc_create(&loop, &rpc) == BT_OK);
-    bt_rpc_server_t *srv;
-    BT_CHECK(bt_rpc_server_create(rpc, "127.0.0.1:0", NULL, &srv) == BT_OK);
+    bt_rpc_server_t *srv = stand_in(&loop, &rpc);
     hb_router_t router = {0};
     BT_CHECK(bt_rpc_server_method(srv, "/baton.v1.Registry/RegisterWorker", BT_RPC_UNARY,
                                   hb_on_register, &router) == BT_OK);
     BT_CHECK(bt_rpc_server_method(srv, "/baton.v1.Registry/Heartbeat", BT_RPC_UNARY,
                                   hb_on_heartbeat, &router) == BT_OK);
-    BT_CHECK(bt_rpc_server_start(srv) == BT_OK);
-    char addr[64];
-    snprintf(addr, sizeof addr, "127.0.0.1:%d", bt_rpc_server_port(srv));
-    Baton__V1__WorkerInfo info = BATON__V1__WORKER_INFO__INIT;
-    info.role = BATON__V1__WORKER_ROLE__ROLE_DECODE;
-    info.address = "127.0.0.1:1";
-    info.model = "m";
-    bt_registration_t *reg;
-    BT_CHECK(bt_registration_start(rpc, addr, &info, NULL, NULL, &reg) == BT_OK);
+    bt_registration_t *reg = worker_registers(rpc, srv);
     BT_CHECK(run_until(&loop, NULL, &router.heartbeats, 4, 5000));
     BT_CHECK_MSG(router.registers == 1, "registered %d times", router.registers);
     BT_CHECK_EQ_INT(router.wrong_ids, 0);
