@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 typedef struct router router_t;
 
@@ -95,6 +96,10 @@ struct router {
     int heartbeat_ms;
     bool reasoning_parser, tool_parser, stopping;
     uint64_t next_worker, next_request, epoch_base;
+    /* in every worker id: a worker that kept the id an earlier router gave it (its heartbeats
+     * retried through the restart) is unknown here, and never mistaken for the worker this
+     * router gave the same number */
+    uint32_t lifetime;
     uv_timer_t sweep;
     uv_timer_t retry; /* dispatches again when a refusing decode group's rest ends */
     bt_metrics_t *metrics;
@@ -812,8 +817,9 @@ static void on_register(void *ctx, bt_rpc_call_t *call, const uint8_t *data, siz
     worker_t *w = bt_calloc_or_die(1, sizeof *w);
     w->r = r;
     w->role = in->role;
-    snprintf(w->id, sizeof w->id, "%s-%" PRIu64,
-             in->role == BATON__V1__WORKER_ROLE__ROLE_DECODE ? "decode" : "prefill", ++r->next_worker);
+    snprintf(w->id, sizeof w->id, "%s-%08" PRIx32 "-%" PRIu64,
+             in->role == BATON__V1__WORKER_ROLE__ROLE_DECODE ? "decode" : "prefill", r->lifetime,
+             ++r->next_worker);
     snprintf(w->address, sizeof w->address, "%s", in->address);
     snprintf(w->model, sizeof w->model, "%s", in->model);
     w->max_running = in->max_running;
@@ -981,6 +987,8 @@ int main(int argc, char **argv)
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     r->epoch_base = ((uint64_t)ts.tv_sec & 0xffffffffu) << 24; /* ids of this router's lifetime */
+    r->lifetime = (uint32_t)(((uint64_t)ts.tv_sec * 1000000007u + (uint64_t)ts.tv_nsec) ^
+                             ((uint64_t)getpid() << 16));
     char demo[4096];
     const char *tdir = tokenizer_path ? tokenizer_path : model_path;
     if (!tdir) {
