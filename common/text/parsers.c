@@ -233,6 +233,11 @@ static pres_t expect(const char *s, size_t n, const char *lit)
     return k < ll ? P_NEED : P_CALL;
 }
 
+static bool is_blank(char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
 /* Parses one step of a DSML block from offset `at`: ">\n" then an invoke (-> P_CALL with
  * *call_p and *next_p past it) or the block end (-> P_END, *next_p past it). *in_value_p:
  * P_NEED came from a parameter value whose end has not arrived (only that end can change it). */
@@ -261,8 +266,9 @@ static pres_t parse_step(const char *s, size_t n, size_t at, parsed_call_t *call
     if (!stop) return m > MAX_HEADER ? P_BAD : P_NEED;
     size_t hl = (size_t)(stop - b);
     const char *h = b;
-    while (hl && (*h == ' ' || *h == '\t' || *h == '\n' || *h == '\r')) h++, hl--;
-    while (hl && (h[hl - 1] == ' ' || h[hl - 1] == '\t' || h[hl - 1] == '\n' || h[hl - 1] == '\r'))
+    while (hl && is_blank(*h))
+        h++, hl--;
+    while (hl && is_blank(h[hl - 1]))
         hl--;
     if (hl < 8 || memcmp(h, "name=\"", 6) || memcmp(h + hl - 2, "\">", 2)) return P_BAD;
     char *name = bt_malloc_or_die(hl - 8 + 1);
@@ -307,26 +313,18 @@ static pres_t parse_step(const char *s, size_t n, size_t at, parsed_call_t *call
         if (n_params++) bt__buf_puts(&args, ", ");
         bt__json_dump_string(&args, key);
         bt__buf_puts(&args, ": ");
-        if (is_str) {
+        /* string="false": a JSON value, as the model wrote it; text that is none (a bare
+         * path, nothing at all) goes out as a string too, so that arguments stay valid JSON */
+        cJSON *j = is_str ? NULL : bt__json_parse(v, vl);
+        if (j) {
+            bt__buf_append(&args, v, vl);
+            cJSON_Delete(j);
+        } else {
             char *val = bt_malloc_or_die(vl + 1);
             memcpy(val, v, vl);
             val[vl] = '\0';
             bt__json_dump_string(&args, val);
             free(val);
-        } else {
-            /* a JSON value, as the model wrote it; text that is none (a bare path, nothing
-             * at all) is passed on as a string, so that arguments stay valid JSON */
-            cJSON *j = bt__json_parse(v, vl);
-            if (j)
-                bt__buf_append(&args, v, vl);
-            else {
-                char *val = bt_malloc_or_die(vl + 1);
-                memcpy(val, v, vl);
-                val[vl] = '\0';
-                bt__json_dump_string(&args, val);
-                free(val);
-            }
-            cJSON_Delete(j);
         }
         free(key);
         /* ">\n" then the next parameter or the invoke end */

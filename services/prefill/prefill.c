@@ -298,6 +298,21 @@ static void exit_now(uv_timer_t *t)
     exit(1);
 }
 
+/* Ends every queued job (none has a peer or has written anything yet) with code and msg. */
+static void end_queued(prefill_t *p, bt_rpc_code_t code, const char *msg)
+{
+    while (p->queue) {
+        job_t *j = p->queue;
+        p->queue = j->next;
+        p->queued_tokens -= (int64_t)j->req->n_prompt_ids;
+        if (j->call) bt_rpc_call_finish(j->call, code, msg);
+        j->call = NULL;
+        BT_PROTO_FREE(baton__v1__prefill_request, j->req);
+        free(j);
+    }
+    p->queue_tail = NULL;
+}
+
 /* A rank of the group is gone: fail what is queued and leave, so the router drops us. */
 static void group_failed(prefill_t *p)
 {
@@ -305,15 +320,7 @@ static void group_failed(prefill_t *p)
     p->group_failed = true;
     p->stopping = true;
     BT_LOG_ERROR("%s; failing every request and leaving", p->step_err);
-    while (p->queue) {
-        job_t *j = p->queue;
-        p->queue = j->next;
-        if (j->call) bt_rpc_call_finish(j->call, BT_RPC_UNAVAILABLE, p->step_err);
-        j->call = NULL;
-        BT_PROTO_FREE(baton__v1__prefill_request, j->req);
-        free(j);
-    }
-    p->queue_tail = NULL;
+    end_queued(p, BT_RPC_UNAVAILABLE, p->step_err);
     bt_registration_stop(p->reg);
     p->reg = NULL;
     uv_timer_stop(&p->tp_timer);
@@ -637,19 +644,8 @@ static void on_stop(void *ctx)
     p->stopping = true;
     bt_registration_stop(p->reg);
     p->reg = NULL;
-    while (p->queue) {
-        job_t *j = p->queue;
-        p->queue = j->next;
-        p->queued_tokens -= (int64_t)j->req->n_prompt_ids;
-        if (j->call)
-            bt_rpc_call_finish(j->call, BT_RPC_ABORTED,
-                               "prefill group shutting down before this "
-                               "request's turn (nothing written)");
-        j->call = NULL;
-        BT_PROTO_FREE(baton__v1__prefill_request, j->req);
-        free(j);
-    }
-    p->queue_tail = NULL;
+    end_queued(p, BT_RPC_ABORTED,
+               "prefill group shutting down before this request's turn (nothing written)");
     bt_rpc_server_shutdown(p->server, 1000, on_server_down, p);
 }
 

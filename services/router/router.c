@@ -134,6 +134,23 @@ static void req_release(req_t *q)
     free(q);
 }
 
+/* Puts q in the queue: at its tail, or at its head (a request that was already its turn). */
+static void queue_put(router_t *r, req_t *q, bool at_head)
+{
+    q->state = REQ_QUEUED;
+    q->qnext = NULL;
+    if (!r->queue) {
+        r->queue = r->queue_tail = q;
+    } else if (at_head) {
+        q->qnext = r->queue;
+        r->queue = q;
+    } else {
+        r->queue_tail->qnext = q;
+        r->queue_tail = q;
+    }
+    r->n_queued++;
+}
+
 static void queue_remove(router_t *r, req_t *q)
 {
     req_t *prev = NULL;
@@ -326,11 +343,7 @@ static void requeue_refused(req_t *q, const char *msg)
     /* a new epoch: should the refused attempt have got further than the refusal said (a
      * refusal made by the transport), notices about it never reach the next one */
     q->epoch = r->epoch_base + ++r->next_request;
-    q->state = REQ_QUEUED;
-    q->qnext = r->queue;
-    r->queue = q;
-    if (!r->queue_tail) r->queue_tail = q;
-    r->n_queued++;
+    queue_put(r, q, true);
     dispatch_queued(r);
 }
 
@@ -700,13 +713,7 @@ static void on_generate(void *ctx, bt_rpc_call_t *call, const uint8_t *data, siz
         req_release(q);
         return;
     }
-    q->state = REQ_QUEUED;
-    if (r->queue_tail)
-        r->queue_tail->qnext = q;
-    else
-        r->queue = q;
-    r->queue_tail = q;
-    r->n_queued++;
+    queue_put(r, q, false);
     retry_after_rest(r); /* the only room may be on a group resting after a refusal */
 }
 

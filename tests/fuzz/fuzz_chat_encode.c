@@ -1,5 +1,6 @@
 /* libFuzzer: chat requests (untrusted JSON) through the DeepSeek-V4.1 chat encoding. Any
- * input must give either a prompt or BT_ERR_BAD_REQUEST with a message. */
+ * input must give either a prompt or BT_ERR_BAD_REQUEST with a message; a request the encoder
+ * takes, its thinking rule (bt_chat_thinking) takes too. */
 #include "common/text/chat.h"
 
 #include <stdio.h>
@@ -26,6 +27,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (st == BT_OK) {
         if (n == 0 || ids[0] != bt_tokenizer_bos_id(tok)) abort();
         free(ids);
+        /* the router's switch for the reasoning parser reads what the encoder accepted */
+        bool thinking;
+        if (bt_chat_thinking(req, &thinking, err, sizeof err) != BT_OK) abort();
     } else if (st != BT_ERR_BAD_REQUEST || !err[0]) {
         abort();
     }

@@ -310,18 +310,27 @@ static inline bool unary_done(void *ctx)
     return ((unary_t *)ctx)->done;
 }
 
+/* One unary call of `method` on ch with req, its deadline ms, pumping c's loop until it
+ * ends; u gets the status and the answer's bytes (u->resp malloc'd: the caller frees). */
+static inline void call_unary(client_t *c, bt_rpc_channel_t *ch, const char *method,
+                              const ProtobufCMessage *req, int ms, unary_t *u)
+{
+    uint8_t *buf;
+    size_t len;
+    bt_proto_pack(req, &buf, &len);
+    memset(u, 0, sizeof *u);
+    bt_rpc_unary(ch, method, buf, len, ms, unary_cb, u, NULL);
+    free(buf);
+    run_until(c, unary_done, u, ms + 1000);
+}
+
 static inline bool decode_stats(client_t *c, const char *addr, Baton__V1__StatsResponse **out)
 {
     bt_rpc_channel_t *ch;
     bt_rpc_channel_create(c->rpc, addr, NULL, &ch);
     Baton__V1__StatsRequest rq = BATON__V1__STATS_REQUEST__INIT;
-    uint8_t *buf;
-    size_t len;
-    bt_proto_pack(&rq.base, &buf, &len);
-    unary_t u = {0};
-    bt_rpc_unary(ch, "/baton.v1.Decode/Stats", buf, len, 5000, unary_cb, &u, NULL);
-    free(buf);
-    run_until(c, unary_done, &u, 6000);
+    unary_t u;
+    call_unary(c, ch, "/baton.v1.Decode/Stats", &rq.base, 5000, &u);
     bt_rpc_channel_destroy(ch);
     *out = u.code == BT_RPC_OK ? BT_PROTO_UNPACK(baton__v1__stats_response, u.resp, u.len) : NULL;
     free(u.resp);

@@ -135,13 +135,8 @@ static bool wait_health(client_t *cl, int decode, int prefill)
 {
     for (int i = 0; i < 100; i++) {
         Baton__V1__HealthRequest rq = BATON__V1__HEALTH_REQUEST__INIT;
-        uint8_t *buf;
-        size_t len;
-        bt_proto_pack(&rq.base, &buf, &len);
-        unary_t u = {0};
-        bt_rpc_unary(cl->ch, "/baton.v1.Baton/Health", buf, len, 2000, unary_cb, &u, NULL);
-        free(buf);
-        run_until(cl, unary_done, &u, 3000);
+        unary_t u;
+        call_unary(cl, cl->ch, "/baton.v1.Baton/Health", &rq.base, 2000, &u);
         Baton__V1__HealthResponse *h = u.code == BT_RPC_OK ? BT_PROTO_UNPACK(baton__v1__health_response, u.resp, u.len) : NULL;
         free(u.resp);
         bool ok = h && (decode < 0 ? h->serving : h->decode_groups == decode && h->prefill_groups == prefill);
@@ -804,13 +799,8 @@ static bool register_stand_in(client_t *cl, const char *address, char *id, size_
     info.model = "m";
     Baton__V1__RegisterRequest rq = BATON__V1__REGISTER_REQUEST__INIT;
     rq.info = &info;
-    uint8_t *buf;
-    size_t len;
-    bt_proto_pack(&rq.base, &buf, &len);
-    unary_t u = {0};
-    bt_rpc_unary(cl->ch, "/baton.v1.Registry/RegisterWorker", buf, len, 5000, unary_cb, &u, NULL);
-    free(buf);
-    run_until(cl, unary_done, &u, 6000);
+    unary_t u;
+    call_unary(cl, cl->ch, "/baton.v1.Registry/RegisterWorker", &rq.base, 5000, &u);
     Baton__V1__RegisterResponse *r =
         u.code == BT_RPC_OK ? BT_PROTO_UNPACK(baton__v1__register_response, u.resp, u.len) : NULL;
     free(u.resp);
@@ -845,13 +835,8 @@ static __attribute__((unused)) void test_router_restart_ids(void)
     /* the first worker's heartbeat, with the id the first router gave it */
     Baton__V1__HeartbeatRequest hb = BATON__V1__HEARTBEAT_REQUEST__INIT;
     hb.worker_id = id_a;
-    uint8_t *buf;
-    size_t len;
-    bt_proto_pack(&hb.base, &buf, &len);
-    unary_t u = {0};
-    bt_rpc_unary(cl.ch, "/baton.v1.Registry/Heartbeat", buf, len, 5000, unary_cb, &u, NULL);
-    free(buf);
-    run_until(&cl, unary_done, &u, 6000);
+    unary_t u;
+    call_unary(&cl, cl.ch, "/baton.v1.Registry/Heartbeat", &hb.base, 5000, &u);
     Baton__V1__HeartbeatResponse *r =
         u.code == BT_RPC_OK ? BT_PROTO_UNPACK(baton__v1__heartbeat_response, u.resp, u.len) : NULL;
     free(u.resp);

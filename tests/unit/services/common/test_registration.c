@@ -15,7 +15,6 @@
 typedef struct {
     bt_rpc_call_t *held; /* the RegisterWorker call, never answered until it is cancelled */
     int calls, cancels;
-    bool down;
 } router_t;
 
 static void on_held_cancel(void *ctx)
@@ -56,11 +55,6 @@ static void on_check(uv_check_t *h)
 
 static void on_down(void *ctx)
 {
-    ((router_t *)ctx)->down = true;
-}
-
-static void on_down_flag(void *ctx)
-{
     *(bool *)ctx = true;
 }
 
@@ -84,6 +78,17 @@ static bt_rpc_server_t *stand_in(uv_loop_t *loop, bt_rpc_t **rpc_p)
     bt_rpc_server_t *srv = NULL;
     BT_CHECK(bt_rpc_server_create(*rpc_p, "127.0.0.1:0", NULL, &srv) == BT_OK);
     return srv;
+}
+
+/* Shuts the stand-in down and checks that everything on the loop closed. */
+static void stand_in_close(uv_loop_t *loop, bt_rpc_t *rpc, bt_rpc_server_t *srv)
+{
+    bool down = false;
+    bt_rpc_server_shutdown(srv, 0, on_down, &down);
+    BT_CHECK(run_until(loop, &down, NULL, 0, 5000));
+    bt_rpc_destroy(rpc);
+    uv_run(loop, UV_RUN_DEFAULT);
+    BT_CHECK(uv_loop_close(loop) == 0);
 }
 
 /* Starts the stand-in and a decode worker's registration with it. */
@@ -124,11 +129,7 @@ static void test_stop_with_call_in_flight(void)
         uv_sleep(1);
     }
     BT_CHECK_EQ_INT(router.calls, 1);
-    bt_rpc_server_shutdown(srv, 0, on_down, &router);
-    BT_CHECK(run_until(&loop, &router.down, NULL, 0, 5000));
-    bt_rpc_destroy(rpc);
-    uv_run(&loop, UV_RUN_DEFAULT);
-    BT_CHECK(uv_loop_close(&loop) == 0);
+    stand_in_close(&loop, rpc, srv);
 }
 
 /* A stand-in router that registers the worker as "w1" and fails its first heartbeat. */
@@ -190,12 +191,7 @@ static void test_missed_heartbeat_keeps_registration(void)
     BT_CHECK_MSG(router.registers == 1, "registered %d times", router.registers);
     BT_CHECK_EQ_INT(router.wrong_ids, 0);
     bt_registration_stop(reg);
-    bool down = false;
-    bt_rpc_server_shutdown(srv, 0, on_down_flag, &down);
-    BT_CHECK(run_until(&loop, &down, NULL, 0, 5000));
-    bt_rpc_destroy(rpc);
-    uv_run(&loop, UV_RUN_DEFAULT);
-    BT_CHECK(uv_loop_close(&loop) == 0);
+    stand_in_close(&loop, rpc, srv);
 }
 
 int main(void)
