@@ -326,7 +326,7 @@ static int up(int argc, char **argv, const bt_conf_t *conf)
     const char *ucx_tls = "tcp", *reasoning = NULL, *tool = NULL, *api_key = NULL;
     int64_t port = 8888, router_port = 50051, n_prefill = 1, n_decode = 1, chunk = 4096;
     int64_t max_running = 16, max_queued = 256, context = 0, threads = 0, start_timeout = 120;
-    double watchdog = 300.0, mem_fraction = 0.0;
+    double watchdog = 300.0, drain = 30.0, mem_fraction = 0.0;
     const char *config = NULL, *tokenizer = NULL, *quant = NULL, *dist_init = NULL, *spec_algo = NULL;
     const char *net_devices = NULL, *device = NULL, *dtype = NULL;
     int64_t gpu = -1;
@@ -352,6 +352,7 @@ static int up(int argc, char **argv, const bt_conf_t *conf)
         BT_FLAG_INT("max-queued-requests", &max_queued, "router queue (default 256)"),
         BT_FLAG_INT("context-length", &context, "tokens per sequence"),
         BT_FLAG_FLOAT("watchdog-timeout", &watchdog, "seconds any wait may take (default 300)"),
+        BT_FLAG_FLOAT("drain-timeout", &drain, "seconds a stopping worker group finishes its requests in (default 30)"),
         BT_FLAG_INT("threads", &threads, "CPU threads per worker (default: one per core)"),
         BT_FLAG_STR("device", &device, "where the workers run the model: cpu (default) or cuda"),
         BT_FLAG_INT("base-gpu-id", &gpu, "the GPU every worker uses with --device cuda (default 0)"),
@@ -461,8 +462,9 @@ static int up(int argc, char **argv, const bt_conf_t *conf)
     bin_dir(dir, sizeof dir);
     int timeout_ms = (int)(start_timeout * 1000);
     args_t a = {0};
-    char wd[32];
+    char wd[32], dr[32];
     snprintf(wd, sizeof wd, "%g", watchdog);
+    snprintf(dr, sizeof dr, "%g", drain);
 
     snprintf(exe, sizeof exe, "%s/baton-router", dir);
     add(&a, exe);
@@ -518,6 +520,7 @@ static int up(int argc, char **argv, const bt_conf_t *conf)
             add_opt(&a, "--dtype", dtype);
             if (gpu >= 0) add_int(&a, "--base-gpu-id", gpu);
             add_opt(&a, "--watchdog-timeout", wd);
+            add_opt(&a, "--drain-timeout", dr);
             add_opt(&a, "--ucx-tls", ucx_tls);
             add_opt(&a, "--ucx-net-devices", net_devices);
             add_opt(&a, "--log-level", log_level);

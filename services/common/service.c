@@ -26,17 +26,26 @@ struct bt_registration {
     char worker_id[128];
     int heartbeat_ms;
     bool registered, in_flight, stopping, timer_closed;
+    bool leaving; /* every heartbeat says so; never registers again */
     bt_load_fn load;
     void *ctx;
+    /* bt_registration_leave: called once the router has the leaving heartbeat (or could not
+     * be told) */
+    void (*on_left)(void *ctx);
+    void *left_ctx;
+    bool leave_in_flight;
 };
 
 static void schedule(bt_registration_t *r, int ms);
+
+/* How long a leaving worker waits for the router to note it (it then stops anyway). */
+#define LEAVE_DEADLINE_MS 1000
 
 /* Stopped: freed once its timer is closed and no call of it is in flight (the channel's
  * destroy cancels that call, whose callback still comes, later, from the loop). */
 static void maybe_free(bt_registration_t *r)
 {
-    if (!r->stopping || !r->timer_closed || r->in_flight) return;
+    if (!r->stopping || !r->timer_closed || r->in_flight || r->leave_in_flight) return;
     free(r->address);
     free(r->model);
     free(r);
@@ -94,7 +103,8 @@ static void on_heartbeat(void *ctx, bt_rpc_code_t code, const char *msg, const u
 static void tick(uv_timer_t *t)
 {
     bt_registration_t *r = t->data;
-    if (r->in_flight || r->stopping) return;
+    if (r->in_flight || r->stopping || r->leave_in_flight) return;
+    if (r->leaving && !r->registered) return; /* (a router that forgot us sends nothing here) */
     uint8_t *buf;
     size_t len;
     r->in_flight = true;
@@ -109,6 +119,7 @@ static void tick(uv_timer_t *t)
         Baton__V1__HeartbeatRequest hb = BATON__V1__HEARTBEAT_REQUEST__INIT;
         hb.worker_id = r->worker_id;
         if (r->load) r->load(r->ctx, &hb);
+        hb.leaving = r->leaving;
         bt_proto_pack(&hb.base, &buf, &len);
         if (bt_rpc_unary(r->ch, "/baton.v1.Registry/Heartbeat", buf, len, 2000, on_heartbeat, r,
                          NULL) != BT_OK)
@@ -164,6 +175,56 @@ void bt_registration_stop(bt_registration_t *r)
     uv_timer_stop(&r->timer);
     bt_rpc_channel_destroy(r->ch);
     uv_close((uv_handle_t *)&r->timer, on_timer_closed);
+}
+
+static void on_leave_reply(void *ctx, bt_rpc_code_t code, const char *msg, const uint8_t *resp,
+                           size_t len)
+{
+    bt_registration_t *r = ctx;
+    r->leave_in_flight = false;
+    Baton__V1__HeartbeatResponse *hr = NULL;
+    if (code == BT_RPC_OK) hr = BT_PROTO_UNPACK(baton__v1__heartbeat_response, resp, len);
+    if (!hr)
+        BT_LOG_WARN("could not tell the router this worker is leaving (%s %s): it may send work "
+                    "here until it hears so",
+                    bt_rpc_code_name(code), msg ? msg : "");
+    else if (!hr->known)
+        r->registered = false; /* (and stays so: a router that forgot us sends nothing here) */
+    if (hr) BT_PROTO_FREE(baton__v1__heartbeat_response, hr);
+    void (*fn)(void *) = r->on_left;
+    void *fn_ctx = r->left_ctx;
+    r->on_left = NULL;
+    if (r->stopping) {
+        maybe_free(r);
+    } else if (!r->in_flight) {
+        schedule(r, r->heartbeat_ms); /* the heartbeats go on, marked leaving */
+    }
+    if (fn) fn(fn_ctx);
+}
+
+void bt_registration_leave(bt_registration_t *r, void (*on_left)(void *ctx), void *ctx)
+{
+    if (!r || !r->registered || r->stopping || r->leaving) {
+        if (r) r->leaving = true;
+        if (on_left) on_left(ctx);
+        return;
+    }
+    r->leaving = true;
+    uv_timer_stop(&r->timer);
+    r->on_left = on_left;
+    r->left_ctx = ctx;
+    Baton__V1__HeartbeatRequest hb = BATON__V1__HEARTBEAT_REQUEST__INIT;
+    hb.worker_id = r->worker_id;
+    if (r->load) r->load(r->ctx, &hb);
+    hb.leaving = 1;
+    uint8_t *buf;
+    size_t len;
+    bt_proto_pack(&hb.base, &buf, &len);
+    r->leave_in_flight = true;
+    if (bt_rpc_unary(r->ch, "/baton.v1.Registry/Heartbeat", buf, len, LEAVE_DEADLINE_MS,
+                     on_leave_reply, r, NULL) != BT_OK)
+        on_leave_reply(r, BT_RPC_UNAVAILABLE, "cannot start the call", NULL, 0);
+    free(buf);
 }
 
 /* ---- signals ------------------------------------------------------------------------------ */

@@ -73,6 +73,11 @@ bt_status_t bt_registration_start(bt_rpc_t *rpc, const char *router_addr,
                                   const Baton__V1__WorkerInfo *info, bt_load_fn load, void *ctx,
                                   bt_registration_t **reg_p);
 void bt_registration_stop(bt_registration_t *reg);
+/* Tells the router the worker is leaving: it sends nothing new here from then on, and the
+ * heartbeats go on, marked so (a worker that finishes its requests must not be dropped as
+ * dead meanwhile), until bt_registration_stop. Calls on_left at once when not registered,
+ * else once the router answered, or within a second when it does not. */
+void bt_registration_leave(bt_registration_t *reg, void (*on_left)(void *ctx), void *ctx);
 
 /* Calls on_stop once on SIGINT or SIGTERM. */
 void bt_service_on_signal(uv_loop_t *loop, void (*on_stop)(void *ctx), void *ctx);

@@ -17,6 +17,7 @@ bt_worker_flags_t bt_worker_flags_default(void)
     w.tp = 1;
     w.nnodes = 1;
     w.watchdog_s = 300.0;
+    w.drain_s = 30.0;
     w.device = "cpu";
     w.dtype = "auto";
     return w;
@@ -35,6 +36,8 @@ bool bt_worker_flags_check(const bt_worker_flags_t *w, bool simulate, char *err,
      * within the int milliseconds the group's sockets take */
     else if (!(w->watchdog_s >= 0.001 && w->watchdog_s <= 2e6))
         bad = "--watchdog-timeout must be 0.001..2000000 seconds";
+    else if (!(w->drain_s >= 0.0 && w->drain_s <= 2e6))
+        bad = "--drain-timeout must be 0..2000000 seconds";
     else if (strcmp(w->transfer, "ucx") != 0) bad = "--transfer must be ucx";
     else if (w->port < 0 || w->port > 65535 || w->metrics_port < 0 || w->metrics_port > 65535)
         bad = "--port and --metrics-port must be 0..65535";

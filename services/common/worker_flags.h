@@ -19,7 +19,7 @@ typedef struct {
     const char *model_path, *served, *host, *router, *ucx_tls, *transfer, *log_level, *net_devices;
     const char *dist_addr, *device, *dtype;
     int64_t port, context, threads, tp, node_rank, nnodes, seed, metrics_port, gpu;
-    double watchdog_s;
+    double watchdog_s, drain_s;
 } bt_worker_flags_t;
 
 bt_worker_flags_t bt_worker_flags_default(void);
@@ -33,6 +33,8 @@ bt_worker_flags_t bt_worker_flags_default(void);
     BT_FLAG_INT("context-length", &(w)->context,                                                    \
                 "tokens per sequence (default: min(model, 8192); prefill and decode must agree)"),  \
     BT_FLAG_FLOAT("watchdog-timeout", &(w)->watchdog_s, "seconds any wait may take (default 300)"), \
+    BT_FLAG_FLOAT("drain-timeout", &(w)->drain_s,                                                   \
+                  "seconds a stopping group finishes its requests in (default 30)"),                \
     BT_FLAG_INT("threads", &(w)->threads, "CPU threads for the model (default: one per core)"),     \
     BT_FLAG_STR("device", &(w)->device, "where the model runs: cpu (default) or cuda"),             \
     BT_FLAG_INT("base-gpu-id", &(w)->gpu, "the GPU of --device cuda (default 0)"),                  \

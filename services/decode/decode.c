@@ -104,6 +104,11 @@ struct decode {
     bool admitting; /* admit_waiting is on the stack */
     int64_t watchdog_ms;
     int64_t requests_done;
+    /* leaving (SIGTERM): the router was told (or could not be) once `left`; the group takes
+     * nothing new, finishes what it runs within drain_ms, then stops */
+    bool draining, left;
+    int64_t drain_ms;
+    uv_timer_t drain_timer;
     /* the step in flight */
     bool stepping, stopping;
     uv_work_t work;
@@ -138,6 +143,7 @@ static void count(decode_t *d, const char *name, const char *help, const char *l
 
 static void maybe_step(decode_t *d);
 static void admit_waiting(decode_t *d);
+static void maybe_drained(decode_t *d);
 struct quarantine;
 
 /* ---- sequence lifetime --------------------------------------------------------------------- */
@@ -206,6 +212,7 @@ static void seq_release(seq_t *s)
     free(s->bias);
     free(s);
     if (!was_waiting) admit_waiting(d);
+    maybe_drained(d);
 }
 
 /* Ends the router's stream with a status (once). */
@@ -316,6 +323,13 @@ static void seq_maybe_ready(seq_t *s)
 
 /* ---- prefill ------------------------------------------------------------------------------ */
 
+/* A prefill group's answer when it dropped a job rather than failed it: it was stopping
+ * (ABORTED), or it went away (the call cut, the process unreachable). */
+static bool prefill_dropped(bt_rpc_code_t code)
+{
+    return code == BT_RPC_ABORTED || code == BT_RPC_UNAVAILABLE || code == BT_RPC_CANCELLED;
+}
+
 static void on_prefill_reply(void *ctx, bt_rpc_code_t code, const char *msg, const uint8_t *resp,
                              size_t len)
 {
@@ -345,10 +359,15 @@ static void on_prefill_reply(void *ctx, bt_rpc_code_t code, const char *msg, con
             s->peer->hello = HELLO_NONE;
         snprintf(m, sizeof m, "prefill at %s failed: %s%s%s", s->peer->address,
                  bt_rpc_code_name(code), msg ? ": " : "", msg ? msg : "");
-        /* the prefill process stopped writing: the call ended (or its process is gone) */
-        seq_fail(s, code == BT_RPC_DEADLINE_EXCEEDED ? BT_RPC_DEADLINE_EXCEEDED
-                    : code == BT_RPC_FAILED_PRECONDITION ? BT_RPC_FAILED_PRECONDITION
-                                                          : BT_RPC_UNAVAILABLE, m);
+        /* the prefill process stopped writing: the call ended (or its process is gone). One
+         * that dropped the job (stopping, or gone) leaves the request as it came, no token
+         * out: ABORTED, and the router tries another prefill group */
+        seq_fail(s,
+                 prefill_dropped(code)                ? BT_RPC_ABORTED
+                 : code == BT_RPC_DEADLINE_EXCEEDED   ? BT_RPC_DEADLINE_EXCEEDED
+                 : code == BT_RPC_FAILED_PRECONDITION ? BT_RPC_FAILED_PRECONDITION
+                                                      : BT_RPC_UNAVAILABLE,
+                 m);
         return;
     }
     s->prefill_ok = true;
@@ -445,8 +464,8 @@ static void on_hello(void *ctx, bt_rpc_code_t code, const char *msg, const uint8
             seq_release(w);
         else if (p->hello == HELLO_OK)
             start_prefill(w);
-        else
-            seq_fail(w, p->hello == HELLO_BAD ? BT_RPC_FAILED_PRECONDITION : BT_RPC_UNAVAILABLE,
+        else /* unreachable: dropped, as far as the request goes */
+            seq_fail(w, p->hello == HELLO_BAD ? BT_RPC_FAILED_PRECONDITION : BT_RPC_ABORTED,
                      p->hello_err);
         w = next;
     }
@@ -510,7 +529,7 @@ static int places_leaving(const decode_t *d)
 /* Admits waiting requests, oldest first, while there are places (after a release). */
 static void admit_waiting(decode_t *d)
 {
-    if (d->admitting || d->stopping) return;
+    if (d->admitting || d->stopping || d->draining) return;
     d->admitting = true; /* a failure inside seq_begin_prefill releases, and comes back here */
     while (d->n_waiting > 0 && d->n_admitted < d->max_running) {
         seq_t *w = NULL;
@@ -797,9 +816,9 @@ static void on_generate(void *ctx, bt_rpc_call_t *call, const uint8_t *data, siz
     }
     char msg[256];
     bt_rpc_code_t code = BT_RPC_OK;
-    if (d->stopping) { /* (the router finds it another place: see on_stop) */
+    if (d->stopping || d->draining) { /* (the router finds it another place: see on_stop) */
         code = BT_RPC_RESOURCE_EXHAUSTED;
-        snprintf(msg, sizeof msg, "decode group is shutting down");
+        snprintf(msg, sizeof msg, "decode group is leaving");
     } else if (r->n_prompt_ids == 0) {
         code = BT_RPC_INVALID_ARGUMENT;
         snprintf(msg, sizeof msg, "empty prompt");
@@ -970,22 +989,72 @@ static void on_server_down(void *ctx)
     uv_stop(d->loop);
 }
 
-static void on_stop(void *ctx)
+/* The drain ends: what still runs is handed back (no token out yet: the router starts it
+ * elsewhere) or fails, and the server stops. */
+static void stop_now(decode_t *d, const char *why)
 {
-    decode_t *d = ctx;
+    if (d->stopping) return;
     d->stopping = true;
+    uv_timer_stop(&d->drain_timer);
     bt_registration_stop(d->reg);
     d->reg = NULL;
     for (seq_t *s = d->seqs; s;) {
         seq_t *next = s->next;
-        /* a request with no token out yet can start again elsewhere: the refusal the router
-         * answers by finding another place (before, a rolling restart failed them all) */
         if (s->call)
-            seq_fail(s, s->generated == 0 ? BT_RPC_RESOURCE_EXHAUSTED : BT_RPC_UNAVAILABLE,
-                     "decode group shutting down");
+            seq_fail(s, s->generated == 0 ? BT_RPC_RESOURCE_EXHAUSTED : BT_RPC_UNAVAILABLE, why);
         s = next;
     }
     bt_rpc_server_shutdown(d->server, 1000, on_server_down, d);
+}
+
+/* Leaving, with no request streaming any more: stop. */
+static void maybe_drained(decode_t *d)
+{
+    if (!d->left || d->stopping) return;
+    for (const seq_t *s = d->seqs; s; s = s->next)
+        if (s->call) return;
+    BT_LOG_INFO("drained: every request finished");
+    stop_now(d, "decode group stopped");
+}
+
+static void on_drain_timeout(uv_timer_t *t)
+{
+    stop_now(t->data,
+             "decode group stopped: its --drain-timeout passed before this request finished");
+}
+
+/* The router knows we are leaving (or could not be told within a second): the requests still
+ * waiting for a place here go back to it, and what runs gets --drain-timeout to finish. */
+static void on_left(void *ctx)
+{
+    decode_t *d = ctx;
+    for (seq_t *s = d->seqs; s;) {
+        seq_t *next = s->next; /* failing a waiting request frees it alone */
+        if (s->waiting && s->call)
+            seq_fail(s, BT_RPC_RESOURCE_EXHAUSTED, "decode group is leaving");
+        s = next;
+    }
+    d->left = true;
+    if (d->stopping) return;
+    int running = 0;
+    for (const seq_t *s = d->seqs; s; s = s->next)
+        running += s->call != NULL;
+    BT_LOG_INFO("leaving: %d requests get up to %.1f s (--drain-timeout) to finish", running,
+                (double)d->drain_ms / 1000.0);
+    uv_timer_start(&d->drain_timer, on_drain_timeout, (uint64_t)d->drain_ms, 0);
+    maybe_drained(d);
+}
+
+/* SIGTERM (a rolling restart, a scale-down): the router sends nothing new here once told, and
+ * the requests running here finish. Before, every request failed at once (then: those with no
+ * token yet were handed back), and one the router sent in the group's last seconds, before it
+ * missed three heartbeats, was refused or failed too. */
+static void on_stop(void *ctx)
+{
+    decode_t *d = ctx;
+    if (d->draining || d->stopping) return;
+    d->draining = true;
+    bt_registration_leave(d->reg, on_left, d);
 }
 
 int main(int argc, char **argv)
@@ -1035,6 +1104,7 @@ int main(int argc, char **argv)
     d->loop = uv_default_loop();
     d->max_running = (int)max_running;
     d->watchdog_ms = (int64_t)(w.watchdog_s * 1000.0);
+    d->drain_ms = (int64_t)(w.drain_s * 1000.0);
     d->sim = sim;
     if (w.tp > 1 && bt_tp_join("decode", (int)w.node_rank, (int)w.tp, w.dist_addr, (int)d->watchdog_ms, &d->comm) != BT_OK) return 1;
     bt_service_device_t dev = bt_worker_flags_device(&w);
@@ -1137,6 +1207,8 @@ int main(int argc, char **argv)
     bt_service_on_signal(d->loop, on_stop, d);
     uv_timer_init(d->loop, &d->tp_timer);
     d->tp_timer.data = d;
+    uv_timer_init(d->loop, &d->drain_timer);
+    d->drain_timer.data = d;
     uv_timer_init(d->loop, &d->housekeeping_timer);
     d->housekeeping_timer.data = d;
     uv_timer_start(&d->housekeeping_timer, on_housekeeping_timer, 250, 250);

@@ -88,6 +88,7 @@ struct prefill {
     uv_timer_t tp_timer;
     /* a commit to a decode group that stops answering (alive but stalled) ends within this */
     int64_t watchdog_ms;
+    int64_t drain_ms; /* stopping: what the active job gets to finish in */
     bool committing;
     uv_timer_t watchdog;
     /* stopping: the server is down; the loop stops once the active job has ended (its last
@@ -620,8 +621,12 @@ static void load_fn(void *ctx, Baton__V1__HeartbeatRequest *hb)
 static void maybe_exit(prefill_t *p)
 {
     if (!p->server_down) return;
-    if ((!p->active && !p->busy) || bt_now_ms() - p->server_down_ms >= EXIT_GRACE_MS)
+    if ((!p->active && !p->busy) || bt_now_ms() - p->server_down_ms >= EXIT_GRACE_MS) {
+        bt_registration_stop(p->reg); /* (its heartbeats, marked leaving, kept the job's
+                                         request from being failed as on a dead group) */
+        p->reg = NULL;
         uv_stop(p->loop);
+    }
 }
 
 static void on_server_down(void *ctx)
@@ -633,20 +638,29 @@ static void on_server_down(void *ctx)
                       chunk boundary, after a STOPPED notice) */
 }
 
-/* Jobs still queued at a stop end at once, ABORTED: a status the prefill group gives only for
- * a job that wrote nothing, so the decode group frees its slot without waiting out late
- * writes (it quarantined them all for its watchdog, 300 s by default: a prefill restart under
- * load filled the decode pools). The active job stops at its next chunk boundary once the
- * server's grace cancels its call, and tells its decode group so (STOPPED). */
+/* The router knows we are leaving (or could not be told within a second). Jobs still
+ * queued end at once, ABORTED: a status the prefill group gives only for a job that wrote
+ * nothing, so the decode group frees its slot without waiting out late writes (it quarantined
+ * them all for its watchdog, 300 s by default: a prefill restart under load filled the decode
+ * pools), and the router starts the request on another prefill group. The active job gets
+ * --drain-timeout to finish; past it the server's close cancels its call, and it stops at its
+ * next chunk boundary and tells its decode group so (STOPPED). */
+static void on_left(void *ctx)
+{
+    prefill_t *p = ctx;
+    end_queued(p, BT_RPC_ABORTED,
+               "prefill group shutting down before this request's turn (nothing written)");
+    bt_rpc_server_shutdown(p->server, (int)p->drain_ms, on_server_down, p);
+}
+
+/* SIGTERM: the router is told first, so that it sends nothing new here and the jobs handed
+ * back find another group. */
 static void on_stop(void *ctx)
 {
     prefill_t *p = ctx;
+    if (p->stopping) return;
     p->stopping = true;
-    bt_registration_stop(p->reg);
-    p->reg = NULL;
-    end_queued(p, BT_RPC_ABORTED,
-               "prefill group shutting down before this request's turn (nothing written)");
-    bt_rpc_server_shutdown(p->server, 1000, on_server_down, p);
+    bt_registration_leave(p->reg, on_left, p);
 }
 
 int main(int argc, char **argv)
@@ -682,6 +696,7 @@ int main(int argc, char **argv)
     p->loop = uv_default_loop();
     p->chunk_size = (int)chunk;
     p->watchdog_ms = (int64_t)(w.watchdog_s * 1000.0);
+    p->drain_ms = (int64_t)(w.drain_s * 1000.0);
     p->sim = sim;
     if (w.tp > 1 && bt_tp_join("prefill", (int)w.node_rank, (int)w.tp, w.dist_addr, (int)(w.watchdog_s * 1000.0), &p->comm) != BT_OK) return 1;
     bt_service_device_t dev = bt_worker_flags_device(&w);

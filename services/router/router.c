@@ -26,6 +26,9 @@
 #include <time.h>
 #include <unistd.h>
 
+/* A request goes to another prefill group at most this many times after one dropped it. */
+#define MAX_PREFILL_RETRIES 3
+
 typedef struct router router_t;
 
 typedef struct worker {
@@ -44,9 +47,11 @@ typedef struct worker {
     uint64_t compat_hash;
     /* decode: slots that hold no request (waiting out late writes), from its last heartbeat */
     int64_t slots_total, slots_held;
-    /* decode: it refused a request the router counted a place for; not picked until then */
+    /* not picked until then: a decode group that refused a request the router counted a
+     * place for, a prefill group that failed one before its first token */
     int64_t refused_until_ms;
     int refusals; /* in a row: the rest doubles */
+    bool leaving; /* stopping (its heartbeat said so): finishes what it has, gets nothing new */
 } worker_t;
 
 typedef enum { REQ_QUEUED, REQ_RUNNING, REQ_DONE } req_state_t;
@@ -68,6 +73,7 @@ typedef struct req {
     float *bias;
     int n_bias;
     int max_new;
+    int prefill_retries; /* attempts that failed on the prefill side before any token */
     worker_t *decode, *prefill;
     bt_rpc_client_call_t *dcall;
     bool dcall_live;
@@ -271,7 +277,10 @@ static void on_decode_event(void *ctx, const uint8_t *data, size_t len)
 {
     req_t *q = ctx;
     int64_t now = bt_now_ms();
-    if (q->decode && !q->t_first) q->decode->refusals = 0; /* it admitted one */
+    if (!q->t_first) { /* both groups did their part */
+        if (q->decode) q->decode->refusals = 0;
+        if (q->in_prefill && q->prefill) q->prefill->refusals = 0;
+    }
     if (q->call && !q->t_first) {
         q->t_first = now;
         bt_histogram_observe(q->r->ttft, (double)(now - q->t_start) / 1000.0);
@@ -310,41 +319,70 @@ static void on_decode_event(void *ctx, const uint8_t *data, size_t len)
     BT_PROTO_FREE(baton__v1__decode_event, ev);
 }
 
-/* The decode group refused, before any token, a request the router had counted a place for:
- * that place is still held there (a request the router saw end is still in the group's step
- * in flight past the group's own wait, or a slot waits out late KV writes). The request goes
- * back to the head of the queue, and the group is not picked for a rest of 10 ms, doubling
- * to 640 ms while it keeps refusing; --watchdog-timeout bounds the wait. Before, the
- * client got the refusal (a 429 at the gateway) with the router's queue empty. */
-static void requeue_refused(req_t *q, const char *msg)
+/* An attempt that ended before any token, in a way another attempt may not (the groups
+ * chosen, not the request, were the trouble), goes back to the head of the queue with a new
+ * epoch. `rested`, when set, is the group to blame: it is not picked for a rest of 10 ms,
+ * doubling to 640 ms while it keeps failing so; --watchdog-timeout bounds the waiting.
+ *   - a decode group that refused a request the router had counted a place for: the place is
+ *     still held there (a request the router saw end is still in the group's step in flight
+ *     past the group's own wait, or a slot waits out late KV writes). Before, the client got
+ *     the refusal (a 429 at the gateway) with the router's queue empty.
+ *   - a prefill group that dropped the job (stopping, or gone mid-job): at most
+ *     MAX_PREFILL_RETRIES times, as a request that breaks prefill groups must not go round.
+ *   - a leaving decode group that failed a request it took as it left (no rest: it is not
+ *     picked anyway). */
+static void requeue(req_t *q, worker_t *rested, const char *what, const char *msg)
 {
     router_t *r = q->r;
-    worker_t *w = q->decode;
     if (bt_now_ms() - q->t_start > r->watchdog_ms) { /* (the sweep may only see it running) */
         char m[512];
-        snprintf(m, sizeof m,
-                 "no decode group had a place within --watchdog-timeout; the last, "
-                 "%s: %s",
-                 w->address, msg ? msg : "full");
+        snprintf(m, sizeof m, "no place for it within --watchdog-timeout; the last attempt: %s: %s",
+                 what, msg ? msg : "refused");
         req_fail(q, BT_RPC_RESOURCE_EXHAUSTED, m);
         return;
     }
-    const int64_t rest_ms = (int64_t)10 << (w->refusals < 6 ? w->refusals : 6);
-    w->refusals++;
-    w->refused_until_ms = bt_now_ms() + rest_ms;
-    BT_LOG_INFO(
-        "request %s: decode group %s refused it (%s); queued again, the group rests %lld ms", q->id,
-        w->address, msg ? msg : "full", (long long)rest_ms);
+    int64_t rest_ms = 0;
+    if (rested) {
+        rest_ms = (int64_t)10 << (rested->refusals < 6 ? rested->refusals : 6);
+        rested->refusals++;
+        rested->refused_until_ms = bt_now_ms() + rest_ms;
+    }
+    BT_LOG_INFO("request %s: %s (%s); queued again%s%s%s", q->id, what, msg ? msg : "refused",
+                rested ? ", " : "", rested ? rested->address : "", rested ? " rests" : "");
     bt_counter_add(r->requeued, 1);
     leave_prefill(q);
-    w->running--;
+    q->decode->running--;
     q->decode = NULL;
     q->prefill = NULL;
-    /* a new epoch: should the refused attempt have got further than the refusal said (a
-     * refusal made by the transport), notices about it never reach the next one */
+    /* a new epoch: should the failed attempt have got further than its status said (one the
+     * transport made), notices about it never reach the next one */
     q->epoch = r->epoch_base + ++r->next_request;
     queue_put(r, q, true);
     dispatch_queued(r);
+}
+
+/* Whether an attempt that ended with code and no token yet goes back to the queue, and whom
+ * it rests (*rested, may be NULL). */
+static bool requeue_after(const req_t *q, bt_rpc_code_t code, worker_t **rested, const char **what)
+{
+    if (!q->call || q->state != REQ_RUNNING || !q->decode || q->t_first || q->r->stopping)
+        return false;
+    *rested = NULL;
+    if (code == BT_RPC_RESOURCE_EXHAUSTED) {
+        *rested = q->decode->leaving ? NULL : q->decode;
+        *what = "its decode group refused it";
+        return true;
+    }
+    if (code == BT_RPC_ABORTED && q->prefill_retries < MAX_PREFILL_RETRIES) {
+        *rested = q->in_prefill ? q->prefill : NULL;
+        *what = "its prefill group dropped it";
+        return true;
+    }
+    if (code == BT_RPC_UNAVAILABLE && q->decode->leaving) {
+        *what = "its decode group left";
+        return true;
+    }
+    return false;
 }
 
 static void on_decode_done(void *ctx, bt_rpc_code_t code, const char *msg)
@@ -352,9 +390,11 @@ static void on_decode_done(void *ctx, bt_rpc_code_t code, const char *msg)
     req_t *q = ctx;
     q->dcall_live = false;
     q->dcall = NULL;
-    if (q->call && code == BT_RPC_RESOURCE_EXHAUSTED && q->state == REQ_RUNNING && q->decode &&
-        !q->t_first && !q->r->stopping) {
-        requeue_refused(q, msg);
+    worker_t *rested;
+    const char *what;
+    if (requeue_after(q, code, &rested, &what)) {
+        if (code == BT_RPC_ABORTED) q->prefill_retries++;
+        requeue(q, rested, what, msg);
         return;
     }
     if (q->call) {
@@ -366,7 +406,9 @@ static void on_decode_done(void *ctx, bt_rpc_code_t code, const char *msg)
         }
         snprintf(m, sizeof m, "decode group %s: %s", q->decode ? q->decode->address : "?",
                  msg ? msg : bt_rpc_code_name(code));
-        req_fail(q, code == BT_RPC_CANCELLED ? BT_RPC_UNAVAILABLE : code, m);
+        /* (ABORTED: its prefill groups dropped it, MAX_PREFILL_RETRIES times) */
+        req_fail(q, code == BT_RPC_CANCELLED || code == BT_RPC_ABORTED ? BT_RPC_UNAVAILABLE : code,
+                 m);
         return;
     }
     req_release(q);
@@ -388,11 +430,11 @@ static int places(const router_t *r, const worker_t *w)
 static worker_t *pick(router_t *r, Baton__V1__WorkerRole role, bool need_room)
 {
     worker_t *best = NULL;
-    const int64_t now = need_room ? bt_now_ms() : 0;
+    const int64_t now = bt_now_ms();
     for (worker_t *w = r->workers; w; w = w->next) {
-        if (w->role != role) continue;
+        if (w->role != role || w->leaving || w->refused_until_ms > now) continue;
         if (need_room) {
-            if (w->running >= places(r, w) || w->refused_until_ms > now) continue;
+            if (w->running >= places(r, w)) continue;
             if (!best || w->running < best->running) best = w;
         } else if (!best || w->running < best->running ||
                    (w->running == best->running && w->queued_prefill_tokens < best->queued_prefill_tokens)) {
@@ -402,6 +444,20 @@ static worker_t *pick(router_t *r, Baton__V1__WorkerRole role, bool need_room)
         }
     }
     return best;
+}
+
+/* The message for a request that cannot start for want of a group, or NULL when a decode
+ * and a prefill group are registered (leaving ones count: a replacement may come meanwhile). */
+static const char *missing_group(const router_t *r)
+{
+    bool have_decode = false, have_prefill = false;
+    for (const worker_t *w = r->workers; w; w = w->next) {
+        have_decode |= w->role == BATON__V1__WORKER_ROLE__ROLE_DECODE;
+        have_prefill |= w->role == BATON__V1__WORKER_ROLE__ROLE_PREFILL;
+    }
+    return !have_decode    ? "no decode group is registered"
+           : !have_prefill ? "no prefill group is registered"
+                           : NULL;
 }
 
 static bool start_request(req_t *q)
@@ -452,17 +508,17 @@ static void on_retry(uv_timer_t *t)
     dispatch_queued(t->data);
 }
 
-/* No decode group has room: when one with room is resting after a refusal, come back as its
- * rest ends. */
+/* No decode group with room, or no prefill group, can be picked: when one is resting after
+ * a refusal or a failure, come back as its rest ends. */
 static void retry_after_rest(router_t *r)
 {
     if (r->stopping) return;
     const int64_t now = bt_now_ms();
     int64_t due = -1;
     for (worker_t *w = r->workers; w; w = w->next) {
-        if (w->role == BATON__V1__WORKER_ROLE__ROLE_DECODE && w->running < places(r, w) &&
-            w->refused_until_ms > now && (due < 0 || w->refused_until_ms < due))
-            due = w->refused_until_ms;
+        if (w->leaving || w->refused_until_ms <= now) continue;
+        if (w->role == BATON__V1__WORKER_ROLE__ROLE_DECODE && w->running >= places(r, w)) continue;
+        if (due < 0 || w->refused_until_ms < due) due = w->refused_until_ms;
     }
     if (due >= 0) uv_timer_start(&r->retry, on_retry, (uint64_t)(due - now) + 1, 0);
 }
@@ -476,7 +532,10 @@ static void dispatch_queued(router_t *r)
             retry_after_rest(r);
             return;
         }
-        if (!pick(r, BATON__V1__WORKER_ROLE__ROLE_PREFILL, false)) return;
+        if (!pick(r, BATON__V1__WORKER_ROLE__ROLE_PREFILL, false)) {
+            retry_after_rest(r);
+            return;
+        }
         queue_remove(r, q);
         q->state = REQ_RUNNING;
         start_request(q);
@@ -692,14 +751,9 @@ static void on_generate(void *ctx, bt_rpc_call_t *call, const uint8_t *data, siz
         return;
     }
     bt_rpc_call_on_cancel(call, on_client_cancel, q);
-    bool have_decode = false, have_prefill = false;
-    for (worker_t *w = r->workers; w; w = w->next) {
-        have_decode |= w->role == BATON__V1__WORKER_ROLE__ROLE_DECODE;
-        have_prefill |= w->role == BATON__V1__WORKER_ROLE__ROLE_PREFILL;
-    }
-    if (!have_decode || !have_prefill) {
-        req_fail(q, BT_RPC_UNAVAILABLE, !have_decode ? "no decode group is registered"
-                                                     : "no prefill group is registered");
+    const char *missing = missing_group(r);
+    if (missing) {
+        req_fail(q, BT_RPC_UNAVAILABLE, missing);
         return;
     }
     if (!r->queue && start_request(q)) return;
@@ -786,6 +840,18 @@ static void worker_remove(router_t *r, worker_t *w, const char *why)
     }
     bt_rpc_channel_destroy(w->ch);
     free(w);
+    /* the last group of its kind gone: what waits in the queue (a request handed back by a
+     * group that left, one that came while the last was leaving) fails now, as a request
+     * arriving now would, not at its watchdog */
+    const char *missing = missing_group(r);
+    while (missing && r->queue) {
+        req_t *q = r->queue;
+        queue_remove(r, q);
+        q->state = REQ_DONE;
+        char m[160];
+        snprintf(m, sizeof m, "%s (the last one left while this request waited)", missing);
+        req_fail(q, BT_RPC_UNAVAILABLE, m);
+    }
 }
 
 static worker_t *find_worker(router_t *r, const char *id)
@@ -861,6 +927,9 @@ static void on_heartbeat(void *ctx, bt_rpc_call_t *call, const uint8_t *data, si
     if (w) {
         w->last_seen_ms = bt_now_ms();
         w->queued_prefill_tokens = hb->queued_prefill_tokens;
+        if (hb->leaving && !w->leaving)
+            BT_LOG_INFO("%s at %s is leaving: nothing new goes there", w->id, w->address);
+        w->leaving |= hb->leaving; /* (a regular heartbeat may still land after it) */
         if (w->role == BATON__V1__WORKER_ROLE__ROLE_DECODE) {
             const int before = places(r, w);
             /* each running request holds one slot: the rest are held by quarantines */

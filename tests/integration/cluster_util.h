@@ -127,6 +127,19 @@ static inline int free_port(void)
     return ntohs(a.sin_port);
 }
 
+/* Waits up to timeout_ms for p to exit by itself: true when it did (p->pid is then 0). */
+static inline bool proc_exited(proc_t *p, int64_t timeout_ms)
+{
+    for (int64_t deadline = ms_now() + timeout_ms; p->pid > 0; usleep(10000)) {
+        if (waitpid(p->pid, NULL, WNOHANG) == p->pid) {
+            p->pid = 0;
+            break;
+        }
+        if (ms_now() > deadline) return false;
+    }
+    return true;
+}
+
 static inline void proc_stop(proc_t *p, int sig)
 {
     if (p->pid <= 0) return;

@@ -614,6 +614,9 @@ static __attribute__((unused)) void test_held_slot_waits_at_router(void)
     BT_CHECK(run_until(&cl, gen_done, &a, 10000));
     BT_CHECK_MSG(a.code == BT_RPC_UNAVAILABLE, "%s", bt_rpc_code_name(a.code));
     const int64_t t_fail = ms_now();
+    /* (the first request went round the dead prefill group's rests before it failed) */
+    const double requeued_before =
+        metric_value(c.router.metrics, "baton_router_requests_requeued_total");
     BT_CHECK(groups(&cl, 1, 0));
     group_stop(&c, false, SIGKILL);
     const char *const pre[] = {"--simulate", NULL};
@@ -633,7 +636,8 @@ static __attribute__((unused)) void test_held_slot_waits_at_router(void)
                  "done %lld ms after the failure: the slot was not "
                  "held (the test shows nothing)",
                  (long long)(b.t_done - t_fail));
-    const double requeued = metric_value(c.router.metrics, "baton_router_requests_requeued_total");
+    const double requeued =
+        metric_value(c.router.metrics, "baton_router_requests_requeued_total") - requeued_before;
     BT_CHECK_MSG(requeued == 0, "the group refused the request %g times", requeued);
     client_close(&cl);
     cluster_stop(&c);
@@ -676,12 +680,57 @@ static __attribute__((unused)) void test_batch_past_engine_limit(void)
     cluster_stop(&c);
 }
 
-/* A prefill group stopped (SIGTERM) with one request in prefill and two queued behind it: the
- * queued ones wrote nothing and the active one stops at a chunk boundary, so the decode group
- * gets all three slots back at once. Before, the queued calls were cut by the server's close
- * and the process left before the active job's STOPPED notice: every slot waited out the
- * watchdog (30 s here, 300 s by default), and a prefill restart under load filled the pools. */
+/* A prefill group stopped (SIGTERM) with --drain-timeout 0, one request in prefill and two
+ * queued behind it: the queued ones wrote nothing and the active one stops at a chunk boundary,
+ * so the decode group gets all three slots back at once. Before, the queued calls were cut by
+ * the server's close and the process left before the active job's STOPPED notice: every slot
+ * waited out the watchdog (30 s here, 300 s by default), and a prefill restart under load
+ * filled the pools. The three requests, with no token yet, wait at the router for another
+ * prefill group; none comes, and once the stopped group is gone they fail, not at their
+ * watchdog. */
 static __attribute__((unused)) void test_prefill_stop_frees_slots(void)
+{
+    cluster_t c;
+    context = "4096";
+    static const char *const pre[] = {"--drain-timeout", "0", NULL};
+    prefill_extra = pre;
+    client_t cl;
+    BT_CHECK(cluster_up(&c, &cl, "1", "256", "30"));
+    prefill_extra = NULL;
+    static int32_t prompt[4000];
+    gen_t a, b, d;
+    start_long_prefill(&cl, &c, &a, prompt);
+    gen_start(&cl, &b, prompt, 5, 4, true, 60000);
+    gen_start(&cl, &d, prompt + 5, 5, 4, true, 60000);
+    int64_t used = wait_slots_used(&cl, c.decode.addr, 3, NULL, 5000, NULL);
+    BT_CHECK_MSG(used == 3, "three slots taken (%lld)", (long long)used);
+    const int64_t t_stop = ms_now();
+    group_stop(&c, false, SIGTERM);
+    used = wait_slots_used(&cl, c.decode.addr, 0, NULL, 5000, NULL);
+    fprintf(stderr, "  prefill stopped with 1 active and 2 queued: %lld slots held %lld ms after\n",
+            (long long)used, (long long)(ms_now() - t_stop));
+    BT_CHECK_MSG(used == 0, "the decode group still holds %lld slots (waiting out its watchdog?)",
+                 (long long)used);
+    BT_CHECK(run_until(&cl, all_done, &cl, 10000));
+    fprintf(stderr, "  with no prefill group left, %lld ms after the stop: %s %s %s (%s)\n",
+            (long long)(a.t_done - t_stop), bt_rpc_code_name(a.code), bt_rpc_code_name(b.code),
+            bt_rpc_code_name(d.code), a.message);
+    BT_CHECK_MSG(a.code == BT_RPC_UNAVAILABLE && b.code == BT_RPC_UNAVAILABLE &&
+                     d.code == BT_RPC_UNAVAILABLE && strstr(a.message, "no prefill group"),
+                 "%s %s", bt_rpc_code_name(a.code), a.message);
+    const double requeued = metric_value(c.router.metrics, "baton_router_requests_requeued_total");
+    BT_CHECK_MSG(requeued == 3, "the router queued %g requests again", requeued);
+    client_close(&cl);
+    cluster_stop(&c);
+    context = "512";
+}
+
+/* A prefill group stopped (SIGTERM, a rolling restart) with one request in prefill and two
+ * queued behind it, while another prefill group serves: the queued two go to the other group
+ * at once, the active one finishes where it is (--drain-timeout), and the stopped group then
+ * leaves by itself. Before, all three failed UNAVAILABLE: the queued ones ABORTED, the active
+ * one cut after a second. */
+static __attribute__((unused)) void test_prefill_stop_drains(void)
 {
     cluster_t c;
     context = "4096";
@@ -692,17 +741,62 @@ static __attribute__((unused)) void test_prefill_stop_frees_slots(void)
     start_long_prefill(&cl, &c, &a, prompt);
     gen_start(&cl, &b, prompt, 5, 4, true, 60000);
     gen_start(&cl, &d, prompt + 5, 5, 4, true, 60000);
-    int64_t used = wait_slots_used(&cl, c.decode.addr, 3, NULL, 5000, NULL);
-    BT_CHECK_MSG(used == 3, "three slots taken (%lld)", (long long)used);
+    BT_CHECK(wait_slots_used(&cl, c.decode.addr, 3, NULL, 5000, NULL) == 3);
+    proc_t other;
+    BT_CHECK(proc_start(&other, "baton-prefill", "--port", "0", "--model-path", golden_exact,
+                        "--served-model-name", "m", "--router", c.router_addr, "--context-length",
+                        context, "--threads", "1", "--watchdog-timeout", "30", NULL) == 0);
+    BT_CHECK(groups(&cl, 1, 2));
     const int64_t t_stop = ms_now();
-    group_stop(&c, false, SIGTERM);
-    BT_CHECK(run_until(&cl, all_done, &cl, 10000));
-    used = wait_slots_used(&cl, c.decode.addr, 0, NULL, 5000, NULL);
-    fprintf(stderr, "  prefill stopped with 1 active and 2 queued: %lld slots held %lld ms after\n",
-            (long long)used, (long long)(ms_now() - t_stop));
-    BT_CHECK_MSG(used == 0, "the decode group still holds %lld slots (waiting out its watchdog?)",
-                 (long long)used);
+    kill(c.prefill.pid, SIGTERM);
+    BT_CHECK(run_until(&cl, all_done, &cl, 60000));
+    const bool exited = proc_exited(&c.prefill, 10000);
+    fprintf(stderr,
+            "  prefill stopped with 1 active and 2 queued, another serving: queued %s %s after "
+            "%lld/%lld ms, active %s after %lld ms; the group %s\n",
+            bt_rpc_code_name(b.code), bt_rpc_code_name(d.code), (long long)(b.t_done - t_stop),
+            (long long)(d.t_done - t_stop), bt_rpc_code_name(a.code),
+            (long long)(a.t_done - t_stop), exited ? "left" : "is still there");
+    BT_CHECK_MSG(b.code == BT_RPC_OK && d.code == BT_RPC_OK, "%s %s / %s %s",
+                 bt_rpc_code_name(b.code), b.message, bt_rpc_code_name(d.code), d.message);
+    BT_CHECK_MSG(a.code == BT_RPC_OK && a.n == 8, "%s %s", bt_rpc_code_name(a.code), a.message);
+    BT_CHECK_MSG(b.t_done < a.t_done && d.t_done < a.t_done,
+                 "the queued ones waited for the active one (the test shows nothing)");
+    BT_CHECK(exited);
+    const double requeued = metric_value(c.router.metrics, "baton_router_requests_requeued_total");
+    BT_CHECK_MSG(requeued == 2, "the router queued %g requests again", requeued);
     client_close(&cl);
+    proc_stop(&other, SIGTERM);
+    cluster_stop(&c);
+    context = "512";
+}
+
+/* A prefill group killed mid-job while another serves: the request, with no token out yet,
+ * starts over on the other group and finishes. It failed UNAVAILABLE. */
+static __attribute__((unused)) void test_prefill_killed_retried(void)
+{
+    cluster_t c;
+    context = "4096";
+    client_t cl;
+    BT_CHECK(cluster_up(&c, &cl, "1", "256", "30"));
+    static int32_t prompt[4000];
+    gen_t a;
+    start_long_prefill(&cl, &c, &a, prompt);
+    proc_t other;
+    BT_CHECK(proc_start(&other, "baton-prefill", "--port", "0", "--model-path", golden_exact,
+                        "--served-model-name", "m", "--router", c.router_addr, "--context-length",
+                        context, "--threads", "1", "--watchdog-timeout", "30", NULL) == 0);
+    BT_CHECK(groups(&cl, 1, 2));
+    proc_stop(&c.prefill, SIGKILL);
+    BT_CHECK(run_until(&cl, gen_done, &a, 60000));
+    const double requeued = metric_value(c.router.metrics, "baton_router_requests_requeued_total");
+    fprintf(stderr,
+            "  its prefill group killed mid-job, another serving: %s, %d tokens (%g retries)\n",
+            bt_rpc_code_name(a.code), a.n, requeued);
+    BT_CHECK_MSG(a.code == BT_RPC_OK && a.n == 8, "%s %s", bt_rpc_code_name(a.code), a.message);
+    BT_CHECK_MSG(requeued >= 1, "the router queued %g requests again", requeued);
+    client_close(&cl);
+    proc_stop(&other, SIGTERM);
     cluster_stop(&c);
     context = "512";
 }
@@ -721,13 +815,14 @@ static __attribute__((unused)) void test_dead_prefill_holds_one_slot(void)
     gen_start(&cl, &g, prompt, 3, 2, true, 30000); /* the groups have met (Hello) */
     BT_CHECK(run_until(&cl, gen_done, &g, 30000) && g.code == BT_RPC_OK);
     proc_stop(&c.prefill, SIGKILL);
-    int sent_there = 0;
     for (int i = 0; i < 3; i++) {
         gen_start(&cl, &g, prompt, 3, 2, true, 30000);
         BT_CHECK(run_until(&cl, gen_done, &g, 30000));
         BT_CHECK_MSG(g.code != BT_RPC_OK, "request %d: %s", i, bt_rpc_code_name(g.code));
-        sent_there += strstr(g.message, "no prefill group") == NULL;
     }
+    /* each attempt that reached the dead group went back to the router's queue but the last */
+    const int sent_there =
+        (int)metric_value(c.router.metrics, "baton_router_requests_requeued_total");
     const int64_t used = wait_slots_used(&cl, c.decode.addr, -1, NULL, 300, NULL);
     fprintf(stderr, "  3 requests sent to a dead prefill group (%d reached it): %lld slots held\n",
             sent_there, (long long)used);
@@ -740,20 +835,25 @@ static __attribute__((unused)) void test_dead_prefill_holds_one_slot(void)
     cluster_stop(&c);
 }
 
-/* A decode group stopped (SIGTERM, as in a rolling restart) with a request still in prefill
- * there: the request starts again on the other decode group and finishes. It failed
- * UNAVAILABLE, though it had produced nothing yet and another group had room. */
+/* A decode group stopped (SIGTERM, as in a rolling restart) with --drain-timeout 0.3 and a
+ * request still in prefill there past it: the request starts again on the other decode group
+ * and finishes. It failed UNAVAILABLE, though it had produced nothing yet and another group
+ * had room. */
 static __attribute__((unused)) void test_decode_stop_moves_requests(void)
 {
     cluster_t c;
     context = "4096";
+    static const char *const dex[] = {"--drain-timeout", "0.3", NULL};
+    decode_extra = dex;
     /* chunks of one token: a 1500-token prefill lasts long enough to stop its group in */
     client_t cl;
     BT_CHECK(cluster_up(&c, &cl, "1", "256", "30"));
+    decode_extra = NULL;
     proc_t second;
     BT_CHECK(proc_start(&second, "baton-decode", "--port", "0", "--model-path", golden_exact,
                         "--served-model-name", "m", "--router", c.router_addr, "--context-length",
-                        context, "--threads", "1", "--watchdog-timeout", "30", NULL) == 0);
+                        context, "--threads", "1", "--watchdog-timeout", "30", "--drain-timeout",
+                        "0.3", NULL) == 0);
     BT_CHECK(groups(&cl, 2, 1));
     static int32_t prompt[1500];
     for (int i = 0; i < 1500; i++)
@@ -786,6 +886,56 @@ static __attribute__((unused)) void test_decode_stop_moves_requests(void)
     }
     client_close(&cl);
     proc_stop(&second, SIGTERM);
+    cluster_stop(&c);
+    context = "512";
+}
+
+/* A decode group stopped (SIGTERM) with a request in prefill there: it tells the router it is
+ * leaving, finishes the request, and exits by itself; the router sends it nothing new
+ * meanwhile, though the other group is full. Before, the request was handed back to start
+ * over elsewhere (or, earlier, failed), and for its last ~3 s, until it missed three
+ * heartbeats, the group drew requests it could only refuse. */
+static __attribute__((unused)) void test_decode_stop_drains(void)
+{
+    cluster_t c;
+    context = "4096";
+    client_t cl;
+    BT_CHECK(cluster_up(&c, &cl, "1", "256", "30"));
+    static int32_t prompt[1500];
+    for (int i = 0; i < 1500; i++)
+        prompt[i] = (i * 11 + 7) % 1000;
+    gen_t a, b, d;
+    gen_start(&cl, &a, prompt, 1500, 4, true, 120000);
+    BT_CHECK(wait_slots_used(&cl, c.decode.addr, 1, &a, 10000, NULL) == 1);
+    /* the other group takes one request, which waits for the one prefill group behind a */
+    proc_t full;
+    BT_CHECK(proc_start(&full, "baton-decode", "--port", "0", "--model-path", golden_exact,
+                        "--served-model-name", "m", "--router", c.router_addr, "--context-length",
+                        context, "--threads", "1", "--watchdog-timeout", "30",
+                        "--max-running-requests", "1", NULL) == 0);
+    BT_CHECK(groups(&cl, 2, 1));
+    gen_start(&cl, &b, prompt + 1, 3, 4, true, 120000);
+    BT_CHECK(wait_slots_used(&cl, full.addr, 1, &b, 10000, NULL) == 1);
+    const int64_t t_stop = ms_now();
+    kill(c.decode.pid, SIGTERM);
+    usleep(200000);
+    gen_start(&cl, &d, prompt + 2, 3, 4, true, 120000); /* no place but on the leaving group */
+    BT_CHECK(run_until(&cl, all_done, &cl, 90000));
+    const bool exited = proc_exited(&c.decode, 10000);
+    const double requeued = metric_value(c.router.metrics, "baton_router_requests_requeued_total");
+    fprintf(stderr,
+            "  decode group stopped with a request in prefill: it ended %s with %d tokens after "
+            "%lld ms; the group %s; the next requests %s %s; %g queued again\n",
+            bt_rpc_code_name(a.code), a.n, (long long)(a.t_done - t_stop),
+            exited ? "left" : "is still there", bt_rpc_code_name(b.code), bt_rpc_code_name(d.code),
+            requeued);
+    BT_CHECK_MSG(a.code == BT_RPC_OK && a.n == 4, "%s %s", bt_rpc_code_name(a.code), a.message);
+    BT_CHECK_MSG(b.code == BT_RPC_OK && d.code == BT_RPC_OK, "%s %s / %s %s",
+                 bt_rpc_code_name(b.code), b.message, bt_rpc_code_name(d.code), d.message);
+    BT_CHECK(exited);
+    BT_CHECK_MSG(requeued == 0, "the router queued %g requests again", requeued);
+    client_close(&cl);
+    proc_stop(&full, SIGTERM);
     cluster_stop(&c);
     context = "512";
 }
@@ -1157,8 +1307,11 @@ int main(void)
     BT_RUN(test_held_slot_waits_at_router);
     BT_RUN(test_batch_past_engine_limit);
     BT_RUN(test_prefill_stop_frees_slots);
+    BT_RUN(test_prefill_stop_drains);
+    BT_RUN(test_prefill_killed_retried);
     BT_RUN(test_dead_prefill_holds_one_slot);
     BT_RUN(test_decode_stop_moves_requests);
+    BT_RUN(test_decode_stop_drains);
     BT_RUN(test_router_restart_ids);
 #endif
     BT_RUN(test_incompatible_groups);

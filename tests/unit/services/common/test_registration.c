@@ -135,6 +135,9 @@ static void test_stop_with_call_in_flight(void)
 /* A stand-in router that registers the worker as "w1" and fails its first heartbeat. */
 typedef struct {
     int registers, heartbeats, wrong_ids;
+    bool answer_first;   /* the first heartbeat is answered too */
+    bool forget_leaving; /* answers a leaving worker "unknown", as a restarted router */
+    int leaving, plain_after_leaving; /* heartbeats marked leaving; unmarked ones after */
 } hb_router_t;
 
 static void reply_msg(bt_rpc_call_t *call, const ProtobufCMessage *m)
@@ -163,13 +166,16 @@ static void hb_on_heartbeat(void *ctx, bt_rpc_call_t *call, const uint8_t *req, 
     hb_router_t *r = ctx;
     Baton__V1__HeartbeatRequest *hb = BT_PROTO_UNPACK(baton__v1__heartbeat_request, req, len);
     r->wrong_ids += !hb || !hb->worker_id || strcmp(hb->worker_id, "w1") != 0;
+    const bool leaving = hb && hb->leaving;
+    r->plain_after_leaving += r->leaving > 0 && !leaving;
+    r->leaving += leaving;
     if (hb) BT_PROTO_FREE(baton__v1__heartbeat_request, hb);
-    if (r->heartbeats++ == 0) { /* as a router whose loop was busy past the deadline */
+    if (r->heartbeats++ == 0 && !r->answer_first) { /* as a router whose loop was busy */
         bt_rpc_call_finish(call, BT_RPC_UNAVAILABLE, "busy");
         return;
     }
     Baton__V1__HeartbeatResponse resp = BATON__V1__HEARTBEAT_RESPONSE__INIT;
-    resp.known = 1;
+    resp.known = !(leaving && r->forget_leaving);
     reply_msg(call, &resp.base);
 }
 
@@ -194,9 +200,52 @@ static void test_missed_heartbeat_keeps_registration(void)
     stand_in_close(&loop, rpc, srv);
 }
 
+static void on_left(void *ctx)
+{
+    (*(int *)ctx)++;
+}
+
+/* A leaving worker (SIGTERM: it finishes what it runs) tells the router at once, and its
+ * heartbeats go on, every one marked leaving: before, it stopped heartbeating, and the router
+ * failed the requests it was finishing as on a dead worker. A router that no longer knows it
+ * does not make it register again. */
+static void test_leave_keeps_heartbeating(void)
+{
+    for (int forget = 0; forget < 2; forget++) {
+        uv_loop_t loop;
+        bt_rpc_t *rpc;
+        bt_rpc_server_t *srv = stand_in(&loop, &rpc);
+        hb_router_t router = {.answer_first = true, .forget_leaving = forget};
+        BT_CHECK(bt_rpc_server_method(srv, "/baton.v1.Registry/RegisterWorker", BT_RPC_UNARY,
+                                      hb_on_register, &router) == BT_OK);
+        BT_CHECK(bt_rpc_server_method(srv, "/baton.v1.Registry/Heartbeat", BT_RPC_UNARY,
+                                      hb_on_heartbeat, &router) == BT_OK);
+        bt_registration_t *reg = worker_registers(rpc, srv);
+        BT_CHECK(run_until(&loop, NULL, &router.heartbeats, 2, 5000));
+        int left = 0;
+        const int before = router.heartbeats;
+        bt_registration_leave(reg, on_left, &left);
+        BT_CHECK(run_until(&loop, NULL, &left, 1, 2000));
+        BT_CHECK_MSG(router.heartbeats == before + 1 && router.leaving == 1,
+                     "told with one heartbeat (%d, %d marked)", router.heartbeats - before,
+                     router.leaving);
+        run_until(&loop, NULL, &router.heartbeats, before + 6, 600); /* 50 ms heartbeats */
+        if (!forget)
+            BT_CHECK_MSG(router.leaving >= 4, "%d heartbeats after leaving", router.leaving);
+        else
+            BT_CHECK_MSG(router.leaving == 1, "%d heartbeats after an unknown", router.leaving);
+        BT_CHECK_EQ_INT(router.plain_after_leaving, 0);
+        BT_CHECK_MSG(router.registers == 1, "registered %d times", router.registers);
+        BT_CHECK_EQ_INT(left, 1);
+        bt_registration_stop(reg);
+        stand_in_close(&loop, rpc, srv);
+    }
+}
+
 int main(void)
 {
     BT_RUN(test_stop_with_call_in_flight);
     BT_RUN(test_missed_heartbeat_keeps_registration);
+    BT_RUN(test_leave_keeps_heartbeating);
     return bt_test_summary();
 }
