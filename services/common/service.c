@@ -37,6 +37,16 @@ struct bt_registration {
 };
 
 static void schedule(bt_registration_t *r, int ms);
+static void send_leave(bt_registration_t *r);
+
+/* Calls (once) what bt_registration_leave was given. */
+static void left(bt_registration_t *r)
+{
+    void (*fn)(void *) = r->on_left;
+    void *fn_ctx = r->left_ctx;
+    r->on_left = NULL;
+    if (fn) fn(fn_ctx);
+}
 
 /* How long a leaving worker waits for the router to note it (it then stops anyway). */
 #define LEAVE_DEADLINE_MS 1000
@@ -63,9 +73,12 @@ static void on_registered(void *ctx, bt_rpc_code_t code, const char *msg, const 
     Baton__V1__RegisterResponse *rr = NULL;
     if (code == BT_RPC_OK) rr = BT_PROTO_UNPACK(baton__v1__register_response, resp, len);
     if (!rr) {
-        BT_LOG_WARN("registration with the router failed: %s %s (retrying)", bt_rpc_code_name(code),
-                    msg ? msg : "");
-        schedule(r, 500);
+        BT_LOG_WARN("registration with the router failed: %s %s%s", bt_rpc_code_name(code),
+                    msg ? msg : "", r->leaving ? "" : " (retrying)");
+        if (r->leaving)
+            left(r); /* (the router knows nothing of us) */
+        else
+            schedule(r, 500);
         return;
     }
     snprintf(r->worker_id, sizeof r->worker_id, "%s", rr->worker_id);
@@ -73,7 +86,10 @@ static void on_registered(void *ctx, bt_rpc_code_t code, const char *msg, const 
     r->registered = true;
     BT_LOG_INFO("registered with the router as %s", r->worker_id);
     BT_PROTO_FREE(baton__v1__register_response, rr);
-    schedule(r, r->heartbeat_ms);
+    if (r->leaving) /* it left while registering: the router hears so before it sends work */
+        send_leave(r);
+    else
+        schedule(r, r->heartbeat_ms);
 }
 
 static void on_heartbeat(void *ctx, bt_rpc_code_t code, const char *msg, const uint8_t *resp,
@@ -185,34 +201,43 @@ static void on_leave_reply(void *ctx, bt_rpc_code_t code, const char *msg, const
     Baton__V1__HeartbeatResponse *hr = NULL;
     if (code == BT_RPC_OK) hr = BT_PROTO_UNPACK(baton__v1__heartbeat_response, resp, len);
     if (!hr)
-        BT_LOG_WARN("could not tell the router this worker is leaving (%s %s): it may send work "
+        /* (info: when the whole cluster stops, the router is often gone first) */
+        BT_LOG_INFO("could not tell the router this worker is leaving (%s %s): it may send work "
                     "here until it hears so",
                     bt_rpc_code_name(code), msg ? msg : "");
     else if (!hr->known)
         r->registered = false; /* (and stays so: a router that forgot us sends nothing here) */
     if (hr) BT_PROTO_FREE(baton__v1__heartbeat_response, hr);
-    void (*fn)(void *) = r->on_left;
-    void *fn_ctx = r->left_ctx;
-    r->on_left = NULL;
     if (r->stopping) {
+        r->on_left = NULL; /* (stopped meanwhile: its owner moved on) */
         maybe_free(r);
-    } else if (!r->in_flight) {
-        schedule(r, r->heartbeat_ms); /* the heartbeats go on, marked leaving */
+        return;
     }
-    if (fn) fn(fn_ctx);
+    if (!r->in_flight) schedule(r, r->heartbeat_ms); /* the heartbeats go on, marked leaving */
+    left(r);
 }
 
 void bt_registration_leave(bt_registration_t *r, void (*on_left)(void *ctx), void *ctx)
 {
-    if (!r || !r->registered || r->stopping || r->leaving) {
+    if (!r || r->stopping || r->leaving) {
         if (r) r->leaving = true;
         if (on_left) on_left(ctx);
         return;
     }
     r->leaving = true;
-    uv_timer_stop(&r->timer);
     r->on_left = on_left;
     r->left_ctx = ctx;
+    if (r->registered)
+        send_leave(r);
+    else if (!r->in_flight) /* not registered, nor registering: the router knows nothing of us */
+        left(r);
+    /* (else a registration is under way: on_registered tells the router, or gives up) */
+}
+
+/* The heartbeat that says the worker leaves, sent at once. */
+static void send_leave(bt_registration_t *r)
+{
+    uv_timer_stop(&r->timer);
     Baton__V1__HeartbeatRequest hb = BATON__V1__HEARTBEAT_REQUEST__INIT;
     hb.worker_id = r->worker_id;
     if (r->load) r->load(r->ctx, &hb);

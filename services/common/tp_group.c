@@ -3,10 +3,12 @@
 #include "common/alloc.h"
 #include "common/log.h"
 
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 enum { PLAN_NOOP = 0, PLAN_FORWARD = 1, PLAN_SYNC = 2, PLAN_SHUTDOWN = 3 };
 
@@ -99,9 +101,32 @@ bt_status_t bt_tp_lead_shutdown(bt_comm_t *comm)
     return send_plan(comm, &p, NULL);
 }
 
+/* A following rank stops with its group: a service manager that stops every rank at once
+ * (systemd, Kubernetes, `baton up`) would otherwise kill the followers first, and the lead,
+ * its next collective failed, would fail every request it was draining. The lead's shutdown
+ * plan ends a follower; a second signal ends it at once. */
+static volatile sig_atomic_t follower_signals;
+
+static void on_follower_signal(int sig)
+{
+    (void)sig;
+    if (follower_signals++) _exit(1);
+    static const char note[] = "following rank: it stops when rank 0 does (a second signal "
+                               "stops it now)\n";
+    ssize_t w = write(STDERR_FILENO, note, sizeof note - 1);
+    (void)w;
+}
+
 bt_status_t bt_tp_follow(bt_comm_t *comm, bt_model_t *model, const bt_kv_layout_t *layout,
                          bt_tp_slot_fn slot_fn, void *ctx, int n_slots)
 {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_follower_signal;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
     const bt_model_config_t *c = bt_model_config(model);
     size_t cap = 1 << 16;
     uint8_t *payload = bt_malloc_or_die(cap);

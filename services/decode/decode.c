@@ -181,11 +181,73 @@ static void quarantine_end(decode_t *d, quarantine_t **qp)
     free(q);
 }
 
+/* Ends the quarantine of (request_id, epoch), if it still runs: its prefill group wrote its
+ * last (a STOPPED or LAST notice, a Forget answered done). */
+static bool quarantine_end_of(decode_t *d, const char *request_id, uint64_t epoch)
+{
+    for (quarantine_t **q = &d->quarantine; *q; q = &(*q)->next)
+        if ((*q)->epoch == epoch && !strcmp((*q)->request_id, request_id)) {
+            quarantine_end(d, q);
+            count(d, "kv_slots_released_early_total",
+                  "Quarantined slots freed once their prefill group said it wrote its last", NULL,
+                  NULL);
+            return true;
+        }
+    return false;
+}
+
+typedef struct {
+    decode_t *d;
+    char *request_id;
+    uint64_t epoch;
+} forget_t;
+
+static void on_forget_reply(void *ctx, bt_rpc_code_t code, const char *msg, const uint8_t *resp,
+                            size_t len)
+{
+    forget_t *f = ctx;
+    Baton__V1__ForgetResponse *r =
+        code == BT_RPC_OK ? BT_PROTO_UNPACK(baton__v1__forget_response, resp, len) : NULL;
+    if (r && r->done && quarantine_end_of(f->d, f->request_id, f->epoch)) admit_waiting(f->d);
+    if (r) BT_PROTO_FREE(baton__v1__forget_response, r);
+    free(f->request_id);
+    free(f);
+}
+
+/* A quarantined slot's prefill group may never have seen the job (the cancel overtook the
+ * Prefill call): then no STOPPED notice comes, and the slot waited out the watchdog. It is
+ * asked: a job it never saw it refuses from now on, and answers done. */
+static void quarantine_forget(decode_t *d, prefill_peer_t *peer, const quarantine_t *q)
+{
+    if (!peer || peer->hello != HELLO_OK) return; /* (gone or unknown: the watchdog it is) */
+    Baton__V1__ForgetRequest fr = BATON__V1__FORGET_REQUEST__INIT;
+    fr.request_id = q->request_id;
+    fr.epoch = q->epoch;
+    uint8_t *buf;
+    size_t len;
+    bt_proto_pack(&fr.base, &buf, &len);
+    forget_t *f = bt_calloc_or_die(1, sizeof *f);
+    f->d = d;
+    f->request_id = bt_strdup_or_die(q->request_id);
+    f->epoch = q->epoch;
+    if (bt_rpc_unary(peer->ch, "/baton.v1.Prefill/Forget", buf, len, 5000, on_forget_reply, f,
+                     NULL) != BT_OK) {
+        free(f->request_id);
+        free(f);
+    }
+    free(buf);
+}
+
+static void quarantine_forget(decode_t *d, prefill_peer_t *peer, const quarantine_t *q);
+
 static void seq_release(seq_t *s)
 {
     decode_t *d = s->d;
     if (s->call || s->prefill_pending || s->in_step) return;
-    if (s->slot >= 0 && s->target_sent && !s->prefill_ok && !s->prefill_stopped) {
+    /* (after the LAST notice every write is in place and none follows: a cancel that came
+     * before the prefill's reply leaves a complete slot, free at once) */
+    if (s->slot >= 0 && s->target_sent && !s->prefill_ok && !s->prefill_stopped &&
+        !s->last_notice) {
         quarantine_t *q = bt_calloc_or_die(1, sizeof *q);
         q->slot = s->slot;
         q->until_ms = bt_now_ms() + d->watchdog_ms;
@@ -194,6 +256,7 @@ static void seq_release(seq_t *s)
         q->next = d->quarantine;
         d->quarantine = q;
         s->slot = -1;
+        quarantine_forget(d, s->peer, q);
     }
     if (s->slot >= 0) {
         bt_kv_pool_free(d->pool, s->slot);
@@ -583,19 +646,14 @@ static void on_notice(void *ctx, const uint8_t *data, size_t len)
         return;
     }
     seq_t *s = find_seq(d, n->request_id, n->epoch);
-    if (n->kind == BATON__V1__KV_NOTICE__KIND__STOPPED) {
-        /* a cancelled request's prefill group has flushed its last write: its slot (held
+    const bool ended = s && s->state != SEQ_PREFILLING; /* (cancelled or failed meanwhile) */
+    if (n->kind == BATON__V1__KV_NOTICE__KIND__STOPPED ||
+        (n->kind == BATON__V1__KV_NOTICE__KIND__LAST && (!s || ended))) {
+        /* the request's prefill group has flushed its last write (it stopped the cancelled
+         * job; or the job was done, its LAST notice overtaken by the cancel): its slot (held
          * still, or already waiting out the watchdog) needs no quarantine */
         if (s) s->prefill_stopped = true;
-        for (quarantine_t **q = &d->quarantine; *q; q = &(*q)->next)
-            if ((*q)->epoch == n->epoch && !strcmp((*q)->request_id, n->request_id)) {
-                quarantine_end(d, q);
-                count(d, "kv_slots_released_early_total",
-                      "Quarantined slots freed by their prefill group's STOPPED notice", NULL,
-                      NULL);
-                admit_waiting(d);
-                break;
-            }
+        if (quarantine_end_of(d, n->request_id, n->epoch)) admit_waiting(d);
     } else if (!s || s->state != SEQ_PREFILLING) {
         /* a late notice of a finished or unknown request (its epoch tells them apart) */
         BT_LOG_DEBUG("dropping a late KV notice for %s epoch %" PRIu64, n->request_id, n->epoch);

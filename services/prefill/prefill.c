@@ -99,6 +99,19 @@ struct prefill {
 
 #define EXIT_GRACE_MS 5000
 
+/* A job the decode group gave up on before it reached us (Forget): its Prefill call, should
+ * it still come, is refused, so its slot, freed at the decode group, is never written. Kept
+ * for a watchdog: a call later than that has passed its own deadline. */
+typedef struct tombstone {
+    struct tombstone *next;
+    char *request_id;
+    uint64_t epoch;
+    int64_t until_ms;
+} tombstone_t;
+
+static tombstone_t *tombstones;
+static bool forgotten(const char *request_id, uint64_t epoch);
+
 static void run_next(prefill_t *p);
 static void maybe_exit(prefill_t *p);
 
@@ -279,7 +292,7 @@ static void on_committed(void *ctx, bt_status_t st)
     if (st != BT_OK) {
         bt_counter_add(bt_metrics_counter(p->metrics, "transfer_failures_total", "KV transfers that failed, by cause",
                                           "cause", "commit"), 1);
-        job_end(j, BT_RPC_UNAVAILABLE, "KV transfer to the decode group failed");
+        job_end(j, BT_RPC_DATA_LOSS, "KV transfer to the decode group failed");
         return;
     }
     if (j->cancelled) {
@@ -357,7 +370,7 @@ static void chunk_done(uv_work_t *w, int status)
         return;
     }
     if (j->peer->failed) {
-        job_end(j, BT_RPC_UNAVAILABLE, "the decode group's KV pool is unreachable");
+        job_end(j, BT_RPC_DATA_LOSS, "the decode group's KV pool is unreachable");
         return;
     }
     j->done += p->fwd.n;
@@ -371,7 +384,7 @@ static void chunk_done(uv_work_t *w, int status)
         bt_status_t st = bt_xfer_put(j->peer->xp, base + ranges[i].off, p->slot + ranges[i].off,
                                      ranges[i].len);
         if (st != BT_OK) {
-            job_end(j, BT_RPC_UNAVAILABLE, "KV put refused (target outside the decode pool?)");
+            job_end(j, BT_RPC_DATA_LOSS, "KV put refused (target outside the decode pool?)");
             return;
         }
         j->bytes += (int64_t)ranges[i].len;
@@ -409,7 +422,7 @@ static void chunk_done(uv_work_t *w, int status)
     bt_status_t st = bt_xfer_commit(j->peer->xp, buf, len, on_committed, j);
     if (st != BT_OK) p->committing = false;
     free(buf);
-    if (st != BT_OK) job_end(j, BT_RPC_UNAVAILABLE, "cannot commit the KV transfer");
+    if (st != BT_OK) job_end(j, BT_RPC_DATA_LOSS, "cannot commit the KV transfer");
 }
 
 static void start_chunk(prefill_t *p, job_t *j)
@@ -465,7 +478,7 @@ static void run_next(prefill_t *p)
         if (!j->peer) {
             bt_counter_add(bt_metrics_counter(p->metrics, "transfer_failures_total", "KV transfers that failed, by cause",
                                               "cause", "connect"), 1);
-            job_end(j, BT_RPC_UNAVAILABLE, err);
+            job_end(j, BT_RPC_DATA_LOSS, err);
             return;
         }
         p->active = j;
@@ -491,10 +504,12 @@ static void on_watchdog(uv_timer_t *t)
                 j->req->request_id, j->chunk_index - 1, (long long)(bt_now_ms() - p->commit_start_ms));
     bt_counter_add(bt_metrics_counter(p->metrics, "transfer_failures_total", "KV transfers that failed, by cause",
                                       "cause", "watchdog"), 1);
-    bt_counter_add(bt_metrics_counter(p->metrics, "prefills_total", "Prefill jobs ended, by status", "status",
-                                      "UNAVAILABLE"), 1);
+    bt_counter_add(bt_metrics_counter(p->metrics, "prefills_total", "Prefill jobs ended, by status",
+                                      "status", "DATA_LOSS"),
+                   1);
     if (j->call) {
-        bt_rpc_call_finish(j->call, BT_RPC_UNAVAILABLE, "the decode group stalled: KV transfer timed out");
+        bt_rpc_call_finish(j->call, BT_RPC_DATA_LOSS,
+                           "the decode group stalled: KV transfer timed out");
         j->call = NULL;
     }
     j->orphaned = true;
@@ -545,6 +560,9 @@ static void on_prefill(void *ctx, bt_rpc_call_t *call, const uint8_t *data, size
     if (p->stopping) {
         code = BT_RPC_ABORTED; /* (nothing written: the decode group frees the slot at once) */
         snprintf(msg, sizeof msg, "prefill group shutting down");
+    } else if (r->request_id && forgotten(r->request_id, r->epoch)) {
+        code = BT_RPC_ABORTED; /* (its slot is free at the decode group: never written) */
+        snprintf(msg, sizeof msg, "the decode group gave up on this job before it arrived");
     } else if (r->compat_hash != p->eng.compat_hash) {
         code = BT_RPC_FAILED_PRECONDITION;
         snprintf(msg, sizeof msg, "incompatible groups: decode compat hash %016" PRIx64 ", prefill %016" PRIx64
@@ -579,6 +597,62 @@ static void on_prefill(void *ctx, bt_rpc_call_t *call, const uint8_t *data, size
     p->queue_tail = j;
     p->queued_tokens += (int64_t)r->n_prompt_ids;
     run_next(p);
+}
+
+/* Whether (request_id, epoch) was forgotten; drops the tombstones past their time. */
+static bool forgotten(const char *request_id, uint64_t epoch)
+{
+    const int64_t now = bt_now_ms();
+    bool found = false;
+    for (tombstone_t **t = &tombstones; *t;) {
+        if ((*t)->until_ms <= now) {
+            tombstone_t *dead = *t;
+            *t = dead->next;
+            free(dead->request_id);
+            free(dead);
+            continue;
+        }
+        found |= (*t)->epoch == epoch && !strcmp((*t)->request_id, request_id);
+        t = &(*t)->next;
+    }
+    return found;
+}
+
+static void on_forget(void *ctx, bt_rpc_call_t *call, const uint8_t *data, size_t len)
+{
+    prefill_t *p = ctx;
+    Baton__V1__ForgetRequest *r = BT_PROTO_UNPACK(baton__v1__forget_request, data, len);
+    if (!r || !r->request_id) {
+        if (r) BT_PROTO_FREE(baton__v1__forget_request, r);
+        bt_rpc_call_finish(call, BT_RPC_INVALID_ARGUMENT, "unreadable ForgetRequest");
+        return;
+    }
+    job_t *j = NULL;
+    if (p->active && p->active->req->epoch == r->epoch &&
+        !strcmp(p->active->req->request_id, r->request_id))
+        j = p->active;
+    for (job_t *q = p->queue; q && !j; q = q->next)
+        if (q->req->epoch == r->epoch && !strcmp(q->req->request_id, r->request_id)) j = q;
+    Baton__V1__ForgetResponse resp = BATON__V1__FORGET_RESPONSE__INIT;
+    if (j) {
+        j->cancelled = true; /* (its STOPPED notice follows its last write) */
+    } else {
+        if (!forgotten(r->request_id, r->epoch)) {
+            tombstone_t *t = bt_calloc_or_die(1, sizeof *t);
+            t->request_id = bt_strdup_or_die(r->request_id);
+            t->epoch = r->epoch;
+            t->until_ms = bt_now_ms() + p->watchdog_ms;
+            t->next = tombstones;
+            tombstones = t;
+        }
+        resp.done = 1;
+    }
+    BT_PROTO_FREE(baton__v1__forget_request, r);
+    uint8_t *buf;
+    size_t n;
+    bt_proto_pack(&resp.base, &buf, &n);
+    bt_rpc_call_reply(call, buf, n);
+    free(buf);
 }
 
 static void on_hello(void *ctx, bt_rpc_call_t *call, const uint8_t *data, size_t len)
@@ -733,8 +807,12 @@ int main(int argc, char **argv)
     snprintf(addr, sizeof addr, "%s:%lld", w.host, (long long)w.port);
     if ((st = bt_rpc_create(p->loop, &p->rpc)) != BT_OK ||
         (st = bt_rpc_server_create(p->rpc, addr, NULL, &p->server)) != BT_OK ||
-        (st = bt_rpc_server_method(p->server, "/baton.v1.Prefill/Prefill", BT_RPC_UNARY, on_prefill, p)) != BT_OK ||
-        (st = bt_rpc_server_method(p->server, "/baton.v1.Prefill/Hello", BT_RPC_UNARY, on_hello, p)) != BT_OK ||
+        (st = bt_rpc_server_method(p->server, "/baton.v1.Prefill/Prefill", BT_RPC_UNARY, on_prefill,
+                                   p)) != BT_OK ||
+        (st = bt_rpc_server_method(p->server, "/baton.v1.Prefill/Hello", BT_RPC_UNARY, on_hello,
+                                   p)) != BT_OK ||
+        (st = bt_rpc_server_method(p->server, "/baton.v1.Prefill/Forget", BT_RPC_UNARY, on_forget,
+                                   p)) != BT_OK ||
         (st = bt_rpc_server_start(p->server)) != BT_OK) {
         fprintf(stderr, "baton-prefill: cannot serve gRPC on %s: %s\n", addr, bt_status_str(st));
         return 1;

@@ -393,7 +393,10 @@ static void on_decode_done(void *ctx, bt_rpc_code_t code, const char *msg)
     worker_t *rested;
     const char *what;
     if (requeue_after(q, code, &rested, &what)) {
-        if (code == BT_RPC_ABORTED) q->prefill_retries++;
+        /* (a leaving group handing its queued jobs back is no failure: it is not picked
+         * again, so this stays bounded) */
+        if (code == BT_RPC_ABORTED && !(q->in_prefill && q->prefill && q->prefill->leaving))
+            q->prefill_retries++;
         requeue(q, rested, what, msg);
         return;
     }
@@ -791,6 +794,7 @@ static void on_health(void *ctx, bt_rpc_call_t *call, const uint8_t *data, size_
         } else {
             h.prefill_groups++;
         }
+        h.leaving_groups += w->leaving;
     }
     h.queued = r->n_queued;
     h.serving = h.decode_groups > 0 && h.prefill_groups > 0;
@@ -812,7 +816,9 @@ static void on_list_models(void *ctx, bt_rpc_call_t *call, const uint8_t *data, 
 
 /* ---- the registry ------------------------------------------------------------------------- */
 
-static void worker_remove(router_t *r, worker_t *w, const char *why)
+/* Removes w, failing what needs it. `replaced`: a new registration from its address takes
+ * its place at once (so the queue keeps waiting). */
+static void worker_remove(router_t *r, worker_t *w, const char *why, bool replaced)
 {
     BT_LOG_WARN("removing %s worker %s at %s: %s",
                 w->role == BATON__V1__WORKER_ROLE__ROLE_DECODE ? "decode" : "prefill", w->id,
@@ -843,7 +849,7 @@ static void worker_remove(router_t *r, worker_t *w, const char *why)
     /* the last group of its kind gone: what waits in the queue (a request handed back by a
      * group that left, one that came while the last was leaving) fails now, as a request
      * arriving now would, not at its watchdog */
-    const char *missing = missing_group(r);
+    const char *missing = replaced ? NULL : missing_group(r);
     while (missing && r->queue) {
         req_t *q = r->queue;
         queue_remove(r, q);
@@ -884,7 +890,7 @@ static void on_register(void *ctx, bt_rpc_call_t *call, const uint8_t *data, siz
     /* a worker restarting on the same address replaces its old entry */
     for (worker_t *w = r->workers; w; w = w->next)
         if (!strcmp(w->address, in->address) && w->role == in->role) {
-            worker_remove(r, w, "registered again");
+            worker_remove(r, w, "registered again", true);
             break;
         }
     worker_t *w = bt_calloc_or_die(1, sizeof *w);
@@ -951,7 +957,8 @@ static void on_sweep(uv_timer_t *t)
     int64_t now = bt_now_ms();
     for (worker_t *w = r->workers; w;) {
         worker_t *next = w->next;
-        if (now - w->last_seen_ms > 3 * (int64_t)r->heartbeat_ms) worker_remove(r, w, "missed 3 heartbeats");
+        if (now - w->last_seen_ms > 3 * (int64_t)r->heartbeat_ms)
+            worker_remove(r, w, "missed 3 heartbeats", false);
         w = next;
     }
     /* a stalled decode stream ends within the watchdog */

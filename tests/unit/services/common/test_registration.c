@@ -138,6 +138,8 @@ typedef struct {
     bool answer_first;   /* the first heartbeat is answered too */
     bool forget_leaving; /* answers a leaving worker "unknown", as a restarted router */
     int leaving, plain_after_leaving; /* heartbeats marked leaving; unmarked ones after */
+    bool hold_register;               /* RegisterWorker answered only by answer_register */
+    bt_rpc_call_t *held;
 } hb_router_t;
 
 static void reply_msg(bt_rpc_call_t *call, const ProtobufCMessage *m)
@@ -155,10 +157,23 @@ static void hb_on_register(void *ctx, bt_rpc_call_t *call, const uint8_t *req, s
     (void)len;
     hb_router_t *r = ctx;
     r->registers++;
+    if (r->hold_register) {
+        r->held = call;
+        return;
+    }
     Baton__V1__RegisterResponse resp = BATON__V1__REGISTER_RESPONSE__INIT;
     resp.worker_id = "w1";
     resp.heartbeat_ms = 50;
     reply_msg(call, &resp.base);
+}
+
+static void answer_register(hb_router_t *r)
+{
+    Baton__V1__RegisterResponse resp = BATON__V1__REGISTER_RESPONSE__INIT;
+    resp.worker_id = "w1";
+    resp.heartbeat_ms = 50;
+    reply_msg(r->held, &resp.base);
+    r->held = NULL;
 }
 
 static void hb_on_heartbeat(void *ctx, bt_rpc_call_t *call, const uint8_t *req, size_t len)
@@ -242,10 +257,38 @@ static void test_leave_keeps_heartbeating(void)
     }
 }
 
+/* Stopped while its registration is under way: the router, which registers it a moment
+ * later, hears it is leaving before anything else. Before, the worker counted itself gone at
+ * once, and the router took it for a working one until it missed three heartbeats. */
+static void test_leave_while_registering(void)
+{
+    uv_loop_t loop;
+    bt_rpc_t *rpc;
+    bt_rpc_server_t *srv = stand_in(&loop, &rpc);
+    hb_router_t router = {.answer_first = true, .hold_register = true};
+    BT_CHECK(bt_rpc_server_method(srv, "/baton.v1.Registry/RegisterWorker", BT_RPC_UNARY,
+                                  hb_on_register, &router) == BT_OK);
+    BT_CHECK(bt_rpc_server_method(srv, "/baton.v1.Registry/Heartbeat", BT_RPC_UNARY,
+                                  hb_on_heartbeat, &router) == BT_OK);
+    bt_registration_t *reg = worker_registers(rpc, srv);
+    BT_CHECK(run_until(&loop, NULL, &router.registers, 1, 5000));
+    int left = 0;
+    bt_registration_leave(reg, on_left, &left);
+    run_until(&loop, NULL, &left, 1, 200);
+    BT_CHECK_MSG(left == 0, "left before the router heard of it");
+    answer_register(&router);
+    BT_CHECK(run_until(&loop, NULL, &left, 1, 2000));
+    BT_CHECK_MSG(router.heartbeats >= 1 && router.leaving == router.heartbeats,
+                 "%d heartbeats, %d marked leaving", router.heartbeats, router.leaving);
+    bt_registration_stop(reg);
+    stand_in_close(&loop, rpc, srv);
+}
+
 int main(void)
 {
     BT_RUN(test_stop_with_call_in_flight);
     BT_RUN(test_missed_heartbeat_keeps_registration);
     BT_RUN(test_leave_keeps_heartbeating);
+    BT_RUN(test_leave_while_registering);
     return bt_test_summary();
 }
