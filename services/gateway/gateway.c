@@ -25,16 +25,15 @@
 
 typedef struct gateway gateway_t;
 
+typedef struct gen gen_t;
+
+/* One choice of a request (`n` of them): a Generate call of its own to the router. */
 typedef struct {
-    gateway_t *g;
-    bt_http_request_t *req;
+    gen_t *x;
+    int index;
     bt_rpc_client_call_t *rc;
-    bool rc_live, http_gone, answered, began;
-    bt_openai_request_t r;
-    char id[64];
-    const char *route; /* metrics label */
-    int64_t created;
-    int64_t t_start, t_first, t_last;
+    bool rc_live, done;
+    int64_t t_last;
     /* non-streaming accumulation */
     char *content, *reasoning;
     size_t content_len, content_cap, reasoning_len, reasoning_cap;
@@ -43,10 +42,22 @@ typedef struct {
     const char *finish;
     char *matched_stop; /* the stop string that ended it (SGLang's matched_stop); NULL: none */
     int prompt_tokens, completion_tokens, cached_tokens;
-    bool have_usage;
-    char model[256];
     size_t text_offset; /* completions logprobs: characters so far */
-} gen_t;
+} choice_t;
+
+struct gen {
+    gateway_t *g;
+    bt_http_request_t *req;
+    bool http_gone, answered, began;
+    bt_openai_request_t r;
+    char id[64];
+    const char *route; /* metrics label */
+    int64_t created;
+    int64_t t_start, t_first;
+    char model[256];
+    choice_t *choices; /* r.n */
+    int n_live, n_done;
+};
 
 struct gateway {
     uv_loop_t *loop;
@@ -146,27 +157,39 @@ static void gen_free(gen_t *x)
     gateway_t *g = x->g;
     g->n_in_flight--;
     bt_gauge_set(g->in_flight, g->n_in_flight);
+    for (int i = 0; x->choices && i < x->r.n; i++) {
+        choice_t *c = &x->choices[i];
+        cJSON_Delete(c->tool_calls);
+        cJSON_Delete(c->logprobs);
+        free(c->content);
+        free(c->reasoning);
+        free(c->matched_stop);
+    }
+    free(x->choices);
     bt_openai_request_free(&x->r);
-    cJSON_Delete(x->tool_calls);
-    cJSON_Delete(x->logprobs);
-    free(x->content);
-    free(x->reasoning);
-    free(x->matched_stop);
     free(x);
 }
 
 /* A final choice's matched_stop: the stop string, or null (as SGLang answers) */
-static void add_matched_stop(cJSON *choice, const gen_t *x)
+static void add_matched_stop(cJSON *choice, const choice_t *c)
 {
-    if (x->matched_stop)
-        cJSON_AddStringToObject(choice, "matched_stop", x->matched_stop);
+    if (c->matched_stop)
+        cJSON_AddStringToObject(choice, "matched_stop", c->matched_stop);
     else
         cJSON_AddNullToObject(choice, "matched_stop");
 }
 
 static void maybe_free(gen_t *x)
 {
-    if (!x->rc_live && (x->answered || x->http_gone)) gen_free(x);
+    if (x->n_live == 0 && (x->answered || x->http_gone)) gen_free(x);
+}
+
+/* Ends the calls of the choices still running (one failed, or the client left); their
+ * callbacks still come. */
+static void cancel_choices(gen_t *x)
+{
+    for (int i = 0; i < x->r.n; i++)
+        if (x->choices[i].rc_live) bt_rpc_client_cancel(x->choices[i].rc);
 }
 
 static void append(char **buf, size_t *len, size_t *cap, const char *s)
@@ -239,15 +262,20 @@ static cJSON *new_completion_logprobs(void)
     return o;
 }
 
+/* The prompt once (every choice has the same), the completions of all choices. */
 static cJSON *usage_json(gen_t *x)
 {
+    const choice_t *first = &x->choices[0];
+    int completion = 0;
+    for (int i = 0; i < x->r.n; i++)
+        completion += x->choices[i].completion_tokens;
     cJSON *u = cJSON_CreateObject();
-    cJSON_AddNumberToObject(u, "prompt_tokens", x->prompt_tokens);
-    cJSON_AddNumberToObject(u, "completion_tokens", x->completion_tokens);
-    cJSON_AddNumberToObject(u, "total_tokens", x->prompt_tokens + x->completion_tokens);
+    cJSON_AddNumberToObject(u, "prompt_tokens", first->prompt_tokens);
+    cJSON_AddNumberToObject(u, "completion_tokens", completion);
+    cJSON_AddNumberToObject(u, "total_tokens", first->prompt_tokens + completion);
     if (x->g->cache_report) {
         cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
-        cJSON_AddNumberToObject(d, "cached_tokens", x->cached_tokens);
+        cJSON_AddNumberToObject(d, "cached_tokens", first->cached_tokens);
     }
     return u;
 }
@@ -288,12 +316,12 @@ static void begin_stream(gen_t *x)
     x->began = true;
     bt_http_add_header(x->req, "Cache-Control", "no-cache");
     bt_http_stream_begin(x->req, 200, "text/event-stream");
-    if (x->r.kind == BT_OPENAI_CHAT) {
-        /* the first chunk announces the role, as OpenAI does */
+    /* the first chunk of each choice announces the role, as OpenAI does */
+    for (int i = 0; x->r.kind == BT_OPENAI_CHAT && i < x->r.n; i++) {
         cJSON *o = envelope(x, true);
         cJSON *choices = cJSON_AddArrayToObject(o, "choices");
         cJSON *c = cJSON_CreateObject();
-        cJSON_AddNumberToObject(c, "index", 0);
+        cJSON_AddNumberToObject(c, "index", i);
         cJSON *d = cJSON_AddObjectToObject(c, "delta");
         cJSON_AddStringToObject(d, "role", "assistant");
         cJSON_AddStringToObject(d, "content", "");
@@ -319,9 +347,10 @@ static cJSON *tool_call_json(Baton__V1__ToolCall *t)
 
 static void on_gen_message(void *ctx, const uint8_t *data, size_t len)
 {
-    gen_t *x = ctx;
+    choice_t *ch = ctx;
+    gen_t *x = ch->x;
     gateway_t *g = x->g;
-    if (x->http_gone) return;
+    if (x->http_gone || x->answered) return;
     Baton__V1__GenerateResponse *m = BT_PROTO_UNPACK(baton__v1__generate_response, data, len);
     if (!m) return;
     int64_t now = bt_now_ms();
@@ -329,32 +358,34 @@ static void on_gen_message(void *ctx, const uint8_t *data, size_t len)
         if (!x->t_first) {
             x->t_first = now;
             bt_histogram_observe(g->ttft, (double)(now - x->t_start) / 1000.0);
-        } else {
-            bt_histogram_observe(g->itl, (double)(now - x->t_last) / 1000.0 / (double)m->n_token_ids);
+        } else if (ch->t_last) {
+            bt_histogram_observe(g->itl,
+                                 (double)(now - ch->t_last) / 1000.0 / (double)m->n_token_ids);
         }
-        x->t_last = now;
+        ch->t_last = now;
     }
     bool final = m->finish_reason != BATON__V1__FINISH_REASON__FINISH_NONE;
     if (final) {
-        x->finish = finish_name(m->finish_reason);
-        if (m->matched_stop && *m->matched_stop && !x->matched_stop)
-            x->matched_stop = bt_strdup_or_die(m->matched_stop);
+        ch->finish = finish_name(m->finish_reason);
+        if (m->matched_stop && *m->matched_stop && !ch->matched_stop)
+            ch->matched_stop = bt_strdup_or_die(m->matched_stop);
         if (m->usage) {
-            x->prompt_tokens = m->usage->prompt_tokens;
-            x->completion_tokens = m->usage->completion_tokens;
-            x->cached_tokens = m->usage->cached_tokens;
-            x->have_usage = true;
+            ch->prompt_tokens = m->usage->prompt_tokens;
+            ch->completion_tokens = m->usage->completion_tokens;
+            ch->cached_tokens = m->usage->cached_tokens;
         }
     }
     if (!x->r.stream) {
-        append(&x->content, &x->content_len, &x->content_cap, m->text ? m->text : "");
-        append(&x->reasoning, &x->reasoning_len, &x->reasoning_cap, m->reasoning_text ? m->reasoning_text : "");
-        for (size_t i = 0; i < m->n_tool_calls; i++) cJSON_AddItemToArray(x->tool_calls, tool_call_json(m->tool_calls[i]));
+        append(&ch->content, &ch->content_len, &ch->content_cap, m->text ? m->text : "");
+        append(&ch->reasoning, &ch->reasoning_len, &ch->reasoning_cap,
+               m->reasoning_text ? m->reasoning_text : "");
+        for (size_t i = 0; i < m->n_tool_calls; i++)
+            cJSON_AddItemToArray(ch->tool_calls, tool_call_json(m->tool_calls[i]));
         if (x->r.logprobs) {
             if (x->r.kind == BT_OPENAI_CHAT)
-                chat_logprobs(x->logprobs, m);
+                chat_logprobs(ch->logprobs, m);
             else
-                completion_logprobs(x->logprobs, m, &x->text_offset);
+                completion_logprobs(ch->logprobs, m, &ch->text_offset);
         }
         BT_PROTO_FREE(baton__v1__generate_response, m);
         return;
@@ -366,7 +397,7 @@ static void on_gen_message(void *ctx, const uint8_t *data, size_t len)
         cJSON *o = envelope(x, true);
         cJSON *choices = cJSON_AddArrayToObject(o, "choices");
         cJSON *c = cJSON_CreateObject();
-        cJSON_AddNumberToObject(c, "index", 0);
+        cJSON_AddNumberToObject(c, "index", ch->index);
         if (x->r.kind == BT_OPENAI_CHAT) {
             cJSON *d = cJSON_AddObjectToObject(c, "delta");
             if (m->reasoning_text && *m->reasoning_text) cJSON_AddStringToObject(d, "reasoning_content", m->reasoning_text);
@@ -385,7 +416,7 @@ static void on_gen_message(void *ctx, const uint8_t *data, size_t len)
             cJSON_AddStringToObject(c, "text", m->text ? m->text : "");
             if (x->r.logprobs && m->n_logprobs) {
                 cJSON *lp = new_completion_logprobs();
-                completion_logprobs(lp, m, &x->text_offset);
+                completion_logprobs(lp, m, &ch->text_offset);
                 cJSON_AddItemToObject(c, "logprobs", lp);
             } else {
                 cJSON_AddNullToObject(c, "logprobs");
@@ -396,8 +427,8 @@ static void on_gen_message(void *ctx, const uint8_t *data, size_t len)
             for (size_t i = 0; i < m->n_token_ids; i++) cJSON_AddItemToArray(ids, cJSON_CreateNumber(m->token_ids[i]));
         }
         if (final) {
-            cJSON_AddStringToObject(c, "finish_reason", x->finish);
-            add_matched_stop(c, x);
+            cJSON_AddStringToObject(c, "finish_reason", ch->finish);
+            add_matched_stop(c, ch);
         } else {
             cJSON_AddNullToObject(c, "finish_reason");
         }
@@ -406,28 +437,91 @@ static void on_gen_message(void *ctx, const uint8_t *data, size_t len)
         sse(x, o);
         cJSON_Delete(o);
     }
-    if (final && x->r.include_usage) {
-        cJSON *o = envelope(x, true);
-        cJSON_AddArrayToObject(o, "choices");
-        cJSON_AddItemToObject(o, "usage", usage_json(x));
-        sse(x, o);
-        cJSON_Delete(o);
-    }
     BT_PROTO_FREE(baton__v1__generate_response, m);
+}
+
+/* The whole answer once every choice is done: the stream's usage chunk (when asked) and its
+ * end, or one JSON with every choice. */
+static void answer(gen_t *x)
+{
+    gateway_t *g = x->g;
+    bt_histogram_observe(g->e2e, (double)(bt_now_ms() - x->t_start) / 1000.0);
+    if (x->r.stream) {
+        begin_stream(x);
+        if (x->r.include_usage) {
+            cJSON *o = envelope(x, true);
+            cJSON_AddArrayToObject(o, "choices");
+            cJSON_AddItemToObject(o, "usage", usage_json(x));
+            sse(x, o);
+            cJSON_Delete(o);
+        }
+        bt_http_stream_write(x->req, "data: [DONE]\n\n", 14);
+        bt_http_stream_end(x->req);
+        count(g, x->route, 200);
+        return;
+    }
+    cJSON *o = envelope(x, false);
+    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
+    for (int i = 0; i < x->r.n; i++) {
+        choice_t *ch = &x->choices[i];
+        cJSON *c = cJSON_CreateObject();
+        cJSON_AddNumberToObject(c, "index", i);
+        if (x->r.kind == BT_OPENAI_CHAT) {
+            cJSON *msgj = cJSON_AddObjectToObject(c, "message");
+            cJSON_AddStringToObject(msgj, "role", "assistant");
+            if (cJSON_GetArraySize(ch->tool_calls) > 0 && !ch->content_len)
+                cJSON_AddNullToObject(msgj, "content");
+            else
+                cJSON_AddStringToObject(msgj, "content", ch->content ? ch->content : "");
+            if (ch->reasoning_len)
+                cJSON_AddStringToObject(msgj, "reasoning_content", ch->reasoning);
+            if (cJSON_GetArraySize(ch->tool_calls) > 0) {
+                cJSON_AddItemToObject(msgj, "tool_calls", ch->tool_calls);
+                ch->tool_calls = NULL;
+            }
+            if (x->r.logprobs) {
+                cJSON *lp = cJSON_AddObjectToObject(c, "logprobs");
+                cJSON_AddItemToObject(lp, "content", ch->logprobs);
+                ch->logprobs = NULL;
+            } else {
+                cJSON_AddNullToObject(c, "logprobs");
+            }
+        } else {
+            cJSON_AddStringToObject(c, "text", ch->content ? ch->content : "");
+            if (x->r.logprobs) {
+                cJSON_AddItemToObject(c, "logprobs", ch->logprobs);
+                ch->logprobs = NULL;
+            } else {
+                cJSON_AddNullToObject(c, "logprobs");
+            }
+        }
+        cJSON_AddStringToObject(c, "finish_reason", ch->finish ? ch->finish : "stop");
+        add_matched_stop(c, ch);
+        cJSON_AddItemToArray(choices, c);
+    }
+    cJSON_AddItemToObject(o, "usage", usage_json(x));
+    char *s = cJSON_PrintUnformatted(o);
+    send_json(g, x->req, x->route, 200, s);
+    free(s);
+    cJSON_Delete(o);
 }
 
 static void on_gen_done(void *ctx, bt_rpc_code_t code, const char *msg)
 {
-    gen_t *x = ctx;
+    choice_t *ch = ctx;
+    gen_t *x = ch->x;
     gateway_t *g = x->g;
-    x->rc_live = false;
-    x->rc = NULL;
-    bt_histogram_observe(g->e2e, (double)(bt_now_ms() - x->t_start) / 1000.0);
-    if (x->http_gone) {
+    ch->rc_live = false;
+    ch->rc = NULL;
+    x->n_live--;
+    if (x->http_gone || x->answered) {
         maybe_free(x);
         return;
     }
     if (code != BT_RPC_OK) {
+        /* one choice failed: the request did (the others are cancelled) */
+        bt_histogram_observe(g->e2e, (double)(bt_now_ms() - x->t_start) / 1000.0);
+        cancel_choices(x);
         int status = http_status(code);
         if (status == 499) status = 503;
         if (!x->began) {
@@ -447,53 +541,9 @@ static void on_gen_done(void *ctx, bt_rpc_code_t code, const char *msg)
         maybe_free(x);
         return;
     }
-    if (x->r.stream) {
-        begin_stream(x);
-        bt_http_stream_write(x->req, "data: [DONE]\n\n", 14);
-        bt_http_stream_end(x->req);
-        count(g, x->route, 200);
-    } else {
-        cJSON *o = envelope(x, false);
-        cJSON *choices = cJSON_AddArrayToObject(o, "choices");
-        cJSON *c = cJSON_CreateObject();
-        cJSON_AddNumberToObject(c, "index", 0);
-        if (x->r.kind == BT_OPENAI_CHAT) {
-            cJSON *msgj = cJSON_AddObjectToObject(c, "message");
-            cJSON_AddStringToObject(msgj, "role", "assistant");
-            if (cJSON_GetArraySize(x->tool_calls) > 0 && !x->content_len)
-                cJSON_AddNullToObject(msgj, "content");
-            else
-                cJSON_AddStringToObject(msgj, "content", x->content ? x->content : "");
-            if (x->reasoning_len) cJSON_AddStringToObject(msgj, "reasoning_content", x->reasoning);
-            if (cJSON_GetArraySize(x->tool_calls) > 0) {
-                cJSON_AddItemToObject(msgj, "tool_calls", x->tool_calls);
-                x->tool_calls = NULL;
-            }
-            if (x->r.logprobs) {
-                cJSON *lp = cJSON_AddObjectToObject(c, "logprobs");
-                cJSON_AddItemToObject(lp, "content", x->logprobs);
-                x->logprobs = NULL;
-            } else {
-                cJSON_AddNullToObject(c, "logprobs");
-            }
-        } else {
-            cJSON_AddStringToObject(c, "text", x->content ? x->content : "");
-            if (x->r.logprobs) {
-                cJSON_AddItemToObject(c, "logprobs", x->logprobs);
-                x->logprobs = NULL;
-            } else {
-                cJSON_AddNullToObject(c, "logprobs");
-            }
-        }
-        cJSON_AddStringToObject(c, "finish_reason", x->finish ? x->finish : "stop");
-        add_matched_stop(c, x);
-        cJSON_AddItemToArray(choices, c);
-        cJSON_AddItemToObject(o, "usage", usage_json(x));
-        char *s = cJSON_PrintUnformatted(o);
-        send_json(g, x->req, x->route, 200, s);
-        free(s);
-        cJSON_Delete(o);
-    }
+    ch->done = true;
+    if (++x->n_done < x->r.n) return;
+    answer(x);
     x->answered = true;
     maybe_free(x);
 }
@@ -502,9 +552,9 @@ static void on_http_gone(void *ctx)
 {
     gen_t *x = ctx;
     x->http_gone = true;
-    if (x->rc_live) {
+    if (x->n_live > 0) {
         BT_LOG_INFO("%s: client went away; cancelling", x->id);
-        bt_rpc_client_cancel(x->rc);
+        cancel_choices(x);
     }
     maybe_free(x);
 }
@@ -531,17 +581,36 @@ static void start_generation(gateway_t *g, bt_http_request_t *req, bt_openai_kin
         return;
     }
     snprintf(x->model, sizeof x->model, "%s", x->r.model[0] ? x->r.model : g->served);
-    x->tool_calls = cJSON_CreateArray();
-    x->logprobs = kind == BT_OPENAI_CHAT ? cJSON_CreateArray() : new_completion_logprobs();
-    x->rc_live = true;
-    bt_http_on_close(req, on_http_gone, x);
-    if (bt_rpc_stream(g->router, "/baton.v1.Baton/Generate", x->r.gen_bytes, x->r.gen_len, g->request_timeout_ms,
-                      on_gen_message, on_gen_done, x, &x->rc) != BT_OK) {
-        x->rc_live = false;
-        send_error(g, req, route, 503, "the router is unreachable", NULL);
-        x->answered = true;
-        maybe_free(x);
+    x->choices = bt_calloc_or_die((size_t)x->r.n, sizeof *x->choices);
+    for (int i = 0; i < x->r.n; i++) {
+        choice_t *ch = &x->choices[i];
+        ch->x = x;
+        ch->index = i;
+        ch->tool_calls = cJSON_CreateArray();
+        ch->logprobs = kind == BT_OPENAI_CHAT ? cJSON_CreateArray() : new_completion_logprobs();
     }
+    bt_http_on_close(req, on_http_gone, x);
+    /* every choice a generation of its own (choice i > 0 with seed + i, when one was given) */
+    for (int i = 0; i < x->r.n && !x->answered; i++) {
+        choice_t *ch = &x->choices[i];
+        uint8_t *buf = x->r.gen_bytes;
+        size_t len = x->r.gen_len;
+        char rid[80];
+        snprintf(rid, sizeof rid, "%s-%d", x->id, i);
+        if (i > 0 && bt_openai_choice_request(&x->r, i, rid, &buf, &len) != BT_OK) buf = NULL;
+        if (buf &&
+            bt_rpc_stream(g->router, "/baton.v1.Baton/Generate", buf, len, g->request_timeout_ms,
+                          on_gen_message, on_gen_done, ch, &ch->rc) == BT_OK) {
+            ch->rc_live = true;
+            x->n_live++;
+        } else {
+            cancel_choices(x);
+            send_error(g, req, route, 503, "the router is unreachable", NULL);
+            x->answered = true;
+        }
+        if (buf != x->r.gen_bytes) free(buf);
+    }
+    maybe_free(x);
 }
 
 /* ---- other routes ----------------------------------------------------------------------- */

@@ -219,11 +219,8 @@ bt_status_t bt_openai_parse(bt_openai_kind_t kind, const char *body, size_t len,
         }
     }
     TRY(integer(root, "top_k", -1, 1e9, -1, &top_k, e));
-    TRY(integer(root, "n", 1, 1e9, 1, &n, e));
-    if (n > 1) {
-        fail(e, "n", "'n' > 1 is not supported yet; send separate requests");
-        goto out;
-    }
+    TRY(integer(root, "n", 1, BT_OPENAI_MAX_N, 1, &n, e));
+    r->n = (int)n;
     /* a missing or too-large max_tokens is clamped by the router (--max-new-tokens, context) */
     TRY(integer(root, "max_tokens", 1, 9.2e18, 0, &max_tokens, e));
     TRY(integer(root, "max_completion_tokens", 1, 9.2e18, 0, &max_completion, e));
@@ -435,6 +432,22 @@ out:
     free(prompt_text);
     cJSON_Delete(root);
     return st;
+}
+
+bt_status_t bt_openai_choice_request(const bt_openai_request_t *r, int index,
+                                     const char *request_id, uint8_t **buf, size_t *len)
+{
+    Baton__V1__GenerateRequest *g =
+        BT_PROTO_UNPACK(baton__v1__generate_request, r->gen_bytes, r->gen_len);
+    if (!g) return BT_ERR_INTERNAL;
+    char *const id_was = g->request_id;
+    const uint64_t seed_was = g->sampling ? g->sampling->seed : 0;
+    g->request_id = (char *)request_id;
+    if (g->sampling && g->sampling->has_seed) g->sampling->seed = seed_was + (uint64_t)index;
+    bt_proto_pack(&g->base, buf, len);
+    g->request_id = id_was; /* (the unpacked message frees its own) */
+    BT_PROTO_FREE(baton__v1__generate_request, g);
+    return BT_OK;
 }
 
 void bt_openai_request_free(bt_openai_request_t *r)

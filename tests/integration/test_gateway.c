@@ -110,7 +110,9 @@ static const case_t cases[] = {
     {"max_tokens fractional", "POST", CHAT, "{" MSGS ",\"max_tokens\":2.5}", 400, "max_tokens"},
     {"huge max_tokens is clamped", "POST", CHAT,
      "{" MSGS ",\"max_tokens\":1000000000000,\"temperature\":0}", 200, "chat.completion"},
-    {"n of two", "POST", CHAT, "{" MSGS ",\"n\":2}", 400, "'n'"},
+    {"n of zero", "POST", CHAT, "{" MSGS ",\"n\":0}", 400, "\"param\":\"n\""},
+    {"n past the limit", "POST", CHAT, "{" MSGS ",\"n\":65}", 400, "\"param\":\"n\""},
+    {"n of two", "POST", CHAT, "{" MSGS ",\"n\":2,\"max_tokens\":2}", 200, "\"index\":1"},
     {"penalties", "POST", CHAT,
      "{" MSGS ",\"presence_penalty\":0.5,\"frequency_penalty\":-1,\"max_tokens\":2}", 200,
      "chat.completion"},
@@ -130,7 +132,7 @@ static const case_t cases[] = {
      "twice"},
     {"penalties of 0 and an empty logit_bias", "POST", CHAT,
      "{" MSGS ",\"presence_penalty\":0,\"frequency_penalty\":0,\"logit_bias\":{},\"max_tokens\":2,"
-              "\"temperature\":0}",
+     "\"temperature\":0}",
      200, "chat.completion"},
     {"stop of numbers", "POST", CHAT, "{" MSGS ",\"stop\":[1,2]}", 400, "\"param\":\"stop\""},
     {"stream not a bool", "POST", CHAT, "{" MSGS ",\"stream\":\"yes\"}", 400, "stream"},
@@ -452,6 +454,115 @@ static void test_return_token_ids(void)
     free(r);
 }
 
+/* POSTs body to path; the parsed JSON answer (NULL when not 200 or not JSON). */
+static cJSON *post_json(const char *path, const char *body)
+{
+    static char out[1 << 18];
+    char *r = request("POST", path, body, NULL);
+    const int st = raw(r, strlen(r), false, 0, out, sizeof out);
+    free(r);
+    const char *json = strstr(out, "\r\n\r\n");
+    BT_CHECK_MSG(st == 200 && json, "status %d: %.300s", st, out);
+    return st == 200 && json ? cJSON_Parse(json + 4) : NULL;
+}
+
+static const char *choice_content(const cJSON *root, int i)
+{
+    const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(root, "choices"), i);
+    return cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetObjectItem(c, "message"), "content"));
+}
+
+static int usage_of(const cJSON *root, const char *k)
+{
+    return (int)cJSON_GetNumberValue(cJSON_GetObjectItem(cJSON_GetObjectItem(root, "usage"), k));
+}
+
+/* `n` choices (it was refused): as many generations, choice i with seed + i, so each equals
+ * the one-choice request with that seed; the usage counts the prompt once and every choice's
+ * tokens; a stream carries each choice's chunks under its index, with one usage chunk at the
+ * end. */
+static void test_n_choices(void)
+{
+#define N_BODY(n, seed, extra)                                                                     \
+    "{\"messages\":[{\"role\":\"user\",\"content\":\"count\"}],\"n\":" n ",\"seed\":" seed         \
+    ",\"temperature\":1.0,\"max_tokens\":6,\"ignore_eos\":true" extra "}"
+    cJSON *many = post_json(CHAT, N_BODY("3", "7", ""));
+    const cJSON *choices = cJSON_GetObjectItem(many, "choices");
+    BT_CHECK_EQ_INT(cJSON_GetArraySize(choices), 3);
+    const char *seeds[3] = {"7", "8", "9"};
+    int prompt_tokens = 0;
+    bool differ = false;
+    for (int i = 0; i < 3 && cJSON_GetArraySize(choices) == 3; i++) {
+        const cJSON *c = cJSON_GetArrayItem(choices, i);
+        BT_CHECK_EQ_INT((int)cJSON_GetNumberValue(cJSON_GetObjectItem(c, "index")), i);
+        char body[512];
+        snprintf(body, sizeof body,
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"count\"}],\"seed\":%s,"
+                 "\"temperature\":1.0,\"max_tokens\":6,\"ignore_eos\":true}",
+                 seeds[i]);
+        cJSON *one = post_json(CHAT, body);
+        const char *a = choice_content(many, i), *b = choice_content(one, 0);
+        BT_CHECK_MSG(a && b && !strcmp(a, b), "choice %d '%s', alone with seed %s '%s'", i,
+                     a ? a : "?", seeds[i], b ? b : "?");
+        prompt_tokens = usage_of(one, "prompt_tokens");
+        differ |= i > 0 && a && choice_content(many, 0) && strcmp(a, choice_content(many, 0));
+        cJSON_Delete(one);
+    }
+    BT_CHECK_MSG(differ, "the three choices are the same text: the test shows nothing");
+    BT_CHECK_EQ_INT(usage_of(many, "completion_tokens"), 18);
+    BT_CHECK_MSG(prompt_tokens > 0 && usage_of(many, "prompt_tokens") == prompt_tokens,
+                 "prompt tokens %d, alone %d", usage_of(many, "prompt_tokens"), prompt_tokens);
+
+    /* the same two choices streamed */
+    static char out[1 << 18];
+    char *r = request(
+        "POST", CHAT,
+        N_BODY("2", "7", ",\"stream\":true,\"stream_options\":{\"include_usage\":true}"), NULL);
+    BT_CHECK_EQ_INT(raw(r, strlen(r), false, 0, out, sizeof out), 200);
+    free(r);
+    char text[2][512] = {"", ""};
+    int roles[2] = {0, 0}, finishes[2] = {0, 0}, usages = 0, after_done = 0;
+    bool done = false;
+    for (const char *p = strstr(out, "data: "); p; p = strstr(p + 1, "data: ")) {
+        if (!strncmp(p, "data: [DONE]", 12)) {
+            done = true;
+            continue;
+        }
+        after_done += done;
+        const char *end = strstr(p, "\n\n");
+        char *ev = end ? strndup(p + 6, (size_t)(end - p - 6)) : NULL;
+        cJSON *o = ev ? cJSON_Parse(ev) : NULL;
+        free(ev);
+        const cJSON *u = cJSON_GetObjectItem(o, "usage");
+        if (cJSON_IsObject(u)) {
+            usages++;
+            BT_CHECK_EQ_INT((int)cJSON_GetNumberValue(cJSON_GetObjectItem(u, "completion_tokens")),
+                            12);
+        }
+        const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
+        const int idx = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(c, "index"));
+        if (c && idx >= 0 && idx < 2) {
+            const cJSON *d = cJSON_GetObjectItem(c, "delta");
+            roles[idx] += cJSON_GetObjectItem(d, "role") != NULL;
+            const char *t = cJSON_GetStringValue(cJSON_GetObjectItem(d, "content"));
+            if (t) strncat(text[idx], t, sizeof text[idx] - strlen(text[idx]) - 1);
+            finishes[idx] += cJSON_IsString(cJSON_GetObjectItem(c, "finish_reason"));
+        }
+        cJSON_Delete(o);
+    }
+    BT_CHECK_MSG(done && after_done == 0, "[DONE] last (%d events after it)", after_done);
+    BT_CHECK_EQ_INT(usages, 1);
+    for (int i = 0; i < 2; i++) {
+        BT_CHECK_MSG(roles[i] == 1 && finishes[i] == 1, "choice %d: %d role chunks, %d finishes", i,
+                     roles[i], finishes[i]);
+        const char *want = choice_content(many, i);
+        BT_CHECK_MSG(want && !strcmp(text[i], want), "streamed choice %d '%s', not '%s'", i,
+                     text[i], want ? want : "?");
+    }
+    cJSON_Delete(many);
+#undef N_BODY
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -477,6 +588,7 @@ int main(void)
     BT_RUN(test_promtool);
     BT_RUN(test_return_token_ids);
     BT_RUN(test_completion_text_offset);
+    BT_RUN(test_n_choices);
     proc_stop(&gateway, SIGTERM);
     proc_stop(&decode, SIGTERM);
     proc_stop(&prefill, SIGTERM);

@@ -110,6 +110,27 @@ test('chat with streaming and usage', async () => {
   assert.equal(text, whole.choices[0].message.content);
 });
 
+test('n choices: each the one-choice answer with seed + index, streamed under its index', async () => {
+  const ask = { model: MODEL, messages: [{ role: 'user', content: 'Pick a word.' }], max_tokens: 5, temperature: 1, ignore_eos: true };
+  const r = await client.chat.completions.create({ ...ask, n: 3, seed: 11 });
+  assert.deepEqual(r.choices.map((c) => c.index), [0, 1, 2]);
+  assert.equal(r.usage.completion_tokens, 15);
+  for (let i = 0; i < 3; i++) {
+    const one = await client.chat.completions.create({ ...ask, seed: 11 + i });
+    assert.equal(r.choices[i].message.content, one.choices[0].message.content, `choice ${i}`);
+    assert.equal(r.usage.prompt_tokens, one.usage.prompt_tokens);
+  }
+  const stream = await client.chat.completions.create({ ...ask, n: 3, seed: 11, stream: true, stream_options: { include_usage: true } });
+  const text = ['', '', ''];
+  let usage = null;
+  for await (const chunk of stream) {
+    if (chunk.usage) usage = chunk.usage;
+    for (const c of chunk.choices) if (c.delta.content) text[c.index] += c.delta.content;
+  }
+  assert.deepEqual(text, r.choices.map((c) => c.message.content));
+  assert.equal(usage.completion_tokens, 15);
+});
+
 test('completions, text and token ids, streaming', async () => {
   const r = await client.completions.create({ model: MODEL, prompt: 'The capital of France is', max_tokens: 5, temperature: 0 });
   assert.equal(r.object, 'text_completion');
@@ -251,7 +272,7 @@ test('errors: 401 and 400', async () => {
     (e) => e instanceof OpenAI.AuthenticationError && e.status === 401);
   await assert.rejects(client.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: 'x' }], temperature: 7 }),
     (e) => e instanceof OpenAI.BadRequestError && e.status === 400 && /temperature/.test(e.message));
-  await assert.rejects(client.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: 'x' }], n: 2 }),
+  await assert.rejects(client.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: 'x' }], n: 65 }),
     (e) => e instanceof OpenAI.BadRequestError && /'n'/.test(e.message));
   await assert.rejects(client.chat.completions.create({ model: MODEL, messages: [] }),
     (e) => e instanceof OpenAI.BadRequestError && /messages/.test(e.message));
