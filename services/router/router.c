@@ -699,12 +699,16 @@ static bt_rpc_code_t prepare(router_t *r, req_t *q, const Baton__V1__GenerateReq
     }
     q->n_stop_ids = (int)sp->n_stop_token_ids;
     q->stop_ids = bt_malloc_or_die((sp->n_stop_token_ids ? sp->n_stop_token_ids : 1) * sizeof(int32_t));
-    memcpy(q->stop_ids, sp->stop_token_ids, sp->n_stop_token_ids * sizeof(int32_t));
+    /* (an empty repeated field unpacks as NULL: memcpy's source may not be, even for 0 bytes) */
+    if (sp->n_stop_token_ids)
+        memcpy(q->stop_ids, sp->stop_token_ids, sp->n_stop_token_ids * sizeof(int32_t));
     q->n_bias = (int)sp->n_logit_bias;
     q->bias_ids = bt_malloc_or_die((sp->n_logit_bias ? sp->n_logit_bias : 1) * sizeof(int32_t));
     q->bias = bt_malloc_or_die((sp->n_logit_bias ? sp->n_logit_bias : 1) * sizeof(float));
-    memcpy(q->bias_ids, sp->logit_bias_ids, sp->n_logit_bias * sizeof(int32_t));
-    memcpy(q->bias, sp->logit_bias, sp->n_logit_bias * sizeof(float));
+    if (sp->n_logit_bias) {
+        memcpy(q->bias_ids, sp->logit_bias_ids, sp->n_logit_bias * sizeof(int32_t));
+        memcpy(q->bias, sp->logit_bias, sp->n_logit_bias * sizeof(float));
+    }
     /* max_tokens: missing or too large is clamped to --max-new-tokens and the context */
     int64_t room = ctx > 0 ? ctx - (int64_t)n : r->max_new_default;
     int64_t want = sp->max_tokens > 0 ? sp->max_tokens : r->max_new_default;
