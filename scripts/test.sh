@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite from a fresh Debian 12 machine: dependencies, the normal build and its
-# tests, the unit suite again under ASan+UBSan, and every libFuzzer target for a bounded time.
+# tests, the unit suite and the gateway test again under ASan+UBSan, and every libFuzzer
+# target for a bounded time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,10 +21,13 @@ cmake --build build -j"$jobs"
 echo "== tests"
 (cd build && ctest --output-on-failure -j"$jobs" -LE gpu)
 
-echo "== unit tests under ASan+UBSan"
+echo "== unit tests, and the gateway test, under ASan+UBSan"
 cmake -S . -B build-asan -DBT_CUDA=OFF -DBT_ASAN=ON -DBT_UBSAN=ON -DCMAKE_BUILD_TYPE=Debug >/dev/null
 cmake --build build-asan -j"$jobs"
 (cd build-asan && ctest --output-on-failure -j"$jobs" -L unit -LE gpu)
+# the gateway and the services behind it, on real sockets: a sanitizer report stops a service,
+# and the test fails (UBSan stopped the router on a memcpy from NULL that no unit test reached)
+(cd build-asan && ctest --output-on-failure -R '^test_gateway$')
 
 echo "== fuzzers (${fuzz_seconds}s each)"
 CC=clang cmake -S . -B build-fuzz -DBT_CUDA=OFF -DBT_FUZZ=ON -DCMAKE_BUILD_TYPE=Debug >/dev/null
