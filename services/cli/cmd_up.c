@@ -108,6 +108,7 @@ static int spawn(const char *name, char **argv, int timeout_ms)
     char line[512];
     size_t used = 0;
     int64_t deadline = now_ms() + timeout_ms;
+    bool eof = false;
     while (!c->listen[0]) {
         int left = (int)(deadline - now_ms());
         if (left <= 0 || stop_requested) break;
@@ -116,7 +117,10 @@ static int spawn(const char *name, char **argv, int timeout_ms)
         if (pr < 0 && errno != EINTR) break;
         if (pr <= 0) continue;
         ssize_t n = read(fds[0], line + used, sizeof line - 1 - used);
-        if (n <= 0) break;
+        if (n <= 0) {
+            eof = true;
+            break;
+        }
         used += (size_t)n;
         line[used] = 0;
         char *nl;
@@ -133,9 +137,26 @@ static int spawn(const char *name, char **argv, int timeout_ms)
     }
     close(fds[0]); /* later stdout lines go nowhere; services log to stderr */
     if (!c->listen[0]) {
-        fprintf(stderr, "baton up: %s did not start within %d s\n", name, timeout_ms / 1000);
-        kill(pid, SIGKILL);
-        waitpid(pid, NULL, 0);
+        /* its stdout closed: it is exiting (a bad flag, a port taken, a model it cannot load);
+         * say so, not that it was slow (it was told as a start timeout) */
+        int status = 0;
+        pid_t r = 0;
+        for (int i = 0; eof && i < 100 && (r = waitpid(pid, &status, WNOHANG)) == 0; i++)
+            usleep(10000);
+        if (r == pid && WIFEXITED(status))
+            fprintf(
+                stderr,
+                "baton up: %s exited with status %d before it listened (its messages are above)\n",
+                name, WEXITSTATUS(status));
+        else if (r == pid && WIFSIGNALED(status))
+            fprintf(stderr, "baton up: %s died of signal %d before it listened\n", name,
+                    WTERMSIG(status));
+        else
+            fprintf(stderr, "baton up: %s did not start within %d s\n", name, timeout_ms / 1000);
+        if (r != pid) {
+            kill(pid, SIGKILL);
+            waitpid(pid, NULL, 0);
+        }
         return -1;
     }
     return n_children++;
