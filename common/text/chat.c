@@ -90,12 +90,20 @@ static void msgs_free(msgs_t *m)
     free(m->v);
 }
 
+/* OpenAI's "developer" role is its newer models' name for system instructions (its SDKs send
+ * it for them); the model knows only "system", so it is rendered as one. */
+static bool system_role(const char *s)
+{
+    return !strcmp(s, "system") || !strcmp(s, "developer");
+}
+
 static bt_status_t parse_role(ctx_t *c, const cJSON *m, int i, int *role_p)
 {
     const cJSON *r = cJSON_GetObjectItemCaseSensitive(m, "role");
     if (!cJSON_IsString(r)) BAD("messages[%d].role: missing or not a string", i);
     const char *s = r->valuestring;
-    if (!strcmp(s, "system")) *role_p = ROLE_SYSTEM;
+    if (system_role(s))
+        *role_p = ROLE_SYSTEM;
     else if (!strcmp(s, "user")) *role_p = ROLE_USER;
     else if (!strcmp(s, "assistant")) *role_p = ROLE_ASSISTANT;
     else if (!strcmp(s, "tool")) *role_p = ROLE_TOOL;
@@ -569,7 +577,7 @@ bt_status_t bt_chat_render(const cJSON *req, char **prompt_p, size_t *len_p, cha
     if (cJSON_IsArray(tools) && cJSON_GetArraySize(tools) > 0) {
         const cJSON *first = cJSON_GetArrayItem(messages, 0);
         const cJSON *role = cJSON_GetObjectItemCaseSensitive(first, "role");
-        if (!cJSON_IsString(role) || strcmp(role->valuestring, "system")) {
+        if (!cJSON_IsString(role) || !system_role(role->valuestring)) {
             msg_t sys = {0};
             sys.role = ROLE_SYSTEM;
             sys.content = bt_strdup_or_die("");

@@ -82,6 +82,16 @@ test('chat without streaming', async () => {
   assert.equal(again.choices[0].message.content, r.choices[0].message.content);
 });
 
+test('a developer message is a system message', async () => {
+  const ask = (role) => client.chat.completions.create({
+    model: MODEL, messages: [{ role, content: 'Answer in one word.' }, { role: 'user', content: 'Sky colour?' }],
+    max_tokens: 6, temperature: 0,
+  });
+  const [dev, sys] = [await ask('developer'), await ask('system')];
+  assert.equal(dev.usage.prompt_tokens, sys.usage.prompt_tokens);
+  assert.equal(dev.choices[0].message.content, sys.choices[0].message.content);
+});
+
 test('chat with streaming and usage', async () => {
   const stream = await client.chat.completions.create({
     model: MODEL, messages: [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: 'Count to three.' }],

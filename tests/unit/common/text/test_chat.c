@@ -80,7 +80,7 @@ static void test_bad_requests(void)
     expect_bad("{}", "messages");
     expect_bad("{\"messages\": []}", "messages");
     expect_bad("{\"messages\": [{\"content\": \"x\"}]}", "messages[0].role");
-    expect_bad("{\"messages\": [{\"role\": \"developer\", \"content\": \"x\"}]}", "role");
+    expect_bad("{\"messages\": [{\"role\": \"wizard\", \"content\": \"x\"}]}", "role");
     expect_bad("{\"messages\": [{\"role\": \"user\", \"content\": 5}]}", "messages[0].content");
     expect_bad("{\"messages\": [{\"role\": \"user\", \"content\": \"a<｜deepseek_image｜>\"}]}", "content");
     expect_bad("{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"reasoning_effort\": \"medium\"}",
@@ -98,6 +98,40 @@ static void test_bad_requests(void)
     expect_bad("{\"messages\": [{\"role\": \"assistant\", \"tool_calls\": [{\"function\": {}}]}]}",
                "tool_calls[0]");
     expect_bad("{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": 3}", "tools");
+}
+
+/* OpenAI's "developer" role renders as "system" does, first (where tools go after it) or
+ * later in the conversation; it was refused (a 400 to OpenAI's SDKs, which send it). */
+static void test_developer_is_system(void)
+{
+    const char *const pairs[][2] = {
+        {"{\"messages\": [{\"role\": \"developer\", \"content\": \"Be brief.\"}, {\"role\": "
+         "\"user\", \"content\": \"hi\"}], \"tools\": [{\"type\": \"function\", \"function\": "
+         "{\"name\": \"f\"}}]}",
+         "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": "
+         "\"user\", \"content\": \"hi\"}], \"tools\": [{\"type\": \"function\", \"function\": "
+         "{\"name\": \"f\"}}]}"},
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", "
+         "\"content\": \"yes\"}, {\"role\": \"developer\", \"content\": \"Now in French.\"}]}",
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", "
+         "\"content\": \"yes\"}, {\"role\": \"system\", \"content\": \"Now in French.\"}]}"},
+    };
+    for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
+        char *p[2] = {NULL, NULL};
+        for (int k = 0; k < 2; k++) {
+            cJSON *req = bt_chat_parse_request(pairs[i][k], strlen(pairs[i][k]));
+            size_t l;
+            char err[256] = "";
+            BT_CHECK_MSG(req && bt_chat_render(req, &p[k], &l, err, sizeof err) == BT_OK,
+                         "case %zu/%d: %s", i, k, err);
+            cJSON_Delete(req);
+        }
+        BT_CHECK_MSG(p[0] && p[1] && !strcmp(p[0], p[1]), "case %zu: developer '%s', system '%s'",
+                     i, p[0] ? p[0] : "?", p[1] ? p[1] : "?");
+        BT_CHECK_MSG(p[1] && strstr(p[1], i == 0 ? "Be brief." : "Now in French."), "case %zu", i);
+        free(p[0]);
+        free(p[1]);
+    }
 }
 
 static void test_number_spelling(void)
@@ -169,6 +203,7 @@ int main(void)
     BT_RUN(test_reference_table);
     BT_RUN(test_bad_requests);
     BT_RUN(test_number_spelling);
+    BT_RUN(test_developer_is_system);
     BT_RUN(test_thinking_rule);
     bt_tokenizer_destroy(tok);
     return bt_test_summary();
