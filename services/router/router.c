@@ -981,8 +981,9 @@ static void on_sweep(uv_timer_t *t)
 static void refresh_metrics(void *ctx)
 {
     router_t *r = ctx;
-    int running = 0, prefill = 0, decode = 0;
+    int running = 0, prefill = 0, decode = 0, leaving = 0;
     for (worker_t *w = r->workers; w; w = w->next) {
+        leaving += w->leaving;
         if (w->role == BATON__V1__WORKER_ROLE__ROLE_DECODE) {
             decode++;
             running += w->running;
@@ -994,6 +995,10 @@ static void refresh_metrics(void *ctx)
     bt_gauge_set(bt_metrics_gauge(r->metrics, "queued_requests", "Requests waiting for a decode place", NULL, NULL), r->n_queued);
     bt_gauge_set(bt_metrics_gauge(r->metrics, "workers", "Registered worker groups", "role", "decode"), decode);
     bt_gauge_set(bt_metrics_gauge(r->metrics, "workers", "Registered worker groups", "role", "prefill"), prefill);
+    bt_gauge_set(bt_metrics_gauge(r->metrics, "workers_leaving",
+                                  "Registered worker groups that are stopping (sent nothing new)",
+                                  NULL, NULL),
+                 leaving);
 }
 
 static void on_server_down(void *ctx)

@@ -976,6 +976,7 @@ static __attribute__((unused)) void test_decode_stop_drains(void)
     const int64_t t_stop = ms_now();
     kill(c.decode.pid, SIGTERM);
     BT_CHECK(leaving(&cl, 1));
+    BT_CHECK(metric_value(c.router.metrics, "baton_router_workers_leaving") == 1);
     gen_start(&cl, &d, prompt + 2, 3, 4, true, 120000); /* no place but on the leaving group */
     BT_CHECK(run_until(&cl, all_done, &cl, 90000));
     const bool exited = proc_exited(&c.decode, 10000);
@@ -1260,6 +1261,39 @@ static void test_kill_follower_rank(void)
 #endif
 
 #if CLUSTER_TP > 1
+/* Every rank of a decode group stopped at once (SIGTERM, as `baton up`, systemd or Kubernetes
+ * stop them) with a request decoding: the group drains, the request finishes, and every rank
+ * exits by itself. The following ranks died at the signal, and the lead, its next collective
+ * failed, failed the request. */
+static void test_tp_group_drains(void)
+{
+    cluster_t c;
+    client_t cl;
+    BT_CHECK(cluster_up(&c, &cl, "4096", "256", "30"));
+    int32_t prompt[3] = {0, 42, 71};
+    gen_t g;
+    gen_start(&cl, &g, prompt, 3, 200, true, 60000);
+    BT_CHECK(run_until(&cl, got_tokens, &g, 20000));
+    const int64_t t_stop = ms_now();
+    kill(c.decode.pid, SIGTERM);
+    for (int r = 1; r < CLUSTER_TP; r++)
+        kill(c.decode_ranks[r].pid, SIGTERM);
+    BT_CHECK(run_until(&cl, gen_done, &g, 60000));
+    bool exited = proc_exited(&c.decode, 10000);
+    for (int r = 1; r < CLUSTER_TP; r++)
+        exited &= proc_exited(&c.decode_ranks[r], 10000);
+    fprintf(stderr,
+            "  every decode rank stopped at once mid-request: %s, %d tokens, %lld ms after; the "
+            "ranks %s\n",
+            bt_rpc_code_name(g.code), g.n, (long long)(g.t_done - t_stop),
+            exited ? "left" : "are still there");
+    BT_CHECK_MSG(g.code == BT_RPC_OK && g.n == 200, "%s %s, %d tokens", bt_rpc_code_name(g.code),
+                 g.message, g.n);
+    BT_CHECK(exited);
+    client_close(&cl);
+    cluster_stop(&c);
+}
+
 /* A decode group that stops answering (SIGSTOP of its lead) mid-transfer: the prefill group
  * gives up on it after its watchdog and goes on serving. Its other ranks waited for the next
  * plan only as long as that watchdog, gave up first, and took the whole prefill group down. */
@@ -1375,6 +1409,7 @@ int main(void)
     BT_RUN(test_incompatible_groups);
 #if CLUSTER_TP > 1
     BT_RUN(test_kill_follower_rank);
+    BT_RUN(test_tp_group_drains);
     BT_RUN(test_stalled_decode_tp);
     BT_RUN(test_request_during_heartbeat);
 #else
