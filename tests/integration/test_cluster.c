@@ -78,6 +78,32 @@ static void group_stop(cluster_t *c, bool decode, int sig)
     for (int r = 1; r < CLUSTER_TP; r++) proc_stop(decode ? &c->decode_ranks[r] : &c->prefill_ranks[r], SIGTERM);
 }
 
+/* One more group of one rank (bin: baton-prefill or baton-decode) on c's exact model and
+ * router, with the watchdog `watchdog` and `more` flags (NULL-terminated; NULL: none). */
+static int another_group(proc_t *p, const cluster_t *c, const char *bin, const char *watchdog,
+                         const char *const *more)
+{
+    const char *args[32] = {"--port",
+                            "0",
+                            "--model-path",
+                            golden_exact,
+                            "--served-model-name",
+                            "m",
+                            "--router",
+                            c->router_addr,
+                            "--context-length",
+                            context,
+                            "--threads",
+                            "1",
+                            "--watchdog-timeout",
+                            watchdog};
+    int n = 14;
+    for (; more && *more && n < 31; more++)
+        args[n++] = *more;
+    args[n] = NULL;
+    return proc_startv(p, bin, (char **)args, true);
+}
+
 static int cluster_start(cluster_t *c, const char *model, const char *tls, const char *chunk,
                          const char *max_queued, const char *watchdog)
 {
@@ -797,9 +823,7 @@ static __attribute__((unused)) void test_prefill_stop_drains(void)
     gen_start(&cl, &d, prompt + 5, 5, 4, true, 60000);
     BT_CHECK(wait_slots_used(&cl, c.decode.addr, 3, NULL, 5000, NULL) == 3);
     proc_t other;
-    BT_CHECK(proc_start(&other, "baton-prefill", "--port", "0", "--model-path", golden_exact,
-                        "--served-model-name", "m", "--router", c.router_addr, "--context-length",
-                        context, "--threads", "1", "--watchdog-timeout", "30", NULL) == 0);
+    BT_CHECK(another_group(&other, &c, "baton-prefill", "30", NULL) == 0);
     BT_CHECK(groups(&cl, 1, 2));
     BT_CHECK_MSG(!a.done && wait_slots_used(&cl, c.decode.addr, 3, NULL, 1000, NULL) == 3,
                  "the long prefill still runs, two behind it (the test shows nothing else)");
@@ -839,9 +863,7 @@ static __attribute__((unused)) void test_prefill_killed_retried(void)
     gen_t a;
     start_long_prefill(&cl, &c, &a, prompt);
     proc_t other;
-    BT_CHECK(proc_start(&other, "baton-prefill", "--port", "0", "--model-path", golden_exact,
-                        "--served-model-name", "m", "--router", c.router_addr, "--context-length",
-                        context, "--threads", "1", "--watchdog-timeout", "30", NULL) == 0);
+    BT_CHECK(another_group(&other, &c, "baton-prefill", "30", NULL) == 0);
     BT_CHECK(groups(&cl, 1, 2));
     BT_CHECK_MSG(!a.done, "the long prefill still runs (the test shows nothing else)");
     proc_stop(&c.prefill, SIGKILL);
@@ -907,10 +929,7 @@ static __attribute__((unused)) void test_decode_stop_moves_requests(void)
     BT_CHECK(cluster_up(&c, &cl, "1", "256", "30"));
     decode_extra = NULL;
     proc_t second;
-    BT_CHECK(proc_start(&second, "baton-decode", "--port", "0", "--model-path", golden_exact,
-                        "--served-model-name", "m", "--router", c.router_addr, "--context-length",
-                        context, "--threads", "1", "--watchdog-timeout", "30", "--drain-timeout",
-                        "0.1", NULL) == 0);
+    BT_CHECK(another_group(&second, &c, "baton-decode", "30", dex) == 0);
     BT_CHECK(groups(&cl, 2, 1));
     static int32_t prompt[3000];
     for (int i = 0; i < 3000; i++)
@@ -966,10 +985,8 @@ static __attribute__((unused)) void test_decode_stop_drains(void)
     BT_CHECK(wait_slots_used(&cl, c.decode.addr, 1, &a, 10000, NULL) == 1);
     /* the other group takes one request, which waits for the one prefill group behind a */
     proc_t full;
-    BT_CHECK(proc_start(&full, "baton-decode", "--port", "0", "--model-path", golden_exact,
-                        "--served-model-name", "m", "--router", c.router_addr, "--context-length",
-                        context, "--threads", "1", "--watchdog-timeout", "30",
-                        "--max-running-requests", "1", NULL) == 0);
+    static const char *const one_place[] = {"--max-running-requests", "1", NULL};
+    BT_CHECK(another_group(&full, &c, "baton-decode", "30", one_place) == 0);
     BT_CHECK(groups(&cl, 2, 1));
     gen_start(&cl, &b, prompt + 1, 3, 4, true, 120000);
     BT_CHECK(wait_slots_used(&cl, full.addr, 1, &b, 10000, NULL) == 1);
@@ -1212,9 +1229,7 @@ static void test_stalled_decode(void)
     /* the router drops the silent group; a second decode group arrives */
     BT_CHECK(run_until(&cl, gen_done, &g, 10000));
     proc_t second;
-    BT_CHECK(proc_start(&second, "baton-decode", "--port", "0", "--model-path", golden_exact, "--served-model-name",
-                        "m", "--router", c.router_addr, "--context-length", context, "--threads", "1",
-                        "--watchdog-timeout", "3", NULL) == 0);
+    BT_CHECK(another_group(&second, &c, "baton-decode", "3", NULL) == 0);
     BT_CHECK(groups(&cl, 1, 1));
     int64_t t0 = ms_now();
     int32_t small[3] = {0, 42, 71};

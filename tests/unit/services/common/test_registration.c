@@ -167,6 +167,17 @@ static void hb_on_register(void *ctx, bt_rpc_call_t *call, const uint8_t *req, s
     reply_msg(call, &resp.base);
 }
 
+static void hb_on_heartbeat(void *ctx, bt_rpc_call_t *call, const uint8_t *req, size_t len);
+
+/* The stand-in's two Registry methods, answered by r. */
+static void hb_serve(bt_rpc_server_t *srv, hb_router_t *r)
+{
+    BT_CHECK(bt_rpc_server_method(srv, "/baton.v1.Registry/RegisterWorker", BT_RPC_UNARY,
+                                  hb_on_register, r) == BT_OK);
+    BT_CHECK(bt_rpc_server_method(srv, "/baton.v1.Registry/Heartbeat", BT_RPC_UNARY,
+                                  hb_on_heartbeat, r) == BT_OK);
+}
+
 static void answer_register(hb_router_t *r)
 {
     Baton__V1__RegisterResponse resp = BATON__V1__REGISTER_RESPONSE__INIT;
@@ -203,10 +214,7 @@ static void test_missed_heartbeat_keeps_registration(void)
     bt_rpc_t *rpc;
     bt_rpc_server_t *srv = stand_in(&loop, &rpc);
     hb_router_t router = {0};
-    BT_CHECK(bt_rpc_server_method(srv, "/baton.v1.Registry/RegisterWorker", BT_RPC_UNARY,
-                                  hb_on_register, &router) == BT_OK);
-    BT_CHECK(bt_rpc_server_method(srv, "/baton.v1.Registry/Heartbeat", BT_RPC_UNARY,
-                                  hb_on_heartbeat, &router) == BT_OK);
+    hb_serve(srv, &router);
     bt_registration_t *reg = worker_registers(rpc, srv);
     BT_CHECK(run_until(&loop, NULL, &router.heartbeats, 4, 5000));
     BT_CHECK_MSG(router.registers == 1, "registered %d times", router.registers);
@@ -231,10 +239,7 @@ static void test_leave_keeps_heartbeating(void)
         bt_rpc_t *rpc;
         bt_rpc_server_t *srv = stand_in(&loop, &rpc);
         hb_router_t router = {.answer_first = true, .forget_leaving = forget};
-        BT_CHECK(bt_rpc_server_method(srv, "/baton.v1.Registry/RegisterWorker", BT_RPC_UNARY,
-                                      hb_on_register, &router) == BT_OK);
-        BT_CHECK(bt_rpc_server_method(srv, "/baton.v1.Registry/Heartbeat", BT_RPC_UNARY,
-                                      hb_on_heartbeat, &router) == BT_OK);
+        hb_serve(srv, &router);
         bt_registration_t *reg = worker_registers(rpc, srv);
         BT_CHECK(run_until(&loop, NULL, &router.heartbeats, 2, 5000));
         int left = 0;
@@ -266,10 +271,7 @@ static void test_leave_while_registering(void)
     bt_rpc_t *rpc;
     bt_rpc_server_t *srv = stand_in(&loop, &rpc);
     hb_router_t router = {.answer_first = true, .hold_register = true};
-    BT_CHECK(bt_rpc_server_method(srv, "/baton.v1.Registry/RegisterWorker", BT_RPC_UNARY,
-                                  hb_on_register, &router) == BT_OK);
-    BT_CHECK(bt_rpc_server_method(srv, "/baton.v1.Registry/Heartbeat", BT_RPC_UNARY,
-                                  hb_on_heartbeat, &router) == BT_OK);
+    hb_serve(srv, &router);
     bt_registration_t *reg = worker_registers(rpc, srv);
     BT_CHECK(run_until(&loop, NULL, &router.registers, 1, 5000));
     int left = 0;
