@@ -227,6 +227,28 @@ bt_status_t bt_openai_parse(bt_openai_kind_t kind, const char *body, size_t len,
     if (max_completion > 0) max_tokens = max_completion;
     if (max_tokens > INT32_MAX) max_tokens = INT32_MAX;
     TRY(integer(root, "seed", -9.2e18, 9.2e18, 0, &seed, e));
+    /* structured output needs constrained decoding, which there is none of yet: refused,
+     * rather than answered with text that need not parse */
+    const cJSON *rf = item(root, "response_format");
+    if (rf && !cJSON_IsNull(rf)) {
+        const cJSON *t = cJSON_IsObject(rf) ? item(rf, "type") : NULL;
+        if (!cJSON_IsString(t)) {
+            fail(e, "response_format", "'response_format' must be an object with a 'type'");
+            goto out;
+        }
+        if (!strcmp(t->valuestring, "json_object") || !strcmp(t->valuestring, "json_schema")) {
+            fail(e, "response_format",
+                 "'response_format' of type '%s' is not supported yet (no constrained decoding); "
+                 "ask for JSON in the prompt instead",
+                 t->valuestring);
+            goto out;
+        }
+        if (strcmp(t->valuestring, "text") != 0) {
+            fail(e, "response_format",
+                 "'response_format' type must be text, json_object or json_schema");
+            goto out;
+        }
+    }
     TRY(boolean(root, "stream", false, &r->stream, e));
     TRY(boolean(root, "return_token_ids", false, &r->return_token_ids, e));
     bool ignore_eos, skip_special;

@@ -284,6 +284,10 @@ test('errors: 401 and 400', async () => {
     (e) => e instanceof OpenAI.BadRequestError && e.status === 400 && /temperature/.test(e.message));
   await assert.rejects(client.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: 'x' }], n: 65 }),
     (e) => e instanceof OpenAI.BadRequestError && /'n'/.test(e.message));
+  await assert.rejects(client.chat.completions.create({
+    model: MODEL, messages: [{ role: 'user', content: 'x' }],
+    response_format: { type: 'json_schema', json_schema: { name: 'r', schema: { type: 'object' } } },
+  }), (e) => e instanceof OpenAI.BadRequestError && /response_format/.test(e.message));
   await assert.rejects(client.chat.completions.create({ model: MODEL, messages: [] }),
     (e) => e instanceof OpenAI.BadRequestError && /messages/.test(e.message));
   await assert.rejects(client.chat.completions.create({ model: 'no-such-model', messages: [{ role: 'user', content: 'x' }] }),
