@@ -55,8 +55,8 @@ struct gen {
     int64_t created;
     int64_t t_start, t_first;
     char model[256];
-    choice_t *choices; /* r.n */
-    int n_live, n_done;
+    choice_t *choices; /* n_choices: r.n for each of r.n_prompts, prompt-major */
+    int n_choices, n_live, n_done;
 };
 
 struct gateway {
@@ -157,7 +157,7 @@ static void gen_free(gen_t *x)
     gateway_t *g = x->g;
     g->n_in_flight--;
     bt_gauge_set(g->in_flight, g->n_in_flight);
-    for (int i = 0; x->choices && i < x->r.n; i++) {
+    for (int i = 0; x->choices && i < x->n_choices; i++) {
         choice_t *c = &x->choices[i];
         cJSON_Delete(c->tool_calls);
         cJSON_Delete(c->logprobs);
@@ -188,7 +188,7 @@ static void maybe_free(gen_t *x)
  * callbacks still come. */
 static void cancel_choices(gen_t *x)
 {
-    for (int i = 0; i < x->r.n; i++)
+    for (int i = 0; i < x->n_choices; i++)
         if (x->choices[i].rc_live) bt_rpc_client_cancel(x->choices[i].rc);
 }
 
@@ -262,20 +262,24 @@ static cJSON *new_completion_logprobs(void)
     return o;
 }
 
-/* The prompt once (every choice has the same), the completions of all choices. */
+/* Each prompt once (its n choices have the same), the completions of all choices. */
 static cJSON *usage_json(gen_t *x)
 {
-    const choice_t *first = &x->choices[0];
-    int completion = 0;
-    for (int i = 0; i < x->r.n; i++)
+    int prompt = 0, completion = 0, cached = 0;
+    for (int i = 0; i < x->n_choices; i++) {
         completion += x->choices[i].completion_tokens;
+        if (i % x->r.n == 0) {
+            prompt += x->choices[i].prompt_tokens;
+            cached += x->choices[i].cached_tokens;
+        }
+    }
     cJSON *u = cJSON_CreateObject();
-    cJSON_AddNumberToObject(u, "prompt_tokens", first->prompt_tokens);
+    cJSON_AddNumberToObject(u, "prompt_tokens", prompt);
     cJSON_AddNumberToObject(u, "completion_tokens", completion);
-    cJSON_AddNumberToObject(u, "total_tokens", first->prompt_tokens + completion);
+    cJSON_AddNumberToObject(u, "total_tokens", prompt + completion);
     if (x->g->cache_report) {
         cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
-        cJSON_AddNumberToObject(d, "cached_tokens", first->cached_tokens);
+        cJSON_AddNumberToObject(d, "cached_tokens", cached);
     }
     return u;
 }
@@ -317,7 +321,7 @@ static void begin_stream(gen_t *x)
     bt_http_add_header(x->req, "Cache-Control", "no-cache");
     bt_http_stream_begin(x->req, 200, "text/event-stream");
     /* the first chunk of each choice announces the role, as OpenAI does */
-    for (int i = 0; x->r.kind == BT_OPENAI_CHAT && i < x->r.n; i++) {
+    for (int i = 0; x->r.kind == BT_OPENAI_CHAT && i < x->n_choices; i++) {
         cJSON *o = envelope(x, true);
         cJSON *choices = cJSON_AddArrayToObject(o, "choices");
         cJSON *c = cJSON_CreateObject();
@@ -462,7 +466,7 @@ static void answer(gen_t *x)
     }
     cJSON *o = envelope(x, false);
     cJSON *choices = cJSON_AddArrayToObject(o, "choices");
-    for (int i = 0; i < x->r.n; i++) {
+    for (int i = 0; i < x->n_choices; i++) {
         choice_t *ch = &x->choices[i];
         cJSON *c = cJSON_CreateObject();
         cJSON_AddNumberToObject(c, "index", i);
@@ -542,7 +546,7 @@ static void on_gen_done(void *ctx, bt_rpc_code_t code, const char *msg)
         return;
     }
     ch->done = true;
-    if (++x->n_done < x->r.n) return;
+    if (++x->n_done < x->n_choices) return;
     answer(x);
     x->answered = true;
     maybe_free(x);
@@ -581,8 +585,9 @@ static void start_generation(gateway_t *g, bt_http_request_t *req, bt_openai_kin
         return;
     }
     snprintf(x->model, sizeof x->model, "%s", x->r.model[0] ? x->r.model : g->served);
-    x->choices = bt_calloc_or_die((size_t)x->r.n, sizeof *x->choices);
-    for (int i = 0; i < x->r.n; i++) {
+    x->n_choices = x->r.n * x->r.n_prompts;
+    x->choices = bt_calloc_or_die((size_t)x->n_choices, sizeof *x->choices);
+    for (int i = 0; i < x->n_choices; i++) {
         choice_t *ch = &x->choices[i];
         ch->x = x;
         ch->index = i;
@@ -591,7 +596,7 @@ static void start_generation(gateway_t *g, bt_http_request_t *req, bt_openai_kin
     }
     bt_http_on_close(req, on_http_gone, x);
     /* every choice a generation of its own (choice i > 0 with seed + i, when one was given) */
-    for (int i = 0; i < x->r.n && !x->answered; i++) {
+    for (int i = 0; i < x->n_choices && !x->answered; i++) {
         choice_t *ch = &x->choices[i];
         uint8_t *buf = x->r.gen_bytes;
         size_t len = x->r.gen_len;

@@ -95,6 +95,40 @@ static bt_status_t integer(const cJSON *o, const char *k, double lo, double hi, 
     return BT_OK;
 }
 
+/* Points g at one completions prompt p (a non-empty string, or token ids), checked; what it
+ * allocates goes to *text_p or *ids_p (the caller frees them). */
+static bt_status_t set_prompt(const cJSON *p, Baton__V1__GenerateRequest *g,
+                              Baton__V1__TokenIds *tids, char **text_p, int32_t **ids_p,
+                              bt_openai_error_t *e)
+{
+    if (cJSON_IsString(p)) {
+        if (!*p->valuestring) return fail(e, "prompt", "'prompt' must not be empty");
+        *text_p = bt_strdup_or_die(p->valuestring);
+        g->prompt_case = BATON__V1__GENERATE_REQUEST__PROMPT_TEXT;
+        g->text = *text_p;
+        return BT_OK;
+    }
+    if (!cJSON_IsArray(p) || cJSON_GetArraySize(p) == 0 || !cJSON_IsNumber(p->child))
+        return fail(e, "prompt",
+                    "'prompt' must be a string, an array of token ids, or a batch of those");
+    const int cnt = cJSON_GetArraySize(p);
+    int32_t *ids = *ids_p = bt_malloc_or_die((size_t)cnt * sizeof *ids);
+    int i = 0;
+    const cJSON *t;
+    cJSON_ArrayForEach(t, p)
+    {
+        if (!cJSON_IsNumber(t) || t->valuedouble != floor(t->valuedouble) || t->valuedouble < 0 ||
+            t->valuedouble > INT32_MAX)
+            return fail(e, "prompt", "'prompt' token ids must be non-negative integers");
+        ids[i++] = (int32_t)t->valuedouble;
+    }
+    tids->n_ids = (size_t)cnt;
+    tids->ids = ids;
+    g->prompt_case = BATON__V1__GENERATE_REQUEST__PROMPT_TOKEN_IDS;
+    g->token_ids = tids;
+    return BT_OK;
+}
+
 static bt_status_t boolean(const cJSON *o, const char *k, bool def, bool *out, bt_openai_error_t *e)
 {
     const cJSON *v = item(o, k);
@@ -167,6 +201,8 @@ bt_status_t bt_openai_parse(bt_openai_kind_t kind, const char *body, size_t len,
     float *bias = NULL;
     size_t n_bias = 0;
     char *prompt_text = NULL;
+    const cJSON *batch = NULL; /* completions: several prompts */
+    r->n_prompts = 1;
     if (!cJSON_IsObject(root)) {
         fail(e, NULL, "the body must be a JSON object");
         goto out;
@@ -367,41 +403,13 @@ bt_status_t bt_openai_parse(bt_openai_kind_t kind, const char *body, size_t len,
             fail(e, "prompt", "'prompt' is required");
             goto out;
         }
-        if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && (cJSON_IsString(p->child) || cJSON_IsArray(p->child)))
-            p = p->child; /* a batch of one */
-        if (cJSON_IsString(p)) {
-            if (!*p->valuestring) {
-                fail(e, "prompt", "'prompt' must not be empty");
-                goto out;
-            }
-            prompt_text = bt_strdup_or_die(p->valuestring);
-            g.prompt_case = BATON__V1__GENERATE_REQUEST__PROMPT_TEXT;
-            g.text = prompt_text;
-        } else if (cJSON_IsArray(p) && cJSON_GetArraySize(p) > 0 && cJSON_IsNumber(p->child)) {
-            int cnt = cJSON_GetArraySize(p);
-            prompt_ids = bt_malloc_or_die((size_t)cnt * sizeof *prompt_ids);
-            int i = 0;
-            const cJSON *t;
-            cJSON_ArrayForEach(t, p)
-            {
-                if (!cJSON_IsNumber(t) || t->valuedouble != floor(t->valuedouble) || t->valuedouble < 0 ||
-                    t->valuedouble > INT32_MAX) {
-                    fail(e, "prompt", "'prompt' token ids must be non-negative integers");
-                    goto out;
-                }
-                prompt_ids[i++] = (int32_t)t->valuedouble;
-            }
-            tids.n_ids = (size_t)cnt;
-            tids.ids = prompt_ids;
-            g.prompt_case = BATON__V1__GENERATE_REQUEST__PROMPT_TOKEN_IDS;
-            g.token_ids = &tids;
-        } else if (cJSON_IsArray(p) && cJSON_GetArraySize(p) > 1) {
-            fail(e, "prompt", "a batch of several prompts is not supported yet; send one per request");
-            goto out;
-        } else {
-            fail(e, "prompt", "'prompt' must be a string or an array of token ids");
-            goto out;
+        /* a batch: an array of strings or of token-id arrays, a choice set (n) each */
+        if (cJSON_IsArray(p) && (cJSON_IsString(p->child) || cJSON_IsArray(p->child))) {
+            batch = p;
+            r->n_prompts = cJSON_GetArraySize(p);
+            p = p->child;
         }
+        if (set_prompt(p, &g, &tids, &prompt_text, &prompt_ids, e) != BT_OK) goto out;
         bool echo;
         TRY(boolean(root, "echo", false, &echo, e));
         if (echo) {
@@ -441,9 +449,37 @@ bt_status_t bt_openai_parse(bt_openai_kind_t kind, const char *body, size_t len,
     g.request_id = (char *)request_id;
     g.model = r->model;
     g.skip_special_tokens = skip_special;
+    if ((int64_t)r->n_prompts * r->n > BT_OPENAI_MAX_N) {
+        fail(e, r->n > 1 ? "n" : "prompt",
+             "%d prompts of %d choices each: at most %d choices a request", r->n_prompts, r->n,
+             BT_OPENAI_MAX_N);
+        goto out;
+    }
     bt_proto_pack(&g.base, &r->gen_bytes, &r->gen_len);
+    /* the batch's other prompts: the same request around each */
+    if (r->n_prompts > 1) {
+        r->more_gens = bt_calloc_or_die((size_t)r->n_prompts - 1, sizeof *r->more_gens);
+        r->more_lens = bt_calloc_or_die((size_t)r->n_prompts - 1, sizeof *r->more_lens);
+    }
+    int k = 0;
+    for (const cJSON *q = batch ? batch->child->next : NULL; q; q = q->next, k++) {
+        Baton__V1__TokenIds more_tids = BATON__V1__TOKEN_IDS__INIT;
+        char *text = NULL;
+        int32_t *ids = NULL;
+        const bt_status_t ps = set_prompt(q, &g, &more_tids, &text, &ids, e);
+        if (ps == BT_OK) bt_proto_pack(&g.base, &r->more_gens[k], &r->more_lens[k]);
+        free(text);
+        free(ids);
+        if (ps != BT_OK) {
+            char was[sizeof e->message];
+            memcpy(was, e->message, sizeof was);
+            snprintf(e->message, sizeof e->message, "prompt[%d]: %.400s", k + 1, was);
+            goto out;
+        }
+    }
     st = BT_OK;
 out:
+    if (st != BT_OK) bt_openai_request_free(r);
     if (g.prompt_case == BATON__V1__GENERATE_REQUEST__PROMPT_CHAT_JSON) free(g.chat_json);
     for (int i = 0; i < n_stop; i++) free(stops[i]);
     free(stops);
@@ -459,13 +495,17 @@ out:
 bt_status_t bt_openai_choice_request(const bt_openai_request_t *r, int index,
                                      const char *request_id, uint8_t **buf, size_t *len)
 {
+    const int prompt = index / r->n, choice = index % r->n;
+    if (index < 0 || prompt >= r->n_prompts) return BT_ERR_INVALID_ARG;
     Baton__V1__GenerateRequest *g =
-        BT_PROTO_UNPACK(baton__v1__generate_request, r->gen_bytes, r->gen_len);
+        prompt == 0 ? BT_PROTO_UNPACK(baton__v1__generate_request, r->gen_bytes, r->gen_len)
+                    : BT_PROTO_UNPACK(baton__v1__generate_request, r->more_gens[prompt - 1],
+                                      r->more_lens[prompt - 1]);
     if (!g) return BT_ERR_INTERNAL;
     char *const id_was = g->request_id;
     const uint64_t seed_was = g->sampling ? g->sampling->seed : 0;
     g->request_id = (char *)request_id;
-    if (g->sampling && g->sampling->has_seed) g->sampling->seed = seed_was + (uint64_t)index;
+    if (g->sampling && g->sampling->has_seed) g->sampling->seed = seed_was + (uint64_t)choice;
     bt_proto_pack(&g->base, buf, len);
     g->request_id = id_was; /* (the unpacked message frees its own) */
     BT_PROTO_FREE(baton__v1__generate_request, g);
@@ -476,6 +516,12 @@ void bt_openai_request_free(bt_openai_request_t *r)
 {
     free(r->gen_bytes);
     r->gen_bytes = NULL;
+    for (int i = 0; r->more_gens && i < r->n_prompts - 1; i++)
+        free(r->more_gens[i]);
+    free(r->more_gens);
+    free(r->more_lens);
+    r->more_gens = NULL;
+    r->more_lens = NULL;
 }
 
 char *bt_openai_error_json(int status, const char *message, const char *param)

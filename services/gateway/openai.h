@@ -32,9 +32,12 @@ typedef struct {
     int top_logprobs;
     bool echo_prompt;      /* completions: never (refused) */
     bool return_token_ids; /* SGLang's extension: "token_ids" in each streamed choice */
-    int n;                 /* choices: as many generations, from one packed request */
-    uint8_t *gen_bytes;    /* packed baton.v1.GenerateRequest */
+    int n;                 /* choices a prompt: as many generations */
+    int n_prompts;         /* completions: a batch of prompts (1: one prompt) */
+    uint8_t *gen_bytes;    /* packed baton.v1.GenerateRequest (of the first prompt) */
     size_t gen_len;
+    uint8_t **more_gens; /* the batch's other prompts' (n_prompts - 1) */
+    size_t *more_lens;
 } bt_openai_request_t;
 
 /* Validates body and builds the GenerateRequest. request_id is copied into it.
@@ -43,11 +46,13 @@ bt_status_t bt_openai_parse(bt_openai_kind_t kind, const char *body, size_t len,
                             const char *request_id, bt_openai_request_t *r, bt_openai_error_t *e);
 void bt_openai_request_free(bt_openai_request_t *r);
 
-/* The most choices (`n`) one request may ask for: each is a generation of its own. */
+/* The most choices (`n` times the prompts) one request may ask for: each is a generation of
+ * its own. */
 #define BT_OPENAI_MAX_N 64
 
-/* The GenerateRequest of choice `index` of r (0..n-1), under request_id: its seed, when the
- * request gave one, is seed + index (choices differ, and each is reproducible alone). */
+/* The GenerateRequest of choice `index` of r (0..n x n_prompts - 1: prompt index / n, choice
+ * index % n, as OpenAI orders them), under request_id: its seed, when the request gave one, is
+ * seed + choice (choices differ, and each is reproducible alone). */
 bt_status_t bt_openai_choice_request(const bt_openai_request_t *r, int index,
                                      const char *request_id, uint8_t **buf, size_t *len);
 

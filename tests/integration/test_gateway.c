@@ -160,8 +160,12 @@ static const case_t cases[] = {
      "{" MSGS ",\"chat_template_kwargs\":{\"thinking\":true},\"reasoning_effort\":\"extreme\"}",
      400, "reasoning_effort"},
     {"completions without prompt", "POST", "/v1/completions", "{\"max_tokens\":3}", 400, "prompt"},
-    {"completions batch of two", "POST", "/v1/completions", "{\"prompt\":[\"a\",\"b\"]}", 400,
-     "batch"},
+    {"completions batch of two", "POST", "/v1/completions",
+     "{\"prompt\":[\"a\",\"b\"],\"max_tokens\":2}", 200, "\"index\":1"},
+    {"completions batch past the limit", "POST", "/v1/completions",
+     "{\"prompt\":[\"a\",\"b\",\"c\"],\"n\":22}", 400, "at most 64 choices"},
+    {"completions batch with an empty prompt", "POST", "/v1/completions",
+     "{\"prompt\":[\"a\",\"\"]}", 400, "prompt[1]"},
     {"completions token id out of vocabulary", "POST", "/v1/completions",
      "{\"prompt\":[0,99999999]}", 400, "vocabulary"},
     {"completions echo", "POST", "/v1/completions", "{\"prompt\":\"a\",\"echo\":true}", 400,
@@ -572,6 +576,46 @@ static void test_n_choices(void)
 #undef N_BODY
 }
 
+static const char *choice_text(const cJSON *root, int i)
+{
+    return cJSON_GetStringValue(
+        cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(root, "choices"), i), "text"));
+}
+
+/* A batch of prompts (it was refused): n choices for each, prompt-major, each the one-prompt
+ * request's with seed + its index among its prompt's; the usage counts every prompt once. */
+static void test_batch_prompts(void)
+{
+#define BATCH_REST ",\"n\":2,\"seed\":5,\"temperature\":1.0,\"max_tokens\":4,\"ignore_eos\":true}"
+    cJSON *all = post_json("/v1/completions", "{\"prompt\":[\"one two\",[5,6,7,8]]" BATCH_REST);
+    BT_CHECK_EQ_INT(cJSON_GetArraySize(cJSON_GetObjectItem(all, "choices")), 4);
+    const char *prompts[2] = {"\"one two\"", "[5,6,7,8]"};
+    int prompt_tokens = 0;
+    for (int p = 0; p < 2; p++) {
+        char body[256];
+        snprintf(body, sizeof body, "{\"prompt\":%s" BATCH_REST, prompts[p]);
+        cJSON *one = post_json("/v1/completions", body);
+        prompt_tokens += usage_of(one, "prompt_tokens");
+        for (int j = 0; j < 2; j++) {
+            const char *a = choice_text(all, 2 * p + j), *b = choice_text(one, j);
+            BT_CHECK_MSG(a && b && !strcmp(a, b),
+                         "prompt %d choice %d: '%s' in the batch, '%s' alone", p, j, a ? a : "?",
+                         b ? b : "?");
+            const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(all, "choices"), 2 * p + j);
+            BT_CHECK_EQ_INT((int)cJSON_GetNumberValue(cJSON_GetObjectItem(c, "index")), 2 * p + j);
+        }
+        cJSON_Delete(one);
+    }
+    BT_CHECK_MSG(choice_text(all, 0) && choice_text(all, 2) &&
+                     strcmp(choice_text(all, 0), choice_text(all, 2)),
+                 "the two prompts gave the same text: the test shows nothing");
+    BT_CHECK_MSG(prompt_tokens > 0 && usage_of(all, "prompt_tokens") == prompt_tokens,
+                 "prompt tokens %d, alone %d", usage_of(all, "prompt_tokens"), prompt_tokens);
+    BT_CHECK_EQ_INT(usage_of(all, "completion_tokens"), 16);
+    cJSON_Delete(all);
+#undef BATCH_REST
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -598,6 +642,7 @@ int main(void)
     BT_RUN(test_return_token_ids);
     BT_RUN(test_completion_text_offset);
     BT_RUN(test_n_choices);
+    BT_RUN(test_batch_prompts);
     proc_stop(&gateway, SIGTERM);
     proc_stop(&decode, SIGTERM);
     proc_stop(&prefill, SIGTERM);

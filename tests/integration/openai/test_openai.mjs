@@ -141,6 +141,17 @@ test('n choices: each the one-choice answer with seed + index, streamed under it
   assert.equal(usage.completion_tokens, 15);
 });
 
+test('completions of a batch of prompts: n choices each, prompt-major', async () => {
+  const ask = { model: MODEL, max_tokens: 3, temperature: 0, ignore_eos: true };
+  const r = await client.completions.create({ ...ask, prompt: ['Hello', 'The sky is'], n: 2 });
+  assert.deepEqual(r.choices.map((c) => c.index), [0, 1, 2, 3]);
+  const a = await client.completions.create({ ...ask, prompt: 'Hello' });
+  const b = await client.completions.create({ ...ask, prompt: 'The sky is' });
+  assert.deepEqual(r.choices.map((c) => c.text), [a.choices[0].text, a.choices[0].text, b.choices[0].text, b.choices[0].text]);
+  assert.equal(r.usage.prompt_tokens, a.usage.prompt_tokens + b.usage.prompt_tokens);
+  assert.equal(r.usage.completion_tokens, 12);
+});
+
 test('completions, text and token ids, streaming', async () => {
   const r = await client.completions.create({ model: MODEL, prompt: 'The capital of France is', max_tokens: 5, temperature: 0 });
   assert.equal(r.object, 'text_completion');
