@@ -223,6 +223,7 @@ static void quarantine_forget(decode_t *d, prefill_peer_t *peer, const quarantin
     Baton__V1__ForgetRequest fr = BATON__V1__FORGET_REQUEST__INIT;
     fr.request_id = q->request_id;
     fr.epoch = q->epoch;
+    fr.hold_ms = d->watchdog_ms;
     uint8_t *buf;
     size_t len;
     bt_proto_pack(&fr.base, &buf, &len);
@@ -237,8 +238,6 @@ static void quarantine_forget(decode_t *d, prefill_peer_t *peer, const quarantin
     }
     free(buf);
 }
-
-static void quarantine_forget(decode_t *d, prefill_peer_t *peer, const quarantine_t *q);
 
 static void seq_release(seq_t *s)
 {

@@ -594,17 +594,22 @@ static void start_generation(gateway_t *g, bt_http_request_t *req, bt_openai_kin
         ch->tool_calls = cJSON_CreateArray();
         ch->logprobs = kind == BT_OPENAI_CHAT ? cJSON_CreateArray() : new_completion_logprobs();
     }
+    x->n_live = 1; /* (a guard: nothing frees x while its calls start) */
     bt_http_on_close(req, on_http_gone, x);
     /* every choice a generation of its own (choice i > 0 with seed + i, when one was given) */
-    for (int i = 0; i < x->n_choices && !x->answered; i++) {
+    for (int i = 0; i < x->n_choices && !x->answered && !x->http_gone; i++) {
         choice_t *ch = &x->choices[i];
         uint8_t *buf = x->r.gen_bytes;
         size_t len = x->r.gen_len;
         char rid[80];
         snprintf(rid, sizeof rid, "%s-%d", x->id, i);
-        if (i > 0 && bt_openai_choice_request(&x->r, i, rid, &buf, &len) != BT_OK) buf = NULL;
-        if (buf &&
-            bt_rpc_stream(g->router, "/baton.v1.Baton/Generate", buf, len, g->request_timeout_ms,
+        if (i > 0 && bt_openai_choice_request(&x->r, i, rid, &buf, &len) != BT_OK) {
+            cancel_choices(x);
+            send_error(g, req, route, 500, "cannot build the request of a choice", NULL);
+            x->answered = true;
+            break;
+        }
+        if (bt_rpc_stream(g->router, "/baton.v1.Baton/Generate", buf, len, g->request_timeout_ms,
                           on_gen_message, on_gen_done, ch, &ch->rc) == BT_OK) {
             ch->rc_live = true;
             x->n_live++;
@@ -615,6 +620,7 @@ static void start_generation(gateway_t *g, bt_http_request_t *req, bt_openai_kin
         }
         if (buf != x->r.gen_bytes) free(buf);
     }
+    x->n_live--;
     maybe_free(x);
 }
 

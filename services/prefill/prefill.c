@@ -47,6 +47,8 @@ typedef struct job {
     int64_t bytes;
     int64_t t_start;
     bool orphaned; /* given up on by the watchdog; freed when its commit finally returns */
+    struct mark *unsettled; /* (orphaned: its mark, held until the commit returns) */
+    bool stop_flushed;      /* its STOPPED notice is in place: no write follows */
     int32_t first_token;
     float first_logprob;
     bt_top_logprob_t top[20];
@@ -99,18 +101,54 @@ struct prefill {
 
 #define EXIT_GRACE_MS 5000
 
-/* A job the decode group gave up on before it reached us (Forget): its Prefill call, should
- * it still come, is refused, so its slot, freed at the decode group, is never written. Kept
- * for a watchdog: a call later than that has passed its own deadline. */
-typedef struct tombstone {
-    struct tombstone *next;
+/* Jobs known by (request_id, epoch) for a while, for Forget:
+ *   tombstones: a job the decode group gave up on before it reached us; its Prefill call,
+ *     should it still come (until its deadline), is refused, so its slot, freed at the decode
+ *     group, is never written;
+ *   unsettled: a job that ended, or was given up on, with writes perhaps still landing (a
+ *     failed transfer, a stalled peer); a Forget of it must not answer done. */
+typedef struct mark {
+    struct mark *next;
     char *request_id;
     uint64_t epoch;
     int64_t until_ms;
-} tombstone_t;
+} mark_t;
 
-static tombstone_t *tombstones;
-static bool forgotten(const char *request_id, uint64_t epoch);
+static mark_t *tombstones, *unsettled;
+
+/* How long an unsettled job is remembered once its writes stopped: the decode group asks at
+ * once (its Forget follows the end of the Prefill call), within its call's 5 s deadline. */
+#define UNSETTLED_HOLD_MS 60000
+
+static mark_t *mark_add(mark_t **list, const char *request_id, uint64_t epoch, int64_t until_ms)
+{
+    mark_t *m = bt_calloc_or_die(1, sizeof *m);
+    m->request_id = bt_strdup_or_die(request_id);
+    m->epoch = epoch;
+    m->until_ms = until_ms;
+    m->next = *list;
+    *list = m;
+    return m;
+}
+
+/* Whether (request_id, epoch) is on the list; drops the marks past their time. */
+static bool mark_find(mark_t **list, const char *request_id, uint64_t epoch)
+{
+    const int64_t now = bt_now_ms();
+    bool found = false;
+    for (mark_t **m = list; *m;) {
+        if ((*m)->until_ms <= now) {
+            mark_t *dead = *m;
+            *m = dead->next;
+            free(dead->request_id);
+            free(dead);
+            continue;
+        }
+        found |= (*m)->epoch == epoch && !strcmp((*m)->request_id, request_id);
+        m = &(*m)->next;
+    }
+    return found;
+}
 
 static void run_next(prefill_t *p);
 static void maybe_exit(prefill_t *p);
@@ -178,6 +216,9 @@ static void job_end(job_t *j, bt_rpc_code_t code, const char *msg)
         j->call = NULL;
     }
     if (p->active == j) p->active = NULL;
+    /* ended short of its LAST or STOPPED notice, with a peer it may have written to */
+    if (code != BT_RPC_OK && j->peer && !j->stop_flushed)
+        mark_add(&unsettled, j->req->request_id, j->req->epoch, bt_now_ms() + UNSETTLED_HOLD_MS);
     job_drop_peer(j);
     BT_PROTO_FREE(baton__v1__prefill_request, j->req);
     free(j);
@@ -281,6 +322,7 @@ static void on_committed(void *ctx, bt_status_t st)
     prefill_t *p = j->p;
     if (j->orphaned) {
         /* the stalled peer answered at last (or failed): now it can be let go */
+        j->unsettled->until_ms = bt_now_ms() + UNSETTLED_HOLD_MS;
         job_drop_peer(j);
         BT_PROTO_FREE(baton__v1__prefill_request, j->req);
         free(j);
@@ -295,6 +337,7 @@ static void on_committed(void *ctx, bt_status_t st)
         job_end(j, BT_RPC_DATA_LOSS, "KV transfer to the decode group failed");
         return;
     }
+    if (j->stop_sent) j->stop_flushed = true;
     if (j->cancelled) {
         if (!j->stop_sent && send_stopped(p, j)) return;
         job_end(j, BT_RPC_CANCELLED, "cancelled by the decode group");
@@ -513,6 +556,7 @@ static void on_watchdog(uv_timer_t *t)
         j->call = NULL;
     }
     j->orphaned = true;
+    j->unsettled = mark_add(&unsettled, j->req->request_id, j->req->epoch, INT64_MAX);
     j->peer->failed = true;
     p->committing = false;
     p->active = NULL;
@@ -560,7 +604,7 @@ static void on_prefill(void *ctx, bt_rpc_call_t *call, const uint8_t *data, size
     if (p->stopping) {
         code = BT_RPC_ABORTED; /* (nothing written: the decode group frees the slot at once) */
         snprintf(msg, sizeof msg, "prefill group shutting down");
-    } else if (r->request_id && forgotten(r->request_id, r->epoch)) {
+    } else if (r->request_id && mark_find(&tombstones, r->request_id, r->epoch)) {
         code = BT_RPC_ABORTED; /* (its slot is free at the decode group: never written) */
         snprintf(msg, sizeof msg, "the decode group gave up on this job before it arrived");
     } else if (r->compat_hash != p->eng.compat_hash) {
@@ -599,25 +643,6 @@ static void on_prefill(void *ctx, bt_rpc_call_t *call, const uint8_t *data, size
     run_next(p);
 }
 
-/* Whether (request_id, epoch) was forgotten; drops the tombstones past their time. */
-static bool forgotten(const char *request_id, uint64_t epoch)
-{
-    const int64_t now = bt_now_ms();
-    bool found = false;
-    for (tombstone_t **t = &tombstones; *t;) {
-        if ((*t)->until_ms <= now) {
-            tombstone_t *dead = *t;
-            *t = dead->next;
-            free(dead->request_id);
-            free(dead);
-            continue;
-        }
-        found |= (*t)->epoch == epoch && !strcmp((*t)->request_id, request_id);
-        t = &(*t)->next;
-    }
-    return found;
-}
-
 static void on_forget(void *ctx, bt_rpc_call_t *call, const uint8_t *data, size_t len)
 {
     prefill_t *p = ctx;
@@ -636,14 +661,11 @@ static void on_forget(void *ctx, bt_rpc_call_t *call, const uint8_t *data, size_
     Baton__V1__ForgetResponse resp = BATON__V1__FORGET_RESPONSE__INIT;
     if (j) {
         j->cancelled = true; /* (its STOPPED notice follows its last write) */
-    } else {
-        if (!forgotten(r->request_id, r->epoch)) {
-            tombstone_t *t = bt_calloc_or_die(1, sizeof *t);
-            t->request_id = bt_strdup_or_die(r->request_id);
-            t->epoch = r->epoch;
-            t->until_ms = bt_now_ms() + p->watchdog_ms;
-            t->next = tombstones;
-            tombstones = t;
+    } else if (!mark_find(&unsettled, r->request_id, r->epoch)) {
+        /* never seen, or ended with every write in place (its LAST or STOPPED notice sent) */
+        if (!mark_find(&tombstones, r->request_id, r->epoch)) {
+            const int64_t hold = r->hold_ms > p->watchdog_ms ? r->hold_ms : p->watchdog_ms;
+            mark_add(&tombstones, r->request_id, r->epoch, bt_now_ms() + hold);
         }
         resp.done = 1;
     }

@@ -573,6 +573,49 @@ static __attribute__((unused)) void test_cancel_storm(void)
     cluster_stop(&c);
 }
 
+/* Forget of a job the prefill group never saw answers done, and the job's Prefill call, should
+ * it come later, is refused (ABORTED: nothing written), so the decode group may reuse its slot
+ * at once; the same request under another epoch is not refused for it. */
+static void test_forget_refuses_late_call(void)
+{
+    cluster_t c;
+    client_t cl;
+    BT_CHECK(cluster_up(&c, &cl, "4096", "256", "30"));
+    bt_rpc_channel_t *ch;
+    BT_CHECK(bt_rpc_channel_create(cl.rpc, c.prefill.addr, NULL, &ch) == BT_OK);
+    for (int round = 0; round < 2; round++) { /* (again: still done) */
+        Baton__V1__ForgetRequest fr = BATON__V1__FORGET_REQUEST__INIT;
+        fr.request_id = "ghost";
+        fr.epoch = 7;
+        fr.hold_ms = 30000;
+        unary_t u;
+        call_unary(&cl, ch, "/baton.v1.Prefill/Forget", &fr.base, 5000, &u);
+        Baton__V1__ForgetResponse *r =
+            u.code == BT_RPC_OK ? BT_PROTO_UNPACK(baton__v1__forget_response, u.resp, u.len) : NULL;
+        BT_CHECK_MSG(r && r->done, "Forget of a job never seen: %s, done %d",
+                     bt_rpc_code_name(u.code), r ? r->done : -1);
+        if (r) BT_PROTO_FREE(baton__v1__forget_response, r);
+        free(u.resp);
+    }
+    for (int epoch = 7; epoch <= 8; epoch++) {
+        Baton__V1__PrefillRequest pr = BATON__V1__PREFILL_REQUEST__INIT;
+        pr.request_id = "ghost";
+        pr.epoch = (uint64_t)epoch;
+        unary_t u;
+        call_unary(&cl, ch, "/baton.v1.Prefill/Prefill", &pr.base, 5000, &u);
+        free(u.resp);
+        if (epoch == 7)
+            BT_CHECK_MSG(u.code == BT_RPC_ABORTED, "the forgotten job's call: %s",
+                         bt_rpc_code_name(u.code));
+        else /* (refused too, for its missing compat hash and target: not as forgotten) */
+            BT_CHECK_MSG(u.code != BT_RPC_ABORTED, "another epoch's call: %s",
+                         bt_rpc_code_name(u.code));
+    }
+    bt_rpc_channel_destroy(ch);
+    client_close(&cl);
+    cluster_stop(&c);
+}
+
 /* A prefill group that goes away after a request's handoff (its first token) must not end
  * that request: decoding needs only the decode group. The router failed every request it had
  * ever sent to the group, so a prefill restart cut off streams that were decoding. */
@@ -1407,6 +1450,7 @@ int main(void)
     BT_RUN(test_kill_prefill_and_cancel);
     BT_RUN(test_cancel_during_prefill);
     BT_RUN(test_cancel_storm);
+    BT_RUN(test_forget_refuses_late_call);
     BT_RUN(test_pool_smaller_than_batch);
 #if CLUSTER_TP == 1 /* (router logic: once is enough, and TP4 groups decode 4000 tokens slowly) */
     BT_RUN(test_prefill_gone_while_decoding);
