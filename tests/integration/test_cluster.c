@@ -330,6 +330,24 @@ static void start_long_prefill(client_t *cl, const cluster_t *c, gen_t *g, int32
     usleep(200000);
 }
 
+/* start_long_prefill, then two short requests queued behind it at the one prefill group:
+ * checks that the decode group holds all three slots. */
+static void start_active_and_two_queued(client_t *cl, const cluster_t *c, gen_t *a, gen_t *b,
+                                        gen_t *d, int32_t *prompt)
+{
+    start_long_prefill(cl, c, a, prompt);
+    gen_start(cl, b, prompt, 5, 4, true, 60000);
+    gen_start(cl, d, prompt + 5, 5, 4, true, 60000);
+    const int64_t used = wait_slots_used(cl, c->decode.addr, 3, NULL, 5000, NULL);
+    BT_CHECK_MSG(used == 3, "three slots taken (%lld)", (long long)used);
+}
+
+/* Requests the router has put back in its queue so far (requests_requeued_total). */
+static double requeued_so_far(const cluster_t *c)
+{
+    return metric_value(c->router.metrics, "baton_router_requests_requeued_total");
+}
+
 static void test_admission(void)
 {
     cluster_t c;
@@ -697,7 +715,7 @@ static __attribute__((unused)) void test_place_freed_mid_step(void)
     BT_CHECK(stats_ok(&cl, c.decode.addr, &running, &seen, &used));
     BT_CHECK_MSG(seen == 1, "the decode group ran %d at once", seen);
     /* the decode group held it for the step's end: the router had nothing to send again */
-    const double requeued = metric_value(c.router.metrics, "baton_router_requests_requeued_total");
+    const double requeued = requeued_so_far(&c);
     BT_CHECK_MSG(requeued == 0, "the router queued %g requests again", requeued);
     client_close(&cl);
     cluster_stop(&c);
@@ -734,8 +752,7 @@ static __attribute__((unused)) void test_held_slot_waits_at_router(void)
     BT_CHECK_MSG(a.code == BT_RPC_UNAVAILABLE, "%s", bt_rpc_code_name(a.code));
     const int64_t t_fail = ms_now();
     /* (the first request went round the dead prefill group's rests before it failed) */
-    const double requeued_before =
-        metric_value(c.router.metrics, "baton_router_requests_requeued_total");
+    const double requeued_before = requeued_so_far(&c);
     BT_CHECK(groups(&cl, 1, 0));
     group_stop(&c, false, SIGKILL);
     const char *const pre[] = {"--simulate", NULL};
@@ -755,8 +772,7 @@ static __attribute__((unused)) void test_held_slot_waits_at_router(void)
                  "done %lld ms after the failure: the slot was not "
                  "held (the test shows nothing)",
                  (long long)(b.t_done - t_fail));
-    const double requeued =
-        metric_value(c.router.metrics, "baton_router_requests_requeued_total") - requeued_before;
+    const double requeued = requeued_so_far(&c) - requeued_before;
     BT_CHECK_MSG(requeued == 0, "the group refused the request %g times", requeued);
     client_close(&cl);
     cluster_stop(&c);
@@ -818,14 +834,10 @@ static __attribute__((unused)) void test_prefill_stop_frees_slots(void)
     prefill_extra = NULL;
     static int32_t prompt[4000];
     gen_t a, b, d;
-    start_long_prefill(&cl, &c, &a, prompt);
-    gen_start(&cl, &b, prompt, 5, 4, true, 60000);
-    gen_start(&cl, &d, prompt + 5, 5, 4, true, 60000);
-    int64_t used = wait_slots_used(&cl, c.decode.addr, 3, NULL, 5000, NULL);
-    BT_CHECK_MSG(used == 3, "three slots taken (%lld)", (long long)used);
+    start_active_and_two_queued(&cl, &c, &a, &b, &d, prompt);
     const int64_t t_stop = ms_now();
     group_stop(&c, false, SIGTERM);
-    used = wait_slots_used(&cl, c.decode.addr, 0, NULL, 5000, NULL);
+    const int64_t used = wait_slots_used(&cl, c.decode.addr, 0, NULL, 5000, NULL);
     fprintf(stderr, "  prefill stopped with 1 active and 2 queued: %lld slots held %lld ms after\n",
             (long long)used, (long long)(ms_now() - t_stop));
     BT_CHECK_MSG(used == 0, "the decode group still holds %lld slots (waiting out its watchdog?)",
@@ -837,7 +849,7 @@ static __attribute__((unused)) void test_prefill_stop_frees_slots(void)
     BT_CHECK_MSG(a.code == BT_RPC_UNAVAILABLE && b.code == BT_RPC_UNAVAILABLE &&
                      d.code == BT_RPC_UNAVAILABLE && strstr(a.message, "no prefill group"),
                  "%s %s", bt_rpc_code_name(a.code), a.message);
-    const double requeued = metric_value(c.router.metrics, "baton_router_requests_requeued_total");
+    const double requeued = requeued_so_far(&c);
     BT_CHECK_MSG(requeued == 3, "the router queued %g requests again", requeued);
     client_close(&cl);
     cluster_stop(&c);
@@ -861,10 +873,7 @@ static __attribute__((unused)) void test_prefill_stop_drains(void)
     prefill_extra = NULL;
     static int32_t prompt[4000];
     gen_t a, b, d;
-    start_long_prefill(&cl, &c, &a, prompt);
-    gen_start(&cl, &b, prompt, 5, 4, true, 60000);
-    gen_start(&cl, &d, prompt + 5, 5, 4, true, 60000);
-    BT_CHECK(wait_slots_used(&cl, c.decode.addr, 3, NULL, 5000, NULL) == 3);
+    start_active_and_two_queued(&cl, &c, &a, &b, &d, prompt);
     proc_t other;
     BT_CHECK(another_group(&other, &c, "baton-prefill", "30", NULL) == 0);
     BT_CHECK(groups(&cl, 1, 2));
@@ -886,7 +895,7 @@ static __attribute__((unused)) void test_prefill_stop_drains(void)
     BT_CHECK_MSG(b.t_done < a.t_done && d.t_done < a.t_done,
                  "the queued ones waited for the active one (the test shows nothing)");
     BT_CHECK(exited);
-    const double requeued = metric_value(c.router.metrics, "baton_router_requests_requeued_total");
+    const double requeued = requeued_so_far(&c);
     BT_CHECK_MSG(requeued == 2, "the router queued %g requests again", requeued);
     client_close(&cl);
     proc_stop(&other, SIGTERM);
@@ -911,7 +920,7 @@ static __attribute__((unused)) void test_prefill_killed_retried(void)
     BT_CHECK_MSG(!a.done, "the long prefill still runs (the test shows nothing else)");
     proc_stop(&c.prefill, SIGKILL);
     BT_CHECK(run_until(&cl, gen_done, &a, 60000));
-    const double requeued = metric_value(c.router.metrics, "baton_router_requests_requeued_total");
+    const double requeued = requeued_so_far(&c);
     fprintf(stderr,
             "  its prefill group killed mid-job, another serving: %s, %d tokens (%g retries)\n",
             bt_rpc_code_name(a.code), a.n, requeued);
@@ -943,8 +952,7 @@ static __attribute__((unused)) void test_dead_prefill_holds_one_slot(void)
         BT_CHECK_MSG(g.code != BT_RPC_OK, "request %d: %s", i, bt_rpc_code_name(g.code));
     }
     /* each attempt that reached the dead group went back to the router's queue but the last */
-    const int sent_there =
-        (int)metric_value(c.router.metrics, "baton_router_requests_requeued_total");
+    const int sent_there = (int)requeued_so_far(&c);
     const int64_t used = wait_slots_used(&cl, c.decode.addr, -1, NULL, 300, NULL);
     fprintf(stderr, "  3 requests sent to a dead prefill group (%d reached it): %lld slots held\n",
             sent_there, (long long)used);
@@ -997,8 +1005,7 @@ static __attribute__((unused)) void test_decode_stop_moves_requests(void)
                 "  its decode group stopped mid-prefill: the request ended %s with %d tokens\n",
                 bt_rpc_code_name(g.code), g.n);
         BT_CHECK_MSG(g.code == BT_RPC_OK && g.n == 4, "%s %s", bt_rpc_code_name(g.code), g.message);
-        const double requeued =
-            metric_value(c.router.metrics, "baton_router_requests_requeued_total");
+        const double requeued = requeued_so_far(&c);
         BT_CHECK_MSG(requeued >= 1, "the router queued %g requests again", requeued);
         int r = 0;
         BT_CHECK(wait_slots_used(&cl, other->addr, 0, NULL, 5000, &r) == 0);
@@ -1040,7 +1047,7 @@ static __attribute__((unused)) void test_decode_stop_drains(void)
     gen_start(&cl, &d, prompt + 2, 3, 4, true, 120000); /* no place but on the leaving group */
     BT_CHECK(run_until(&cl, all_done, &cl, 90000));
     const bool exited = proc_exited(&c.decode, 10000);
-    const double requeued = metric_value(c.router.metrics, "baton_router_requests_requeued_total");
+    const double requeued = requeued_so_far(&c);
     fprintf(stderr,
             "  decode group stopped with a request in prefill: it ended %s with %d tokens after "
             "%lld ms; the group %s; the next requests %s %s; %g queued again\n",
