@@ -116,31 +116,41 @@ static void on_heartbeat(void *ctx, bt_rpc_code_t code, const char *msg, const u
     schedule(r, r->registered && hr ? r->heartbeat_ms : 200);
 }
 
+/* A heartbeat with this worker's load, marked leaving when it is; done gets its answer (or
+ * UNAVAILABLE when the call cannot start). */
+static void send_heartbeat(bt_registration_t *r, int deadline_ms, bt_rpc_reply_fn done)
+{
+    Baton__V1__HeartbeatRequest hb = BATON__V1__HEARTBEAT_REQUEST__INIT;
+    hb.worker_id = r->worker_id;
+    if (r->load) r->load(r->ctx, &hb);
+    hb.leaving = r->leaving;
+    uint8_t *buf;
+    size_t len;
+    bt_proto_pack(&hb.base, &buf, &len);
+    if (bt_rpc_unary(r->ch, "/baton.v1.Registry/Heartbeat", buf, len, deadline_ms, done, r, NULL) !=
+        BT_OK)
+        done(r, BT_RPC_UNAVAILABLE, "cannot start the call", NULL, 0);
+    free(buf);
+}
+
 static void tick(uv_timer_t *t)
 {
     bt_registration_t *r = t->data;
     if (r->in_flight || r->stopping || r->leave_in_flight) return;
     if (r->leaving && !r->registered) return; /* (a router that forgot us sends nothing here) */
+    r->in_flight = true;
+    if (r->registered) {
+        send_heartbeat(r, 2000, on_heartbeat);
+        return;
+    }
+    Baton__V1__RegisterRequest req = BATON__V1__REGISTER_REQUEST__INIT;
+    req.info = &r->info;
     uint8_t *buf;
     size_t len;
-    r->in_flight = true;
-    if (!r->registered) {
-        Baton__V1__RegisterRequest req = BATON__V1__REGISTER_REQUEST__INIT;
-        req.info = &r->info;
-        bt_proto_pack(&req.base, &buf, &len);
-        if (bt_rpc_unary(r->ch, "/baton.v1.Registry/RegisterWorker", buf, len, 2000, on_registered,
-                         r, NULL) != BT_OK)
-            on_registered(r, BT_RPC_UNAVAILABLE, "cannot start the call", NULL, 0);
-    } else {
-        Baton__V1__HeartbeatRequest hb = BATON__V1__HEARTBEAT_REQUEST__INIT;
-        hb.worker_id = r->worker_id;
-        if (r->load) r->load(r->ctx, &hb);
-        hb.leaving = r->leaving;
-        bt_proto_pack(&hb.base, &buf, &len);
-        if (bt_rpc_unary(r->ch, "/baton.v1.Registry/Heartbeat", buf, len, 2000, on_heartbeat, r,
-                         NULL) != BT_OK)
-            on_heartbeat(r, BT_RPC_UNAVAILABLE, "cannot start the call", NULL, 0);
-    }
+    bt_proto_pack(&req.base, &buf, &len);
+    if (bt_rpc_unary(r->ch, "/baton.v1.Registry/RegisterWorker", buf, len, 2000, on_registered, r,
+                     NULL) != BT_OK)
+        on_registered(r, BT_RPC_UNAVAILABLE, "cannot start the call", NULL, 0);
     free(buf);
 }
 
@@ -238,18 +248,8 @@ void bt_registration_leave(bt_registration_t *r, void (*on_left)(void *ctx), voi
 static void send_leave(bt_registration_t *r)
 {
     uv_timer_stop(&r->timer);
-    Baton__V1__HeartbeatRequest hb = BATON__V1__HEARTBEAT_REQUEST__INIT;
-    hb.worker_id = r->worker_id;
-    if (r->load) r->load(r->ctx, &hb);
-    hb.leaving = 1;
-    uint8_t *buf;
-    size_t len;
-    bt_proto_pack(&hb.base, &buf, &len);
     r->leave_in_flight = true;
-    if (bt_rpc_unary(r->ch, "/baton.v1.Registry/Heartbeat", buf, len, LEAVE_DEADLINE_MS,
-                     on_leave_reply, r, NULL) != BT_OK)
-        on_leave_reply(r, BT_RPC_UNAVAILABLE, "cannot start the call", NULL, 0);
-    free(buf);
+    send_heartbeat(r, LEAVE_DEADLINE_MS, on_leave_reply); /* (r->leaving is set) */
 }
 
 /* ---- signals ------------------------------------------------------------------------------ */

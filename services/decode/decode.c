@@ -209,6 +209,10 @@ static void on_forget_reply(void *ctx, bt_rpc_code_t code, const char *msg, cons
     Baton__V1__ForgetResponse *r =
         code == BT_RPC_OK ? BT_PROTO_UNPACK(baton__v1__forget_response, resp, len) : NULL;
     if (r && r->done && quarantine_end_of(f->d, f->request_id, f->epoch)) admit_waiting(f->d);
+    if (!r) /* (an older prefill group answers UNIMPLEMENTED) */
+        BT_LOG_INFO("request %s: its prefill group did not answer Forget (%s %s): its slot waits "
+                    "out the watchdog",
+                    f->request_id, bt_rpc_code_name(code), msg ? msg : "");
     if (r) BT_PROTO_FREE(baton__v1__forget_response, r);
     free(f->request_id);
     free(f);
@@ -994,11 +998,7 @@ static void on_stats(void *ctx, bt_rpc_call_t *call, const uint8_t *data, size_t
     decode_t *d = ctx;
     Baton__V1__StatsResponse st = BATON__V1__STATS_RESPONSE__INIT;
     fill_stats(d, &st);
-    uint8_t *buf;
-    size_t n;
-    bt_proto_pack(&st.base, &buf, &n);
-    bt_rpc_call_reply(call, buf, n);
-    free(buf);
+    bt_proto_reply(call, &st.base);
 }
 
 static void refresh_metrics(void *ctx)

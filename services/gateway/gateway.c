@@ -599,13 +599,17 @@ static void start_generation(gateway_t *g, bt_http_request_t *req, bt_openai_kin
     /* every choice a generation of its own (choice i > 0 with seed + i, when one was given) */
     for (int i = 0; i < x->n_choices && !x->answered && !x->http_gone; i++) {
         choice_t *ch = &x->choices[i];
-        uint8_t *buf = x->r.gen_bytes;
-        size_t len = x->r.gen_len;
+        uint8_t *buf = x->r.gens[0];
+        size_t len = x->r.gen_lens[0];
         char rid[80];
         snprintf(rid, sizeof rid, "%s-%d", x->id, i);
-        if (i > 0 && bt_openai_choice_request(&x->r, i, rid, &buf, &len) != BT_OK) {
+        bt_status_t cs;
+        if (i > 0 && (cs = bt_openai_choice_request(&x->r, i, rid, &buf, &len)) != BT_OK) {
             cancel_choices(x);
-            send_error(g, req, route, 500, "cannot build the request of a choice", NULL);
+            char m[128];
+            snprintf(m, sizeof m, "cannot build the request of choice %d: %s", i,
+                     bt_status_str(cs));
+            send_error(g, req, route, 500, m, NULL);
             x->answered = true;
             break;
         }
@@ -618,7 +622,7 @@ static void start_generation(gateway_t *g, bt_http_request_t *req, bt_openai_kin
             send_error(g, req, route, 503, "the router is unreachable", NULL);
             x->answered = true;
         }
-        if (buf != x->r.gen_bytes) free(buf);
+        if (buf != x->r.gens[0]) free(buf);
     }
     x->n_live--;
     maybe_free(x);

@@ -455,25 +455,23 @@ bt_status_t bt_openai_parse(bt_openai_kind_t kind, const char *body, size_t len,
              BT_OPENAI_MAX_N);
         goto out;
     }
-    bt_proto_pack(&g.base, &r->gen_bytes, &r->gen_len);
+    r->gens = bt_calloc_or_die((size_t)r->n_prompts, sizeof *r->gens);
+    r->gen_lens = bt_calloc_or_die((size_t)r->n_prompts, sizeof *r->gen_lens);
+    bt_proto_pack(&g.base, &r->gens[0], &r->gen_lens[0]);
     /* the batch's other prompts: the same request around each */
-    if (r->n_prompts > 1) {
-        r->more_gens = bt_calloc_or_die((size_t)r->n_prompts - 1, sizeof *r->more_gens);
-        r->more_lens = bt_calloc_or_die((size_t)r->n_prompts - 1, sizeof *r->more_lens);
-    }
-    int k = 0;
+    int k = 1;
     for (const cJSON *q = batch ? batch->child->next : NULL; q; q = q->next, k++) {
         Baton__V1__TokenIds more_tids = BATON__V1__TOKEN_IDS__INIT;
         char *text = NULL;
         int32_t *ids = NULL;
         const bt_status_t ps = set_prompt(q, &g, &more_tids, &text, &ids, e);
-        if (ps == BT_OK) bt_proto_pack(&g.base, &r->more_gens[k], &r->more_lens[k]);
+        if (ps == BT_OK) bt_proto_pack(&g.base, &r->gens[k], &r->gen_lens[k]);
         free(text);
         free(ids);
         if (ps != BT_OK) {
             char was[sizeof e->message];
             memcpy(was, e->message, sizeof was);
-            snprintf(e->message, sizeof e->message, "prompt[%d]: %.400s", k + 1, was);
+            snprintf(e->message, sizeof e->message, "prompt[%d]: %.400s", k, was);
             goto out;
         }
     }
@@ -498,9 +496,7 @@ bt_status_t bt_openai_choice_request(const bt_openai_request_t *r, int index,
     const int prompt = index / r->n, choice = index % r->n;
     if (index < 0 || prompt >= r->n_prompts) return BT_ERR_INVALID_ARG;
     Baton__V1__GenerateRequest *g =
-        prompt == 0 ? BT_PROTO_UNPACK(baton__v1__generate_request, r->gen_bytes, r->gen_len)
-                    : BT_PROTO_UNPACK(baton__v1__generate_request, r->more_gens[prompt - 1],
-                                      r->more_lens[prompt - 1]);
+        BT_PROTO_UNPACK(baton__v1__generate_request, r->gens[prompt], r->gen_lens[prompt]);
     if (!g) return BT_ERR_INTERNAL;
     char *const id_was = g->request_id;
     const uint64_t seed_was = g->sampling ? g->sampling->seed : 0;
@@ -514,14 +510,12 @@ bt_status_t bt_openai_choice_request(const bt_openai_request_t *r, int index,
 
 void bt_openai_request_free(bt_openai_request_t *r)
 {
-    free(r->gen_bytes);
-    r->gen_bytes = NULL;
-    for (int i = 0; r->more_gens && i < r->n_prompts - 1; i++)
-        free(r->more_gens[i]);
-    free(r->more_gens);
-    free(r->more_lens);
-    r->more_gens = NULL;
-    r->more_lens = NULL;
+    for (int i = 0; r->gens && i < r->n_prompts; i++)
+        free(r->gens[i]);
+    free(r->gens);
+    free(r->gen_lens);
+    r->gens = NULL;
+    r->gen_lens = NULL;
 }
 
 char *bt_openai_error_json(int status, const char *message, const char *param)

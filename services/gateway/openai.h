@@ -6,8 +6,8 @@
  *   bt_openai_error_t e;
  *   if (bt_openai_parse(BT_OPENAI_CHAT, body, len, &r, &e) != BT_OK)
  *       -> 400 {"error": {"message": e.message, "type": "invalid_request_error", "param": e.param}}
- *   ... r.gen is the packed GenerateRequest (r.gen_bytes, r.gen_len), r.stream, r.include_usage ...
- *   bt_openai_request_free(&r);
+ *   ... r.gens[i] is prompt i's packed GenerateRequest (r.gen_lens[i]), r.stream, r.include_usage
+ * ... bt_openai_request_free(&r);
  */
 #ifndef BT_GATEWAY_OPENAI_H
 #define BT_GATEWAY_OPENAI_H
@@ -34,10 +34,8 @@ typedef struct {
     bool return_token_ids; /* SGLang's extension: "token_ids" in each streamed choice */
     int n;                 /* choices a prompt: as many generations */
     int n_prompts;         /* completions: a batch of prompts (1: one prompt) */
-    uint8_t *gen_bytes;    /* packed baton.v1.GenerateRequest (of the first prompt) */
-    size_t gen_len;
-    uint8_t **more_gens; /* the batch's other prompts' (n_prompts - 1) */
-    size_t *more_lens;
+    uint8_t **gens;        /* each prompt's packed baton.v1.GenerateRequest (n_prompts) */
+    size_t *gen_lens;
 } bt_openai_request_t;
 
 /* Validates body and builds the GenerateRequest. request_id is copied into it.

@@ -91,6 +91,7 @@ struct prefill {
     /* a commit to a decode group that stops answering (alive but stalled) ends within this */
     int64_t watchdog_ms;
     int64_t drain_ms; /* stopping: what the active job gets to finish in */
+    struct mark *tombstones, *unsettled; /* for Forget (see mark_t) */
     bool committing;
     uv_timer_t watchdog;
     /* stopping: the server is down; the loop stops once the active job has ended (its last
@@ -101,7 +102,7 @@ struct prefill {
 
 #define EXIT_GRACE_MS 5000
 
-/* Jobs known by (request_id, epoch) for a while, for Forget:
+/* Jobs known by (request_id, epoch) for a while, for Forget (lists in prefill_t):
  *   tombstones: a job the decode group gave up on before it reached us; its Prefill call,
  *     should it still come (until its deadline), is refused, so its slot, freed at the decode
  *     group, is never written;
@@ -114,24 +115,12 @@ typedef struct mark {
     int64_t until_ms;
 } mark_t;
 
-static mark_t *tombstones, *unsettled;
-
 /* How long an unsettled job is remembered once its writes stopped: the decode group asks at
  * once (its Forget follows the end of the Prefill call), within its call's 5 s deadline. */
 #define UNSETTLED_HOLD_MS 60000
 
-static mark_t *mark_add(mark_t **list, const char *request_id, uint64_t epoch, int64_t until_ms)
-{
-    mark_t *m = bt_calloc_or_die(1, sizeof *m);
-    m->request_id = bt_strdup_or_die(request_id);
-    m->epoch = epoch;
-    m->until_ms = until_ms;
-    m->next = *list;
-    *list = m;
-    return m;
-}
-
-/* Whether (request_id, epoch) is on the list; drops the marks past their time. */
+/* Whether (request_id, epoch) is on the list (NULL: nothing is); drops the marks past their
+ * time. */
 static bool mark_find(mark_t **list, const char *request_id, uint64_t epoch)
 {
     const int64_t now = bt_now_ms();
@@ -144,10 +133,22 @@ static bool mark_find(mark_t **list, const char *request_id, uint64_t epoch)
             free(dead);
             continue;
         }
-        found |= (*m)->epoch == epoch && !strcmp((*m)->request_id, request_id);
+        found |= request_id && (*m)->epoch == epoch && !strcmp((*m)->request_id, request_id);
         m = &(*m)->next;
     }
     return found;
+}
+
+static mark_t *mark_add(mark_t **list, const char *request_id, uint64_t epoch, int64_t until_ms)
+{
+    mark_find(list, NULL, 0); /* (a list only Forget reads is pruned as it grows, too) */
+    mark_t *m = bt_calloc_or_die(1, sizeof *m);
+    m->request_id = bt_strdup_or_die(request_id);
+    m->epoch = epoch;
+    m->until_ms = until_ms;
+    m->next = *list;
+    *list = m;
+    return m;
 }
 
 static void run_next(prefill_t *p);
@@ -218,7 +219,7 @@ static void job_end(job_t *j, bt_rpc_code_t code, const char *msg)
     if (p->active == j) p->active = NULL;
     /* ended short of its LAST or STOPPED notice, with a peer it may have written to */
     if (code != BT_RPC_OK && j->peer && !j->stop_flushed)
-        mark_add(&unsettled, j->req->request_id, j->req->epoch, bt_now_ms() + UNSETTLED_HOLD_MS);
+        mark_add(&p->unsettled, j->req->request_id, j->req->epoch, bt_now_ms() + UNSETTLED_HOLD_MS);
     job_drop_peer(j);
     BT_PROTO_FREE(baton__v1__prefill_request, j->req);
     free(j);
@@ -556,7 +557,7 @@ static void on_watchdog(uv_timer_t *t)
         j->call = NULL;
     }
     j->orphaned = true;
-    j->unsettled = mark_add(&unsettled, j->req->request_id, j->req->epoch, INT64_MAX);
+    j->unsettled = mark_add(&p->unsettled, j->req->request_id, j->req->epoch, INT64_MAX);
     j->peer->failed = true;
     p->committing = false;
     p->active = NULL;
@@ -604,7 +605,7 @@ static void on_prefill(void *ctx, bt_rpc_call_t *call, const uint8_t *data, size
     if (p->stopping) {
         code = BT_RPC_ABORTED; /* (nothing written: the decode group frees the slot at once) */
         snprintf(msg, sizeof msg, "prefill group shutting down");
-    } else if (r->request_id && mark_find(&tombstones, r->request_id, r->epoch)) {
+    } else if (r->request_id && mark_find(&p->tombstones, r->request_id, r->epoch)) {
         code = BT_RPC_ABORTED; /* (its slot is free at the decode group: never written) */
         snprintf(msg, sizeof msg, "the decode group gave up on this job before it arrived");
     } else if (r->compat_hash != p->eng.compat_hash) {
@@ -661,20 +662,16 @@ static void on_forget(void *ctx, bt_rpc_call_t *call, const uint8_t *data, size_
     Baton__V1__ForgetResponse resp = BATON__V1__FORGET_RESPONSE__INIT;
     if (j) {
         j->cancelled = true; /* (its STOPPED notice follows its last write) */
-    } else if (!mark_find(&unsettled, r->request_id, r->epoch)) {
+    } else if (!mark_find(&p->unsettled, r->request_id, r->epoch)) {
         /* never seen, or ended with every write in place (its LAST or STOPPED notice sent) */
-        if (!mark_find(&tombstones, r->request_id, r->epoch)) {
+        if (!mark_find(&p->tombstones, r->request_id, r->epoch)) {
             const int64_t hold = r->hold_ms > p->watchdog_ms ? r->hold_ms : p->watchdog_ms;
-            mark_add(&tombstones, r->request_id, r->epoch, bt_now_ms() + hold);
+            mark_add(&p->tombstones, r->request_id, r->epoch, bt_now_ms() + hold);
         }
         resp.done = 1;
     }
     BT_PROTO_FREE(baton__v1__forget_request, r);
-    uint8_t *buf;
-    size_t n;
-    bt_proto_pack(&resp.base, &buf, &n);
-    bt_rpc_call_reply(call, buf, n);
-    free(buf);
+    bt_proto_reply(call, &resp.base);
 }
 
 static void on_hello(void *ctx, bt_rpc_call_t *call, const uint8_t *data, size_t len)
@@ -684,11 +681,7 @@ static void on_hello(void *ctx, bt_rpc_call_t *call, const uint8_t *data, size_t
     hr.compat_hash = p->eng.compat_hash;
     hr.model = p->eng.served_name;
     hr.tp = p->comm ? bt_comm_size(p->comm) : 1;
-    uint8_t *buf;
-    size_t n;
-    bt_proto_pack(&hr.base, &buf, &n);
-    bt_rpc_call_reply(call, buf, n);
-    free(buf);
+    bt_proto_reply(call, &hr.base);
 }
 
 static void refresh_metrics(void *ctx)

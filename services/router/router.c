@@ -336,8 +336,10 @@ static void requeue(req_t *q, worker_t *rested, const char *what, const char *ms
     router_t *r = q->r;
     if (bt_now_ms() - q->t_start > r->watchdog_ms) { /* (the sweep may only see it running) */
         char m[512];
-        snprintf(m, sizeof m, "no place for it within --watchdog-timeout; the last attempt: %s: %s",
-                 what, msg ? msg : "refused");
+        snprintf(m, sizeof m,
+                 "no place for it within --watchdog-timeout; the last attempt, on decode group "
+                 "%s: %s: %s",
+                 q->decode->address, what, msg ? msg : "refused");
         req_fail(q, BT_RPC_RESOURCE_EXHAUSTED, m);
         return;
     }
@@ -347,8 +349,11 @@ static void requeue(req_t *q, worker_t *rested, const char *what, const char *ms
         rested->refusals++;
         rested->refused_until_ms = bt_now_ms() + rest_ms;
     }
-    BT_LOG_INFO("request %s: %s (%s); queued again%s%s%s", q->id, what, msg ? msg : "refused",
-                rested ? ", " : "", rested ? rested->address : "", rested ? " rests" : "");
+    if (rested)
+        BT_LOG_INFO("request %s: %s (%s); queued again, %s rests %lld ms", q->id, what,
+                    msg ? msg : "refused", rested->address, (long long)rest_ms);
+    else
+        BT_LOG_INFO("request %s: %s (%s); queued again", q->id, what, msg ? msg : "refused");
     bt_counter_add(r->requeued, 1);
     leave_prefill(q);
     q->decode->running--;
@@ -362,8 +367,8 @@ static void requeue(req_t *q, worker_t *rested, const char *what, const char *ms
 }
 
 /* Whether an attempt that ended with code and no token yet goes back to the queue, and whom
- * it rests (*rested, may be NULL). */
-static bool requeue_after(const req_t *q, bt_rpc_code_t code, worker_t **rested, const char **what)
+ * it rests (*rested, may be NULL); counts the retries a prefill group's drop costs. */
+static bool requeue_after(req_t *q, bt_rpc_code_t code, worker_t **rested, const char **what)
 {
     if (!q->call || q->state != REQ_RUNNING || !q->decode || q->t_first || q->r->stopping)
         return false;
@@ -376,6 +381,9 @@ static bool requeue_after(const req_t *q, bt_rpc_code_t code, worker_t **rested,
     if (code == BT_RPC_ABORTED && q->prefill_retries < MAX_PREFILL_RETRIES) {
         *rested = q->in_prefill ? q->prefill : NULL;
         *what = "its prefill group dropped it";
+        /* (a leaving group handing its queued jobs back is no failure: it is not picked
+         * again, so this stays bounded) */
+        if (!(*rested && (*rested)->leaving)) q->prefill_retries++;
         return true;
     }
     if (code == BT_RPC_UNAVAILABLE && q->decode->leaving) {
@@ -393,10 +401,6 @@ static void on_decode_done(void *ctx, bt_rpc_code_t code, const char *msg)
     worker_t *rested;
     const char *what;
     if (requeue_after(q, code, &rested, &what)) {
-        /* (a leaving group handing its queued jobs back is no failure: it is not picked
-         * again, so this stays bounded) */
-        if (code == BT_RPC_ABORTED && !(q->in_prefill && q->prefill && q->prefill->leaving))
-            q->prefill_retries++;
         requeue(q, rested, what, msg);
         return;
     }
@@ -451,16 +455,32 @@ static worker_t *pick(router_t *r, Baton__V1__WorkerRole role, bool need_room)
 
 /* The message for a request that cannot start for want of a group, or NULL when a decode
  * and a prefill group are registered (leaving ones count: a replacement may come meanwhile). */
+/* The registered groups, counted (leaving ones among them), and what decode groups run. */
+typedef struct {
+    int decode, prefill, leaving, running;
+} census_t;
+
+static census_t census(const router_t *r)
+{
+    census_t n = {0, 0, 0, 0};
+    for (const worker_t *w = r->workers; w; w = w->next) {
+        if (w->role == BATON__V1__WORKER_ROLE__ROLE_DECODE) {
+            n.decode++;
+            n.running += w->running;
+        } else {
+            n.prefill++;
+        }
+        n.leaving += w->leaving;
+    }
+    return n;
+}
+
 static const char *missing_group(const router_t *r)
 {
-    bool have_decode = false, have_prefill = false;
-    for (const worker_t *w = r->workers; w; w = w->next) {
-        have_decode |= w->role == BATON__V1__WORKER_ROLE__ROLE_DECODE;
-        have_prefill |= w->role == BATON__V1__WORKER_ROLE__ROLE_PREFILL;
-    }
-    return !have_decode    ? "no decode group is registered"
-           : !have_prefill ? "no prefill group is registered"
-                           : NULL;
+    const census_t n = census(r);
+    return !n.decode    ? "no decode group is registered"
+           : !n.prefill ? "no prefill group is registered"
+                        : NULL;
 }
 
 static bool start_request(req_t *q)
@@ -778,31 +798,18 @@ static void on_generate(void *ctx, bt_rpc_call_t *call, const uint8_t *data, siz
     retry_after_rest(r); /* the only room may be on a group resting after a refusal */
 }
 
-static void reply(bt_rpc_call_t *call, const ProtobufCMessage *m)
-{
-    uint8_t *buf;
-    size_t len;
-    bt_proto_pack(m, &buf, &len);
-    bt_rpc_call_reply(call, buf, len);
-    free(buf);
-}
-
 static void on_health(void *ctx, bt_rpc_call_t *call, const uint8_t *data, size_t len)
 {
     router_t *r = ctx;
     Baton__V1__HealthResponse h = BATON__V1__HEALTH_RESPONSE__INIT;
-    for (worker_t *w = r->workers; w; w = w->next) {
-        if (w->role == BATON__V1__WORKER_ROLE__ROLE_DECODE) {
-            h.decode_groups++;
-            h.running += w->running;
-        } else {
-            h.prefill_groups++;
-        }
-        h.leaving_groups += w->leaving;
-    }
+    const census_t n = census(r);
+    h.decode_groups = n.decode;
+    h.prefill_groups = n.prefill;
+    h.leaving_groups = n.leaving;
+    h.running = n.running;
     h.queued = r->n_queued;
     h.serving = h.decode_groups > 0 && h.prefill_groups > 0;
-    reply(call, &h.base);
+    bt_proto_reply(call, &h.base);
 }
 
 static void on_list_models(void *ctx, bt_rpc_call_t *call, const uint8_t *data, size_t len)
@@ -815,7 +822,7 @@ static void on_list_models(void *ctx, bt_rpc_call_t *call, const uint8_t *data, 
     m.owned_by = "baton";
     resp.n_models = 1;
     resp.models = ms;
-    reply(call, &resp.base);
+    bt_proto_reply(call, &resp.base);
 }
 
 /* ---- the registry ------------------------------------------------------------------------- */
@@ -923,7 +930,7 @@ static void on_register(void *ctx, bt_rpc_call_t *call, const uint8_t *data, siz
     Baton__V1__RegisterResponse resp = BATON__V1__REGISTER_RESPONSE__INIT;
     resp.worker_id = w->id;
     resp.heartbeat_ms = r->heartbeat_ms;
-    reply(call, &resp.base);
+    bt_proto_reply(call, &resp.base);
     dispatch_queued(r);
 }
 
@@ -951,7 +958,7 @@ static void on_heartbeat(void *ctx, bt_rpc_call_t *call, const uint8_t *data, si
         resp.known = 1;
     }
     if (hb) BT_PROTO_FREE(baton__v1__heartbeat_request, hb);
-    reply(call, &resp.base);
+    bt_proto_reply(call, &resp.base);
     if (more_room) dispatch_queued(r); /* a quarantine ended */
 }
 
@@ -981,24 +988,21 @@ static void on_sweep(uv_timer_t *t)
 static void refresh_metrics(void *ctx)
 {
     router_t *r = ctx;
-    int running = 0, prefill = 0, decode = 0, leaving = 0;
-    for (worker_t *w = r->workers; w; w = w->next) {
-        leaving += w->leaving;
-        if (w->role == BATON__V1__WORKER_ROLE__ROLE_DECODE) {
-            decode++;
-            running += w->running;
-        } else {
-            prefill++;
-        }
-    }
-    bt_gauge_set(bt_metrics_gauge(r->metrics, "running_requests", "Requests on decode groups", NULL, NULL), running);
+    const census_t n = census(r);
+    bt_gauge_set(
+        bt_metrics_gauge(r->metrics, "running_requests", "Requests on decode groups", NULL, NULL),
+        n.running);
     bt_gauge_set(bt_metrics_gauge(r->metrics, "queued_requests", "Requests waiting for a decode place", NULL, NULL), r->n_queued);
-    bt_gauge_set(bt_metrics_gauge(r->metrics, "workers", "Registered worker groups", "role", "decode"), decode);
-    bt_gauge_set(bt_metrics_gauge(r->metrics, "workers", "Registered worker groups", "role", "prefill"), prefill);
+    bt_gauge_set(
+        bt_metrics_gauge(r->metrics, "workers", "Registered worker groups", "role", "decode"),
+        n.decode);
+    bt_gauge_set(
+        bt_metrics_gauge(r->metrics, "workers", "Registered worker groups", "role", "prefill"),
+        n.prefill);
     bt_gauge_set(bt_metrics_gauge(r->metrics, "workers_leaving",
                                   "Registered worker groups that are stopping (sent nothing new)",
                                   NULL, NULL),
-                 leaving);
+                 n.leaving);
 }
 
 static void on_server_down(void *ctx)

@@ -13,7 +13,7 @@
 static void check_choice(const bt_openai_request_t *r, int index)
 {
     Baton__V1__GenerateRequest *base =
-        BT_PROTO_UNPACK(baton__v1__generate_request, r->gen_bytes, r->gen_len);
+        BT_PROTO_UNPACK(baton__v1__generate_request, r->gens[0], r->gen_lens[0]);
     if (!base) abort();
     uint8_t *buf;
     size_t len;
