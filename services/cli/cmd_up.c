@@ -45,12 +45,12 @@ typedef struct {
 
 static child_t children[MAX_CHILDREN];
 static int n_children;
-static volatile sig_atomic_t stop_requested;
+static volatile sig_atomic_t stop_requested; /* signals received */
 
 static void on_signal(int sig)
 {
     (void)sig;
-    stop_requested = 1;
+    stop_requested++;
 }
 
 static void bin_dir(char *buf, size_t len)
@@ -162,11 +162,22 @@ static int spawn(const char *name, char **argv, int timeout_ms)
     return n_children++;
 }
 
-static void stop_all(void)
+/* SIGTERM to every service: each finishes what it runs within its drain (drain_s), then exits;
+ * SIGKILL for what is left 5 s past it, or at once on a signal more than `signals`. */
+static void stop_all(double drain_s, int signals)
 {
+    int alive = 0;
     for (int i = n_children - 1; i >= 0; i--)
-        if (children[i].pid > 0) kill(children[i].pid, SIGTERM);
-    int64_t deadline = now_ms() + 5000;
+        if (children[i].pid > 0) {
+            kill(children[i].pid, SIGTERM);
+            alive++;
+        }
+    if (alive && drain_s > 0) {
+        printf("baton up: stopping; what runs finishes within %g s (Ctrl-C again stops at once)\n",
+               drain_s);
+        fflush(stdout);
+    }
+    int64_t deadline = now_ms() + (int64_t)(drain_s * 1000.0) + 5000;
     for (int i = 0; i < n_children; i++) {
         while (children[i].pid > 0) {
             int status;
@@ -175,7 +186,7 @@ static void stop_all(void)
                 children[i].pid = 0;
                 break;
             }
-            if (now_ms() > deadline) {
+            if (now_ms() > deadline || stop_requested > signals) {
                 kill(children[i].pid, SIGKILL);
                 waitpid(children[i].pid, NULL, 0);
                 children[i].pid = 0;
@@ -373,7 +384,7 @@ static int up(int argc, char **argv, const bt_conf_t *conf)
         BT_FLAG_INT("max-queued-requests", &max_queued, "router queue (default 256)"),
         BT_FLAG_INT("context-length", &context, "tokens per sequence"),
         BT_FLAG_FLOAT("watchdog-timeout", &watchdog, "seconds any wait may take (default 300)"),
-        BT_FLAG_FLOAT("drain-timeout", &drain, "seconds a stopping worker group finishes its requests in (default 30)"),
+        BT_FLAG_FLOAT("drain-timeout", &drain, "seconds stopping services finish their requests in (default 30)"),
         BT_FLAG_INT("threads", &threads, "CPU threads per worker (default: one per core)"),
         BT_FLAG_STR("device", &device, "where the workers run the model: cpu (default) or cuda"),
         BT_FLAG_INT("base-gpu-id", &gpu, "the GPU every worker uses with --device cuda (default 0)"),
@@ -497,6 +508,7 @@ static int up(int argc, char **argv, const bt_conf_t *conf)
     add_int(&a, "--max-queued-requests", max_queued);
     if (context) add_int(&a, "--context-length", context);
     add_opt(&a, "--watchdog-timeout", wd);
+    add_opt(&a, "--drain-timeout", dr);
     add_opt(&a, "--reasoning-parser", reasoning);
     add_opt(&a, "--tool-call-parser", tool);
     add_opt(&a, "--log-level", log_level);
@@ -585,6 +597,7 @@ static int up(int argc, char **argv, const bt_conf_t *conf)
         add_opt(&a, "--served-model-name", served);
         if (cache_report) add(&a, "--enable-cache-report");
         add_opt(&a, "--log-level", log_level);
+        add_opt(&a, "--drain-timeout", dr);
         if (max_connections > 0) add_int(&a, "--max-connections", max_connections);
         add_section(&a, conf, "gateway");
         int gi = spawn("gateway", a.v, timeout_ms);
@@ -623,6 +636,7 @@ static int up(int argc, char **argv, const bt_conf_t *conf)
         usleep(100000);
     }
 out:
-    stop_all();
+    /* a service that died, or one that did not start: the others have nothing to finish */
+    stop_all(rc || !stop_requested ? 0 : drain, stop_requested);
     return rc;
 }

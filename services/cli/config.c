@@ -39,7 +39,7 @@ static const bt_conf_key_t keys[] = {
     {"api-key", BT_CONF_STR, "bearer token the gateway requires"},
     {"random-seed", BT_CONF_INT, "sampling seed"},
     {"watchdog-timeout", BT_CONF_FLOAT, "seconds any wait may take"},
-    {"drain-timeout", BT_CONF_FLOAT, "seconds a stopping worker group finishes its requests in"},
+    {"drain-timeout", BT_CONF_FLOAT, "seconds a stopping service finishes its requests in"},
     {"enable-cache-report", BT_CONF_BOOL, "report cached prompt tokens in usage"},
     {"threads", BT_CONF_INT, "CPU threads per worker"},
     {"ucx-tls", BT_CONF_STR, "UCX transports for the KV handoff"},

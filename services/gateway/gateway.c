@@ -74,6 +74,11 @@ struct gateway {
     bt_gauge_t *in_flight;
     int n_in_flight;
     bt_histogram_t *ttft, *itl, *e2e;
+    /* signalled: takes no new connection, answers those it has within drain_ms; then cancels
+     * them (cut_off) and, a moment later, exits whatever is left unsent */
+    int64_t drain_ms;
+    uv_timer_t drain_timer;
+    bool cut_off;
 };
 
 static const char *http_route(const char *path)
@@ -525,6 +530,10 @@ static void on_gen_done(void *ctx, bt_rpc_code_t code, const char *msg)
     if (code != BT_RPC_OK) {
         /* one choice failed: the request did (the others are cancelled) */
         bt_histogram_observe(g->e2e, (double)(bt_now_ms() - x->t_start) / 1000.0);
+        if (code == BT_RPC_CANCELLED && g->cut_off) {
+            code = BT_RPC_UNAVAILABLE;
+            msg = "the gateway stopped (its --drain-timeout ran out)";
+        }
         cancel_choices(x);
         int status = http_status(code);
         if (status == 499) status = 503;
@@ -777,9 +786,33 @@ static void on_http_closed(void *ctx)
     uv_stop(g->loop);
 }
 
+static void on_unsent(uv_timer_t *t)
+{
+    gateway_t *g = t->data;
+    BT_LOG_WARN("answers still unsent 2 s after the drain: exiting");
+    uv_stop(g->loop);
+}
+
+static void on_drain_timeout(uv_timer_t *t)
+{
+    gateway_t *g = t->data;
+    BT_LOG_WARN("%d requests still running after --drain-timeout: ending them", g->n_in_flight);
+    g->cut_off = true;
+    bt_rpc_channel_destroy(g->router); /* their on_done answer the clients (503) */
+    g->router = NULL;
+    uv_timer_start(&g->drain_timer, on_unsent, 2000, 0);
+}
+
+/* SIGTERM: stops listening (idle connections close); what is being answered goes on, within
+ * --drain-timeout, then the server's close ends the process. */
 static void on_stop(void *ctx)
 {
     gateway_t *g = ctx;
+    if (g->n_in_flight > 0) {
+        BT_LOG_INFO("stopping: %d requests being answered finish within %.3g s", g->n_in_flight,
+                    (double)g->drain_ms / 1000.0);
+        uv_timer_start(&g->drain_timer, on_drain_timeout, (uint64_t)g->drain_ms, 0);
+    }
     bt_http_server_close(g->http, on_http_closed, g);
 }
 
@@ -791,7 +824,7 @@ int main(int argc, char **argv)
     const char *served = "baton-demo";
     int64_t port = 8888, max_request = 8 << 20, header_timeout = 10000, body_timeout = 30000;
     int64_t max_connections = 4096;
-    double request_timeout = 600.0;
+    double request_timeout = 600.0, drain_s = 30.0;
     bool cache_report = false;
     bt_flag_t spec[] = {
         BT_FLAG_STR("router", &router, "router gRPC address (default 127.0.0.1:50051)"),
@@ -804,6 +837,7 @@ int main(int argc, char **argv)
         BT_FLAG_INT("header-timeout-ms", &header_timeout, "request head deadline (default 10000) -> 408"),
         BT_FLAG_INT("body-timeout-ms", &body_timeout, "request body deadline (default 30000) -> 408"),
         BT_FLAG_INT("max-connections", &max_connections, "open connections (default 4096)"),
+        BT_FLAG_FLOAT("drain-timeout", &drain_s, "seconds a stopping gateway finishes its answers in (default 30)"),
         BT_FLAG_BOOL("enable-cache-report", &cache_report, "usage.prompt_tokens_details.cached_tokens"),
         BT_FLAG_STR("log-level", &log_level, "debug, info, warn, error"),
     };
@@ -816,9 +850,11 @@ int main(int argc, char **argv)
     }
     /* (a --request-timeout under a millisecond would round to 0 ms: no deadline at all) */
     if (bt_log_level_parse(log_level) < 0 || max_request < 1 || request_timeout < 0.001 ||
-        header_timeout < 1 || body_timeout < 1 || max_connections < 1 || port < 0 || port > 65535) {
+        header_timeout < 1 || body_timeout < 1 || max_connections < 1 || port < 0 || port > 65535 ||
+        drain_s < 0) {
         fprintf(stderr, "baton-gateway: bad flag value (--log-level, --max-request-bytes >= 1, "
-                        "--request-timeout >= 0.001, timeouts >= 1, --port 0..65535)\n");
+                        "--request-timeout >= 0.001, timeouts >= 1, --port 0..65535, "
+                        "--drain-timeout >= 0)\n");
         return 2;
     }
     bt_log_set_level((bt_log_level_t)bt_log_level_parse(log_level));
@@ -827,6 +863,9 @@ int main(int argc, char **argv)
     g->loop = uv_default_loop();
     g->request_timeout_ms = (int64_t)(request_timeout * 1000.0);
     g->cache_report = cache_report;
+    g->drain_ms = (int64_t)(drain_s * 1000.0);
+    uv_timer_init(g->loop, &g->drain_timer);
+    g->drain_timer.data = g;
     snprintf(g->served, sizeof g->served, "%s", served);
     if (api_key && *api_key) {
         g->api_key = bt_strdup_or_die(api_key);

@@ -101,6 +101,10 @@ struct router {
     int64_t watchdog_ms;
     int heartbeat_ms;
     bool reasoning_parser, tool_parser, stopping;
+    /* signalled: takes no new request, finishes those it has within drain_ms, then stops */
+    bool draining;
+    int64_t drain_ms;
+    uv_timer_t drain_timer;
     uint64_t next_worker, next_request, epoch_base;
     /* in every worker id: a worker that kept the id an earlier router gave it (its heartbeats
      * retried through the restart) is unknown here, and never mistaken for the worker this
@@ -120,6 +124,7 @@ static void count_outcome(router_t *r, const char *outcome)
 }
 
 static void dispatch_queued(router_t *r);
+static void stop_now(router_t *r, const char *why);
 
 /* ---- request lifetime ----------------------------------------------------------------------- */
 
@@ -546,9 +551,22 @@ static void retry_after_rest(router_t *r)
     if (due >= 0) uv_timer_start(&r->retry, on_retry, (uint64_t)(due - now) + 1, 0);
 }
 
+/* The requests whose clients still wait for an answer. */
+static int in_flight(const router_t *r)
+{
+    int n = 0;
+    for (const req_t *q = r->reqs; q; q = q->next)
+        n += q->call != NULL;
+    return n;
+}
+
 static void dispatch_queued(router_t *r)
 {
-    if (r->stopping) return; /* (on_stop fails what is queued) */
+    if (r->stopping) return; /* (stop_now fails what is queued) */
+    if (r->draining && !in_flight(r)) {
+        stop_now(r, NULL);
+        return;
+    }
     while (r->queue) {
         req_t *q = r->queue;
         if (!pick(r, BATON__V1__WORKER_ROLE__ROLE_DECODE, true)) {
@@ -745,6 +763,12 @@ static bt_rpc_code_t prepare(router_t *r, req_t *q, const Baton__V1__GenerateReq
 static void on_generate(void *ctx, bt_rpc_call_t *call, const uint8_t *data, size_t len)
 {
     router_t *r = ctx;
+    if (r->draining || r->stopping) {
+        count_outcome(r, bt_rpc_code_name(BT_RPC_UNAVAILABLE));
+        bt_rpc_call_finish(call, BT_RPC_UNAVAILABLE,
+                           "the router is stopping: it takes no new requests");
+        return;
+    }
     Baton__V1__GenerateRequest *g = BT_PROTO_UNPACK(baton__v1__generate_request, data, len);
     if (!g) {
         bt_rpc_call_finish(call, BT_RPC_INVALID_ARGUMENT, "unreadable GenerateRequest");
@@ -808,7 +832,8 @@ static void on_health(void *ctx, bt_rpc_call_t *call, const uint8_t *data, size_
     h.leaving_groups = n.leaving;
     h.running = n.running;
     h.queued = r->n_queued;
-    h.serving = h.decode_groups > 0 && h.prefill_groups > 0;
+    h.stopping = r->draining || r->stopping;
+    h.serving = h.decode_groups > 0 && h.prefill_groups > 0 && !h.stopping;
     bt_proto_reply(call, &h.base);
 }
 
@@ -1011,18 +1036,45 @@ static void on_server_down(void *ctx)
     uv_stop(r->loop);
 }
 
-static void on_stop(void *ctx)
+/* Fails what is left (why: the message; NULL when nothing is) and stops serving. */
+static void stop_now(router_t *r, const char *why)
 {
-    router_t *r = ctx;
+    if (r->stopping) return;
     r->stopping = true;
     uv_timer_stop(&r->sweep);
     uv_timer_stop(&r->retry);
+    uv_timer_stop(&r->drain_timer);
     for (req_t *q = r->reqs; q;) {
         req_t *next = q->next;
-        if (q->call) req_fail(q, BT_RPC_UNAVAILABLE, "router shutting down");
+        if (q->call) req_fail(q, BT_RPC_UNAVAILABLE, why ? why : "the router stopped");
         q = next;
     }
+    BT_LOG_INFO("stopping");
     bt_rpc_server_shutdown(r->server, 1000, on_server_down, r);
+}
+
+static void on_drain_timeout(uv_timer_t *t)
+{
+    router_t *r = t->data;
+    BT_LOG_WARN("%d requests still running after --drain-timeout: failing them", in_flight(r));
+    stop_now(r, "the router stopped (its --drain-timeout ran out)");
+}
+
+/* SIGTERM: new requests are refused (Health no longer serving, so a balancer moves on);
+ * those running and queued go on, with the registry and heartbeats, until they end or
+ * --drain-timeout runs out. */
+static void on_stop(void *ctx)
+{
+    router_t *r = ctx;
+    const int n = in_flight(r);
+    if (!n || r->drain_ms <= 0) {
+        stop_now(r, "the router stopped");
+        return;
+    }
+    r->draining = true;
+    BT_LOG_INFO("stopping: takes no new requests; %d running or queued finish within %.3g s", n,
+                (double)r->drain_ms / 1000.0);
+    uv_timer_start(&r->drain_timer, on_drain_timeout, (uint64_t)r->drain_ms, 0);
 }
 
 int main(int argc, char **argv)
@@ -1033,7 +1085,7 @@ int main(int argc, char **argv)
     const char *reasoning = NULL, *tool = NULL, *log_level = "info";
     int64_t port = 50051, max_running = 16, max_queued = 256, max_new = 32768, context = 0;
     int64_t heartbeat_ms = 1000, metrics_port = 0;
-    double watchdog_s = 300.0;
+    double watchdog_s = 300.0, drain_s = 30.0;
     bt_flag_t spec[] = {
         BT_FLAG_STR("model-path", &model_path, "checkpoint directory, for its tokenizer (default: the demo model)"),
         BT_FLAG_STR("tokenizer-path", &tokenizer_path, "tokenizer directory (default: --model-path)"),
@@ -1046,6 +1098,7 @@ int main(int argc, char **argv)
         BT_FLAG_INT("context-length", &context, "cap on prompt + output (default: the workers')"),
         BT_FLAG_FLOAT("watchdog-timeout", &watchdog_s, "seconds without progress before a request fails"),
         BT_FLAG_INT("heartbeat-ms", &heartbeat_ms, "worker heartbeat interval (3 misses remove it)"),
+        BT_FLAG_FLOAT("drain-timeout", &drain_s, "seconds a stopping router finishes its requests in (default 30; 0: fails them)"),
         BT_FLAG_STR("reasoning-parser", &reasoning, "deepseek-v41"),
         BT_FLAG_STR("tool-call-parser", &tool, "deepseekv41"),
         BT_FLAG_INT("metrics-port", &metrics_port, "HTTP port of /metrics (0 picks one)"),
@@ -1059,13 +1112,14 @@ int main(int argc, char **argv)
         return 2;
     }
     if (bt_log_level_parse(log_level) < 0 || max_running < 1 || max_queued < 0 || max_new < 1 ||
-        watchdog_s <= 0 || heartbeat_ms < 50 ||
+        watchdog_s <= 0 || heartbeat_ms < 50 || drain_s < 0 ||
         (reasoning && strcmp(reasoning, "deepseek-v41") && strcmp(reasoning, "deepseek-v4")) ||
         (tool && strcmp(tool, "deepseekv41") && strcmp(tool, "deepseekv4"))) {
-        fprintf(stderr, "baton-router: bad flag value (--max-running-requests >= 1, "
-                        "--max-queued-requests >= 0, --max-new-tokens >= 1, --watchdog-timeout > 0, "
-                        "--heartbeat-ms >= 50, --reasoning-parser deepseek-v41, "
-                        "--tool-call-parser deepseekv41)\n");
+        fprintf(stderr,
+                "baton-router: bad flag value (--max-running-requests >= 1, "
+                "--max-queued-requests >= 0, --max-new-tokens >= 1, --watchdog-timeout > 0, "
+                "--heartbeat-ms >= 50, --drain-timeout >= 0, --reasoning-parser deepseek-v41, "
+                "--tool-call-parser deepseekv41)\n");
         return 2;
     }
     bt_log_set_level((bt_log_level_t)bt_log_level_parse(log_level));
@@ -1077,6 +1131,7 @@ int main(int argc, char **argv)
     r->max_new_default = (int)max_new;
     r->context_length = context;
     r->watchdog_ms = (int64_t)(watchdog_s * 1000.0);
+    r->drain_ms = (int64_t)(drain_s * 1000.0);
     r->heartbeat_ms = (int)heartbeat_ms;
     r->reasoning_parser = reasoning != NULL;
     r->tool_parser = tool != NULL;
@@ -1136,6 +1191,8 @@ int main(int argc, char **argv)
     r->sweep.data = r;
     uv_timer_init(r->loop, &r->retry);
     r->retry.data = r;
+    uv_timer_init(r->loop, &r->drain_timer);
+    r->drain_timer.data = r;
     uv_timer_start(&r->sweep, on_sweep, (uint64_t)heartbeat_ms / 2, (uint64_t)heartbeat_ms / 2);
     bt_service_on_signal(r->loop, on_stop, r);
     uv_run(r->loop, UV_RUN_DEFAULT);

@@ -1065,6 +1065,103 @@ static __attribute__((unused)) void test_decode_stop_drains(void)
     context = "512";
 }
 
+/* The router's Health now; false when it did not answer. */
+static bool health_now(client_t *cl, Baton__V1__HealthResponse *out)
+{
+    Baton__V1__HealthRequest rq = BATON__V1__HEALTH_REQUEST__INIT;
+    unary_t u;
+    call_unary(cl, cl->ch, "/baton.v1.Baton/Health", &rq.base, 2000, &u);
+    Baton__V1__HealthResponse *h =
+        u.code == BT_RPC_OK ? BT_PROTO_UNPACK(baton__v1__health_response, u.resp, u.len) : NULL;
+    free(u.resp);
+    if (!h) return false;
+    *out = *h;
+    out->base.descriptor = NULL; /* a copy of the scalars only */
+    BT_PROTO_FREE(baton__v1__health_response, h);
+    return true;
+}
+
+static bool some_tokens(void *ctx)
+{
+    const gen_t *g = ctx;
+    return g->n >= 5 || g->done;
+}
+
+/* A stopped router finishes what it runs and what is queued, refuses what comes meanwhile
+ * (Health no longer serving), then exits by itself. It failed every request at once
+ * ("router shutting down"): a rolling restart of the router failed every stream. */
+static __attribute__((unused)) void test_router_stop_drains(void)
+{
+    static const char *const one[] = {"--max-running-requests", "1", NULL};
+    router_extra = one;
+    cluster_t c;
+    client_t cl;
+    BT_CHECK(cluster_up(&c, &cl, "4096", "256", "30"));
+    router_extra = NULL;
+    static const int32_t prompt[] = {5, 17, 93, 4, 250, 61, 8, 12};
+    gen_t a, b, d;
+    gen_start(&cl, &a, prompt, 8, 400, true, 120000);
+    gen_start(&cl, &b, prompt + 1, 7, 20, true, 120000); /* queued behind a */
+    BT_CHECK(run_until(&cl, some_tokens, &a, 30000));
+    const int64_t t_stop = ms_now();
+    kill(c.router.pid, SIGTERM);
+    usleep(100000);
+    Baton__V1__HealthResponse h;
+    const bool answered = health_now(&cl, &h);
+    gen_start(&cl, &d, prompt + 2, 6, 4, true, 10000); /* after the stop: refused */
+    BT_CHECK(run_until(&cl, all_done, &cl, 90000));
+    const bool exited = proc_exited(&c.router, 10000);
+    fprintf(stderr,
+            "  router stopped with a request decoding and one queued: they ended %s (%d tokens, "
+            "%lld ms after the stop) and %s (%d tokens); one sent after: %s (%s); Health %s "
+            "serving=%d stopping=%d; the router %s\n",
+            bt_rpc_code_name(a.code), a.n, (long long)(a.t_done - t_stop), bt_rpc_code_name(b.code),
+            b.n, bt_rpc_code_name(d.code), d.message, answered ? "answered" : "did not answer",
+            answered && h.serving, answered && h.stopping, exited ? "exited" : "is still there");
+    BT_CHECK_MSG(a.code == BT_RPC_OK && a.n == 400, "%s %s", bt_rpc_code_name(a.code), a.message);
+    BT_CHECK_MSG(b.code == BT_RPC_OK && b.n == 20, "%s %s", bt_rpc_code_name(b.code), b.message);
+    BT_CHECK(d.code == BT_RPC_UNAVAILABLE && strstr(d.message, "stopping"));
+    BT_CHECK(answered && h.stopping && !h.serving);
+    BT_CHECK(exited);
+    client_close(&cl);
+    cluster_stop(&c);
+}
+
+/* A stopped router whose requests do not end within --drain-timeout fails them and exits. */
+static __attribute__((unused)) void test_router_drain_timeout(void)
+{
+    /* (heartbeats 2 s apart: the stalled group is not removed, failing the request, first) */
+    static const char *const short_drain[] = {"--drain-timeout", "0.5", "--heartbeat-ms", "2000",
+                                              NULL};
+    router_extra = short_drain;
+    cluster_t c;
+    client_t cl;
+    BT_CHECK(cluster_up(&c, &cl, "4096", "256", "30"));
+    router_extra = NULL;
+    static const int32_t prompt[] = {5, 17, 93, 4, 250, 61, 8, 12};
+    gen_t a;
+    gen_start(&cl, &a, prompt, 8, 400, true, 60000);
+    BT_CHECK(run_until(&cl, some_tokens, &a, 30000));
+    kill(c.decode.pid, SIGSTOP); /* the request makes no more progress */
+    const int64_t t_stop = ms_now();
+    kill(c.router.pid, SIGTERM);
+    BT_CHECK(run_until(&cl, all_done, &cl, 20000));
+    const bool exited = proc_exited(&c.router, 10000);
+    const int64_t t_exit = ms_now();
+    kill(c.decode.pid, SIGCONT);
+    fprintf(stderr,
+            "  router stopped with a request whose decode group stalled: it ended %s after %lld ms "
+            "(%s); the router exited %lld ms after the stop\n",
+            bt_rpc_code_name(a.code), (long long)(a.t_done - t_stop), a.message,
+            (long long)(t_exit - t_stop));
+    BT_CHECK_MSG(a.code == BT_RPC_UNAVAILABLE && strstr(a.message, "drain-timeout"), "%s %s",
+                 bt_rpc_code_name(a.code), a.message);
+    BT_CHECK(a.t_done - t_stop >= 400 && a.t_done - t_stop < 5000);
+    BT_CHECK(exited);
+    client_close(&cl);
+    cluster_stop(&c);
+}
+
 /* Registers a stand-in decode worker at `address` with the router cl talks to; its id. */
 static bool register_stand_in(client_t *cl, const char *address, char *id, size_t idlen)
 {
@@ -1470,6 +1567,8 @@ int main(void)
     BT_RUN(test_dead_prefill_holds_one_slot);
     BT_RUN(test_decode_stop_moves_requests);
     BT_RUN(test_decode_stop_drains);
+    BT_RUN(test_router_stop_drains);
+    BT_RUN(test_router_drain_timeout);
     BT_RUN(test_router_restart_ids);
 #endif
     BT_RUN(test_incompatible_groups);

@@ -616,6 +616,120 @@ static void test_batch_prompts(void)
 #undef BATCH_REST
 }
 
+static int connect_port(int port)
+{
+    const int saved = gw_port;
+    gw_port = port;
+    const int fd = connect_gw();
+    gw_port = saved;
+    return fd;
+}
+
+/* Streams a chat request of n choices of max_tokens from a gateway of its own (started with
+ * `drain`), SIGTERMs that gateway once the first bytes arrived, and reads the rest of the stream
+ * into out. Returns whether the gateway then exited by itself; refused: whether a new connection
+ * was refused meanwhile. */
+static bool stream_across_stop(const char *drain, int max_tokens, int n, char *out, size_t cap,
+                               bool *refused, int64_t *ms_after_stop)
+{
+    proc_t gw;
+    if (proc_start(&gw, "baton-gateway", "--port", "0", "--router", router.addr, "--drain-timeout",
+                   drain, NULL)) {
+        BT_CHECK_MSG(0, "the second gateway did not start");
+        return false;
+    }
+    const int port = atoi(strrchr(gw.addr, ':') + 1);
+    char body[256];
+    snprintf(body, sizeof body,
+             "{" MSGS ",\"max_tokens\":%d,\"n\":%d,\"stream\":true,\"ignore_eos\":true}",
+             max_tokens, n);
+    char *r = request("POST", CHAT, body, NULL);
+    int fd = connect_port(port);
+    send_all(fd, r, strlen(r));
+    free(r);
+    size_t used = 0;
+    ssize_t got = recv(fd, out, cap - 1, 0);
+    if (got > 0) used = (size_t)got;
+    const int64_t t_stop = ms_now();
+    kill(gw.pid, SIGTERM);
+    usleep(50000);
+    const int fd2 = connect_port(port);
+    *refused = fd2 < 0;
+    if (fd2 >= 0) close(fd2);
+    for (ssize_t n; used < cap - 1 && (n = recv(fd, out + used, cap - 1 - used, 0)) > 0;)
+        used += (size_t)n;
+    out[used] = 0;
+    *ms_after_stop = ms_now() - t_stop;
+    close(fd);
+    const bool exited = proc_exited(&gw, 10000);
+    proc_stop(&gw, SIGKILL);
+    return exited;
+}
+
+static int count_of(const char *s, const char *needle)
+{
+    int n = 0;
+    for (const char *p = s; (p = strstr(p, needle)); p += strlen(needle))
+        n++;
+    return n;
+}
+
+/* A stopped gateway answers what it has (streams run to their end), takes no new
+ * connection, then exits. */
+static void test_stop_drains(void)
+{
+    static char out[1 << 20];
+    bool refused;
+    int64_t ms;
+    const bool exited = stream_across_stop("30", 300, 1, out, sizeof out, &refused, &ms);
+    const int chunks = count_of(out, "\"content\":\"");
+    fprintf(stderr,
+            "  a stream across the gateway's stop: %d content chunks, [DONE] %d, error %d, ended "
+            "%lld ms after the stop; a new connection %s; the gateway %s\n",
+            chunks, strstr(out, "data: [DONE]") != NULL, strstr(out, "\"error\"") != NULL,
+            (long long)ms, refused ? "refused" : "accepted", exited ? "exited" : "stayed");
+    BT_CHECK(!strncmp(out, "HTTP/1.1 200", 12));
+    BT_CHECK(strstr(out, "\"finish_reason\":\"length\"") && strstr(out, "data: [DONE]"));
+    BT_CHECK(!strstr(out, "\"error\""));
+    BT_CHECK(refused);
+    BT_CHECK(exited);
+}
+
+/* A stopped gateway whose answers run past --drain-timeout ends them with an error that says
+ * so (their generations cancelled end to end), and exits. */
+static void test_drain_timeout(void)
+{
+    static char out[1 << 20];
+    bool refused;
+    int64_t ms;
+    const bool exited = stream_across_stop("0.1", 450, 8, out, sizeof out, &refused, &ms);
+    const char *err = strstr(out, "\"error\"");
+    fprintf(stderr,
+            "  8 streamed choices of 450 tokens, their gateway stopped with a 0.1 s drain: ended "
+            "%lld ms "
+            "after the stop, with %s; the gateway %s\n",
+            (long long)ms, err ? "an error" : "no error", exited ? "exited" : "stayed");
+    BT_CHECK_MSG(err && strstr(err, "drain-timeout") && strstr(err, "data: [DONE]"), "%.300s",
+                 err ? err : out + (strlen(out) > 300 ? strlen(out) - 300 : 0));
+    BT_CHECK(!strstr(out, "\"finish_reason\":\"length\""));
+    BT_CHECK(ms < 5000);
+    BT_CHECK(exited);
+    /* the generation was cancelled: the decode group's KV pool returns to empty */
+    client_t cl;
+    client_open(&cl, router.addr);
+    int64_t used = -1;
+    for (int64_t deadline = ms_now() + 5000; ms_now() < deadline; usleep(20000)) {
+        Baton__V1__StatsResponse *st;
+        if (decode_stats(&cl, decode.addr, &st)) {
+            used = st->kv_slots_used;
+            BT_PROTO_FREE(baton__v1__stats_response, st);
+            if (used == 0) break;
+        }
+    }
+    client_close(&cl);
+    BT_CHECK_MSG(used == 0, "decode still holds %lld slots", (long long)used);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -643,6 +757,8 @@ int main(void)
     BT_RUN(test_completion_text_offset);
     BT_RUN(test_n_choices);
     BT_RUN(test_batch_prompts);
+    BT_RUN(test_stop_drains);
+    BT_RUN(test_drain_timeout);
     proc_stop(&gateway, SIGTERM);
     proc_stop(&decode, SIGTERM);
     proc_stop(&prefill, SIGTERM);
