@@ -362,6 +362,11 @@ typedef struct {
 bt_status_t bt_cuda_logit_adjust(float *logits, int64_t ld, const bt_cuda_logit_adjust_t *adj, int n,
                                  cudaStream_t stream);
 
+/* Constrained decoding: logits[t * ld + id] = -inf for each id < V whose bit in row t's mask
+ * (mask + t * words; bit id % 32 of word id / 32) is 0, for rows t < T; the rest untouched. */
+bt_status_t bt_cuda_logit_mask(float *logits, int64_t ld, const uint32_t *mask, int words, int T,
+                               int V, cudaStream_t stream);
+
 /* ---- engine glue (kernels/cuda/engine_ops.cu) ---------------------------------------------
  * Small steps of the device-resident model (services/engine/model_cuda.c): all f32. */
 

@@ -457,6 +457,24 @@ extern "C" bt_status_t bt_cuda_logit_adjust(float *logits, int64_t ld, const bt_
     return bt__cuda_launched("logit_adjust");
 }
 
+__global__ void logit_mask_kernel(float *logits, int64_t ld, const uint32_t *mask, int words, int V)
+{
+    bt_grid_begin();
+    const int t = blockIdx.y;
+    const int id = blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= V) return;
+    if (!((mask[(size_t)t * words + (id >> 5)] >> (id & 31)) & 1u))
+        logits[(size_t)t * ld + id] = -INFINITY;
+}
+
+extern "C" bt_status_t bt_cuda_logit_mask(float *logits, int64_t ld, const uint32_t *mask, int words,
+                                          int T, int V, cudaStream_t stream)
+{
+    BT_CUDA_REQUIRE(logits && mask && T > 0 && T <= 65535 && V > 0 && ld >= V && words >= (V + 31) / 32);
+    bt__launch(logit_mask_kernel, dim3(bt__cdiv(V, 256), T), 256, 0, stream, logits, ld, mask, words, V);
+    return bt__cuda_launched("logit_mask");
+}
+
 extern "C" bt_status_t bt_cuda_sample_rows(bt_cuda_sample_result_t *out,
                                            const bt_cuda_sample_params_t *params,
                                            const float *logits, int64_t ld, int T, int V,

@@ -5,6 +5,7 @@
 
 #include "common/alloc.h"
 #include "common/log.h"
+#include "common/text/grammar.h"
 #include "common/text/tokenizer.h"
 #include "services/common/sim.h"
 #include "services/engine/demo_model.h"
@@ -122,4 +123,43 @@ void bt_service_engine_close(bt_service_engine_t *eng)
 {
     bt_model_destroy(eng->model);
     eng->model = NULL;
+    bt_grammar_vocab_destroy(eng->grammar_vocab);
+    eng->grammar_vocab = NULL;
+}
+
+bt_status_t bt_service_grammar(bt_service_engine_t *eng, const Baton__V1__SamplingParams *sp,
+                               bt_grammar_t **g_p, char *err, size_t errlen)
+{
+    *g_p = NULL;
+    const char *rf = sp && sp->response_format ? sp->response_format : "";
+    if (!*rf) return BT_OK;
+    if (strcmp(rf, "json_object") != 0) {
+        snprintf(err, errlen, "response_format '%.64s' is not supported (json_object is)", rf);
+        return BT_ERR_INVALID_ARG;
+    }
+    const int vocab = bt_service_emit_vocab(eng);
+    if (sp->has_constrain_after &&
+        (sp->constrain_after_token < 0 || sp->constrain_after_token >= vocab)) {
+        snprintf(err, errlen, "constrain_after_token %d outside the vocabulary (0..%d)",
+                 sp->constrain_after_token, vocab - 1);
+        return BT_ERR_INVALID_ARG;
+    }
+    if (!eng->grammar_vocab) {
+        bt_tokenizer_t *tok;
+        if (bt_tokenizer_load(eng->model_dir, &tok, err, errlen) != BT_OK)
+            return BT_ERR_INVALID_ARG;
+        const double t0 = (double)bt_now_ms();
+        const bt_status_t st =
+            bt_grammar_vocab_create(tok, vocab, eng->cfg->eos_id, &eng->grammar_vocab);
+        bt_tokenizer_destroy(tok);
+        if (st != BT_OK) {
+            snprintf(err, errlen, "cannot index the vocabulary for constrained decoding");
+            return BT_ERR_INVALID_ARG;
+        }
+        BT_LOG_INFO("constrained decoding: %d token ids indexed in %.0f ms", vocab,
+                    (double)bt_now_ms() - t0);
+    }
+    *g_p = bt_grammar_json_object(eng->grammar_vocab,
+                                  sp->has_constrain_after ? sp->constrain_after_token : -1);
+    return BT_OK;
 }

@@ -27,6 +27,7 @@ typedef struct {
     char model_dir[4096];
     char served_name[256];
     bt_model_config_t sim_cfg; /* the config when no model is loaded (simulated workers) */
+    struct bt_grammar_vocab *grammar_vocab; /* for constrained decoding, made on first use */
 } bt_service_engine_t;
 
 /* The ids the engine's samplers pick from: a model's padding rows past its tokenizer's ids are
@@ -61,6 +62,13 @@ bt_status_t bt_service_engine_open_sim(const char *model_path, const char *serve
                                        int64_t context_length, bt_service_engine_t *eng,
                                        char *err, size_t errlen);
 void bt_service_engine_close(bt_service_engine_t *eng);
+
+/* A request's constrained decoding (sampling.response_format: common/text/grammar.h) into
+ * *g_p, NULL when it asks for none; the vocabulary's trie is made on the first (from the model's
+ * tokenizer, over the ids the engine samples). BT_ERR_INVALID_ARG with err naming the problem. */
+struct bt_grammar;
+bt_status_t bt_service_grammar(bt_service_engine_t *eng, const Baton__V1__SamplingParams *sp,
+                               struct bt_grammar **g_p, char *err, size_t errlen);
 
 /* Load figures a worker reports with each heartbeat. */
 typedef void (*bt_load_fn)(void *ctx, Baton__V1__HeartbeatRequest *hb);

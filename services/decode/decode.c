@@ -8,6 +8,7 @@
 #include "common/flags.h"
 #include "common/log.h"
 #include "common/rpc/rpc.h"
+#include "common/text/grammar.h"
 #include "common/transfer/transfer.h"
 #include "common/metrics.h"
 #include "services/common/metrics_server.h"
@@ -58,6 +59,11 @@ typedef struct seq {
     int top_logprobs;
     int32_t *stop_ids;
     int n_stop_ids;
+    bt_grammar_t *grammar;    /* response_format's constraint, NULL: none */
+    uint32_t *allow;          /* its mask for the step (filled in the step's work) */
+    char response_format[16]; /* and what makes it, for the prefill group's first draw */
+    bool has_constrain_after;
+    int32_t constrain_after_token;
     seq_state_t state;
     prefill_peer_t *peer;
     bt_rpc_client_call_t *prefill_call;
@@ -273,6 +279,8 @@ static void seq_release(seq_t *s)
         d->n_admitted--;
     free(s->prompt);
     free(s->stop_ids);
+    bt_grammar_destroy(s->grammar);
+    free(s->allow);
     bt_penalties_free(&s->pen);
     free(s->bias_ids);
     free(s->bias);
@@ -346,6 +354,9 @@ static Baton__V1__FinishReason finish_reason(const seq_t *s, int32_t t)
 {
     const bt_model_config_t *c = s->d->eng.cfg;
     if (!s->ignore_eos && t == c->eos_id) return BATON__V1__FINISH_REASON__FINISH_STOP;
+    /* (a closed JSON object allows nothing but eos: it ends the output even under ignore_eos) */
+    if (t == c->eos_id && s->grammar && bt_grammar_done(s->grammar))
+        return BATON__V1__FINISH_REASON__FINISH_STOP;
     for (int i = 0; i < s->n_stop_ids; i++)
         if (s->stop_ids[i] == t) return BATON__V1__FINISH_REASON__FINISH_STOP;
     if (s->generated >= s->max_new) return BATON__V1__FINISH_REASON__FINISH_LENGTH;
@@ -365,6 +376,8 @@ static void seq_emit(seq_t *s, int32_t t, float logprob, const bt_top_logprob_t 
     s->t_last = now;
     s->generated++;
     bt_penalties_add(&s->pen, t);
+    if (s->grammar && !bt_grammar_accept(s->grammar, t) && !s->d->sim.on)
+        BT_LOG_WARN("request %s: token %d outside its response_format", s->request_id, t);
     Baton__V1__FinishReason fr = finish_reason(s, t);
     send_event(s, &t, 1, &logprob, top, n_top, fr);
     if (fr != BATON__V1__FINISH_REASON__FINISH_NONE) {
@@ -470,6 +483,9 @@ static void start_prefill(seq_t *s)
     sp.n_logit_bias_ids = sp.n_logit_bias = (size_t)s->n_bias;
     sp.logit_bias_ids = s->bias_ids;
     sp.logit_bias = s->bias;
+    sp.response_format = s->response_format;
+    sp.has_constrain_after = s->has_constrain_after;
+    sp.constrain_after_token = s->constrain_after_token;
     req.sampling = &sp;
     Baton__V1__KvTarget target = BATON__V1__KV_TARGET__INIT;
     const uint8_t *desc;
@@ -714,6 +730,9 @@ static void step_work(uv_work_t *w)
         d->step_status = BT_OK;
         return;
     }
+    /* response_format masks: here, off the loop (a state not in the cache walks the vocabulary) */
+    for (int i = 0; i < d->n_batch; i++)
+        if (d->draw_req[i].allow) bt_grammar_mask(d->batch[i]->grammar, d->batch[i]->allow);
     d->step_status = bt_model_forward_sample(d->eng.model, &d->eng.layout, d->fwd, d->n_batch,
                                              bt_service_emit_vocab(&d->eng), d->draw_req, d->draw_out,
                                              d->step_err, sizeof d->step_err);
@@ -808,9 +827,15 @@ static void maybe_step(decode_t *d)
         ctx_tokens += s->n_prompt + s->generated;
         d->batch[n] = s;
         d->fwd[n] = (bt_forward_seq_t){bt_kv_pool_slot(d->pool, s->slot), &s->next_token, 1, false};
-        d->draw_req[n] = (bt_sample_req_t){.sampling = s->sampling, .step = (uint64_t)s->generated,
-                                           .want_logprob = s->logprobs, .n_top = s->logprobs ? s->top_logprobs : 0,
-                                           .adj_ids = s->pen.ids, .adj = s->pen.amount, .n_adj = s->pen.n};
+        d->draw_req[n] = (bt_sample_req_t){
+            .sampling = s->sampling,
+            .step = (uint64_t)s->generated,
+            .want_logprob = s->logprobs,
+            .n_top = s->logprobs ? s->top_logprobs : 0,
+            .adj_ids = s->pen.ids,
+            .adj = s->pen.amount,
+            .n_adj = s->pen.n,
+            .allow = s->grammar && bt_grammar_active(s->grammar) ? s->allow : NULL};
         s->in_step = true;
         n++;
     }
@@ -908,6 +933,9 @@ static void on_generate(void *ctx, bt_rpc_call_t *call, const uint8_t *data, siz
             snprintf(msg, sizeof msg, "logit_bias token %d outside the vocabulary (0..%d)", rsp->logit_bias_ids[i],
                      bt_service_emit_vocab(&d->eng) - 1);
         }
+    bt_grammar_t *grammar = NULL;
+    if (code == BT_RPC_OK && bt_service_grammar(&d->eng, rsp, &grammar, msg, sizeof msg) != BT_OK)
+        code = BT_RPC_INVALID_ARGUMENT;
     /* a place now, or one being freed (the router counted it free already: a stream it ended
      * whose request is still in the step in flight), or none */
     int slot = -1;
@@ -922,6 +950,7 @@ static void on_generate(void *ctx, bt_rpc_call_t *call, const uint8_t *data, siz
         }
     }
     if (code != BT_RPC_OK) {
+        bt_grammar_destroy(grammar);
         bt_rpc_call_finish(call, code, msg);
         BT_PROTO_FREE(baton__v1__decode_request, r);
         return;
@@ -930,6 +959,14 @@ static void on_generate(void *ctx, bt_rpc_call_t *call, const uint8_t *data, siz
     s->d = d;
     s->call = call;
     s->slot = slot;
+    s->grammar = grammar;
+    if (grammar) {
+        snprintf(s->response_format, sizeof s->response_format, "%s", rsp->response_format);
+        s->has_constrain_after = rsp->has_constrain_after;
+        s->constrain_after_token = rsp->constrain_after_token;
+        s->allow = bt_malloc_or_die((size_t)bt_grammar_mask_words(d->eng.grammar_vocab) *
+                                    sizeof *s->allow);
+    }
     s->arrival = ++d->arrivals;
     snprintf(s->request_id, sizeof s->request_id, "%s", r->request_id);
     s->epoch = r->epoch;

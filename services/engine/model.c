@@ -1401,6 +1401,9 @@ bt_status_t bt_model_forward_sample(bt_model_t *m, const bt_kv_layout_t *lay,
         const bt_sample_req_t *r = &req[q];
         float *row = m->draw_logits + (size_t)q * c->vocab;
         for (int i = 0; i < r->n_adj; i++) row[r->adj_ids[i]] -= r->adj[i];
+        if (r->allow)
+            for (int i = 0; i < vocab; i++)
+                if (!((r->allow[i >> 5] >> (i & 31)) & 1u)) row[i] = -INFINITY;
         float lp = 0.0f;
         const int n_top = r->n_top < vocab ? r->n_top : vocab;
         out[q].id = bt_sampler_sample(m->draw_sampler, &r->sampling, row, r->step, r->want_logprob ? &lp : NULL,

@@ -123,6 +123,10 @@ typedef struct {
     const int32_t *adj_ids;
     const float *adj;
     int n_adj;
+    /* constrained decoding (common/text/grammar.h): only ids whose bit is set may be drawn (bit
+     * id % 32 of word id / 32, over the draw's vocab); applied after the adjustments, so the
+     * log-probabilities are those of the allowed ids. NULL: every id. */
+    const uint32_t *allow;
 } bt_sample_req_t;
 
 typedef struct {

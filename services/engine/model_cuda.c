@@ -176,6 +176,8 @@ struct bt_model_cuda {
     bt_cuda_sample_result_t *draw_r_h, *draw_r_d;
     bt_cuda_logit_adjust_t *adj_h, *adj_d; /* the draws' logit adjustments, grown as needed */
     int adj_cap;
+    uint32_t *mask_h, *mask_d; /* the draws' constrained-decoding masks, a row each */
+    size_t mask_cap;           /* words */
     /* per-forward plans: bump-allocated in pinned host memory, copied to the same offset of
      * a device arena; never rewritten within a forward, so copies stay asynchronous */
     uint8_t *meta_h, *meta_d;
@@ -854,6 +856,8 @@ void bt_model_cuda_destroy(struct bt_model_cuda *cu)
     cudaFreeHost(cu->group_bad_h);
     cudaFreeHost(cu->adj_h);
     cudaFree(cu->adj_d);
+    cudaFreeHost(cu->mask_h);
+    cudaFree(cu->mask_d);
     cudaFreeHost(cu->draw_p_h);
     cudaFreeHost(cu->draw_r_h);
     cudaFree(cu->draw_p_d);
@@ -2201,6 +2205,36 @@ static bt_status_t draws_launch(fwd_t *f)
         }
         CK_CUDA(cudaMemcpyAsync(cu->adj_d, cu->adj_h, (size_t)n_adj * sizeof *cu->adj_h, cudaMemcpyHostToDevice, st));
         CK(bt_cuda_logit_adjust(cu->dlogits, c->vocab, cu->adj_d, n_adj, st));
+    }
+    bool masked = false;
+    for (int q = 0; q < f->n_seqs; q++)
+        masked |= f->draw->req[q].allow != NULL;
+    if (masked) { /* a row each (all ones for rows without one), after the adjustments */
+        const int words = (f->draw->vocab + 31) / 32;
+        const size_t need = (size_t)f->n_seqs * (size_t)words;
+        if (need > cu->mask_cap) {
+            CK_CUDA(cudaStreamSynchronize(st)); /* (the old buffers may still be read) */
+            cudaFreeHost(cu->mask_h);
+            cudaFree(cu->mask_d);
+            cu->mask_h = NULL;
+            cu->mask_d = NULL;
+            cu->mask_cap = 0;
+            const size_t cap = (size_t)f->m->opt.max_batch_seqs * (size_t)words;
+            CK_CUDA(cudaMallocHost((void **)&cu->mask_h, cap * sizeof *cu->mask_h));
+            CK_CUDA(cudaMalloc((void **)&cu->mask_d, cap * sizeof *cu->mask_d));
+            cu->mask_cap = cap;
+        }
+        for (int q = 0; q < f->n_seqs; q++) {
+            uint32_t *row = cu->mask_h + (size_t)q * words;
+            if (f->draw->req[q].allow)
+                memcpy(row, f->draw->req[q].allow, (size_t)words * sizeof *row);
+            else
+                memset(row, 0xff, (size_t)words * sizeof *row);
+        }
+        CK_CUDA(cudaMemcpyAsync(cu->mask_d, cu->mask_h, need * sizeof *cu->mask_h,
+                                cudaMemcpyHostToDevice, st));
+        CK(bt_cuda_logit_mask(cu->dlogits, c->vocab, cu->mask_d, words, f->n_seqs, f->draw->vocab,
+                              st));
     }
     CK(bt_cuda_sample_rows(cu->draw_r_d, cu->draw_p_d, cu->dlogits, c->vocab, f->n_seqs, f->draw->vocab, st));
     CK_CUDA(cudaMemcpyAsync(cu->draw_r_h, cu->draw_r_d, (size_t)f->n_seqs * sizeof *cu->draw_r_h,

@@ -263,8 +263,10 @@ bt_status_t bt_openai_parse(bt_openai_kind_t kind, const char *body, size_t len,
     if (max_completion > 0) max_tokens = max_completion;
     if (max_tokens > INT32_MAX) max_tokens = INT32_MAX;
     TRY(integer(root, "seed", -9.2e18, 9.2e18, 0, &seed, e));
-    /* structured output needs constrained decoding, which there is none of yet: refused,
-     * rather than answered with text that need not parse */
+    /* structured output: json_object is decoded under a JSON grammar; json_schema would need a
+     * schema's grammar, which there is none of yet: refused, rather than answered with JSON
+     * that need not match the schema */
+    bool json_object = false;
     const cJSON *rf = item(root, "response_format");
     if (rf && !cJSON_IsNull(rf)) {
         const cJSON *t = cJSON_IsObject(rf) ? item(rf, "type") : NULL;
@@ -272,14 +274,14 @@ bt_status_t bt_openai_parse(bt_openai_kind_t kind, const char *body, size_t len,
             fail(e, "response_format", "'response_format' must be an object with a 'type'");
             goto out;
         }
-        if (!strcmp(t->valuestring, "json_object") || !strcmp(t->valuestring, "json_schema")) {
+        json_object = !strcmp(t->valuestring, "json_object");
+        if (!strcmp(t->valuestring, "json_schema")) {
             fail(e, "response_format",
-                 "'response_format' of type '%s' is not supported yet (no constrained decoding); "
-                 "ask for JSON in the prompt instead",
-                 t->valuestring);
+                 "'response_format' of type 'json_schema' is not supported yet (json_object is); "
+                 "describe the schema in the prompt with json_object instead");
             goto out;
         }
-        if (strcmp(t->valuestring, "text") != 0) {
+        if (!json_object && strcmp(t->valuestring, "text") != 0) {
             fail(e, "response_format",
                  "'response_format' type must be text, json_object or json_schema");
             goto out;
@@ -445,6 +447,7 @@ bt_status_t bt_openai_parse(bt_openai_kind_t kind, const char *body, size_t len,
     sp.n_logit_bias_ids = sp.n_logit_bias = n_bias;
     sp.logit_bias_ids = bias_ids;
     sp.logit_bias = bias;
+    if (json_object) sp.response_format = "json_object";
     g.sampling = &sp;
     g.request_id = (char *)request_id;
     g.model = r->model;

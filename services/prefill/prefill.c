@@ -6,6 +6,7 @@
 #include "common/flags.h"
 #include "common/log.h"
 #include "common/rpc/rpc.h"
+#include "common/text/grammar.h"
 #include "common/transfer/transfer.h"
 #include "common/metrics.h"
 #include "services/common/metrics_server.h"
@@ -54,7 +55,15 @@ typedef struct job {
     bt_top_logprob_t top[20];
     int n_top;
     bt_kv_header_t before;
+    bt_grammar_t *grammar; /* the first token's constraint (response_format), NULL: none */
 } job_t;
+
+static void job_free(job_t *j)
+{
+    bt_grammar_destroy(j->grammar);
+    BT_PROTO_FREE(baton__v1__prefill_request, j->req);
+    free(j);
+}
 
 struct prefill {
     uv_loop_t *loop;
@@ -69,6 +78,7 @@ struct prefill {
     bt_sample_req_t draw_req;
     bt_sample_out_t draw_out;
     bt_penalties_t draw_bias; /* the request's logit_bias, as the decode group keeps it */
+    uint32_t *draw_allow;     /* the first token's constraint, as a mask (grammar.h) */
     int chunk_size;
     job_t *queue, *queue_tail, *active;
     peer_t *peers;
@@ -221,8 +231,7 @@ static void job_end(job_t *j, bt_rpc_code_t code, const char *msg)
     if (code != BT_RPC_OK && j->peer && !j->stop_flushed)
         mark_add(&p->unsettled, j->req->request_id, j->req->epoch, bt_now_ms() + UNSETTLED_HOLD_MS);
     job_drop_peer(j);
-    BT_PROTO_FREE(baton__v1__prefill_request, j->req);
-    free(j);
+    job_free(j);
     run_next(p);
     maybe_exit(p);
 }
@@ -325,8 +334,7 @@ static void on_committed(void *ctx, bt_status_t st)
         /* the stalled peer answered at last (or failed): now it can be let go */
         j->unsettled->until_ms = bt_now_ms() + UNSETTLED_HOLD_MS;
         job_drop_peer(j);
-        BT_PROTO_FREE(baton__v1__prefill_request, j->req);
-        free(j);
+        job_free(j);
         return;
     }
     p->committing = false;
@@ -365,8 +373,7 @@ static void end_queued(prefill_t *p, bt_rpc_code_t code, const char *msg)
         p->queued_tokens -= (int64_t)j->req->n_prompt_ids;
         if (j->call) bt_rpc_call_finish(j->call, code, msg);
         j->call = NULL;
-        BT_PROTO_FREE(baton__v1__prefill_request, j->req);
-        free(j);
+        job_free(j);
     }
     p->queue_tail = NULL;
 }
@@ -493,6 +500,13 @@ static void start_chunk(prefill_t *p, job_t *j)
         p->draw_req.adj_ids = p->draw_bias.ids;
         p->draw_req.adj = p->draw_bias.amount;
         p->draw_req.n_adj = p->draw_bias.n;
+        if (j->grammar && bt_grammar_active(j->grammar)) { /* (its state is the same each time) */
+            if (!p->draw_allow)
+                p->draw_allow = bt_malloc_or_die(
+                    (size_t)bt_grammar_mask_words(p->eng.grammar_vocab) * sizeof *p->draw_allow);
+            bt_grammar_mask(j->grammar, p->draw_allow);
+            p->draw_req.allow = p->draw_allow;
+        }
     }
     p->busy = true;
     p->commit_start_ms = bt_now_ms(); /* reused as the chunk's start */
@@ -625,6 +639,10 @@ static void on_prefill(void *ctx, bt_rpc_call_t *call, const uint8_t *data, size
             code = BT_RPC_INVALID_ARGUMENT;
             snprintf(msg, sizeof msg, "prompt token %d at %zu outside the vocabulary", r->prompt_ids[i], i);
         }
+    bt_grammar_t *grammar = NULL;
+    if (code == BT_RPC_OK &&
+        bt_service_grammar(&p->eng, r->sampling, &grammar, msg, sizeof msg) != BT_OK)
+        code = BT_RPC_INVALID_ARGUMENT;
     if (code != BT_RPC_OK) {
         BT_PROTO_FREE(baton__v1__prefill_request, r);
         bt_rpc_call_finish(call, code, msg);
@@ -634,6 +652,7 @@ static void on_prefill(void *ctx, bt_rpc_call_t *call, const uint8_t *data, size
     j->p = p;
     j->call = call;
     j->req = r;
+    j->grammar = grammar;
     bt_rpc_call_on_cancel(call, on_job_cancel, j);
     if (p->queue_tail)
         p->queue_tail->next = j;

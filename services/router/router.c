@@ -73,6 +73,7 @@ typedef struct req {
     float *bias;
     int n_bias;
     int max_new;
+    char response_format[16]; /* sampling.response_format ("json_object"), "" for none */
     int prefill_retries; /* attempts that failed on the prefill side before any token */
     worker_t *decode, *prefill;
     bt_rpc_client_call_t *dcall;
@@ -513,6 +514,7 @@ static bool start_request(req_t *q)
     sp.n_logit_bias_ids = sp.n_logit_bias = (size_t)q->n_bias;
     sp.logit_bias_ids = q->bias_ids;
     sp.logit_bias = q->bias;
+    sp.response_format = q->response_format;
     dr.sampling = &sp;
     dr.prefill_address = p->address;
     dr.max_new_tokens = q->max_new;
@@ -722,7 +724,27 @@ static bt_rpc_code_t prepare(router_t *r, req_t *q, const Baton__V1__GenerateReq
                 return BT_RPC_INVALID_ARGUMENT;
             }
     }
+    const char *rf = sp->response_format ? sp->response_format : "";
+    if (*rf && strcmp(rf, "json_object") != 0) {
+        snprintf(msg, msglen, "sampling.response_format '%.64s' is not supported (json_object is)",
+                 rf);
+        return BT_RPC_INVALID_ARGUMENT;
+    }
     q->sampling = *sp;
+    snprintf(q->response_format, sizeof q->response_format, "%s", rf);
+    q->sampling.response_format = NULL; /* (the request is freed: start_request sets the copy) */
+    if (sp->has_constrain_after && (sp->constrain_after_token < 0 ||
+                                    sp->constrain_after_token >= bt_tokenizer_vocab_size(r->tok))) {
+        snprintf(msg, msglen, "sampling.constrain_after_token %d is outside the vocabulary (0..%d)",
+                 sp->constrain_after_token, bt_tokenizer_vocab_size(r->tok) - 1);
+        return BT_RPC_INVALID_ARGUMENT;
+    }
+    if (*rf && thinking && !sp->has_constrain_after) {
+        /* the reasoning comes first, free; the object after </think> */
+        const int32_t think_end = bt_tokenizer_token_to_id(r->tok, "</think>");
+        q->sampling.has_constrain_after = think_end >= 0;
+        q->sampling.constrain_after_token = think_end >= 0 ? think_end : 0;
+    }
     if (!q->sampling.has_seed) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);

@@ -83,6 +83,7 @@ typedef enum {
     OP_ATTENTION_FLASH, /* s: as OP_ATTENTION_TC through bt_cuda_attention_flash: keys bf16,
                          * q and out in the case's dtype (the model's prefill: f32) */
     OP_FP4_FRAG,    /* s: runs of 16 bytes: bt_cuda_fp4_to_frag against lowp_bits.h's host form */
+    OP_LOGIT_MASK,  /* s: rows V ld-pad words-pad (constrained decoding's masks) */
 } op_t;
 
 static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped", "rmsnorm",
@@ -96,7 +97,8 @@ static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped
                                  "index_scores_tc", "index_sets_tc", "dequant_fp8", "hc_mix_ws", "moe_group",
                                  "attention_tc_ws", "gemm_fp8_batched", "head_finish", "hc_mix_collapse",
                                  "attention_batch", "attention_tc_batch", "scatter_rows",
-                                 "copy_ranges", "logit_adjust", "attention_flash", "fp4_frag"};
+                                 "copy_ranges", "logit_adjust", "attention_flash", "fp4_frag",
+                                 "logit_mask"};
 
 typedef struct {
     op_t op;
@@ -302,6 +304,9 @@ static const case_t cases[] = {
     {OP_LOGIT_ADJUST, F32, {1, 77, 0, 1}, 0},
     {OP_LOGIT_ADJUST, F32, {16, 129280, 3, 900}, 0},
     {OP_LOGIT_ADJUST, F32, {5, 1000, 0, 4000}, 0},
+    {OP_LOGIT_MASK, F32, {1, 77, 0, 0}, 0},
+    {OP_LOGIT_MASK, F32, {16, 129280, 3, 2}, 0},
+    {OP_LOGIT_MASK, F32, {5, 1000, 0, 0}, 0},
     {OP_SCALE, F32, {1}, 0},
     {OP_SCALE, F32, {100003}, 0},
     {OP_MOE_COMBINE, F32, {5, 64, 6, 1}, 0},
@@ -2319,6 +2324,41 @@ static void run_logit_adjust(const case_t *cs, result_t *r)
     free(l), free(want), free(y), free(adj), free(hit);
 }
 
+/* Constrained decoding's masks: -inf where a row's bit is 0 (rows dense, sparse, all allowed,
+ * none allowed), every other element, the padding past V included, untouched */
+static void run_logit_mask(const case_t *cs, result_t *r)
+{
+    const int T = cs->s[0], V = cs->s[1], ld = V + cs->s[2], words = (V + 31) / 32 + cs->s[3];
+    const size_t all = (size_t)T * ld;
+    float *l = frandv(all, 8.0f), *want = xmalloc(all * 4), *y = xmalloc(all * 4);
+    memcpy(want, l, all * 4);
+    uint32_t *mask = xmalloc((size_t)T * words * 4);
+    int masked = 0;
+    for (int t = 0; t < T; t++)
+        for (int w = 0; w < words; w++) {
+            const int kind = t % 4; /* 0 random, 1 sparse, 2 all, 3 none */
+            uint32_t bits = kind == 0 ? (uint32_t)irand(1 << 16) << 16 | (uint32_t)irand(1 << 16)
+                            : kind == 1 ? (irand(8) == 0 ? 1u << irand(32) : 0u)
+                            : kind == 2 ? 0xffffffffu : 0u;
+            mask[(size_t)t * words + w] = bits;
+            for (int b = 0; b < 32; b++) {
+                const int id = w * 32 + b;
+                if (id < V && !((bits >> b) & 1u)) {
+                    want[(size_t)t * ld + id] = -INFINITY;
+                    masked++;
+                }
+            }
+        }
+    float *dl = dup(l, all * 4);
+    BT_OK_OR_DIE(bt_cuda_logit_mask(dl, ld, dup(mask, (size_t)T * words * 4), words, T, V, 0));
+    get(y, dl, all * 4);
+    r->exact_ok = !memcmp(y, want, all * 4);
+    r->err = r->exact_ok ? 0.0 : 1.0;
+    snprintf(r->note, sizeof r->note, "bit-exact, %d of %zu logits masked, the rest untouched",
+             masked, all);
+    free(l), free(want), free(y), free(mask);
+}
+
 static void run_scale(const case_t *cs, result_t *r)
 {
     size_t n = (size_t)cs->s[0];
@@ -2578,6 +2618,7 @@ static void run_case(const case_t *cs, result_t *r)
     case OP_SCATTER: run_scatter(cs, r); break;
     case OP_COPY_RANGES: run_copy_ranges(cs, r); break;
     case OP_LOGIT_ADJUST: run_logit_adjust(cs, r); break;
+    case OP_LOGIT_MASK: run_logit_mask(cs, r); break;
     case OP_ATTENTION_BATCH: run_attention(cs, r); break;
     case OP_ATTENTION_TC_BATCH: run_attention(cs, r); break;
     case OP_ATTENTION_FLASH: run_attention(cs, r); break;
@@ -2729,6 +2770,8 @@ static int check_refusals(void)
     bad += REFUSED(bt_cuda_copy_ranges(NULL, 1, 0));
     bad += REFUSED(bt_cuda_logit_adjust((float *)d, 10, NULL, 1, 0));
     bad += REFUSED(bt_cuda_logit_adjust((float *)d, 10, (const bt_cuda_logit_adjust_t *)d, 0, 0));
+    bad += REFUSED(bt_cuda_logit_mask((float *)d, 10, NULL, 1, 1, 10, 0));
+    bad += REFUSED(bt_cuda_logit_mask((float *)d, 10, (const uint32_t *)d, 0, 1, 40, 0));
     bad += REFUSED(bt_cuda_copy_ranges((const bt_cuda_copy_t *)d, 0, 0));
     /* tensor-core attention: dim off 16, dim over 512, more keys than one block holds */
     bad += REFUSED(attention_tc_args(d, 18, 128, 512));

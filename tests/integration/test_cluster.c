@@ -1081,18 +1081,14 @@ static bool health_now(client_t *cl, Baton__V1__HealthResponse *out)
     return true;
 }
 
-static bool some_tokens(void *ctx)
-{
-    const gen_t *g = ctx;
-    return g->n >= 5 || g->done;
-}
-
 /* A stopped router finishes what it runs and what is queued, refuses what comes meanwhile
  * (Health no longer serving), then exits by itself. It failed every request at once
  * ("router shutting down"): a rolling restart of the router failed every stream. */
 static __attribute__((unused)) void test_router_stop_drains(void)
 {
-    static const char *const one[] = {"--max-running-requests", "1", NULL};
+    /* (heartbeats 2 s apart: the decode group, held still below, is not removed meanwhile) */
+    static const char *const one[] = {"--max-running-requests", "1", "--heartbeat-ms", "2000",
+                                      NULL};
     router_extra = one;
     cluster_t c;
     client_t cl;
@@ -1102,13 +1098,18 @@ static __attribute__((unused)) void test_router_stop_drains(void)
     gen_t a, b, d;
     gen_start(&cl, &a, prompt, 8, 400, true, 120000);
     gen_start(&cl, &b, prompt + 1, 7, 20, true, 120000); /* queued behind a */
-    BT_CHECK(run_until(&cl, some_tokens, &a, 30000));
+    BT_CHECK(run_until(&cl, got_tokens, &a, 30000));
+    /* the decode group held still while the router is asked, so that its requests are surely
+     * still running (it decodes 400 tokens in well under a second) */
+    kill(c.decode.pid, SIGSTOP);
     const int64_t t_stop = ms_now();
     kill(c.router.pid, SIGTERM);
     usleep(100000);
     Baton__V1__HealthResponse h;
     const bool answered = health_now(&cl, &h);
     gen_start(&cl, &d, prompt + 2, 6, 4, true, 10000); /* after the stop: refused */
+    BT_CHECK(run_until(&cl, gen_done, &d, 10000));
+    kill(c.decode.pid, SIGCONT);
     BT_CHECK(run_until(&cl, all_done, &cl, 90000));
     const bool exited = proc_exited(&c.router, 10000);
     fprintf(stderr,
@@ -1141,7 +1142,7 @@ static __attribute__((unused)) void test_router_drain_timeout(void)
     static const int32_t prompt[] = {5, 17, 93, 4, 250, 61, 8, 12};
     gen_t a;
     gen_start(&cl, &a, prompt, 8, 400, true, 60000);
-    BT_CHECK(run_until(&cl, some_tokens, &a, 30000));
+    BT_CHECK(run_until(&cl, got_tokens, &a, 30000));
     kill(c.decode.pid, SIGSTOP); /* the request makes no more progress */
     const int64_t t_stop = ms_now();
     kill(c.router.pid, SIGTERM);

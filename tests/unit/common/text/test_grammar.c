@@ -1,0 +1,439 @@
+/* The JSON object constraint (common/text/grammar.h): the automaton against a table of valid
+ * and invalid texts and against cJSON on random documents; the trie's masks against trying
+ * every token alone; random walks under the masks end in objects cJSON parses; the golden
+ * tokenizer's vocabulary. */
+#include "bt_test.h"
+
+#include "common/text/grammar.h"
+#include "common/text/tokenizer.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t rng = 88172645463325252ull;
+static uint32_t rnd(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t)(rng >> 11);
+}
+
+/* A vocabulary of every byte, then n_multi random pieces of JSON-ish text; eos last. */
+typedef struct {
+    char **bytes;
+    size_t *lens;
+    int vocab, eos;
+    bt_grammar_vocab_t *v;
+} synth_t;
+
+static const char *const pieces[] = {"{",        "}",        "[",        "]",        ":",
+                                     ",",        "\"",       "\\",       " ",        "\n",
+                                     "  ",       "\t",       "true",     "false",    "null",
+                                     "tr",       "ue",       "fa",       "lse",      "nu",
+                                     "ll",       "0",        "1",        "9",        "-",
+                                     ".",        "e",        "E",        "+",        "12",
+                                     "3.5",      "-0",       "e+",       "\\u",      "00",
+                                     "4f",       "ab",       "key",      "name",     "\\n",
+                                     "\\\"",     "é",        "\xc3",     "\xa9",     "日",
+                                     "\xe6",     "\x97\xa5", "\xf0\x9f", "\x98\x80", "\xed\xa0\x80",
+                                     "\xc0\xaf", "\x01",     "{\"",      "\":",      "\",",
+                                     "\"}",      "},",       "}}",       "]]",       "[{",
+                                     "\": \"",   "\", \"",   "\"]",      "[1,",      "1]",
+                                     ", ",       ": ",       "x",        "\\ud83d",  "\\ude00",
+                                     "d8",       "dc",       "3d"};
+
+static void synth_make(synth_t *s, int n_multi)
+{
+    s->vocab = 256 + n_multi + 1;
+    s->eos = s->vocab - 1;
+    s->bytes = calloc((size_t)s->vocab, sizeof *s->bytes);
+    s->lens = calloc((size_t)s->vocab, sizeof *s->lens);
+    for (int i = 0; i < 256; i++) {
+        s->bytes[i] = malloc(1);
+        s->bytes[i][0] = (char)i;
+        s->lens[i] = 1;
+    }
+    const int np = (int)(sizeof pieces / sizeof pieces[0]);
+    for (int i = 0; i < n_multi; i++) {
+        char buf[64];
+        size_t len = 0;
+        const int parts = 1 + (int)(rnd() % 3);
+        for (int k = 0; k < parts; k++) {
+            const char *p = pieces[rnd() % (uint32_t)np];
+            const size_t pl = strlen(p);
+            if (len + pl >= sizeof buf) break;
+            memcpy(buf + len, p, pl);
+            len += pl;
+        }
+        s->bytes[256 + i] = malloc(len);
+        memcpy(s->bytes[256 + i], buf, len);
+        s->lens[256 + i] = len;
+    }
+    BT_CHECK(bt_grammar_vocab_create_bytes((const char *const *)s->bytes, s->lens, s->vocab, s->eos,
+                                           &s->v) == BT_OK);
+}
+
+static void synth_free(synth_t *s)
+{
+    bt_grammar_vocab_destroy(s->v);
+    for (int i = 0; i < s->vocab; i++)
+        free(s->bytes[i]);
+    free(s->bytes);
+    free(s->lens);
+}
+
+/* 1: a complete object; 0: a valid prefix; -1: refused at some byte */
+static int judge(bt_grammar_vocab_t *v, const char *text, size_t len)
+{
+    bt_grammar_t *g = bt_grammar_json_object(v, -1);
+    int verdict = -1;
+    bool ok = true;
+    for (size_t i = 0; i < len && ok; i++)
+        ok = bt_grammar_accept_bytes(g, text + i, 1);
+    if (ok) verdict = bt_grammar_done(g) ? 1 : 0;
+    bt_grammar_destroy(g);
+    return verdict;
+}
+
+static void test_table(void)
+{
+    synth_t s;
+    synth_make(&s, 0);
+    static const struct {
+        const char *text;
+        int want;
+    } cases[] = {
+        {"{}", 1},
+        {" \n{ }", 1},
+        {"{\"a\":1}", 1},
+        {"{\"a\": [1, -2.5e+3, 0, 0.0, 1E9, true, false, null, \"x\", {}, []]}", 1},
+        {"{\"k\": \"\\\"\\\\\\/\\b\\f\\n\\r\\t\\u00e9\"}", 1},
+        {"{\"é日😀\": \"ok\"}", 1},
+        {"{\"a\":{\"b\":{\"c\":[[[]]]}}}", 1},
+        {"{\"s\": \"\\ud83d\\ude00 \\uD7FF \\uE000\"}", 1}, /* a surrogate pair; around them */
+        {"{\"s\": \"\\ud83d\"}", -1},                       /* a high surrogate alone */
+        {"{\"s\": \"\\ud83dx\"}", -1},
+        {"{\"s\": \"\\ud83d\\n\"}", -1},
+        {"{\"s\": \"\\ud83d\\u0041\"}", -1},
+        {"{\"s\": \"\\ude00\"}", -1}, /* a low surrogate alone */
+        {"{\"a\"", 0},
+        {"{\"a\": 12", 0},
+        {"{\"a\": tr", 0},
+        {"{\"a\": \"\xe6\x97", 0},
+        {"[1]", -1}, /* the top level is an object */
+        {"\"x\"", -1},
+        {"{a:1}", -1}, /* keys are strings */
+        {"{\"a\" 1}", -1},
+        {"{\"a\":01}", -1}, /* no leading zeros */
+        {"{\"a\":1.}", -1},
+        {"{\"a\":.5}", -1},
+        {"{\"a\":+1}", -1},
+        {"{\"a\":1e}", -1},
+        {"{\"a\":[1,]}", -1}, /* no trailing commas */
+        {"{\"a\":1,}", -1},
+        {"{\"a\":tru}", -1},
+        {"{\"a\":\"\x01\"}", -1}, /* raw control characters */
+        {"{\"a\":\"\\x\"}", -1},
+        {"{\"a\":\"\\u12g4\"}", -1},
+        {"{\"a\":\"\xc0\xaf\"}", -1},         /* overlong */
+        {"{\"a\":\"\xed\xa0\x80\"}", -1},     /* a surrogate */
+        {"{\"a\":\"\xf4\x90\x80\x80\"}", -1}, /* past U+10FFFF */
+        {"{\"a\":\"\xe6\x97\"}", -1},         /* a character cut short */
+        {"{}}", -1},
+        {"{} ", -1}, /* nothing after the object */
+        {"{\"a\":[}", -1},
+        {"{\"a\":{]}", -1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const int got = judge(s.v, cases[i].text, strlen(cases[i].text));
+        BT_CHECK_MSG(got == cases[i].want, "'%s': %d, want %d", cases[i].text, got, cases[i].want);
+    }
+    /* caps: nesting, whitespace, numbers */
+    char deep[2 * BT_GRAMMAR_MAX_DEPTH + 16];
+    size_t n = 0;
+    deep[n++] = '{';
+    deep[n++] = '"';
+    deep[n++] = '"';
+    deep[n++] = ':';
+    for (int i = 1; i < BT_GRAMMAR_MAX_DEPTH; i++)
+        deep[n++] = '[';
+    BT_CHECK_EQ_INT(judge(s.v, deep, n), 0);
+    deep[n++] = '[';
+    BT_CHECK_EQ_INT(judge(s.v, deep, n), -1);
+    char ws[BT_GRAMMAR_MAX_WS + 3];
+    memset(ws, ' ', sizeof ws);
+    ws[0] = '{';
+    BT_CHECK_EQ_INT(judge(s.v, ws, BT_GRAMMAR_MAX_WS + 1), 0);
+    BT_CHECK_EQ_INT(judge(s.v, ws, BT_GRAMMAR_MAX_WS + 2), -1);
+    char num[BT_GRAMMAR_MAX_NUMBER + 8] = "{\"a\":";
+    memset(num + 5, '7', BT_GRAMMAR_MAX_NUMBER + 1);
+    BT_CHECK_EQ_INT(judge(s.v, num, 5 + BT_GRAMMAR_MAX_NUMBER), 0);
+    BT_CHECK_EQ_INT(judge(s.v, num, 6 + BT_GRAMMAR_MAX_NUMBER), -1);
+    synth_free(&s);
+}
+
+/* A random JSON value into buf (depth-limited), printed compactly or with spaces. */
+static void gen_value(char *buf, size_t *n, size_t cap, int depth, bool object_only);
+
+static void put(char *buf, size_t *n, size_t cap, const char *s)
+{
+    const size_t l = strlen(s);
+    if (*n + l < cap) {
+        memcpy(buf + *n, s, l);
+        *n += l;
+    }
+}
+
+static void gen_string(char *buf, size_t *n, size_t cap)
+{
+    static const char *const parts[] = {"a", "key",  " ", "\\n",  "\\\"", "\\u00e9",
+                                        "é", "日本", "😀", "\\\\", "/",    "\\ud83d\\ude00"};
+    put(buf, n, cap, "\"");
+    for (int k = (int)(rnd() % 4); k > 0; k--)
+        put(buf, n, cap, parts[rnd() % 12]);
+    put(buf, n, cap, "\"");
+}
+
+static void gen_value(char *buf, size_t *n, size_t cap, int depth, bool object_only)
+{
+    static const char *const scalars[] = {"0",        "-1",   "12.5",  "1e9",
+                                          "-0.25E-3", "true", "false", "null"};
+    const char *sp = rnd() % 2 ? " " : "";
+    const uint32_t kind = object_only ? 0 : depth > 3 ? 2 + rnd() % 2 : rnd() % 4;
+    if (kind == 0) {
+        put(buf, n, cap, "{");
+        for (int k = (int)(rnd() % 4), first = 1; k > 0; k--, first = 0) {
+            if (!first) put(buf, n, cap, ",");
+            put(buf, n, cap, sp);
+            gen_string(buf, n, cap);
+            put(buf, n, cap, ":");
+            put(buf, n, cap, sp);
+            gen_value(buf, n, cap, depth + 1, false);
+        }
+        put(buf, n, cap, sp);
+        put(buf, n, cap, "}");
+    } else if (kind == 1) {
+        put(buf, n, cap, "[");
+        for (int k = (int)(rnd() % 4), first = 1; k > 0; k--, first = 0) {
+            if (!first) put(buf, n, cap, ",");
+            put(buf, n, cap, sp);
+            gen_value(buf, n, cap, depth + 1, false);
+        }
+        put(buf, n, cap, "]");
+    } else if (kind == 2) {
+        gen_string(buf, n, cap);
+    } else {
+        put(buf, n, cap, scalars[rnd() % 8]);
+    }
+}
+
+/* Random objects: accepted whole and complete, every proper prefix incomplete; cJSON parses
+ * them. A byte flipped: wherever the automaton still calls it a complete object, so does cJSON. */
+static void test_random_documents(void)
+{
+    synth_t s;
+    synth_make(&s, 0);
+    int flips_checked = 0;
+    for (int it = 0; it < 300; it++) {
+        char doc[4096];
+        size_t n = 0;
+        gen_value(doc, &n, sizeof doc - 1, 0, true);
+        doc[n] = 0;
+        BT_CHECK_MSG(judge(s.v, doc, n) == 1, "'%s' not taken as a complete object", doc);
+        BT_CHECK(judge(s.v, doc, n / 2) == 0);
+        cJSON *j = cJSON_Parse(doc);
+        BT_CHECK_MSG(j && cJSON_IsObject(j), "cJSON does not parse '%s'", doc);
+        cJSON_Delete(j);
+        char bad[4096];
+        memcpy(bad, doc, n + 1);
+        bad[rnd() % n] = "{}[]:,\"\\ 1ae-"[rnd() % 14];
+        if (judge(s.v, bad, n) == 1) {
+            j = cJSON_Parse(bad);
+            BT_CHECK_MSG(j && cJSON_IsObject(j), "'%s' taken, cJSON refuses it", bad);
+            cJSON_Delete(j);
+            flips_checked++;
+        }
+    }
+    fprintf(stderr, "  300 random objects; %d with a flipped byte still objects, all parsed\n",
+            flips_checked);
+    synth_free(&s);
+}
+
+/* The trie's mask equals trying every token alone, in states reached by prefixes of random
+ * documents; a second lookup of a state comes from the cache and is the same. */
+static void test_masks_match_brute_force(void)
+{
+    synth_t s;
+    synth_make(&s, 1500);
+    const int W = bt_grammar_mask_words(s.v);
+    uint32_t *mask = calloc((size_t)W, 4), *again = calloc((size_t)W, 4);
+    int states = 0, allowed_total = 0;
+    for (int it = 0; it < 40; it++) {
+        char doc[2048];
+        size_t n = 0;
+        gen_value(doc, &n, sizeof doc - 1, 0, true);
+        const size_t cut = rnd() % (n + 1);
+        bt_grammar_t *g = bt_grammar_json_object(s.v, -1);
+        BT_CHECK(bt_grammar_accept_bytes(g, doc, cut));
+        bt_grammar_mask(g, mask);
+        int diff = 0;
+        for (int t = 0; t < s.vocab; t++) {
+            bt_grammar_t *h = bt_grammar_json_object(s.v, -1);
+            bt_grammar_accept_bytes(h, doc, cut);
+            const bool want = bt_grammar_accept(h, t);
+            const bool got = (mask[t >> 5] >> (t & 31)) & 1u;
+            if (want != got && diff++ < 3)
+                BT_CHECK_MSG(0, "after '%.*s': token %d ('%.*s') allowed %d, alone %d", (int)cut,
+                             doc, t, (int)s.lens[t], s.bytes[t], got, want);
+            allowed_total += got;
+            bt_grammar_destroy(h);
+        }
+        bt_grammar_mask(g, again);
+        BT_CHECK(!memcmp(mask, again, (size_t)W * 4));
+        bt_grammar_destroy(g);
+        states++;
+    }
+    uint64_t computed, cached;
+    bt_grammar_vocab_stats(s.v, &computed, &cached);
+    fprintf(stderr,
+            "  %d states x %d tokens: masks as tried alone (%d allowed in all); %llu "
+            "computed, %llu from the cache\n",
+            states, s.vocab, allowed_total, (unsigned long long)computed,
+            (unsigned long long)cached);
+    BT_CHECK(cached >= (uint64_t)states);
+    free(mask);
+    free(again);
+    synth_free(&s);
+}
+
+/* Draws uniformly among the allowed tokens until eos: the bytes are an object cJSON parses,
+ * and no mask is ever empty. Returns the walks that ended. */
+static int random_walks(bt_grammar_vocab_t *v, const char *const *bytes, const size_t *lens,
+                        int eos, int walks, int max_tokens)
+{
+    const int vocab = bt_grammar_vocab_size(v), W = bt_grammar_mask_words(v);
+    uint32_t *mask = calloc((size_t)W, 4);
+    int32_t *ids = malloc((size_t)vocab * sizeof *ids);
+    int ended = 0;
+    for (int w = 0; w < walks; w++) {
+        bt_grammar_t *g = bt_grammar_json_object(v, -1);
+        char out[1 << 14];
+        size_t n = 0;
+        bool ok = true, done = false;
+        for (int k = 0; k < max_tokens && ok && !done; k++) {
+            bt_grammar_mask(g, mask);
+            int na = 0;
+            for (int t = 0; t < vocab; t++)
+                if ((mask[t >> 5] >> (t & 31)) & 1u) ids[na++] = t;
+            BT_CHECK_MSG(na > 0, "walk %d: nothing allowed after '%.*s'", w, (int)n, out);
+            if (!na) break;
+            /* prefer closing once long: most walks then end */
+            int32_t t = ids[rnd() % (uint32_t)na];
+            if (k > max_tokens / 2)
+                for (int i = 0; i < na; i++)
+                    if (lens[ids[i]] == 1 && strchr("}]\"", bytes[ids[i]][0]) && rnd() % 2)
+                        t = ids[i];
+            if (t == eos) {
+                done = bt_grammar_accept(g, t);
+                BT_CHECK(done);
+                break;
+            }
+            ok = bt_grammar_accept(g, t);
+            BT_CHECK_MSG(ok, "walk %d: token %d allowed by the mask, refused", w, t);
+            if (n + lens[t] < sizeof out - 1) {
+                memcpy(out + n, bytes[t], lens[t]);
+                n += lens[t];
+            }
+        }
+        out[n] = 0;
+        if (done) {
+            ended++;
+            cJSON *j = cJSON_ParseWithLength(out, n);
+            BT_CHECK_MSG(j && cJSON_IsObject(j), "walk %d ended in '%s', not an object", w, out);
+            cJSON_Delete(j);
+        }
+        bt_grammar_destroy(g);
+    }
+    free(mask);
+    free(ids);
+    return ended;
+}
+
+static void test_random_walks(void)
+{
+    synth_t s;
+    synth_make(&s, 800);
+    const int ended = random_walks(s.v, (const char *const *)s.bytes, s.lens, s.eos, 200, 400);
+    fprintf(stderr,
+            "  200 random walks over a 1057-token vocabulary: %d ended, every one an object\n",
+            ended);
+    BT_CHECK(ended > 100);
+    synth_free(&s);
+}
+
+/* The golden tokenizer (byte-level BPE with special tokens): special tokens never allowed, eos
+ * only at the end; walks end in objects. */
+static void test_golden_tokenizer(void)
+{
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/golden-a-exact", BT_GOLDEN_DIR);
+    bt_tokenizer_t *tok;
+    char err[256];
+    BT_CHECK(bt_tokenizer_load(dir, &tok, err, sizeof err) == BT_OK);
+    const int vocab = bt_tokenizer_vocab_size(tok);
+    const int32_t eos = bt_tokenizer_eos_id(tok);
+    bt_grammar_vocab_t *v;
+    BT_CHECK(bt_grammar_vocab_create(tok, vocab, eos, &v) == BT_OK);
+    const char **bytes = calloc((size_t)vocab, sizeof *bytes);
+    size_t *lens = calloc((size_t)vocab, sizeof *lens);
+    for (int i = 0; i < vocab; i++)
+        bytes[i] = bt_tokenizer_id_bytes(tok, i, &lens[i]);
+    const int W = bt_grammar_mask_words(v);
+    uint32_t *mask = calloc((size_t)W, 4);
+    bt_grammar_t *g = bt_grammar_json_object(v, -1);
+    bt_grammar_accept_bytes(g, "{\"a\": \"", 7); /* in a string: the most tokens allowed */
+    bt_grammar_mask(g, mask);
+    int allowed = 0, special_allowed = 0;
+    for (int t = 0; t < vocab; t++) {
+        const bool on = (mask[t >> 5] >> (t & 31)) & 1u;
+        allowed += on;
+        special_allowed += on && bt_tokenizer_is_special(tok, t);
+    }
+    BT_CHECK(!((mask[eos >> 5] >> (eos & 31)) & 1u));
+    BT_CHECK_EQ_INT(special_allowed, 0);
+    BT_CHECK(allowed > vocab / 2);
+    bt_grammar_destroy(g);
+    const int ended = random_walks(v, bytes, lens, eos, 100, 400);
+    fprintf(stderr,
+            "  golden tokenizer (%d ids): %d allowed inside a string; %d of 100 walks ended, "
+            "every one an object\n",
+            vocab, allowed, ended);
+    BT_CHECK(ended > 50);
+    /* after_token: free until that token, then the object */
+    const int32_t think_end = bt_tokenizer_token_to_id(tok, "</think>");
+    BT_CHECK(think_end >= 0);
+    g = bt_grammar_json_object(v, think_end);
+    BT_CHECK(!bt_grammar_active(g));
+    BT_CHECK(bt_grammar_accept(g, 5) && bt_grammar_accept(g, eos) && !bt_grammar_active(g));
+    BT_CHECK(bt_grammar_accept(g, think_end) && bt_grammar_active(g));
+    BT_CHECK(!bt_grammar_accept(g, eos)); /* now an object must come first */
+    bt_grammar_destroy(g);
+    free(mask);
+    free(bytes);
+    free(lens);
+    bt_grammar_vocab_destroy(v);
+    bt_tokenizer_destroy(tok);
+}
+
+int main(void)
+{
+    BT_RUN(test_table);
+    BT_RUN(test_random_documents);
+    BT_RUN(test_masks_match_brute_force);
+    BT_RUN(test_random_walks);
+    BT_RUN(test_golden_tokenizer);
+    return bt_test_summary();
+}
