@@ -1,21 +1,580 @@
-/* The JSON object constraint of grammar.h: a byte-level pushdown automaton, a trie of the
- * vocabulary's byte strings, and a cache of the masks by automaton state. */
+/* The JSON constraint of grammar.h: schemas compiled into nodes, a byte-level pushdown automaton
+ * whose frames name them, a trie of the vocabulary's byte strings, and a cache of the masks by
+ * automaton state for each compiled schema. */
 #include "common/text/grammar.h"
 
 #include "common/alloc.h"
 
+#include <cjson/cJSON.h>
 #include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* ---- compiled schemas --------------------------------------------------------------------- */
+
+enum {
+    K_ANY,
+    K_OBJECT,
+    K_ARRAY,
+    K_STRING,
+    K_NUMBER,
+    K_INTEGER,
+    K_BOOLEAN,
+    K_NULL,
+    K_ENUM,
+    K_UNION
+};
+enum { NODE_ANY = 0, NODE_ANY_OBJECT = 1, NODE_ANY_ARRAY = 2 }; /* in every schema */
+
+typedef struct {
+    uint8_t kind;
+    bool generic;   /* object: any keys, any values (no "properties") */
+    uint8_t n;      /* object: properties; union: branches */
+    uint16_t first; /* object: its first property in props[]; union: first branch */
+    uint16_t lit;   /* object: the keys' literal trie; enum: the values' (root nodes) */
+    uint16_t items; /* array: the items' node */
+    int16_t min_items, max_items; /* array; max -1: none */
+    uint64_t required;            /* object: bit j = property j is required */
+    uint32_t starts[8];           /* the bytes a value of this node may start with */
+} snode_t;
+
+/* A literal trie: object keys as JSON strings (quotes included), enum values as compact JSON. */
+typedef struct {
+    uint16_t child, sibling; /* 0: none (the root of a trie is nobody's child) */
+    uint8_t byte;
+    int16_t term;   /* the key's property index, or the enum value's; -1: none */
+    uint64_t below; /* keys: the properties whose keys pass through here */
+} lnode_t;
+
+typedef struct cache_entry cache_entry_t;
+
+typedef struct bt_grammar_rules {
+    struct bt_grammar_rules *next; /* in the vocabulary's list */
+    char *text;                    /* the schema as sent; NULL: any object */
+    size_t text_len;
+    int refs;
+    uint64_t last_use;
+    snode_t *nodes;
+    int n_nodes, cap_nodes;
+    uint16_t *refs_list; /* props (object properties' nodes) and union branches */
+    int n_list, cap_list;
+    lnode_t *lit;
+    int n_lit, cap_lit;
+    uint16_t root;
+    cache_entry_t *cache;
+} rules_t;
+
+typedef struct {
+    const cJSON *root;
+    const cJSON **memo_at; /* $ref targets compiled, and their nodes */
+    uint16_t *memo_node;
+    int n_memo, cap_memo;
+    char *err;
+    size_t errlen;
+    bool failed;
+} compile_t;
+
+static void cfail(compile_t *cc, const char *fmt, ...)
+{
+    if (cc->failed) return;
+    cc->failed = true;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cc->err, cc->errlen, fmt, ap);
+    va_end(ap);
+}
+
+static int new_snode(rules_t *r, compile_t *cc, uint8_t kind)
+{
+    if (r->n_nodes >= 65535) {
+        cfail(cc, "json_schema: too large (more than 65535 nodes)");
+        return -1;
+    }
+    if (r->n_nodes == r->cap_nodes) {
+        r->cap_nodes = r->cap_nodes ? r->cap_nodes * 2 : 16;
+        r->nodes = bt_realloc_or_die(r->nodes, (size_t)r->cap_nodes * sizeof *r->nodes);
+    }
+    r->nodes[r->n_nodes] = (snode_t){.kind = kind, .max_items = -1};
+    return r->n_nodes++;
+}
+
+static int new_lnode(rules_t *r, compile_t *cc, uint8_t byte)
+{
+    if (r->n_lit >= 65535) {
+        cfail(cc, "json_schema: too large (its keys and enums pass 65535 bytes)");
+        return 0;
+    }
+    if (r->n_lit == r->cap_lit) {
+        r->cap_lit = r->cap_lit ? r->cap_lit * 2 : 64;
+        r->lit = bt_realloc_or_die(r->lit, (size_t)r->cap_lit * sizeof *r->lit);
+    }
+    r->lit[r->n_lit] = (lnode_t){0, 0, byte, -1, 0};
+    return r->n_lit++;
+}
+
+static uint16_t lit_find(const rules_t *r, uint16_t n, uint8_t c)
+{
+    for (uint16_t k = r->lit[n].child; k; k = r->lit[k].sibling)
+        if (r->lit[k].byte == c) return k;
+    return 0;
+}
+
+/* Adds text under literal root `root` ending in term; false when it is there already. */
+static bool lit_insert(rules_t *r, compile_t *cc, uint16_t root, const char *text, int16_t term,
+                       uint64_t below)
+{
+    uint16_t n = root;
+    for (const char *p = text; *p; p++) {
+        uint16_t k = lit_find(r, n, (uint8_t)*p);
+        if (!k) {
+            k = (uint16_t)new_lnode(r, cc, (uint8_t)*p);
+            if (cc->failed) return false;
+            r->lit[k].sibling = r->lit[n].child;
+            r->lit[n].child = k;
+        }
+        r->lit[k].below |= below;
+        n = k;
+    }
+    if (r->lit[n].term >= 0) return false;
+    r->lit[n].term = term;
+    return true;
+}
+
+static void list_push(rules_t *r, uint16_t v)
+{
+    if (r->n_list == r->cap_list) {
+        r->cap_list = r->cap_list ? r->cap_list * 2 : 32;
+        r->refs_list = bt_realloc_or_die(r->refs_list, (size_t)r->cap_list * sizeof *r->refs_list);
+    }
+    r->refs_list[r->n_list++] = v;
+}
+
+static void set_bit(uint32_t *set, uint8_t c)
+{
+    set[c >> 5] |= 1u << (c & 31);
+}
+
+static bool has_bit(const uint32_t *set, uint8_t c)
+{
+    return (set[c >> 5] >> (c & 31)) & 1u;
+}
+
+static void starts_of_kind(uint8_t kind, uint32_t *set)
+{
+    const char *s = kind == K_OBJECT                        ? "{"
+                    : kind == K_ARRAY                       ? "["
+                    : kind == K_STRING                      ? "\""
+                    : kind == K_NUMBER || kind == K_INTEGER ? "-0123456789"
+                    : kind == K_BOOLEAN                     ? "tf"
+                    : kind == K_NULL                        ? "n"
+                                                            : "{[\"-0123456789tfn";
+    for (; *s; s++)
+        set_bit(set, (uint8_t)*s);
+}
+
+static int compile_node(rules_t *r, compile_t *cc, const cJSON *s, int depth);
+
+static const char *const annotations[] = {"title",    "description", "$schema",   "$id",
+                                          "default",  "examples",    "$comment",  "strict",
+                                          "readOnly", "writeOnly",   "deprecated"};
+static const char *const understood[] = {"type",  "properties", "required", "additionalProperties",
+                                         "items", "minItems",   "maxItems", "enum",
+                                         "const", "anyOf",      "oneOf",    "$ref",
+                                         "$defs", "definitions"};
+
+static bool known_keyword(const char *k)
+{
+    for (size_t i = 0; i < sizeof annotations / sizeof *annotations; i++)
+        if (!strcmp(k, annotations[i])) return true;
+    for (size_t i = 0; i < sizeof understood / sizeof *understood; i++)
+        if (!strcmp(k, understood[i])) return true;
+    return false;
+}
+
+static const cJSON *ref_target(const compile_t *cc, const char *ref)
+{
+    if (!strcmp(ref, "#")) return cc->root;
+    if (!strncmp(ref, "#/$defs/", 8) || !strncmp(ref, "#/definitions/", 14)) {
+        const bool defs = ref[2] == '$';
+        const cJSON *d = cJSON_GetObjectItemCaseSensitive(cc->root, defs ? "$defs" : "definitions");
+        return cJSON_GetObjectItemCaseSensitive(d, ref + (defs ? 8 : 14));
+    }
+    return NULL;
+}
+
+/* The bytes a value of schema s may start with, without compiling it: for the placeholder of a
+ * $ref being compiled (a union around a recursive reference asks before it is done). */
+static void schema_starts(const compile_t *cc, const cJSON *s, uint32_t *set, int depth)
+{
+    if (depth > 16 || !cJSON_IsObject(s)) {
+        starts_of_kind(K_ANY, set);
+        return;
+    }
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(s, "$ref");
+    if (cJSON_IsString(x)) {
+        schema_starts(cc, ref_target(cc, x->valuestring), set, depth + 1);
+        return;
+    }
+    const cJSON *en = cJSON_GetObjectItemCaseSensitive(s, "enum");
+    const cJSON *cn = cJSON_GetObjectItemCaseSensitive(s, "const");
+    if (en || cn) {
+        for (const cJSON *v = en ? en->child : cn; v; v = en ? v->next : NULL) {
+            char *text = cJSON_PrintUnformatted(v);
+            if (text) set_bit(set, (uint8_t)text[0]);
+            free(text);
+        }
+        return;
+    }
+    const cJSON *any = cJSON_GetObjectItemCaseSensitive(s, "anyOf");
+    if (!any) any = cJSON_GetObjectItemCaseSensitive(s, "oneOf");
+    if (any) {
+        cJSON_ArrayForEach(x, any) schema_starts(cc, x, set, depth + 1);
+        return;
+    }
+    static const char *const names[] = {"object",  "array",   "string", "number",
+                                        "integer", "boolean", "null"};
+    static const uint8_t kinds[] = {K_OBJECT,  K_ARRAY,   K_STRING, K_NUMBER,
+                                    K_INTEGER, K_BOOLEAN, K_NULL};
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(s, "type");
+    const cJSON *one = cJSON_IsArray(type) ? type->child : type;
+    for (; cJSON_IsString(one); one = cJSON_IsArray(type) ? one->next : NULL)
+        for (int i = 0; i < 7; i++)
+            if (!strcmp(one->valuestring, names[i])) starts_of_kind(kinds[i], set);
+    if (!type)
+        starts_of_kind(cJSON_GetObjectItemCaseSensitive(s, "properties") ? K_OBJECT : K_ANY, set);
+}
+
+/* A $ref into the schema's $defs or definitions ("#" is the root). */
+static int compile_ref(rules_t *r, compile_t *cc, const char *ref, int depth)
+{
+    const cJSON *t = ref_target(cc, ref);
+    if (!t) {
+        cfail(cc, "json_schema: $ref '%.100s' does not name a schema in $defs or definitions", ref);
+        return -1;
+    }
+    for (int i = 0; i < cc->n_memo; i++)
+        if (cc->memo_at[i] == t) return cc->memo_node[i];
+    /* (a placeholder first: a schema that refers to itself finds it) */
+    const int idx = new_snode(r, cc, K_ANY);
+    if (idx < 0) return -1;
+    schema_starts(cc, t, r->nodes[idx].starts, 0);
+    if (cc->n_memo == cc->cap_memo) {
+        cc->cap_memo = cc->cap_memo ? cc->cap_memo * 2 : 8;
+        cc->memo_at = bt_realloc_or_die(cc->memo_at, (size_t)cc->cap_memo * sizeof *cc->memo_at);
+        cc->memo_node =
+            bt_realloc_or_die(cc->memo_node, (size_t)cc->cap_memo * sizeof *cc->memo_node);
+    }
+    cc->memo_at[cc->n_memo] = t;
+    cc->memo_node[cc->n_memo++] = (uint16_t)idx;
+    const int got = compile_node(r, cc, t, depth + 1);
+    if (got < 0) return -1;
+    r->nodes[idx] = r->nodes[got]; /* (got's own slot stays, unused) */
+    return idx;
+}
+
+static int compile_union(rules_t *r, compile_t *cc, const int *branch, int n, const char *what)
+{
+    if (n > 255) {
+        cfail(cc, "json_schema: %s with more than 255 branches", what);
+        return -1;
+    }
+    const int u = new_snode(r, cc, K_UNION);
+    if (u < 0) return -1;
+    r->nodes[u].first = (uint16_t)r->n_list;
+    r->nodes[u].n = (uint8_t)n;
+    for (int i = 0; i < n; i++) {
+        const snode_t *b = &r->nodes[branch[i]];
+        for (int w = 0; w < 8; w++) {
+            if (r->nodes[u].starts[w] & b->starts[w]) {
+                cfail(cc,
+                      "json_schema: %s whose branches can start alike (two of one type) is not "
+                      "supported",
+                      what);
+                return -1;
+            }
+            r->nodes[u].starts[w] |= b->starts[w];
+        }
+        list_push(r, (uint16_t)branch[i]);
+    }
+    return u;
+}
+
+static int compile_object(rules_t *r, compile_t *cc, const cJSON *s, int depth)
+{
+    const cJSON *props = cJSON_GetObjectItemCaseSensitive(s, "properties");
+    const cJSON *req = cJSON_GetObjectItemCaseSensitive(s, "required");
+    const cJSON *extra = cJSON_GetObjectItemCaseSensitive(s, "additionalProperties");
+    if (extra && !cJSON_IsBool(extra)) {
+        cfail(cc, "json_schema: additionalProperties as a schema is not supported (true or false)");
+        return -1;
+    }
+    if (props && !cJSON_IsObject(props)) {
+        cfail(cc, "json_schema: properties must be an object");
+        return -1;
+    }
+    if (req && !cJSON_IsArray(req)) {
+        cfail(cc, "json_schema: required must be an array of property names");
+        return -1;
+    }
+    if (!props && !cJSON_IsFalse(extra)) {
+        if (req && cJSON_GetArraySize(req) > 0) {
+            cfail(cc, "json_schema: required names properties the schema does not describe");
+            return -1;
+        }
+        return NODE_ANY_OBJECT;
+    }
+    const int n = props ? cJSON_GetArraySize(props) : 0;
+    if (n > BT_GRAMMAR_MAX_PROPERTIES) {
+        cfail(cc, "json_schema: an object of %d properties (at most %d)", n,
+              BT_GRAMMAR_MAX_PROPERTIES);
+        return -1;
+    }
+    int value[BT_GRAMMAR_MAX_PROPERTIES];
+    int j = 0;
+    const cJSON *p;
+    cJSON_ArrayForEach(p, props)
+    {
+        if ((value[j++] = compile_node(r, cc, p, depth + 1)) < 0) return -1;
+    }
+    const int o = new_snode(r, cc, K_OBJECT);
+    if (o < 0) return -1;
+    const int root = new_lnode(r, cc, 0);
+    if (cc->failed) return -1;
+    r->nodes[o].n = (uint8_t)n;
+    r->nodes[o].first = (uint16_t)r->n_list;
+    r->nodes[o].lit = (uint16_t)root;
+    starts_of_kind(K_OBJECT, r->nodes[o].starts);
+    j = 0;
+    cJSON_ArrayForEach(p, props)
+    {
+        cJSON *name = cJSON_CreateString(p->string);
+        char *quoted = cJSON_PrintUnformatted(name);
+        cJSON_Delete(name);
+        const bool fresh = lit_insert(r, cc, (uint16_t)root, quoted, (int16_t)j, 1ull << j);
+        free(quoted);
+        if (cc->failed) return -1;
+        if (!fresh) {
+            cfail(cc, "json_schema: property '%.100s' given twice", p->string);
+            return -1;
+        }
+        list_push(r, (uint16_t)value[j]);
+        j++;
+    }
+    const cJSON *q;
+    cJSON_ArrayForEach(q, req)
+    {
+        int k = 0;
+        const cJSON *x = props ? props->child : NULL;
+        for (; x && !(cJSON_IsString(q) && !strcmp(x->string, q->valuestring)); x = x->next)
+            k++;
+        if (!x) {
+            cfail(cc, "json_schema: required names '%.100s', which is not among the properties",
+                  cJSON_IsString(q) ? q->valuestring : "?");
+            return -1;
+        }
+        r->nodes[o].required |= 1ull << k;
+    }
+    return o;
+}
+
+static int compile_typed(rules_t *r, compile_t *cc, const cJSON *s, const char *type, int depth)
+{
+    static const char *const names[] = {"object",  "array",   "string", "number",
+                                        "integer", "boolean", "null"};
+    static const uint8_t kinds[] = {K_OBJECT,  K_ARRAY,   K_STRING, K_NUMBER,
+                                    K_INTEGER, K_BOOLEAN, K_NULL};
+    int kind = -1;
+    for (int i = 0; i < 7; i++)
+        if (!strcmp(type, names[i])) kind = kinds[i];
+    if (kind < 0) {
+        cfail(cc, "json_schema: type '%.40s' is not a JSON Schema type", type);
+        return -1;
+    }
+    if (kind == K_OBJECT) return compile_object(r, cc, s, depth);
+    if (kind == K_ARRAY) {
+        const cJSON *items = cJSON_GetObjectItemCaseSensitive(s, "items");
+        const cJSON *mn = cJSON_GetObjectItemCaseSensitive(s, "minItems");
+        const cJSON *mx = cJSON_GetObjectItemCaseSensitive(s, "maxItems");
+        if ((mn && (!cJSON_IsNumber(mn) || mn->valuedouble < 0 || mn->valuedouble > 255)) ||
+            (mx && (!cJSON_IsNumber(mx) || mx->valuedouble < 0 || mx->valuedouble > 255)) ||
+            (mn && mx && mn->valuedouble > mx->valuedouble)) {
+            cfail(cc, "json_schema: minItems and maxItems must be 0..255, min <= max");
+            return -1;
+        }
+        const int it = items ? compile_node(r, cc, items, depth + 1) : NODE_ANY;
+        if (it < 0) return -1;
+        if (it == NODE_ANY && !mn && !mx) return NODE_ANY_ARRAY;
+        const int a = new_snode(r, cc, K_ARRAY);
+        if (a < 0) return -1;
+        r->nodes[a].items = (uint16_t)it;
+        r->nodes[a].min_items = mn ? (int16_t)mn->valuedouble : 0;
+        r->nodes[a].max_items = mx ? (int16_t)mx->valuedouble : -1;
+        starts_of_kind(K_ARRAY, r->nodes[a].starts);
+        return a;
+    }
+    const int x = new_snode(r, cc, (uint8_t)kind);
+    if (x >= 0) starts_of_kind((uint8_t)kind, r->nodes[x].starts);
+    return x;
+}
+
+static int compile_node(rules_t *r, compile_t *cc, const cJSON *s, int depth)
+{
+    if (depth > 64) {
+        cfail(cc, "json_schema: nested more than 64 deep");
+        return -1;
+    }
+    if (cJSON_IsTrue(s)) return NODE_ANY;
+    if (!cJSON_IsObject(s)) {
+        cfail(cc, "json_schema: a schema must be an object (or true)");
+        return -1;
+    }
+    for (const cJSON *k = s->child; k; k = k->next)
+        if (!known_keyword(k->string)) {
+            cfail(cc,
+                  "json_schema: keyword '%.60s' is not supported (the output could not be "
+                  "held to it)",
+                  k->string);
+            return -1;
+        }
+    const cJSON *ref = cJSON_GetObjectItemCaseSensitive(s, "$ref");
+    if (ref) {
+        if (!cJSON_IsString(ref)) {
+            cfail(cc, "json_schema: $ref must be a string");
+            return -1;
+        }
+        return compile_ref(r, cc, ref->valuestring, depth);
+    }
+    const cJSON *en = cJSON_GetObjectItemCaseSensitive(s, "enum");
+    const cJSON *cn = cJSON_GetObjectItemCaseSensitive(s, "const");
+    if (en || cn) {
+        if (en &&
+            (!cJSON_IsArray(en) || cJSON_GetArraySize(en) == 0 || cJSON_GetArraySize(en) > 256)) {
+            cfail(cc, "json_schema: enum must be an array of 1..256 values");
+            return -1;
+        }
+        const int e = new_snode(r, cc, K_ENUM);
+        if (e < 0) return -1;
+        const int root = new_lnode(r, cc, 0);
+        if (cc->failed) return -1;
+        r->nodes[e].lit = (uint16_t)root;
+        int16_t i = 0;
+        for (const cJSON *v = en ? en->child : cn; v; v = en ? v->next : NULL, i++) {
+            char *text = cJSON_PrintUnformatted(v);
+            lit_insert(r, cc, (uint16_t)root, text, i, 0); /* (a value twice: once is enough) */
+            set_bit(r->nodes[e].starts, (uint8_t)text[0]);
+            free(text);
+            if (cc->failed) return -1;
+        }
+        return e;
+    }
+    const cJSON *any = cJSON_GetObjectItemCaseSensitive(s, "anyOf");
+    if (!any) any = cJSON_GetObjectItemCaseSensitive(s, "oneOf");
+    if (any) {
+        const int n = cJSON_GetArraySize(any);
+        if (!cJSON_IsArray(any) || n == 0 || cJSON_GetObjectItemCaseSensitive(s, "type")) {
+            cfail(cc,
+                  "json_schema: anyOf / oneOf must be a non-empty array, without a type beside it");
+            return -1;
+        }
+        int *b = bt_malloc_or_die((size_t)n * sizeof *b);
+        int k = 0;
+        const cJSON *x;
+        cJSON_ArrayForEach(x, any)
+        {
+            if ((b[k++] = compile_node(r, cc, x, depth + 1)) < 0) break;
+        }
+        const int u = cc->failed ? -1 : n == 1 ? b[0] : compile_union(r, cc, b, n, any->string);
+        free(b);
+        return u;
+    }
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(s, "type");
+    if (cJSON_IsString(type)) return compile_typed(r, cc, s, type->valuestring, depth);
+    if (cJSON_IsArray(type)) {
+        const int n = cJSON_GetArraySize(type);
+        if (n == 0 || n > 7) {
+            cfail(cc, "json_schema: type must name 1..7 types");
+            return -1;
+        }
+        int b[7], k = 0;
+        const cJSON *x;
+        cJSON_ArrayForEach(x, type)
+        {
+            if (!cJSON_IsString(x)) {
+                cfail(cc, "json_schema: type must be a string or an array of strings");
+                return -1;
+            }
+            if ((b[k++] = compile_typed(r, cc, s, x->valuestring, depth)) < 0) return -1;
+        }
+        return n == 1 ? b[0] : compile_union(r, cc, b, n, "type");
+    }
+    if (type) {
+        cfail(cc, "json_schema: type must be a string or an array of strings");
+        return -1;
+    }
+    if (cJSON_GetObjectItemCaseSensitive(s, "properties")) return compile_object(r, cc, s, depth);
+    return NODE_ANY;
+}
+
+static void rules_free(rules_t *r);
+
+/* Compiles schema (NULL: any object) into *r_p. */
+static bt_status_t rules_compile(const char *schema, size_t len, rules_t **r_p, char *err,
+                                 size_t errlen)
+{
+    rules_t *r = bt_calloc_or_die(1, sizeof *r);
+    compile_t cc = {.err = err, .errlen = errlen};
+    for (int k = 0; k < 3; k++) { /* the nodes every schema has */
+        const int n = new_snode(r, &cc, k == 0 ? K_ANY : k == 1 ? K_OBJECT : K_ARRAY);
+        starts_of_kind(r->nodes[n].kind, r->nodes[n].starts);
+    }
+    r->nodes[NODE_ANY_OBJECT].generic = true;
+    r->nodes[NODE_ANY_ARRAY].items = NODE_ANY;
+    new_lnode(r, &cc, 0); /* (literal node 0: never a child, so 0 can mean none) */
+    cJSON *doc = NULL;
+    int root = NODE_ANY_OBJECT;
+    if (schema) {
+        doc = cJSON_ParseWithLength(schema, len);
+        if (!doc) {
+            snprintf(err, errlen, "json_schema: the schema is not valid JSON");
+            rules_free(r);
+            return BT_ERR_INVALID_ARG;
+        }
+        cc.root = doc;
+        root = compile_node(r, &cc, doc, 0);
+        if (root >= 0 && r->nodes[root].kind != K_OBJECT) {
+            cfail(&cc, "json_schema: the schema's root must be an object (type \"object\")");
+            root = -1;
+        }
+    }
+    cJSON_Delete(doc);
+    free(cc.memo_at);
+    free(cc.memo_node);
+    if (root < 0) {
+        rules_free(r);
+        return BT_ERR_INVALID_ARG;
+    }
+    r->root = (uint16_t)root;
+    *r_p = r;
+    return BT_OK;
+}
+
+bt_status_t bt_grammar_schema_check(const char *schema, size_t len, char *err, size_t errlen)
+{
+    rules_t *r;
+    const bt_status_t st = rules_compile(schema, len, &r, err, errlen);
+    if (st == BT_OK) rules_free(r);
+    return st;
+}
 
 /* ---- the automaton ------------------------------------------------------------------------ */
 
 enum {
-    M_TOP,       /* before the object: whitespace or '{' */
-    M_VALUE,     /* a value must start (after ':' or an array's ',') */
+    M_VALUE,     /* a value of node vnode must start (whitespace first may) */
     M_OBJ_FIRST, /* after '{': a key or '}' */
     M_OBJ_KEY,   /* after an object's ',': a key */
-    M_COLON,     /* after a key: ':' */
+    M_COLON,     /* after a key: ':' (then a value of node vnode) */
     M_OBJ_NEXT,  /* after a member: ',' or '}' */
     M_ARR_FIRST, /* after '[': a value or ']' */
     M_ARR_NEXT,  /* after an element: ',' or ']' */
@@ -23,8 +582,10 @@ enum {
     M_STR_ESC,   /* after a backslash */
     M_STR_HEX,   /* in \uXXXX: sub hex digits to go; need 1 when the first was d */
     M_STR_UTF8,  /* need more continuation bytes, the next in lo..hi */
-    M_NUM,       /* in a number: sub is N_* */
+    M_NUM,       /* in a number of node vnode: sub is N_* */
     M_LIT,       /* in true, false or null: lit, sub characters matched */
+    M_KEYLIT,    /* in one of a described object's keys: at literal node tpos */
+    M_ENUM,      /* in one of an enum's values: at literal node tpos */
     M_DONE,      /* the object is closed */
 };
 
@@ -36,14 +597,19 @@ static const char *const literals[3] = {"true", "false", "null"};
  * strict parsers take them. */
 enum { SURROGATE_NONE, HIGH_READING, LOW_NEXT };
 
+typedef struct {
+    uint16_t node;
+    uint8_t p; /* object: the next property it may have; array: elements so far (to 255) */
+    uint8_t zero;
+} frame_t;
+
 /* Every byte is meaningful (fields unused in a mode stay 0): the state is its own cache key. */
 typedef struct {
     uint8_t mode, sub, lit, need, lo, hi;
-    uint8_t key; /* the string being read is an object key */
+    uint8_t key; /* the string being read is a key of an object without properties */
     uint8_t run; /* whitespace bytes in a row; bytes of the number */
-    uint16_t depth;
-    uint16_t zero;
-    uint8_t stack[BT_GRAMMAR_MAX_DEPTH / 8]; /* a bit per level: 1 object, 0 array */
+    uint16_t depth, vnode, tpos, zero;
+    frame_t stack[BT_GRAMMAR_MAX_DEPTH];
 } jstate_t;
 
 static bool is_ws(uint8_t c)
@@ -67,89 +633,126 @@ static void set_mode(jstate_t *s, uint8_t mode)
     s->sub = s->lit = s->need = s->lo = s->hi = s->run = 0;
 }
 
-static bool push(jstate_t *s, bool object)
+/* The properties a described object may take next, from p: up to the first required one. */
+static uint64_t keys_allowed(const snode_t *o, unsigned p)
+{
+    if (p >= o->n) return 0;
+    const uint64_t from_p = (o->n >= 64 ? ~0ull : (1ull << o->n) - 1) & ~((1ull << p) - 1);
+    const uint64_t req = o->required & from_p;
+    const uint64_t upto = req ? (req & -req) * 2 - 1 : ~0ull; /* through the first required */
+    return from_p & upto;
+}
+
+static bool must_go_on(const snode_t *o, unsigned p) /* a required property still missing */
+{
+    return p < o->n && (o->required >> p) != 0;
+}
+
+static bool push(const rules_t *r, jstate_t *s, uint16_t node)
 {
     if (s->depth >= BT_GRAMMAR_MAX_DEPTH) return false;
-    if (object) s->stack[s->depth / 8] |= (uint8_t)(1u << (s->depth % 8));
-    s->depth++;
-    set_mode(s, object ? M_OBJ_FIRST : M_ARR_FIRST);
+    s->stack[s->depth++] = (frame_t){node, 0, 0};
+    set_mode(s, r->nodes[node].kind == K_OBJECT ? M_OBJ_FIRST : M_ARR_FIRST);
+    s->vnode = s->tpos = 0;
     return true;
 }
 
-static bool top_is_object(const jstate_t *s)
-{
-    const unsigned i = s->depth - 1u;
-    return (s->stack[i / 8] >> (i % 8)) & 1u;
-}
-
 /* A value just ended: what its container expects next. */
-static void value_end(jstate_t *s)
+static void value_end(const rules_t *r, jstate_t *s)
 {
     s->key = 0;
-    if (s->depth == 0)
+    s->vnode = s->tpos = 0;
+    if (s->depth == 0) {
         set_mode(s, M_DONE);
-    else
-        set_mode(s, top_is_object(s) ? M_OBJ_NEXT : M_ARR_NEXT);
+        return;
+    }
+    frame_t *f = &s->stack[s->depth - 1];
+    if (r->nodes[f->node].kind == K_OBJECT) {
+        set_mode(s, M_OBJ_NEXT);
+    } else {
+        if (f->p < 255) f->p++;
+        set_mode(s, M_ARR_NEXT);
+    }
 }
 
-static void pop(jstate_t *s)
+static void pop(const rules_t *r, jstate_t *s)
 {
-    s->depth--;
-    s->stack[s->depth / 8] &= (uint8_t) ~(1u << (s->depth % 8));
-    value_end(s);
+    s->stack[--s->depth] = (frame_t){0, 0, 0};
+    value_end(r, s);
 }
 
-static bool step(jstate_t *s, uint8_t c);
+static bool step(const rules_t *r, jstate_t *s, uint8_t c);
 
-static bool value_start(jstate_t *s, uint8_t c)
+/* A literal (enum value) advanced to node k: done when it has no longer continuation. */
+static void enum_at(const rules_t *r, jstate_t *s, uint16_t k)
 {
-    switch (c) {
-    case '"':
+    s->mode = M_ENUM;
+    s->tpos = k;
+    if (r->lit[k].term >= 0 && !r->lit[k].child) value_end(r, s);
+}
+
+static bool value_start(const rules_t *r, jstate_t *s, uint8_t c, uint16_t node)
+{
+    const snode_t *n = &r->nodes[node];
+    if (!has_bit(n->starts, c)) return false;
+    switch (n->kind) {
+    case K_UNION:
+        for (int i = 0; i < n->n; i++) {
+            const uint16_t b = r->refs_list[n->first + i];
+            if (has_bit(r->nodes[b].starts, c)) return value_start(r, s, c, b);
+        }
+        return false;
+    case K_OBJECT:
+    case K_ARRAY:
+        return push(r, s, node);
+    case K_ENUM: {
+        const uint16_t k = lit_find(r, n->lit, c);
+        if (!k) return false;
+        enum_at(r, s, k);
+        return true;
+    }
+    default:
+        break;
+    }
+    if (c == '{') return push(r, s, NODE_ANY_OBJECT);
+    if (c == '[') return push(r, s, NODE_ANY_ARRAY);
+    if (c == '"') {
         set_mode(s, M_STR);
         return true;
-    case '{':
-        return push(s, true);
-    case '[':
-        return push(s, false);
-    case '-':
-        set_mode(s, M_NUM);
-        s->sub = N_MINUS;
-        s->run = 1;
-        return true;
-    case 't':
-    case 'f':
-    case 'n':
+    }
+    if (c == 't' || c == 'f' || c == 'n') {
         set_mode(s, M_LIT);
         s->lit = c == 't' ? 0 : c == 'f' ? 1 : 2;
         s->sub = 1;
         return true;
-    default:
-        if (!is_digit(c)) return false;
-        set_mode(s, M_NUM);
-        s->sub = c == '0' ? N_ZERO : N_INT;
-        s->run = 1;
-        return true;
     }
+    set_mode(s, M_NUM); /* ('-' or a digit: starts says so) */
+    s->vnode = node;
+    s->sub = c == '-' ? N_MINUS : c == '0' ? N_ZERO : N_INT;
+    s->run = 1;
+    return true;
 }
 
-static bool number_step(jstate_t *s, uint8_t c)
+static bool number_step(const rules_t *r, jstate_t *s, uint8_t c)
 {
+    const bool integer = r->nodes[s->vnode].kind == K_INTEGER;
+    const bool dot = c == '.' && !integer, e = (c == 'e' || c == 'E') && !integer;
     uint8_t next;
     switch (s->sub) {
     case N_MINUS:
         next = c == '0' ? N_ZERO : is_digit(c) ? N_INT : 0xff;
         break;
     case N_ZERO:
-        next = c == '.' ? N_DOT : (c == 'e' || c == 'E') ? N_E : 0xfe;
+        next = dot ? N_DOT : e ? N_E : 0xfe;
         break;
     case N_INT:
-        next = is_digit(c) ? N_INT : c == '.' ? N_DOT : (c == 'e' || c == 'E') ? N_E : 0xfe;
+        next = is_digit(c) ? N_INT : dot ? N_DOT : e ? N_E : 0xfe;
         break;
     case N_DOT:
         next = is_digit(c) ? N_FRAC : 0xff;
         break;
     case N_FRAC:
-        next = is_digit(c) ? N_FRAC : (c == 'e' || c == 'E') ? N_E : 0xfe;
+        next = is_digit(c) ? N_FRAC : e ? N_E : 0xfe;
         break;
     case N_E:
         next = (c == '+' || c == '-') ? N_ESIGN : is_digit(c) ? N_EXP : 0xff;
@@ -163,8 +766,8 @@ static bool number_step(jstate_t *s, uint8_t c)
     }
     if (next == 0xff) return false;
     if (next == 0xfe) { /* the number ended: c belongs to what follows it */
-        value_end(s);
-        return step(s, c);
+        value_end(r, s);
+        return step(r, s, c);
     }
     if (s->run >= BT_GRAMMAR_MAX_NUMBER) return false;
     s->sub = next;
@@ -172,7 +775,7 @@ static bool number_step(jstate_t *s, uint8_t c)
     return true;
 }
 
-static bool string_step(jstate_t *s, uint8_t c)
+static bool string_step(const rules_t *r, jstate_t *s, uint8_t c)
 {
     switch (s->mode) {
     case M_STR_ESC:
@@ -186,9 +789,9 @@ static bool string_step(jstate_t *s, uint8_t c)
         return true;
     case M_STR_HEX: {
         if (!is_hex(c)) return false;
-        const bool d = c == 'd' || c == 'D', upper8 = (c >= '8' && c <= '9') ||
-                                                      (c >= 'a' && c <= 'f') ||
-                                                      (c >= 'A' && c <= 'F');
+        const bool d = c == 'd' || c == 'D';
+        const bool upper8 =
+            (c >= '8' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
         const bool low_half = (c >= 'c' && c <= 'f') || (c >= 'C' && c <= 'F'); /* DC00..DFFF */
         if (s->sub == 4) {
             if (s->lit == LOW_NEXT && !d) return false;
@@ -230,8 +833,9 @@ static bool string_step(jstate_t *s, uint8_t c)
         if (s->key) {
             s->key = 0;
             set_mode(s, M_COLON);
+            s->vnode = NODE_ANY;
         } else {
-            value_end(s);
+            value_end(r, s);
         }
         return true;
     }
@@ -264,21 +868,46 @@ static bool string_step(jstate_t *s, uint8_t c)
 }
 
 /* Advances s by byte c; false (s then undefined) when c cannot come here. */
-static bool step(jstate_t *s, uint8_t c)
+static bool step(const rules_t *r, jstate_t *s, uint8_t c)
 {
     switch (s->mode) {
     case M_STR:
     case M_STR_ESC:
     case M_STR_HEX:
     case M_STR_UTF8:
-        return string_step(s, c);
+        return string_step(r, s, c);
     case M_NUM:
-        return number_step(s, c);
+        return number_step(r, s, c);
     case M_LIT: {
         const char *lit = literals[s->lit];
         if (c != (uint8_t)lit[s->sub]) return false;
-        if (lit[++s->sub] == 0) value_end(s);
+        if (lit[++s->sub] == 0) value_end(r, s);
         return true;
+    }
+    case M_KEYLIT: {
+        const frame_t *f = &s->stack[s->depth - 1];
+        const snode_t *o = &r->nodes[f->node];
+        const uint16_t k = lit_find(r, s->tpos, c);
+        if (!k || !(r->lit[k].below & keys_allowed(o, f->p))) return false;
+        s->tpos = k;
+        const int16_t j = r->lit[k].term;
+        if (j >= 0) { /* the key's closing quote */
+            s->stack[s->depth - 1].p = (uint8_t)(j + 1);
+            set_mode(s, M_COLON);
+            s->tpos = 0;
+            s->vnode = r->refs_list[o->first + j];
+        }
+        return true;
+    }
+    case M_ENUM: {
+        const uint16_t k = lit_find(r, s->tpos, c);
+        if (k) {
+            enum_at(r, s, k);
+            return true;
+        }
+        if (r->lit[s->tpos].term < 0) return false;
+        value_end(r, s); /* a number that could have gone on ("1" of 1 and 12) */
+        return step(r, s, c);
     }
     case M_DONE:
         return false;
@@ -291,43 +920,60 @@ static bool step(jstate_t *s, uint8_t c)
         return true;
     }
     s->run = 0;
+    const frame_t *f = s->depth ? &s->stack[s->depth - 1] : NULL;
+    const snode_t *o = f ? &r->nodes[f->node] : NULL;
     switch (s->mode) {
-    case M_TOP:
-        return c == '{' && push(s, true);
     case M_VALUE:
-        return value_start(s, c);
+        return value_start(r, s, c, s->vnode);
     case M_OBJ_FIRST:
         if (c == '}') {
-            pop(s);
+            if (!o->generic && must_go_on(o, 0)) return false;
+            pop(r, s);
             return true;
         }
         /* fall through */
     case M_OBJ_KEY:
         if (c != '"') return false;
-        set_mode(s, M_STR);
-        s->key = 1;
-        return true;
+        if (o->generic) {
+            set_mode(s, M_STR);
+            s->key = 1;
+            return true;
+        }
+        if (!keys_allowed(o, f->p)) return false;
+        set_mode(s, M_KEYLIT);
+        s->tpos = o->lit;
+        return step(r, s, c);
     case M_COLON:
         if (c != ':') return false;
-        set_mode(s, M_VALUE);
+        s->mode = M_VALUE; /* (vnode: the value's node) */
         return true;
     case M_OBJ_NEXT:
-    case M_ARR_NEXT: {
-        const bool object = s->mode == M_OBJ_NEXT;
         if (c == ',') {
-            set_mode(s, object ? M_OBJ_KEY : M_VALUE);
+            if (!o->generic && !keys_allowed(o, f->p)) return false;
+            set_mode(s, M_OBJ_KEY);
             return true;
         }
-        if (c != (object ? '}' : ']')) return false;
-        pop(s);
+        if (c != '}' || (!o->generic && must_go_on(o, f->p))) return false;
+        pop(r, s);
         return true;
-    }
     case M_ARR_FIRST:
         if (c == ']') {
-            pop(s);
+            if (o->min_items > 0) return false;
+            pop(r, s);
             return true;
         }
-        return value_start(s, c);
+        if (o->max_items == 0) return false;
+        return value_start(r, s, c, o->items);
+    case M_ARR_NEXT:
+        if (c == ',') {
+            if (o->max_items >= 0 && f->p >= o->max_items) return false;
+            set_mode(s, M_VALUE);
+            s->vnode = o->items;
+            return true;
+        }
+        if (c != ']' || f->p < o->min_items) return false;
+        pop(r, s);
+        return true;
     default:
         return false;
     }
@@ -341,14 +987,14 @@ typedef struct {
     uint8_t byte;
 } tnode_t;
 
-enum { CACHE_SLOTS = 512, CACHE_PROBES = 8 };
+enum { CACHE_SLOTS = 256, CACHE_PROBES = 8, MAX_SCHEMAS = 16 };
 
-typedef struct {
+struct cache_entry {
     bool used;
     jstate_t key;
     uint64_t last_use;
     uint32_t *mask;
-} cache_entry_t;
+};
 
 struct bt_grammar_vocab {
     int vocab, words;
@@ -358,8 +1004,9 @@ struct bt_grammar_vocab {
     int32_t *tok_next;
     tnode_t *nodes;
     uint32_t n_nodes, cap_nodes;
-    pthread_mutex_t lock; /* the cache */
-    cache_entry_t *cache;
+    pthread_mutex_t lock; /* the schemas and their caches */
+    rules_t *schemas;     /* compiled, shared by the requests that send the same text */
+    int n_schemas;
     uint64_t clock, computed, looked_up;
 };
 
@@ -413,7 +1060,6 @@ bt_status_t bt_grammar_vocab_create_bytes(const char *const *bytes, const size_t
         trie_insert(v, i, bytes[i], lens[i]);
     }
     pthread_mutex_init(&v->lock, NULL);
-    v->cache = bt_calloc_or_die(CACHE_SLOTS, sizeof *v->cache);
     *v_p = v;
     return BT_OK;
 }
@@ -432,15 +1078,29 @@ bt_status_t bt_grammar_vocab_create(const bt_tokenizer_t *tok, int vocab, int32_
     return st;
 }
 
+static void rules_free(rules_t *r)
+{
+    if (!r) return;
+    for (int i = 0; r->cache && i < CACHE_SLOTS; i++)
+        free(r->cache[i].mask);
+    free(r->cache);
+    free(r->text);
+    free(r->nodes);
+    free(r->refs_list);
+    free(r->lit);
+    free(r);
+}
+
 void bt_grammar_vocab_destroy(bt_grammar_vocab_t *v)
 {
     if (!v) return;
     for (int i = 0; i < v->vocab; i++)
         free(v->bytes[i]);
-    for (int i = 0; i < CACHE_SLOTS; i++)
-        free(v->cache[i].mask);
+    for (rules_t *r = v->schemas, *next; r; r = next) {
+        next = r->next;
+        rules_free(r);
+    }
     pthread_mutex_destroy(&v->lock);
-    free(v->cache);
     free(v->bytes);
     free(v->lens);
     free(v->tok_next);
@@ -466,15 +1126,69 @@ void bt_grammar_vocab_stats(bt_grammar_vocab_t *v, uint64_t *computed, uint64_t 
     pthread_mutex_unlock(&v->lock);
 }
 
+/* The compiled schema of this text (NULL: any object), shared; a reference for the caller. */
+static bt_status_t schema_get(bt_grammar_vocab_t *v, const char *text, size_t len, rules_t **r_p,
+                              char *err, size_t errlen)
+{
+    pthread_mutex_lock(&v->lock);
+    v->clock++;
+    for (rules_t *r = v->schemas; r; r = r->next)
+        if ((!text && !r->text) ||
+            (text && r->text && r->text_len == len && !memcmp(r->text, text, len))) {
+            r->refs++;
+            r->last_use = v->clock;
+            pthread_mutex_unlock(&v->lock);
+            *r_p = r;
+            return BT_OK;
+        }
+    pthread_mutex_unlock(&v->lock);
+    rules_t *r;
+    const bt_status_t st = rules_compile(text, len, &r, err, errlen);
+    if (st != BT_OK) return st;
+    if (text) {
+        r->text = bt_malloc_or_die(len ? len : 1);
+        memcpy(r->text, text, len);
+        r->text_len = len;
+    }
+    r->cache = bt_calloc_or_die(CACHE_SLOTS, sizeof *r->cache);
+    r->refs = 2; /* the list's and the caller's */
+    pthread_mutex_lock(&v->lock);
+    r->last_use = v->clock;
+    r->next = v->schemas;
+    v->schemas = r;
+    if (++v->n_schemas > MAX_SCHEMAS) { /* the least recently used one no request holds */
+        rules_t **victim = NULL;
+        for (rules_t **p = &v->schemas; *p; p = &(*p)->next)
+            if ((*p)->refs == 1 && (!victim || (*p)->last_use < (*victim)->last_use)) victim = p;
+        if (victim) {
+            rules_t *gone = *victim;
+            *victim = gone->next;
+            v->n_schemas--;
+            rules_free(gone);
+        }
+    }
+    pthread_mutex_unlock(&v->lock);
+    *r_p = r;
+    return BT_OK;
+}
+
+static void schema_release(bt_grammar_vocab_t *v, rules_t *r)
+{
+    pthread_mutex_lock(&v->lock);
+    r->refs--;
+    pthread_mutex_unlock(&v->lock);
+}
+
 /* Every token whose bytes the automaton takes from st, below trie node n. */
-static void walk(const bt_grammar_vocab_t *v, uint32_t n, const jstate_t *st, uint32_t *mask)
+static void walk(const bt_grammar_vocab_t *v, const rules_t *r, uint32_t n, const jstate_t *st,
+                 uint32_t *mask)
 {
     for (uint32_t k = v->nodes[n].child; k; k = v->nodes[k].sibling) {
         jstate_t s = *st;
-        if (!step(&s, v->nodes[k].byte)) continue;
+        if (!step(r, &s, v->nodes[k].byte)) continue;
         for (int32_t t = v->nodes[k].tok; t >= 0; t = v->tok_next[t])
             mask[t >> 5] |= 1u << (t & 31);
-        walk(v, k, &s, mask);
+        walk(v, r, k, &s, mask);
     }
 }
 
@@ -487,8 +1201,8 @@ static uint64_t state_hash(const jstate_t *s)
     return h;
 }
 
-/* The mask of state st into out, from the cache or computed into it. */
-static void vocab_mask(bt_grammar_vocab_t *v, const jstate_t *st, uint32_t *out)
+/* The mask of state st into out, from the schema's cache or computed into it. */
+static void vocab_mask(bt_grammar_vocab_t *v, rules_t *r, const jstate_t *st, uint32_t *out)
 {
     const size_t bytes = (size_t)v->words * sizeof *out;
     const uint64_t h = state_hash(st);
@@ -497,7 +1211,7 @@ static void vocab_mask(bt_grammar_vocab_t *v, const jstate_t *st, uint32_t *out)
     v->clock++;
     cache_entry_t *victim = NULL;
     for (int p = 0; p < CACHE_PROBES; p++) {
-        cache_entry_t *e = &v->cache[(h + (uint64_t)p) % CACHE_SLOTS];
+        cache_entry_t *e = &r->cache[(h + (uint64_t)p) % CACHE_SLOTS];
         if (e->used && !memcmp(&e->key, st, sizeof *st)) {
             e->last_use = v->clock;
             memcpy(out, e->mask, bytes);
@@ -509,7 +1223,7 @@ static void vocab_mask(bt_grammar_vocab_t *v, const jstate_t *st, uint32_t *out)
     v->computed++;
     pthread_mutex_unlock(&v->lock);
     memset(out, 0, bytes);
-    walk(v, 0, st, out);
+    walk(v, r, 0, st, out);
     bool any = false;
     for (int i = 0; i < v->words && !any; i++)
         any = out[i] != 0;
@@ -528,23 +1242,42 @@ static void vocab_mask(bt_grammar_vocab_t *v, const jstate_t *st, uint32_t *out)
 
 struct bt_grammar {
     bt_grammar_vocab_t *v;
+    rules_t *r;
     int32_t after;
     bool active;
     jstate_t s;
 };
 
-bt_grammar_t *bt_grammar_json_object(bt_grammar_vocab_t *v, int32_t after_token)
+bt_status_t bt_grammar_json_schema(bt_grammar_vocab_t *v, const char *schema, size_t len,
+                                   int32_t after_token, bt_grammar_t **g_p, char *err,
+                                   size_t errlen)
 {
+    rules_t *r;
+    const bt_status_t st = schema_get(v, schema, len, &r, err, errlen);
+    if (st != BT_OK) return st;
     bt_grammar_t *g = bt_calloc_or_die(1, sizeof *g);
     g->v = v;
+    g->r = r;
     g->after = after_token;
     g->active = after_token < 0;
-    set_mode(&g->s, M_TOP);
+    set_mode(&g->s, M_VALUE);
+    g->s.vnode = r->root;
+    *g_p = g;
+    return BT_OK;
+}
+
+bt_grammar_t *bt_grammar_json_object(bt_grammar_vocab_t *v, int32_t after_token)
+{
+    bt_grammar_t *g = NULL;
+    char err[8];
+    bt_grammar_json_schema(v, NULL, 0, after_token, &g, err, sizeof err); /* (cannot fail) */
     return g;
 }
 
 void bt_grammar_destroy(bt_grammar_t *g)
 {
+    if (!g) return;
+    schema_release(g->v, g->r);
     free(g);
 }
 
@@ -571,14 +1304,14 @@ void bt_grammar_mask(bt_grammar_t *g, uint32_t *mask)
         if (v->eos >= 0) mask[v->eos >> 5] |= 1u << (v->eos & 31);
         return;
     }
-    vocab_mask(v, &g->s, mask);
+    vocab_mask(v, g->r, &g->s, mask);
 }
 
 bool bt_grammar_accept_bytes(bt_grammar_t *g, const char *bytes, size_t len)
 {
     jstate_t s = g->s;
     for (size_t i = 0; i < len; i++)
-        if (!step(&s, (uint8_t)bytes[i])) return false;
+        if (!step(g->r, &s, (uint8_t)bytes[i])) return false;
     g->s = s;
     return true;
 }

@@ -1,16 +1,27 @@
-/* Constrained decoding: which token ids may come next so that the output stays a valid JSON
- * object (OpenAI's response_format {"type": "json_object"}). A pushdown automaton over the
- * output's bytes (RFC 8259, strict UTF-8 inside strings); the tokens it allows are found by
- * walking a trie of the vocabulary's byte strings from the automaton's state, and the masks are
- * cached by state, so a long string or a repeated structure costs a lookup per token.
+/* Constrained decoding: which token ids may come next so that the output stays a JSON object,
+ * any (OpenAI's response_format {"type": "json_object"}) or one a JSON schema describes
+ * ({"type": "json_schema"}). A pushdown automaton over the output's bytes (RFC 8259, strict
+ * UTF-8 and paired surrogates inside strings) whose stack frames name schema nodes; the tokens
+ * it allows are found by walking a trie of the vocabulary's byte strings from the automaton's
+ * state, and the masks are cached by state, so a long string or a repeated structure costs a
+ * lookup per token.
  *
  *   bt_grammar_vocab_t *v;                       // once per worker
  *   bt_grammar_vocab_create(tok, vocab, eos_id, &v);
- *   bt_grammar_t *g = bt_grammar_json_object(v, after_token);   // one per request
- *   if (bt_grammar_active(g)) bt_grammar_mask(g, mask);          // vocab bits: 1 = allowed
+ *   bt_grammar_t *g;                             // one per request
+ *   bt_grammar_json_schema(v, schema, len, after_token, &g, err, errlen);   // schema NULL: any
+ * object if (bt_grammar_active(g)) bt_grammar_mask(g, mask);          // vocab bits: 1 = allowed
  *   ... draw t under the mask ...
  *   bt_grammar_accept(g, t);                     // false: t was not allowed (state unchanged)
  *   bt_grammar_done(g)                           // the object is closed: only eos may follow
+ *
+ * Schemas: type (one or a list), properties (generated in their order; required ones always,
+ * others may be left out; no properties beyond them), required, additionalProperties (true or
+ * false: nothing beyond the properties is generated either way), items, minItems, maxItems,
+ * enum, const, anyOf / oneOf (branches that start with different characters), $ref into $defs
+ * or definitions (recursion included), and annotations (title, description, default, ...).
+ * Keywords that would constrain what is not checked (pattern, format, minimum, minLength, allOf,
+ * ...) are refused with an error naming them, not ignored; the root must be an object.
  *
  * Special tokens are never allowed, eos only once the object is closed. Whitespace runs are
  * capped (BT_GRAMMAR_MAX_WS bytes) and so are numbers (BT_GRAMMAR_MAX_NUMBER), so a model
@@ -26,9 +37,10 @@
 #include <stdint.h>
 
 enum {
-    BT_GRAMMAR_MAX_DEPTH = 64,
+    BT_GRAMMAR_MAX_DEPTH = 32,
     BT_GRAMMAR_MAX_WS = 64,
     BT_GRAMMAR_MAX_NUMBER = 64,
+    BT_GRAMMAR_MAX_PROPERTIES = 64, /* of one object */
 };
 
 typedef struct bt_grammar_vocab bt_grammar_vocab_t;
@@ -45,11 +57,20 @@ void bt_grammar_vocab_destroy(bt_grammar_vocab_t *v);
 int bt_grammar_vocab_size(const bt_grammar_vocab_t *v);
 /* Words of a mask: (vocab + 31) / 32. */
 int bt_grammar_mask_words(const bt_grammar_vocab_t *v);
-/* Masks computed (cache misses) and looked up, since creation: for tests and metrics. */
+/* Masks computed (cache misses) and looked up, since creation, over every schema. */
 void bt_grammar_vocab_stats(bt_grammar_vocab_t *v, uint64_t *computed, uint64_t *cached);
 
-/* A JSON object constraint. after_token >= 0: free output until that token was generated (the
- * end of a reasoning block), the object after it; < 0: the object from the first token. */
+/* Checks that schema (JSON text of len bytes) is one this module takes; err names what is not. */
+bt_status_t bt_grammar_schema_check(const char *schema, size_t len, char *err, size_t errlen);
+
+/* A request's constraint: the object schema describes (schema NULL: any JSON object). The
+ * compiled schema is shared by the requests that send the same text (and so are its masks).
+ * after_token >= 0: free output until that token was generated (the end of a reasoning block),
+ * the object after it; < 0: the object from the first token. */
+bt_status_t bt_grammar_json_schema(bt_grammar_vocab_t *v, const char *schema, size_t len,
+                                   int32_t after_token, bt_grammar_t **g_p, char *err,
+                                   size_t errlen);
+/* Any JSON object (bt_grammar_json_schema with no schema). */
 bt_grammar_t *bt_grammar_json_object(bt_grammar_vocab_t *v, int32_t after_token);
 void bt_grammar_destroy(bt_grammar_t *g);
 

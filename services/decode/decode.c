@@ -62,6 +62,7 @@ typedef struct seq {
     bt_grammar_t *grammar;    /* response_format's constraint, NULL: none */
     uint32_t *allow;          /* its mask for the step (filled in the step's work) */
     char response_format[16]; /* and what makes it, for the prefill group's first draw */
+    char *json_schema;
     bool has_constrain_after;
     int32_t constrain_after_token;
     seq_state_t state;
@@ -281,6 +282,7 @@ static void seq_release(seq_t *s)
     free(s->stop_ids);
     bt_grammar_destroy(s->grammar);
     free(s->allow);
+    free(s->json_schema);
     bt_penalties_free(&s->pen);
     free(s->bias_ids);
     free(s->bias);
@@ -484,6 +486,7 @@ static void start_prefill(seq_t *s)
     sp.logit_bias_ids = s->bias_ids;
     sp.logit_bias = s->bias;
     sp.response_format = s->response_format;
+    sp.json_schema = s->json_schema;
     sp.has_constrain_after = s->has_constrain_after;
     sp.constrain_after_token = s->constrain_after_token;
     req.sampling = &sp;
@@ -962,6 +965,8 @@ static void on_generate(void *ctx, bt_rpc_call_t *call, const uint8_t *data, siz
     s->grammar = grammar;
     if (grammar) {
         snprintf(s->response_format, sizeof s->response_format, "%s", rsp->response_format);
+        if (rsp->json_schema && *rsp->json_schema)
+            s->json_schema = bt_strdup_or_die(rsp->json_schema);
         s->has_constrain_after = rsp->has_constrain_after;
         s->constrain_after_token = rsp->constrain_after_token;
         s->allow = bt_malloc_or_die((size_t)bt_grammar_mask_words(d->eng.grammar_vocab) *

@@ -199,6 +199,7 @@ bt_status_t bt_openai_parse(bt_openai_kind_t kind, const char *body, size_t len,
     int n_stop = 0;
     int32_t *stop_ids = NULL, *prompt_ids = NULL, *bias_ids = NULL;
     float *bias = NULL;
+    char *json_schema = NULL; /* response_format.json_schema.schema, as compact JSON */
     size_t n_bias = 0;
     char *prompt_text = NULL;
     const cJSON *batch = NULL; /* completions: several prompts */
@@ -263,9 +264,8 @@ bt_status_t bt_openai_parse(bt_openai_kind_t kind, const char *body, size_t len,
     if (max_completion > 0) max_tokens = max_completion;
     if (max_tokens > INT32_MAX) max_tokens = INT32_MAX;
     TRY(integer(root, "seed", -9.2e18, 9.2e18, 0, &seed, e));
-    /* structured output: json_object is decoded under a JSON grammar; json_schema would need a
-     * schema's grammar, which there is none of yet: refused, rather than answered with JSON
-     * that need not match the schema */
+    /* structured output: decoded under a grammar (common/text/grammar.h); the router checks the
+     * schema and names what it cannot hold the output to */
     bool json_object = false;
     const cJSON *rf = item(root, "response_format");
     if (rf && !cJSON_IsNull(rf)) {
@@ -276,12 +276,16 @@ bt_status_t bt_openai_parse(bt_openai_kind_t kind, const char *body, size_t len,
         }
         json_object = !strcmp(t->valuestring, "json_object");
         if (!strcmp(t->valuestring, "json_schema")) {
-            fail(e, "response_format",
-                 "'response_format' of type 'json_schema' is not supported yet (json_object is); "
-                 "describe the schema in the prompt with json_object instead");
-            goto out;
-        }
-        if (!json_object && strcmp(t->valuestring, "text") != 0) {
+            const cJSON *js = item(rf, "json_schema");
+            const cJSON *schema = cJSON_IsObject(js) ? item(js, "schema") : NULL;
+            if (!cJSON_IsObject(schema)) {
+                fail(e, "response_format",
+                     "'response_format' of type 'json_schema' needs 'json_schema': {'name': ..., "
+                     "'schema': {...}}");
+                goto out;
+            }
+            json_schema = cJSON_PrintUnformatted(schema);
+        } else if (!json_object && strcmp(t->valuestring, "text") != 0) {
             fail(e, "response_format",
                  "'response_format' type must be text, json_object or json_schema");
             goto out;
@@ -448,6 +452,10 @@ bt_status_t bt_openai_parse(bt_openai_kind_t kind, const char *body, size_t len,
     sp.logit_bias_ids = bias_ids;
     sp.logit_bias = bias;
     if (json_object) sp.response_format = "json_object";
+    if (json_schema) {
+        sp.response_format = "json_schema";
+        sp.json_schema = json_schema;
+    }
     g.sampling = &sp;
     g.request_id = (char *)request_id;
     g.model = r->model;
@@ -487,6 +495,7 @@ out:
     free(stop_ids);
     free(bias_ids);
     free(bias);
+    free(json_schema);
     free(prompt_ids);
     free(prompt_text);
     cJSON_Delete(root);

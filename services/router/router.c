@@ -9,6 +9,7 @@
 #include "common/log.h"
 #include "common/rpc/rpc.h"
 #include "common/text/chat.h"
+#include "common/text/grammar.h"
 #include "common/text/parsers.h"
 #include "common/text/tokenizer.h"
 #include "common/metrics.h"
@@ -73,7 +74,8 @@ typedef struct req {
     float *bias;
     int n_bias;
     int max_new;
-    char response_format[16]; /* sampling.response_format ("json_object"), "" for none */
+    char response_format[16]; /* sampling.response_format, "" for none */
+    char *json_schema;        /* and its schema (json_schema), NULL for none */
     int prefill_retries; /* attempts that failed on the prefill side before any token */
     worker_t *decode, *prefill;
     bt_rpc_client_call_t *dcall;
@@ -143,6 +145,7 @@ static void req_release(req_t *q)
     free(q->bias_ids);
     free(q->bias);
     free(q->prompt);
+    free(q->json_schema);
     free(q);
 }
 
@@ -515,6 +518,7 @@ static bool start_request(req_t *q)
     sp.logit_bias_ids = q->bias_ids;
     sp.logit_bias = q->bias;
     sp.response_format = q->response_format;
+    sp.json_schema = q->json_schema;
     dr.sampling = &sp;
     dr.prefill_address = p->address;
     dr.max_new_tokens = q->max_new;
@@ -725,14 +729,32 @@ static bt_rpc_code_t prepare(router_t *r, req_t *q, const Baton__V1__GenerateReq
             }
     }
     const char *rf = sp->response_format ? sp->response_format : "";
-    if (*rf && strcmp(rf, "json_object") != 0) {
-        snprintf(msg, msglen, "sampling.response_format '%.64s' is not supported (json_object is)",
+    const bool schema = !strcmp(rf, "json_schema");
+    if (*rf && strcmp(rf, "json_object") != 0 && !schema) {
+        snprintf(msg, msglen,
+                 "sampling.response_format '%.64s' is not supported (json_object, "
+                 "json_schema)",
                  rf);
         return BT_RPC_INVALID_ARGUMENT;
     }
+    const char *js = sp->json_schema ? sp->json_schema : "";
+    if (schema != (*js != 0)) {
+        snprintf(msg, msglen,
+                 "sampling.json_schema goes with response_format json_schema, and only");
+        return BT_RPC_INVALID_ARGUMENT;
+    }
+    if (schema) {
+        char err[300];
+        if (bt_grammar_schema_check(js, strlen(js), err, sizeof err) != BT_OK) {
+            snprintf(msg, msglen, "response_format: %s", err);
+            return BT_RPC_INVALID_ARGUMENT;
+        }
+        q->json_schema = bt_strdup_or_die(js);
+    }
     q->sampling = *sp;
     snprintf(q->response_format, sizeof q->response_format, "%s", rf);
-    q->sampling.response_format = NULL; /* (the request is freed: start_request sets the copy) */
+    q->sampling.response_format = NULL; /* (the request is freed: start_request sets the copies) */
+    q->sampling.json_schema = NULL;
     if (sp->has_constrain_after && (sp->constrain_after_token < 0 ||
                                     sp->constrain_after_token >= bt_tokenizer_vocab_size(r->tok))) {
         snprintf(msg, msglen, "sampling.constrain_after_token %d is outside the vocabulary (0..%d)",

@@ -694,6 +694,76 @@ static void test_json_object(void)
     }
 }
 
+/* response_format json_schema: every choice that stops is an instance of the schema (checked
+ * here field by field), and a schema with a keyword the grammar cannot hold the output to is a
+ * 400 naming it. */
+static void test_json_schema(void)
+{
+    char dir[600], err[256], bias[128];
+    snprintf(dir, sizeof dir, "%s/golden-a-exact", BT_GOLDEN_DIR);
+    bt_tokenizer_t *tok;
+    BT_CHECK(bt_tokenizer_load(dir, &tok, err, sizeof err) == BT_OK);
+    snprintf(bias, sizeof bias, "\"logit_bias\":{\"%d\":8,\"%d\":8}",
+             bt_tokenizer_token_to_id(tok, "\""), bt_tokenizer_token_to_id(tok, "}"));
+    bt_tokenizer_destroy(tok);
+#define SCHEMA                                                                                     \
+    "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},\"age\":{\"type\":"       \
+    "\"integer\"},\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\"},\"maxItems\":3},"   \
+    "\"kind\":{\"enum\":[\"cat\",\"dog\"]}},\"required\":[\"name\",\"age\",\"kind\"]}"
+    char body[1024];
+    snprintf(body, sizeof body,
+             "{" MSGS ",\"max_tokens\":300,\"n\":8,\"seed\":9,%s,\"response_format\":{\"type\":"
+             "\"json_schema\",\"json_schema\":{\"name\":\"pet\",\"strict\":true,\"schema\":" SCHEMA
+             "}}}",
+             bias);
+    cJSON *all = post_json(CHAT, body);
+    BT_CHECK(all != NULL);
+    int stopped = 0, instances = 0;
+    const cJSON *ch;
+    cJSON_ArrayForEach(ch, cJSON_GetObjectItem(all, "choices"))
+    {
+        const char *text = cJSON_GetStringValue(
+            cJSON_GetObjectItem(cJSON_GetObjectItem(ch, "message"), "content"));
+        const char *finish = cJSON_GetStringValue(cJSON_GetObjectItem(ch, "finish_reason"));
+        if (!finish || strcmp(finish, "stop")) continue;
+        stopped++;
+        cJSON *x = text ? cJSON_Parse(text) : NULL;
+        const cJSON *name = cJSON_GetObjectItem(x, "name"), *age = cJSON_GetObjectItem(x, "age");
+        const cJSON *tags = cJSON_GetObjectItem(x, "tags"), *kind = cJSON_GetObjectItem(x, "kind"),
+                    *t;
+        bool ok = cJSON_IsObject(x) && cJSON_IsString(name) && cJSON_IsNumber(age) &&
+                  age->valuedouble == (double)(long long)age->valuedouble && cJSON_IsString(kind) &&
+                  (!strcmp(kind->valuestring, "cat") || !strcmp(kind->valuestring, "dog")) &&
+                  cJSON_GetArraySize(x) == 3 + (tags != NULL);
+        if (tags) {
+            ok = ok && cJSON_IsArray(tags) && cJSON_GetArraySize(tags) <= 3;
+            cJSON_ArrayForEach(t, tags) ok = ok && cJSON_IsString(t);
+        }
+        instances += ok;
+        BT_CHECK_MSG(ok, "a choice stopped on '%s', not an instance of the schema",
+                     text ? text : "?");
+        cJSON_Delete(x);
+    }
+    fprintf(stderr,
+            "  json_schema (string, integer, array of at most 3, enum; 3 required): %d of 8 "
+            "choices stopped, %d instances\n",
+            stopped, instances);
+    BT_CHECK(stopped >= 4);
+    cJSON_Delete(all);
+#undef SCHEMA
+    const char *unsupported =
+        "{" MSGS ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+        "{\"name\":\"x\",\"schema\":{\"type\":\"object\",\"properties\":{\"a\":"
+        "{\"type\":\"string\",\"pattern\":\"^a+$\"}}}}}}";
+    char *r = request("POST", CHAT, unsupported, NULL);
+    char out[4096];
+    const int st = raw(r, strlen(r), false, 0, out, sizeof out);
+    free(r);
+    BT_CHECK_MSG(st == 400 && strstr(out, "'pattern'") &&
+                     strstr(out, "\"param\":\"response_format\""),
+                 "%d %.300s", st, out);
+}
+
 static int connect_port(int port)
 {
     const int saved = gw_port;
@@ -764,11 +834,11 @@ static void test_stop_drains(void)
     fprintf(stderr,
             "  a stream across the gateway's stop: %d content chunks, [DONE] %d, error %d, ended "
             "%lld ms after the stop; a new connection %s; the gateway %s\n",
-            chunks, strstr(out, "data: [DONE]") != NULL, strstr(out, "\"error\"") != NULL,
+            chunks, strstr(out, "data: [DONE]") != NULL, strstr(out, "data: {\"error\"") != NULL,
             (long long)ms, refused ? "refused" : "accepted", exited ? "exited" : "stayed");
     BT_CHECK(!strncmp(out, "HTTP/1.1 200", 12));
     BT_CHECK(strstr(out, "\"finish_reason\":\"length\"") && strstr(out, "data: [DONE]"));
-    BT_CHECK(!strstr(out, "\"error\""));
+    BT_CHECK(!strstr(out, "data: {\"error\""));
     BT_CHECK(refused);
     BT_CHECK(exited);
 }
@@ -781,7 +851,7 @@ static void test_drain_timeout(void)
     bool refused;
     int64_t ms;
     const bool exited = stream_across_stop("0.1", 450, 8, out, sizeof out, &refused, &ms);
-    const char *err = strstr(out, "\"error\"");
+    const char *err = strstr(out, "data: {\"error\"");
     fprintf(stderr,
             "  8 streamed choices of 450 tokens, their gateway stopped with a 0.1 s drain: ended "
             "%lld ms "
@@ -836,6 +906,7 @@ int main(void)
     BT_RUN(test_n_choices);
     BT_RUN(test_batch_prompts);
     BT_RUN(test_json_object);
+    BT_RUN(test_json_schema);
     BT_RUN(test_stop_drains);
     BT_RUN(test_drain_timeout);
     proc_stop(&gateway, SIGTERM);

@@ -287,7 +287,7 @@ test('presence and frequency penalties, logit_bias', async () => {
     (e) => e instanceof OpenAI.BadRequestError && /logit_bias/.test(e.message));
 });
 
-test('response_format json_object: every answer that stops is a JSON object', async () => {
+test('response_format json_object and json_schema: every answer that stops is a JSON object, an instance of the schema', async () => {
   // the untrained model's strings run long: a bias toward '"' and '}' (where the grammar allows
   // them) closes most objects within max_tokens; without the grammar it puts them anywhere
   const vocab = JSON.parse(readFileSync(path.join(cache, 'baton', 'demo-v1', 'tokenizer.json'))).model.vocab;
@@ -303,6 +303,19 @@ test('response_format json_object: every answer that stops is a JSON object', as
   for (const c of stopped) assert.ok(isObject(c.message.content), `not an object: ${JSON.stringify(c.message.content)}`);
   const off = await ask({});
   assert.equal(off.choices.filter((c) => isObject(c.message.content)).length, 0);
+  // json_schema, as the SDK sends it (strict): every answer that stops is an instance
+  const schema = {
+    type: 'object', additionalProperties: false, required: ['city', 'days', 'unit'],
+    properties: { city: { type: 'string' }, days: { type: 'integer' }, unit: { enum: ['C', 'F'] } },
+  };
+  const typed = await ask({ response_format: { type: 'json_schema', json_schema: { name: 'forecast', strict: true, schema } } });
+  const done = typed.choices.filter((c) => c.finish_reason === 'stop');
+  assert.ok(done.length >= 3, `${done.length} of 6 stopped`);
+  for (const c of done) {
+    const v = JSON.parse(c.message.content);
+    assert.deepEqual(Object.keys(v), ['city', 'days', 'unit'], c.message.content);
+    assert.ok(typeof v.city === 'string' && Number.isInteger(v.days) && ['C', 'F'].includes(v.unit), c.message.content);
+  }
 });
 
 test('errors: 401 and 400', async () => {
@@ -315,8 +328,8 @@ test('errors: 401 and 400', async () => {
     (e) => e instanceof OpenAI.BadRequestError && /'n'/.test(e.message));
   await assert.rejects(client.chat.completions.create({
     model: MODEL, messages: [{ role: 'user', content: 'x' }],
-    response_format: { type: 'json_schema', json_schema: { name: 'r', schema: { type: 'object' } } },
-  }), (e) => e instanceof OpenAI.BadRequestError && /response_format/.test(e.message));
+    response_format: { type: 'json_schema', json_schema: { name: 'r', schema: { type: 'object', properties: { a: { type: 'string', format: 'email' } } } } },
+  }), (e) => e instanceof OpenAI.BadRequestError && /response_format/.test(e.message) && /'format'/.test(e.message));
   await assert.rejects(client.chat.completions.create({ model: MODEL, messages: [] }),
     (e) => e instanceof OpenAI.BadRequestError && /messages/.test(e.message));
   await assert.rejects(client.chat.completions.create({ model: 'no-such-model', messages: [{ role: 'user', content: 'x' }] }),
