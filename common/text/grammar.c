@@ -1183,12 +1183,19 @@ static void schema_release(bt_grammar_vocab_t *v, rules_t *r)
 static void walk(const bt_grammar_vocab_t *v, const rules_t *r, uint32_t n, const jstate_t *st,
                  uint32_t *mask)
 {
+    /* inside a string, plain ASCII leaves the state as it is: no copy (most of a string's walk) */
+    const bool in_text = st->mode == M_STR && st->lit == SURROGATE_NONE;
     for (uint32_t k = v->nodes[n].child; k; k = v->nodes[k].sibling) {
-        jstate_t s = *st;
-        if (!step(r, &s, v->nodes[k].byte)) continue;
+        const uint8_t c = v->nodes[k].byte;
+        const bool same = in_text && c >= 0x20 && c < 0x80 && c != '"' && c != '\\';
+        jstate_t s;
+        if (!same) {
+            s = *st;
+            if (!step(r, &s, c)) continue;
+        }
         for (int32_t t = v->nodes[k].tok; t >= 0; t = v->tok_next[t])
             mask[t >> 5] |= 1u << (t & 31);
-        walk(v, r, k, &s, mask);
+        walk(v, r, k, same ? st : &s, mask);
     }
 }
 
@@ -1279,6 +1286,16 @@ void bt_grammar_destroy(bt_grammar_t *g)
     if (!g) return;
     schema_release(g->v, g->r);
     free(g);
+}
+
+bt_grammar_t *bt_grammar_clone(const bt_grammar_t *g)
+{
+    bt_grammar_t *c = bt_malloc_or_die(sizeof *c);
+    *c = *g;
+    pthread_mutex_lock(&g->v->lock);
+    c->r->refs++;
+    pthread_mutex_unlock(&g->v->lock);
+    return c;
 }
 
 bool bt_grammar_active(const bt_grammar_t *g)

@@ -73,6 +73,8 @@ bt_status_t bt_grammar_json_schema(bt_grammar_vocab_t *v, const char *schema, si
 /* Any JSON object (bt_grammar_json_schema with no schema). */
 bt_grammar_t *bt_grammar_json_object(bt_grammar_vocab_t *v, int32_t after_token);
 void bt_grammar_destroy(bt_grammar_t *g);
+/* A copy of g in its state (tests and benchmarks try tokens on copies). */
+bt_grammar_t *bt_grammar_clone(const bt_grammar_t *g);
 
 /* Whether the next token is constrained (false while waiting for after_token). */
 bool bt_grammar_active(const bt_grammar_t *g);
