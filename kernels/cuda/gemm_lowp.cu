@@ -641,9 +641,8 @@ __global__ void __launch_bounds__(MT_WARPS * 32, MMA16_MIN_BLOCKS(FMT, TILES)) g
  * since here converting the weights is all the work there is: the weights are the m16n8k16
  * MMA's A (16 columns: this lane's g and g + 8), 8 rows its B. A lane takes 16 weight bytes of
  * each of its 2 * MT columns a chunk: 32 FP4 codes (chunks of 128 k, one scale a column; in
- * fragment order word q holds the lane's k 2q + 8j, j = 0..3, and MMA m = 2j + p takes pair j of
- * words 2p and 2p + 1 as logical k 2c, 2c + 1 and 2c + 8, 2c + 9, which are the rows' bf16 words
- * 2m, 2m + 1 as loaded: a register pair, nothing copied) or 16 FP8 bytes (chunks of 64 k, pairs in
+ * fragment order word q holds the lane's k 2q + 8j, j = 0..3, and MMA (q, h) takes its pairs
+ * j = 2h, 2h + 1 as logical k 2c, 2c + 1, 2c + 8, 2c + 9) or 16 FP8 bytes (chunks of 64 k, pairs in
  * k order, one scale for the lane: a 32-column tile is one 32x32 scale block wide). Half of
  * gemm_mma16's MMAs, and the rows' loads for 8 rows, not 16.
  * - The weights and the rows of the next chunk are loaded before this one is converted (the
@@ -822,55 +821,40 @@ __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
             for (int tt = 0; tt < MT; tt++) {
                 const uint4 va = wc[2 * tt], vb = wc[2 * tt + 1];
                 const unsigned ua[4] = {va.x, va.y, va.z, va.w}, ub[4] = {vb.x, vb.y, vb.z, vb.w};
-                if constexpr (FP4) {
-                    /* words 2p, 2p + 1 of columns g and g + 8; pair j of word q is the lane's k
-                     * 2q + 8j (rows' word q + 4j), so MMA m = 2j + p takes pair j of both words:
-                     * the rows' words 2m, 2m + 1, a register pair as loaded (no copies) */
+                /* word q of columns g and g + 8: FP4 pairs of the lane's k 2q + 8j, j = 0..3
+                 * (MMAs 2q, 2q + 1: j = 2h, 2h + 1), FP8 pairs 2q, 2q + 1 (MMA q) */
 #pragma unroll
-                    for (int p = 0; p < 2; p++) {
-                        unsigned ba[2][4], bb[2][4];
-#pragma unroll
-                        for (int i = 0; i < 2; i++) {
-                            if (FAST) {
-                                fp4x8_to_bf16_fast(ua[2 * p + i], fp4_scale2(sc[2 * tt]), ba[i]);
-                                fp4x8_to_bf16_fast(ub[2 * p + i], fp4_scale2(sc[2 * tt + 1]),
-                                                   bb[i]);
-                            } else {
-                                fp4x8_to_bf16_scaled(ua[2 * p + i], sc[2 * tt], ba[i]);
-                                fp4x8_to_bf16_scaled(ub[2 * p + i], sc[2 * tt + 1], bb[i]);
-                            }
-                        }
-#pragma unroll
-                        for (int j = 0; j < 4; j++) {
-                            const unsigned a[4] = {ba[0][j], bb[0][j], ba[1][j], bb[1][j]};
-                            const int m = 2 * j + p;
-#pragma unroll
-                            for (int r = 0; r < RP; r++)
-                                mma_bf16_16816(acc[r][tt], a, xw[r][2 * m], xw[r][2 * m + 1]);
-                        }
-                    }
-                } else {
-                    /* FP8: word q of columns g and g + 8, pairs 2q, 2q + 1 (MMA q) */
-#pragma unroll
-                    for (int q = 0; q < 4; q++) {
-                        unsigned ba[2], bb[2];
+                for (int q = 0; q < 4; q++) {
+                    unsigned ba[4], bb[4];
+                    if constexpr (FP4) {
                         if (FAST) {
-                            const __nv_bfloat162 s2 = fp8_scale2(sc[0]);
-                            ba[0] = e4m3x2_to_bf16_scaled(ua[q], s2);
-                            ba[1] = e4m3x2_to_bf16_scaled(ua[q] >> 16, s2);
-                            bb[0] = e4m3x2_to_bf16_scaled(ub[q], s2);
-                            bb[1] = e4m3x2_to_bf16_scaled(ub[q] >> 16, s2);
+                            fp4x8_to_bf16_fast(ua[q], fp4_scale2(sc[2 * tt]), ba);
+                            fp4x8_to_bf16_fast(ub[q], fp4_scale2(sc[2 * tt + 1]), bb);
                         } else {
-                            const float s = bt_e8m0(sc[0]);
-                            ba[0] = e4m3x2_to_bf16_f32(ua[q], s);
-                            ba[1] = e4m3x2_to_bf16_f32(ua[q] >> 16, s);
-                            bb[0] = e4m3x2_to_bf16_f32(ub[q], s);
-                            bb[1] = e4m3x2_to_bf16_f32(ub[q] >> 16, s);
+                            fp4x8_to_bf16_scaled(ua[q], sc[2 * tt], ba);
+                            fp4x8_to_bf16_scaled(ub[q], sc[2 * tt + 1], bb);
                         }
-                        const unsigned a[4] = {ba[0], bb[0], ba[1], bb[1]};
+                    } else if (FAST) {
+                        const __nv_bfloat162 s2 = fp8_scale2(sc[0]);
+                        ba[0] = e4m3x2_to_bf16_scaled(ua[q], s2);
+                        ba[1] = e4m3x2_to_bf16_scaled(ua[q] >> 16, s2);
+                        bb[0] = e4m3x2_to_bf16_scaled(ub[q], s2);
+                        bb[1] = e4m3x2_to_bf16_scaled(ub[q] >> 16, s2);
+                    } else {
+                        const float s = bt_e8m0(sc[0]);
+                        ba[0] = e4m3x2_to_bf16_f32(ua[q], s);
+                        ba[1] = e4m3x2_to_bf16_f32(ua[q] >> 16, s);
+                        bb[0] = e4m3x2_to_bf16_f32(ub[q], s);
+                        bb[1] = e4m3x2_to_bf16_f32(ub[q] >> 16, s);
+                    }
+#pragma unroll
+                    for (int h = 0; h < (FP4 ? 2 : 1); h++) {
+                        const unsigned a[4] = {ba[2 * h], bb[2 * h], ba[2 * h + 1], bb[2 * h + 1]};
+                        /* the rows' pairs of the same k: FP4 words q + 8h and q + 8h + 4 */
+                        const int p0 = FP4 ? q + 8 * h : 2 * q, p1 = FP4 ? p0 + 4 : p0 + 1;
 #pragma unroll
                         for (int r = 0; r < RP; r++)
-                            mma_bf16_16816(acc[r][tt], a, xw[r][2 * q], xw[r][2 * q + 1]);
+                            mma_bf16_16816(acc[r][tt], a, xw[r][p0], xw[r][p1]);
                     }
                 }
             }
@@ -1146,11 +1130,11 @@ static bool ft_smem_ready(void)
  * barrier and a stage's copies per 128 k; not yet measured).
  * Both operands take k in natural order: a thread's A pairs of a 32-k run (k 2c + 8t, + 1) are
  * word c of the run in fragment order, converted a word's 4 pairs in 8 operations and 4
- * multiplies (the checkpoint order, where they are byte c of four words, took 6 a pair). Two blocks
- * an SM (128 registers): with one, two warps a scheduler left the conversions' latencies bare.
- * Tried and measured slower: each row one tensor-memory-accelerator copy (the 128-byte swizzle
- * applied by the copy engine, one row a thread) in place of eight cp.async a row: 0.63 -> 1.12 ms
- * for [4608, 5120] x 64 experts x 64 rows. */
+ * multiplies (the checkpoint order, where they are byte c of four words, took 6 a pair). Two blocks an SM (128 registers):
+ * with one, two warps a scheduler left the conversions' latencies bare. Tried and measured slower:
+ * each row one tensor-memory-accelerator copy (the 128-byte swizzle applied by the copy engine, one
+ * row a thread) in place of eight cp.async a row: 0.63 -> 1.12 ms for [4608, 5120] x 64 experts x
+ * 64 rows. */
 enum {
     RS_COLS = 128,
     RS_ROWS = 112,

@@ -41,14 +41,10 @@ BT_LOWP_FN int bt_fp4_word_bit(int o, int h, int b)
 {
     const int t = 16 * h + (b == 3 ? 15 : 6 + b); /* its place in the pair's pattern */
     switch (o) {
-    case 0:
-        return t;
-    case 1:
-        return (t - 3) & 31;
-    case 2:
-        return (t + 3) & 31;
-    default:
-        return (t - 3 - (b == 0 ? 2 : b == 3 ? 12 : 7)) & 31;
+    case 0: return t;
+    case 1: return (t - 3) & 31;
+    case 2: return (t + 3) & 31;
+    default: return (t - 3 - (b == 0 ? 2 : b == 3 ? 12 : 7)) & 31;
     }
 }
 
@@ -106,14 +102,10 @@ BT_LOWP_FN uint32_t bt_rotl32(uint32_t v, int s)
 BT_LOWP_FN uint32_t bt_e2m1_spread_pair(uint32_t v, int o)
 {
     switch (o) {
-    case 0:
-        return v & BT_E2M1_PAIR_MASK;
-    case 1:
-        return bt_rotl32(v, 3) & BT_E2M1_PAIR_MASK;
-    case 2:
-        return bt_rotl32(v, 29) & BT_E2M1_PAIR_MASK;
-    default:
-        return ((bt_rotl32(v, 3) & 0x001b001bu) * 0x1084u) & BT_E2M1_PAIR_MASK;
+    case 0: return v & BT_E2M1_PAIR_MASK;
+    case 1: return bt_rotl32(v, 3) & BT_E2M1_PAIR_MASK;
+    case 2: return bt_rotl32(v, 29) & BT_E2M1_PAIR_MASK;
+    default: return ((bt_rotl32(v, 3) & 0x001b001bu) * 0x1084u) & BT_E2M1_PAIR_MASK;
     }
 }
 

@@ -59,8 +59,7 @@ static void test_e2m1_spread(void)
         for (int a = 0; a < 16; a++)
             for (int b = 0; b < 16; b++)
                 for (int fill = 0; fill < 32; fill++) {
-                    const uint32_t keep =
-                        ~(bt_fp4_word_put(j, 0, 0xf) | bt_fp4_word_put(j, 1, 0xf));
+                    const uint32_t keep = ~(bt_fp4_word_put(j, 0, 0xf) | bt_fp4_word_put(j, 1, 0xf));
                     const uint32_t v = (rnd32() & keep) | bt_fp4_word_put(j, 0, (uint32_t)a) |
                                        bt_fp4_word_put(j, 1, (uint32_t)b);
                     uint32_t out[4];
