@@ -12,6 +12,27 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* DeepSeek's tool-call block, as common/text/chat.c renders it and parsers.c reads it ("D" is
+ * the fullwidth-barred DSML word, followed by a space):
+ *   <D calls>\n<D invoke name="NAME">\n
+ *   <D parameter name="P" string="true">raw text</D parameter>\n
+ *   <D parameter name="Q" string="false">JSON</D parameter>\n
+ *   </D invoke>\n<D invoke name=...>...</D invoke>\n</D calls> */
+#define DSML                                                                                       \
+    "\xef\xbd\x9c"                                                                                 \
+    "DSML"                                                                                         \
+    "\xef\xbd\x9c "
+enum { D_OPEN, D_NAME_END, D_STR_TRUE, D_STR_FALSE, D_PARAM_CLOSE, D_NEWLINE };
+static const char *const dsml_lit[] = {"<" DSML "calls>\n<" DSML "invoke name=\"",
+                                       ">\n",
+                                       " string=\"true\">",
+                                       " string=\"false\">",
+                                       "</" DSML "parameter>\n",
+                                       "\n"};
+static const char raw_end[] = "</" DSML "parameter>"; /* ('<' only at its start) */
+static const char *const choice_text[2][2] = {{"<" DSML "parameter name=", "</" DSML "invoke>"},
+                                              {"\n<" DSML "invoke name=\"", "\n</" DSML "calls>"}};
+
 /* ---- compiled schemas --------------------------------------------------------------------- */
 
 enum {
@@ -63,6 +84,10 @@ typedef struct bt_grammar_rules {
     lnode_t *lit;
     int n_lit, cap_lit;
     uint16_t root;
+    /* tool calls (DeepSeek's DSML block) instead of a JSON object */
+    bool tools, one;                    /* one: exactly one call (a named tool_choice) */
+    uint16_t names, choice_a, choice_b; /* literal tries: the tools' names, the two choices */
+    uint16_t tools_first;               /* the tools' parameter objects, in refs_list */
     cache_entry_t *cache;
 } rules_t;
 
@@ -560,6 +585,106 @@ static bt_status_t rules_compile(const char *schema, size_t len, rules_t **r_p, 
     return BT_OK;
 }
 
+/* Compiles a tool-call spec ({"tools": [{"name", "parameters"}, ...], "one": bool}). */
+static bt_status_t rules_compile_tools(const char *spec, size_t len, rules_t **r_p, char *err,
+                                       size_t errlen)
+{
+    rules_t *r;
+    bt_status_t st = rules_compile(NULL, 0, &r, err, errlen); /* (the shared nodes) */
+    if (st != BT_OK) return st;
+    r->tools = true;
+    compile_t cc = {.err = err, .errlen = errlen};
+    cJSON *doc = cJSON_ParseWithLength(spec, len);
+    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(doc, "tools");
+    const int n = cJSON_GetArraySize(tools);
+    if (!doc || !cJSON_IsArray(tools) || n < 1 || n > 255) {
+        cfail(&cc, "tool calls: a spec of 1..255 tools is required");
+        goto out;
+    }
+    r->one = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(doc, "one"));
+    int *params = bt_malloc_or_die((size_t)n * sizeof *params);
+    int i = 0;
+    const cJSON *t;
+    cJSON_ArrayForEach(t, tools)
+    {
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(t, "name");
+        const cJSON *ps = cJSON_GetObjectItemCaseSensitive(t, "parameters");
+        if (!cJSON_IsString(name) || !*name->valuestring || strpbrk(name->valuestring, "\"<>\n")) {
+            cfail(&cc, "tool calls: tool %d has no usable name", i);
+            break;
+        }
+        cJSON *none = NULL;
+        if (!ps) ps = none = cJSON_Parse("{\"type\":\"object\",\"properties\":{}}");
+        cc.root = ps;
+        cc.n_memo = 0;
+        params[i] = compile_node(r, &cc, ps, 0);
+        if (none) ps = NULL; /* (no properties to check) */
+        cJSON_Delete(none);
+        if (cc.failed) {
+            char inner[256];
+            snprintf(inner, sizeof inner, "%s", err);
+            cc.failed = false;
+            cfail(&cc, "tool '%.64s': parameters: %s", name->valuestring, inner);
+            break;
+        }
+        if (r->nodes[params[i]].kind != K_OBJECT || r->nodes[params[i]].generic) {
+            cfail(&cc, "tool '%.64s': its parameters must be an object that lists its properties",
+                  name->valuestring);
+            break;
+        }
+        const cJSON *props = cJSON_GetObjectItemCaseSensitive(ps, "properties"), *p;
+        cJSON_ArrayForEach(p, props) /* (written between quotes as they are: nothing to escape) */
+        {
+            for (const char *q = p->string; *q && !cc.failed; q++)
+                if (*q == '"' || *q == '\\' || (unsigned char)*q < 0x20)
+                    cfail(&cc, "tool '%.64s': parameter name '%.64s' cannot be written in DSML",
+                          name->valuestring, p->string);
+        }
+        if (cc.failed) break;
+        i++;
+    }
+    if (!cc.failed) {
+        r->names = (uint16_t)new_lnode(r, &cc, 0);
+        r->choice_a = (uint16_t)new_lnode(r, &cc, 0);
+        r->choice_b = (uint16_t)new_lnode(r, &cc, 0);
+        r->tools_first = (uint16_t)r->n_list;
+        i = 0;
+        cJSON_ArrayForEach(t, tools)
+        {
+            char quoted[300];
+            snprintf(quoted, sizeof quoted, "%s\"",
+                     cJSON_GetObjectItemCaseSensitive(t, "name")->valuestring);
+            if (!lit_insert(r, &cc, r->names, quoted, (int16_t)i, 0) && !cc.failed)
+                cfail(&cc, "tool calls: tool '%.64s' given twice", quoted);
+            list_push(r, (uint16_t)params[i]);
+            i++;
+        }
+        for (int w = 0; w < 2; w++)
+            for (int k = 0; k < 2; k++)
+                lit_insert(r, &cc, w ? r->choice_b : r->choice_a, choice_text[w][k], (int16_t)k,
+                           1ull << k);
+    }
+    free(params);
+out:
+    cJSON_Delete(doc);
+    free(cc.memo_at);
+    free(cc.memo_node);
+    if (cc.failed) {
+        rules_free(r);
+        return BT_ERR_INVALID_ARG;
+    }
+    *r_p = r;
+    return BT_OK;
+}
+
+bt_status_t bt_grammar_tool_calls_check(const char *spec, size_t len, char *err, size_t errlen)
+{
+    rules_t *r;
+    const bt_status_t st = rules_compile_tools(spec, len, &r, err, errlen);
+    if (st == BT_OK) rules_free(r);
+    return st;
+}
+
 bt_status_t bt_grammar_schema_check(const char *schema, size_t len, char *err, size_t errlen)
 {
     rules_t *r;
@@ -586,7 +711,12 @@ enum {
     M_LIT,       /* in true, false or null: lit, sub characters matched */
     M_KEYLIT,    /* in one of a described object's keys: at literal node tpos */
     M_ENUM,      /* in one of an enum's values: at literal node tpos */
-    M_DONE,      /* the object is closed */
+    M_DLIT,      /* tool calls: in fixed text lit (a D_* literal), sub bytes matched */
+    M_DNAME,     /* tool calls: in a tool's name, at literal node tpos */
+    M_DCHOICE,   /* tool calls: in one of choice lit's texts (0: a parameter or the invoke's
+                  * end; 1: another invoke or the block's end), at literal node tpos */
+    M_RAW,       /* tool calls: a string parameter's raw text; sub bytes of its end tag matched */
+    M_DONE,      /* the object (or the block of tool calls) is closed */
 };
 
 enum { N_MINUS, N_ZERO, N_INT, N_DOT, N_FRAC, N_E, N_ESIGN, N_EXP };
@@ -600,7 +730,7 @@ enum { SURROGATE_NONE, HIGH_READING, LOW_NEXT };
 typedef struct {
     uint16_t node;
     uint8_t p; /* object: the next property it may have; array: elements so far (to 255) */
-    uint8_t zero;
+    uint8_t dsml; /* a tool call's parameters (an object written as DSML parameters) */
 } frame_t;
 
 /* Every byte is meaningful (fields unused in a mode stay 0): the state is its own cache key. */
@@ -667,7 +797,10 @@ static void value_end(const rules_t *r, jstate_t *s)
         return;
     }
     frame_t *f = &s->stack[s->depth - 1];
-    if (r->nodes[f->node].kind == K_OBJECT) {
+    if (f->dsml) { /* a parameter's JSON value: its end tag */
+        set_mode(s, M_DLIT);
+        s->lit = D_PARAM_CLOSE;
+    } else if (r->nodes[f->node].kind == K_OBJECT) {
         set_mode(s, M_OBJ_NEXT);
     } else {
         if (f->p < 255) f->p++;
@@ -689,6 +822,81 @@ static void enum_at(const rules_t *r, jstate_t *s, uint16_t k)
     s->mode = M_ENUM;
     s->tpos = k;
     if (r->lit[k].term >= 0 && !r->lit[k].child) value_end(r, s);
+}
+
+/* Tool calls: the choice texts the state allows (bit i: choice_text[which][i]). */
+static uint64_t choices_allowed(const rules_t *r, const jstate_t *s, int which)
+{
+    if (which == 1) return r->one ? 2u : 3u; /* another invoke, unless one call is asked */
+    const frame_t *f = &s->stack[s->depth - 1];
+    const snode_t *o = &r->nodes[f->node];
+    return (keys_allowed(o, f->p) ? 1u : 0u) | (must_go_on(o, f->p) ? 0u : 2u);
+}
+
+static void enter_choice(const rules_t *r, jstate_t *s, int which)
+{
+    set_mode(s, M_DCHOICE);
+    s->lit = (uint8_t)which;
+    s->tpos = which ? r->choice_b : r->choice_a;
+    s->vnode = 0;
+}
+
+static bool dsml_choice_step(const rules_t *r, jstate_t *s, uint8_t c)
+{
+    const uint16_t k = lit_find(r, s->tpos, c);
+    if (!k || !(r->lit[k].below & choices_allowed(r, s, s->lit))) return false;
+    s->tpos = k;
+    const int16_t t = r->lit[k].term;
+    if (t < 0) return true;
+    if (s->lit == 0 && t == 0) { /* a parameter: its name, as the object's keys are written */
+        const frame_t *f = &s->stack[s->depth - 1];
+        set_mode(s, M_KEYLIT);
+        s->tpos = r->nodes[f->node].lit;
+    } else if (s->lit == 0) { /* the invoke's end */
+        s->stack[--s->depth] = (frame_t){0, 0, 0};
+        enter_choice(r, s, 1);
+    } else if (t == 0) { /* another invoke */
+        set_mode(s, M_DNAME);
+        s->tpos = r->names;
+    } else {
+        set_mode(s, M_DONE);
+        s->tpos = 0;
+    }
+    return true;
+}
+
+static bool dsml_lit_step(const rules_t *r, jstate_t *s, uint8_t c)
+{
+    const char *text = dsml_lit[s->lit];
+    if (s->lit == D_OPEN && s->sub == 0 && is_ws(c)) { /* (before the block) */
+        if (s->run >= BT_GRAMMAR_MAX_WS) return false;
+        s->run++;
+        return true;
+    }
+    if (c != (uint8_t)text[s->sub]) return false;
+    s->run = 0;
+    if (text[++s->sub]) return true;
+    const uint16_t vnode = s->vnode;
+    switch (s->lit) {
+    case D_OPEN:
+        set_mode(s, M_DNAME);
+        s->tpos = r->names;
+        return true;
+    case D_NAME_END: /* the parameters, an object written as DSML */
+        if (s->depth >= BT_GRAMMAR_MAX_DEPTH) return false;
+        s->stack[s->depth++] = (frame_t){vnode, 0, 1};
+        enter_choice(r, s, 0);
+        return true;
+    case D_STR_TRUE:
+        set_mode(s, M_RAW);
+        return true;
+    case D_STR_FALSE:
+        set_mode(s, M_VALUE); /* (vnode: the parameter's) */
+        return true;
+    default: /* a parameter's end */
+        enter_choice(r, s, 0);
+        return true;
+    }
 }
 
 static bool value_start(const rules_t *r, jstate_t *s, uint8_t c, uint16_t node)
@@ -893,12 +1101,42 @@ static bool step(const rules_t *r, jstate_t *s, uint8_t c)
         const int16_t j = r->lit[k].term;
         if (j >= 0) { /* the key's closing quote */
             s->stack[s->depth - 1].p = (uint8_t)(j + 1);
-            set_mode(s, M_COLON);
+            const bool dsml = f->dsml;
+            set_mode(s, dsml ? M_DLIT : M_COLON);
             s->tpos = 0;
             s->vnode = r->refs_list[o->first + j];
+            /* a string parameter is written raw; the rest as JSON */
+            if (dsml) s->lit = r->nodes[s->vnode].kind == K_STRING ? D_STR_TRUE : D_STR_FALSE;
         }
         return true;
     }
+    case M_DLIT:
+        return dsml_lit_step(r, s, c);
+    case M_DNAME: {
+        const uint16_t k = lit_find(r, s->tpos, c);
+        if (!k) return false;
+        s->tpos = k;
+        if (r->lit[k].term >= 0) { /* the name's closing quote */
+            s->vnode = r->refs_list[r->tools_first + r->lit[k].term];
+            set_mode(s, M_DLIT);
+            s->tpos = 0;
+            s->lit = D_NAME_END;
+        }
+        return true;
+    }
+    case M_DCHOICE:
+        return dsml_choice_step(r, s, c);
+    case M_RAW:
+        if (c == (uint8_t)raw_end[s->sub]) {
+            if (raw_end[++s->sub] == 0) {
+                set_mode(s, M_DLIT);
+                s->lit = D_NEWLINE;
+            }
+            return true;
+        }
+        if (c < 0x20 && c != '\n' && c != '\t' && c != '\r') return false;
+        s->sub = c == '<';
+        return true;
     case M_ENUM: {
         const uint16_t k = lit_find(r, s->tpos, c);
         if (k) {
@@ -1127,14 +1365,14 @@ void bt_grammar_vocab_stats(bt_grammar_vocab_t *v, uint64_t *computed, uint64_t 
 }
 
 /* The compiled schema of this text (NULL: any object), shared; a reference for the caller. */
-static bt_status_t schema_get(bt_grammar_vocab_t *v, const char *text, size_t len, rules_t **r_p,
-                              char *err, size_t errlen)
+static bt_status_t schema_get(bt_grammar_vocab_t *v, const char *text, size_t len, bool tools,
+                              rules_t **r_p, char *err, size_t errlen)
 {
     pthread_mutex_lock(&v->lock);
     v->clock++;
     for (rules_t *r = v->schemas; r; r = r->next)
-        if ((!text && !r->text) ||
-            (text && r->text && r->text_len == len && !memcmp(r->text, text, len))) {
+        if (r->tools == tools && ((!text && !r->text) || (text && r->text && r->text_len == len &&
+                                                          !memcmp(r->text, text, len)))) {
             r->refs++;
             r->last_use = v->clock;
             pthread_mutex_unlock(&v->lock);
@@ -1143,7 +1381,8 @@ static bt_status_t schema_get(bt_grammar_vocab_t *v, const char *text, size_t le
         }
     pthread_mutex_unlock(&v->lock);
     rules_t *r;
-    const bt_status_t st = rules_compile(text, len, &r, err, errlen);
+    const bt_status_t st = tools ? rules_compile_tools(text, len, &r, err, errlen)
+                                 : rules_compile(text, len, &r, err, errlen);
     if (st != BT_OK) return st;
     if (text) {
         r->text = bt_malloc_or_die(len ? len : 1);
@@ -1260,7 +1499,7 @@ bt_status_t bt_grammar_json_schema(bt_grammar_vocab_t *v, const char *schema, si
                                    size_t errlen)
 {
     rules_t *r;
-    const bt_status_t st = schema_get(v, schema, len, &r, err, errlen);
+    const bt_status_t st = schema_get(v, schema, len, false, &r, err, errlen);
     if (st != BT_OK) return st;
     bt_grammar_t *g = bt_calloc_or_die(1, sizeof *g);
     g->v = v;
@@ -1269,6 +1508,23 @@ bt_status_t bt_grammar_json_schema(bt_grammar_vocab_t *v, const char *schema, si
     g->active = after_token < 0;
     set_mode(&g->s, M_VALUE);
     g->s.vnode = r->root;
+    *g_p = g;
+    return BT_OK;
+}
+
+bt_status_t bt_grammar_tool_calls(bt_grammar_vocab_t *v, const char *spec, size_t len,
+                                  int32_t after_token, bt_grammar_t **g_p, char *err, size_t errlen)
+{
+    rules_t *r;
+    const bt_status_t st = schema_get(v, spec, len, true, &r, err, errlen);
+    if (st != BT_OK) return st;
+    bt_grammar_t *g = bt_calloc_or_die(1, sizeof *g);
+    g->v = v;
+    g->r = r;
+    g->after = after_token;
+    g->active = after_token < 0;
+    set_mode(&g->s, M_DLIT);
+    g->s.lit = D_OPEN;
     *g_p = g;
     return BT_OK;
 }

@@ -70,6 +70,15 @@ bt_status_t bt_grammar_schema_check(const char *schema, size_t len, char *err, s
 bt_status_t bt_grammar_json_schema(bt_grammar_vocab_t *v, const char *schema, size_t len,
                                    int32_t after_token, bt_grammar_t **g_p, char *err,
                                    size_t errlen);
+/* Tool calls instead of a JSON object: a block of DeepSeek's DSML tool calls (chat.c renders
+ * the format), each naming one of spec's tools with parameters its schema describes (string ones
+ * written raw, the rest as JSON; the schema's root an object that lists its properties). spec:
+ * {"tools": [{"name": ..., "parameters": {...}}, ...], "one": true|false}; one: exactly one call
+ * (a named tool_choice), else one or more (tool_choice "required"). */
+bt_status_t bt_grammar_tool_calls(bt_grammar_vocab_t *v, const char *spec, size_t len,
+                                  int32_t after_token, bt_grammar_t **g_p, char *err,
+                                  size_t errlen);
+bt_status_t bt_grammar_tool_calls_check(const char *spec, size_t len, char *err, size_t errlen);
 /* Any JSON object (bt_grammar_json_schema with no schema). */
 bt_grammar_t *bt_grammar_json_object(bt_grammar_vocab_t *v, int32_t after_token);
 void bt_grammar_destroy(bt_grammar_t *g);

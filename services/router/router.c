@@ -614,6 +614,62 @@ static int64_t context_limit(router_t *r)
     return lim;
 }
 
+/* The tool-call grammar's spec (common/text/grammar.h) for tool_choice "required" (any of the
+ * tools, one call or more) or {"type": "function", "function": {"name": N}} (N, once) into
+ * *spec_p (malloc'd); NULL for "auto", "none" or no tool_choice. */
+static bt_status_t tool_spec_for(const cJSON *req, const cJSON *tc, char **spec_p, char *msg,
+                                 size_t msglen)
+{
+    *spec_p = NULL;
+    const char *named = NULL;
+    if (cJSON_IsObject(tc)) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(tc, "function");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
+        if (!cJSON_IsString(name)) {
+            snprintf(msg, msglen,
+                     "tool_choice: an object must name a function ({\"type\": "
+                     "\"function\", \"function\": {\"name\": ...}})");
+            return BT_ERR_INVALID_ARG;
+        }
+        named = name->valuestring;
+    } else if (!cJSON_IsString(tc) || strcmp(tc->valuestring, "required") != 0) {
+        return BT_OK;
+    }
+    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(req, "tools"), *t;
+    cJSON *spec = cJSON_CreateObject(), *list = cJSON_AddArrayToObject(spec, "tools");
+    cJSON_ArrayForEach(t, tools)
+    {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
+        if (!cJSON_IsString(name) || (named && strcmp(name->valuestring, named) != 0)) continue;
+        cJSON *one = cJSON_CreateObject();
+        cJSON_AddStringToObject(one, "name", name->valuestring);
+        const cJSON *ps = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
+        if (ps) cJSON_AddItemToObject(one, "parameters", cJSON_Duplicate(ps, true));
+        cJSON_AddItemToArray(list, one);
+    }
+    if (named) cJSON_AddTrueToObject(spec, "one");
+    bt_status_t st = BT_OK;
+    if (cJSON_GetArraySize(list) == 0) {
+        if (named)
+            snprintf(msg, msglen, "tool_choice: '%.64s' is not among the tools", named);
+        else
+            snprintf(msg, msglen, "tool_choice: \"required\" needs tools");
+        st = BT_ERR_INVALID_ARG;
+    } else {
+        *spec_p = cJSON_PrintUnformatted(spec);
+        char err[300];
+        if (bt_grammar_tool_calls_check(*spec_p, strlen(*spec_p), err, sizeof err) != BT_OK) {
+            snprintf(msg, msglen, "tool_choice: %s", err);
+            free(*spec_p);
+            *spec_p = NULL;
+            st = BT_ERR_INVALID_ARG;
+        }
+    }
+    cJSON_Delete(spec);
+    return st;
+}
+
 /* Validates and encodes the prompt; returns a gRPC code and fills msg on error. */
 static bt_rpc_code_t prepare(router_t *r, req_t *q, const Baton__V1__GenerateRequest *g, char *msg,
                              size_t msglen)
@@ -653,6 +709,11 @@ static bt_rpc_code_t prepare(router_t *r, req_t *q, const Baton__V1__GenerateReq
         const cJSON *tc = cJSON_GetObjectItemCaseSensitive(req, "tool_choice");
         if (cJSON_IsString(tc) && !strcmp(tc->valuestring, "none"))
             cJSON_DeleteItemFromObjectCaseSensitive(req, "tools");
+        /* tool_choice "required" or a named function: decoded under the tool-call grammar */
+        if (tool_spec_for(req, tc, &q->json_schema, msg, msglen) != BT_OK) {
+            cJSON_Delete(req);
+            return BT_RPC_INVALID_ARGUMENT;
+        }
         char err[256];
         st = bt_chat_encode(r->tok, req, &q->prompt, &n, err, sizeof err);
         if (st != BT_OK) {
@@ -729,27 +790,37 @@ static bt_rpc_code_t prepare(router_t *r, req_t *q, const Baton__V1__GenerateReq
             }
     }
     const char *rf = sp->response_format ? sp->response_format : "";
-    const bool schema = !strcmp(rf, "json_schema");
-    if (*rf && strcmp(rf, "json_object") != 0 && !schema) {
+    const bool schema = !strcmp(rf, "json_schema"), calls = !strcmp(rf, "tool_calls");
+    if (*rf && strcmp(rf, "json_object") != 0 && !schema && !calls) {
         snprintf(msg, msglen,
-                 "sampling.response_format '%.64s' is not supported (json_object, "
-                 "json_schema)",
+                 "sampling.response_format '%.64s' is not supported (json_object, json_schema, "
+                 "tool_calls)",
                  rf);
         return BT_RPC_INVALID_ARGUMENT;
     }
     const char *js = sp->json_schema ? sp->json_schema : "";
-    if (schema != (*js != 0)) {
+    if ((schema || calls) != (*js != 0)) {
         snprintf(msg, msglen,
-                 "sampling.json_schema goes with response_format json_schema, and only");
+                 "sampling.json_schema goes with response_format json_schema or "
+                 "tool_calls, and only");
         return BT_RPC_INVALID_ARGUMENT;
     }
-    if (schema) {
+    if (q->json_schema && *rf) { /* (tool_choice made one) */
+        snprintf(msg, msglen,
+                 "tool_choice \"required\" or a named function and a response_format "
+                 "cannot be asked together");
+        return BT_RPC_INVALID_ARGUMENT;
+    }
+    if (schema || calls) {
         char err[300];
-        if (bt_grammar_schema_check(js, strlen(js), err, sizeof err) != BT_OK) {
+        if ((schema ? bt_grammar_schema_check : bt_grammar_tool_calls_check)(js, strlen(js), err,
+                                                                             sizeof err) != BT_OK) {
             snprintf(msg, msglen, "response_format: %s", err);
             return BT_RPC_INVALID_ARGUMENT;
         }
         q->json_schema = bt_strdup_or_die(js);
+    } else if (q->json_schema) {
+        rf = "tool_calls";
     }
     q->sampling = *sp;
     snprintf(q->response_format, sizeof q->response_format, "%s", rf);

@@ -318,6 +318,40 @@ test('response_format json_object and json_schema: every answer that stops is a 
   }
 });
 
+test('tool_choice required and named: the answer is a call of the tools, its arguments fit', async () => {
+  // a cluster with the tool-call parser; integer parameters, so that each ends at the next
+  // '<' (biased up: the untrained model would otherwise write digits to the 64-digit cap)
+  const c = await up(['--api-key', KEY, '--tool-call-parser', 'deepseekv41']);
+  try {
+    const cl = new OpenAI({ baseURL: c.gateway, apiKey: KEY, maxRetries: 0, timeout: 60000 });
+    const vocab = JSON.parse(readFileSync(path.join(cache, 'baton', 'demo-v1', 'tokenizer.json'))).model.vocab;
+    const fn = (name) => ({ type: 'function', function: { name, parameters: {
+      type: 'object', properties: { a: { type: 'integer' }, b: { type: 'integer' } }, required: ['a', 'b'] } } });
+    const ask = (tool_choice) => cl.chat.completions.create({
+      model: MODEL, messages: [{ role: 'user', content: 'Compute it.' }], tools: [fn('add'), fn('mul')],
+      tool_choice, max_tokens: 400, n: 4, seed: 2, logit_bias: { [vocab['<']]: 8 },
+    });
+    for (const [choice, names, one] of [['required', ['add', 'mul'], false], [{ type: 'function', function: { name: 'mul' } }, ['mul'], true]]) {
+      const r = await ask(choice);
+      const called = r.choices.filter((x) => x.finish_reason === 'tool_calls');
+      assert.ok(called.length >= 2, `${called.length} of 4 called a tool: ${JSON.stringify(r.choices.map((x) => x.message))}`);
+      for (const x of called) {
+        if (one) assert.equal(x.message.tool_calls.length, 1);
+        for (const call of x.message.tool_calls) {
+          assert.ok(names.includes(call.function.name), call.function.name);
+          const args = JSON.parse(call.function.arguments);
+          assert.deepEqual(Object.keys(args), ['a', 'b'], call.function.arguments);
+          assert.ok(Number.isInteger(args.a) && Number.isInteger(args.b), call.function.arguments);
+        }
+      }
+    }
+    await assert.rejects(ask({ type: 'function', function: { name: 'div' } }),
+      (e) => e instanceof OpenAI.BadRequestError && /div/.test(e.message));
+  } finally {
+    await down(c);
+  }
+});
+
 test('errors: 401 and 400', async () => {
   const bad = new OpenAI({ baseURL: main.gateway, apiKey: 'wrong', maxRetries: 0 });
   await assert.rejects(bad.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: 'x' }] }),

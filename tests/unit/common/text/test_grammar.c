@@ -5,6 +5,7 @@
 #include "bt_test.h"
 
 #include "common/text/grammar.h"
+#include "common/text/parsers.h"
 #include "common/text/tokenizer.h"
 
 #include <cjson/cJSON.h>
@@ -679,6 +680,217 @@ static void test_schema_walks(void)
     synth_free(&s);
 }
 
+/* ---- tool calls ---- */
+
+#define D "｜DSML｜ "
+#define TOOLS                                                                                      \
+    "{\"tools\":[{\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\",\"properties\":{"   \
+    "\"city\":{\"type\":\"string\"},\"days\":{\"type\":\"integer\"},\"unit\":{\"enum\":[\"C\","    \
+    "\"F\"]}},\"required\":[\"city\"]}},{\"name\":\"search\",\"parameters\":{\"type\":\"object\"," \
+    "\"properties\":{\"q\":{\"type\":\"string\"},\"opts\":{\"type\":\"object\",\"properties\":{"   \
+    "\"k\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"},\"maxItems\":3}}}},"               \
+    "\"required\":[\"q\"]}}]%s}"
+
+static int judge_tools(bt_grammar_vocab_t *v, const char *spec, const char *text)
+{
+    bt_grammar_t *g;
+    char err[256];
+    if (bt_grammar_tool_calls(v, spec, strlen(spec), -1, &g, err, sizeof err) != BT_OK) {
+        BT_CHECK_MSG(0, "spec refused: %s", err);
+        return -2;
+    }
+    const bool ok = bt_grammar_accept_bytes(g, text, strlen(text));
+    const int verdict = !ok ? -1 : bt_grammar_done(g) ? 1 : 0;
+    bt_grammar_destroy(g);
+    return verdict;
+}
+
+static void test_tool_call_table(void)
+{
+    synth_t s;
+    synth_make(&s, 0);
+    char any[2048], one[2048];
+    snprintf(any, sizeof any, TOOLS, "");
+    snprintf(one, sizeof one, TOOLS, ",\"one\":true");
+#define W_CALL                                                                                     \
+    "<" D "invoke name=\"get_weather\">\n<" D "parameter name=\"city\" string=\"true\">Paris </" D \
+    "x</" D "parameter>\n<" D "parameter name=\"days\" string=\"false\">3</" D "parameter>\n</" D  \
+    "invoke>"
+#define S_CALL                                                                                     \
+    "<" D "invoke name=\"search\">\n<" D "parameter name=\"q\" string=\"true\">a \"b\"</" D        \
+    "parameter>\n<" D "parameter name=\"opts\" string=\"false\">{\"k\": [1, 2]}</" D               \
+    "parameter>\n</" D "invoke>"
+    static const struct {
+        const char *text;
+        int want_any, want_one;
+    } cases[] = {
+        {"\n\n<" D "calls>\n" W_CALL "\n</" D "calls>", 1, 1},
+        {"<" D "calls>\n" W_CALL "\n" S_CALL "\n</" D "calls>", 1, -1}, /* two calls */
+        {"<" D "calls>\n" S_CALL "\n</" D "calls>", 1, 1},
+        {"<" D "calls>\n" W_CALL, 0, 0},
+        {"Sure: <" D "calls>", -1, -1}, /* nothing before the block */
+        {"<" D "calls>\n<" D "invoke name=\"delete_all\">", -1, -1},
+        {"<" D "calls>\n<" D "invoke name=\"get_weather\">\n</" D "invoke>", -1, -1}, /* city */
+        {"<" D "calls>\n<" D "invoke name=\"get_weather\">\n<" D "parameter name=\"days\"", -1, -1},
+        {"<" D "calls>\n<" D "invoke name=\"get_weather\">\n<" D
+         "parameter name=\"city\" string=\"false\">",
+         -1, -1},
+        {"<" D "calls>\n<" D "invoke name=\"search\">\n<" D
+         "parameter name=\"q\" string=\"true\">x</" D "parameter>\n<" D
+         "parameter name=\"opts\" string=\"false\">{\"k\": [1.5]}",
+         -1, -1},
+        {"<" D "calls>\n<" D "invoke name=\"get_weather\">\n<" D
+         "parameter name=\"city\" string=\"true\">x</" D "parameter>\n<" D
+         "parameter name=\"unit\" string=\"false\">\"K\"",
+         -1, -1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const int a = judge_tools(s.v, any, cases[i].text),
+                  o = judge_tools(s.v, one, cases[i].text);
+        BT_CHECK_MSG(a == cases[i].want_any && o == cases[i].want_one,
+                     "case %zu: %d %d, want %d %d", i, a, o, cases[i].want_any, cases[i].want_one);
+    }
+    char err[256] = "";
+    const char *generic = "{\"tools\":[{\"name\":\"f\",\"parameters\":{\"type\":\"object\"}}]}";
+    BT_CHECK(bt_grammar_tool_calls_check(generic, strlen(generic), err, sizeof err) ==
+                 BT_ERR_INVALID_ARG &&
+             strstr(err, "lists its properties"));
+    BT_CHECK(bt_grammar_tool_calls_check("{\"tools\":[]}", 12, err, sizeof err) ==
+             BT_ERR_INVALID_ARG);
+    BT_CHECK(bt_grammar_tool_calls_check("{\"tools\":[{\"name\":\"f\"}]}", 24, err, sizeof err) ==
+             BT_OK);
+    synth_free(&s);
+#undef W_CALL
+#undef S_CALL
+}
+
+/* Random walks under the tool spec (the DSML tags among the tokens, taken often once the walk
+ * is long): the tool parser (parsers.c, independent of the grammar) reads every block that ends
+ * without a warning, into calls of the spec's tools whose arguments fit their schemas. */
+static void test_tool_call_walks(void)
+{
+    static const char *const tags[] = {"<" D "calls>\n<" D "invoke name=\"",
+                                       "</" D "parameter>\n",
+                                       "</" D "parameter>",
+                                       "</" D "invoke>",
+                                       "\n</" D "calls>",
+                                       "<" D "parameter name=",
+                                       "\n<" D "invoke name=\"",
+                                       " string=\"true\">",
+                                       " string=\"false\">",
+                                       "get_weather\">\n",
+                                       "search\">\n",
+                                       "\"city\"",
+                                       "\"days\"",
+                                       "\"unit\"",
+                                       "\"q\"",
+                                       "\"opts\"",
+                                       "{\"k\": [",
+                                       "]}"};
+    const int n_tags = (int)(sizeof tags / sizeof *tags);
+    synth_t s;
+    synth_make(&s, 600);
+    /* the tags replace the last multi-byte tokens */
+    for (int i = 0; i < n_tags; i++) {
+        const int id = s.vocab - 2 - i;
+        free(s.bytes[id]);
+        s.lens[id] = strlen(tags[i]);
+        s.bytes[id] = malloc(s.lens[id]);
+        memcpy(s.bytes[id], tags[i], s.lens[id]);
+    }
+    bt_grammar_vocab_destroy(s.v);
+    BT_CHECK(bt_grammar_vocab_create_bytes((const char *const *)s.bytes, s.lens, s.vocab, s.eos,
+                                           &s.v) == BT_OK);
+    char spec[2048];
+    snprintf(spec, sizeof spec, TOOLS, "");
+    cJSON *specj = cJSON_Parse(spec);
+    const int W = bt_grammar_mask_words(s.v);
+    uint32_t *mask = calloc((size_t)W, 4);
+    int32_t *ids = malloc((size_t)s.vocab * sizeof *ids);
+    int ended = 0, calls_total = 0;
+    for (int w = 0; w < 150; w++) {
+        bt_grammar_t *g;
+        char err[256];
+        BT_CHECK(bt_grammar_tool_calls(s.v, spec, strlen(spec), -1, &g, err, sizeof err) == BT_OK);
+        static char out[1 << 15];
+        size_t n = 0;
+        bool done = false;
+        for (int k = 0; k < 3000 && !done; k++) {
+            bt_grammar_mask(g, mask);
+            int na = 0, nt = 0;
+            for (int t = 0; t < s.vocab; t++)
+                if ((mask[t >> 5] >> (t & 31)) & 1u) ids[na++] = t;
+            BT_CHECK_MSG(na > 0, "nothing allowed after '%.*s'", (int)n, out);
+            if (!na) break;
+            int32_t t = ids[rnd() % (uint32_t)na];
+            for (int i = 0; i < na; i++)
+                nt += ids[i] >= s.vocab - 1 - n_tags && ids[i] < s.eos;
+            if (nt && rnd() % 3 == 0) { /* a tag, when one fits */
+                int pick = (int)(rnd() % (uint32_t)nt);
+                for (int i = 0; i < na; i++)
+                    if (ids[i] >= s.vocab - 1 - n_tags && ids[i] < s.eos && pick-- == 0) t = ids[i];
+            }
+            if (k > 200) /* then close what is open */
+                for (int i = 0; i < na; i++)
+                    if (s.lens[ids[i]] == 1 && strchr("}]\"", s.bytes[ids[i]][0]) && rnd() % 2)
+                        t = ids[i];
+            if (t == s.eos) {
+                done = bt_grammar_accept(g, t);
+                break;
+            }
+            BT_CHECK(bt_grammar_accept(g, t));
+            if (n + s.lens[t] < sizeof out - 1) {
+                memcpy(out + n, s.bytes[t], s.lens[t]);
+                n += s.lens[t];
+            }
+        }
+        out[n] = 0;
+        bt_grammar_destroy(g);
+        if (!done) continue;
+        ended++;
+        bt_tool_parser_t *tp = bt_tool_parser_create(1);
+        bt_tool_delta_t d1, d2;
+        bt_tool_parser_push(tp, out, n, &d1);
+        int calls = d1.n_calls;
+        bool fit = true;
+        for (int pass = 0; pass < 2; pass++) {
+            const bt_tool_delta_t *d = pass ? &d2 : &d1;
+            if (pass) {
+                bt_tool_parser_finish(tp, &d2);
+                calls += d2.n_calls;
+            }
+            for (int c = 0; c < d->n_calls; c++) {
+                const cJSON *tool = NULL, *x;
+                cJSON_ArrayForEach(
+                    x, cJSON_GetObjectItem(
+                           specj, "tools")) if (!strcmp(cJSON_GetObjectItem(x, "name")->valuestring,
+                                                        d->calls[c].name)) tool = x;
+                cJSON *args = cJSON_Parse(d->calls[c].arguments);
+                const cJSON *ps = tool ? cJSON_GetObjectItem(tool, "parameters") : NULL;
+                const bool ok = ps && args && conforms(args, ps, ps);
+                BT_CHECK_MSG(ok, "walk %d: call %s(%s) does not fit its tool", w, d->calls[c].name,
+                             d->calls[c].arguments);
+                fit = fit && ok;
+                cJSON_Delete(args);
+            }
+        }
+        BT_CHECK_MSG(d2.warnings == 0 && calls >= 1, "walk %d: %d calls, %d warnings from '%s'", w,
+                     calls, d2.warnings, out);
+        calls_total += calls;
+        bt_tool_parser_destroy(tp);
+    }
+    fprintf(stderr,
+            "  150 walks under a spec of 2 tools: %d ended, %d calls parsed, each fitting its "
+            "tool's schema\n",
+            ended, calls_total);
+    BT_CHECK(ended > 75);
+    cJSON_Delete(specj);
+    free(mask);
+    free(ids);
+    synth_free(&s);
+}
+#undef D
+
 int main(void)
 {
     BT_RUN(test_table);
@@ -688,5 +900,7 @@ int main(void)
     BT_RUN(test_golden_tokenizer);
     BT_RUN(test_schema_table);
     BT_RUN(test_schema_walks);
+    BT_RUN(test_tool_call_table);
+    BT_RUN(test_tool_call_walks);
     return bt_test_summary();
 }
