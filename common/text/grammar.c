@@ -1494,39 +1494,40 @@ struct bt_grammar {
     jstate_t s;
 };
 
-bt_status_t bt_grammar_json_schema(bt_grammar_vocab_t *v, const char *schema, size_t len,
-                                   int32_t after_token, bt_grammar_t **g_p, char *err,
-                                   size_t errlen)
+/* A constraint under the compiled text (a schema, or with tools a tool-call spec). */
+static bt_status_t grammar_new(bt_grammar_vocab_t *v, const char *text, size_t len, bool tools,
+                               int32_t after_token, bt_grammar_t **g_p, char *err, size_t errlen)
 {
     rules_t *r;
-    const bt_status_t st = schema_get(v, schema, len, false, &r, err, errlen);
+    const bt_status_t st = schema_get(v, text, len, tools, &r, err, errlen);
     if (st != BT_OK) return st;
     bt_grammar_t *g = bt_calloc_or_die(1, sizeof *g);
     g->v = v;
     g->r = r;
     g->after = after_token;
     g->active = after_token < 0;
-    set_mode(&g->s, M_VALUE);
-    g->s.vnode = r->root;
+    if (tools) {
+        set_mode(&g->s, M_DLIT);
+        g->s.lit = D_OPEN;
+    } else {
+        set_mode(&g->s, M_VALUE);
+        g->s.vnode = r->root;
+    }
     *g_p = g;
     return BT_OK;
+}
+
+bt_status_t bt_grammar_json_schema(bt_grammar_vocab_t *v, const char *schema, size_t len,
+                                   int32_t after_token, bt_grammar_t **g_p, char *err,
+                                   size_t errlen)
+{
+    return grammar_new(v, schema, len, false, after_token, g_p, err, errlen);
 }
 
 bt_status_t bt_grammar_tool_calls(bt_grammar_vocab_t *v, const char *spec, size_t len,
                                   int32_t after_token, bt_grammar_t **g_p, char *err, size_t errlen)
 {
-    rules_t *r;
-    const bt_status_t st = schema_get(v, spec, len, true, &r, err, errlen);
-    if (st != BT_OK) return st;
-    bt_grammar_t *g = bt_calloc_or_die(1, sizeof *g);
-    g->v = v;
-    g->r = r;
-    g->after = after_token;
-    g->active = after_token < 0;
-    set_mode(&g->s, M_DLIT);
-    g->s.lit = D_OPEN;
-    *g_p = g;
-    return BT_OK;
+    return grammar_new(v, spec, len, true, after_token, g_p, err, errlen);
 }
 
 bt_grammar_t *bt_grammar_json_object(bt_grammar_vocab_t *v, int32_t after_token)

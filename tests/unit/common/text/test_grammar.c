@@ -322,47 +322,79 @@ static void test_masks_match_brute_force(void)
     synth_free(&s);
 }
 
+/* A random walk: uniform among the allowed ids; from step close_after on, '}', ']' and '"' half
+ * the time (most walks then end); ids in [tags_from, eos) a third of the time when one is allowed;
+ * on_step (may be NULL) sees each state's mask first. */
+typedef struct {
+    const char *const *bytes;
+    const size_t *lens;
+    int vocab, eos, close_after, tags_from;
+    void (*on_step)(void *ctx, int step, const char *out, size_t n, const uint32_t *mask);
+    void *ctx;
+} walker_t;
+
+/* Walks g for up to max_tokens into out (NUL-terminated, *n_p bytes): true when it ended with
+ * eos. Every mask must allow something, and every id it allows must be accepted. */
+static bool walk_once(const walker_t *wk, bt_grammar_t *g, int max_tokens, char *out, size_t cap,
+                      size_t *n_p)
+{
+    const int W = (wk->vocab + 31) / 32;
+    uint32_t *mask = calloc((size_t)W, 4);
+    int32_t *ids = malloc((size_t)wk->vocab * sizeof *ids);
+    size_t n = 0;
+    bool done = false;
+    for (int k = 0; k < max_tokens && !done; k++) {
+        bt_grammar_mask(g, mask);
+        if (wk->on_step) wk->on_step(wk->ctx, k, out, n, mask);
+        int na = 0, nt = 0;
+        for (int t = 0; t < wk->vocab; t++)
+            if ((mask[t >> 5] >> (t & 31)) & 1u) {
+                ids[na++] = t;
+                nt += t >= wk->tags_from && t < wk->eos;
+            }
+        BT_CHECK_MSG(na > 0, "nothing allowed after '%.*s'", (int)n, out);
+        if (!na) break;
+        int32_t t = ids[rnd() % (uint32_t)na];
+        if (nt && rnd() % 3 == 0) /* a tag, when one fits */
+            for (int i = 0, pick = (int)(rnd() % (uint32_t)nt); i < na; i++)
+                if (ids[i] >= wk->tags_from && ids[i] < wk->eos && pick-- == 0) t = ids[i];
+        if (k >= wk->close_after)
+            for (int i = 0; i < na; i++)
+                if (wk->lens[ids[i]] == 1 && strchr("}]\"", wk->bytes[ids[i]][0]) && rnd() % 2)
+                    t = ids[i];
+        if (t == wk->eos) {
+            done = bt_grammar_accept(g, t);
+            BT_CHECK(done);
+            break;
+        }
+        const bool ok = bt_grammar_accept(g, t);
+        BT_CHECK_MSG(ok, "token %d allowed by the mask, refused after '%.*s'", t, (int)n, out);
+        if (!ok) break;
+        if (n + wk->lens[t] < cap - 1) {
+            memcpy(out + n, wk->bytes[t], wk->lens[t]);
+            n += wk->lens[t];
+        }
+    }
+    out[n] = 0;
+    *n_p = n;
+    free(mask);
+    free(ids);
+    return done;
+}
+
 /* Draws uniformly among the allowed tokens until eos: the bytes are an object cJSON parses,
  * and no mask is ever empty. Returns the walks that ended. */
 static int random_walks(bt_grammar_vocab_t *v, const char *const *bytes, const size_t *lens,
                         int eos, int walks, int max_tokens)
 {
-    const int vocab = bt_grammar_vocab_size(v), W = bt_grammar_mask_words(v);
-    uint32_t *mask = calloc((size_t)W, 4);
-    int32_t *ids = malloc((size_t)vocab * sizeof *ids);
+    const walker_t wk = {bytes, lens, bt_grammar_vocab_size(v), eos, max_tokens / 2, eos,
+                         NULL,  NULL};
     int ended = 0;
     for (int w = 0; w < walks; w++) {
         bt_grammar_t *g = bt_grammar_json_object(v, -1);
         char out[1 << 14];
-        size_t n = 0;
-        bool ok = true, done = false;
-        for (int k = 0; k < max_tokens && ok && !done; k++) {
-            bt_grammar_mask(g, mask);
-            int na = 0;
-            for (int t = 0; t < vocab; t++)
-                if ((mask[t >> 5] >> (t & 31)) & 1u) ids[na++] = t;
-            BT_CHECK_MSG(na > 0, "walk %d: nothing allowed after '%.*s'", w, (int)n, out);
-            if (!na) break;
-            /* prefer closing once long: most walks then end */
-            int32_t t = ids[rnd() % (uint32_t)na];
-            if (k > max_tokens / 2)
-                for (int i = 0; i < na; i++)
-                    if (lens[ids[i]] == 1 && strchr("}]\"", bytes[ids[i]][0]) && rnd() % 2)
-                        t = ids[i];
-            if (t == eos) {
-                done = bt_grammar_accept(g, t);
-                BT_CHECK(done);
-                break;
-            }
-            ok = bt_grammar_accept(g, t);
-            BT_CHECK_MSG(ok, "walk %d: token %d allowed by the mask, refused", w, t);
-            if (n + lens[t] < sizeof out - 1) {
-                memcpy(out + n, bytes[t], lens[t]);
-                n += lens[t];
-            }
-        }
-        out[n] = 0;
-        if (done) {
+        size_t n;
+        if (walk_once(&wk, g, max_tokens, out, sizeof out, &n)) {
             ended++;
             cJSON *j = cJSON_ParseWithLength(out, n);
             BT_CHECK_MSG(j && cJSON_IsObject(j), "walk %d ended in '%s', not an object", w, out);
@@ -370,8 +402,6 @@ static int random_walks(bt_grammar_vocab_t *v, const char *const *bytes, const s
         }
         bt_grammar_destroy(g);
     }
-    free(mask);
-    free(ids);
     return ended;
 }
 
@@ -600,6 +630,30 @@ static bool conforms(const cJSON *x, const cJSON *s, const cJSON *root)
     return true;
 }
 
+/* The first 30 walks: every 37th state's mask against trying every token alone. */
+typedef struct {
+    bt_grammar_vocab_t *v;
+    int vocab, walk, checked;
+} brute_t;
+
+static void brute_step(void *ctx, int step, const char *out, size_t n, const uint32_t *mask)
+{
+    brute_t *bc = ctx;
+    if (bc->walk >= 30 || step % 37 != 5) return;
+    int diff = 0;
+    for (int t = 0; t < bc->vocab; t++) {
+        bt_grammar_t *h;
+        char err[256];
+        bt_grammar_json_schema(bc->v, PERSON, strlen(PERSON), -1, &h, err, sizeof err);
+        const bool want = bt_grammar_accept_bytes(h, out, n) && bt_grammar_accept(h, t);
+        diff += want != (bool)((mask[t >> 5] >> (t & 31)) & 1u);
+        bt_grammar_destroy(h);
+    }
+    BT_CHECK_MSG(diff == 0, "after '%.*s': %d tokens where the mask and trying alone differ",
+                 (int)n, out, diff);
+    bc->checked++;
+}
+
 /* Random walks under a schema (the synthetic vocabulary, plus the property names as tokens):
  * every one that ends is an instance the independent check takes. */
 static void test_schema_walks(void)
@@ -607,56 +661,19 @@ static void test_schema_walks(void)
     synth_t s;
     synth_make(&s, 800);
     cJSON *schema = cJSON_Parse(PERSON);
-    const int W = bt_grammar_mask_words(s.v);
-    uint32_t *mask = calloc((size_t)W, 4);
-    int32_t *ids = malloc((size_t)s.vocab * sizeof *ids);
-    int ended = 0, conforming = 0, brute_checked = 0;
+    brute_t bc = {s.v, s.vocab, 0, 0};
+    const walker_t wk = {
+        (const char *const *)s.bytes, s.lens, s.vocab, s.eos, 100, s.eos, brute_step, &bc};
+    int ended = 0, conforming = 0;
     for (int w = 0; w < 200; w++) {
         bt_grammar_t *g;
         char err[256];
         BT_CHECK(bt_grammar_json_schema(s.v, PERSON, strlen(PERSON), -1, &g, err, sizeof err) ==
                  BT_OK);
         char out[1 << 14];
-        size_t n = 0;
-        bool done = false;
-        for (int k = 0; k < 600 && !done; k++) {
-            bt_grammar_mask(g, mask);
-            int na = 0;
-            for (int t = 0; t < s.vocab; t++)
-                if ((mask[t >> 5] >> (t & 31)) & 1u) ids[na++] = t;
-            BT_CHECK_MSG(na > 0, "nothing allowed after '%.*s'", (int)n, out);
-            if (!na) break;
-            if (w < 30 && k % 37 == 5) { /* the mask against trying every token alone */
-                int diff = 0;
-                for (int t = 0; t < s.vocab; t++) {
-                    bt_grammar_t *h;
-                    bt_grammar_json_schema(s.v, PERSON, strlen(PERSON), -1, &h, err, sizeof err);
-                    const bool prefix_ok = bt_grammar_accept_bytes(h, out, n);
-                    const bool want = prefix_ok && bt_grammar_accept(h, t);
-                    diff += want != (bool)((mask[t >> 5] >> (t & 31)) & 1u);
-                    bt_grammar_destroy(h);
-                }
-                BT_CHECK_MSG(diff == 0,
-                             "after '%.*s': %d tokens where the mask and trying alone differ",
-                             (int)n, out, diff);
-                brute_checked++;
-            }
-            int32_t t = ids[rnd() % (uint32_t)na];
-            if (k > 100) /* then close what is open */
-                for (int i = 0; i < na; i++)
-                    if (s.lens[ids[i]] == 1 && strchr("}]\"", s.bytes[ids[i]][0]) && rnd() % 2)
-                        t = ids[i];
-            if (t == s.eos) {
-                done = bt_grammar_accept(g, t);
-                break;
-            }
-            BT_CHECK(bt_grammar_accept(g, t));
-            if (n + s.lens[t] < sizeof out - 1) {
-                memcpy(out + n, s.bytes[t], s.lens[t]);
-                n += s.lens[t];
-            }
-        }
-        out[n] = 0;
+        size_t n;
+        bc.walk = w;
+        const bool done = walk_once(&wk, g, 600, out, sizeof out, &n);
         bt_grammar_destroy(g);
         if (!done) continue;
         ended++;
@@ -672,11 +689,9 @@ static void test_schema_walks(void)
             "  200 walks under a schema (nested, optional, enum, $ref, anyOf): %d ended, %d "
             "instances; masks %llu computed, %llu from the cache; %d masks as tried alone\n",
             ended, conforming, (unsigned long long)computed, (unsigned long long)cached,
-            brute_checked);
-    BT_CHECK(ended > 100 && brute_checked > 50);
+            bc.checked);
+    BT_CHECK(ended > 100 && bc.checked > 50);
     cJSON_Delete(schema);
-    free(mask);
-    free(ids);
     synth_free(&s);
 }
 
@@ -804,47 +819,16 @@ static void test_tool_call_walks(void)
     char spec[2048];
     snprintf(spec, sizeof spec, TOOLS, "");
     cJSON *specj = cJSON_Parse(spec);
-    const int W = bt_grammar_mask_words(s.v);
-    uint32_t *mask = calloc((size_t)W, 4);
-    int32_t *ids = malloc((size_t)s.vocab * sizeof *ids);
+    const walker_t wk = {(const char *const *)s.bytes, s.lens, s.vocab, s.eos, 200,
+                         s.vocab - 1 - n_tags,         NULL,   NULL};
     int ended = 0, calls_total = 0;
     for (int w = 0; w < 150; w++) {
         bt_grammar_t *g;
         char err[256];
         BT_CHECK(bt_grammar_tool_calls(s.v, spec, strlen(spec), -1, &g, err, sizeof err) == BT_OK);
         static char out[1 << 15];
-        size_t n = 0;
-        bool done = false;
-        for (int k = 0; k < 3000 && !done; k++) {
-            bt_grammar_mask(g, mask);
-            int na = 0, nt = 0;
-            for (int t = 0; t < s.vocab; t++)
-                if ((mask[t >> 5] >> (t & 31)) & 1u) ids[na++] = t;
-            BT_CHECK_MSG(na > 0, "nothing allowed after '%.*s'", (int)n, out);
-            if (!na) break;
-            int32_t t = ids[rnd() % (uint32_t)na];
-            for (int i = 0; i < na; i++)
-                nt += ids[i] >= s.vocab - 1 - n_tags && ids[i] < s.eos;
-            if (nt && rnd() % 3 == 0) { /* a tag, when one fits */
-                int pick = (int)(rnd() % (uint32_t)nt);
-                for (int i = 0; i < na; i++)
-                    if (ids[i] >= s.vocab - 1 - n_tags && ids[i] < s.eos && pick-- == 0) t = ids[i];
-            }
-            if (k > 200) /* then close what is open */
-                for (int i = 0; i < na; i++)
-                    if (s.lens[ids[i]] == 1 && strchr("}]\"", s.bytes[ids[i]][0]) && rnd() % 2)
-                        t = ids[i];
-            if (t == s.eos) {
-                done = bt_grammar_accept(g, t);
-                break;
-            }
-            BT_CHECK(bt_grammar_accept(g, t));
-            if (n + s.lens[t] < sizeof out - 1) {
-                memcpy(out + n, s.bytes[t], s.lens[t]);
-                n += s.lens[t];
-            }
-        }
-        out[n] = 0;
+        size_t n;
+        const bool done = walk_once(&wk, g, 3000, out, sizeof out, &n);
         bt_grammar_destroy(g);
         if (!done) continue;
         ended++;
@@ -885,8 +869,6 @@ static void test_tool_call_walks(void)
             ended, calls_total);
     BT_CHECK(ended > 75);
     cJSON_Delete(specj);
-    free(mask);
-    free(ids);
     synth_free(&s);
 }
 #undef D
