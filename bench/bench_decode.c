@@ -21,25 +21,14 @@
 #include "services/engine/model.h"
 #include "services/engine/sampler.h"
 
+#include "bench/bench_util.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 enum { MAX_BATCHES = 16, MAX_BATCH = 64 };
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static void usage(void)
 {

@@ -13,25 +13,14 @@
  * Prints a table, then a JSON line a setting. */
 #include "services/engine/sampler.h"
 
+#include "bench/bench_util.h"
+
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static const float *g_l; /* what by_logit sorts by */
 static int by_logit(const void *a, const void *b)

@@ -17,6 +17,8 @@
 #include "common/text/text_internal.h"
 #include "common/text/tokenizer.h"
 
+#include "bench/bench_util.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,13 +26,6 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 static uint32_t rnd(void)

@@ -1530,6 +1530,46 @@ bt_status_t bt_grammar_tool_calls(bt_grammar_vocab_t *v, const char *spec, size_
     return grammar_new(v, spec, len, true, after_token, g_p, err, errlen);
 }
 
+/* Which constraint kind names (0 object, 1 schema, 2 tool calls), -1 none, -2 unknown; err
+ * says what is wrong with kind and spec together. */
+static int request_kind(const char *kind, const char *spec, char *err, size_t errlen)
+{
+    static const char *const kinds[] = {"json_object", "json_schema", "tool_calls"};
+    if (!kind || !*kind) return -1;
+    int k = -2;
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(kind, kinds[i])) k = i;
+    const bool has_spec = spec && *spec;
+    if (k == -2)
+        snprintf(err, errlen, "'%.64s' is not supported (json_object, json_schema, tool_calls)",
+                 kind);
+    else if (has_spec != (k > 0))
+        snprintf(err, errlen, "%s %s", kind, has_spec ? "takes no spec" : "needs its spec");
+    else
+        return k;
+    return -2;
+}
+
+bt_status_t bt_grammar_request_check(const char *kind, const char *spec, char *err, size_t errlen)
+{
+    const int k = request_kind(kind, spec, err, errlen);
+    if (k == -2) return BT_ERR_INVALID_ARG;
+    if (k <= 0) return BT_OK;
+    return (k == 1 ? bt_grammar_schema_check : bt_grammar_tool_calls_check)(spec, strlen(spec), err,
+                                                                            errlen);
+}
+
+bt_status_t bt_grammar_request(bt_grammar_vocab_t *v, const char *kind, const char *spec,
+                               int32_t after_token, bt_grammar_t **g_p, char *err, size_t errlen)
+{
+    *g_p = NULL;
+    const int k = request_kind(kind, spec, err, errlen);
+    if (k == -2) return BT_ERR_INVALID_ARG;
+    if (k == -1) return BT_OK;
+    return grammar_new(v, k ? spec : NULL, k ? strlen(spec) : 0, k == 2, after_token, g_p, err,
+                       errlen);
+}
+
 bt_grammar_t *bt_grammar_json_object(bt_grammar_vocab_t *v, int32_t after_token)
 {
     bt_grammar_t *g = NULL;

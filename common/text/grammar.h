@@ -79,6 +79,13 @@ bt_status_t bt_grammar_tool_calls(bt_grammar_vocab_t *v, const char *spec, size_
                                   int32_t after_token, bt_grammar_t **g_p, char *err,
                                   size_t errlen);
 bt_status_t bt_grammar_tool_calls_check(const char *spec, size_t len, char *err, size_t errlen);
+/* A request's constraint by name, as SamplingParams carry it: kind "json_object" (spec empty),
+ * "json_schema" (spec: the schema) or "tool_calls" (spec: the tool spec); kind NULL or "": none.
+ * _check: BT_OK when it compiles, else err names what is wrong (the router's check); the other
+ * makes it into *g_p (NULL for none), as the workers do. */
+bt_status_t bt_grammar_request_check(const char *kind, const char *spec, char *err, size_t errlen);
+bt_status_t bt_grammar_request(bt_grammar_vocab_t *v, const char *kind, const char *spec,
+                               int32_t after_token, bt_grammar_t **g_p, char *err, size_t errlen);
 /* Any JSON object (bt_grammar_json_schema with no schema). */
 bt_grammar_t *bt_grammar_json_object(bt_grammar_vocab_t *v, int32_t after_token);
 void bt_grammar_destroy(bt_grammar_t *g);

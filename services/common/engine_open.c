@@ -133,18 +133,6 @@ bt_status_t bt_service_grammar(bt_service_engine_t *eng, const Baton__V1__Sampli
     *g_p = NULL;
     const char *rf = sp && sp->response_format ? sp->response_format : "";
     if (!*rf) return BT_OK;
-    const bool schema = !strcmp(rf, "json_schema"), calls = !strcmp(rf, "tool_calls");
-    if (strcmp(rf, "json_object") != 0 && !schema && !calls) {
-        snprintf(err, errlen,
-                 "response_format '%.64s' is not supported (json_object, json_schema, tool_calls)",
-                 rf);
-        return BT_ERR_INVALID_ARG;
-    }
-    const char *js = sp->json_schema ? sp->json_schema : "";
-    if ((schema || calls) && !*js) {
-        snprintf(err, errlen, "response_format %s without its spec", rf);
-        return BT_ERR_INVALID_ARG;
-    }
     const int vocab = bt_service_emit_vocab(eng);
     if (sp->has_constrain_after &&
         (sp->constrain_after_token < 0 || sp->constrain_after_token >= vocab)) {
@@ -167,9 +155,7 @@ bt_status_t bt_service_grammar(bt_service_engine_t *eng, const Baton__V1__Sampli
         BT_LOG_INFO("constrained decoding: %d token ids indexed in %.0f ms", vocab,
                     (double)bt_now_ms() - t0);
     }
-    const int32_t after = sp->has_constrain_after ? sp->constrain_after_token : -1;
-    if (calls)
-        return bt_grammar_tool_calls(eng->grammar_vocab, js, strlen(js), after, g_p, err, errlen);
-    return bt_grammar_json_schema(eng->grammar_vocab, schema ? js : NULL, schema ? strlen(js) : 0,
-                                  after, g_p, err, errlen);
+    return bt_grammar_request(eng->grammar_vocab, rf, sp->json_schema,
+                              sp->has_constrain_after ? sp->constrain_after_token : -1, g_p, err,
+                              errlen);
 }

@@ -790,38 +790,20 @@ static bt_rpc_code_t prepare(router_t *r, req_t *q, const Baton__V1__GenerateReq
             }
     }
     const char *rf = sp->response_format ? sp->response_format : "";
-    const bool schema = !strcmp(rf, "json_schema"), calls = !strcmp(rf, "tool_calls");
-    if (*rf && strcmp(rf, "json_object") != 0 && !schema && !calls) {
-        snprintf(msg, msglen,
-                 "sampling.response_format '%.64s' is not supported (json_object, json_schema, "
-                 "tool_calls)",
-                 rf);
-        return BT_RPC_INVALID_ARGUMENT;
-    }
     const char *js = sp->json_schema ? sp->json_schema : "";
-    if ((schema || calls) != (*js != 0)) {
-        snprintf(msg, msglen,
-                 "sampling.json_schema goes with response_format json_schema or "
-                 "tool_calls, and only");
-        return BT_RPC_INVALID_ARGUMENT;
-    }
     if (q->json_schema && *rf) { /* (tool_choice made one) */
         snprintf(msg, msglen,
                  "tool_choice \"required\" or a named function and a response_format "
                  "cannot be asked together");
         return BT_RPC_INVALID_ARGUMENT;
     }
-    if (schema || calls) {
-        char err[300];
-        if ((schema ? bt_grammar_schema_check : bt_grammar_tool_calls_check)(js, strlen(js), err,
-                                                                             sizeof err) != BT_OK) {
-            snprintf(msg, msglen, "response_format: %s", err);
-            return BT_RPC_INVALID_ARGUMENT;
-        }
-        q->json_schema = bt_strdup_or_die(js);
-    } else if (q->json_schema) {
-        rf = "tool_calls";
+    char err[300];
+    if (bt_grammar_request_check(rf, js, err, sizeof err) != BT_OK) {
+        snprintf(msg, msglen, "response_format: %s", err);
+        return BT_RPC_INVALID_ARGUMENT;
     }
+    if (*js) q->json_schema = bt_strdup_or_die(js);
+    if (q->json_schema && !*rf) rf = "tool_calls";
     q->sampling = *sp;
     snprintf(q->response_format, sizeof q->response_format, "%s", rf);
     q->sampling.response_format = NULL; /* (the request is freed: start_request sets the copies) */

@@ -155,6 +155,15 @@ static bool cluster_up(cluster_t *c, client_t *cl, const char *chunk, const char
     return started && serving(cl);
 }
 
+/* cluster_up with these flags for the router (NULL-terminated) as well. */
+static bool cluster_up_routing(cluster_t *c, client_t *cl, const char *const *router_flags)
+{
+    router_extra = router_flags;
+    const bool up = cluster_up(c, cl, "4096", "256", "30");
+    router_extra = NULL;
+    return up;
+}
+
 /* Polls the router's Health (up to ~10 s) until it shows `decode` decode and `prefill`
  * prefill groups, or, with negative counts, until it serves at all. */
 static bool wait_health(client_t *cl, int decode, int prefill, int leaving)
@@ -1089,11 +1098,9 @@ static __attribute__((unused)) void test_router_stop_drains(void)
     /* (heartbeats 2 s apart: the decode group, held still below, is not removed meanwhile) */
     static const char *const one[] = {"--max-running-requests", "1", "--heartbeat-ms", "2000",
                                       NULL};
-    router_extra = one;
     cluster_t c;
     client_t cl;
-    BT_CHECK(cluster_up(&c, &cl, "4096", "256", "30"));
-    router_extra = NULL;
+    BT_CHECK(cluster_up_routing(&c, &cl, one));
     static const int32_t prompt[] = {5, 17, 93, 4, 250, 61, 8, 12};
     gen_t a, b, d;
     gen_start(&cl, &a, prompt, 8, 400, true, 120000);
@@ -1134,11 +1141,9 @@ static __attribute__((unused)) void test_router_drain_timeout(void)
     /* (heartbeats 2 s apart: the stalled group is not removed, failing the request, first) */
     static const char *const short_drain[] = {"--drain-timeout", "0.5", "--heartbeat-ms", "2000",
                                               NULL};
-    router_extra = short_drain;
     cluster_t c;
     client_t cl;
-    BT_CHECK(cluster_up(&c, &cl, "4096", "256", "30"));
-    router_extra = NULL;
+    BT_CHECK(cluster_up_routing(&c, &cl, short_drain));
     static const int32_t prompt[] = {5, 17, 93, 4, 250, 61, 8, 12};
     gen_t a;
     gen_start(&cl, &a, prompt, 8, 400, true, 60000);

@@ -565,6 +565,17 @@ static void test_schema_table(void)
     }
     char err[256];
     BT_CHECK(bt_grammar_schema_check(PERSON, strlen(PERSON), err, sizeof err) == BT_OK);
+    /* a request's kind and spec, as the router checks them */
+    BT_CHECK(bt_grammar_request_check("", NULL, err, sizeof err) == BT_OK);
+    BT_CHECK(bt_grammar_request_check("json_object", "", err, sizeof err) == BT_OK);
+    BT_CHECK(bt_grammar_request_check("json_schema", PERSON, err, sizeof err) == BT_OK);
+    BT_CHECK(bt_grammar_request_check("yaml", NULL, err, sizeof err) == BT_ERR_INVALID_ARG &&
+             strstr(err, "'yaml'"));
+    BT_CHECK(bt_grammar_request_check("json_schema", "", err, sizeof err) == BT_ERR_INVALID_ARG &&
+             strstr(err, "needs its spec"));
+    BT_CHECK(bt_grammar_request_check("json_object", PERSON, err, sizeof err) ==
+                 BT_ERR_INVALID_ARG &&
+             strstr(err, "takes no spec"));
     synth_free(&s);
 }
 
