@@ -3,7 +3,7 @@
 
 Runs differ by 2..3% on one GPU for the same code, so a change is judged against its old form
 measured in the same session, turns interleaved. Each configuration is BINARY or
-BINARY:NAME=VALUE[,NAME=VALUE...] (e.g. build-gpu-bench/bench_layer_cuda:BT_CUDA_WGRS_K=128);
+BINARY:NAME=VALUE[,NAME=VALUE...] (e.g. build-gpu-bench/bench_layer_cuda:BT_CUDA_PDL=0);
 every round runs each configuration once, in the order given.
 
   ab_layer.py CONFIG [CONFIG ...] [--cases decode_b1,decode_b16,prefill] [--reps 30]

@@ -10,11 +10,11 @@
 # There (the command of one device call; results in $OUT/r.tgz):
 #   bash scripts/gpu-session.sh run STEP... [--ab CONFIG]...
 #     sass   the SASS of every packed cubin
-#     check  tests/gpu/run_all.sh (operators, fallbacks, experiments, model, two clusters)
+#     check  tests/gpu/run_all.sh (operators, fallbacks, model, two clusters)
 #     bench  the layer against its floors and PyTorch (bench/run_layer_bench.sh)
 #     ab     bench/ab_layer.py, two rounds: the packed bench, each bench_layer_cuda_REV, and
 #            each --ab CONFIG (a bench binary's name in the bundle, with :NAME=VALUE,...
-#            environment switches, e.g. bench_layer_cuda:BT_CUDA_ROWS_PF=2)
+#            environment switches, e.g. bench_layer_cuda:BT_CUDA_ROWS_KS=4)
 #   check + bench + sass fit one call (~7 min); ab with five configurations takes another.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)

@@ -168,20 +168,6 @@ __device__ __forceinline__ void mma_bf16_16816(float *d, const unsigned *a, unsi
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-/* a hint: bytes (a multiple of 16, from a 16-byte boundary) of global memory fetched into L2
- * by the copy engine (sm_90 on), or, with bytes 0, the line holding p (any address in an
- * allocation); nothing waits for it */
-__device__ __forceinline__ void bt_prefetch_l2(const void *p, unsigned bytes)
-{
-#if __CUDA_ARCH__ >= 900
-    if (bytes) {
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes));
-        return;
-    }
-#endif
-    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
-}
-
 /* bytes (4, 8 or 16) from global to shared memory, asynchronously; zeros where !valid; the
  * destination as an address in the shared window (s) or a pointer (smem) */
 template <int BYTES>
@@ -255,7 +241,7 @@ static inline bool bt__env_switch(const char *name, int *once)
     return *once;
 }
 
-/* A choice from the environment (BT_CUDA_ROWS_KS, BT_CUDA_WGRS_K, ...: experiments and
+/* A choice from the environment (BT_CUDA_ROWS_KS, ...: experiments and
  * comparisons): the variable's value when it is one of the n `allowed`, else dflt, with a line
  * on stderr when it was set to something else; read once into *once (-1 until read). */
 static inline int bt__env_choice(const char *name, const int *allowed, int n, int dflt, int *once)

@@ -656,7 +656,10 @@ __global__ void __launch_bounds__(MT_WARPS * 32, MMA16_MIN_BLOCKS(FMT, TILES)) g
  * - An expert of more than 8 rows takes a second pass (weights from L2) for rows 8..15: rare
  *   in a decode batch, and a pass for 8 rows holds half the registers of one for 16. An FP8
  *   product of 9..16 rows (R16) takes them in one pass, two MMAs a step: a second pass cost
- *   the 16-row [32768, 1280] product 0.025 -> 0.033 ms. */
+ *   the 16-row [32768, 1280] product 0.025 -> 0.033 ms.
+ * Tried and measured slower: also prefetching into L2 the weights one or two chunks past those
+ * loaded into registers (cp.async.bulk.prefetch): the layer's decode 25-40% slower at batch 1
+ * and 16 (bench/RESULTS.md, session 20). */
 template <int FMT> struct rows_fmt {
     static constexpr int CHUNK = FMT == FMT_FP4 ? 128 : 64; /* k a warp's chunk */
     static constexpr int KW = CHUNK / 4;                    /* k a lane's chunk (16 bytes) */
@@ -681,16 +684,6 @@ static int rows_ks(int fmt, int K)
     return MT_WARPS;
 }
 
-/* BT_CUDA_ROWS_PF (1 or 2; default 0, off): how many chunks past the one a gemm_rows warp loads
- * into registers it prefetches into L2 (an experiment: one chunk ahead in registers left the
- * FP4 experts at ~75% of the copy bandwidth), read once */
-static int rows_pf(void)
-{
-    static int pf = -1;
-    static const int allowed[] = {0, 1, 2};
-    return bt__env_choice("BT_CUDA_ROWS_PF", allowed, 3, 0, &pf);
-}
-
 /* registers for 2 blocks an SM (FP4, whose conversion needs them; FP8 with 32 columns a tile
  * or 16 rows) or 3 (FP8, 16 columns, 8 rows: 80 registers; at 4 blocks an SM, 64, it spilled
  * 60 bytes) */
@@ -700,7 +693,7 @@ template <int FMT, int MT, bool R16, typename OT>
 __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
     gemm_rows(OT *y, const __nv_bfloat16 *x, const int32_t *rows, const int32_t *offs,
               const uint8_t *w, const uint8_t *ws, int M, int N, int K, const int32_t *elist,
-              gemm_io io, int tiles, int ks, int pf)
+              gemm_io io, int tiles, int ks)
 {
     using F = rows_fmt<FMT>;
     constexpr bool FP4 = FMT == FMT_FP4;
@@ -738,10 +731,6 @@ __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
      * (K / 2 and the lane's first k / 2 are multiples of 16): one offset a column, not two, as
      * the 4-column instances ran out of registers. FP8: soff + kc / 32 is the lane's scale. */
     unsigned woff[NC], soff = 0, kc = 0;
-    /* pf > 0 (BT_CUDA_ROWS_PF, an experiment): the weights of the chunk pf after the one loaded
-     * into registers are prefetched into L2, so that load finds them there: lane c takes column
-     * c % NC's 64 bytes (the 4 lanes' 16 each) and, FP4, its scale line. Its offsets are
-     * computed when used, as the FP8 instances had no register to spare for them. */
     auto set_tile = [&](int t) {
 #pragma unroll
         for (int i = 0; i < NC; i++) {
@@ -759,15 +748,6 @@ __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
             if (FP4) s[i] = __ldg(ws + (o >> 4));
         }
         if (!FP4) s[0] = __ldg(ws + soff + kc / 32);
-        if (pf && kc + (unsigned)(pf * step_bytes) < (unsigned)(nw * step_bytes)) { /* (uniform) */
-            unsigned o = woff[0];
-#pragma unroll
-            for (int i = 1; i < NC; i++)
-                if (c % NC == i) o = woff[i];
-            o += kc + (unsigned)(pf * step_bytes) - 16 * c; /* (the lane's 16 bytes: 16c on) */
-            bt_prefetch_l2(w + o, F::CHUNK_BYTES);
-            if (FP4) bt_prefetch_l2(ws + (o >> 4), 0);
-        }
         kc += step_bytes;
     };
     /* this lane's rows (g, and g + 8 when R16): where their first k lies, where the next
@@ -1126,39 +1106,33 @@ static bool ft_smem_ready(void)
  * rounded up to 16, picked per block, so an expert of 70 rows multiplies 80, not 112.
  * K goes in chunks of 64 through a 4-stage cp.async pipeline, two chunks ahead: the rows'
  * bf16 (gathered, 128-byte swizzled), the columns' packed bytes, and with every other chunk
- * their scales of its 128 k as stored (BT_CUDA_WGRS_K=128: 3 stages of 128 k, one ahead, a
- * barrier and a stage's copies per 128 k; not yet measured).
+ * their scales of its 128 k as stored.
  * Both operands take k in natural order: a thread's A pairs of a 32-k run (k 2c + 8t, + 1) are
  * word c of the run in fragment order, converted a word's 4 pairs in 8 operations and 4
- * multiplies (the checkpoint order, where they are byte c of four words, took 6 a pair). Two blocks an SM (128 registers):
- * with one, two warps a scheduler left the conversions' latencies bare. Tried and measured slower:
- * each row one tensor-memory-accelerator copy (the 128-byte swizzle applied by the copy engine, one
- * row a thread) in place of eight cp.async a row: 0.63 -> 1.12 ms for [4608, 5120] x 64 experts x
- * 64 rows. */
+ * multiplies (the checkpoint order, where they are byte c of four words, took 6 a pair). Two blocks
+ * an SM (128 registers): with one, two warps a scheduler left the conversions' latencies bare.
+ * Tried and measured slower: each row one tensor-memory-accelerator copy (the 128-byte swizzle
+ * applied by the copy engine, one row a thread) in place of eight cp.async a row: 0.63 -> 1.12 ms
+ * for [4608, 5120] x 64 experts x 64 rows; 3 stages of 128 k (half the barriers and copy
+ * bookkeeping a k): the layer's 4096-token prefill 11.04 ms against 10.98 (bench/RESULTS.md,
+ * session 20). */
 enum {
     RS_COLS = 128,
     RS_ROWS = 112,
+    RS_CHUNK = 64,
+    RS_STEPS = RS_CHUNK / 16,
+    RS_STAGES = 4,
     RS_THREADS = 256,
-    RS_BLOCKS_PER_SM = 2,
-    RS_X_HALF = RS_ROWS * 128 /* a stage's rows for 64 k (128-byte swizzled lines) */
+    RS_BLOCKS_PER_SM = 2
 };
-
-/* A ring stage takes SK k: 64 (four stages, two ahead) or 128 (three, one ahead: the same k in
- * flight, half the barriers, fences and copy bookkeeping a k; its 112 KB a block still leave
- * two blocks an SM). Each stage holds the tile's rows (SK / 64 halves of RS_X_HALF), the
- * columns' packed bytes and their scale words of 128 k. */
-template <int SK> struct wgrs_ring {
-    static constexpr int HALVES = SK / 64;
-    static constexpr int STAGES = SK == 64 ? 4 : 3;
-    static constexpr int AHEAD = STAGES - 2; /* stages loaded ahead of the one multiplied */
-    static constexpr int W_BYTES = RS_COLS * SK / 2;
-    static constexpr int S_OFF = HALVES * RS_X_HALF + W_BYTES;
-    static constexpr int STAGE_BYTES = (S_OFF + 4 * RS_COLS + 1023) / 1024 * 1024;
-    static constexpr int SMEM = STAGES * STAGE_BYTES + 1024; /* (+ alignment) */
+enum {
+    RS_X_HALF = RS_ROWS * 128,
+    RS_HALVES = RS_CHUNK / 64,
+    RS_W_BYTES = RS_COLS * RS_CHUNK / 2,
+    RS_S_OFF = RS_HALVES * RS_X_HALF + RS_W_BYTES,
+    RS_STAGE_BYTES = (RS_S_OFF + 4 * RS_COLS + 1023) / 1024 * 1024,
+    RS_SMEM = RS_STAGES * RS_STAGE_BYTES + 1024 /* alignment */
 };
-/* two blocks an SM of 228 KB: each its ring, the rows' pointers and the 1 KB the system keeps */
-static_assert(2 * (wgrs_ring<128>::SMEM + RS_ROWS * sizeof(void *) + 1024) <= 228 * 1024,
-              "128-k stages no longer leave two blocks an SM");
 
 #ifdef BT_WGMMA
 __device__ int wgrs_built = 1;
@@ -1181,108 +1155,88 @@ static bool wgrs_on(void)
     return bt__env_switch("BT_CUDA_WGRS", &once);
 }
 
-template <int NT, int SK, typename OT>
+template <int NT, typename OT>
 __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t *ws, int N, int K,
                                           int m0, int mr, int n0, unsigned char *smem,
                                           const __nv_bfloat16 *const *arow)
 {
 #ifdef BT_WGMMA
-    using R = wgrs_ring<SK>;
     const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, c = lane & 3;
     const int f = 64 * (tid >> 7) + 16 * ((tid >> 5) & 3) + g; /* columns f and f + 8 */
-    auto stage = [&](int st) { return smem + (st % R::STAGES) * R::STAGE_BYTES; };
-    /* What does not change from stage to stage (shared addresses, the rows', weights' and
+    auto stage = [&](int ch) { return smem + (ch % RS_STAGES) * RS_STAGE_BYTES; };
+    /* What does not change from chunk to chunk (shared addresses, the rows', weights' and
      * scales' sources) is computed once. */
-    static_assert((SK == 64 || SK == 128) && RS_COLS * 2 == RS_THREADS,
-                  "one row unit a half and SK / 64 weight units a thread");
-    constexpr int WU = SK / 64;  /* a thread's 16-byte weight units a stage */
-    constexpr int UPC = SK / 32; /* a column's 16-byte units a stage */
+    static_assert(RS_CHUNK == 64 && RS_COLS * 2 == RS_THREADS,
+                  "one row unit and one weight unit a thread");
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(smem);
     const uint32_t x_dst = wg_sw(tid >> 3, tid & 7); /* + 4096 j: row tid / 8 + 32 j */
     const int wn = n0 + (tid >> 1), sn = n0 + tid;
     const uint8_t *w_src = w + (size_t)(wn < N ? wn : 0) * (K / 2) + 16 * (tid & 1);
-    /* 128-k stages: a column's 4 units lie XOR-swizzled by bits 1..2 of its index, so that the 8
-     * columns a quarter warp reads (g) fall on 32 distinct banks (in k order they took 4-way
-     * conflicts); 64-k stages keep k order */
-    const int wsw = UPC == 4 ? (f >> 1) & 3 : 0;
     const uint8_t *s_src = ws + (size_t)(sn < N ? sn : 0) * (K / 32);
-    constexpr int XU = NT * 8, XJ = (XU + RS_THREADS - 1) / RS_THREADS; /* a half's row units */
-    /* the rows' sources in registers (read from shared memory at every stage, each copy's
-     * address had waited on that load) */
+    constexpr int XU = NT * RS_CHUNK / 8, XJ = (XU + RS_THREADS - 1) / RS_THREADS;
+    /* the rows' sources in registers: read from shared memory at every chunk, each copy's
+     * address waited on that load */
     const __nv_bfloat16 *x_src[XJ];
 #pragma unroll
     for (int j = 0; j < XJ; j++) {
         const int r = (tid >> 3) + 32 * j;
         x_src[j] = arow[r < NT ? r : 0] + 8 * (tid & 7);
     }
-    /* a stage's copies: the tile's NT rows (8 units a 64-k half, 8 neighbouring threads a
-     * row's 128 bytes), the columns' packed bytes (two threads a column), and, with the stage
-     * that starts each 128 k, each column's 4 scale bytes of those 128 k */
-    auto load = [&](int st, auto first_c) {
-        const uint32_t sx = sbase + (st % R::STAGES) * R::STAGE_BYTES;
-        const int k0 = st * SK;
+    /* a chunk's copies: the tile's NT rows (8 units a 64-k half, 8 neighbouring threads a row's
+     * 128 bytes), the columns' packed bytes (RS_CHUNK / 32 threads a column), and, with the
+     * first chunk of each 128 k, each column's 4 scale bytes of those 128 k */
+    auto load = [&](int ch, auto first_c) {
+        const uint32_t sx = sbase + (ch % RS_STAGES) * RS_STAGE_BYTES;
+        const int k0 = ch * RS_CHUNK;
 #pragma unroll
-        for (int h = 0; h < R::HALVES; h++)
-#pragma unroll
-            for (int j = 0; j < XJ; j++) {
-                const int r = (tid >> 3) + 32 * j;
-                if (XU % RS_THREADS == 0 || r < NT)
-                    cp_async_sh<16>(sx + h * RS_X_HALF + x_dst + 4096 * j, x_src[j] + k0 + 64 * h,
-                                    r < mr);
-            }
-#pragma unroll
-        for (int i = 0; i < WU; i++) { /* unit (tid & 1) + 2i of column tid / 2 */
-            const uint32_t dst =
-                SK == 64 ? 16 * tid
-                         : 16 * UPC * (tid >> 1) + 16 * (((tid & 1) + 2 * i) ^ ((tid >> 2) & 3));
-            cp_async_sh<16>(sx + R::HALVES * RS_X_HALF + dst, w_src + k0 / 2 + 32 * i, wn < N);
+        for (int j = 0; j < XJ; j++) {
+            const int r = (tid >> 3) + 32 * j;
+            if (XU % RS_THREADS == 0 || r < NT)
+                cp_async_sh<16>(sx + x_dst + 4096 * j, x_src[j] + k0, r < mr);
         }
+        cp_async_sh<16>(sx + RS_HALVES * RS_X_HALF + 16 * tid, w_src + k0 / 2, wn < N);
         if (decltype(first_c)::value && tid < RS_COLS)
-            cp_async_sh<4>(sx + R::S_OFF + 4 * tid, s_src + k0 / 128 * 4, sn < N);
+            cp_async_sh<4>(sx + RS_S_OFF + 4 * tid, s_src + k0 / 128 * 4, sn < N);
     };
-    static_assert(SK == 128 || R::STAGES % 2 == 0,
-                  "64-k stages: two a 128-k scale word, taken in the same parity of stages");
+    static_assert(RS_CHUNK * 2 == 128 && RS_STAGES % 2 == 0,
+                  "two chunks a 128-k scale word, taken in the same parity of stages");
 
     float d[NT / 2];
 #pragma unroll
     for (int i = 0; i < NT / 2; i++)
         d[i] = 0.0f;
-    /* A fragments of two 64-k halves: one converted while the other multiplies */
-    unsigned a[2][4][4];
-    const int nst = K / SK;
+    /* A fragments of two chunks: one converted while the other multiplies */
+    unsigned a[2][RS_STEPS][4];
+    const int chunks = K / RS_CHUNK;
 #pragma unroll
-    for (int st = 0; st < R::AHEAD; st++) {
-        if (st < nst) {
-            if (SK == 128 || st % 2 == 0)
-                load(st, std::true_type());
+    for (int ch = 0; ch < RS_STAGES - 2; ch++) {
+        if (ch < chunks) {
+            if (ch % 2 == 0)
+                load(ch, std::true_type());
             else
-                load(st, std::false_type());
+                load(ch, std::false_type());
         }
         cp_async_commit();
     }
     bool fast = false;
-    /* the 128 k's scale words of columns f and f + 8, read with its first half; fast, each
+    /* the 128 k's scale words of columns f and f + 8, read with its first chunk; fast, each
      * byte plus 126 (bt_fp4_scale_bf16's exponent, no carry between bytes 8..127) */
     uint32_t s_lo = 0, s_hi = 0;
-    /* stage st has landed (this thread's copies; the barrier: everyone's), and every
-     * warpgroup's products of stage st - 2 are done (each thread waited for them after it
-     * issued the half that followed them), so its place takes stage st + AHEAD (first_c:
-     * whether that one starts a 128 k) */
-    auto begin_stage = [&](int st, auto first_c) {
-        asm volatile("cp.async.wait_group %0;\n" ::"n"(R::AHEAD - 1));
+    /* chunk ch: FIRST, the first of its 128 k (ch even) */
+    auto step = [&](int ch, unsigned(*A)[4], auto first_c) {
+        constexpr bool FIRST = decltype(first_c)::value;
+        /* chunk ch has landed (this thread's copies; the barrier: everyone's), and every
+         * warpgroup's products of chunk ch - 1 are done, so its stage may be refilled */
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(RS_STAGES - 3));
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         __syncthreads();
-        if (st + R::AHEAD < nst) load(st + R::AHEAD, first_c); /* (same parity) */
+        if (ch + RS_STAGES - 2 < chunks) load(ch + RS_STAGES - 2, first_c); /* (same parity) */
         cp_async_commit(); /* (empty past the end: keeps the count) */
-    };
-    /* half h of stage st (64 k) into A and its products; FIRST, the first half of its 128 k */
-    auto half = [&](int st, int h, unsigned(*A)[4], auto first_c) {
-        constexpr bool FIRST = decltype(first_c)::value;
-        const unsigned char *sx = stage(st);
-        const uint4 *sw = (const uint4 *)(sx + R::HALVES * RS_X_HALF);
+        const unsigned char *sx = stage(ch);
+        const uint4 *sw = (const uint4 *)(sx + RS_HALVES * RS_X_HALF);
         if (FIRST) {
-            s_lo = ((const uint32_t *)(sx + R::S_OFF))[f];
-            s_hi = ((const uint32_t *)(sx + R::S_OFF))[f + 8];
+            s_lo = ((const uint32_t *)(sx + RS_S_OFF))[f];
+            s_hi = ((const uint32_t *)(sx + RS_S_OFF))[f + 8];
             fast = __all_sync(0xffffffffu,
                               (fp4_scales_fast4(s_lo) & fp4_scales_fast4(s_hi)) == 0x80808080u);
             if (fast) {
@@ -1290,15 +1244,15 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
                 s_hi += 0x7e7e7e7eu;
             }
         }
-        constexpr int sb0 = FIRST ? 0 : 2; /* the half's first scale byte */
+        constexpr int UNITS = RS_CHUNK / 32;
+        constexpr int sb0 = FIRST ? 0 : UNITS; /* the chunk's first scale byte */
         auto convert = [&](auto fast_c) {
             constexpr bool FAST = decltype(fast_c)::value;
 #pragma unroll
-            for (int q = 0; q < 2; q++) { /* k 32q .. 32q + 31: steps 2q, 2q + 1 */
+            for (int q = 0; q < UNITS; q++) { /* k 32q .. 32q + 31: steps 2q, 2q + 1 */
                 /* word c of the run: (fragment order) this lane's pairs, k 2c + 8t */
-                const unsigned wl = ((const uint32_t *)(sw + UPC * f + ((2 * h + q) ^ wsw)))[c];
-                const unsigned wh =
-                    ((const uint32_t *)(sw + UPC * (f + 8) + ((2 * h + q) ^ wsw)))[c];
+                const unsigned wl = ((const uint32_t *)(sw + UNITS * f + q))[c];
+                const unsigned wh = ((const uint32_t *)(sw + UNITS * (f + 8) + q))[c];
                 __nv_bfloat162 s2l, s2h;
                 uint8_t sl = 0, sh = 0;
                 if (FAST) { /* bt_fp4_scale_bf16 of byte sb0 + q, the 126 added above */
@@ -1337,29 +1291,16 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
             convert(std::false_type());
         }
         wgmma_fence();
-        /* (a step's 32 bytes: 2 in the address field) */
-        const uint64_t desc = wg_desc(sx) + h * (RS_X_HALF >> 4);
+        const uint64_t desc = wg_desc(sx); /* (a step's 32 bytes: 2 in the address field) */
 #pragma unroll
-        for (int s = 0; s < 4; s++)
-            wgmma_rs<NT>(d, A[s], desc + s * 2);
+        for (int s = 0; s < RS_STEPS; s++)
+            wgmma_rs<NT>(d, A[s], desc + (s >> 2) * (RS_X_HALF >> 4) + (s & 3) * 2);
         wgmma_commit();
-        wgmma_wait<1>(); /* the half before: its products done */
+        wgmma_wait<1>(); /* chunk ch - 1's products: done */
     };
-    if constexpr (SK == 64) { /* stages of a 128 k in pairs: the A sets and scale parity */
-        for (int st = 0; st < nst; st += 2) {
-            begin_stage(st, std::true_type());
-            half(st, 0, a[0], std::true_type());
-            if (st + 1 < nst) {
-                begin_stage(st + 1, std::false_type());
-                half(st + 1, 0, a[1], std::false_type());
-            }
-        }
-    } else {
-        for (int st = 0; st < nst; st++) {
-            begin_stage(st, std::true_type());
-            half(st, 0, a[0], std::true_type());
-            half(st, 1, a[1], std::false_type());
-        }
+    for (int ch = 0; ch < chunks; ch += 2) {
+        step(ch, a[0], std::true_type());
+        if (ch + 1 < chunks) step(ch + 1, a[1], std::false_type());
     }
     wgmma_wait<0>();
     asm volatile("cp.async.wait_group 0;\n" ::);
@@ -1378,7 +1319,7 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
 #endif
 }
 
-template <int SK, typename OT>
+template <typename OT>
 __global__ void __launch_bounds__(RS_THREADS, RS_BLOCKS_PER_SM)
     gemm_fp4_wgrs(OT *y, const __nv_bfloat16 *x, const int32_t *rows, const int32_t *offs,
                   const uint8_t *w, const uint8_t *ws, int N, int K, const int32_t *elist)
@@ -1402,7 +1343,7 @@ __global__ void __launch_bounds__(RS_THREADS, RS_BLOCKS_PER_SM)
     unsigned char *smem =
         rs_smem + ((1024 - ((uint32_t)__cvta_generic_to_shared(rs_smem) & 1023)) & 1023);
     /* N: the tile's rows rounded up to 16 */
-#define BT__WGRS_TILE(NT) wgrs_tile<NT, SK>(y, w, ws, N, K, m0, mr, n0, smem, arow)
+#define BT__WGRS_TILE(NT) wgrs_tile<NT>(y, w, ws, N, K, m0, mr, n0, smem, arow)
     /* clang-format off */
     switch ((mr + 15) / 16) {
     case 1: BT__WGRS_TILE(16); break;
@@ -1420,37 +1361,14 @@ __global__ void __launch_bounds__(RS_THREADS, RS_BLOCKS_PER_SM)
 #endif
 }
 
-/* gemm_fp4_wgrs<SK> runs here: a Hopper device, this binary's device code built for sm_90a,
- * and its shared memory allowed */
-template <int SK> static bool wgrs_ready(void)
+/* gemm_fp4_wgrs runs here: a Hopper device, this binary's device code built for sm_90a, and
+ * its shared memory allowed */
+static bool wgrs_ready(void)
 {
     static signed char built[BT__MAX_DEVICES], bf16_out[BT__MAX_DEVICES], f32_out[BT__MAX_DEVICES];
-    constexpr int smem = wgrs_ring<SK>::SMEM;
-    static signed char carved[BT__MAX_DEVICES];
-    int dev = 0;
-    if (SK == 128 && cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < BT__MAX_DEVICES &&
-        !carved[dev]) { /* (a hint, once a device: all of the SM's 228 KB shared, two blocks) */
-        cudaFuncSetAttribute((const void *)gemm_fp4_wgrs<SK, __nv_bfloat16>,
-                             cudaFuncAttributePreferredSharedMemoryCarveout,
-                             cudaSharedmemCarveoutMaxShared);
-        cudaFuncSetAttribute((const void *)gemm_fp4_wgrs<SK, float>,
-                             cudaFuncAttributePreferredSharedMemoryCarveout,
-                             cudaSharedmemCarveoutMaxShared);
-        carved[dev] = 1;
-    }
-    cudaGetLastError(); /* (not sticky) */
     return bt__wgmma_ready(wgrs_built, built) &&
-           bt__smem_allowed((const void *)gemm_fp4_wgrs<SK, __nv_bfloat16>, smem, bf16_out) &&
-           bt__smem_allowed((const void *)gemm_fp4_wgrs<SK, float>, smem, f32_out);
-}
-
-/* gemm_fp4_wgrs' stage: BT_CUDA_WGRS_K=128 takes 128-k stages (an experiment against the
- * default 64; see wgrs_ring), read once */
-static int wgrs_k(void)
-{
-    static int k = -1;
-    static const int allowed[] = {64, 128};
-    return bt__env_choice("BT_CUDA_WGRS_K", allowed, 2, 64, &k);
+           bt__smem_allowed((const void *)gemm_fp4_wgrs<__nv_bfloat16>, RS_SMEM, bf16_out) &&
+           bt__smem_allowed((const void *)gemm_fp4_wgrs<float>, RS_SMEM, f32_out);
 }
 
 /* BT_CUDA_FP4ROWS=0 / BT_CUDA_FP8ROWS=0 keep gemm_mma16 for few rows of FP4 / FP8 weights
@@ -1514,11 +1432,10 @@ static bt_status_t few_rows_launch(void *y, bt_cuda_dtype_t yd, const __nv_bfloa
         dim3 grid(bt__cdiv(nt, tpb), groups);                                                      \
         if (yd == BT_CUDA_BF16)                                                                    \
             bt__launch(gemm_rows<F, MT, R16, __nv_bfloat16>, grid, MT_WARPS * 32, 0, stream,       \
-                       (__nv_bfloat16 *)y, xb, rows, offs, w, ws, M, N, K, elist, io, tpb, ks,     \
-                       rows_pf());                                                                 \
+                       (__nv_bfloat16 *)y, xb, rows, offs, w, ws, M, N, K, elist, io, tpb, ks);    \
         else                                                                                       \
             bt__launch(gemm_rows<F, MT, R16, float>, grid, MT_WARPS * 32, 0, stream, (float *)y,   \
-                       xb, rows, offs, w, ws, M, N, K, elist, io, tpb, ks, rows_pf());             \
+                       xb, rows, offs, w, ws, M, N, K, elist, io, tpb, ks);                        \
     } while (0)
         /* FP4 experts: 8 rows a pass (more are rare); FP8 products: all their rows in one */
         if (FMT == FMT_FP8 && !offs && M > 8) {
@@ -1599,23 +1516,14 @@ static bt_status_t launch(void *y, bt_cuda_dtype_t yd, const uint16_t *x, const 
         else
             bt__launch(gemm_skinny<FMT, float>, grid, SK_WARPS * 32, 0, stream, (float *)y, xb,
                        rows, offs, w, ws, M, N, K, elist, io);
-    } else if (FMT == FMT_FP4 && mma_ok && (uintptr_t)ws % 4 == 0 && wgrs_on() &&
-               (wgrs_k() == 128 ? wgrs_ready<128>() : wgrs_ready<64>())) {
+    } else if (FMT == FMT_FP4 && mma_ok && (uintptr_t)ws % 4 == 0 && wgrs_on() && wgrs_ready()) {
         dim3 grid(bt__cdiv(N, RS_COLS), bt__cdiv(max_rows, RS_ROWS), groups);
-#define BT__WGRS(SK)                                                                               \
-    do {                                                                                           \
-        if (yd == BT_CUDA_BF16)                                                                    \
-            bt__launch(gemm_fp4_wgrs<SK, __nv_bfloat16>, grid, RS_THREADS, wgrs_ring<SK>::SMEM,    \
-                       stream, (__nv_bfloat16 *)y, xb, rows, offs, w, ws, N, K, elist);            \
-        else                                                                                       \
-            bt__launch(gemm_fp4_wgrs<SK, float>, grid, RS_THREADS, wgrs_ring<SK>::SMEM, stream,    \
-                       (float *)y, xb, rows, offs, w, ws, N, K, elist);                            \
-    } while (0)
-        if (wgrs_k() == 128)
-            BT__WGRS(128);
+        if (yd == BT_CUDA_BF16)
+            bt__launch(gemm_fp4_wgrs<__nv_bfloat16>, grid, RS_THREADS, RS_SMEM, stream,
+                       (__nv_bfloat16 *)y, xb, rows, offs, w, ws, N, K, elist);
         else
-            BT__WGRS(64);
-#undef BT__WGRS
+            bt__launch(gemm_fp4_wgrs<float>, grid, RS_THREADS, RS_SMEM, stream, (float *)y, xb,
+                       rows, offs, w, ws, N, K, elist);
     } else if (FMT == FMT_FP4 && mma_ok && (uintptr_t)ws % 4 == 0 && ft_smem_ready()) {
         /* (grouped only: rows K and N apart, as the plain layout) */
         dim3 grid(bt__cdiv(N, FT_COLS), bt__cdiv(max_rows, FT_ROWS), groups);

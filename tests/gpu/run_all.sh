@@ -5,9 +5,7 @@
 # against the golden fixtures (graphs, batch invariance, TP on one GPU), and the services'
 # greedy ids against `baton generate` (auto TP 1, float32 TP 2). The operators whose Hopper
 # kernels have another kernel for other GPUs (or for too little shared memory) run again with
-# those switched off, so the kernels a GB10 takes are checked on the H200 too; the low-precision GEMMs
-# also with the switches of experiments not yet taken (BT_CUDA_WGRS_K=128, BT_CUDA_ROWS_PF=2).
-# Each step is bounded in time;
+# those switched off, so the kernels a GB10 takes are checked on the H200 too. Each step is bounded in time;
 # logs go to OUT_DIR, one summary line per step to stdout; the exit status is the number of
 # steps that failed.
 #   tests/gpu/run_all.sh BUNDLE_DIR OUT_DIR [--perf] [--only NAME]
@@ -47,8 +45,6 @@ step test_cuda_ops_fallbacks 300 env BT_CUDA_FLASHWG=0 BT_CUDA_IXWG=0 BT_CUDA_WG
   "$bundle/bin/test_cuda_ops" --only "attention_flash,attention_tc,attention_tc_ws,attention_tc_batch,\
 index_scores,index_scores_sets,index_scores_tc,index_sets_tc,gemm_fp4_grouped,gemm_fp4_listed,\
 hc_mix,hc_mix_ws,hc_mix_collapse"
-step test_cuda_ops_experiments 120 env BT_CUDA_WGRS_K=128 BT_CUDA_ROWS_PF=2 \
-  "$bundle/bin/test_cuda_ops" --only "gemm_fp4_grouped,gemm_fp4_listed,gemm_fp8,gemm_fp8_batched"
 step test_model_cuda 300 "$bundle/bin/test_model_cuda"
 step cluster_auto_tp1 200 bash "$here/cluster_cuda.sh" "$bundle/bin"
 step cluster_f32_tp2 200 bash "$here/cluster_cuda.sh" "$bundle/bin" --dtype float32 --tp 2
