@@ -422,17 +422,24 @@ static void check_model(tally_t *t, const bt_conf_t *c, const char *model_path, 
         return;
     }
     long long n_prefill = cfg_int(c, "prefill", 1), n_decode = cfg_int(c, "decode", 1);
-    double need = weights * (double)(n_prefill + n_decode) + kv;
+    /* each prefill group's prefix cache grows to its budget as prompts come */
+    const char *no_cache = cfg_str(c, "disable-radix-cache", "false");
+    const double cache =
+        strcmp(no_cache, "true") ? (double)cfg_int(c, "prefix-cache-mb", 4096) * 1048576.0 : 0.0;
+    double need = weights * (double)(n_prefill + n_decode) + kv + cache * (double)n_prefill;
     double avail = (double)meminfo_kb("MemAvailable") * 1024.0;
     char detail[512];
-    snprintf(detail, sizeof detail,
-             "need ~%.2f GiB (weights %.2f GiB as float32 x %lld worker processes + KV pool %.2f GiB); "
-             "%.1f GiB total, %.1f GiB available",
-             need / GIB, weights / GIB, n_prefill + n_decode, kv / GIB, (double)phys / GIB, avail / GIB);
+    snprintf(
+        detail, sizeof detail,
+        "need ~%.2f GiB (weights %.2f GiB as float32 x %lld worker processes + KV pool %.2f GiB + "
+        "prefix caches up to %.2f GiB x %lld); %.1f GiB total, %.1f GiB available",
+        need / GIB, weights / GIB, n_prefill + n_decode, kv / GIB, cache / GIB, n_prefill,
+        (double)phys / GIB, avail / GIB);
     if (need > (double)phys)
         report(t, CHECK_MISSING, "memory",
-               "lower max-total-tokens / context-length / max-running-requests, run fewer groups per host, "
-               "or use a larger host",
+               "lower max-total-tokens / context-length / max-running-requests / prefix-cache-mb, "
+               "run fewer "
+               "groups per host, or use a larger host",
                "%s", detail);
     else if (avail > 0 && need > avail)
         report(t, CHECK_WARN, "memory", "stop other memory users or lower max-total-tokens", "%s", detail);

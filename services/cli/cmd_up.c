@@ -364,7 +364,8 @@ static int up(int argc, char **argv, const bt_conf_t *conf)
     int64_t gpu = -1;
     int64_t tp = 1, nnodes = 1, node_rank = 0, max_new = 0, max_total = 0, graph_bs = 0, spec_block = 0;
     int64_t seed = -1;
-    bool cache_report = false, demo = false, simulate = false;
+    bool cache_report = false, demo = false, simulate = false, no_prefix_cache = false;
+    int64_t prefix_cache_mb = -1;
     /* --simulate: workers with a timing model instead of the model (services/common/sim.h);
      * the sim values go through only when given, the workers hold the defaults */
     double sim_prefill_tps = -1, sim_step_base = -1, sim_step_per_seq = -1, sim_step_per_kctx = -1;
@@ -404,11 +405,13 @@ static int up(int argc, char **argv, const bt_conf_t *conf)
         BT_FLAG_INT("max-new-tokens", &max_new, "router cap and default for max_tokens"),
         BT_FLAG_FLOAT("mem-fraction-static", &mem_fraction, "decode: fraction of memory for the KV pool"),
         BT_FLAG_INT("max-total-tokens", &max_total, "decode: KV pool size in tokens"),
-        BT_FLAG_INT("cuda-graph-max-bs", &graph_bs, "accepted; no CUDA backend yet"),
+        BT_FLAG_INT("cuda-graph-max-bs", &graph_bs, "accepted; --device cuda graphs decode batches of 1..16"),
         BT_FLAG_STR("speculative-algorithm", &spec_algo, "DSPARK (not implemented yet: runs without)"),
         BT_FLAG_INT("speculative-dspark-block-size", &spec_block, "DSpark block size"),
         BT_FLAG_INT("random-seed", &seed, "sampling seed for the workers"),
-        BT_FLAG_BOOL("enable-cache-report", &cache_report, "accepted; cached_tokens is 0 until a prefix cache exists"),
+        BT_FLAG_BOOL("enable-cache-report", &cache_report, "usage.prompt_tokens_details.cached_tokens (gateway)"),
+        BT_FLAG_BOOL("disable-radix-cache", &no_prefix_cache, "prefill: keep no prompt prefixes"),
+        BT_FLAG_INT("prefix-cache-mb", &prefix_cache_mb, "prefill: host memory for cached prompt prefixes (default 4096)"),
         BT_FLAG_STR("ucx-net-devices", &net_devices, "UCX devices for the KV handoff (dev:port,...)"),
         BT_FLAG_BOOL("simulate", &simulate, "simulated workers: timing model, no weights (load tests)"),
         BT_FLAG_FLOAT("sim-prefill-tokens-per-s", &sim_prefill_tps, "simulated prefill speed (default 5000)"),
@@ -451,11 +454,9 @@ static int up(int argc, char **argv, const bt_conf_t *conf)
         fprintf(stderr, "baton up: warning: speculative-algorithm = %s%s: speculative decoding is not "
                         "implemented yet; decoding runs one token a step\n", spec_algo,
                 spec_block ? " (block size ignored)" : "");
-    if (graph_bs > 0)
-        fprintf(stderr, "baton up: warning: cuda-graph-max-bs = %lld: no CUDA backend yet; ignored\n", (long long)graph_bs);
-    if (cache_report)
-        fprintf(stderr, "baton up: warning: enable-cache-report: passed to the gateway; no prefix cache yet, "
-                        "so cached_tokens stays 0\n");
+    if (graph_bs > 0 && graph_bs != 16)
+        fprintf(stderr, "baton up: warning: cuda-graph-max-bs = %lld: with --device cuda, decode batches of "
+                        "1..16 run as CUDA graphs, larger ones eagerly; not a setting, ignored\n", (long long)graph_bs);
     if (quant)
         fprintf(stderr, "baton up: warning: quantization = %s: Baton follows the checkpoint's formats\n", quant);
     if (demo) {
@@ -547,6 +548,8 @@ static int up(int argc, char **argv, const bt_conf_t *conf)
             add_opt(&a, "--router", router_addr);
             if (context) add_int(&a, "--context-length", context);
             if (kind == 0) add_int(&a, "--chunked-prefill-size", chunk);
+            if (kind == 0 && no_prefix_cache) add(&a, "--disable-radix-cache");
+            if (kind == 0 && prefix_cache_mb >= 0) add_int(&a, "--prefix-cache-mb", prefix_cache_mb);
             if (kind == 1) add_int(&a, "--max-running-requests", max_running);
             if (threads) add_int(&a, "--threads", threads);
             add_opt(&a, "--device", device);

@@ -41,6 +41,8 @@ static const bt_conf_key_t keys[] = {
     {"watchdog-timeout", BT_CONF_FLOAT, "seconds any wait may take"},
     {"drain-timeout", BT_CONF_FLOAT, "seconds a stopping service finishes its requests in"},
     {"enable-cache-report", BT_CONF_BOOL, "report cached prompt tokens in usage"},
+    {"disable-radix-cache", BT_CONF_BOOL, "keep no prompt prefixes (prefill)"},
+    {"prefix-cache-mb", BT_CONF_INT, "host memory for cached prompt prefixes (prefill)"},
     {"threads", BT_CONF_INT, "CPU threads per worker"},
     {"ucx-tls", BT_CONF_STR, "UCX transports for the KV handoff"},
     {"ucx-net-devices", BT_CONF_STR, "UCX network devices (RoCE HCAs as dev:port)"},

@@ -165,7 +165,7 @@ static const struct {
     {"dtype", NULL, true, "Baton follows the checkpoint's formats"},
     {"kv-cache-dtype", NULL, true, "the KV layout is fixed by the model (kv_state.h)"},
     {"page-size", NULL, true, "the KV pool holds one slot per sequence, not pages"},
-    {"disable-radix-cache", NULL, false, "no prefix cache yet"},
+    {"disable-radix-cache", "disable-radix-cache", false, NULL},
     {"enable-metrics", NULL, false, "every service always serves /metrics"},
     {"disable-cuda-graph", NULL, false, "use cuda-graph-max-bs = 0"},
     {"enable-torch-compile", NULL, false, "no PyTorch in Baton"},

@@ -77,6 +77,7 @@ typedef struct seq {
     uint64_t arrival;           /* waiting ones are admitted in this order */
     int32_t first_token;
     float first_logprob;
+    int cached_tokens; /* of its prompt, restored from the prefill group's prefix cache */
     bt_top_logprob_t first_top[20];
     int n_first_top;
     int32_t next_token;         /* fed at the next step */
@@ -330,6 +331,7 @@ static void send_event(seq_t *s, const int32_t *ids, int n, const float *logprob
         ev.logprobs = lps;
     }
     ev.finish_reason = finish;
+    ev.cached_tokens = s->cached_tokens;
     uint8_t *buf;
     size_t len;
     bt_proto_pack(&ev.base, &buf, &len);
@@ -453,6 +455,7 @@ static void on_prefill_reply(void *ctx, bt_rpc_code_t code, const char *msg, con
     }
     s->prefill_ok = true;
     s->first_token = pr->first_token;
+    s->cached_tokens = pr->cached_tokens;
     if (pr->first_logprob) {
         s->first_logprob = pr->first_logprob->logprob;
         for (size_t i = 0; i < pr->first_logprob->n_top && i < 20; i++) {

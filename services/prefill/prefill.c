@@ -1,7 +1,13 @@
 /* baton-prefill: a prefill group. Runs a prompt chunk by chunk (--chunked-prefill-size) in
  * a local KV slot and, after every chunk, puts the bytes that chunk changed straight into
  * the decode group's slot, flushes, and sends a notice; the last notice carries the first
- * sampled token. Jobs run one at a time, first come first served. */
+ * sampled token. Jobs run one at a time, first come first served.
+ *
+ * The prefix cache (services/engine/prefix_cache.h) keeps the state at the end of every
+ * chunk but a prompt's last; a prompt that starts with a cached prefix starts from it. The
+ * last chunk is cut at the prompt's last multiple of CACHE_BLOCK tokens, so that the state
+ * there is kept too: a later turn of the same conversation, or the same prompt sent again,
+ * finds all but the prompt's last few tokens. */
 #include "common/alloc.h"
 #include "common/flags.h"
 #include "common/log.h"
@@ -11,6 +17,7 @@
 #include "common/metrics.h"
 #include "services/common/metrics_server.h"
 #include "services/common/proto_util.h"
+#include "services/engine/prefix_cache.h"
 #include "services/engine/sampler.h"
 #include "services/common/service.h"
 #include "services/common/tp_group.h"
@@ -54,12 +61,19 @@ typedef struct job {
     float first_logprob;
     bt_top_logprob_t top[20];
     int n_top;
-    bt_kv_header_t before;
+    bt_kv_header_t before;       /* the slot's header the decode group has (zero at first) */
+    bt_kv_header_t cache_before; /* the slot's header before this chunk */
+    bt_prefix_node_t *node;      /* the cached chain that ends where the slot is, held */
+    bool caching;                /* its chunks go into the cache */
+    int cached;                  /* prompt tokens restored from the cache */
     bt_grammar_t *grammar; /* the first token's constraint (response_format), NULL: none */
 } job_t;
 
+static void job_unpin(job_t *j);
+
 static void job_free(job_t *j)
 {
+    job_unpin(j);
     bt_grammar_destroy(j->grammar);
     BT_PROTO_FREE(baton__v1__prefill_request, j->req);
     free(j);
@@ -94,9 +108,12 @@ struct prefill {
     bt_histogram_t *chunk_time, *commit_time, *job_time;
     int64_t commit_start_ms;
     bt_sim_t sim; /* --simulate: a timing model instead of the model */
+    bt_prefix_cache_t *cache;           /* NULL: --disable-radix-cache, a following rank */
+    bt_prefix_cache_stats_t cache_seen; /* its counts at the last /metrics refresh */
     /* tensor parallelism: this process leads the group (rank 0) when comm is set */
     bt_comm_t *comm;
     bool tp_noop, chunk_reset, group_failed;
+    bool chunk_sync; /* the slot was restored from the cache: the other ranks get it first */
     uv_timer_t tp_timer;
     /* a commit to a decode group that stops answering (alive but stalled) ends within this */
     int64_t watchdog_ms;
@@ -111,6 +128,18 @@ struct prefill {
 };
 
 #define EXIT_GRACE_MS 5000
+
+/* lets go of the job's cached chain */
+static void job_unpin(job_t *j)
+{
+    if (j->node) bt_prefix_cache_unpin(j->p->cache, j->node);
+    j->node = NULL;
+}
+
+/* The last chunk of a prompt stops at a multiple of this many tokens, where the state is
+ * kept: one more forward a prompt, and a prompt whose next turn starts with all but its last
+ * few tokens (the chat template's end of turn) finds them. */
+#define CACHE_BLOCK 64
 
 /* Jobs known by (request_id, epoch) for a while, for Forget (lists in prefill_t):
  *   tombstones: a job the decode group gave up on before it reached us; its Prefill call,
@@ -215,6 +244,7 @@ static void job_end(job_t *j, bt_rpc_code_t code, const char *msg)
             resp.first_logprob = &lp;
             resp.chunks = j->chunk_index;
             resp.bytes = j->bytes;
+            resp.cached_tokens = j->cached;
             uint8_t *buf;
             size_t len;
             bt_proto_pack(&resp.base, &buf, &len);
@@ -275,7 +305,19 @@ static void chunk_work(uv_work_t *w)
         /* the plan first, then the same forward on every rank (its collectives pair up) */
         static const int slot0 = 0;
         bool reset = p->chunk_reset;
-        p->step_status = p->tp_noop ? bt_tp_lead_noop(p->comm) : bt_tp_lead_forward(p->comm, &slot0, &p->fwd, 1, &reset);
+        p->step_status = BT_OK;
+        if (!p->tp_noop && p->chunk_sync) { /* (every rank holds the whole state) */
+            bt_kv_header_t zero;
+            memset(&zero, 0, sizeof zero);
+            bt_kv_range_t rg[4 * BT_MAX_LAYERS + 1];
+            const int nr = bt_kv_changed_ranges(p->eng.cfg, &p->eng.layout, &zero, p->slot, rg,
+                                                (int)(sizeof rg / sizeof rg[0]));
+            p->step_status = bt_tp_lead_sync(p->comm, 0, p->slot, rg, nr);
+            p->chunk_sync = false;
+        }
+        if (p->step_status == BT_OK)
+            p->step_status = p->tp_noop ? bt_tp_lead_noop(p->comm)
+                                        : bt_tp_lead_forward(p->comm, &slot0, &p->fwd, 1, &reset);
         if (p->step_status != BT_OK) {
             snprintf(p->step_err, sizeof p->step_err, "tensor-parallel group failed: a rank died or stalled");
             return;
@@ -426,6 +468,16 @@ static void chunk_done(uv_work_t *w, int status)
     }
     j->done += p->fwd.n;
     bool last = j->done == (int)j->req->n_prompt_ids;
+    if (j->caching && !last) { /* (a prompt's last chunk is no one's prefix: not kept) */
+        bt_prefix_node_t *at =
+            bt_prefix_cache_insert(p->cache, j->node, j->req->prompt_ids, j->done - p->fwd.n,
+                                   j->done, &j->cache_before, p->slot);
+        if (!at) { /* (over the budget, all of it held) */
+            bt_prefix_cache_unpin(p->cache, j->node);
+            j->caching = false;
+        }
+        j->node = at;
+    }
     /* the bytes this chunk changed go straight into decode's slot */
     bt_kv_range_t ranges[4 * BT_MAX_LAYERS + 1];
     int nr = bt_kv_changed_ranges(p->eng.cfg, &p->eng.layout, &j->before, p->slot, ranges,
@@ -480,7 +532,15 @@ static void start_chunk(prefill_t *p, job_t *j)
 {
     int total = (int)j->req->n_prompt_ids;
     int n = total - j->done < p->chunk_size ? total - j->done : p->chunk_size;
-    j->before = *bt_kv_header(p->slot);
+    const int keep = (total - 1) / CACHE_BLOCK * CACHE_BLOCK; /* (a state kept: see the top) */
+    if (j->caching && keep > j->done && keep < j->done + n) n = keep - j->done;
+    j->cache_before = *bt_kv_header(p->slot);
+    /* the decode group's slot has nothing yet: the first chunk sends what came from the
+     * cache too */
+    if (j->chunk_index == 0)
+        memset(&j->before, 0, sizeof j->before);
+    else
+        j->before = j->cache_before;
     p->chunk_reset = j->done == 0; /* the other ranks start this request from an empty slot */
     p->fwd = (bt_forward_seq_t){p->slot, j->req->prompt_ids + j->done, n, false};
     p->draw = j->done + n == total;
@@ -541,6 +601,22 @@ static void run_next(prefill_t *p)
         }
         p->active = j;
         bt_kv_state_reset(p->slot);
+        if (p->cache) {
+            const int total = (int)j->req->n_prompt_ids;
+            int end = 0; /* (one token at least is computed: its logits draw the first token) */
+            j->node = bt_prefix_cache_match(p->cache, j->req->prompt_ids, total, total - 1, &end);
+            if (j->node) {
+                bt_prefix_cache_restore(p->cache, j->node, p->slot);
+                p->chunk_sync = p->comm != NULL;
+            }
+            j->done = j->cached = end;
+            j->caching = true;
+            if (end)
+                bt_counter_add(bt_metrics_counter(p->metrics, "prefix_cache_hit_tokens_total",
+                                                  "Prompt tokens restored from the prefix cache",
+                                                  NULL, NULL),
+                               end);
+        }
         start_chunk(p, j);
         return;
     }
@@ -717,6 +793,27 @@ static void refresh_metrics(void *ctx)
     bt_gauge_set(bt_metrics_gauge(p->metrics, "kv_peers", "Decode groups' KV pools connected to",
                                   NULL, NULL),
                  peers);
+    if (p->cache) {
+        bt_prefix_cache_stats_t cs;
+        bt_prefix_cache_stats(p->cache, &cs);
+        bt_gauge_set(bt_metrics_gauge(p->metrics, "prefix_cache_bytes",
+                                      "Bytes the prefix cache holds", NULL, NULL),
+                     (double)cs.bytes);
+        bt_gauge_set(bt_metrics_gauge(p->metrics, "prefix_cache_nodes",
+                                      "Cached prompt chunks (states at their ends)", NULL, NULL),
+                     (double)cs.nodes);
+        /* (counters: what happened since the last refresh) */
+        bt_counter_add(bt_metrics_counter(p->metrics, "prefix_cache_lookups_total",
+                                          "Prompts looked up in the prefix cache", NULL, NULL),
+                       (double)(cs.lookups - p->cache_seen.lookups));
+        bt_counter_add(bt_metrics_counter(p->metrics, "prefix_cache_hits_total",
+                                          "Prompts that started from a cached prefix", NULL, NULL),
+                       (double)(cs.hits - p->cache_seen.hits));
+        bt_counter_add(bt_metrics_counter(p->metrics, "prefix_cache_evicted_total",
+                                          "Cached chunks let go for room", NULL, NULL),
+                       (double)(cs.evicted - p->cache_seen.evicted));
+        p->cache_seen = cs;
+    }
 }
 
 static void load_fn(void *ctx, Baton__V1__HeartbeatRequest *hb)
@@ -776,11 +873,16 @@ int main(int argc, char **argv)
     bt_log_set_tag("prefill");
     signal(SIGPIPE, SIG_IGN); /* a peer that vanished must not kill the process */
     bt_worker_flags_t w = bt_worker_flags_default();
-    int64_t chunk = 4096;
+    int64_t chunk = 4096, cache_mb = 4096;
+    bool no_cache = false;
     bt_sim_t sim = bt_sim_default();
     bt_flag_t spec[] = {
         BT_WORKER_FLAGS(&w),
         BT_FLAG_INT("chunked-prefill-size", &chunk, "tokens per prefill chunk (default 4096)"),
+        BT_FLAG_BOOL("disable-radix-cache", &no_cache,
+                     "keep no prompt prefixes (the prefix cache)"),
+        BT_FLAG_INT("prefix-cache-mb", &cache_mb,
+                    "host memory for cached prompt prefixes (default 4096)"),
         BT_SIM_FLAGS(&sim),
     };
     char err[1024];
@@ -792,6 +894,10 @@ int main(int argc, char **argv)
     }
     if (!bt_worker_flags_check(&w, sim.on, err, sizeof err) || chunk < 1 || chunk > (1 << 20)) {
         fprintf(stderr, "baton-prefill: %s\n", chunk < 1 || chunk > (1 << 20) ? "--chunked-prefill-size must be 1..1048576" : err);
+        return 2;
+    }
+    if (cache_mb < 0 || cache_mb > (1 << 24)) {
+        fprintf(stderr, "baton-prefill: --prefix-cache-mb must be 0..16777216\n");
         return 2;
     }
     if (!bt_sim_valid(&sim, err, sizeof err)) {
@@ -824,6 +930,12 @@ int main(int argc, char **argv)
         return 1;
     }
     if (sim.on) memset(p->slot, 0, p->eng.layout.slot_bytes); /* the dummy bytes it moves */
+    if (!no_cache && cache_mb > 0 && !(p->comm && w.node_rank > 0) &&
+        bt_prefix_cache_create(p->eng.cfg, &p->eng.layout, (size_t)cache_mb << 20, &p->cache) !=
+            BT_OK) {
+        fprintf(stderr, "baton-prefill: cannot create the prefix cache\n");
+        return 1;
+    }
     if (p->comm && w.node_rank > 0) {
         /* a following rank: no gRPC, no transfers; it runs what rank 0 plans */
         BT_LOG_INFO("rank %lld of %lld following rank 0 at %s", (long long)w.node_rank, (long long)w.tp, w.dist_addr);
@@ -865,7 +977,8 @@ int main(int argc, char **argv)
     printf("baton-prefill metrics on %s:%d\n", w.host, bt_metrics_server_port(p->metrics_server));
     printf("baton-prefill listening on %s\n", p->address);
     fflush(stdout);
-    BT_LOG_INFO("listening on %s (chunks of %d tokens)", p->address, p->chunk_size);
+    BT_LOG_INFO("listening on %s (chunks of %d tokens; prefix cache %s)", p->address, p->chunk_size,
+                p->cache ? "on" : "off");
     if (w.router) {
         Baton__V1__WorkerInfo info = BATON__V1__WORKER_INFO__INIT;
         info.role = BATON__V1__WORKER_ROLE__ROLE_PREFILL;

@@ -67,6 +67,7 @@ typedef struct req {
     req_state_t state;
     int32_t *prompt;
     int n_prompt;
+    int cached_tokens; /* of the prompt, found in the prefill group's prefix cache */
     Baton__V1__SamplingParams sampling; /* flat copy (stop strings, ids and biases kept apart) */
     int32_t *stop_ids;
     int n_stop_ids;
@@ -256,6 +257,7 @@ static void send_response(req_t *q, const int32_t *ids, size_t n_ids,
         resp.finish_reason = fr;
         usage.prompt_tokens = q->n_prompt;
         usage.completion_tokens = q->completion_tokens;
+        usage.cached_tokens = q->cached_tokens;
         resp.usage = &usage;
         resp.matched_stop = (char *)d.matched_stop;
     }
@@ -305,6 +307,7 @@ static void on_decode_event(void *ctx, const uint8_t *data, size_t len)
         return;
     }
     q->completion_tokens += (int)ev->n_token_ids;
+    q->cached_tokens = ev->cached_tokens;
     bool final = ev->finish_reason != BATON__V1__FINISH_REASON__FINISH_NONE;
     if (final) q->finish = ev->finish_reason;
     /* logprob entries carry the token's text for OpenAI clients */

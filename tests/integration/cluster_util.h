@@ -192,6 +192,7 @@ typedef struct {
     char message[512];
     int64_t t_done;
     int finish;
+    int cached; /* usage.cached_tokens of the last message */
     bt_rpc_client_call_t *call;
 } gen_t;
 
@@ -231,6 +232,7 @@ static inline void gen_on_msg(void *ctx, const uint8_t *data, size_t len)
     if (!r) return;
     for (size_t i = 0; i < r->n_token_ids && x->g->n < 4096; i++) x->g->ids[x->g->n++] = r->token_ids[i];
     if (r->finish_reason) x->g->finish = r->finish_reason;
+    if (r->usage) x->g->cached = r->usage->cached_tokens;
     BT_PROTO_FREE(baton__v1__generate_response, r);
 }
 

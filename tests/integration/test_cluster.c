@@ -1362,6 +1362,76 @@ static void test_one_token_requests(void)
     cluster_stop(&c);
 }
 
+/* The prefill group's prefix cache: a prompt sent again starts from its last multiple of 64
+ * tokens; one that shares a prefix with an earlier prompt (a longer one: the next turn of a
+ * conversation; one that branches off) from the deepest cached chunk it shares; the output is
+ * always `baton generate`'s, and usage reports the tokens found. With --disable-radix-cache
+ * nothing is found. Chunks of 48 (cut at 128 for the 150-token prompt: the last is no one's
+ * prefix and not kept) so that a branch can find a chunk boundary short of the last. */
+static void check_prefix_cache(bool on)
+{
+    static const char *const off[] = {"--disable-radix-cache", NULL};
+    prefill_extra = on ? NULL : off;
+    cluster_t c;
+    client_t cl;
+    BT_CHECK(cluster_up(&c, &cl, "48", "256", "30"));
+    prefill_extra = NULL;
+    int32_t a[150], longer[210], branch[180];
+    for (int i = 0; i < 150; i++)
+        a[i] = (int32_t)(3 + (i * 37 + i / 7) % 1000);
+    memcpy(longer, a, sizeof a);
+    for (int i = 150; i < 210; i++)
+        longer[i] = (int32_t)(5 + i * 11 % 997);
+    memcpy(branch, a, 100 * sizeof *a); /* a's first 100: chunks [0,48) [48,96) are shared */
+    for (int i = 100; i < 180; i++)
+        branch[i] = (int32_t)(7 + i * 13 % 991);
+    static const struct {
+        const char *what;
+        int which, n, want_cached;
+    } steps[] = {
+        {"a, first", 0, 150, 0},        {"a again", 0, 150, 128},
+        {"a and 60 more", 1, 210, 128}, {"a's first 100, then others", 2, 180, 96},
+        {"that again", 2, 180, 176},
+    };
+    const int32_t *prompts[3] = {a, longer, branch};
+    int found = 0;
+    for (size_t k = 0; k < sizeof steps / sizeof steps[0]; k++) {
+        const int32_t *ids = prompts[steps[k].which];
+        const int n = steps[k].n;
+        gen_t g;
+        gen_start(&cl, &g, ids, n, 6, true, 60000);
+        BT_CHECK(run_until(&cl, gen_done, &g, 70000));
+        BT_CHECK_MSG(g.code == BT_RPC_OK && g.n == 6, "%s: %s %s, %d tokens", steps[k].what,
+                     bt_rpc_code_name(g.code), g.message, g.n);
+        const int want = on ? steps[k].want_cached : 0;
+        BT_CHECK_MSG(g.cached == want, "%s: %d cached tokens, want %d (cache %s)", steps[k].what,
+                     g.cached, want, on ? "on" : "off");
+        found += g.cached;
+        int32_t ref[8];
+        const int r = one_process(golden_exact, ids, n, 6, ref);
+        BT_CHECK_MSG(r == 6 && !memcmp(ref, g.ids, sizeof ref[0] * 6),
+                     "%s: the cluster's tokens differ from baton generate's (cache %s)",
+                     steps[k].what, on ? "on" : "off");
+    }
+    if (on) {
+        const double m = wait_metric(c.prefill.metrics,
+                                     "baton_prefill_prefix_cache_hit_tokens_total", found, 3000);
+        BT_CHECK_MSG(m == found, "prefill's prefix_cache_hit_tokens_total %.0f, want %d", m, found);
+    }
+    fprintf(
+        stderr,
+        "  prefix cache %s: %d prompt tokens found in 5 requests, outputs as baton generate's\n",
+        on ? "on" : "off", found);
+    client_close(&cl);
+    cluster_stop(&c);
+}
+
+static void test_prefix_cache(void)
+{
+    check_prefix_cache(true);
+    check_prefix_cache(false);
+}
+
 #if CLUSTER_TP == 1
 /* A decode group that stalls (SIGSTOP) mid-transfer must not wedge the prefill group: its
  * commit watchdog drops the stalled peer, and the next request, sent to another decode group,
@@ -1554,6 +1624,7 @@ int main(void)
     snprintf(golden_a, sizeof golden_a, "%s/golden-a", BT_GOLDEN_DIR);
     BT_RUN(test_greedy_matches_golden);
     BT_RUN(test_one_token_requests);
+    BT_RUN(test_prefix_cache);
     BT_RUN(test_penalties);
     BT_RUN(test_admission);
     BT_RUN(test_kill_decode);

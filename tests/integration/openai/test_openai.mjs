@@ -48,7 +48,7 @@ function down(c) {
 let main;
 let client;
 before(async () => {
-  main = await up(['--api-key', KEY]);
+  main = await up(['--api-key', KEY, '--enable-cache-report']);
   client = new OpenAI({ baseURL: main.gateway, apiKey: KEY, maxRetries: 0, timeout: 60000 });
 });
 after(async () => { await down(main); });
@@ -118,6 +118,26 @@ test('chat with streaming and usage', async () => {
     max_tokens: 12, temperature: 0, ignore_eos: true,
   });
   assert.equal(text, whole.choices[0].message.content);
+});
+
+test('the prefix cache: a prompt sent again and the next turn of its conversation report cached tokens, and answer as before', async () => {
+  const system = `Session ${process.pid}-${Date.now()}. You are a careful assistant who answers in full sentences, ` +
+    'names the steps of every calculation, and says so when a question cannot be answered from what was given.';
+  const turn1 = [{ role: 'system', content: system }, { role: 'user', content: 'What is seven times six?' }];
+  const ask = { model: MODEL, max_tokens: 8, temperature: 0, ignore_eos: true, chat_template_kwargs: { thinking: false } };
+  const first = await client.chat.completions.create({ ...ask, messages: turn1 });
+  const p = first.usage.prompt_tokens;
+  assert.ok(p > 64, `a prompt of ${p} tokens: too short to show the cache`);
+  assert.equal(first.usage.prompt_tokens_details.cached_tokens, 0);
+  const again = await client.chat.completions.create({ ...ask, messages: turn1 });
+  // the prefill kept the state at the prompt's last multiple of 64 tokens
+  assert.equal(again.usage.prompt_tokens_details.cached_tokens, Math.floor((p - 1) / 64) * 64);
+  assert.equal(again.choices[0].message.content, first.choices[0].message.content);
+  const turn2 = [...turn1, { role: 'assistant', content: first.choices[0].message.content },
+    { role: 'user', content: 'And eight times six?' }];
+  const next = await client.chat.completions.create({ ...ask, messages: turn2 });
+  const cached = next.usage.prompt_tokens_details.cached_tokens;
+  assert.ok(cached >= 64 && cached < next.usage.prompt_tokens, `turn 2: ${cached} of ${next.usage.prompt_tokens} cached`);
 });
 
 test('n choices: each the one-choice answer with seed + index, streamed under its index', async () => {
