@@ -66,6 +66,11 @@ struct bench {
     bool chat;
     /* workload */
     int vocab;
+    /* --shared-prefix-len: prompt i starts with shared prefix i % prefix_groups (token ids, or
+     * the text of a system message), then its own random part */
+    int prefix_len, prefix_groups;
+    int32_t **prefix_ids;
+    char **prefix_text;
     double range_ratio, temperature, chars_per_token;
     bool ignore_eos;
     uint64_t rng;
@@ -356,23 +361,60 @@ static void on_req_timeout(uv_timer_t *t)
     http_fail(q, "timeout");
 }
 
+/* A random prompt id. */
+static int32_t random_id(bench_t *b)
+{
+    return (int32_t)(16 + rng_next(&b->rng) % (uint64_t)(b->vocab - 16));
+}
+
+/* Chat messages of request `index`: its shared prefix as a system message (if any), then a
+ * user message of about in_len tokens. */
+static cJSON *chat_messages(bench_t *b, int index, int in_len)
+{
+    cJSON *msgs = cJSON_CreateArray();
+    if (b->prefix_len) {
+        cJSON *sys = cJSON_CreateObject();
+        cJSON_AddStringToObject(sys, "role", "system");
+        cJSON_AddStringToObject(sys, "content", b->prefix_text[index % b->prefix_groups]);
+        cJSON_AddItemToArray(msgs, sys);
+    }
+    char *text = make_text(b, in_len);
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "role", "user");
+    cJSON_AddStringToObject(m, "content", text);
+    cJSON_AddItemToArray(msgs, m);
+    free(text);
+    return msgs;
+}
+
+/* The token ids of request `index` (its shared prefix, if any, then in_len random ids);
+ * *n_p: how many. Caller frees. */
+static int32_t *prompt_ids(bench_t *b, int index, int in_len, int *n_p)
+{
+    const int n = b->prefix_len + in_len;
+    int32_t *ids = bt_malloc_or_die((size_t)n * sizeof *ids);
+    if (b->prefix_len)
+        memcpy(ids, b->prefix_ids[index % b->prefix_groups], (size_t)b->prefix_len * sizeof *ids);
+    for (int i = b->prefix_len; i < n; i++)
+        ids[i] = random_id(b);
+    *n_p = n;
+    return ids;
+}
+
 /* The JSON body of one request. */
-static char *http_body(bench_t *b, int in_len, int out_len)
+static char *http_body(bench_t *b, int index, int in_len, int out_len)
 {
     cJSON *o = cJSON_CreateObject();
     if (b->model) cJSON_AddStringToObject(o, "model", b->model);
     if (b->chat) {
-        char *text = make_text(b, in_len);
-        cJSON *msgs = cJSON_AddArrayToObject(o, "messages");
-        cJSON *m = cJSON_CreateObject();
-        cJSON_AddStringToObject(m, "role", "user");
-        cJSON_AddStringToObject(m, "content", text);
-        cJSON_AddItemToArray(msgs, m);
-        free(text);
+        cJSON_AddItemToObject(o, "messages", chat_messages(b, index, in_len));
     } else {
+        int n;
+        int32_t *ids = prompt_ids(b, index, in_len, &n);
         cJSON *p = cJSON_AddArrayToObject(o, "prompt");
-        for (int i = 0; i < in_len; i++)
-            cJSON_AddItemToArray(p, cJSON_CreateNumber((double)(16 + rng_next(&b->rng) % (uint64_t)(b->vocab - 16))));
+        for (int i = 0; i < n; i++)
+            cJSON_AddItemToArray(p, cJSON_CreateNumber((double)ids[i]));
+        free(ids);
     }
     cJSON_AddNumberToObject(o, "max_tokens", out_len);
     cJSON_AddNumberToObject(o, "temperature", b->temperature);
@@ -387,7 +429,7 @@ static char *http_body(bench_t *b, int in_len, int out_len)
 
 static void start_http(bench_t *b, req_t *q, int in_len, int out_len)
 {
-    q->body = http_body(b, in_len, out_len);
+    q->body = http_body(b, q->index, in_len, out_len);
     size_t hl = 1024 + (b->api_key ? strlen(b->api_key) : 0);
     q->head = bt_malloc_or_die(hl);
     snprintf(q->head, hl,
@@ -456,21 +498,16 @@ static void start_grpc(bench_t *b, req_t *q, int in_len, int out_len)
     int32_t *ids = NULL;
     char *chat = NULL;
     if (b->chat) {
-        char *text = make_text(b, in_len);
         cJSON *o = cJSON_CreateObject();
-        cJSON *m = cJSON_CreateObject();
-        cJSON_AddStringToObject(m, "role", "user");
-        cJSON_AddStringToObject(m, "content", text);
-        cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "messages"), m);
+        cJSON_AddItemToObject(o, "messages", chat_messages(b, q->index, in_len));
         chat = cJSON_PrintUnformatted(o);
         cJSON_Delete(o);
-        free(text);
         g.prompt_case = BATON__V1__GENERATE_REQUEST__PROMPT_CHAT_JSON;
         g.chat_json = chat;
     } else {
-        ids = bt_malloc_or_die((size_t)in_len * sizeof *ids);
-        for (int i = 0; i < in_len; i++) ids[i] = (int32_t)(16 + rng_next(&b->rng) % (uint64_t)(b->vocab - 16));
-        tids.n_ids = (size_t)in_len;
+        int n;
+        ids = prompt_ids(b, q->index, in_len, &n);
+        tids.n_ids = (size_t)n;
         tids.ids = ids;
         g.prompt_case = BATON__V1__GENERATE_REQUEST__PROMPT_TOKEN_IDS;
         g.token_ids = &tids;
@@ -507,7 +544,7 @@ static void issue_one(bench_t *b)
     q->index = b->issued++;
     q->res = &run->results[q->index];
     int in_len = draw_len(b, run->input_len), out_len = draw_len(b, run->output_len);
-    q->res->input_tokens = in_len;
+    q->res->input_tokens = in_len + b->prefix_len;
     b->in_flight++;
     q->t_start = now_ms();
     if (b->grpc)
@@ -634,6 +671,7 @@ int bt_cli_bench(int argc, char **argv)
     const char *model = NULL, *api_key = NULL, *sweep_c = NULL, *sweep_in = NULL, *endpoint = NULL;
     int64_t num_prompts = 100, max_concurrency = 0, input_len = 1024, output_len = 128, seed = 1, warmup = 1;
     int64_t vocab = 256, per_level = 0, sim_groups = 1, sim_max_running = 16, sim_prefill_groups = 1;
+    int64_t prefix_len = 0, prefix_groups = 1;
     double rate = 0, range_ratio = 1.0, duration = 0, timeout = 600, slo_ttft = 0, slo_tpot = 0, temperature = 0;
     double max_time = 3600, chars_per_token = 4.0;
     double sim_tps = 0, sim_base = 0, sim_per_seq = 0, sim_per_kctx = 0;
@@ -653,6 +691,8 @@ int bt_cli_bench(int argc, char **argv)
         BT_FLAG_INT("random-input-len", &input_len, "prompt tokens (default 1024)"),
         BT_FLAG_INT("random-output-len", &output_len, "new tokens (default 128)"),
         BT_FLAG_FLOAT("random-range-ratio", &range_ratio, "lengths uniform in [len*ratio, len] (default 1: fixed)"),
+        BT_FLAG_INT("shared-prefix-len", &prefix_len, "prompts start with a shared prefix of this many tokens (a system message in chat)"),
+        BT_FLAG_INT("shared-prefix-groups", &prefix_groups, "distinct shared prefixes, taken in turn (default 1)"),
         BT_FLAG_INT("seed", &seed, "seed of prompts, lengths and arrivals (default 1)"),
         BT_FLAG_INT("warmup-requests", &warmup, "requests before the measured runs, not counted (default 1)"),
         BT_FLAG_FLOAT("temperature", &temperature, "sampling temperature (default 0)"),
@@ -705,9 +745,11 @@ int bt_cli_bench(int argc, char **argv)
     }
     if (num_prompts < 1 || num_prompts > 10000000 || input_len < 1 || input_len > (1 << 22) || output_len < 1 ||
         output_len > (1 << 22) || max_concurrency < 0 || rate < 0 || range_ratio < 0 || range_ratio > 1 ||
-        vocab < 17 || timeout <= 0 || max_time <= 0 || warmup < 0 || chars_per_token <= 0 || per_level < 0) {
+        vocab < 17 || timeout <= 0 || max_time <= 0 || warmup < 0 || chars_per_token <= 0 || per_level < 0 ||
+        prefix_len < 0 || prefix_len > (1 << 22) || prefix_groups < 1 || prefix_groups > 4096) {
         fprintf(stderr, "baton bench: bad flag value (--num-prompts >= 1, lengths >= 1, --random-range-ratio in "
-                        "[0,1], --vocab-size > 16, --timeout and --max-time > 0)\n");
+                        "[0,1], --vocab-size > 16, --timeout and --max-time > 0, --shared-prefix-len >= 0, "
+                        "--shared-prefix-groups 1..4096)\n");
         return 2;
     }
     if (sweep_c && sweep_in) {
@@ -730,6 +772,18 @@ int bt_cli_bench(int argc, char **argv)
     b->chars_per_token = chars_per_token;
     b->ignore_eos = !disable_ignore_eos;
     b->rng = (uint64_t)seed * 0x2545f4914f6cdd1dull + 1;
+    b->prefix_len = (int)prefix_len;
+    b->prefix_groups = (int)prefix_groups;
+    if (prefix_len) {
+        b->prefix_ids = bt_calloc_or_die((size_t)prefix_groups, sizeof *b->prefix_ids);
+        b->prefix_text = bt_calloc_or_die((size_t)prefix_groups, sizeof *b->prefix_text);
+        for (int g = 0; g < (int)prefix_groups; g++) {
+            b->prefix_ids[g] = bt_malloc_or_die((size_t)prefix_len * sizeof(int32_t));
+            for (int i = 0; i < (int)prefix_len; i++)
+                b->prefix_ids[g][i] = random_id(b);
+            b->prefix_text[g] = make_text(b, (int)prefix_len);
+        }
+    }
     b->timeout_ms = timeout * 1000.0;
     b->duration_ms = duration * 1000.0;
     b->progress = !disable_progress && isatty(STDERR_FILENO);
@@ -863,5 +917,11 @@ int bt_cli_bench(int argc, char **argv)
     }
     uv_close((uv_handle_t *)&b->tick, NULL);
     uv_run(b->loop, UV_RUN_NOWAIT);
+    for (int g = 0; b->prefix_len && g < b->prefix_groups; g++) {
+        free(b->prefix_ids[g]);
+        free(b->prefix_text[g]);
+    }
+    free(b->prefix_ids);
+    free(b->prefix_text);
     return rc;
 }

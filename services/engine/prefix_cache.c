@@ -101,8 +101,9 @@ bt_prefix_node_t *bt_prefix_cache_match(bt_prefix_cache_t *c, const int32_t *ids
     return d;
 }
 
-void bt_prefix_cache_restore(bt_prefix_cache_t *c, const bt_prefix_node_t *node, uint8_t *state)
+size_t bt_prefix_cache_restore(bt_prefix_cache_t *c, const bt_prefix_node_t *node, uint8_t *state)
 {
+    size_t bytes = 0;
     bt_kv_state_reset(state);
     int depth = 0;
     for (const bt_prefix_node_t *n = node; n && n != &c->root; n = n->parent)
@@ -116,10 +117,12 @@ void bt_prefix_cache_restore(bt_prefix_cache_t *c, const bt_prefix_node_t *node,
         for (int r = 0; r < chain[i]->n_ranges; r++) {
             memcpy(state + chain[i]->ranges[r].off, src, chain[i]->ranges[r].len);
             src += chain[i]->ranges[r].len;
+            bytes += chain[i]->ranges[r].len;
         }
     }
     free(chain);
     bt_kv_header(state)->device_tag = 0;
+    return bytes;
 }
 
 void bt_prefix_cache_unpin(bt_prefix_cache_t *c, bt_prefix_node_t *node)

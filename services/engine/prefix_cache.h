@@ -44,8 +44,8 @@ bt_prefix_node_t *bt_prefix_cache_match(bt_prefix_cache_t *c, const int32_t *ids
                                         int max_end, int *end_p);
 
 /* The state at the end of node's chain, written into a slot (reset first; its device_tag 0,
- * so a device backend uploads it afresh). */
-void bt_prefix_cache_restore(bt_prefix_cache_t *c, const bt_prefix_node_t *node, uint8_t *state);
+ * so a device backend uploads it afresh). Returns the bytes written. */
+size_t bt_prefix_cache_restore(bt_prefix_cache_t *c, const bt_prefix_node_t *node, uint8_t *state);
 
 /* Records that the chunk ids[start .. end) took the slot from the header `before` (the state
  * at `parent`'s end: start == that end, or start 0 with parent NULL) to `state`. Returns the
