@@ -45,6 +45,8 @@ typedef struct worker {
     int max_running;
     int64_t context_length;
     int64_t queued_prefill_tokens;
+    int64_t prefill_tokens; /* prefill: what its requests from here still compute (estimated) */
+    uint64_t serial;        /* this router's number for it, never reused */
     uint64_t compat_hash;
     /* decode: slots that hold no request (waiting out late writes), from its last heartbeat */
     int64_t slots_total, slots_held;
@@ -82,6 +84,7 @@ typedef struct req {
     bt_rpc_client_call_t *dcall;
     bool dcall_live;
     bool in_prefill;         /* counted on q->prefill's running until the first token */
+    int prefill_cost;        /* its tokens counted on q->prefill's prefill_tokens meanwhile */
     /* output */
     bt_output_t *out;
     int completion_tokens;
@@ -120,6 +123,11 @@ struct router {
     bt_metrics_server_t *metrics_server;
     bt_histogram_t *ttft, *itl, *e2e;
     bt_counter_t *requeued;
+    /* which prefill group was last sent each prompt prefix (see pick_prefill) */
+    struct prefix_seen {
+        uint64_t key, worker, used;
+    } * prefixes;
+    uint64_t prefix_clock;
 };
 
 static void count_outcome(router_t *r, const char *outcome)
@@ -184,7 +192,10 @@ static void queue_remove(router_t *r, req_t *q)
 
 static void leave_prefill(req_t *q)
 {
-    if (q->in_prefill && q->prefill) q->prefill->running--;
+    if (q->in_prefill && q->prefill) {
+        q->prefill->running--;
+        q->prefill->prefill_tokens -= q->prefill_cost;
+    }
     q->in_prefill = false;
 }
 
@@ -495,16 +506,110 @@ static const char *missing_group(const router_t *r)
                         : NULL;
 }
 
+/* Prefix affinity. A prefill group keeps the states of the prompts it prefilled at multiples
+ * of PREFIX_BLOCK tokens (services/prefill/prefill.c), so a prompt that shares a beginning
+ * with an earlier one prefills less where that one went. The router remembers, for each
+ * prefix of a multiple of PREFIX_BLOCK tokens it sent, the group it went to, in a table of
+ * PREFIX_SLOTS keyed by a hash of the prefix (the oldest of PREFIX_PROBE neighbours gives way).
+ * It sends a prompt to the group that got its longest remembered prefix unless that group's
+ * work ahead plus what the prompt would still compute there exceeds the least busy group's
+ * work ahead plus the whole prompt. What a group's cache really holds may differ (evicted,
+ * restarted): the cost is only a less useful choice. */
+enum { PREFIX_BLOCK = 64, PREFIX_SLOTS = 1 << 16, PREFIX_PROBE = 8 };
+
+/* the key of ids[0 .. n) given h, the running hash of those ids (never 0: 0 is empty) */
+static uint64_t prefix_key(uint64_t h, int n)
+{
+    h ^= (uint64_t)n * 0x9e3779b97f4a7c15ull;
+    h ^= h >> 29;
+    h *= 0xbf58476d1ce4e5b9ull;
+    h ^= h >> 32;
+    return h | 1;
+}
+
+static uint64_t prefix_hash_step(uint64_t h, int32_t id)
+{
+    return (h ^ (uint32_t)id) * 0x100000001b3ull;
+}
+
+static struct prefix_seen *prefix_find(router_t *r, uint64_t key)
+{
+    for (int i = 0; i < PREFIX_PROBE; i++) {
+        struct prefix_seen *e = &r->prefixes[(key + (uint64_t)i) & (PREFIX_SLOTS - 1)];
+        if (e->key == key) return e;
+    }
+    return NULL;
+}
+
+static void prefix_put(router_t *r, uint64_t key, uint64_t worker)
+{
+    struct prefix_seen *e = prefix_find(r, key);
+    for (int i = 0; !e && i < PREFIX_PROBE; i++) { /* an empty slot, else the oldest */
+        struct prefix_seen *x = &r->prefixes[(key + (uint64_t)i) & (PREFIX_SLOTS - 1)];
+        if (!e || !x->key || (e->key && x->used < e->used)) e = x;
+    }
+    e->key = key;
+    e->worker = worker;
+    e->used = ++r->prefix_clock;
+}
+
+/* The prefill group for q (NULL: none can take it), and q->prefill_cost: the prompt's tokens
+ * it is expected to compute there. */
+static worker_t *pick_prefill(router_t *r, req_t *q)
+{
+    worker_t *base = pick(r, BATON__V1__WORKER_ROLE__ROLE_PREFILL, false);
+    if (!base) return NULL;
+    const int n = q->n_prompt, last = (n - 1) / PREFIX_BLOCK * PREFIX_BLOCK;
+    /* the longest remembered prefix whose group can take it now */
+    worker_t *held = NULL;
+    int held_len = 0;
+    uint64_t h = 0xcbf29ce484222325ull;
+    const int64_t now = bt_now_ms();
+    for (int i = 0; i < last; i++) {
+        h = prefix_hash_step(h, q->prompt[i]);
+        if ((i + 1) % PREFIX_BLOCK) continue;
+        const struct prefix_seen *e = prefix_find(r, prefix_key(h, i + 1));
+        if (!e) continue;
+        for (worker_t *w = r->workers; w; w = w->next)
+            if (w->serial == e->worker && w->role == BATON__V1__WORKER_ROLE__ROLE_PREFILL &&
+                !w->leaving && w->refused_until_ms <= now) {
+                held = w;
+                held_len = i + 1;
+            }
+    }
+    worker_t *p = base;
+    q->prefill_cost = n;
+    if (held == base) {
+        q->prefill_cost = n - held_len;
+    } else if (held && held->prefill_tokens + (n - held_len) <= base->prefill_tokens + n) {
+        p = held;
+        q->prefill_cost = n - held_len;
+        bt_counter_add(bt_metrics_counter(r->metrics, "prefix_routed_total",
+                                          "Requests sent to the prefill group that got their "
+                                          "longest prefix, not the least busy one",
+                                          NULL, NULL),
+                       1);
+    }
+    /* remember where this prompt's prefixes go */
+    h = 0xcbf29ce484222325ull;
+    for (int i = 0; i < last; i++) {
+        h = prefix_hash_step(h, q->prompt[i]);
+        if ((i + 1) % PREFIX_BLOCK == 0) prefix_put(r, prefix_key(h, i + 1), p->serial);
+    }
+    return p;
+}
+
 static bool start_request(req_t *q)
 {
     router_t *r = q->r;
     worker_t *d = pick(r, BATON__V1__WORKER_ROLE__ROLE_DECODE, true);
-    worker_t *p = pick(r, BATON__V1__WORKER_ROLE__ROLE_PREFILL, false);
+    worker_t *p = d ? pick_prefill(r, q) : NULL;
     if (!d || !p) return false;
     q->decode = d;
     q->prefill = p;
     d->running++;
     p->running++; /* counts toward the prefill choice until the first token arrives */
+    p->prefill_tokens += q->prefill_cost;
     q->in_prefill = true;
     q->state = REQ_RUNNING;
     Baton__V1__DecodeRequest dr = BATON__V1__DECODE_REQUEST__INIT;
@@ -1035,6 +1140,7 @@ static void on_register(void *ctx, bt_rpc_call_t *call, const uint8_t *data, siz
     snprintf(w->id, sizeof w->id, "%s-%08" PRIx32 "-%" PRIu64,
              in->role == BATON__V1__WORKER_ROLE__ROLE_DECODE ? "decode" : "prefill", r->lifetime,
              ++r->next_worker);
+    w->serial = r->next_worker;
     snprintf(w->address, sizeof w->address, "%s", in->address);
     snprintf(w->model, sizeof w->model, "%s", in->model);
     w->max_running = in->max_running;
@@ -1233,6 +1339,7 @@ int main(int argc, char **argv)
     r->watchdog_ms = (int64_t)(watchdog_s * 1000.0);
     r->drain_ms = (int64_t)(drain_s * 1000.0);
     r->heartbeat_ms = (int)heartbeat_ms;
+    r->prefixes = bt_calloc_or_die(PREFIX_SLOTS, sizeof *r->prefixes);
     r->reasoning_parser = reasoning != NULL;
     r->tool_parser = tool != NULL;
     struct timespec ts;

@@ -1433,6 +1433,55 @@ static void test_prefix_cache(void)
 }
 
 #if CLUSTER_TP == 1
+/* Two prefill groups: after a 401-token prompt, four sent at once that start with its first 400
+ * go to the group that prefilled it (each finds its first 384 tokens cached there), where the
+ * least busy group (fewest requests in prefill) would have split them; the router counts them
+ * in prefix_routed_total. A prompt of its own goes to the least busy group as before. */
+static void test_prefix_routing(void)
+{
+    cluster_t c;
+    client_t cl;
+    BT_CHECK(cluster_up(&c, &cl, "4096", "256", "30"));
+    proc_t other;
+    BT_CHECK(another_group(&other, &c, "baton-prefill", "30", NULL) == 0);
+    BT_CHECK(groups(&cl, 1, 2));
+    static int32_t a[401], b[4][410];
+    for (int i = 0; i < 401; i++)
+        a[i] = (int32_t)(3 + (i * 53 + i / 5) % 1000);
+    gen_t g[4];
+    gen_start(&cl, &g[0], a, 401, 4, true, 60000);
+    BT_CHECK(run_until(&cl, gen_done, &g[0], 60000) && g[0].code == BT_RPC_OK && g[0].cached == 0);
+    for (int k = 0; k < 4; k++) {
+        memcpy(b[k], a, 400 * sizeof *a);
+        for (int i = 400; i < 410; i++)
+            b[k][i] = (int32_t)(11 + 97 * k + i);
+        gen_start(&cl, &g[k], b[k], 410, 4, true, 60000);
+    }
+    BT_CHECK(run_until(&cl, all_done, &cl, 90000));
+    int hits = 0;
+    for (int k = 0; k < 4; k++) {
+        BT_CHECK_MSG(g[k].code == BT_RPC_OK, "prompt %d: %s %s", k, bt_rpc_code_name(g[k].code),
+                     g[k].message);
+        hits += g[k].cached == 384;
+        int32_t ref[4];
+        BT_CHECK(one_process(golden_exact, b[k], 410, 4, ref) == 4 &&
+                 !memcmp(ref, g[k].ids, sizeof ref));
+    }
+    const double routed = metric_value(c.router.metrics, "baton_router_prefix_routed_total");
+    fprintf(stderr,
+            "  two prefill groups: 4 prompts sharing a 400-token prefix sent at once: %d found "
+            "384 tokens cached; %.0f sent for their prefix\n",
+            hits, routed);
+    BT_CHECK_EQ_INT(hits, 4);
+    BT_CHECK_MSG(routed >= 1, "prefix_routed_total %.0f: the least busy group took them anyway",
+                 routed);
+    proc_stop(&other, SIGTERM);
+    client_close(&cl);
+    cluster_stop(&c);
+}
+#endif
+
+#if CLUSTER_TP == 1
 /* A decode group that stalls (SIGSTOP) mid-transfer must not wedge the prefill group: its
  * commit watchdog drops the stalled peer, and the next request, sent to another decode group,
  * is served while the first is still stopped. */
@@ -1625,6 +1674,9 @@ int main(void)
     BT_RUN(test_greedy_matches_golden);
     BT_RUN(test_one_token_requests);
     BT_RUN(test_prefix_cache);
+#if CLUSTER_TP == 1
+    BT_RUN(test_prefix_routing);
+#endif
     BT_RUN(test_penalties);
     BT_RUN(test_admission);
     BT_RUN(test_kill_decode);
