@@ -49,6 +49,8 @@ typedef struct seq {
     int slot;
     int32_t *prompt;
     int n_prompt;
+    int32_t cache_points[2]; /* passed on to the prefill group */
+    int n_cache_points;
     bt_sampling_t sampling;
     bt_penalties_t pen; /* logit_bias, and the penalties of the tokens generated so far */
     int32_t *bias_ids;  /* the request's logit_bias, for the prefill group's first draw */
@@ -476,6 +478,8 @@ static void start_prefill(seq_t *s)
     req.epoch = s->epoch;
     req.n_prompt_ids = (size_t)s->n_prompt;
     req.prompt_ids = s->prompt;
+    req.n_cache_points = (size_t)s->n_cache_points;
+    req.cache_points = s->cache_points;
     Baton__V1__SamplingParams sp = BATON__V1__SAMPLING_PARAMS__INIT;
     sp.temperature = s->sampling.temperature;
     sp.top_p = s->sampling.top_p;
@@ -981,6 +985,8 @@ static void on_generate(void *ctx, bt_rpc_call_t *call, const uint8_t *data, siz
     s->n_prompt = (int)r->n_prompt_ids;
     s->prompt = bt_malloc_or_die((size_t)s->n_prompt * sizeof(int32_t));
     memcpy(s->prompt, r->prompt_ids, (size_t)s->n_prompt * sizeof(int32_t));
+    for (size_t i = 0; i < r->n_cache_points && s->n_cache_points < 2; i++)
+        s->cache_points[s->n_cache_points++] = r->cache_points[i];
     Baton__V1__SamplingParams *sp = r->sampling;
     s->sampling.temperature = sp ? sp->temperature : 0.0f;
     s->sampling.top_p = sp && sp->top_p > 0 ? sp->top_p : 1.0f;

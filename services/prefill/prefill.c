@@ -534,6 +534,12 @@ static void start_chunk(prefill_t *p, job_t *j)
     int n = total - j->done < p->chunk_size ? total - j->done : p->chunk_size;
     const int keep = (total - 1) / CACHE_BLOCK * CACHE_BLOCK; /* (a state kept: see the top) */
     if (j->caching && keep > j->done && keep < j->done + n) n = keep - j->done;
+    /* the router's points (where a chat's turns start): another conversation with the same
+     * system prompt, or this one's next turn, starts the same up to there */
+    for (size_t i = 0; j->caching && i < j->req->n_cache_points; i++) {
+        const int at = j->req->cache_points[i];
+        if (at > j->done && at < j->done + n) n = at - j->done;
+    }
     j->cache_before = *bt_kv_header(p->slot);
     /* the decode group's slot has nothing yet: the first chunk sends what came from the
      * cache too */

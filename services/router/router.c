@@ -27,6 +27,10 @@
 #include <time.h>
 #include <unistd.h>
 
+/* A chat's cache points (where its user turns start) come no earlier than this: a point costs
+ * the prefill one more forward, worth it where it saves more tokens than that. */
+#define CACHE_POINT_MIN 64
+
 /* A request goes to another prefill group at most this many times after one dropped it. */
 #define MAX_PREFILL_RETRIES 3
 
@@ -70,6 +74,9 @@ typedef struct req {
     int32_t *prompt;
     int n_prompt;
     int cached_tokens; /* of the prompt, found in the prefill group's prefix cache */
+    /* chat: where its first and last user turns start, for the prefill group's cache */
+    int32_t cache_points[2];
+    int n_cache_points;
     Baton__V1__SamplingParams sampling; /* flat copy (stop strings, ids and biases kept apart) */
     int32_t *stop_ids;
     int n_stop_ids;
@@ -507,14 +514,14 @@ static const char *missing_group(const router_t *r)
 }
 
 /* Prefix affinity. A prefill group keeps the states of the prompts it prefilled at multiples
- * of PREFIX_BLOCK tokens (services/prefill/prefill.c), so a prompt that shares a beginning
- * with an earlier one prefills less where that one went. The router remembers, for each
- * prefix of a multiple of PREFIX_BLOCK tokens it sent, the group it went to, in a table of
- * PREFIX_SLOTS keyed by a hash of the prefix (the oldest of PREFIX_PROBE neighbours gives way).
- * It sends a prompt to the group that got its longest remembered prefix unless that group's
- * work ahead plus what the prompt would still compute there exceeds the least busy group's
- * work ahead plus the whole prompt. What a group's cache really holds may differ (evicted,
- * restarted): the cost is only a less useful choice. */
+ * of PREFIX_BLOCK tokens and at its cache points (services/prefill/prefill.c), so a prompt that
+ * shares a beginning with an earlier one prefills less where that one went. The router remembers,
+ * for each prefix of a multiple of PREFIX_BLOCK tokens (or ending at a cache point) it sent, the
+ * group it went to, in a table of PREFIX_SLOTS keyed by a hash of the prefix (the oldest of
+ * PREFIX_PROBE neighbours gives way). It sends a prompt to the group that got its longest
+ * remembered prefix unless that group's work ahead plus what the prompt would still compute there
+ * exceeds the least busy group's work ahead plus the whole prompt. What a group's cache really
+ * holds may differ (evicted, restarted): the cost is only a less useful choice. */
 enum { PREFIX_BLOCK = 64, PREFIX_SLOTS = 1 << 16, PREFIX_PROBE = 8 };
 
 /* the key of ids[0 .. n) given h, the running hash of those ids (never 0: 0 is empty) */
@@ -553,13 +560,23 @@ static void prefix_put(router_t *r, uint64_t key, uint64_t worker)
     e->used = ++r->prefix_clock;
 }
 
+/* Whether the prefill group may keep the state after q's first len tokens: at multiples of
+ * PREFIX_BLOCK and at q's cache points. */
+static bool prefix_boundary(const req_t *q, int len)
+{
+    if (len % PREFIX_BLOCK == 0) return true;
+    for (int i = 0; i < q->n_cache_points; i++)
+        if (q->cache_points[i] == len) return true;
+    return false;
+}
+
 /* The prefill group for q (NULL: none can take it), and q->prefill_cost: the prompt's tokens
  * it is expected to compute there. */
 static worker_t *pick_prefill(router_t *r, req_t *q)
 {
     worker_t *base = pick(r, BATON__V1__WORKER_ROLE__ROLE_PREFILL, false);
     if (!base) return NULL;
-    const int n = q->n_prompt, last = (n - 1) / PREFIX_BLOCK * PREFIX_BLOCK;
+    const int n = q->n_prompt, last = n - 1; /* (a prompt's last token is always computed) */
     /* the longest remembered prefix whose group can take it now */
     worker_t *held = NULL;
     int held_len = 0;
@@ -567,7 +584,7 @@ static worker_t *pick_prefill(router_t *r, req_t *q)
     const int64_t now = bt_now_ms();
     for (int i = 0; i < last; i++) {
         h = prefix_hash_step(h, q->prompt[i]);
-        if ((i + 1) % PREFIX_BLOCK) continue;
+        if (!prefix_boundary(q, i + 1)) continue;
         const struct prefix_seen *e = prefix_find(r, prefix_key(h, i + 1));
         if (!e) continue;
         for (worker_t *w = r->workers; w; w = w->next)
@@ -594,7 +611,7 @@ static worker_t *pick_prefill(router_t *r, req_t *q)
     h = 0xcbf29ce484222325ull;
     for (int i = 0; i < last; i++) {
         h = prefix_hash_step(h, q->prompt[i]);
-        if ((i + 1) % PREFIX_BLOCK == 0) prefix_put(r, prefix_key(h, i + 1), p->serial);
+        if (prefix_boundary(q, i + 1)) prefix_put(r, prefix_key(h, i + 1), p->serial);
     }
     return p;
 }
@@ -629,6 +646,8 @@ static bool start_request(req_t *q)
     sp.json_schema = q->json_schema;
     dr.sampling = &sp;
     dr.prefill_address = p->address;
+    dr.n_cache_points = (size_t)q->n_cache_points;
+    dr.cache_points = q->cache_points;
     dr.max_new_tokens = q->max_new;
     uint8_t *buf;
     size_t len;
@@ -830,6 +849,17 @@ static bt_rpc_code_t prepare(router_t *r, req_t *q, const Baton__V1__GenerateReq
             return BT_RPC_INVALID_ARGUMENT;
         }
         chat = true;
+        /* what precedes the first user turn (the system prompt, the tools) and the last one
+         * (the conversation so far) is what other requests share */
+        const int32_t user = bt_tokenizer_token_to_id(r->tok, "<｜User｜>");
+        int first = -1, last = -1;
+        for (size_t i = 1; user >= 0 && i + 1 < n; i++)
+            if (q->prompt[i] == user) {
+                if (first < 0) first = (int)i;
+                last = (int)i;
+            }
+        if (first >= CACHE_POINT_MIN) q->cache_points[q->n_cache_points++] = first;
+        if (last > first && last >= CACHE_POINT_MIN) q->cache_points[q->n_cache_points++] = last;
         /* the encoder's own rule: the reasoning parser expects </think> exactly when the
          * prompt ends in <think> (the router's copy of the rule read other fields) */
         bt_chat_thinking(req, &thinking, NULL, 0);
