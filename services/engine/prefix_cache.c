@@ -4,6 +4,7 @@
 #include "common/alloc.h"
 #include "common/log.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,6 +22,7 @@ struct bt_prefix_node {
 };
 
 struct bt_prefix_cache {
+    pthread_mutex_t lock; /* the tree, the list, the counts; not a held chain's bytes */
     const bt_model_config_t *cfg;
     bt_kv_layout_t lay;
     size_t max_bytes, bytes;
@@ -36,6 +38,7 @@ bt_status_t bt_prefix_cache_create(const bt_model_config_t *cfg, const bt_kv_lay
 {
     bt_prefix_cache_t *c = calloc(1, sizeof *c);
     if (!c) return BT_ERR_NO_MEMORY;
+    pthread_mutex_init(&c->lock, NULL);
     c->cfg = cfg;
     c->lay = *lay;
     c->max_bytes = max_bytes;
@@ -59,6 +62,7 @@ void bt_prefix_cache_destroy(bt_prefix_cache_t *c)
         node_free(n);
         n = next;
     }
+    pthread_mutex_destroy(&c->lock);
     free(c);
 }
 
@@ -87,9 +91,11 @@ static bt_prefix_node_t *deepest(bt_prefix_node_t *at, const int32_t *ids, int n
 bt_prefix_node_t *bt_prefix_cache_match(bt_prefix_cache_t *c, const int32_t *ids, int n,
                                         int max_end, int *end_p)
 {
+    pthread_mutex_lock(&c->lock);
     c->st.lookups++;
     bt_prefix_node_t *d = deepest(&c->root, ids, n, max_end);
     if (d == &c->root) {
+        pthread_mutex_unlock(&c->lock);
         *end_p = 0;
         return NULL;
     }
@@ -98,6 +104,7 @@ bt_prefix_node_t *bt_prefix_cache_match(bt_prefix_cache_t *c, const int32_t *ids
     c->st.hits++;
     c->st.hit_tokens += d->end;
     *end_p = d->end;
+    pthread_mutex_unlock(&c->lock);
     return d;
 }
 
@@ -125,12 +132,19 @@ size_t bt_prefix_cache_restore(bt_prefix_cache_t *c, const bt_prefix_node_t *nod
     return bytes;
 }
 
-void bt_prefix_cache_unpin(bt_prefix_cache_t *c, bt_prefix_node_t *node)
+static void unpin_locked(bt_prefix_node_t *node)
 {
-    (void)c;
     if (!node) return;
     BT_ASSERT(node->pins > 0);
     node->pins--;
+}
+
+void bt_prefix_cache_unpin(bt_prefix_cache_t *c, bt_prefix_node_t *node)
+{
+    if (!node) return;
+    pthread_mutex_lock(&c->lock);
+    unpin_locked(node);
+    pthread_mutex_unlock(&c->lock);
 }
 
 /* Drops the least recently used leaf no one holds; false when there is none. */
@@ -156,9 +170,9 @@ static bool evict_one(bt_prefix_cache_t *c)
     return true;
 }
 
-bt_prefix_node_t *bt_prefix_cache_insert(bt_prefix_cache_t *c, bt_prefix_node_t *parent,
-                                         const int32_t *ids, int start, int end,
-                                         const bt_kv_header_t *before, const uint8_t *state)
+static bt_prefix_node_t *insert_locked(bt_prefix_cache_t *c, bt_prefix_node_t *parent,
+                                       const int32_t *ids, int start, int end,
+                                       const bt_kv_header_t *before, const uint8_t *state)
 {
     bt_prefix_node_t *at = parent ? parent : &c->root;
     BT_ASSERT(at->end == start && end > start);
@@ -167,7 +181,7 @@ bt_prefix_node_t *bt_prefix_cache_insert(bt_prefix_cache_t *c, bt_prefix_node_t 
         if (ch->end == end && !memcmp(ch->ids, ids + start, span)) {
             ch->pins++;
             touch(c, ch);
-            bt_prefix_cache_unpin(c, parent);
+            unpin_locked(parent);
             return ch;
         }
     bt_kv_range_t rg[4 * BT_MAX_LAYERS + 1];
@@ -211,14 +225,26 @@ bt_prefix_node_t *bt_prefix_cache_insert(bt_prefix_cache_t *c, bt_prefix_node_t 
     c->bytes += size;
     c->nodes++;
     c->st.inserted++;
-    bt_prefix_cache_unpin(c, parent);
+    unpin_locked(parent);
     return n;
 }
 
-void bt_prefix_cache_stats(const bt_prefix_cache_t *c, bt_prefix_cache_stats_t *s)
+bt_prefix_node_t *bt_prefix_cache_insert(bt_prefix_cache_t *c, bt_prefix_node_t *parent,
+                                         const int32_t *ids, int start, int end,
+                                         const bt_kv_header_t *before, const uint8_t *state)
 {
+    pthread_mutex_lock(&c->lock);
+    bt_prefix_node_t *n = insert_locked(c, parent, ids, start, end, before, state);
+    pthread_mutex_unlock(&c->lock);
+    return n;
+}
+
+void bt_prefix_cache_stats(bt_prefix_cache_t *c, bt_prefix_cache_stats_t *s)
+{
+    pthread_mutex_lock(&c->lock);
     *s = c->st;
     s->nodes = c->nodes;
     s->bytes = (int64_t)c->bytes;
     s->max_bytes = c->max_bytes > (size_t)INT64_MAX ? INT64_MAX : (int64_t)c->max_bytes;
+    pthread_mutex_unlock(&c->lock);
 }

@@ -19,8 +19,10 @@
  *   bt_prefix_cache_unpin(c, at);
  *
  * A node a caller holds (match and insert return them pinned) stays, with its chain; the
- * least recently used unpinned leaves go when the cache would pass its byte budget. Not
- * thread-safe: one caller (a prefill group's loop). */
+ * least recently used unpinned leaves go when the cache would pass its byte budget. Calls may
+ * come from several threads (a prefill group matches on its loop and restores and inserts in
+ * its worker thread): each takes the cache's lock, but a restore, which only reads the held
+ * chain, none. */
 #ifndef BT_ENGINE_PREFIX_CACHE_H
 #define BT_ENGINE_PREFIX_CACHE_H
 
@@ -65,6 +67,6 @@ typedef struct {
     int64_t inserted, evicted;         /* nodes */
 } bt_prefix_cache_stats_t;
 
-void bt_prefix_cache_stats(const bt_prefix_cache_t *c, bt_prefix_cache_stats_t *s);
+void bt_prefix_cache_stats(bt_prefix_cache_t *c, bt_prefix_cache_stats_t *s);
 
 #endif

@@ -62,7 +62,6 @@ typedef struct job {
     bt_top_logprob_t top[20];
     int n_top;
     bt_kv_header_t before;       /* the slot's header the decode group has (zero at first) */
-    bt_kv_header_t cache_before; /* the slot's header before this chunk */
     bt_prefix_node_t *node;      /* the cached chain that ends where the slot is, held */
     bool caching;                /* its chunks go into the cache */
     int cached;                  /* prompt tokens restored from the cache */
@@ -114,6 +113,12 @@ struct prefill {
     bt_comm_t *comm;
     bool tp_noop, chunk_reset, group_failed;
     bool chunk_sync; /* the slot was restored from the cache: the other ranks get it first */
+    /* the prefix cache's part of a chunk, done with its forward in the worker thread (a
+     * restore or a kept chunk copies megabytes: not on the loop). restore: the chain to write
+     * into the slot first; keep: the chunk to keep after the forward, as a child of
+     * keep_parent, the node for it (or NULL: not kept) in kept */
+    bt_prefix_node_t *restore, *keep_parent, *kept;
+    bool keep;
     uv_timer_t tp_timer;
     /* a commit to a decode group that stops answering (alive but stalled) ends within this */
     int64_t watchdog_ms;
@@ -298,9 +303,8 @@ static peer_t *peer_get(prefill_t *p, const uint8_t *desc, size_t len, char *err
     return pe;
 }
 
-static void chunk_work(uv_work_t *w)
+static void chunk_compute(prefill_t *p)
 {
-    prefill_t *p = w->data;
     if (p->comm) {
         /* the plan first, then the same forward on every rank (its collectives pair up) */
         static const int slot0 = 0;
@@ -337,6 +341,23 @@ static void chunk_work(uv_work_t *w)
     else /* (under TP every rank computes the logits: the lead too, so the collectives pair) */
         p->step_status = bt_model_forward(p->eng.model, &p->eng.layout, &p->fwd, 1,
                                           p->comm ? p->logits : NULL, p->step_err, sizeof p->step_err);
+}
+
+static void chunk_work(uv_work_t *w)
+{
+    prefill_t *p = w->data;
+    if (p->restore) {
+        bt_prefix_cache_restore(p->cache, p->restore, p->slot);
+        p->restore = NULL;
+    }
+    const bt_kv_header_t before = *bt_kv_header(p->slot);
+    chunk_compute(p);
+    if (p->keep)
+        p->kept = p->step_status == BT_OK
+                      ? bt_prefix_cache_insert(p->cache, p->keep_parent,
+                                               p->fwd.ids - before.n_tokens, (int)before.n_tokens,
+                                               (int)before.n_tokens + p->fwd.n, &before, p->slot)
+                      : NULL;
 }
 
 static void start_chunk(prefill_t *p, job_t *j);
@@ -439,6 +460,18 @@ static void chunk_done(uv_work_t *w, int status)
     prefill_t *p = w->data;
     job_t *j = p->active;
     p->busy = false;
+    if (p->keep) { /* (first: whatever else this chunk meets, the pins stay right) */
+        p->keep = false;
+        /* (a job ends only between its chunks: the active one still holds the parent) */
+        BT_ASSERT(j && j->node == p->keep_parent);
+        if (p->kept) {
+            j->node = p->kept; /* (the insert let go of the parent) */
+        } else {               /* not kept: over the budget, or the forward failed */
+            job_unpin(j);
+            j->caching = false;
+        }
+        p->kept = NULL;
+    }
     if (p->tp_noop) {
         p->tp_noop = false;
         if (p->step_status != BT_OK)
@@ -468,16 +501,6 @@ static void chunk_done(uv_work_t *w, int status)
     }
     j->done += p->fwd.n;
     bool last = j->done == (int)j->req->n_prompt_ids;
-    if (j->caching && !last) { /* (a prompt's last chunk is no one's prefix: not kept) */
-        bt_prefix_node_t *at =
-            bt_prefix_cache_insert(p->cache, j->node, j->req->prompt_ids, j->done - p->fwd.n,
-                                   j->done, &j->cache_before, p->slot);
-        if (!at) { /* (over the budget, all of it held) */
-            bt_prefix_cache_unpin(p->cache, j->node);
-            j->caching = false;
-        }
-        j->node = at;
-    }
     /* the bytes this chunk changed go straight into decode's slot */
     bt_kv_range_t ranges[4 * BT_MAX_LAYERS + 1];
     int nr = bt_kv_changed_ranges(p->eng.cfg, &p->eng.layout, &j->before, p->slot, ranges,
@@ -540,13 +563,15 @@ static void start_chunk(prefill_t *p, job_t *j)
         const int at = j->req->cache_points[i];
         if (at > j->done && at < j->done + n) n = at - j->done;
     }
-    j->cache_before = *bt_kv_header(p->slot);
     /* the decode group's slot has nothing yet: the first chunk sends what came from the
      * cache too */
     if (j->chunk_index == 0)
         memset(&j->before, 0, sizeof j->before);
     else
-        j->before = j->cache_before;
+        j->before = *bt_kv_header(p->slot);
+    /* (a prompt's last chunk is no one's prefix: not kept) */
+    p->keep = j->caching && j->done + n < total;
+    p->keep_parent = j->node;
     p->chunk_reset = j->done == 0; /* the other ranks start this request from an empty slot */
     p->fwd = (bt_forward_seq_t){p->slot, j->req->prompt_ids + j->done, n, false};
     p->draw = j->done + n == total;
@@ -611,8 +636,8 @@ static void run_next(prefill_t *p)
             const int total = (int)j->req->n_prompt_ids;
             int end = 0; /* (one token at least is computed: its logits draw the first token) */
             j->node = bt_prefix_cache_match(p->cache, j->req->prompt_ids, total, total - 1, &end);
-            if (j->node) {
-                bt_prefix_cache_restore(p->cache, j->node, p->slot);
+            if (j->node) { /* (restored by the chunk's work) */
+                p->restore = j->node;
                 p->chunk_sync = p->comm != NULL;
             }
             j->done = j->cached = end;
