@@ -607,14 +607,16 @@ static void seq_begin_prefill(seq_t *s)
 /* ---- requests waiting for a place ---------------------------------------------------------- */
 
 /* Places being freed: admitted requests whose stream has ended (released when the step in
- * flight, or their cancelled prefill call, ends) and quarantined slots. */
+ * flight, or their cancelled prefill call, ends), and, where the pool binds rather than the
+ * running cap, quarantined slots (their end frees a slot, not a running place). */
 static int places_leaving(const decode_t *d)
 {
     int n = 0;
     for (const seq_t *s = d->seqs; s; s = s->next)
         n += !s->waiting && !s->call;
-    for (const quarantine_t *q = d->quarantine; q; q = q->next)
-        n++;
+    if (d->n_admitted < d->max_running)
+        for (const quarantine_t *q = d->quarantine; q; q = q->next)
+            n++;
     return n;
 }
 

@@ -787,6 +787,99 @@ static __attribute__((unused)) void test_held_slot_waits_at_router(void)
     cluster_stop(&c);
 }
 
+/* An arrival at a decode group whose running cap binds waits for a place being freed (a
+ * request ended, still in the step in flight), not for a slot waiting out late writes: that
+ * slot's end frees a slot, not a running place. One place, three slots, one held for a dead
+ * prefill group's late writes, one request running: a request sent straight to the group is
+ * refused at once. It waited PLACE_WAIT_MS (2 s) for the held slot, then was refused. */
+typedef struct {
+    bool done;
+    bt_rpc_code_t code;
+    int64_t t_done;
+} direct_t;
+
+static void direct_msg(void *ctx, const uint8_t *data, size_t len)
+{
+    (void)ctx, (void)data, (void)len;
+}
+
+static void direct_done(void *ctx, bt_rpc_code_t code, const char *msg)
+{
+    (void)msg;
+    direct_t *x = ctx;
+    x->done = true;
+    x->code = code;
+    x->t_done = ms_now();
+}
+
+static bool direct_finished(void *ctx)
+{
+    return ((direct_t *)ctx)->done;
+}
+
+static __attribute__((unused)) void test_held_slot_no_running_place(void)
+{
+    cluster_t c;
+    decode_max_total = "1536"; /* 3 slots of 512 */
+    BT_CHECK(start_one_place(&c, "50", "50", "30") == 0);
+    decode_max_total = NULL;
+    client_t cl;
+    client_open(&cl, c.router_addr);
+    BT_CHECK(serving(&cl));
+    static int32_t prompt[300];
+    for (int i = 0; i < 300; i++)
+        prompt[i] = (i * 13 + 5) % 1000;
+    gen_t a, b;
+    gen_start(&cl, &a, prompt, 300, 4, true, 60000); /* 6 s of prefill to kill it in */
+    BT_CHECK(wait_slots_used(&cl, c.decode.addr, 1, &a, 10000, NULL) == 1 && !a.done);
+    usleep(300000);
+    proc_stop(&c.prefill, SIGKILL);
+    BT_CHECK(run_until(&cl, gen_done, &a, 10000) && a.code == BT_RPC_UNAVAILABLE);
+    BT_CHECK(groups(&cl, 1, 0));
+    group_stop(&c, false, SIGKILL);
+    const char *const pre[] = {"--simulate", NULL};
+    prefill_extra = pre;
+    BT_CHECK(group_start(&c, false, context, c.chunk) == 0);
+    prefill_extra = NULL;
+    BT_CHECK(groups(&cl, 1, 1));
+    gen_start(&cl, &b, prompt, 3, 200, true, 60000); /* 10 s of 50 ms steps: the place taken */
+    int running = 0;
+    const int64_t used = wait_slots_used(&cl, c.decode.addr, 2, &b, 10000, &running);
+    BT_CHECK_MSG(used == 2 && running == 1 && !b.done,
+                 "one slot held, one running (%lld slots, %d running)", (long long)used, running);
+    /* straight to the decode group, as a router that counted a place free would */
+    Baton__V1__DecodeRequest dr = BATON__V1__DECODE_REQUEST__INIT;
+    dr.request_id = "straight-in";
+    dr.epoch = 1;
+    dr.n_prompt_ids = 3;
+    dr.prompt_ids = prompt;
+    dr.prefill_address = c.prefill.addr;
+    dr.max_new_tokens = 2;
+    uint8_t *buf;
+    size_t len;
+    bt_proto_pack(&dr.base, &buf, &len);
+    bt_rpc_channel_t *ch;
+    BT_CHECK(bt_rpc_channel_create(cl.rpc, c.decode.addr, NULL, &ch) == BT_OK);
+    direct_t x = {0};
+    const int64_t t0 = ms_now();
+    BT_CHECK(bt_rpc_stream(ch, "/baton.v1.Decode/Generate", buf, len, 10000, direct_msg,
+                           direct_done, &x, NULL) == BT_OK);
+    free(buf);
+    BT_CHECK(run_until(&cl, direct_finished, &x, 10000));
+    fprintf(stderr,
+            "  a request sent into a running cap that binds, a slot held for late writes: %s "
+            "after %lld ms\n",
+            bt_rpc_code_name(x.code), (long long)(x.t_done - t0));
+    BT_CHECK(x.code == BT_RPC_RESOURCE_EXHAUSTED);
+    BT_CHECK_MSG(x.t_done - t0 < 1000, "refused after %lld ms: it waited for the held slot",
+                 (long long)(x.t_done - t0));
+    bt_rpc_channel_destroy(ch);
+    bt_rpc_client_cancel(b.call);
+    BT_CHECK(run_until(&cl, gen_done, &b, 10000));
+    client_close(&cl);
+    cluster_stop(&c);
+}
+
 /* More running requests than one decode step takes (the engine's BT_MODEL_MAX_SEQS, 64):
  * the decode group accepted --max-running-requests up to 1024, and once a 65th request ran
  * every step failed (INTERNAL for the whole batch; under TP the group left). Now it runs at
@@ -1689,6 +1782,7 @@ int main(void)
     BT_RUN(test_prefill_gone_while_decoding);
     BT_RUN(test_place_freed_mid_step);
     BT_RUN(test_held_slot_waits_at_router);
+    BT_RUN(test_held_slot_no_running_place);
     BT_RUN(test_batch_past_engine_limit);
     BT_RUN(test_prefill_stop_frees_slots);
     BT_RUN(test_prefill_stop_drains);
