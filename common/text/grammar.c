@@ -6,6 +6,7 @@
 #include "common/alloc.h"
 
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -57,6 +58,8 @@ typedef struct {
     uint16_t lit;   /* object: the keys' literal trie; enum: the values' (root nodes) */
     uint16_t items; /* array: the items' node */
     int16_t min_items, max_items; /* array; max -1: none */
+    bool bounded;                 /* integer: its value in lo..hi */
+    int64_t lo, hi;
     uint64_t required;            /* object: bit j = property j is required */
     uint32_t starts[8];           /* the bytes a value of this node may start with */
 } snode_t;
@@ -208,6 +211,42 @@ static const char *const understood[] = {"type",  "properties", "required", "add
                                          "items", "minItems",   "maxItems", "enum",
                                          "const", "anyOf",      "oneOf",    "$ref",
                                          "$defs", "definitions"};
+static const char *const bounds[] = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
+
+/* The first bound keyword s has, or NULL. */
+static const char *bound_in(const cJSON *s)
+{
+    for (size_t i = 0; i < sizeof bounds / sizeof *bounds; i++)
+        if (cJSON_GetObjectItemCaseSensitive(s, bounds[i])) return bounds[i];
+    return NULL;
+}
+
+/* An integer node's bounds: minimum and maximum as given, exclusive ones a step inside, the
+ * others +-9e18; fails where a bound is no number in that range, or no integer is left. */
+static bool integer_bounds(compile_t *cc, const cJSON *s, int64_t *lo, int64_t *hi)
+{
+    double l = -9e18, h = 9e18;
+    for (size_t i = 0; i < sizeof bounds / sizeof *bounds; i++) {
+        const cJSON *b = cJSON_GetObjectItemCaseSensitive(s, bounds[i]);
+        if (!b) continue;
+        if (!cJSON_IsNumber(b) || !(b->valuedouble >= -9e18 && b->valuedouble <= 9e18)) {
+            cfail(cc, "json_schema: %s must be a number within +-9e18", bounds[i]);
+            return false;
+        }
+        const double v = b->valuedouble;
+        if (i == 0) l = fmax(l, ceil(v));
+        if (i == 1) h = fmin(h, floor(v));
+        if (i == 2) l = fmax(l, floor(v) + 1);
+        if (i == 3) h = fmin(h, ceil(v) - 1);
+    }
+    if (l > h) {
+        cfail(cc, "json_schema: no integer is within the bounds given");
+        return false;
+    }
+    *lo = (int64_t)l;
+    *hi = (int64_t)h;
+    return true;
+}
 
 static bool known_keyword(const char *k)
 {
@@ -215,6 +254,8 @@ static bool known_keyword(const char *k)
         if (!strcmp(k, annotations[i])) return true;
     for (size_t i = 0; i < sizeof understood / sizeof *understood; i++)
         if (!strcmp(k, understood[i])) return true;
+    for (size_t i = 0; i < sizeof bounds / sizeof *bounds; i++)
+        if (!strcmp(k, bounds[i])) return true;
     return false;
 }
 
@@ -439,8 +480,23 @@ static int compile_typed(rules_t *r, compile_t *cc, const cJSON *s, const char *
         starts_of_kind(K_ARRAY, r->nodes[a].starts);
         return a;
     }
+    if (kind == K_NUMBER && bound_in(s)) {
+        cfail(cc,
+              "json_schema: %s on type number is not supported (the output could not be held to "
+              "it); on type integer it is",
+              bound_in(s));
+        return -1;
+    }
+    int64_t lo = 0, hi = 0;
+    if (kind == K_INTEGER && bound_in(s) && !integer_bounds(cc, s, &lo, &hi)) return -1;
     const int x = new_snode(r, cc, (uint8_t)kind);
-    if (x >= 0) starts_of_kind((uint8_t)kind, r->nodes[x].starts);
+    if (x < 0) return -1;
+    starts_of_kind((uint8_t)kind, r->nodes[x].starts);
+    if (kind == K_INTEGER && bound_in(s)) {
+        r->nodes[x].bounded = true;
+        r->nodes[x].lo = lo;
+        r->nodes[x].hi = hi;
+    }
     return x;
 }
 
@@ -463,6 +519,24 @@ static int compile_node(rules_t *r, compile_t *cc, const cJSON *s, int depth)
                   k->string);
             return -1;
         }
+    /* bounds hold where the value is a number: only an integer's are kept to */
+    if (bound_in(s)) {
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(s, "type");
+        bool integer = cJSON_IsString(t) && !strcmp(t->valuestring, "integer");
+        for (const cJSON *x = cJSON_IsArray(t) ? t->child : NULL; x; x = x->next)
+            integer |= cJSON_IsString(x) && !strcmp(x->valuestring, "integer");
+        if (!integer || cJSON_GetObjectItemCaseSensitive(s, "$ref") ||
+            cJSON_GetObjectItemCaseSensitive(s, "enum") ||
+            cJSON_GetObjectItemCaseSensitive(s, "const") ||
+            cJSON_GetObjectItemCaseSensitive(s, "anyOf") ||
+            cJSON_GetObjectItemCaseSensitive(s, "oneOf")) {
+            cfail(cc,
+                  "json_schema: '%s' is supported on type integer only (not on number, and beside "
+                  "no $ref, enum, const, anyOf or oneOf)",
+                  bound_in(s));
+            return -1;
+        }
+    }
     const cJSON *ref = cJSON_GetObjectItemCaseSensitive(s, "$ref");
     if (ref) {
         if (!cJSON_IsString(ref)) {
@@ -739,6 +813,7 @@ typedef struct {
     uint8_t key; /* the string being read is a key of an object without properties */
     uint8_t run; /* whitespace bytes in a row; bytes of the number */
     uint16_t depth, vnode, tpos, zero;
+    int64_t num; /* a bounded integer's value so far (negative once it has a '-' and a digit) */
     frame_t stack[BT_GRAMMAR_MAX_DEPTH];
 } jstate_t;
 
@@ -761,6 +836,30 @@ static void set_mode(jstate_t *s, uint8_t mode)
 {
     s->mode = mode;
     s->sub = s->lit = s->need = s->lo = s->hi = s->run = 0;
+    s->num = 0;
+}
+
+/* Whether a bounded integer node may still take a value that starts as num does: num itself
+ * (more: false), or num followed by more digits. */
+static bool integer_reaches(const snode_t *n, int64_t num, bool more)
+{
+    if (!more) return num >= n->lo && num <= n->hi;
+    const bool neg = num < 0;
+    const uint64_t m = neg ? 0 - (uint64_t)num : (uint64_t)num;
+    /* magnitudes num reaches with k more digits: [m 10^k, m 10^k + 10^k - 1] (k = 0: m) */
+    const uint64_t lo_mag = n->lo < 0 ? 0 - (uint64_t)n->lo : (uint64_t)n->lo;
+    const uint64_t hi_mag = n->hi < 0 ? 0 - (uint64_t)n->hi : (uint64_t)n->hi;
+    for (uint64_t p = 1; m <= UINT64_MAX / p; p *= 10) {
+        const uint64_t base = m * p, top = base + (p - 1);
+        bool meets;
+        if (neg) /* [-top, -base] against [lo, hi] */
+            meets = n->lo <= 0 && base <= lo_mag && (n->hi >= 0 || top >= hi_mag);
+        else /* [base, top] against [lo, hi] */
+            meets = n->hi >= 0 && base <= hi_mag && (n->lo <= 0 || top >= lo_mag);
+        if (meets) return true;
+        if (base > (lo_mag > hi_mag ? lo_mag : hi_mag) || p > UINT64_MAX / 10) break;
+    }
+    return false;
 }
 
 /* The properties a described object may take next, from p: up to the first required one. */
@@ -938,6 +1037,11 @@ static bool value_start(const rules_t *r, jstate_t *s, uint8_t c, uint16_t node)
     s->vnode = node;
     s->sub = c == '-' ? N_MINUS : c == '0' ? N_ZERO : N_INT;
     s->run = 1;
+    if (n->bounded) { /* '-' leads to values up to -0; a digit d to d (0: nothing more) */
+        if (c == '-') return n->lo <= 0;
+        s->num = c - '0';
+        return integer_reaches(n, s->num, c != '0');
+    }
     return true;
 }
 
@@ -973,11 +1077,24 @@ static bool number_step(const rules_t *r, jstate_t *s, uint8_t c)
         break;
     }
     if (next == 0xff) return false;
+    const snode_t *n = &r->nodes[s->vnode];
     if (next == 0xfe) { /* the number ended: c belongs to what follows it */
+        if (n->bounded && !integer_reaches(n, s->num, false)) return false;
         value_end(r, s);
         return step(r, s, c);
     }
     if (s->run >= BT_GRAMMAR_MAX_NUMBER) return false;
+    if (n->bounded) { /* (only digits come here: an integer has no '.' or exponent) */
+        const int d = c - '0';
+        if (s->sub == N_MINUS) {
+            s->num = -d; /* ("-0": 0, nothing more) */
+        } else {
+            const uint64_t m = s->num < 0 ? 0 - (uint64_t)s->num : (uint64_t)s->num;
+            if (m > (uint64_t)(INT64_MAX - 9) / 10) return false;
+            s->num = s->num < 0 ? s->num * 10 - d : s->num * 10 + d;
+        }
+        if (!integer_reaches(n, s->num, next == N_INT)) return false;
+    }
     s->sub = next;
     s->run++;
     return true;

@@ -476,7 +476,7 @@ static void test_golden_tokenizer(void)
 #define PERSON                                                                                     \
     "{\"type\":\"object\",\"title\":\"Person\",\"properties\":{"                                   \
     "\"name\":{\"type\":\"string\"},"                                                              \
-    "\"age\":{\"type\":\"integer\",\"description\":\"years\"},"                                    \
+    "\"age\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":150,\"description\":\"years\"},"      \
     "\"email\":{\"type\":[\"string\",\"null\"]},"                                                  \
     "\"role\":{\"enum\":[\"admin\",\"user\",7,null]},"                                             \
     "\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\"},\"minItems\":1,\"maxItems\":2}," \
@@ -497,7 +497,7 @@ static void test_schema_table(void)
         int want;
     } cases[] = {
         {"{\"name\":\"a\",\"age\":3,\"tags\":[\"x\"]}", 1},
-        {"{ \"name\" : \"a\" , \"age\" : -30 , \"email\" : null , \"role\" : \"user\" , "
+        {"{ \"name\" : \"a\" , \"age\" : 30 , \"email\" : null , \"role\" : \"user\" , "
          "\"tags\" : [ \"x\" , \"y\" ] , \"score\" : 1.5e3 , \"ok\" : true , "
          "\"pet\" : {\"kind\":\"cat\",\"friend\":{\"kind\":\"cat\",\"friend\":null}} }",
          1},
@@ -510,6 +510,13 @@ static void test_schema_table(void)
         {"{\"name\":\"a\",\"age\":3}", -1},                    /* tags missing: no '}' */
         {"{\"name\":\"a\",\"age\":3.5,\"tags\":[\"x\"]}", -1}, /* an integer */
         {"{\"name\":\"a\",\"age\":3e2,\"tags\":[\"x\"]}", -1},
+        {"{\"name\":\"a\",\"age\":150,\"tags\":[\"x\"]}", 1}, /* age in 0..150 */
+        {"{\"name\":\"a\",\"age\":-0,\"tags\":[\"x\"]}", 1},
+        {"{\"name\":\"a\",\"age\":0,\"tags\":[\"x\"]}", 1},
+        {"{\"name\":\"a\",\"age\":151,\"tags\":[\"x\"]}", -1},
+        {"{\"name\":\"a\",\"age\":1500,\"tags\":[\"x\"]}", -1},
+        {"{\"name\":\"a\",\"age\":-1,\"tags\":[\"x\"]}", -1},
+        {"{\"name\":\"a\",\"age\":16", 0},
         {"{\"name\":1,\"age\":3,\"tags\":[\"x\"]}", -1},                 /* a string */
         {"{\"name\":\"a\",\"age\":3,\"tags\":[]}", -1},                  /* minItems */
         {"{\"name\":\"a\",\"age\":3,\"tags\":[\"x\",\"y\",\"z\"]}", -1}, /* maxItems */
@@ -534,6 +541,32 @@ static void test_schema_table(void)
     BT_CHECK_EQ_INT(judge_schema(s.v, nums, "{\"n\":1 }", 8), 1);
     BT_CHECK_EQ_INT(judge_schema(s.v, nums, "{\"n\":13}", 8), -1);
     BT_CHECK_EQ_INT(judge_schema(s.v, nums, "{\"n\":1234}", 10), -1);
+    /* integer bounds: exclusive ones, negative, and a range a prefix must grow into */
+    static const struct {
+        const char *schema, *text;
+        int want;
+    } ranged[] = {
+#define T_RANGE                                                                                    \
+    "{\"type\":\"object\",\"properties\":{\"t\":{\"type\":\"integer\","                            \
+    "\"exclusiveMinimum\":-40,\"exclusiveMaximum\":-3}},\"required\":[\"t\"]}"
+#define N_RANGE                                                                                    \
+    "{\"type\":\"object\",\"properties\":{\"n\":{\"type\":[\"integer\",\"null\"],"                 \
+    "\"minimum\":10,\"maximum\":12.5}},\"required\":[\"n\"]}"
+        {T_RANGE, "{\"t\":-39}", 1},  {T_RANGE, "{\"t\":-4}", 1},    {T_RANGE, "{\"t\":-10}", 1},
+        {T_RANGE, "{\"t\":-40}", -1}, {T_RANGE, "{\"t\":-3}", -1},   {T_RANGE, "{\"t\":0}", -1},
+        {T_RANGE, "{\"t\":5}", -1},   {T_RANGE, "{\"t\":-400}", -1}, {T_RANGE, "{\"t\":-", 0},
+        {T_RANGE, "{\"t\":-0", -1}, /* (0 is out, and -0 takes no more digits) */
+        {N_RANGE, "{\"n\":10}", 1},   {N_RANGE, "{\"n\":12}", 1},    {N_RANGE, "{\"n\":null}", 1},
+        {N_RANGE, "{\"n\":1", 0},     {N_RANGE, "{\"n\":1}", -1},    {N_RANGE, "{\"n\":13}", -1},
+        {N_RANGE, "{\"n\":2", -1},    {N_RANGE, "{\"n\":-", -1},     {N_RANGE, "{\"n\":100}", -1},
+#undef T_RANGE
+#undef N_RANGE
+    };
+    for (size_t i = 0; i < sizeof ranged / sizeof ranged[0]; i++) {
+        const int got = judge_schema(s.v, ranged[i].schema, ranged[i].text, strlen(ranged[i].text));
+        BT_CHECK_MSG(got == ranged[i].want, "'%s': %d, want %d", ranged[i].text, got,
+                     ranged[i].want);
+    }
     /* refused, each with a message naming the problem */
     static const struct {
         const char *schema, *needle;
@@ -543,8 +576,18 @@ static void test_schema_table(void)
          "'pattern'"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"format\":\"email\"}}}",
          "'format'"},
-        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\",\"minimum\":0}}}",
-         "'minimum'"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"number\",\"minimum\":0}}}",
+         "'minimum' is supported on type integer only"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"maximum\":3}}}", "type integer only"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\",\"enum\":[1],"
+         "\"minimum\":0}}}",
+         "type integer only"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\","
+         "\"exclusiveMinimum\":true}}}",
+         "exclusiveMinimum must be a number"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\",\"minimum\":5,"
+         "\"exclusiveMaximum\":5}}}",
+         "no integer"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"allOf\":[{}]}}}", "'allOf'"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{}},\"required\":[\"b\"]}", "'b'"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"anyOf\":[{\"type\":\"integer\"},{\"type\":"
@@ -617,6 +660,17 @@ static bool conforms(const cJSON *x, const cJSON *s, const cJSON *root)
                  (!strcmp(n, "null") && cJSON_IsNull(x));
     }
     if (type && !typed) return false;
+    if (cJSON_IsNumber(x)) { /* bounds (as minimum <= x, x < exclusiveMaximum, ...) */
+        const cJSON *b;
+        if ((b = cJSON_GetObjectItem(s, "minimum")) && x->valuedouble < b->valuedouble)
+            return false;
+        if ((b = cJSON_GetObjectItem(s, "maximum")) && x->valuedouble > b->valuedouble)
+            return false;
+        if ((b = cJSON_GetObjectItem(s, "exclusiveMinimum")) && x->valuedouble <= b->valuedouble)
+            return false;
+        if ((b = cJSON_GetObjectItem(s, "exclusiveMaximum")) && x->valuedouble >= b->valuedouble)
+            return false;
+    }
     if (cJSON_IsObject(x)) {
         const cJSON *props = cJSON_GetObjectItem(s, "properties"),
                     *req = cJSON_GetObjectItem(s, "required");
