@@ -26,6 +26,7 @@ struct bt_prefix_cache {
     const bt_model_config_t *cfg;
     bt_kv_layout_t lay;
     size_t max_bytes, bytes;
+    bool counters_only;    /* nodes keep the header alone (bt_prefix_cache_counters_only) */
     bt_prefix_node_t root; /* [0, 0): no bytes, never evicted */
     bt_prefix_node_t *all; /* every other node */
     int64_t nodes;
@@ -52,6 +53,13 @@ static void node_free(bt_prefix_node_t *n)
     free(n->ranges);
     free(n->bytes);
     free(n);
+}
+
+void bt_prefix_cache_counters_only(bt_prefix_cache_t *c)
+{
+    pthread_mutex_lock(&c->lock);
+    c->counters_only = true;
+    pthread_mutex_unlock(&c->lock);
 }
 
 void bt_prefix_cache_destroy(bt_prefix_cache_t *c)
@@ -184,9 +192,10 @@ static bt_prefix_node_t *insert_locked(bt_prefix_cache_t *c, bt_prefix_node_t *p
             unpin_locked(parent);
             return ch;
         }
-    bt_kv_range_t rg[4 * BT_MAX_LAYERS + 1];
-    const int nr =
-        bt_kv_changed_ranges(c->cfg, &c->lay, before, state, rg, (int)(sizeof rg / sizeof rg[0]));
+    bt_kv_range_t rg[4 * BT_MAX_LAYERS + 1] = {{0, sizeof(bt_kv_header_t)}};
+    const int nr = c->counters_only ? 1
+                                    : bt_kv_changed_ranges(c->cfg, &c->lay, before, state, rg,
+                                                           (int)(sizeof rg / sizeof rg[0]));
     size_t data = 0;
     for (int r = 0; r < nr; r++)
         data += rg[r].len;

@@ -40,6 +40,10 @@ bt_status_t bt_prefix_cache_create(const bt_model_config_t *cfg, const bt_kv_lay
                                    size_t max_bytes, bt_prefix_cache_t **out);
 void bt_prefix_cache_destroy(bt_prefix_cache_t *c);
 
+/* From now on, chunks keep the slot's header alone: for simulated workers, whose slots hold
+ * no data but counters (their chunks' bytes would be copies of zeros, megabytes each). */
+void bt_prefix_cache_counters_only(bt_prefix_cache_t *c);
+
 /* The node whose chain covers the longest prefix ids[0 .. end) with end <= max_end, pinned
  * (*end_p = end); NULL when no node fits (*end_p = 0). */
 bt_prefix_node_t *bt_prefix_cache_match(bt_prefix_cache_t *c, const int32_t *ids, int n,

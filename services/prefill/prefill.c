@@ -967,6 +967,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "baton-prefill: cannot create the prefix cache\n");
         return 1;
     }
+    if (p->cache && sim.on) bt_prefix_cache_counters_only(p->cache);
     if (p->comm && w.node_rank > 0) {
         /* a following rank: no gRPC, no transfers; it runs what rank 0 plans */
         BT_LOG_INFO("rank %lld of %lld following rank 0 at %s", (long long)w.node_rank, (long long)w.tp, w.dist_addr);

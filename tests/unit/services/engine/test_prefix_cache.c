@@ -291,6 +291,19 @@ static void test_pins_and_order(void)
     h0 = *bt_kv_header(slot);
     bt_kv_state_advance_counters(&cfg, slot, 16);
     BT_CHECK(bt_prefix_cache_insert(tiny, NULL, a, 0, 16, &h0, slot) == NULL);
+    /* ... where a counters-only one (simulated workers) keeps the header alone, and restores
+     * the counters */
+    bt_prefix_cache_counters_only(tiny);
+    bt_prefix_node_t *hn = bt_prefix_cache_insert(tiny, NULL, a, 0, 16, &h0, slot);
+    bt_prefix_cache_stats(tiny, &st);
+    BT_CHECK_MSG(hn && (size_t)st.bytes < one / 2, "a counters-only node of %lld bytes",
+                 (long long)st.bytes);
+    bt_kv_header_t want = *bt_kv_header(slot);
+    want.device_tag = 0;
+    memset(slot, 0x5a, lay.slot_bytes);
+    BT_CHECK(bt_prefix_cache_restore(tiny, hn, slot) == sizeof(bt_kv_header_t));
+    BT_CHECK(!memcmp(bt_kv_header(slot), &want, sizeof want));
+    bt_prefix_cache_unpin(tiny, hn);
     bt_prefix_cache_destroy(tiny);
     bt_prefix_cache_destroy(c);
     bt_aligned_free(slot);
