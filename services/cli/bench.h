@@ -21,6 +21,7 @@ typedef struct {
     char error[48];        /* kind when !ok: refused, timeout, http_503, grpc_UNAVAILABLE, ... */
     int input_tokens;      /* sent, or as the server counted them (usage) */
     int output_tokens;     /* from token ids */
+    int cached_tokens;     /* of the prompt, found in a prefix cache (usage; 0 when not said) */
     double ttft, e2e, tpot; /* tpot < 0 when fewer than 2 tokens */
     double t_send;          /* ms after the run started */
 } bench_result_t;

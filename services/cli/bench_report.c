@@ -155,7 +155,7 @@ cJSON *bench_run_json(bench_run_t *run, const bench_model_t *model)
     cJSON_AddNumberToObject(o, "random_output_len", run->output_len);
     cJSON_AddNumberToObject(o, "num_prompts", run->num_prompts);
     int completed = 0;
-    int64_t in_tok = 0, out_tok = 0;
+    int64_t in_tok = 0, out_tok = 0, cached_tok = 0;
     cJSON *errors = cJSON_CreateObject();
     for (int i = 0; i < run->n_results; i++) {
         bench_result_t *r = &run->results[i];
@@ -163,6 +163,7 @@ cJSON *bench_run_json(bench_run_t *run, const bench_model_t *model)
             completed++;
             in_tok += r->input_tokens;
             out_tok += r->output_tokens;
+            cached_tok += r->cached_tokens;
             continue;
         }
         cJSON *e = cJSON_GetObjectItemCaseSensitive(errors, r->error);
@@ -179,6 +180,7 @@ cJSON *bench_run_json(bench_run_t *run, const bench_model_t *model)
     cJSON_AddNumberToObject(o, "duration_s", run->duration_s);
     cJSON_AddNumberToObject(o, "total_input_tokens", (double)in_tok);
     cJSON_AddNumberToObject(o, "total_output_tokens", (double)out_tok);
+    cJSON_AddNumberToObject(o, "total_cached_tokens", (double)cached_tok);
     cJSON_AddNumberToObject(o, "request_throughput", completed / d);
     cJSON_AddNumberToObject(o, "input_throughput", (double)in_tok / d);
     cJSON_AddNumberToObject(o, "output_throughput", (double)out_tok / d);
@@ -253,6 +255,11 @@ void bench_run_print(bench_run_t *run, const bench_model_t *model)
     printf("%-34s %10.2f\n", "Benchmark duration (s):", num(o, "duration_s", NULL));
     printf("%-34s %10.0f\n", "Total input tokens:", num(o, "total_input_tokens", NULL));
     printf("%-34s %10.0f\n", "Total output tokens:", num(o, "total_output_tokens", NULL));
+    if (num(o, "total_cached_tokens", NULL) > 0) /* (the server said so: a prefix cache) */
+        printf("%-34s %10.0f (%.1f%%)\n",
+               "Cached input tokens:", num(o, "total_cached_tokens", NULL),
+               100.0 * num(o, "total_cached_tokens", NULL) /
+                   fmax(num(o, "total_input_tokens", NULL), 1));
     printf("%-34s %10.2f\n", "Request throughput (req/s):", num(o, "request_throughput", NULL));
     printf("%-34s %10.2f\n", "Input token throughput (tok/s):", num(o, "input_throughput", NULL));
     printf("%-34s %10.2f\n", "Output token throughput (tok/s):", num(o, "output_throughput", NULL));

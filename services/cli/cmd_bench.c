@@ -253,6 +253,9 @@ static void sse_event(req_t *q, const char *data, double t)
     const cJSON *usage = cJSON_GetObjectItemCaseSensitive(o, "usage");
     const cJSON *pt = usage ? cJSON_GetObjectItemCaseSensitive(usage, "prompt_tokens") : NULL;
     if (cJSON_IsNumber(pt)) q->res->input_tokens = pt->valueint;
+    const cJSON *details = usage ? cJSON_GetObjectItemCaseSensitive(usage, "prompt_tokens_details") : NULL;
+    const cJSON *ct = details ? cJSON_GetObjectItemCaseSensitive(details, "cached_tokens") : NULL;
+    if (cJSON_IsNumber(ct)) q->res->cached_tokens = ct->valueint;
     cJSON_Delete(o);
 }
 
@@ -468,6 +471,7 @@ static void on_grpc_message(void *ctx, const uint8_t *msg, size_t len)
     on_tokens(q, (int)r->n_token_ids, now_ms());
     if (r->finish_reason != BATON__V1__FINISH_REASON__FINISH_NONE) q->finished = true;
     if (r->usage && r->usage->prompt_tokens > 0) q->res->input_tokens = r->usage->prompt_tokens;
+    if (r->usage) q->res->cached_tokens = r->usage->cached_tokens;
     BT_PROTO_FREE(baton__v1__generate_response, r);
 }
 

@@ -212,6 +212,41 @@ static void test_grpc_sweep(void)
     cJSON_Delete(o);
 }
 
+/* --shared-prefix-len: every prompt starts with the same 128 ids, so each (after the warm-up
+ * request that sent it first) finds them in a prefill group's prefix cache, and the report
+ * counts the cached tokens the server gave in usage. */
+static void test_shared_prefix(void)
+{
+    char out[300];
+    snprintf(out, sizeof out, "%s/prefix.json", dir);
+    const char *args[] = {"--router",
+                          cluster.router,
+                          "--num-prompts",
+                          "4",
+                          "--max-concurrency",
+                          "1",
+                          "--shared-prefix-len",
+                          "128",
+                          "--random-input-len",
+                          "16",
+                          "--random-output-len",
+                          "4",
+                          "--output",
+                          out,
+                          "--no-plot",
+                          NULL};
+    BT_CHECK_EQ_INT(bench(args), 0);
+    cJSON *o = load(out);
+    BT_CHECK(o != NULL);
+    if (!o) return;
+    const cJSON *run = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "runs"), 0);
+    check_run(run, 4, 4, 4, 144);
+    /* (the prefill keeps the state at a prompt's last multiple of 64 tokens: 128 of 144) */
+    BT_CHECK_MSG(num(run, "total_cached_tokens", NULL) == 4 * 128, "%.0f cached tokens",
+                 num(run, "total_cached_tokens", NULL));
+    cJSON_Delete(o);
+}
+
 /* 2 decode groups x 2 running + 2 queued: a burst of 16 overflows admission. */
 static void test_refused(void)
 {
@@ -293,6 +328,7 @@ int main(void)
     if (cluster_ok) {
         BT_RUN(test_http);
         BT_RUN(test_grpc_sweep);
+        BT_RUN(test_shared_prefix);
         BT_RUN(test_refused);
     }
     up_stop(&cluster);
