@@ -7,6 +7,7 @@
 #include "common/text/tokenizer.h"
 #include "services/engine/demo_model.h"
 #include "services/engine/model.h"
+#include "unit/services/engine/demo_util.h"
 
 #include <string.h>
 #include <unistd.h>
@@ -18,21 +19,8 @@ static void check(const char *variant, int chunk)
     char dir[256], err[512];
     snprintf(dir, sizeof dir, "/tmp/bt-handoff-%s-%d", variant, (int)getpid());
     BT_CHECK(bt_demo_model_write(dir, variant, err, sizeof err) == BT_OK);
-    bt_tokenizer_t *tok = NULL;
-    int32_t *map = NULL;
-    int classes = 0;
-    BT_CHECK(bt_tokenizer_load(dir, &tok, err, sizeof err) == BT_OK);
-    BT_CHECK(bt_tokenizer_engram_token_map(tok, &map, &classes) == BT_OK);
-    bt_tokenizer_destroy(tok);
-    bt_model_options_t opt = bt_model_options_default();
-    opt.engram_token_map = map;
-    opt.engram_classes = classes;
-    opt.n_threads = 2;
-    opt.max_ctx = CTX;
-    opt.max_batch_tokens = CTX;
-    bt_model_t *m = NULL;
-    BT_CHECK(bt_model_load(dir, &opt, &m, err, sizeof err) == BT_OK);
-    free(map);
+    bt_model_t *m = demo_model_load(dir, 2, CTX, CTX, 0);
+    BT_CHECK(m != NULL);
     if (!m) return;
     const bt_model_config_t *c = bt_model_config(m);
     bt_kv_layout_t lay;

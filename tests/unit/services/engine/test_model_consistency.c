@@ -7,6 +7,7 @@
 #include "common/text/tokenizer.h"
 #include "services/engine/demo_model.h"
 #include "services/engine/model.h"
+#include "unit/services/engine/demo_util.h"
 
 #include <math.h>
 #include <stdatomic.h>
@@ -39,28 +40,7 @@ void *__wrap_realloc(void *p, size_t n)
 
 static bt_model_t *load(const char *dir, int threads, int max_seqs)
 {
-    char err[512];
-    bt_tokenizer_t *tok = NULL;
-    int32_t *map = NULL;
-    int classes = 0;
-    if (bt_tokenizer_load(dir, &tok, err, sizeof err) != BT_OK ||
-        bt_tokenizer_engram_token_map(tok, &map, &classes) != BT_OK) {
-        fprintf(stderr, "tokenizer: %s\n", err);
-        bt_tokenizer_destroy(tok);
-        return NULL;
-    }
-    bt_tokenizer_destroy(tok);
-    bt_model_options_t opt = bt_model_options_default();
-    opt.engram_token_map = map;
-    opt.engram_classes = classes;
-    opt.n_threads = threads;
-    opt.max_ctx = CTX;
-    opt.max_batch_tokens = 2 * CTX;
-    opt.max_batch_seqs = max_seqs;
-    bt_model_t *m = NULL;
-    if (bt_model_load(dir, &opt, &m, err, sizeof err) != BT_OK) fprintf(stderr, "load: %s\n", err);
-    free(map);
-    return m;
+    return demo_model_load(dir, threads, CTX, 2 * CTX, max_seqs);
 }
 
 static void make_prompt(int32_t *ids, int n, int vocab, uint32_t seed)

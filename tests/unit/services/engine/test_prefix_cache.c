@@ -9,6 +9,7 @@
 #include "services/engine/demo_model.h"
 #include "services/engine/model.h"
 #include "services/engine/prefix_cache.h"
+#include "unit/services/engine/demo_util.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -16,31 +17,6 @@
 
 #define CTX 200
 #define N_PROMPTS 24
-
-static bt_model_t *load(const char *dir)
-{
-    char err[512];
-    bt_tokenizer_t *tok = NULL;
-    int32_t *map = NULL;
-    int classes = 0;
-    if (bt_tokenizer_load(dir, &tok, err, sizeof err) != BT_OK ||
-        bt_tokenizer_engram_token_map(tok, &map, &classes) != BT_OK) {
-        fprintf(stderr, "tokenizer: %s\n", err);
-        bt_tokenizer_destroy(tok);
-        return NULL;
-    }
-    bt_tokenizer_destroy(tok);
-    bt_model_options_t opt = bt_model_options_default();
-    opt.engram_token_map = map;
-    opt.engram_classes = classes;
-    opt.n_threads = 2;
-    opt.max_ctx = CTX;
-    opt.max_batch_tokens = CTX;
-    bt_model_t *m = NULL;
-    if (bt_model_load(dir, &opt, &m, err, sizeof err) != BT_OK) fprintf(stderr, "load: %s\n", err);
-    free(map);
-    return m;
-}
 
 static uint32_t rng = 12345;
 static int irand(int n)
@@ -95,7 +71,7 @@ static void check_prompts(const char *variant, size_t budget, int *hits_out)
     char dir[256], err[512];
     snprintf(dir, sizeof dir, "/tmp/bt-prefix-%s-%d", variant, (int)getpid());
     BT_CHECK_MSG(bt_demo_model_write(dir, variant, err, sizeof err) == BT_OK, "%s", err);
-    bt_model_t *m = load(dir);
+    bt_model_t *m = demo_model_load(dir, 2, CTX, CTX, 0);
     BT_CHECK(m != NULL);
     if (!m) return;
     const bt_model_config_t *c = bt_model_config(m);
