@@ -58,8 +58,8 @@ typedef struct {
     uint16_t lit;   /* object: the keys' literal trie; enum: the values' (root nodes) */
     uint16_t items; /* array: the items' node */
     int16_t min_items, max_items; /* array; max -1: none */
-    bool bounded;                 /* integer: its value in lo..hi */
-    int64_t lo, hi;
+    bool bounded;                 /* integer: its value in lo..hi; string: its length in lo..hi */
+    int64_t lo, hi;               /* (a string's in characters, hi -1: none) */
     uint64_t required;            /* object: bit j = property j is required */
     uint32_t starts[8];           /* the bytes a value of this node may start with */
 } snode_t;
@@ -102,6 +102,7 @@ typedef struct {
     char *err;
     size_t errlen;
     bool failed;
+    bool tools; /* a tool-call spec: string parameters are written raw, lengths unchecked */
 } compile_t;
 
 static void cfail(compile_t *cc, const char *fmt, ...)
@@ -212,6 +213,15 @@ static const char *const understood[] = {"type",  "properties", "required", "add
                                          "const", "anyOf",      "oneOf",    "$ref",
                                          "$defs", "definitions"};
 static const char *const bounds[] = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
+static const char *const lengths[] = {"minLength", "maxLength"};
+
+/* The first length keyword s has, or NULL. */
+static const char *length_in(const cJSON *s)
+{
+    for (size_t i = 0; i < sizeof lengths / sizeof *lengths; i++)
+        if (cJSON_GetObjectItemCaseSensitive(s, lengths[i])) return lengths[i];
+    return NULL;
+}
 
 /* The first bound keyword s has, or NULL. */
 static const char *bound_in(const cJSON *s)
@@ -256,6 +266,8 @@ static bool known_keyword(const char *k)
         if (!strcmp(k, understood[i])) return true;
     for (size_t i = 0; i < sizeof bounds / sizeof *bounds; i++)
         if (!strcmp(k, bounds[i])) return true;
+    for (size_t i = 0; i < sizeof lengths / sizeof *lengths; i++)
+        if (!strcmp(k, lengths[i])) return true;
     return false;
 }
 
@@ -497,6 +509,26 @@ static int compile_typed(rules_t *r, compile_t *cc, const cJSON *s, const char *
         r->nodes[x].lo = lo;
         r->nodes[x].hi = hi;
     }
+    if (kind == K_STRING && length_in(s)) {
+        const cJSON *mn = cJSON_GetObjectItemCaseSensitive(s, "minLength");
+        const cJSON *mx = cJSON_GetObjectItemCaseSensitive(s, "maxLength");
+        if (cc->tools) {
+            cfail(cc, "tool calls: %s is not supported in a tool's parameters", length_in(s));
+            return -1;
+        }
+        if ((mn && (!cJSON_IsNumber(mn) || mn->valuedouble < 0 || mn->valuedouble > 1e6 ||
+                    mn->valuedouble != floor(mn->valuedouble))) ||
+            (mx && (!cJSON_IsNumber(mx) || mx->valuedouble < 0 || mx->valuedouble > 1e6 ||
+                    mx->valuedouble != floor(mx->valuedouble))) ||
+            (mn && mx && mn->valuedouble > mx->valuedouble)) {
+            cfail(cc, "json_schema: minLength and maxLength must be whole numbers 0..1000000, "
+                      "min <= max");
+            return -1;
+        }
+        r->nodes[x].bounded = true;
+        r->nodes[x].lo = mn ? (int64_t)mn->valuedouble : 0;
+        r->nodes[x].hi = mx ? (int64_t)mx->valuedouble : -1;
+    }
     return x;
 }
 
@@ -519,6 +551,24 @@ static int compile_node(rules_t *r, compile_t *cc, const cJSON *s, int depth)
                   k->string);
             return -1;
         }
+    /* lengths hold where the value is a string */
+    if (length_in(s)) {
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(s, "type");
+        bool string = cJSON_IsString(t) && !strcmp(t->valuestring, "string");
+        for (const cJSON *x = cJSON_IsArray(t) ? t->child : NULL; x; x = x->next)
+            string |= cJSON_IsString(x) && !strcmp(x->valuestring, "string");
+        if (!string || cJSON_GetObjectItemCaseSensitive(s, "$ref") ||
+            cJSON_GetObjectItemCaseSensitive(s, "enum") ||
+            cJSON_GetObjectItemCaseSensitive(s, "const") ||
+            cJSON_GetObjectItemCaseSensitive(s, "anyOf") ||
+            cJSON_GetObjectItemCaseSensitive(s, "oneOf")) {
+            cfail(cc,
+                  "json_schema: '%s' is supported on type string only (beside no $ref, enum, "
+                  "const, anyOf or oneOf)",
+                  length_in(s));
+            return -1;
+        }
+    }
     /* bounds hold where the value is a number: only an integer's are kept to */
     if (bound_in(s)) {
         const cJSON *t = cJSON_GetObjectItemCaseSensitive(s, "type");
@@ -667,7 +717,7 @@ static bt_status_t rules_compile_tools(const char *spec, size_t len, rules_t **r
     bt_status_t st = rules_compile(NULL, 0, &r, err, errlen); /* (the shared nodes) */
     if (st != BT_OK) return st;
     r->tools = true;
-    compile_t cc = {.err = err, .errlen = errlen};
+    compile_t cc = {.err = err, .errlen = errlen, .tools = true};
     cJSON *doc = cJSON_ParseWithLength(spec, len);
     const cJSON *tools = cJSON_GetObjectItemCaseSensitive(doc, "tools");
     const int n = cJSON_GetArraySize(tools);
@@ -1025,6 +1075,7 @@ static bool value_start(const rules_t *r, jstate_t *s, uint8_t c, uint16_t node)
     if (c == '[') return push(r, s, NODE_ANY_ARRAY);
     if (c == '"') {
         set_mode(s, M_STR);
+        if (n->kind == K_STRING && n->bounded) s->vnode = node; /* (its length counted in num) */
         return true;
     }
     if (c == 't' || c == 'f' || c == 'n') {
@@ -1149,10 +1200,19 @@ static bool string_step(const rules_t *r, jstate_t *s, uint8_t c)
     default:
         break;
     }
-    if (s->lit == LOW_NEXT) { /* only the low surrogate's escape */
+    if (s->lit == LOW_NEXT) { /* only the low surrogate's escape (its pair counts once) */
         if (c != '\\') return false;
         s->mode = M_STR_ESC;
         return true;
+    }
+    /* a string with minLength / maxLength: num counts its characters (code points), each when
+     * it starts (a byte, an escape's backslash, a UTF-8 sequence's first byte) */
+    const snode_t *sn = &r->nodes[s->vnode];
+    const bool counted = !s->key && sn->kind == K_STRING && sn->bounded;
+    if (c == '"' && counted && s->num < sn->lo) return false;
+    if (c != '"' && counted) {
+        if (sn->hi >= 0 && s->num >= sn->hi) return false;
+        s->num++;
     }
     if (c == '"') {
         if (s->key) {
@@ -1356,6 +1416,7 @@ struct bt_grammar_vocab {
     int32_t eos;
     char **bytes; /* per id, NULL: never allowed */
     size_t *lens;
+    size_t max_len; /* the longest id's bytes */
     int32_t *tok_next;
     tnode_t *nodes;
     uint32_t n_nodes, cap_nodes;
@@ -1412,6 +1473,7 @@ bt_status_t bt_grammar_vocab_create_bytes(const char *const *bytes, const size_t
         v->bytes[i] = bt_malloc_or_die(lens[i]);
         memcpy(v->bytes[i], bytes[i], lens[i]);
         v->lens[i] = lens[i];
+        if (lens[i] > v->max_len) v->max_len = lens[i];
         trie_insert(v, i, bytes[i], lens[i]);
     }
     pthread_mutex_init(&v->lock, NULL);
@@ -1539,8 +1601,10 @@ static void schema_release(bt_grammar_vocab_t *v, rules_t *r)
 static void walk(const bt_grammar_vocab_t *v, const rules_t *r, uint32_t n, const jstate_t *st,
                  uint32_t *mask)
 {
-    /* inside a string, plain ASCII leaves the state as it is: no copy (most of a string's walk) */
-    const bool in_text = st->mode == M_STR && st->lit == SURROGATE_NONE;
+    /* inside a string, plain ASCII leaves the state as it is: no copy (most of a string's walk;
+     * not where its length is counted) */
+    const bool in_text = st->mode == M_STR && st->lit == SURROGATE_NONE &&
+                         !(r->nodes[st->vnode].kind == K_STRING && r->nodes[st->vnode].bounded);
     for (uint32_t k = v->nodes[n].child; k; k = v->nodes[k].sibling) {
         const uint8_t c = v->nodes[k].byte;
         const bool same = in_text && c >= 0x20 && c < 0x80 && c != '"' && c != '\\';
@@ -1568,6 +1632,22 @@ static uint64_t state_hash(const jstate_t *s)
 static void vocab_mask(bt_grammar_vocab_t *v, rules_t *r, const jstate_t *st, uint32_t *out)
 {
     const size_t bytes = (size_t)v->words * sizeof *out;
+    /* a counted string's length matters to the mask only within a token's length of its
+     * bounds: further from them, one count stands for all (the cache's key and the walk's
+     * start), so a long string does not miss the cache at every step */
+    jstate_t canon;
+    const snode_t *sn = &r->nodes[st->vnode];
+    if (st->mode >= M_STR && st->mode <= M_STR_UTF8 && !st->key && sn->kind == K_STRING &&
+        sn->bounded) {
+        const int64_t L = (int64_t)v->max_len, count = st->num;
+        const bool room = sn->hi < 0 || sn->hi - count >= L;
+        canon = *st;
+        if (count >= sn->lo && room)
+            canon.num = sn->lo;
+        else if (sn->lo - count >= L && room)
+            canon.num = sn->lo - L;
+        st = &canon;
+    }
     const uint64_t h = state_hash(st);
     pthread_mutex_lock(&v->lock);
     v->looked_up++;

@@ -342,7 +342,7 @@ test('response_format json_object and json_schema: every answer that stops is a 
   // json_schema, as the SDK sends it (strict): every answer that stops is an instance
   const schema = {
     type: 'object', additionalProperties: false, required: ['city', 'days', 'unit'],
-    properties: { city: { type: 'string' }, days: { type: 'integer', minimum: 1, maximum: 14 }, unit: { enum: ['C', 'F'] } },
+    properties: { city: { type: 'string', maxLength: 24 }, days: { type: 'integer', minimum: 1, maximum: 14 }, unit: { enum: ['C', 'F'] } },
   };
   const typed = await ask({ response_format: { type: 'json_schema', json_schema: { name: 'forecast', strict: true, schema } } });
   const done = typed.choices.filter((c) => c.finish_reason === 'stop');
@@ -350,7 +350,7 @@ test('response_format json_object and json_schema: every answer that stops is a 
   for (const c of done) {
     const v = JSON.parse(c.message.content);
     assert.deepEqual(Object.keys(v), ['city', 'days', 'unit'], c.message.content);
-    assert.ok(typeof v.city === 'string' && Number.isInteger(v.days) && v.days >= 1 && v.days <= 14 &&
+    assert.ok(typeof v.city === 'string' && [...v.city].length <= 24 && Number.isInteger(v.days) && v.days >= 1 && v.days <= 14 &&
       ['C', 'F'].includes(v.unit), c.message.content);
   }
 });

@@ -475,9 +475,9 @@ static void test_golden_tokenizer(void)
 
 #define PERSON                                                                                     \
     "{\"type\":\"object\",\"title\":\"Person\",\"properties\":{"                                   \
-    "\"name\":{\"type\":\"string\"},"                                                              \
+    "\"name\":{\"type\":\"string\",\"minLength\":1,\"maxLength\":12},"                             \
     "\"age\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":150,\"description\":\"years\"},"      \
-    "\"email\":{\"type\":[\"string\",\"null\"]},"                                                  \
+    "\"email\":{\"type\":[\"string\",\"null\"],\"maxLength\":300},"                                \
     "\"role\":{\"enum\":[\"admin\",\"user\",7,null]},"                                             \
     "\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\"},\"minItems\":1,\"maxItems\":2}," \
     "\"score\":{\"type\":\"number\"},"                                                             \
@@ -517,6 +517,13 @@ static void test_schema_table(void)
         {"{\"name\":\"a\",\"age\":1500,\"tags\":[\"x\"]}", -1},
         {"{\"name\":\"a\",\"age\":-1,\"tags\":[\"x\"]}", -1},
         {"{\"name\":\"a\",\"age\":16", 0},
+        {"{\"name\":\"\"", -1}, /* name: 1..12 characters */
+        {"{\"name\":\"abcdefghijkl\",\"age\":1,\"tags\":[\"x\"]}", 1},
+        {"{\"name\":\"abcdefghijklm", -1},
+        {"{\"name\":\"\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\","
+         "\"age\":1,\"tags\":[\"x\"]}",
+         1}, /* (12 characters of 2 bytes) */
+        {"{\"name\":\"\\u00e9\\n\\ud83d\\ude00\",\"age\":1,\"tags\":[\"x\"]}", 1},
         {"{\"name\":1,\"age\":3,\"tags\":[\"x\"]}", -1},                 /* a string */
         {"{\"name\":\"a\",\"age\":3,\"tags\":[]}", -1},                  /* minItems */
         {"{\"name\":\"a\",\"age\":3,\"tags\":[\"x\",\"y\",\"z\"]}", -1}, /* maxItems */
@@ -579,6 +586,12 @@ static void test_schema_table(void)
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"number\",\"minimum\":0}}}",
          "'minimum' is supported on type integer only"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"maximum\":3}}}", "type integer only"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"maxLength\":3}}}", "type string only"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"minLength\":4,"
+         "\"maxLength\":3}}}",
+         "min <= max"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"maxLength\":-1}}}",
+         "whole numbers"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\",\"enum\":[1],"
          "\"minimum\":0}}}",
          "type integer only"},
@@ -660,6 +673,14 @@ static bool conforms(const cJSON *x, const cJSON *s, const cJSON *root)
                  (!strcmp(n, "null") && cJSON_IsNull(x));
     }
     if (type && !typed) return false;
+    if (cJSON_IsString(x)) { /* lengths in code points */
+        long n = 0;
+        for (const unsigned char *c = (const unsigned char *)x->valuestring; *c; c++)
+            n += (*c & 0xc0) != 0x80;
+        const cJSON *b;
+        if ((b = cJSON_GetObjectItem(s, "minLength")) && n < b->valueint) return false;
+        if ((b = cJSON_GetObjectItem(s, "maxLength")) && n > b->valueint) return false;
+    }
     if (cJSON_IsNumber(x)) { /* bounds (as minimum <= x, x < exclusiveMaximum, ...) */
         const cJSON *b;
         if ((b = cJSON_GetObjectItem(s, "minimum")) && x->valuedouble < b->valuedouble)
@@ -837,6 +858,12 @@ static void test_tool_call_table(void)
              strstr(err, "lists its properties"));
     BT_CHECK(bt_grammar_tool_calls_check("{\"tools\":[]}", 12, err, sizeof err) ==
              BT_ERR_INVALID_ARG);
+    /* (a string parameter is written raw, up to its end tag: its length is not counted) */
+    const char *lengths = "{\"tools\":[{\"name\":\"f\",\"parameters\":{\"type\":\"object\","
+                          "\"properties\":{\"s\":{\"type\":\"string\",\"maxLength\":5}}}}]}";
+    BT_CHECK(bt_grammar_tool_calls_check(lengths, strlen(lengths), err, sizeof err) ==
+                 BT_ERR_INVALID_ARG &&
+             strstr(err, "maxLength"));
     BT_CHECK(bt_grammar_tool_calls_check("{\"tools\":[{\"name\":\"f\"}]}", 24, err, sizeof err) ==
              BT_OK);
     synth_free(&s);
