@@ -91,8 +91,9 @@ static void make_vocab(int vocab)
     "{\"title\":\"t%d\",\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},"       \
     "\"age\":{\"type\":\"integer\"},\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\"}}" \
     ","                                                                                            \
-    "\"address\":{\"type\":\"object\",\"properties\":{\"street\":{\"type\":\"string\"},"           \
-    "\"city\":{\"type\":\"string\"}}}},\"required\":[\"name\",\"age\"]}"
+    "\"address\":{\"type\":\"object\",\"properties\":{\"street\":{\"type\":\"string\","            \
+    "\"maxLength\":300},\"city\":{\"type\":\"string\",\"maxLength\":13}}}},"                       \
+    "\"required\":[\"name\",\"age\"]}"
 
 typedef struct {
     const char *name;
@@ -109,6 +110,10 @@ static const state_t states[] = {
     {"a key (schema)", true, "{\"name\": \"x\", \"age\": 3, "},
     {"in a string (schema)", true, "{\"name\": \"some text"},
     {"an integer (schema)", true, "{\"name\": \"x\", \"age\": 4"},
+    {"in a string, maxLength 300 (schema)", true,
+     "{\"name\": \"x\", \"age\": 3, \"address\": {\"street\": \"some text"},
+    {"in a string, 4 to maxLength (schema)", true,
+     "{\"name\": \"x\", \"age\": 3, \"address\": {\"city\": \"some text"},
 };
 
 static int schema_serial;
