@@ -16,7 +16,7 @@
 #define THINK_START "<think>"
 #define THINK_END "</think>"
 #define DSML "｜DSML｜"
-#define USER_SP "<｜User｜>"
+#define USER_SP BT_CHAT_USER_TOKEN
 #define ASSISTANT_SP "<｜Assistant｜>"
 #define SYSTEM_SP "<｜System｜>"
 #define LATEST_REMINDER_SP "<｜latest_reminder｜>"

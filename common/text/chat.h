@@ -24,6 +24,9 @@
 #include "common/status.h"
 #include "common/text/tokenizer.h"
 
+/* The special token that starts each user turn of the encoding. */
+#define BT_CHAT_USER_TOKEN "<｜User｜>"
+
 #include <cjson/cJSON.h>
 #include <stdbool.h>
 #include <stddef.h>

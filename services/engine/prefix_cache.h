@@ -35,6 +35,11 @@
 typedef struct bt_prefix_cache bt_prefix_cache_t;
 typedef struct bt_prefix_node bt_prefix_node_t;
 
+/* A prefill group keeps the state at a prompt's last multiple of this many tokens (and at the
+ * chat turns the router marks, this far in at least); the router's prefix affinity keys the
+ * same multiples. */
+#define BT_PREFIX_CACHE_BLOCK 64
+
 /* max_bytes: the budget for the nodes' bytes, token ids and bookkeeping */
 bt_status_t bt_prefix_cache_create(const bt_model_config_t *cfg, const bt_kv_layout_t *lay,
                                    size_t max_bytes, bt_prefix_cache_t **out);

@@ -5,7 +5,8 @@
  *
  * The prefix cache (services/engine/prefix_cache.h) keeps the state at the end of every
  * chunk but a prompt's last; a prompt that starts with a cached prefix starts from it. The
- * last chunk is cut at the prompt's last multiple of CACHE_BLOCK tokens, so that the state
+ * last chunk is cut at the prompt's last multiple of BT_PREFIX_CACHE_BLOCK tokens (one more
+ * forward a prompt), so that the state
  * there is kept too: a later turn of the same conversation, or the same prompt sent again,
  * finds all but the prompt's last few tokens. */
 #include "common/alloc.h"
@@ -140,11 +141,6 @@ static void job_unpin(job_t *j)
     if (j->node) bt_prefix_cache_unpin(j->p->cache, j->node);
     j->node = NULL;
 }
-
-/* The last chunk of a prompt stops at a multiple of this many tokens, where the state is
- * kept: one more forward a prompt, and a prompt whose next turn starts with all but its last
- * few tokens (the chat template's end of turn) finds them. */
-#define CACHE_BLOCK 64
 
 /* Jobs known by (request_id, epoch) for a while, for Forget (lists in prefill_t):
  *   tombstones: a job the decode group gave up on before it reached us; its Prefill call,
@@ -555,7 +551,8 @@ static void start_chunk(prefill_t *p, job_t *j)
 {
     int total = (int)j->req->n_prompt_ids;
     int n = total - j->done < p->chunk_size ? total - j->done : p->chunk_size;
-    const int keep = (total - 1) / CACHE_BLOCK * CACHE_BLOCK; /* (a state kept: see the top) */
+    const int keep =
+        (total - 1) / BT_PREFIX_CACHE_BLOCK * BT_PREFIX_CACHE_BLOCK; /* (see the top) */
     if (j->caching && keep > j->done && keep < j->done + n) n = keep - j->done;
     /* the router's points (where a chat's turns start): another conversation with the same
      * system prompt, or this one's next turn, starts the same up to there */

@@ -18,6 +18,7 @@
 #include "services/common/proto_util.h"
 #include "services/common/service.h"
 #include "services/engine/demo_model.h"
+#include "services/engine/prefix_cache.h"
 
 #include <inttypes.h>
 #include <signal.h>
@@ -26,10 +27,6 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-
-/* A chat's cache points (where its user turns start) come no earlier than this: a point costs
- * the prefill one more forward, worth it where it saves more tokens than that. */
-#define CACHE_POINT_MIN 64
 
 /* A request goes to another prefill group at most this many times after one dropped it. */
 #define MAX_PREFILL_RETRIES 3
@@ -131,6 +128,7 @@ struct router {
     bt_histogram_t *ttft, *itl, *e2e;
     bt_counter_t *requeued;
     /* which prefill group was last sent each prompt prefix (see pick_prefill) */
+    int32_t user_token; /* BT_CHAT_USER_TOKEN's id (-1: none): where a chat's turns start */
     struct prefix_seen {
         uint64_t key, worker, used;
     } * prefixes;
@@ -522,7 +520,7 @@ static const char *missing_group(const router_t *r)
  * remembered prefix unless that group's work ahead plus what the prompt would still compute there
  * exceeds the least busy group's work ahead plus the whole prompt. What a group's cache really
  * holds may differ (evicted, restarted): the cost is only a less useful choice. */
-enum { PREFIX_BLOCK = 64, PREFIX_SLOTS = 1 << 16, PREFIX_PROBE = 8 };
+enum { PREFIX_BLOCK = BT_PREFIX_CACHE_BLOCK, PREFIX_SLOTS = 1 << 16, PREFIX_PROBE = 8 };
 
 /* the key of ids[0 .. n) given h, the running hash of those ids (never 0: 0 is empty) */
 static uint64_t prefix_key(uint64_t h, int n)
@@ -577,21 +575,30 @@ static worker_t *pick_prefill(router_t *r, req_t *q)
     worker_t *base = pick(r, BATON__V1__WORKER_ROLE__ROLE_PREFILL, false);
     if (!base) return NULL;
     const int n = q->n_prompt, last = n - 1; /* (a prompt's last token is always computed) */
+    /* the keys of the prompt's prefixes that end at a boundary, hashed once */
+    uint64_t *keys = bt_malloc_or_die(((size_t)last / PREFIX_BLOCK + 3) * sizeof *keys);
+    int *lens = bt_malloc_or_die(((size_t)last / PREFIX_BLOCK + 3) * sizeof *lens);
+    int n_keys = 0;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (int i = 0; i < last; i++) {
+        h = prefix_hash_step(h, q->prompt[i]);
+        if (prefix_boundary(q, i + 1)) {
+            keys[n_keys] = prefix_key(h, i + 1);
+            lens[n_keys++] = i + 1;
+        }
+    }
     /* the longest remembered prefix whose group can take it now */
     worker_t *held = NULL;
     int held_len = 0;
-    uint64_t h = 0xcbf29ce484222325ull;
     const int64_t now = bt_now_ms();
-    for (int i = 0; i < last; i++) {
-        h = prefix_hash_step(h, q->prompt[i]);
-        if (!prefix_boundary(q, i + 1)) continue;
-        const struct prefix_seen *e = prefix_find(r, prefix_key(h, i + 1));
+    for (int k = 0; k < n_keys; k++) {
+        const struct prefix_seen *e = prefix_find(r, keys[k]);
         if (!e) continue;
         for (worker_t *w = r->workers; w; w = w->next)
             if (w->serial == e->worker && w->role == BATON__V1__WORKER_ROLE__ROLE_PREFILL &&
                 !w->leaving && w->refused_until_ms <= now) {
                 held = w;
-                held_len = i + 1;
+                held_len = lens[k];
             }
     }
     worker_t *p = base;
@@ -608,11 +615,10 @@ static worker_t *pick_prefill(router_t *r, req_t *q)
                        1);
     }
     /* remember where this prompt's prefixes go */
-    h = 0xcbf29ce484222325ull;
-    for (int i = 0; i < last; i++) {
-        h = prefix_hash_step(h, q->prompt[i]);
-        if (prefix_boundary(q, i + 1)) prefix_put(r, prefix_key(h, i + 1), p->serial);
-    }
+    for (int k = 0; k < n_keys; k++)
+        prefix_put(r, keys[k], p->serial);
+    free(keys);
+    free(lens);
     return p;
 }
 
@@ -851,15 +857,16 @@ static bt_rpc_code_t prepare(router_t *r, req_t *q, const Baton__V1__GenerateReq
         chat = true;
         /* what precedes the first user turn (the system prompt, the tools) and the last one
          * (the conversation so far) is what other requests share */
-        const int32_t user = bt_tokenizer_token_to_id(r->tok, "<｜User｜>");
+        /* (a point costs the prefill one more forward: worth it a block in at least) */
         int first = -1, last = -1;
-        for (size_t i = 1; user >= 0 && i + 1 < n; i++)
-            if (q->prompt[i] == user) {
+        for (size_t i = 1; r->user_token >= 0 && i + 1 < n; i++)
+            if (q->prompt[i] == r->user_token) {
                 if (first < 0) first = (int)i;
                 last = (int)i;
             }
-        if (first >= CACHE_POINT_MIN) q->cache_points[q->n_cache_points++] = first;
-        if (last > first && last >= CACHE_POINT_MIN) q->cache_points[q->n_cache_points++] = last;
+        if (first >= BT_PREFIX_CACHE_BLOCK) q->cache_points[q->n_cache_points++] = first;
+        if (last > first && last >= BT_PREFIX_CACHE_BLOCK)
+            q->cache_points[q->n_cache_points++] = last;
         /* the encoder's own rule: the reasoning parser expects </think> exactly when the
          * prompt ends in <think> (the router's copy of the rule read other fields) */
         bt_chat_thinking(req, &thinking, NULL, 0);
@@ -1391,6 +1398,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "baton-router: tokenizer: %s\n", err);
         return 1;
     }
+    r->user_token = bt_tokenizer_token_to_id(r->tok, BT_CHAT_USER_TOKEN);
     char addr[300];
     snprintf(addr, sizeof addr, "%s:%lld", host, (long long)port);
     if ((st = bt_rpc_create(r->loop, &r->rpc)) != BT_OK ||
