@@ -215,20 +215,42 @@ static const char *const understood[] = {"type",  "properties", "required", "add
 static const char *const bounds[] = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
 static const char *const lengths[] = {"minLength", "maxLength"};
 
-/* The first length keyword s has, or NULL. */
-static const char *length_in(const cJSON *s)
+/* The first of the n keywords k that s has, or NULL. */
+static const char *first_of(const cJSON *s, const char *const *k, size_t n)
 {
-    for (size_t i = 0; i < sizeof lengths / sizeof *lengths; i++)
-        if (cJSON_GetObjectItemCaseSensitive(s, lengths[i])) return lengths[i];
+    for (size_t i = 0; i < n; i++)
+        if (cJSON_GetObjectItemCaseSensitive(s, k[i])) return k[i];
     return NULL;
 }
 
-/* The first bound keyword s has, or NULL. */
 static const char *bound_in(const cJSON *s)
 {
-    for (size_t i = 0; i < sizeof bounds / sizeof *bounds; i++)
-        if (cJSON_GetObjectItemCaseSensitive(s, bounds[i])) return bounds[i];
-    return NULL;
+    return first_of(s, bounds, sizeof bounds / sizeof *bounds);
+}
+
+static const char *length_in(const cJSON *s)
+{
+    return first_of(s, lengths, sizeof lengths / sizeof *lengths);
+}
+
+/* kw (a keyword s has, or NULL) holds only for values of `type`: s must name that type, and
+ * sit beside nothing that takes the value elsewhere ($ref, enum, const, anyOf, oneOf). Fails,
+ * naming kw, where not. (not: what the message adds on what else it is not for.) */
+static bool only_on_type(compile_t *cc, const cJSON *s, const char *kw, const char *type,
+                         const char * not )
+{
+    static const char *const elsewhere[] = {"$ref", "enum", "const", "anyOf", "oneOf"};
+    if (!kw) return true;
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(s, "type");
+    bool named = cJSON_IsString(t) && !strcmp(t->valuestring, type);
+    for (const cJSON *x = cJSON_IsArray(t) ? t->child : NULL; x; x = x->next)
+        named |= cJSON_IsString(x) && !strcmp(x->valuestring, type);
+    if (named && !first_of(s, elsewhere, sizeof elsewhere / sizeof *elsewhere)) return true;
+    cfail(cc,
+          "json_schema: '%s' is supported on type %s only (%sbeside no $ref, enum, const, anyOf "
+          "or oneOf)",
+          kw, type, not );
+    return false;
 }
 
 /* An integer node's bounds: minimum and maximum as given, exclusive ones a step inside, the
@@ -258,18 +280,20 @@ static bool integer_bounds(compile_t *cc, const cJSON *s, int64_t *lo, int64_t *
     return true;
 }
 
-static bool known_keyword(const char *k)
+static bool in_list(const char *k, const char *const *list, size_t n)
 {
-    for (size_t i = 0; i < sizeof annotations / sizeof *annotations; i++)
-        if (!strcmp(k, annotations[i])) return true;
-    for (size_t i = 0; i < sizeof understood / sizeof *understood; i++)
-        if (!strcmp(k, understood[i])) return true;
-    for (size_t i = 0; i < sizeof bounds / sizeof *bounds; i++)
-        if (!strcmp(k, bounds[i])) return true;
-    for (size_t i = 0; i < sizeof lengths / sizeof *lengths; i++)
-        if (!strcmp(k, lengths[i])) return true;
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(k, list[i])) return true;
     return false;
 }
+
+#define BT__IN(k, list) in_list(k, list, sizeof list / sizeof *list)
+static bool known_keyword(const char *k)
+{
+    return BT__IN(k, annotations) || BT__IN(k, understood) || BT__IN(k, bounds) ||
+           BT__IN(k, lengths);
+}
+#undef BT__IN
 
 static const cJSON *ref_target(const compile_t *cc, const char *ref)
 {
@@ -551,42 +575,11 @@ static int compile_node(rules_t *r, compile_t *cc, const cJSON *s, int depth)
                   k->string);
             return -1;
         }
-    /* lengths hold where the value is a string */
-    if (length_in(s)) {
-        const cJSON *t = cJSON_GetObjectItemCaseSensitive(s, "type");
-        bool string = cJSON_IsString(t) && !strcmp(t->valuestring, "string");
-        for (const cJSON *x = cJSON_IsArray(t) ? t->child : NULL; x; x = x->next)
-            string |= cJSON_IsString(x) && !strcmp(x->valuestring, "string");
-        if (!string || cJSON_GetObjectItemCaseSensitive(s, "$ref") ||
-            cJSON_GetObjectItemCaseSensitive(s, "enum") ||
-            cJSON_GetObjectItemCaseSensitive(s, "const") ||
-            cJSON_GetObjectItemCaseSensitive(s, "anyOf") ||
-            cJSON_GetObjectItemCaseSensitive(s, "oneOf")) {
-            cfail(cc,
-                  "json_schema: '%s' is supported on type string only (beside no $ref, enum, "
-                  "const, anyOf or oneOf)",
-                  length_in(s));
-            return -1;
-        }
-    }
-    /* bounds hold where the value is a number: only an integer's are kept to */
-    if (bound_in(s)) {
-        const cJSON *t = cJSON_GetObjectItemCaseSensitive(s, "type");
-        bool integer = cJSON_IsString(t) && !strcmp(t->valuestring, "integer");
-        for (const cJSON *x = cJSON_IsArray(t) ? t->child : NULL; x; x = x->next)
-            integer |= cJSON_IsString(x) && !strcmp(x->valuestring, "integer");
-        if (!integer || cJSON_GetObjectItemCaseSensitive(s, "$ref") ||
-            cJSON_GetObjectItemCaseSensitive(s, "enum") ||
-            cJSON_GetObjectItemCaseSensitive(s, "const") ||
-            cJSON_GetObjectItemCaseSensitive(s, "anyOf") ||
-            cJSON_GetObjectItemCaseSensitive(s, "oneOf")) {
-            cfail(cc,
-                  "json_schema: '%s' is supported on type integer only (not on number, and beside "
-                  "no $ref, enum, const, anyOf or oneOf)",
-                  bound_in(s));
-            return -1;
-        }
-    }
+    /* lengths hold where the value is a string, bounds where it is a number: only an
+     * integer's are kept to */
+    if (!only_on_type(cc, s, length_in(s), "string", "") ||
+        !only_on_type(cc, s, bound_in(s), "integer", "not on number, and "))
+        return -1;
     const cJSON *ref = cJSON_GetObjectItemCaseSensitive(s, "$ref");
     if (ref) {
         if (!cJSON_IsString(ref)) {
