@@ -15,16 +15,15 @@ static inline bt_model_t *demo_model_load(const char *dir, int threads, int max_
                                           int max_batch_tokens, int max_seqs)
 {
     char err[512];
-    bt_tokenizer_t *tok = NULL;
+    bt_model_config_t cfg;
     int32_t *map = NULL;
     int classes = 0;
-    if (bt_tokenizer_load(dir, &tok, err, sizeof err) != BT_OK ||
-        bt_tokenizer_engram_token_map(tok, &map, &classes) != BT_OK) {
-        fprintf(stderr, "tokenizer: %s\n", err);
-        bt_tokenizer_destroy(tok);
+    if (bt_model_config_load(dir, &cfg, err, sizeof err) != BT_OK ||
+        bt_tokenizer_for_model(dir, cfg.vocab, true, &map, &classes, NULL, err, sizeof err) !=
+            BT_OK) {
+        fprintf(stderr, "%s: %s\n", dir, err);
         return NULL;
     }
-    bt_tokenizer_destroy(tok);
     bt_model_options_t opt = bt_model_options_default();
     opt.engram_token_map = map;
     opt.engram_classes = classes;
