@@ -730,6 +730,33 @@ static __attribute__((unused)) void test_place_freed_mid_step(void)
     cluster_stop(&c);
 }
 
+/* On c (one place, prefills at 50 tokens a second): a 300-token prompt whose prefill group
+ * is killed mid-prefill, so that its decode slot waits out late writes; then a simulated
+ * prefill group in its place. Returns when the request failed (ms_now()). */
+static __attribute__((unused)) int64_t hold_slot_for_dead_prefill(cluster_t *c, client_t *cl,
+                                                                  int32_t *prompt)
+{
+    for (int i = 0; i < 300; i++)
+        prompt[i] = (i * 13 + 5) % 1000;
+    gen_t a;
+    gen_start(cl, &a, prompt, 300, 4, true, 60000); /* 6 s of prefill to kill it in */
+    const int64_t used = wait_slots_used(cl, c->decode.addr, 1, &a, 10000, NULL);
+    BT_CHECK_MSG(used == 1 && !a.done, "a slot is taken during prefill (%lld)", (long long)used);
+    usleep(300000);
+    proc_stop(&c->prefill, SIGKILL);
+    BT_CHECK(run_until(cl, gen_done, &a, 10000));
+    BT_CHECK_MSG(a.code == BT_RPC_UNAVAILABLE, "%s", bt_rpc_code_name(a.code));
+    const int64_t t_fail = ms_now();
+    BT_CHECK(groups(cl, 1, 0));
+    group_stop(c, false, SIGKILL);
+    const char *const pre[] = {"--simulate", NULL};
+    prefill_extra = pre;
+    BT_CHECK(group_start(c, false, context, c->chunk) == 0);
+    prefill_extra = NULL;
+    BT_CHECK(groups(cl, 1, 1));
+    return t_fail;
+}
+
 /* A slot can stay held at the decode group with no request in it: here the slot of a request
  * whose prefill group died mid-transfer, which waits out the watchdog (6 s) for late writes.
  * The next request waits in the router's queue, which knows of the held slot from the
@@ -749,26 +776,10 @@ static __attribute__((unused)) void test_held_slot_waits_at_router(void)
     client_open(&cl, c.router_addr);
     BT_CHECK(serving(&cl));
     static int32_t prompt[300];
-    for (int i = 0; i < 300; i++)
-        prompt[i] = (i * 13 + 5) % 1000;
-    gen_t a, b;
-    gen_start(&cl, &a, prompt, 300, 4, true, 60000);
-    const int64_t used = wait_slots_used(&cl, c.decode.addr, 1, &a, 10000, NULL);
-    BT_CHECK_MSG(used == 1 && !a.done, "a slot is taken during prefill (%lld)", (long long)used);
-    usleep(300000);
-    proc_stop(&c.prefill, SIGKILL);
-    BT_CHECK(run_until(&cl, gen_done, &a, 10000));
-    BT_CHECK_MSG(a.code == BT_RPC_UNAVAILABLE, "%s", bt_rpc_code_name(a.code));
-    const int64_t t_fail = ms_now();
+    const int64_t t_fail = hold_slot_for_dead_prefill(&c, &cl, prompt);
     /* (the first request went round the dead prefill group's rests before it failed) */
     const double requeued_before = requeued_so_far(&c);
-    BT_CHECK(groups(&cl, 1, 0));
-    group_stop(&c, false, SIGKILL);
-    const char *const pre[] = {"--simulate", NULL};
-    prefill_extra = pre;
-    BT_CHECK(group_start(&c, false, context, c.chunk) == 0);
-    prefill_extra = NULL;
-    BT_CHECK(groups(&cl, 1, 1));
+    gen_t b;
     gen_start(&cl, &b, prompt, 3, 3, true, 60000);
     BT_CHECK(run_until(&cl, gen_done, &b, 30000));
     fprintf(stderr,
@@ -827,21 +838,8 @@ static __attribute__((unused)) void test_held_slot_no_running_place(void)
     client_open(&cl, c.router_addr);
     BT_CHECK(serving(&cl));
     static int32_t prompt[300];
-    for (int i = 0; i < 300; i++)
-        prompt[i] = (i * 13 + 5) % 1000;
-    gen_t a, b;
-    gen_start(&cl, &a, prompt, 300, 4, true, 60000); /* 6 s of prefill to kill it in */
-    BT_CHECK(wait_slots_used(&cl, c.decode.addr, 1, &a, 10000, NULL) == 1 && !a.done);
-    usleep(300000);
-    proc_stop(&c.prefill, SIGKILL);
-    BT_CHECK(run_until(&cl, gen_done, &a, 10000) && a.code == BT_RPC_UNAVAILABLE);
-    BT_CHECK(groups(&cl, 1, 0));
-    group_stop(&c, false, SIGKILL);
-    const char *const pre[] = {"--simulate", NULL};
-    prefill_extra = pre;
-    BT_CHECK(group_start(&c, false, context, c.chunk) == 0);
-    prefill_extra = NULL;
-    BT_CHECK(groups(&cl, 1, 1));
+    hold_slot_for_dead_prefill(&c, &cl, prompt);
+    gen_t b;
     gen_start(&cl, &b, prompt, 3, 200, true, 60000); /* 10 s of 50 ms steps: the place taken */
     int running = 0;
     const int64_t used = wait_slots_used(&cl, c.decode.addr, 2, &b, 10000, &running);
