@@ -152,7 +152,7 @@ bt_status_t bt_json_get_int_array(const cJSON *obj, const char *key, int64_t **o
     cJSON_ArrayForEach(it, v)
     {
         double d = cJSON_IsNumber(it) ? it->valuedouble : NAN;
-        if (!isfinite(d) || d != floor(d)) {
+        if (!isfinite(d) || d != floor(d) || d < -9.2e18 || d > 9.2e18) { /* (as bt_json_get_int) */
             snprintf(err, errlen, "field '%s'[%d] must be an integer", key, i);
             free(a);
             return BT_ERR_INVALID_ARG;

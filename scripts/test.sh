@@ -43,7 +43,8 @@ for f in "${fuzzers[@]}"; do
     [ -d "$corpus" ] && args+=("$corpus")
   done
   echo "-- $name"
-  "$f" -max_total_time="$fuzz_seconds" -rss_limit_mb=2048 -print_final_stats=0 "${args[@]}" \
+  # an undefined-behaviour report fails the run (UBSan alone would print it and go on)
+  UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 "$f" -max_total_time="$fuzz_seconds" -rss_limit_mb=2048 -print_final_stats=0 "${args[@]}" \
     >"build-fuzz/$name.log" 2>&1 || { tail -40 "build-fuzz/$name.log"; exit 1; }
 done
 echo "fuzz: ${#fuzzers[@]} targets clean"

@@ -1,6 +1,7 @@
 /* config.json parsing: the golden configs load with the right derived roles; malformed
  * values are refused naming the field (o_groups 0 once divided by zero; a value past int
- * range once wrapped before the range check). */
+ * range once wrapped before the range check; an array's entry past int64 range was converted
+ * regardless, undefined behaviour the config fuzzer's UBSan reported). */
 #include "bt_test.h"
 #include "services/engine/config.h"
 
@@ -48,6 +49,12 @@ static void test_bad_values(void)
     BT_CHECK(parse_with("\"2\"", &c, err, sizeof err) == BT_ERR_BAD_CONFIG);
     BT_CHECK(strstr(err, "o_groups") != NULL);
     BT_CHECK(bt_model_config_parse("{", 1, &c, err, sizeof err) == BT_ERR_BAD_CONFIG);
+    char json[2048];
+    snprintf(json, sizeof json, base, "2");
+    char *at = strstr(json, "[0, 2, 2, 1]");
+    memcpy(at, "[0,2,2,1e34]", 12);
+    BT_CHECK(bt_model_config_parse(json, strlen(json), &c, err, sizeof err) == BT_ERR_BAD_CONFIG);
+    BT_CHECK_MSG(strstr(err, "compress_ratios") != NULL, "%s", err);
 }
 
 int main(void)
