@@ -21,7 +21,7 @@ typedef struct {
     char message[512];
     char finish[32];
     bool done, quiet;
-    int prompt_tokens, completion_tokens;
+    int prompt_tokens, completion_tokens, cached_tokens;
     uv_loop_t *loop;
 } client_t;
 
@@ -51,6 +51,7 @@ static void on_message(void *ctx, const uint8_t *msg, size_t len)
         if (r->usage) {
             c->prompt_tokens = r->usage->prompt_tokens;
             c->completion_tokens = r->usage->completion_tokens;
+            c->cached_tokens = r->usage->cached_tokens;
         }
     }
     BT_PROTO_FREE(baton__v1__generate_response, r);
@@ -164,8 +165,8 @@ int bt_cli_complete(int argc, char **argv)
         fprintf(stderr, "baton complete: %s: %s\n", bt_rpc_code_name(c.code), c.message);
         rc = c.code == BT_RPC_RESOURCE_EXHAUSTED ? 3 : 1;
     } else {
-        fprintf(stderr, "finish: %s; usage: %d prompt + %d completion tokens\n", c.finish,
-                c.prompt_tokens, c.completion_tokens);
+        fprintf(stderr, "finish: %s; usage: %d prompt (%d cached) + %d completion tokens\n",
+                c.finish, c.prompt_tokens, c.cached_tokens, c.completion_tokens);
         for (size_t i = 0; i < c.n; i++) printf(i ? ",%d" : "%d", c.ids[i]);
         printf("\n");
         rc = 0;

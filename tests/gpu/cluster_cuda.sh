@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The services on a GPU: `baton up --device cuda` (router, a prefill and a decode group, the
 # gateway) must give, for every prompt, the greedy ids `baton generate --device cuda` gives,
-# one request at a time and eight at once (decode batches them). Needs a GPU; run by hand or
-# on the device machine:
+# one request at a time and eight at once (decode batches them), and again for prompts whose
+# beginning the prefill group's prefix cache holds (restored into a device slot). Needs a GPU;
+# run by hand or on the device machine:
 #   tests/gpu/cluster_cuda.sh BIN_DIR [--device cuda|cpu] [--dtype auto|float32|bfloat16] [--tp N]
 # With --tp N both groups are N ranks (processes) on the same GPU; the reference stays TP 1,
 # so use --dtype float32 there (sharded projections are dequantized under TP).
@@ -70,7 +71,29 @@ for i in "${!prompts[@]}"; do
 done
 wait $(jobs -p | grep -v "^$up$") 2>/dev/null
 check "eight at once"
+# The prefix cache on the device: a 300-token prompt, then again (its first 256 tokens are cached
+# at the first run's chunk ends), and a prompt sharing its first 280 tokens (the same 256 cached).
+long=$(seq 1 300 | awk '{printf "%s%d", (NR > 1 ? "," : ""), ($1 * 37) % 251 + 3}')
+branch=$(echo "$long" | cut -d, -f1-280),$(seq 1 40 | paste -sd,)
+want_cached=(0 256 256)
+for k in 0 1 2; do
+  p=$long
+  [ $k = 2 ] && p=$branch
+  "$bin/baton" generate --device "$device" --dtype "$dtype" --input-ids "$p" --max-new-tokens 24 \
+    --temperature 0 --ignore-eos 2>/dev/null | tail -1 >"$work/ref.c$k"
+  "$bin/baton" complete --router "127.0.0.1:$router" --input-ids "$p" --max-new-tokens 24 \
+    --temperature 0 --ignore-eos --timeout 60 2>"$work/err.c$k" | tail -1 >"$work/got.c$k"
+  cached=$(grep -o '([0-9]* cached)' "$work/err.c$k" | tr -dc 0-9)
+  if ! grep -qE '^[0-9]+(,[0-9]+)*$' "$work/ref.c$k" || ! cmp -s "$work/ref.c$k" "$work/got.c$k"; then
+    echo "FAIL prefix cache request $k: generate $(cat "$work/ref.c$k") vs cluster $(cat "$work/got.c$k")"
+    fail=1
+  fi
+  if [ "$cached" != "${want_cached[$k]}" ]; then
+    echo "FAIL prefix cache request $k: ${cached:-no} cached tokens, want ${want_cached[$k]}"
+    fail=1
+  fi
+done
 grep -h "model on GPU\|KV cache for" "$work/up.log" | head -4
 if [ $fail != 0 ]; then keep_log; echo "--- baton up log (tail)"; tail -20 "$work/up.log"; fi
-if [ $fail = 0 ]; then echo "cluster on --device $device --dtype $dtype --tp $tp: ${#prompts[@]} prompts x 2 rounds, greedy ids identical to baton generate --device $device --dtype $dtype"; fi
+if [ $fail = 0 ]; then echo "cluster on --device $device --dtype $dtype --tp $tp: ${#prompts[@]} prompts x 2 rounds, greedy ids identical to baton generate --device $device --dtype $dtype; prefix cache hits of 256 tokens twice, ids identical"; fi
 exit $fail
