@@ -92,7 +92,9 @@ static void make_vocab(int vocab)
     "\"age\":{\"type\":\"integer\"},\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\"}}" \
     ","                                                                                            \
     "\"address\":{\"type\":\"object\",\"properties\":{\"street\":{\"type\":\"string\","            \
-    "\"maxLength\":300},\"city\":{\"type\":\"string\",\"maxLength\":13}}}},"                       \
+    "\"maxLength\":300},\"city\":{\"type\":\"string\",\"maxLength\":13}}},"                        \
+    "\"email\":{\"type\":\"string\",\"format\":\"email\"},"                                        \
+    "\"memo\":{\"type\":\"string\",\"pattern\":\"[0-9]\"}},"                                       \
     "\"required\":[\"name\",\"age\"]}"
 
 typedef struct {
@@ -114,6 +116,10 @@ static const state_t states[] = {
      "{\"name\": \"x\", \"age\": 3, \"address\": {\"street\": \"some text"},
     {"in a string, 4 to maxLength (schema)", true,
      "{\"name\": \"x\", \"age\": 3, \"address\": {\"city\": \"some text"},
+    {"in a string, format email (schema)", true,
+     "{\"name\": \"x\", \"age\": 3, \"email\": \"john.sm"},
+    {"in a string, pattern [0-9] (schema)", true,
+     "{\"name\": \"x\", \"age\": 3, \"memo\": \"some text"},
 };
 
 static int schema_serial;

@@ -4,6 +4,7 @@
 #include "common/text/grammar.h"
 
 #include "common/alloc.h"
+#include "common/text/regex.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -59,6 +60,7 @@ typedef struct {
     uint16_t items; /* array: the items' node */
     int16_t min_items, max_items; /* array; max -1: none */
     bool bounded;                 /* integer: its value in lo..hi; string: its length in lo..hi */
+    uint8_t rx;                   /* string: 1 + its pattern's index in rx[]; 0: none */
     int64_t lo, hi;               /* (a string's in characters, hi -1: none) */
     uint64_t required;            /* object: bit j = property j is required */
     uint32_t starts[8];           /* the bytes a value of this node may start with */
@@ -91,6 +93,8 @@ typedef struct bt_grammar_rules {
     bool tools, one;                    /* one: exactly one call (a named tool_choice) */
     uint16_t names, choice_a, choice_b; /* literal tries: the tools' names, the two choices */
     uint16_t tools_first;               /* the tools' parameter objects, in refs_list */
+    bt_regex_t **rx;                    /* the strings' patterns (and formats as patterns) */
+    int n_rx, rx_states;
     cache_entry_t *cache;
 } rules_t;
 
@@ -214,6 +218,33 @@ static const char *const understood[] = {"type",  "properties", "required", "add
                                          "$defs", "definitions"};
 static const char *const bounds[] = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
 static const char *const lengths[] = {"minLength", "maxLength"};
+static const char *const shapes[] = {"pattern", "format"};
+
+/* The formats kept to, as patterns (RFC 3339 dates and times, RFC 1123 host names, dotted IPv4,
+ * RFC 4122's textual UUID, and e-mail addresses as RFC 5321's dot-atom@domain). */
+#define LABEL "[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+#define DATE "\\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\\d|3[01])"
+#define TIME                                                                                       \
+    "([01]\\d|2[0-3]):[0-5]\\d:([0-5]\\d|60)(\\.\\d{1,9})?([Zz]|[+-]([01]\\d|2[0-3]):[0-5]\\d)"
+#define OCTET "(25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)"
+#define ATOM "[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+"
+static const struct {
+    const char *name, *pattern;
+} formats[] = {
+    {"date", "^" DATE "$"},
+    {"time", "^" TIME "$"},
+    {"date-time", "^" DATE "[Tt]" TIME "$"},
+    {"email", "^" ATOM "(\\." ATOM ")*@" LABEL "(\\." LABEL ")+$"},
+    {"hostname", "^" LABEL "(\\." LABEL ")*$"},
+    {"ipv4", "^(" OCTET "\\.){3}" OCTET "$"},
+    {"uuid", "^[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$"},
+};
+#undef LABEL
+#undef DATE
+#undef TIME
+#undef OCTET
+#undef ATOM
+enum { MAX_PATTERNS = 32, MAX_PATTERN_STATES = 16384 }; /* a schema's: 512 B a state */
 
 /* The first of the n keywords k that s has, or NULL. */
 static const char *first_of(const cJSON *s, const char *const *k, size_t n)
@@ -231,6 +262,11 @@ static const char *bound_in(const cJSON *s)
 static const char *length_in(const cJSON *s)
 {
     return first_of(s, lengths, sizeof lengths / sizeof *lengths);
+}
+
+static const char *shape_in(const cJSON *s)
+{
+    return first_of(s, shapes, sizeof shapes / sizeof *shapes);
 }
 
 /* kw (a keyword s has, or NULL) holds only for values of `type`: s must name that type, and
@@ -291,7 +327,7 @@ static bool in_list(const char *k, const char *const *list, size_t n)
 static bool known_keyword(const char *k)
 {
     return BT__IN(k, annotations) || BT__IN(k, understood) || BT__IN(k, bounds) ||
-           BT__IN(k, lengths);
+           BT__IN(k, lengths) || BT__IN(k, shapes);
 }
 #undef BT__IN
 
@@ -481,6 +517,67 @@ static int compile_object(rules_t *r, compile_t *cc, const cJSON *s, int depth)
     return o;
 }
 
+/* A string's pattern or format, as a DFA the string's bytes walk. */
+static bool compile_shape(rules_t *r, compile_t *cc, const cJSON *s, int x)
+{
+    const cJSON *pat = cJSON_GetObjectItemCaseSensitive(s, "pattern");
+    const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(s, "format");
+    if (cc->tools) { /* (a tool's string parameters are written raw, not as JSON strings) */
+        cfail(cc, "tool calls: %s is not supported in a tool's parameters", shape_in(s));
+        return false;
+    }
+    if (pat && fmt) {
+        cfail(cc, "json_schema: pattern and format together are not supported (one of them)");
+        return false;
+    }
+    if (length_in(s)) {
+        cfail(cc,
+              "json_schema: %s with minLength or maxLength is not supported (put the "
+              "length in the pattern: {min,max})",
+              shape_in(s));
+        return false;
+    }
+    const char *text = NULL;
+    if (pat) {
+        if (!cJSON_IsString(pat)) {
+            cfail(cc, "json_schema: pattern must be a string");
+            return false;
+        }
+        text = pat->valuestring;
+    } else {
+        for (size_t i = 0; cJSON_IsString(fmt) && i < sizeof formats / sizeof *formats; i++)
+            if (!strcmp(fmt->valuestring, formats[i].name)) text = formats[i].pattern;
+        if (!text) {
+            cfail(cc,
+                  "json_schema: format '%.40s' is not supported (date, time, date-time, email, "
+                  "hostname, ipv4, uuid are)",
+                  cJSON_IsString(fmt) ? fmt->valuestring : "(not a string)");
+            return false;
+        }
+    }
+    if (r->n_rx >= MAX_PATTERNS) {
+        cfail(cc, "json_schema: more than %d patterns and formats", MAX_PATTERNS);
+        return false;
+    }
+    char why[200];
+    bt_regex_t *re;
+    if (bt_regex_compile(text, strlen(text), &re, why, sizeof why) != BT_OK) {
+        cfail(cc, "json_schema: %s", why);
+        return false;
+    }
+    if (r->rx_states + re->n_states > MAX_PATTERN_STATES) {
+        bt_regex_free(re);
+        cfail(cc, "json_schema: the patterns need more than %d automaton states together",
+              MAX_PATTERN_STATES);
+        return false;
+    }
+    r->rx = bt_realloc_or_die(r->rx, (size_t)(r->n_rx + 1) * sizeof *r->rx);
+    r->rx[r->n_rx++] = re;
+    r->rx_states += re->n_states;
+    r->nodes[x].rx = (uint8_t)r->n_rx;
+    return true;
+}
+
 static int compile_typed(rules_t *r, compile_t *cc, const cJSON *s, const char *type, int depth)
 {
     static const char *const names[] = {"object",  "array",   "string", "number",
@@ -553,6 +650,7 @@ static int compile_typed(rules_t *r, compile_t *cc, const cJSON *s, const char *
         r->nodes[x].lo = mn ? (int64_t)mn->valuedouble : 0;
         r->nodes[x].hi = mx ? (int64_t)mx->valuedouble : -1;
     }
+    if (kind == K_STRING && shape_in(s) && !compile_shape(r, cc, s, x)) return -1;
     return x;
 }
 
@@ -578,6 +676,7 @@ static int compile_node(rules_t *r, compile_t *cc, const cJSON *s, int depth)
     /* lengths hold where the value is a string, bounds where it is a number: only an
      * integer's are kept to */
     if (!only_on_type(cc, s, length_in(s), "string", "") ||
+        !only_on_type(cc, s, shape_in(s), "string", "") ||
         !only_on_type(cc, s, bound_in(s), "integer", "not on number, and "))
         return -1;
     const cJSON *ref = cJSON_GetObjectItemCaseSensitive(s, "$ref");
@@ -855,7 +954,8 @@ typedef struct {
     uint8_t mode, sub, lit, need, lo, hi;
     uint8_t key; /* the string being read is a key of an object without properties */
     uint8_t run; /* whitespace bytes in a row; bytes of the number */
-    uint16_t depth, vnode, tpos, zero;
+    uint16_t depth, vnode, tpos;
+    uint16_t rx; /* in a string with a pattern: its DFA's state (never 0 there) */
     int64_t num; /* a bounded integer's value so far (negative once it has a '-' and a digit) */
     frame_t stack[BT_GRAMMAR_MAX_DEPTH];
 } jstate_t;
@@ -880,6 +980,7 @@ static void set_mode(jstate_t *s, uint8_t mode)
     s->mode = mode;
     s->sub = s->lit = s->need = s->lo = s->hi = s->run = 0;
     s->num = 0;
+    s->rx = 0;
 }
 
 /* Whether a bounded integer node may still take a value that starts as num does: num itself
@@ -1069,6 +1170,10 @@ static bool value_start(const rules_t *r, jstate_t *s, uint8_t c, uint16_t node)
     if (c == '"') {
         set_mode(s, M_STR);
         if (n->kind == K_STRING && n->bounded) s->vnode = node; /* (its length counted in num) */
+        if (n->kind == K_STRING && n->rx) { /* (its bytes walk its pattern's DFA) */
+            s->vnode = node;
+            s->rx = r->rx[n->rx - 1]->start;
+        }
         return true;
     }
     if (c == 't' || c == 'f' || c == 'n') {
@@ -1144,18 +1249,37 @@ static bool number_step(const rules_t *r, jstate_t *s, uint8_t c)
     return true;
 }
 
+/* A string's short escapes and the bytes they stand for. */
+static const char short_escapes[] = "\"\\/bfnrt";
+static const char escaped_bytes[] = "\"\\/\b\f\n\r\t";
+
+/* In a string with a pattern: its DFA's state after byte b of the text; 0: b cannot come. */
+static uint16_t rx_next(const rules_t *r, const jstate_t *s, uint8_t b)
+{
+    const bt_regex_t *re = r->rx[r->nodes[s->vnode].rx - 1];
+    return re->next[(size_t)s->rx * 256 + b];
+}
+
+/* A string with a pattern is written raw but for the short escapes (no \u: the characters
+ * that need one are the control characters, which patterns hardly want), so the DFA sees each
+ * byte of the text as it comes. */
 static bool string_step(const rules_t *r, jstate_t *s, uint8_t c)
 {
     switch (s->mode) {
-    case M_STR_ESC:
+    case M_STR_ESC: {
         if (c == 'u') {
+            if (s->rx) return false;
             s->mode = M_STR_HEX;
             s->sub = 4;
             return true;
         }
-        if (!strchr("\"\\/bfnrt", c) || c == 0 || s->lit == LOW_NEXT) return false;
+        const char *e = c ? strchr(short_escapes, c) : NULL;
+        if (!e || s->lit == LOW_NEXT) return false;
+        if (s->rx && !(s->rx = rx_next(r, s, (uint8_t)escaped_bytes[e - short_escapes])))
+            return false;
         s->mode = M_STR;
         return true;
+    }
     case M_STR_HEX: {
         if (!is_hex(c)) return false;
         const bool d = c == 'd' || c == 'D';
@@ -1183,6 +1307,7 @@ static bool string_step(const rules_t *r, jstate_t *s, uint8_t c)
     }
     case M_STR_UTF8:
         if (c < s->lo || c > s->hi) return false;
+        if (s->rx && !(s->rx = rx_next(r, s, c))) return false;
         s->lo = 0x80;
         s->hi = 0xbf;
         if (--s->need == 0) {
@@ -1207,6 +1332,7 @@ static bool string_step(const rules_t *r, jstate_t *s, uint8_t c)
         if (sn->hi >= 0 && s->num >= sn->hi) return false;
         s->num++;
     }
+    if (c == '"' && s->rx && !r->rx[r->nodes[s->vnode].rx - 1]->accept[s->rx]) return false;
     if (c == '"') {
         if (s->key) {
             s->key = 0;
@@ -1218,10 +1344,15 @@ static bool string_step(const rules_t *r, jstate_t *s, uint8_t c)
         return true;
     }
     if (c == '\\') {
+        bool some = !s->rx; /* (with a pattern: if some escaped byte may come) */
+        for (int i = 0; !some && escaped_bytes[i]; i++)
+            some = rx_next(r, s, (uint8_t)escaped_bytes[i]) != 0;
+        if (!some) return false;
         s->mode = M_STR_ESC;
         return true;
     }
     if (c < 0x20) return false;
+    if (s->rx && !(s->rx = rx_next(r, s, c))) return false;
     if (c < 0x80) return true;
     /* UTF-8 (RFC 3629): no overlong forms, no surrogates, nothing past U+10FFFF */
     uint8_t need, lo = 0x80, hi = 0xbf;
@@ -1498,6 +1629,9 @@ static void rules_free(rules_t *r)
     free(r->nodes);
     free(r->refs_list);
     free(r->lit);
+    for (int i = 0; i < r->n_rx; i++)
+        bt_regex_free(r->rx[i]);
+    free(r->rx);
     free(r);
 }
 
@@ -1596,7 +1730,7 @@ static void walk(const bt_grammar_vocab_t *v, const rules_t *r, uint32_t n, cons
 {
     /* inside a string, plain ASCII leaves the state as it is: no copy (most of a string's walk;
      * not where its length is counted) */
-    const bool in_text = st->mode == M_STR && st->lit == SURROGATE_NONE &&
+    const bool in_text = st->mode == M_STR && st->lit == SURROGATE_NONE && !st->rx &&
                          !(r->nodes[st->vnode].kind == K_STRING && r->nodes[st->vnode].bounded);
     for (uint32_t k = v->nodes[n].child; k; k = v->nodes[k].sibling) {
         const uint8_t c = v->nodes[k].byte;

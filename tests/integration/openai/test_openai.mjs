@@ -6,6 +6,7 @@ import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { mkdtempSync, readFileSync } from 'node:fs';
+import { isIPv4 } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import OpenAI from 'openai';
@@ -353,6 +354,29 @@ test('response_format json_object and json_schema: every answer that stops is a 
     assert.ok(typeof v.city === 'string' && [...v.city].length <= 24 && Number.isInteger(v.days) && v.days >= 1 && v.days <= 14 &&
       ['C', 'F'].includes(v.unit), c.message.content);
   }
+  // patterns and formats: each answer that stops holds them, as JavaScript's own RegExp and
+  // node:net read them
+  const shaped = {
+    type: 'object', additionalProperties: false, required: ['code', 'day', 'host', 'note'],
+    properties: {
+      code: { type: 'string', pattern: '^[A-Z]{2}-\\d{3}$' }, day: { type: 'string', format: 'date' },
+      host: { type: 'string', format: 'ipv4' }, note: { type: 'string', pattern: '^(ok|"q"|\\\\)+$' },
+    },
+  };
+  const held = await ask({ response_format: { type: 'json_schema', json_schema: { name: 'shaped', strict: true, schema: shaped } } });
+  const ended = held.choices.filter((c) => c.finish_reason === 'stop');
+  assert.ok(ended.length >= 3, `${ended.length} of 6 stopped`);
+  for (const c of ended) {
+    const v = JSON.parse(c.message.content);
+    assert.deepEqual(Object.keys(v), ['code', 'day', 'host', 'note'], c.message.content);
+    assert.match(v.code, new RegExp(shaped.properties.code.pattern, 'u'));
+    assert.match(v.note, new RegExp(shaped.properties.note.pattern, 'u'));
+    assert.match(v.day, /^\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])$/);
+    assert.ok(isIPv4(v.host), c.message.content);
+  }
+  await assert.rejects(ask({ response_format: { type: 'json_schema', json_schema: { name: 'x', schema: {
+    type: 'object', properties: { a: { type: 'string', pattern: '^(?!x)' } } } } } }),
+  (e) => e instanceof OpenAI.BadRequestError && /lookaround/.test(e.message));
 });
 
 test('tool_choice required and named: the answer is a call of the tools, its arguments fit', async () => {

@@ -8,7 +8,11 @@
 #include "common/text/parsers.h"
 #include "common/text/tokenizer.h"
 
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <arpa/inet.h>
 #include <cjson/cJSON.h>
+#include <ctype.h>
+#include <pcre2.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -488,6 +492,20 @@ static void test_golden_tokenizer(void)
     "\"friend\":{\"anyOf\":[{\"$ref\":\"#/$defs/Pet\"},{\"type\":\"null\"}]}},"                    \
     "\"required\":[\"kind\"]}}}"
 
+/* Strings held to patterns and formats: note, a pattern whose strings need escapes ("ab",
+ * "q" in quotes and backslashes, nothing else); memo, one anchored at neither end (a digit
+ * somewhere). */
+#define SHAPED                                                                                     \
+    "{\"type\":\"object\",\"properties\":{"                                                        \
+    "\"code\":{\"type\":\"string\",\"pattern\":\"^[A-Z]{3}-\\\\d{4}$\"},"                          \
+    "\"day\":{\"type\":\"string\",\"format\":\"date\"},"                                           \
+    "\"host\":{\"type\":[\"string\",\"null\"],\"format\":\"ipv4\"},"                               \
+    "\"id\":{\"type\":\"string\",\"format\":\"uuid\"},"                                            \
+    "\"note\":{\"type\":\"string\",\"pattern\":\"^(ab|\\\"q\\\"|\\\\\\\\)+$\"},"                   \
+    "\"memo\":{\"type\":\"string\",\"pattern\":\"\\\\d\"},"                                        \
+    "\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\",\"pattern\":"                     \
+    "\"^[a-z]+(-[a-z]+)*$\"},\"maxItems\":3}},\"required\":[\"code\",\"day\",\"note\"]}"
+
 static void test_schema_table(void)
 {
     synth_t s;
@@ -574,15 +592,92 @@ static void test_schema_table(void)
         BT_CHECK_MSG(got == ranged[i].want, "'%s': %d, want %d", ranged[i].text, got,
                      ranged[i].want);
     }
+    /* patterns and formats */
+    static const struct {
+        const char *text;
+        int want;
+    } shaped[] = {
+        {"{\"code\":\"ABC-1234\",\"day\":\"2026-12-05\",\"note\":\"ab\"}", 1},
+        {"{\"code\":\"ABC-1234\",\"day\":\"2026-12-05\",\"host\":\"10.0.0.255\","
+         "\"id\":\"123e4567-e89b-12d3-A456-426614174000\",\"note\":\"\\\\ab\","
+         "\"tags\":[\"a-b\",\"c\"]}",
+         1},
+        {"{\"code\":\"ABC-1234\",\"day\":\"2026-02-31\",\"host\":null,\"note\":\"\\\"q\\\"\"}", 1},
+        {"{\"code\":\"ABC-1234\",\"day\":\"2026-12-05\",\"note\":\"ab\",\"memo\":\"x9y\"}", 1},
+        {"{\"code\":\"ABC-1234\",\"day\":\"2026-12-05\",\"note\":\"ab\",\"memo\":\"xy\"", -1},
+        {"{\"code\":\"ABC-1234\",\"day\":\"2026-12-05\",\"note\":\"abx", -1},
+        {"{\"code\":\"ABC-12", 0},
+        {"{\"code\":\"AB-", -1},
+        {"{\"code\":\"ABC-12345", -1},
+        {"{\"code\":\"ABC-123\"", -1}, /* the pattern not yet matched: no closing quote */
+        {"{\"code\":\"abc", -1},
+        {"{\"code\":\"\\u0041", -1}, /* (no \u escapes under a pattern) */
+        {"{\"code\":\"ABC-1234\",\"day\":\"2026-13", -1},
+        {"{\"code\":\"ABC-1234\",\"day\":\"2026-12-05\",\"host\":\"25", 0},
+        {"{\"code\":\"ABC-1234\",\"day\":\"2026-12-05\",\"host\":\"256", -1},
+        {"{\"code\":\"ABC-1234\",\"day\":\"2026-12-05\",\"host\":\"1.2.3.4.", -1},
+        {"{\"code\":\"ABC-1234\",\"day\":\"2026-12-05\",\"id\":\"ABCDEF12-", 0},
+        {"{\"code\":\"ABC-1234\",\"day\":\"2026-12-05\",\"id\":\"ABCDEFG", -1},
+        {"{\"code\":\"ABC-1234\",\"day\":\"2026-12-05\",\"note\":\"a\"", -1},
+        {"{\"code\":\"ABC-1234\",\"day\":\"2026-12-05\",\"note\":\"\\\\", 0},
+        {"{\"code\":\"ABC-1234\",\"day\":\"2026-12-05\",\"note\":\"\\n", -1},
+        {"{\"code\":\"ABC-1234\",\"day\":\"2026-12-05\",\"note\":\"ab\",\"tags\":[\"a-\"", -1},
+    };
+    for (size_t i = 0; i < sizeof shaped / sizeof shaped[0]; i++) {
+        const int got = judge_schema(s.v, SHAPED, shaped[i].text, strlen(shaped[i].text));
+        BT_CHECK_MSG(got == shaped[i].want, "'%s': %d, want %d", shaped[i].text, got,
+                     shaped[i].want);
+    }
+    /* each format's pattern takes what it should */
+    static const struct {
+        const char *format, *value;
+        int want;
+    } formatted[] = {
+        {"time", "23:59:60.123+05:30", 1},
+        {"time", "24:00:00Z", -1},
+        {"time", "12:00:00", -1},
+        {"date-time", "2026-12-05T09:30:00Z", 1},
+        {"date-time", "2026-12-05 09:30:00Z", -1},
+        {"email", "a.b+c@mail.example.org", 1},
+        {"email", "a..b@example.org", -1},
+        {"email", "a@localhost", -1},
+        {"hostname", "a-1.example", 1},
+        {"hostname", "-a.example", -1},
+        {"uuid", "123e4567-e89b-12d3-a456-42661417400", -1},
+    };
+    for (size_t i = 0; i < sizeof formatted / sizeof formatted[0]; i++) {
+        char schema[256], text[128];
+        snprintf(schema, sizeof schema,
+                 "{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"string\","
+                 "\"format\":\"%s\"}},\"required\":[\"v\"]}",
+                 formatted[i].format);
+        snprintf(text, sizeof text, "{\"v\":\"%s\"}", formatted[i].value);
+        const int got = judge_schema(s.v, schema, text, strlen(text));
+        BT_CHECK_MSG((got == 1) == (formatted[i].want == 1), "%s '%s': %d, want %d",
+                     formatted[i].format, formatted[i].value, got, formatted[i].want);
+    }
     /* refused, each with a message naming the problem */
     static const struct {
         const char *schema, *needle;
     } bad[] = {
         {"{\"type\":\"string\"}", "root must be an object"},
-        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"^x\"}}}",
-         "'pattern'"},
-        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"format\":\"email\"}}}",
-         "'format'"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"format\":\"ipv6\"}}}",
+         "format 'ipv6' is not supported"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"(?=a)\"}}}",
+         "pattern: lookaround"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"^a+$\","
+         "\"maxLength\":3}}}",
+         "with minLength or maxLength"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"pattern\":\"^a+$\"}}}",
+         "'pattern' is supported on type string only"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"^a\","
+         "\"format\":\"date\"}}}",
+         "together"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":5}}}",
+         "pattern must be a string"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"a.{40}\"}}"
+         "}",
+         "automaton states"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"number\",\"minimum\":0}}}",
          "'minimum' is supported on type integer only"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"maximum\":3}}}", "type integer only"},
@@ -621,6 +716,7 @@ static void test_schema_table(void)
     }
     char err[256];
     BT_CHECK(bt_grammar_schema_check(PERSON, strlen(PERSON), err, sizeof err) == BT_OK);
+    BT_CHECK(bt_grammar_schema_check(SHAPED, strlen(SHAPED), err, sizeof err) == BT_OK);
     /* a request's kind and spec, as the router checks them */
     BT_CHECK(bt_grammar_request_check("", NULL, err, sizeof err) == BT_OK);
     BT_CHECK(bt_grammar_request_check("json_object", "", err, sizeof err) == BT_OK);
@@ -633,6 +729,46 @@ static void test_schema_table(void)
                  BT_ERR_INVALID_ARG &&
              strstr(err, "takes no spec"));
     synth_free(&s);
+}
+
+/* A pattern by PCRE2 (the patterns this file walks read alike in ECMA-262 and PCRE2); the
+ * formats this file walks by hand. */
+static bool shape_conforms(const char *v, const cJSON *s)
+{
+    const cJSON *pat = cJSON_GetObjectItem(s, "pattern"), *fmt = cJSON_GetObjectItem(s, "format");
+    const size_t n = strlen(v);
+    if (pat) {
+        int ec;
+        PCRE2_SIZE eo;
+        pcre2_code *code = pcre2_compile((PCRE2_SPTR)pat->valuestring, PCRE2_ZERO_TERMINATED,
+                                         PCRE2_UTF | PCRE2_DOLLAR_ENDONLY, &ec, &eo, NULL);
+        if (!code) return false;
+        pcre2_match_data *md = pcre2_match_data_create_from_pattern(code, NULL);
+        const int rc = pcre2_match(code, (PCRE2_SPTR)v, n, 0, 0, md, NULL);
+        pcre2_match_data_free(md);
+        pcre2_code_free(code);
+        return rc >= 0;
+    }
+    if (!fmt) return true;
+    if (!strcmp(fmt->valuestring, "date")) {
+        int y, m, d;
+        for (size_t i = 0; i < n; i++)
+            if (i == 4 || i == 7 ? v[i] != '-' : !isdigit((unsigned char)v[i])) return false;
+        return n == 10 && sscanf(v, "%4d-%2d-%2d", &y, &m, &d) == 3 && m >= 1 && m <= 12 &&
+               d >= 1 && d <= 31;
+    }
+    if (!strcmp(fmt->valuestring, "ipv4")) {
+        unsigned char a[4];
+        return inet_pton(AF_INET, v, a) == 1;
+    }
+    if (!strcmp(fmt->valuestring, "uuid")) {
+        for (size_t i = 0; i < n; i++)
+            if (i == 8 || i == 13 || i == 18 || i == 23 ? v[i] != '-'
+                                                        : !isxdigit((unsigned char)v[i]))
+                return false;
+        return n == 36;
+    }
+    return false;
 }
 
 /* An independent check of an instance against the schemas this file uses, stricter than JSON
@@ -673,6 +809,7 @@ static bool conforms(const cJSON *x, const cJSON *s, const cJSON *root)
                  (!strcmp(n, "null") && cJSON_IsNull(x));
     }
     if (type && !typed) return false;
+    if (cJSON_IsString(x) && !shape_conforms(x->valuestring, s)) return false;
     if (cJSON_IsString(x)) { /* lengths in code points */
         long n = 0;
         for (const unsigned char *c = (const unsigned char *)x->valuestring; *c; c++)
@@ -719,6 +856,7 @@ static bool conforms(const cJSON *x, const cJSON *s, const cJSON *root)
 /* The first 30 walks: every 37th state's mask against trying every token alone. */
 typedef struct {
     bt_grammar_vocab_t *v;
+    const char *schema;
     int vocab, walk, checked;
 } brute_t;
 
@@ -730,7 +868,7 @@ static void brute_step(void *ctx, int step, const char *out, size_t n, const uin
     for (int t = 0; t < bc->vocab; t++) {
         bt_grammar_t *h;
         char err[256];
-        bt_grammar_json_schema(bc->v, PERSON, strlen(PERSON), -1, &h, err, sizeof err);
+        bt_grammar_json_schema(bc->v, bc->schema, strlen(bc->schema), -1, &h, err, sizeof err);
         const bool want = bt_grammar_accept_bytes(h, out, n) && bt_grammar_accept(h, t);
         diff += want != (bool)((mask[t >> 5] >> (t & 31)) & 1u);
         bt_grammar_destroy(h);
@@ -742,20 +880,19 @@ static void brute_step(void *ctx, int step, const char *out, size_t n, const uin
 
 /* Random walks under a schema (the synthetic vocabulary, plus the property names as tokens):
  * every one that ends is an instance the independent check takes. */
-static void test_schema_walks(void)
+static void schema_walks(const char *text, const char *what)
 {
     synth_t s;
     synth_make(&s, 800);
-    cJSON *schema = cJSON_Parse(PERSON);
-    brute_t bc = {s.v, s.vocab, 0, 0};
+    cJSON *schema = cJSON_Parse(text);
+    brute_t bc = {s.v, text, s.vocab, 0, 0};
     const walker_t wk = {
         (const char *const *)s.bytes, s.lens, s.vocab, s.eos, 100, s.eos, brute_step, &bc};
     int ended = 0, conforming = 0;
     for (int w = 0; w < 200; w++) {
         bt_grammar_t *g;
         char err[256];
-        BT_CHECK(bt_grammar_json_schema(s.v, PERSON, strlen(PERSON), -1, &g, err, sizeof err) ==
-                 BT_OK);
+        BT_CHECK(bt_grammar_json_schema(s.v, text, strlen(text), -1, &g, err, sizeof err) == BT_OK);
         char out[1 << 14];
         size_t n;
         bc.walk = w;
@@ -772,13 +909,19 @@ static void test_schema_walks(void)
     uint64_t computed, cached;
     bt_grammar_vocab_stats(s.v, &computed, &cached);
     fprintf(stderr,
-            "  200 walks under a schema (nested, optional, enum, $ref, anyOf): %d ended, %d "
-            "instances; masks %llu computed, %llu from the cache; %d masks as tried alone\n",
-            ended, conforming, (unsigned long long)computed, (unsigned long long)cached,
+            "  200 walks under a schema (%s): %d ended, %d instances; masks %llu computed, %llu "
+            "from the cache; %d masks as tried alone\n",
+            what, ended, conforming, (unsigned long long)computed, (unsigned long long)cached,
             bc.checked);
     BT_CHECK(ended > 100 && bc.checked > 50);
     cJSON_Delete(schema);
     synth_free(&s);
+}
+
+static void test_schema_walks(void)
+{
+    schema_walks(PERSON, "nested, optional, enum, $ref, anyOf, bounds, lengths");
+    schema_walks(SHAPED, "patterns, formats");
 }
 
 /* ---- tool calls ---- */
