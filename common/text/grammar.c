@@ -91,6 +91,7 @@ typedef struct bt_grammar_rules {
     uint16_t root;
     /* tool calls (DeepSeek's DSML block) instead of a JSON object */
     bool tools, one;                    /* one: exactly one call (a named tool_choice) */
+    bool regex;                         /* a regex constraint: rx[0] is the output's DFA */
     uint16_t names, choice_a, choice_b; /* literal tries: the tools' names, the two choices */
     uint16_t tools_first;               /* the tools' parameter objects, in refs_list */
     bt_regex_t **rx;                    /* the strings' patterns (and formats as patterns) */
@@ -561,7 +562,7 @@ static bool compile_shape(rules_t *r, compile_t *cc, const cJSON *s, int x)
     }
     char why[200];
     bt_regex_t *re;
-    if (bt_regex_compile(text, strlen(text), &re, why, sizeof why) != BT_OK) {
+    if (bt_regex_compile(text, strlen(text), BT_REGEX_SEARCH, &re, why, sizeof why) != BT_OK) {
         cfail(cc, "json_schema: %s", why);
         return false;
     }
@@ -761,18 +762,25 @@ static int compile_node(rules_t *r, compile_t *cc, const cJSON *s, int depth)
 static void rules_free(rules_t *r);
 
 /* Compiles schema (NULL: any object) into *r_p. */
-static bt_status_t rules_compile(const char *schema, size_t len, rules_t **r_p, char *err,
-                                 size_t errlen)
+/* Rules with the nodes every schema has. */
+static rules_t *rules_new(compile_t *cc)
 {
     rules_t *r = bt_calloc_or_die(1, sizeof *r);
-    compile_t cc = {.err = err, .errlen = errlen};
-    for (int k = 0; k < 3; k++) { /* the nodes every schema has */
-        const int n = new_snode(r, &cc, k == 0 ? K_ANY : k == 1 ? K_OBJECT : K_ARRAY);
+    for (int k = 0; k < 3; k++) {
+        const int n = new_snode(r, cc, k == 0 ? K_ANY : k == 1 ? K_OBJECT : K_ARRAY);
         starts_of_kind(r->nodes[n].kind, r->nodes[n].starts);
     }
     r->nodes[NODE_ANY_OBJECT].generic = true;
     r->nodes[NODE_ANY_ARRAY].items = NODE_ANY;
-    new_lnode(r, &cc, 0); /* (literal node 0: never a child, so 0 can mean none) */
+    new_lnode(r, cc, 0); /* (literal node 0: never a child, so 0 can mean none) */
+    return r;
+}
+
+static bt_status_t rules_compile(const char *schema, size_t len, rules_t **r_p, char *err,
+                                 size_t errlen)
+{
+    compile_t cc = {.err = err, .errlen = errlen};
+    rules_t *r = rules_new(&cc);
     cJSON *doc = NULL;
     int root = NODE_ANY_OBJECT;
     if (schema) {
@@ -797,6 +805,28 @@ static bt_status_t rules_compile(const char *schema, size_t len, rules_t **r_p, 
         return BT_ERR_INVALID_ARG;
     }
     r->root = (uint16_t)root;
+    *r_p = r;
+    return BT_OK;
+}
+
+/* A regex constraint: the whole output matches the pattern, as SGLang's and vLLM's regex
+ * constraints read it. */
+static bt_status_t rules_compile_regex(const char *pattern, size_t len, rules_t **r_p, char *err,
+                                       size_t errlen)
+{
+    char why[200];
+    bt_regex_t *re;
+    if (bt_regex_compile(pattern, len, BT_REGEX_WHOLE, &re, why, sizeof why) != BT_OK) {
+        snprintf(err, errlen, "regex: %s", why + strlen("pattern: "));
+        return BT_ERR_INVALID_ARG;
+    }
+    compile_t cc = {.err = err, .errlen = errlen};
+    rules_t *r = rules_new(&cc);
+    r->regex = true;
+    r->rx = bt_malloc_or_die(sizeof *r->rx);
+    r->rx[0] = re;
+    r->n_rx = 1;
+    r->rx_states = re->n_states;
     *r_p = r;
     return BT_OK;
 }
@@ -932,7 +962,8 @@ enum {
     M_DCHOICE,   /* tool calls: in one of choice lit's texts (0: a parameter or the invoke's
                   * end; 1: another invoke or the block's end), at literal node tpos */
     M_RAW,       /* tool calls: a string parameter's raw text; sub bytes of its end tag matched */
-    M_DONE,      /* the object (or the block of tool calls) is closed */
+    M_REGEX,     /* a regex constraint: the output so far took its DFA to state rx */
+    M_DONE,      /* the object (or the block of tool calls) is closed; a regex's output ended */
 };
 
 enum { N_MINUS, N_ZERO, N_INT, N_DOT, N_FRAC, N_E, N_ESIGN, N_EXP };
@@ -1380,6 +1411,8 @@ static bool string_step(const rules_t *r, jstate_t *s, uint8_t c)
 static bool step(const rules_t *r, jstate_t *s, uint8_t c)
 {
     switch (s->mode) {
+    case M_REGEX:
+        return (s->rx = r->rx[0]->next[(size_t)s->rx * 256 + c]) != 0;
     case M_STR:
     case M_STR_ESC:
     case M_STR_HEX:
@@ -1671,14 +1704,19 @@ void bt_grammar_vocab_stats(bt_grammar_vocab_t *v, uint64_t *computed, uint64_t 
 }
 
 /* The compiled schema of this text (NULL: any object), shared; a reference for the caller. */
-static bt_status_t schema_get(bt_grammar_vocab_t *v, const char *text, size_t len, bool tools,
+/* What a constraint's text is. */
+typedef enum { FORM_SCHEMA, FORM_TOOLS, FORM_REGEX } form_t;
+
+static bt_status_t schema_get(bt_grammar_vocab_t *v, const char *text, size_t len, form_t form,
                               rules_t **r_p, char *err, size_t errlen)
 {
+    const bool tools = form == FORM_TOOLS, regex = form == FORM_REGEX;
     pthread_mutex_lock(&v->lock);
     v->clock++;
     for (rules_t *r = v->schemas; r; r = r->next)
-        if (r->tools == tools && ((!text && !r->text) || (text && r->text && r->text_len == len &&
-                                                          !memcmp(r->text, text, len)))) {
+        if (r->tools == tools && r->regex == regex &&
+            ((!text && !r->text) ||
+             (text && r->text && r->text_len == len && !memcmp(r->text, text, len)))) {
             r->refs++;
             r->last_use = v->clock;
             pthread_mutex_unlock(&v->lock);
@@ -1687,8 +1725,9 @@ static bt_status_t schema_get(bt_grammar_vocab_t *v, const char *text, size_t le
         }
     pthread_mutex_unlock(&v->lock);
     rules_t *r;
-    const bt_status_t st = tools ? rules_compile_tools(text, len, &r, err, errlen)
-                                 : rules_compile(text, len, &r, err, errlen);
+    const bt_status_t st = tools   ? rules_compile_tools(text, len, &r, err, errlen)
+                           : regex ? rules_compile_regex(text, len, &r, err, errlen)
+                                   : rules_compile(text, len, &r, err, errlen);
     if (st != BT_OK) return st;
     if (text) {
         r->text = bt_malloc_or_die(len ? len : 1);
@@ -1794,6 +1833,8 @@ static void vocab_mask(bt_grammar_vocab_t *v, rules_t *r, const jstate_t *st, ui
     pthread_mutex_unlock(&v->lock);
     memset(out, 0, bytes);
     walk(v, r, 0, st, out);
+    if (st->mode == M_REGEX && r->rx[0]->accept[st->rx] && v->eos >= 0) /* (it may end here) */
+        out[v->eos >> 5] |= 1u << (v->eos & 31);
     bool any = false;
     for (int i = 0; i < v->words && !any; i++)
         any = out[i] != 0;
@@ -1819,20 +1860,23 @@ struct bt_grammar {
 };
 
 /* A constraint under the compiled text (a schema, or with tools a tool-call spec). */
-static bt_status_t grammar_new(bt_grammar_vocab_t *v, const char *text, size_t len, bool tools,
+static bt_status_t grammar_new(bt_grammar_vocab_t *v, const char *text, size_t len, form_t form,
                                int32_t after_token, bt_grammar_t **g_p, char *err, size_t errlen)
 {
     rules_t *r;
-    const bt_status_t st = schema_get(v, text, len, tools, &r, err, errlen);
+    const bt_status_t st = schema_get(v, text, len, form, &r, err, errlen);
     if (st != BT_OK) return st;
     bt_grammar_t *g = bt_calloc_or_die(1, sizeof *g);
     g->v = v;
     g->r = r;
     g->after = after_token;
     g->active = after_token < 0;
-    if (tools) {
+    if (form == FORM_TOOLS) {
         set_mode(&g->s, M_DLIT);
         g->s.lit = D_OPEN;
+    } else if (form == FORM_REGEX) {
+        set_mode(&g->s, M_REGEX);
+        g->s.rx = r->rx[0]->start;
     } else {
         set_mode(&g->s, M_VALUE);
         g->s.vnode = r->root;
@@ -1845,28 +1889,42 @@ bt_status_t bt_grammar_json_schema(bt_grammar_vocab_t *v, const char *schema, si
                                    int32_t after_token, bt_grammar_t **g_p, char *err,
                                    size_t errlen)
 {
-    return grammar_new(v, schema, len, false, after_token, g_p, err, errlen);
+    return grammar_new(v, schema, len, FORM_SCHEMA, after_token, g_p, err, errlen);
 }
 
 bt_status_t bt_grammar_tool_calls(bt_grammar_vocab_t *v, const char *spec, size_t len,
                                   int32_t after_token, bt_grammar_t **g_p, char *err, size_t errlen)
 {
-    return grammar_new(v, spec, len, true, after_token, g_p, err, errlen);
+    return grammar_new(v, spec, len, FORM_TOOLS, after_token, g_p, err, errlen);
+}
+
+bt_status_t bt_grammar_regex(bt_grammar_vocab_t *v, const char *pattern, size_t len,
+                             int32_t after_token, bt_grammar_t **g_p, char *err, size_t errlen)
+{
+    return grammar_new(v, pattern, len, FORM_REGEX, after_token, g_p, err, errlen);
+}
+
+bt_status_t bt_grammar_regex_check(const char *pattern, size_t len, char *err, size_t errlen)
+{
+    rules_t *r = NULL;
+    const bt_status_t st = rules_compile_regex(pattern, len, &r, err, errlen);
+    rules_free(r);
+    return st;
 }
 
 /* Which constraint kind names (0 object, 1 schema, 2 tool calls), -1 none, -2 unknown; err
  * says what is wrong with kind and spec together. */
 static int request_kind(const char *kind, const char *spec, char *err, size_t errlen)
 {
-    static const char *const kinds[] = {"json_object", "json_schema", "tool_calls"};
+    static const char *const kinds[] = {"json_object", "json_schema", "tool_calls", "regex"};
     if (!kind || !*kind) return -1;
     int k = -2;
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 4; i++)
         if (!strcmp(kind, kinds[i])) k = i;
     const bool has_spec = spec && *spec;
     if (k == -2)
-        snprintf(err, errlen, "'%.64s' is not supported (json_object, json_schema, tool_calls)",
-                 kind);
+        snprintf(err, errlen,
+                 "'%.64s' is not supported (json_object, json_schema, tool_calls, regex)", kind);
     else if (has_spec != (k > 0))
         snprintf(err, errlen, "%s %s", kind, has_spec ? "takes no spec" : "needs its spec");
     else
@@ -1879,8 +1937,9 @@ bt_status_t bt_grammar_request_check(const char *kind, const char *spec, char *e
     const int k = request_kind(kind, spec, err, errlen);
     if (k == -2) return BT_ERR_INVALID_ARG;
     if (k <= 0) return BT_OK;
-    return (k == 1 ? bt_grammar_schema_check : bt_grammar_tool_calls_check)(spec, strlen(spec), err,
-                                                                            errlen);
+    static bt_status_t (*const check[])(const char *, size_t, char *, size_t) = {
+        NULL, bt_grammar_schema_check, bt_grammar_tool_calls_check, bt_grammar_regex_check};
+    return check[k](spec, strlen(spec), err, errlen);
 }
 
 bt_status_t bt_grammar_request(bt_grammar_vocab_t *v, const char *kind, const char *spec,
@@ -1890,7 +1949,8 @@ bt_status_t bt_grammar_request(bt_grammar_vocab_t *v, const char *kind, const ch
     const int k = request_kind(kind, spec, err, errlen);
     if (k == -2) return BT_ERR_INVALID_ARG;
     if (k == -1) return BT_OK;
-    return grammar_new(v, k ? spec : NULL, k ? strlen(spec) : 0, k == 2, after_token, g_p, err,
+    static const form_t forms[] = {FORM_SCHEMA, FORM_SCHEMA, FORM_TOOLS, FORM_REGEX};
+    return grammar_new(v, k ? spec : NULL, k ? strlen(spec) : 0, forms[k], after_token, g_p, err,
                        errlen);
 }
 
@@ -1962,6 +2022,8 @@ bool bt_grammar_accept(bt_grammar_t *g, int32_t t)
     }
     const bt_grammar_vocab_t *v = g->v;
     if (t < 0 || t >= v->vocab) return false;
+    if (t == v->eos && g->s.mode == M_REGEX && g->r->rx[0]->accept[g->s.rx])
+        set_mode(&g->s, M_DONE); /* (the output ends here: nothing but eos after it) */
     if (t == v->eos) return g->s.mode == M_DONE;
     if (!v->bytes[t]) return false;
     return bt_grammar_accept_bytes(g, v->bytes[t], v->lens[t]);

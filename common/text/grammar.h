@@ -81,8 +81,14 @@ bt_status_t bt_grammar_tool_calls(bt_grammar_vocab_t *v, const char *spec, size_
                                   int32_t after_token, bt_grammar_t **g_p, char *err,
                                   size_t errlen);
 bt_status_t bt_grammar_tool_calls_check(const char *spec, size_t len, char *err, size_t errlen);
+/* A regex constraint (SGLang's and vLLM's regex): the whole output, as UTF-8, matches pattern
+ * (common/text/regex.h's subset of ECMA-262); eos is allowed wherever the output may end. */
+bt_status_t bt_grammar_regex(bt_grammar_vocab_t *v, const char *pattern, size_t len,
+                             int32_t after_token, bt_grammar_t **g_p, char *err, size_t errlen);
+bt_status_t bt_grammar_regex_check(const char *pattern, size_t len, char *err, size_t errlen);
 /* A request's constraint by name, as SamplingParams carry it: kind "json_object" (spec empty),
- * "json_schema" (spec: the schema) or "tool_calls" (spec: the tool spec); kind NULL or "": none.
+ * "json_schema" (spec: the schema), "tool_calls" (spec: the tool spec) or "regex" (spec: the
+ * pattern); kind NULL or "": none.
  * _check: BT_OK when it compiles, else err names what is wrong (the router's check); the other
  * makes it into *g_p (NULL for none), as the workers do. */
 bt_status_t bt_grammar_request_check(const char *kind, const char *spec, char *err, size_t errlen);
@@ -102,7 +108,7 @@ void bt_grammar_mask(bt_grammar_t *g, uint32_t *mask);
 bool bt_grammar_accept(bt_grammar_t *g, int32_t t);
 /* Advances by raw bytes (tests); false on the first byte not allowed (state unchanged). */
 bool bt_grammar_accept_bytes(bt_grammar_t *g, const char *bytes, size_t len);
-/* The object is complete: nothing but eos is allowed. */
+/* The object is complete (a regex's output: its eos accepted): nothing but eos is allowed. */
 bool bt_grammar_done(const bt_grammar_t *g);
 
 #endif

@@ -616,10 +616,10 @@ static int any_star(parser_t *ps)
 }
 
 /* The whole pattern with its search meaning: each top-level alternative not anchored at an
- * end gets "any string" on that side. */
-static int parse_pattern(parser_t *ps)
+ * end gets "any string" on that side (anchored: none does, the whole string must match). */
+static int parse_pattern(parser_t *ps, bool anchored)
 {
-    int whole = -1;
+    int all = -1;
     for (;;) {
         bool start = false, end = false;
         if (ps->p < ps->end && *ps->p == '^') {
@@ -628,10 +628,10 @@ static int parse_pattern(parser_t *ps)
         }
         int x = parse_cat(ps, &end);
         if (x < 0) return -1;
-        if (!start) x = new_anode(ps, A_CAT, any_star(ps), x);
-        if (!end) x = new_anode(ps, A_CAT, x, any_star(ps));
-        whole = whole < 0 ? x : new_anode(ps, A_ALT, whole, x);
-        if (ps->p >= ps->end) return whole;
+        if (!start && !anchored) x = new_anode(ps, A_CAT, any_star(ps), x);
+        if (!end && !anchored) x = new_anode(ps, A_CAT, x, any_star(ps));
+        all = all < 0 ? x : new_anode(ps, A_ALT, all, x);
+        if (ps->p >= ps->end) return all;
         if (*ps->p == ')') {
             pfail(ps, "a ')' without its '('");
             return -1;
@@ -1014,15 +1014,15 @@ static bool prune(bt_regex_t *re)
     return ok;
 }
 
-bt_status_t bt_regex_compile(const char *pattern, size_t len, bt_regex_t **re_p, char *err,
-                             size_t errlen)
+bt_status_t bt_regex_compile(const char *pattern, size_t len, bt_regex_mode_t mode,
+                             bt_regex_t **re_p, char *err, size_t errlen)
 {
     *re_p = NULL;
     parser_t ps = {.p = (const uint8_t *)pattern,
                    .end = (const uint8_t *)pattern + len,
                    .err = err,
                    .errlen = errlen};
-    const int root = parse_pattern(&ps);
+    const int root = parse_pattern(&ps, mode == BT_REGEX_WHOLE);
     if (root < 0 || ps.failed) {
         pfail(&ps, "cannot be read"); /* (kept only if nothing was said) */
         free(ps.nodes);

@@ -6,7 +6,9 @@
  * transition to 0 means "not here", and every live state can still finish.
  *
  *   bt_regex_t *re;
- *   if (bt_regex_compile("^[A-Z]{3}-\\d{4}$", len, &re, err, sizeof err) != BT_OK) ... err
+ *   if (bt_regex_compile("^[A-Z]{3}-\\d{4}$", len, BT_REGEX_SEARCH, &re, err, sizeof err)) ...
+ *   (BT_REGEX_WHOLE: the whole string must match, as a regex constraint on a whole output is
+ *   read; anchors at the ends are then allowed and change nothing)
  *   uint16_t s = re->start;
  *   for (each byte c) if (!(s = re->next[s * 256 + c])) ... c cannot come
  *   re->accept[s]: the string may end here
@@ -26,6 +28,7 @@
 #include <stdint.h>
 
 enum { BT_REGEX_MAX_STATES = 4096 };
+typedef enum { BT_REGEX_SEARCH, BT_REGEX_WHOLE } bt_regex_mode_t;
 
 typedef struct {
     int n_states;    /* state 0: dead */
@@ -34,8 +37,8 @@ typedef struct {
     uint8_t *accept; /* [n_states] */
 } bt_regex_t;
 
-bt_status_t bt_regex_compile(const char *pattern, size_t len, bt_regex_t **re_p, char *err,
-                             size_t errlen);
+bt_status_t bt_regex_compile(const char *pattern, size_t len, bt_regex_mode_t mode,
+                             bt_regex_t **re_p, char *err, size_t errlen);
 void bt_regex_free(bt_regex_t *re);
 /* Whether the whole of s (UTF-8) is accepted: s contains a match of the pattern. */
 bool bt_regex_accepts(const bt_regex_t *re, const char *s, size_t len);

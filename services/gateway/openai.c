@@ -291,6 +291,23 @@ bt_status_t bt_openai_parse(bt_openai_kind_t kind, const char *body, size_t len,
             goto out;
         }
     }
+    /* SGLang's regex (vLLM's guided_regex): the whole answer matches it */
+    const char *regex = NULL;
+    for (int i = 0; i < 2; i++) {
+        const char *name = i ? "guided_regex" : "regex";
+        const cJSON *rx = item(root, name);
+        if (!rx || cJSON_IsNull(rx)) continue;
+        if (!cJSON_IsString(rx) || !*rx->valuestring) {
+            fail(e, name, "'%s' must be a non-empty string (a regular expression)", name);
+            goto out;
+        }
+        if (regex || json_object || json_schema) {
+            fail(e, name, "'%s' cannot be asked with %s", name,
+                 regex ? "'regex'" : "a JSON 'response_format'");
+            goto out;
+        }
+        regex = rx->valuestring;
+    }
     TRY(boolean(root, "stream", false, &r->stream, e));
     TRY(boolean(root, "return_token_ids", false, &r->return_token_ids, e));
     bool ignore_eos, skip_special;
@@ -452,6 +469,10 @@ bt_status_t bt_openai_parse(bt_openai_kind_t kind, const char *body, size_t len,
     sp.logit_bias_ids = bias_ids;
     sp.logit_bias = bias;
     if (json_object) sp.response_format = "json_object";
+    if (regex) {
+        sp.response_format = "regex";
+        sp.json_schema = (char *)regex; /* (root outlives sp) */
+    }
     if (json_schema) {
         sp.response_format = "json_schema";
         sp.json_schema = json_schema;

@@ -938,13 +938,16 @@ static bt_rpc_code_t prepare(router_t *r, req_t *q, const Baton__V1__GenerateReq
     const char *js = sp->json_schema ? sp->json_schema : "";
     if (q->json_schema && *rf) { /* (tool_choice made one) */
         snprintf(msg, msglen,
-                 "tool_choice \"required\" or a named function and a response_format "
-                 "cannot be asked together");
+                 "tool_choice \"required\" or a named function and a response_format (or "
+                 "regex) cannot be asked together");
         return BT_RPC_INVALID_ARGUMENT;
     }
     char err[300];
     if (bt_grammar_request_check(rf, js, err, sizeof err) != BT_OK) {
-        snprintf(msg, msglen, "response_format: %s", err);
+        if (!strcmp(rf, "regex")) /* (its messages say "regex: ...") */
+            snprintf(msg, msglen, "%s", err);
+        else
+            snprintf(msg, msglen, "response_format: %s", err);
         return BT_RPC_INVALID_ARGUMENT;
     }
     if (*js) q->json_schema = bt_strdup_or_die(js);

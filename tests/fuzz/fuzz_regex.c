@@ -1,7 +1,8 @@
 /* libFuzzer: JSON Schema patterns (common/text/regex.h). The input up to its first NUL is the
- * pattern, the rest a string. Compiling must fail with a message that says "pattern: ", or give
- * a DFA within its bounds whose every state can still reach acceptance through bytes a JSON
- * string holds; the string's verdict must not depend on how it is fed. */
+ * pattern, the rest a string; both modes (a match anywhere, the whole). Compiling must fail with a
+ * message that says "pattern: ", or give a DFA within its bounds whose every state can still reach
+ * acceptance through bytes a JSON string holds; the string's verdict must not depend on how it is
+ * fed. */
 #include "common/text/regex.h"
 
 #include <stdlib.h>
@@ -12,17 +13,14 @@ static bool json_byte(int b)
     return b >= 0x20 || b == '\b' || b == '\t' || b == '\n' || b == '\f' || b == '\r';
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+static void check(const char *pattern, size_t plen, bt_regex_mode_t mode, const char *str,
+                  size_t slen)
 {
-    const uint8_t *nul = memchr(data, 0, size);
-    const size_t plen = nul ? (size_t)(nul - data) : size;
-    const char *str = nul ? (const char *)nul + 1 : "";
-    const size_t slen = nul ? size - plen - 1 : 0;
     char err[256] = "";
     bt_regex_t *re = NULL;
-    if (bt_regex_compile((const char *)data, plen, &re, err, sizeof err) != BT_OK) {
+    if (bt_regex_compile(pattern, plen, mode, &re, err, sizeof err) != BT_OK) {
         if (re || strncmp(err, "pattern: ", 9) != 0 || !err[9]) abort();
-        return 0;
+        return;
     }
     const int n = re->n_states;
     if (n < 2 || n > BT_REGEX_MAX_STATES || re->start < 1 || re->start >= n) abort();
@@ -47,5 +45,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         st = re->next[(size_t)st * 256 + (uint8_t)str[i]];
     if (bt_regex_accepts(re, str, slen) != (st && re->accept[st])) abort();
     bt_regex_free(re);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    const uint8_t *nul = memchr(data, 0, size);
+    const size_t plen = nul ? (size_t)(nul - data) : size;
+    const char *str = nul ? (const char *)nul + 1 : "";
+    const size_t slen = nul ? size - plen - 1 : 0;
+    check((const char *)data, plen, BT_REGEX_SEARCH, str, slen);
+    check((const char *)data, plen, BT_REGEX_WHOLE, str, slen);
     return 0;
 }

@@ -15,6 +15,8 @@
 #include <sys/socket.h>
 
 #include <cjson/cJSON.h>
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
 
 static proc_t router, prefill, decode, gateway;
 static int gw_port;
@@ -159,6 +161,16 @@ static const case_t cases[] = {
      "\"param\":\"response_format\""},
     {"response_format not an object", "POST", CHAT, "{" MSGS ",\"response_format\":\"json\"}", 400,
      "\"param\":\"response_format\""},
+    {"regex not a string", "POST", CHAT, "{" MSGS ",\"regex\":3}", 400, "\"param\":\"regex\""},
+    {"regex empty", "POST", CHAT, "{" MSGS ",\"guided_regex\":\"\"}", 400,
+     "\"param\":\"guided_regex\""},
+    {"regex and response_format", "POST", CHAT,
+     "{" MSGS ",\"response_format\":{\"type\":\"json_object\"},\"regex\":\"a+\"}", 400,
+     "cannot be asked with a JSON 'response_format'"},
+    {"regex twice", "POST", CHAT, "{" MSGS ",\"regex\":\"a\",\"guided_regex\":\"b\"}", 400,
+     "cannot be asked with 'regex'"},
+    {"regex the router refuses", "POST", "/v1/completions",
+     "{\"prompt\":\"a\",\"regex\":\"(a\\\\1)\"}", 400, "regex: backreferences"},
     {"response_format text", "POST", CHAT,
      "{" MSGS ",\"response_format\":{\"type\":\"text\"},\"max_tokens\":2}", 200, "chat.completion"},
     {"bad tool_choice", "POST", CHAT, "{" MSGS ",\"tool_choice\":\"sometimes\"}", 400,
@@ -768,14 +780,56 @@ static void test_json_schema(void)
     const char *unsupported =
         "{" MSGS ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
         "{\"name\":\"x\",\"schema\":{\"type\":\"object\",\"properties\":{\"a\":"
-        "{\"type\":\"string\",\"pattern\":\"^a+$\"}}}}}}";
+        "{\"type\":\"string\",\"pattern\":\"(?=a)b\"}}}}}}";
     char *r = request("POST", CHAT, unsupported, NULL);
     char out[4096];
     const int st = raw(r, strlen(r), false, 0, out, sizeof out);
     free(r);
-    BT_CHECK_MSG(st == 400 && strstr(out, "'pattern'") &&
+    BT_CHECK_MSG(st == 400 && strstr(out, "pattern: lookaround") &&
                      strstr(out, "\"param\":\"response_format\""),
                  "%d %.300s", st, out);
+}
+
+/* regex (SGLang's; guided_regex, vLLM's): every choice that stops is a whole match (PCRE2
+ * judges), and they are not all the same answer. */
+static void test_regex(void)
+{
+    const char *pattern = "(yes|no|maybe)(, [a-z]{2,6}){0,3}[.]"; /* (JSON as it is) */
+    char body[512];
+    for (int i = 0; i < 2; i++) {
+        snprintf(body, sizeof body,
+                 "{\"prompt\":\"Well\",\"max_tokens\":60,\"n\":8,\"seed\":3,\"%s\":\"%s\"}",
+                 i ? "guided_regex" : "regex", pattern);
+        cJSON *all = post_json("/v1/completions", body);
+        BT_CHECK(all != NULL);
+        int ec, stopped = 0, matches = 0;
+        PCRE2_SIZE eo;
+        pcre2_code *code =
+            pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED,
+                          PCRE2_UTF | PCRE2_ANCHORED | PCRE2_ENDANCHORED, &ec, &eo, NULL);
+        pcre2_match_data *md = pcre2_match_data_create_from_pattern(code, NULL);
+        const cJSON *ch;
+        char first[64] = "";
+        bool differ = false;
+        cJSON_ArrayForEach(ch, cJSON_GetObjectItem(all, "choices"))
+        {
+            const char *text = cJSON_GetStringValue(cJSON_GetObjectItem(ch, "text"));
+            const char *finish = cJSON_GetStringValue(cJSON_GetObjectItem(ch, "finish_reason"));
+            if (!text || !finish || strcmp(finish, "stop")) continue;
+            stopped++;
+            const bool ok = pcre2_match(code, (PCRE2_SPTR)text, strlen(text), 0, 0, md, NULL) >= 0;
+            matches += ok;
+            BT_CHECK_MSG(ok, "a choice stopped on '%s', not a match", text);
+            if (!first[0]) snprintf(first, sizeof first, "%s", text);
+            differ |= strcmp(first, text) != 0;
+        }
+        fprintf(stderr, "  %s: %d of 8 choices stopped, %d whole matches\n",
+                i ? "guided_regex" : "regex", stopped, matches);
+        BT_CHECK(stopped >= 6 && differ);
+        pcre2_match_data_free(md);
+        pcre2_code_free(code);
+        cJSON_Delete(all);
+    }
 }
 
 static int connect_port(int port)
@@ -921,6 +975,7 @@ int main(void)
     BT_RUN(test_batch_prompts);
     BT_RUN(test_json_object);
     BT_RUN(test_json_schema);
+    BT_RUN(test_regex);
     BT_RUN(test_stop_drains);
     BT_RUN(test_drain_timeout);
     proc_stop(&gateway, SIGTERM);

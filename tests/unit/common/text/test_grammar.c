@@ -856,7 +856,8 @@ static bool conforms(const cJSON *x, const cJSON *s, const cJSON *root)
 /* The first 30 walks: every 37th state's mask against trying every token alone. */
 typedef struct {
     bt_grammar_vocab_t *v;
-    const char *schema;
+    const char *schema; /* or the pattern of a regex constraint */
+    bool regex;
     int vocab, walk, checked;
 } brute_t;
 
@@ -868,7 +869,8 @@ static void brute_step(void *ctx, int step, const char *out, size_t n, const uin
     for (int t = 0; t < bc->vocab; t++) {
         bt_grammar_t *h;
         char err[256];
-        bt_grammar_json_schema(bc->v, bc->schema, strlen(bc->schema), -1, &h, err, sizeof err);
+        (bc->regex ? bt_grammar_regex : bt_grammar_json_schema)(
+            bc->v, bc->schema, strlen(bc->schema), -1, &h, err, sizeof err);
         const bool want = bt_grammar_accept_bytes(h, out, n) && bt_grammar_accept(h, t);
         diff += want != (bool)((mask[t >> 5] >> (t & 31)) & 1u);
         bt_grammar_destroy(h);
@@ -885,7 +887,7 @@ static void schema_walks(const char *text, const char *what)
     synth_t s;
     synth_make(&s, 800);
     cJSON *schema = cJSON_Parse(text);
-    brute_t bc = {s.v, text, s.vocab, 0, 0};
+    brute_t bc = {s.v, text, false, s.vocab, 0, 0};
     const walker_t wk = {
         (const char *const *)s.bytes, s.lens, s.vocab, s.eos, 100, s.eos, brute_step, &bc};
     int ended = 0, conforming = 0;
@@ -922,6 +924,146 @@ static void test_schema_walks(void)
 {
     schema_walks(PERSON, "nested, optional, enum, $ref, anyOf, bounds, lengths");
     schema_walks(SHAPED, "patterns, formats");
+}
+
+/* ---- regex constraints ---- */
+
+/* 1: the output may end (eos taken); 0: a valid prefix; -1: refused at some byte */
+static int judge_regex(bt_grammar_vocab_t *v, const char *pattern, const char *text, int eos)
+{
+    bt_grammar_t *g;
+    char err[256];
+    if (bt_grammar_regex(v, pattern, strlen(pattern), -1, &g, err, sizeof err) != BT_OK) {
+        BT_CHECK_MSG(0, "pattern refused: %s", err);
+        return -2;
+    }
+    int verdict = -1;
+    if (bt_grammar_accept_bytes(g, text, strlen(text))) {
+        bt_grammar_t *c = bt_grammar_clone(g);
+        verdict = bt_grammar_accept(c, eos) ? 1 : 0;
+        BT_CHECK(verdict == 0 || bt_grammar_done(c)); /* eos taken: it ended */
+        bt_grammar_destroy(c);
+    }
+    bt_grammar_destroy(g);
+    return verdict;
+}
+
+static const char *const regex_patterns[] = {
+    "(yes|no|maybe)",
+    "^\\d{3}-\\d{4}( ext\\. \\d{1,4})?$",
+    "[A-Z][a-z]+( [a-z]+)*[.!?]",
+    "((25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)\\.){3}(25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)",
+    "\\{\"n\": [0-9]+\\}\n?",
+    "[\u00e9\u65e5a-c]{2,5}",
+};
+
+static void test_regex_table(void)
+{
+    synth_t s;
+    synth_make(&s, 0);
+    static const struct {
+        int pattern;
+        const char *text;
+        int want;
+    } cases[] = {
+        {0, "yes", 1},
+        {0, "ma", 0},
+        {0, "no ", -1},
+        {0, "", 0},
+        {0, "yess", -1},
+        {1, "555-1234", 1},
+        {1, "555-1234 ext", 0},
+        {1, "555-1234 ext. 9", 1},
+        {1, "555-12345", -1},
+        {1, "55-", -1},
+        {2, "Hello there.", 1},
+        {2, "Hello there", 0},
+        {2, "hello", -1},
+        {2, "Hi.", 1},
+        {2, "Hi. ", -1},
+        {3, "10.0.0.1", 1},
+        {3, "10.0.0.", 0},
+        {3, "256", -1},
+        {4, "{\"n\": 42}", 1},
+        {4, "{\"n\": 42}\n", 1},
+        {4, "{\"n\": }", -1},
+        {5, "\u00e9\u65e5", 1},
+        {5, "a", 0},
+        {5, "abcabc", -1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const int got = judge_regex(s.v, regex_patterns[cases[i].pattern], cases[i].text, s.eos);
+        BT_CHECK_MSG(got == cases[i].want, "/%s/ '%s': %d, want %d",
+                     regex_patterns[cases[i].pattern], cases[i].text, got, cases[i].want);
+    }
+    /* in a request, and refused with a reason */
+    char err[256];
+    BT_CHECK(bt_grammar_request_check("regex", "(yes|no)", err, sizeof err) == BT_OK);
+    BT_CHECK(bt_grammar_request_check("regex", "", err, sizeof err) == BT_ERR_INVALID_ARG &&
+             strstr(err, "needs its spec"));
+    BT_CHECK(bt_grammar_request_check("regex", "(?=a)", err, sizeof err) == BT_ERR_INVALID_ARG &&
+             !strncmp(err, "regex: lookaround", 17));
+    BT_CHECK(bt_grammar_request_check("regex", "a(", err, sizeof err) == BT_ERR_INVALID_ARG &&
+             strstr(err, "not closed"));
+    /* a pattern and a schema of the same text are different constraints */
+    bt_grammar_t *a, *b;
+    const char *text = "{\"type\":\"object\"}";
+    BT_CHECK(bt_grammar_regex(s.v, text, strlen(text), -1, &a, err, sizeof err) == BT_OK);
+    BT_CHECK(bt_grammar_json_schema(s.v, text, strlen(text), -1, &b, err, sizeof err) == BT_OK);
+    BT_CHECK(bt_grammar_accept_bytes(b, "{}", 2) && !bt_grammar_accept_bytes(a, "{}", 2));
+    bt_grammar_destroy(a);
+    bt_grammar_destroy(b);
+    synth_free(&s);
+}
+
+/* Random walks under regex constraints: every one that ends is a whole match for PCRE2, and
+ * masks agree with trying each token alone. */
+static void test_regex_walks(void)
+{
+    synth_t s;
+    synth_make(&s, 800);
+    int ended = 0, matching = 0, walks = 0, checked = 0;
+    for (size_t pi = 0; pi < sizeof regex_patterns / sizeof regex_patterns[0]; pi++) {
+        const char *pattern = regex_patterns[pi];
+        brute_t bc = {s.v, pattern, true, s.vocab, 0, 0};
+        const walker_t wk = {
+            (const char *const *)s.bytes, s.lens, s.vocab, s.eos, 1 << 30, s.eos, brute_step, &bc};
+        int ec;
+        PCRE2_SIZE eo;
+        pcre2_code *code = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED,
+                                         PCRE2_UTF | PCRE2_ANCHORED | PCRE2_ENDANCHORED |
+                                             PCRE2_DOLLAR_ENDONLY | PCRE2_ALT_BSUX,
+                                         &ec, &eo, NULL);
+        BT_CHECK_MSG(code != NULL, "PCRE2 cannot compile %s", pattern);
+        if (!code) continue;
+        pcre2_match_data *md = pcre2_match_data_create_from_pattern(code, NULL);
+        for (int w = 0; w < 60; w++) {
+            bt_grammar_t *g;
+            char err[256];
+            BT_CHECK(bt_grammar_regex(s.v, pattern, strlen(pattern), -1, &g, err, sizeof err) ==
+                     BT_OK);
+            char out[1 << 14];
+            size_t n;
+            bc.walk = w;
+            walks++;
+            const bool done = walk_once(&wk, g, 400, out, sizeof out, &n);
+            bt_grammar_destroy(g);
+            if (!done) continue;
+            ended++;
+            const bool ok = pcre2_match(code, (PCRE2_SPTR)out, n, 0, 0, md, NULL) >= 0;
+            matching += ok;
+            BT_CHECK_MSG(ok, "/%s/: walk %d ended in '%s', not a match", pattern, w, out);
+        }
+        checked += bc.checked;
+        pcre2_match_data_free(md);
+        pcre2_code_free(code);
+    }
+    fprintf(stderr,
+            "  %d walks under %zu regex constraints: %d ended, %d whole matches; %d masks as "
+            "tried alone\n",
+            walks, sizeof regex_patterns / sizeof regex_patterns[0], ended, matching, checked);
+    BT_CHECK(ended > walks / 2 && checked > 50);
+    synth_free(&s);
 }
 
 /* ---- tool calls ---- */
@@ -1117,6 +1259,8 @@ int main(void)
     BT_RUN(test_golden_tokenizer);
     BT_RUN(test_schema_table);
     BT_RUN(test_schema_walks);
+    BT_RUN(test_regex_table);
+    BT_RUN(test_regex_walks);
     BT_RUN(test_tool_call_table);
     BT_RUN(test_tool_call_walks);
     return bt_test_summary();

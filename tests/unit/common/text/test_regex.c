@@ -1,8 +1,9 @@
 /* JSON Schema patterns (common/text/regex.h) against PCRE2 as the oracle: for each pattern,
  * strings walked from the DFA (which PCRE2 must match), those strings mutated, and random
  * strings over the pattern's characters must get PCRE2's verdict (a match anywhere, as the
- * keyword means); every live state can still reach acceptance through bytes a JSON string
- * holds; what is not supported is refused with an error naming it. */
+ * keyword means; and the whole string, as a regex constraint means); every live state can still
+ * reach acceptance through bytes a JSON string holds; what is not supported is refused with an
+ * error naming it. */
 #include "bt_test.h"
 
 #include "common/text/regex.h"
@@ -158,12 +159,13 @@ static size_t dfa_walk(const bt_regex_t *re, const int *dist, char *out, size_t 
 
 static void test_against_pcre2(void)
 {
-    int compared = 0, matched = 0;
+    int compared = 0, matched = 0, matched_whole = 0;
     for (size_t pi = 0; pi < sizeof patterns / sizeof patterns[0]; pi++) {
         const pattern_t *p = &patterns[pi];
         char err[256] = "";
         bt_regex_t *re = NULL;
-        const bt_status_t st = bt_regex_compile(p->ecma, strlen(p->ecma), &re, err, sizeof err);
+        const bt_status_t st =
+            bt_regex_compile(p->ecma, strlen(p->ecma), BT_REGEX_SEARCH, &re, err, sizeof err);
         BT_CHECK_MSG(st == BT_OK, "%s: %s", p->ecma, err);
         if (st != BT_OK) continue;
         const char *pc = p->pcre ? p->pcre : p->ecma;
@@ -177,6 +179,10 @@ static void test_against_pcre2(void)
             continue;
         }
         pcre2_match_data *md = pcre2_match_data_create_from_pattern(code, NULL);
+        bt_regex_t *whole_re = NULL;
+        BT_CHECK_MSG(bt_regex_compile(p->ecma, strlen(p->ecma), BT_REGEX_WHOLE, &whole_re, err,
+                                      sizeof err) == BT_OK,
+                     "%s whole: %s", p->ecma, err);
         int *dist = distances(re);
         uint32_t alphabet[128];
         int na = code_points(p->ecma, strlen(p->ecma), alphabet, 96);
@@ -219,16 +225,27 @@ static void test_against_pcre2(void)
             const bool theirs = rc >= 0;
             BT_CHECK_MSG(ours == theirs, "pattern %s, string \"%.*s\": ours %d, PCRE2 %d", p->ecma,
                          (int)len, s, ours, theirs);
+            /* the whole string (a regex constraint's reading) */
+            const int rw = pcre2_match(code, (PCRE2_SPTR)s, len, 0,
+                                       PCRE2_ANCHORED | PCRE2_ENDANCHORED, md, NULL);
+            const bool whole = whole_re && bt_regex_accepts(whole_re, s, len);
+            BT_CHECK_MSG(whole == (rw >= 0), "pattern %s whole, string \"%.*s\": ours %d, PCRE2 %d",
+                         p->ecma, (int)len, s, whole, rw >= 0);
             compared++;
             matched += theirs;
+            matched_whole += rw >= 0;
         }
         free(dist);
+        bt_regex_free(whole_re);
         pcre2_match_data_free(md);
         pcre2_code_free(code);
         bt_regex_free(re);
     }
-    fprintf(stderr, "  %d strings compared with PCRE2, %d matching\n", compared, matched);
-    BT_CHECK(matched > compared / 3 && matched < compared); /* both verdicts exercised */
+    fprintf(stderr, "  %d strings compared with PCRE2, %d matching somewhere, %d whole\n", compared,
+            matched, matched_whole);
+    /* both verdicts exercised */
+    BT_CHECK(matched > compared / 3 && matched < compared);
+    BT_CHECK(matched_whole > compared / 5 && matched_whole < matched);
 }
 
 /* Every state is live: acceptance is reachable from it through bytes a JSON string holds. */
@@ -237,8 +254,8 @@ static void test_every_state_can_finish(void)
     for (size_t pi = 0; pi < sizeof patterns / sizeof patterns[0]; pi++) {
         char err[256];
         bt_regex_t *re = NULL;
-        if (bt_regex_compile(patterns[pi].ecma, strlen(patterns[pi].ecma), &re, err, sizeof err) !=
-            BT_OK)
+        if (bt_regex_compile(patterns[pi].ecma, strlen(patterns[pi].ecma), BT_REGEX_SEARCH, &re,
+                             err, sizeof err) != BT_OK)
             continue;
         const int n = re->n_states;
         BT_CHECK(n >= 2 && n <= BT_REGEX_MAX_STATES && re->start >= 1 && re->start < n);
@@ -296,8 +313,8 @@ static void test_refused_with_a_reason(void)
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char err[256] = "";
         bt_regex_t *re = NULL;
-        const bt_status_t st =
-            bt_regex_compile(bad[i].pattern, strlen(bad[i].pattern), &re, err, sizeof err);
+        const bt_status_t st = bt_regex_compile(bad[i].pattern, strlen(bad[i].pattern),
+                                                BT_REGEX_SEARCH, &re, err, sizeof err);
         BT_CHECK_MSG(st == BT_ERR_BAD_REQUEST && re == NULL && strstr(err, bad[i].says) &&
                          !strncmp(err, "pattern: ", 9),
                      "%s: status %d, \"%s\" (want \"%s\")", bad[i].pattern, st, err, bad[i].says);
