@@ -51,6 +51,11 @@ enum {
 };
 enum { NODE_ANY = 0, NODE_ANY_OBJECT = 1, NODE_ANY_ARRAY = 2 }; /* in every schema */
 
+/* A bounded number's value in units of 10^-NUM_FRAC (it has at most that many fraction digits
+ * and an integer part within int64): exact, so a bound sits where the schema's text puts it. */
+typedef __int128 wide_t;
+enum { NUM_FRAC = 18 };
+
 typedef struct {
     uint8_t kind;
     bool generic;   /* object: any keys, any values (no "properties") */
@@ -59,9 +64,10 @@ typedef struct {
     uint16_t lit;   /* object: the keys' literal trie; enum: the values' (root nodes) */
     uint16_t items; /* array: the items' node */
     int16_t min_items, max_items; /* array; max -1: none */
-    bool bounded;                 /* integer: its value in lo..hi; string: its length in lo..hi */
-    uint8_t rx;                   /* string: 1 + its pattern's index in rx[]; 0: none */
-    int64_t lo, hi;               /* (a string's in characters, hi -1: none) */
+    bool bounded;    /* integer: its value in lo..hi; number: in nlo..nhi; string: its length */
+    uint8_t rx;      /* string: 1 + its pattern's index in rx[]; 0: none */
+    int64_t lo, hi;  /* (a string's in characters, hi -1: none) */
+    wide_t nlo, nhi; /* a number's, in units of 10^-NUM_FRAC */
     uint64_t required;            /* object: bit j = property j is required */
     uint32_t starts[8];           /* the bytes a value of this node may start with */
 } snode_t;
@@ -270,24 +276,100 @@ static const char *shape_in(const cJSON *s)
     return first_of(s, shapes, sizeof shapes / sizeof *shapes);
 }
 
-/* kw (a keyword s has, or NULL) holds only for values of `type`: s must name that type, and
- * sit beside nothing that takes the value elsewhere ($ref, enum, const, anyOf, oneOf). Fails,
- * naming kw, where not. (not: what the message adds on what else it is not for.) */
+/* kw (a keyword s has, or NULL) holds only for values of `type` (or type2, unless NULL): s must
+ * name that type, and sit beside nothing that takes the value elsewhere ($ref, enum, const,
+ * anyOf, oneOf). Fails, naming kw, where not. */
 static bool only_on_type(compile_t *cc, const cJSON *s, const char *kw, const char *type,
-                         const char * not )
+                         const char *type2)
 {
     static const char *const elsewhere[] = {"$ref", "enum", "const", "anyOf", "oneOf"};
     if (!kw) return true;
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(s, "type");
-    bool named = cJSON_IsString(t) && !strcmp(t->valuestring, type);
-    for (const cJSON *x = cJSON_IsArray(t) ? t->child : NULL; x; x = x->next)
-        named |= cJSON_IsString(x) && !strcmp(x->valuestring, type);
+    bool named = false;
+    for (const cJSON *x = cJSON_IsArray(t) ? t->child : t; x; x = cJSON_IsArray(t) ? x->next : NULL)
+        named |= cJSON_IsString(x) &&
+                 (!strcmp(x->valuestring, type) || (type2 && !strcmp(x->valuestring, type2)));
     if (named && !first_of(s, elsewhere, sizeof elsewhere / sizeof *elsewhere)) return true;
     cfail(cc,
-          "json_schema: '%s' is supported on type %s only (%sbeside no $ref, enum, const, anyOf "
-          "or oneOf)",
-          kw, type, not );
+          "json_schema: '%s' is supported on type %s%s%s only (beside no $ref, enum, const, "
+          "anyOf or oneOf)",
+          kw, type, type2 ? " or " : "", type2 ? type2 : "");
     return false;
+}
+
+static wide_t pow10_wide(int k)
+{
+    wide_t p = 1;
+    while (k-- > 0)
+        p *= 10;
+    return p;
+}
+
+/* b in units of 10^-NUM_FRAC, from its shortest decimal form (what the schema's text said),
+ * rounded up or down to the unit. */
+static wide_t number_units(double b, bool up)
+{
+    char text[48];
+    for (int p = 15; p <= 17; p++) { /* "-d.ddde+XX" */
+        snprintf(text, sizeof text, "%.*e", p - 1, b);
+        if (strtod(text, NULL) == b) break;
+    }
+    const bool neg = text[0] == '-';
+    wide_t m = 0;
+    int after = -1; /* digits after the point */
+    const char *q = text + neg;
+    for (; *q && *q != 'e'; q++) {
+        if (*q == '.') {
+            after = 0;
+        } else {
+            m = m * 10 + (*q - '0');
+            after += after >= 0;
+        }
+    }
+    const int shift = atoi(q + 1) - (after > 0 ? after : 0) + NUM_FRAC; /* units = m 10^shift */
+    wide_t u;
+    bool inexact = false;
+    if (shift >= 0) {
+        u = m * pow10_wide(shift);
+    } else if (shift < -36) {
+        u = 0;
+        inexact = m != 0;
+    } else {
+        const wide_t d = pow10_wide(-shift);
+        u = m / d;
+        inexact = m % d != 0;
+    }
+    if (inexact && up != neg) u += 1; /* (the magnitude rounds up: ceil of +, floor of -) */
+    return neg ? -u : u;
+}
+
+/* A number node's bounds on the grid of units: inclusive, exclusive ones a unit inside; fails
+ * where a bound is no number within +-9e18, or nothing is left. */
+static bool number_bounds(compile_t *cc, const cJSON *s, wide_t *lo, wide_t *hi)
+{
+    const wide_t unit = pow10_wide(NUM_FRAC), limit = (wide_t)9000000000000000000 * unit;
+    *lo = -limit;
+    *hi = limit;
+    for (size_t i = 0; i < sizeof bounds / sizeof *bounds; i++) {
+        const cJSON *b = cJSON_GetObjectItemCaseSensitive(s, bounds[i]);
+        if (!b) continue;
+        if (!cJSON_IsNumber(b) || !(b->valuedouble >= -9e18 && b->valuedouble <= 9e18)) {
+            cfail(cc, "json_schema: %s must be a number within +-9e18", bounds[i]);
+            return false;
+        }
+        const double v = b->valuedouble;
+        wide_t u;
+        if (i == 0 && (u = number_units(v, true)) > *lo) *lo = u;
+        if (i == 1 && (u = number_units(v, false)) < *hi) *hi = u;
+        if (i == 2 && (u = number_units(v, false) + 1) > *lo) *lo = u;
+        if (i == 3 && (u = number_units(v, true) - 1) < *hi) *hi = u;
+    }
+    if (*lo > *hi) {
+        cfail(cc, "json_schema: no number (of up to %d decimals) is within the bounds given",
+              NUM_FRAC);
+        return false;
+    }
+    return true;
 }
 
 /* An integer node's bounds: minimum and maximum as given, exclusive ones a step inside, the
@@ -614,15 +696,10 @@ static int compile_typed(rules_t *r, compile_t *cc, const cJSON *s, const char *
         starts_of_kind(K_ARRAY, r->nodes[a].starts);
         return a;
     }
-    if (kind == K_NUMBER && bound_in(s)) {
-        cfail(cc,
-              "json_schema: %s on type number is not supported (the output could not be held to "
-              "it); on type integer it is",
-              bound_in(s));
-        return -1;
-    }
     int64_t lo = 0, hi = 0;
+    wide_t nlo = 0, nhi = 0;
     if (kind == K_INTEGER && bound_in(s) && !integer_bounds(cc, s, &lo, &hi)) return -1;
+    if (kind == K_NUMBER && bound_in(s) && !number_bounds(cc, s, &nlo, &nhi)) return -1;
     const int x = new_snode(r, cc, (uint8_t)kind);
     if (x < 0) return -1;
     starts_of_kind((uint8_t)kind, r->nodes[x].starts);
@@ -630,6 +707,11 @@ static int compile_typed(rules_t *r, compile_t *cc, const cJSON *s, const char *
         r->nodes[x].bounded = true;
         r->nodes[x].lo = lo;
         r->nodes[x].hi = hi;
+    }
+    if (kind == K_NUMBER && bound_in(s)) {
+        r->nodes[x].bounded = true;
+        r->nodes[x].nlo = nlo;
+        r->nodes[x].nhi = nhi;
     }
     if (kind == K_STRING && length_in(s)) {
         const cJSON *mn = cJSON_GetObjectItemCaseSensitive(s, "minLength");
@@ -676,9 +758,9 @@ static int compile_node(rules_t *r, compile_t *cc, const cJSON *s, int depth)
         }
     /* lengths hold where the value is a string, bounds where it is a number: only an
      * integer's are kept to */
-    if (!only_on_type(cc, s, length_in(s), "string", "") ||
-        !only_on_type(cc, s, shape_in(s), "string", "") ||
-        !only_on_type(cc, s, bound_in(s), "integer", "not on number, and "))
+    if (!only_on_type(cc, s, length_in(s), "string", NULL) ||
+        !only_on_type(cc, s, shape_in(s), "string", NULL) ||
+        !only_on_type(cc, s, bound_in(s), "integer", "number"))
         return -1;
     const cJSON *ref = cJSON_GetObjectItemCaseSensitive(s, "$ref");
     if (ref) {
@@ -987,7 +1069,9 @@ typedef struct {
     uint8_t run; /* whitespace bytes in a row; bytes of the number */
     uint16_t depth, vnode, tpos;
     uint16_t rx; /* in a string with a pattern: its DFA's state (never 0 there) */
-    int64_t num; /* a bounded integer's value so far (negative once it has a '-' and a digit) */
+    int64_t num; /* a bounded integer's value so far (negative once it has a '-' and a digit);
+                  * a bounded number's integer part (its sign in lit) */
+    int64_t frac; /* a bounded number's fraction digits so far, as an integer (need: how many) */
     frame_t stack[BT_GRAMMAR_MAX_DEPTH];
 } jstate_t;
 
@@ -1010,7 +1094,7 @@ static void set_mode(jstate_t *s, uint8_t mode)
 {
     s->mode = mode;
     s->sub = s->lit = s->need = s->lo = s->hi = s->run = 0;
-    s->num = 0;
+    s->num = s->frac = 0;
     s->rx = 0;
 }
 
@@ -1035,6 +1119,33 @@ static bool integer_reaches(const snode_t *n, int64_t num, bool more)
         if (base > (lo_mag > hi_mag ? lo_mag : hi_mag) || p > UINT64_MAX / 10) break;
     }
     return false;
+}
+
+/* Whether a bounded number written so far as s says (its sign in lit, integer part num,
+ * fraction frac of need digits, s->sub where it is) can still be one within its node's bounds:
+ * as it is (ended), or with more digits. */
+static bool number_reaches(const snode_t *n, const jstate_t *s, bool ended)
+{
+    const wide_t unit = pow10_wide(NUM_FRAC);
+    const bool neg = s->lit;
+    wide_t a, b;             /* the magnitudes it reaches, in units: [a, b] */
+    if (s->sub == N_MINUS) { /* any magnitude: a value <= 0 */
+        return n->nlo <= 0;
+    } else if (s->sub == N_DOT || s->sub == N_FRAC) {
+        const wide_t step = pow10_wide(NUM_FRAC - s->need);
+        a = (wide_t)s->num * unit + (wide_t)s->frac * step;
+        b = ended ? a : a + step - 1;
+    } else if (ended || s->sub == N_ZERO) { /* an integer part that takes no more digits */
+        a = (wide_t)s->num * unit;
+        b = ended ? a : a + unit - 1;
+    } else { /* more integer digits may come: num 10^k and up, for each k */
+        for (wide_t base = s->num, p = 1; base <= INT64_MAX; base *= 10, p *= 10) {
+            const wide_t lo = base * unit, hi = (base + p) * unit - 1;
+            if ((neg ? -hi : lo) <= n->nhi && (neg ? -lo : hi) >= n->nlo) return true;
+        }
+        return false;
+    }
+    return (neg ? -b : a) <= n->nhi && (neg ? -a : b) >= n->nlo;
 }
 
 /* The properties a described object may take next, from p: up to the first required one. */
@@ -1217,6 +1328,11 @@ static bool value_start(const rules_t *r, jstate_t *s, uint8_t c, uint16_t node)
     s->vnode = node;
     s->sub = c == '-' ? N_MINUS : c == '0' ? N_ZERO : N_INT;
     s->run = 1;
+    if (n->bounded && n->kind == K_NUMBER) {
+        s->lit = c == '-'; /* (the sign; the digits' magnitude in num and frac) */
+        s->num = c == '-' ? 0 : c - '0';
+        return number_reaches(n, s, false);
+    }
     if (n->bounded) { /* '-' leads to values up to -0; a digit d to d (0: nothing more) */
         if (c == '-') return n->lo <= 0;
         s->num = c - '0';
@@ -1225,10 +1341,14 @@ static bool value_start(const rules_t *r, jstate_t *s, uint8_t c, uint16_t node)
     return true;
 }
 
+/* A bounded number is written without an exponent (its digits then say its value exactly, and
+ * any value within bounds of up to NUM_FRAC decimals can be). */
 static bool number_step(const rules_t *r, jstate_t *s, uint8_t c)
 {
-    const bool integer = r->nodes[s->vnode].kind == K_INTEGER;
-    const bool dot = c == '.' && !integer, e = (c == 'e' || c == 'E') && !integer;
+    const snode_t *n = &r->nodes[s->vnode];
+    const bool integer = n->kind == K_INTEGER, bounded_number = n->bounded && !integer;
+    const bool dot = c == '.' && !integer;
+    const bool e = (c == 'e' || c == 'E') && !integer && !bounded_number;
     uint8_t next;
     switch (s->sub) {
     case N_MINUS:
@@ -1257,13 +1377,28 @@ static bool number_step(const rules_t *r, jstate_t *s, uint8_t c)
         break;
     }
     if (next == 0xff) return false;
-    const snode_t *n = &r->nodes[s->vnode];
     if (next == 0xfe) { /* the number ended: c belongs to what follows it */
-        if (n->bounded && !integer_reaches(n, s->num, false)) return false;
+        if (n->bounded &&
+            (integer ? !integer_reaches(n, s->num, false) : !number_reaches(n, s, true)))
+            return false;
         value_end(r, s);
         return step(r, s, c);
     }
     if (s->run >= BT_GRAMMAR_MAX_NUMBER) return false;
+    if (bounded_number) { /* (digits or the point come here) */
+        const int d = c - '0';
+        if (next == N_FRAC) {
+            if (s->need >= NUM_FRAC) return false;
+            s->frac = s->frac * 10 + d;
+            s->need++;
+        } else if (next != N_DOT) { /* an integer digit */
+            if (s->num > (INT64_MAX - 9) / 10) return false;
+            s->num = s->num * 10 + d;
+        }
+        s->sub = next;
+        s->run++;
+        return number_reaches(n, s, false);
+    }
     if (n->bounded) { /* (only digits come here: an integer has no '.' or exponent) */
         const int d = c - '0';
         if (s->sub == N_MINUS) {

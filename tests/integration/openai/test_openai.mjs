@@ -354,13 +354,14 @@ test('response_format json_object and json_schema: every answer that stops is a 
     assert.ok(typeof v.city === 'string' && [...v.city].length <= 24 && Number.isInteger(v.days) && v.days >= 1 && v.days <= 14 &&
       ['C', 'F'].includes(v.unit), c.message.content);
   }
-  // patterns and formats: each answer that stops holds them, as JavaScript's own RegExp and
-  // node:net read them
+  // patterns, formats and a number's bounds: each answer that stops holds them, as JavaScript's
+  // own RegExp and node:net read them
   const shaped = {
-    type: 'object', additionalProperties: false, required: ['code', 'day', 'host', 'note'],
+    type: 'object', additionalProperties: false, required: ['code', 'day', 'host', 'note', 'score'],
     properties: {
       code: { type: 'string', pattern: '^[A-Z]{2}-\\d{3}$' }, day: { type: 'string', format: 'date' },
       host: { type: 'string', format: 'ipv4' }, note: { type: 'string', pattern: '^(ok|"q"|\\\\)+$' },
+      score: { type: 'number', exclusiveMinimum: -0.5, maximum: 1 },
     },
   };
   const held = await ask({ response_format: { type: 'json_schema', json_schema: { name: 'shaped', strict: true, schema: shaped } } });
@@ -368,7 +369,8 @@ test('response_format json_object and json_schema: every answer that stops is a 
   assert.ok(ended.length >= 3, `${ended.length} of 6 stopped`);
   for (const c of ended) {
     const v = JSON.parse(c.message.content);
-    assert.deepEqual(Object.keys(v), ['code', 'day', 'host', 'note'], c.message.content);
+    assert.deepEqual(Object.keys(v), ['code', 'day', 'host', 'note', 'score'], c.message.content);
+    assert.ok(typeof v.score === 'number' && v.score > -0.5 && v.score <= 1, c.message.content);
     assert.match(v.code, new RegExp(shaped.properties.code.pattern, 'u'));
     assert.match(v.note, new RegExp(shaped.properties.note.pattern, 'u'));
     assert.match(v.day, /^\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])$/);
@@ -428,8 +430,8 @@ test('errors: 401 and 400', async () => {
     (e) => e instanceof OpenAI.BadRequestError && /'n'/.test(e.message));
   await assert.rejects(client.chat.completions.create({
     model: MODEL, messages: [{ role: 'user', content: 'x' }],
-    response_format: { type: 'json_schema', json_schema: { name: 'r', schema: { type: 'object', properties: { a: { type: 'string', format: 'email' } } } } },
-  }), (e) => e instanceof OpenAI.BadRequestError && /response_format/.test(e.message) && /'format'/.test(e.message));
+    response_format: { type: 'json_schema', json_schema: { name: 'r', schema: { type: 'object', properties: { a: { type: 'string', format: 'ipv6' } } } } },
+  }), (e) => e instanceof OpenAI.BadRequestError && /response_format/.test(e.message) && /format 'ipv6' is not supported/.test(e.message));
   await assert.rejects(client.chat.completions.create({ model: MODEL, messages: [] }),
     (e) => e instanceof OpenAI.BadRequestError && /messages/.test(e.message));
   await assert.rejects(client.chat.completions.create({ model: 'no-such-model', messages: [{ role: 'user', content: 'x' }] }),

@@ -503,6 +503,7 @@ static void test_golden_tokenizer(void)
     "\"id\":{\"type\":\"string\",\"format\":\"uuid\"},"                                            \
     "\"note\":{\"type\":\"string\",\"pattern\":\"^(ab|\\\"q\\\"|\\\\\\\\)+$\"},"                   \
     "\"memo\":{\"type\":\"string\",\"pattern\":\"\\\\d\"},"                                        \
+    "\"ratio\":{\"type\":\"number\",\"exclusiveMinimum\":0,\"maximum\":1.5},"                      \
     "\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\",\"pattern\":"                     \
     "\"^[a-z]+(-[a-z]+)*$\"},\"maxItems\":3}},\"required\":[\"code\",\"day\",\"note\"]}"
 
@@ -577,15 +578,72 @@ static void test_schema_table(void)
 #define N_RANGE                                                                                    \
     "{\"type\":\"object\",\"properties\":{\"n\":{\"type\":[\"integer\",\"null\"],"                 \
     "\"minimum\":10,\"maximum\":12.5}},\"required\":[\"n\"]}"
-        {T_RANGE, "{\"t\":-39}", 1},  {T_RANGE, "{\"t\":-4}", 1},    {T_RANGE, "{\"t\":-10}", 1},
-        {T_RANGE, "{\"t\":-40}", -1}, {T_RANGE, "{\"t\":-3}", -1},   {T_RANGE, "{\"t\":0}", -1},
-        {T_RANGE, "{\"t\":5}", -1},   {T_RANGE, "{\"t\":-400}", -1}, {T_RANGE, "{\"t\":-", 0},
+        {T_RANGE, "{\"t\":-39}", 1},
+        {T_RANGE, "{\"t\":-4}", 1},
+        {T_RANGE, "{\"t\":-10}", 1},
+        {T_RANGE, "{\"t\":-40}", -1},
+        {T_RANGE, "{\"t\":-3}", -1},
+        {T_RANGE, "{\"t\":0}", -1},
+        {T_RANGE, "{\"t\":5}", -1},
+        {T_RANGE, "{\"t\":-400}", -1},
+        {T_RANGE, "{\"t\":-", 0},
         {T_RANGE, "{\"t\":-0", -1}, /* (0 is out, and -0 takes no more digits) */
-        {N_RANGE, "{\"n\":10}", 1},   {N_RANGE, "{\"n\":12}", 1},    {N_RANGE, "{\"n\":null}", 1},
-        {N_RANGE, "{\"n\":1", 0},     {N_RANGE, "{\"n\":1}", -1},    {N_RANGE, "{\"n\":13}", -1},
-        {N_RANGE, "{\"n\":2", -1},    {N_RANGE, "{\"n\":-", -1},     {N_RANGE, "{\"n\":100}", -1},
+        {N_RANGE, "{\"n\":10}", 1},
+        {N_RANGE, "{\"n\":12}", 1},
+        {N_RANGE, "{\"n\":null}", 1},
+        {N_RANGE, "{\"n\":1", 0},
+        {N_RANGE, "{\"n\":1}", -1},
+        {N_RANGE, "{\"n\":13}", -1},
+        {N_RANGE, "{\"n\":2", -1},
+        {N_RANGE, "{\"n\":-", -1},
+        {N_RANGE, "{\"n\":100}", -1},
+#define P_RANGE                                                                                    \
+    "{\"type\":\"object\",\"properties\":{\"p\":{\"type\":\"number\",\"minimum\":0,"               \
+    "\"maximum\":1}},\"required\":[\"p\"]}"
+#define X_RANGE                                                                                    \
+    "{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"number\",\"exclusiveMinimum\":-0.5,"   \
+    "\"exclusiveMaximum\":0.25}},\"required\":[\"x\"]}"
+#define D_RANGE                                                                                    \
+    "{\"type\":\"object\",\"properties\":{\"d\":{\"type\":[\"number\",\"null\"],\"minimum\":-1e3," \
+    "\"maximum\":0.1}},\"required\":[\"d\"]}"
+        {P_RANGE, "{\"p\":0}", 1},
+        {P_RANGE, "{\"p\":1}", 1},
+        {P_RANGE, "{\"p\":0.5}", 1},
+        {P_RANGE, "{\"p\":1.000}", 1},
+        {P_RANGE, "{\"p\":-0}", 1},
+        {P_RANGE, "{\"p\":0.999999999999999999}", 1},
+        {P_RANGE, "{\"p\":-", 0},
+        {P_RANGE, "{\"p\":-0.", 0},
+        {P_RANGE, "{\"p\":-0.1", -1},
+        {P_RANGE, "{\"p\":1.01", -1},
+        {P_RANGE, "{\"p\":1.000000000000000001", -1},
+        {P_RANGE, "{\"p\":10", -1},
+        {P_RANGE, "{\"p\":2", -1},
+        {P_RANGE, "{\"p\":1e0}", -1},                  /* no exponent */
+        {P_RANGE, "{\"p\":0.1234567890123456789", -1}, /* 19 decimals */
+        {X_RANGE, "{\"x\":-0.49}", 1},
+        {X_RANGE, "{\"x\":0.2499}", 1},
+        {X_RANGE, "{\"x\":0}", 1},
+        {X_RANGE, "{\"x\":-0.5", -1},
+        {X_RANGE, "{\"x\":0.25}", -1},
+        {X_RANGE, "{\"x\":0.250", -1},
+        {X_RANGE, "{\"x\":-0.4999}", 1},
+        {X_RANGE, "{\"x\":-1", -1},
+        {D_RANGE, "{\"d\":0.1}", 1},
+        {D_RANGE, "{\"d\":0.10000000000000001", -1},
+        {D_RANGE, "{\"d\":-1000}", 1},
+        {D_RANGE, "{\"d\":-1000.0}", 1},
+        {D_RANGE, "{\"d\":-1000.01", -1},
+        {D_RANGE, "{\"d\":-999.9}", 1},
+        {D_RANGE, "{\"d\":null}", 1},
+        {D_RANGE, "{\"d\":-10000", -1},
+        {D_RANGE, "{\"d\":-1001", -1},
+        {D_RANGE, "{\"d\":0.09}", 1},
 #undef T_RANGE
 #undef N_RANGE
+#undef P_RANGE
+#undef X_RANGE
+#undef D_RANGE
     };
     for (size_t i = 0; i < sizeof ranged / sizeof ranged[0]; i++) {
         const int got = judge_schema(s.v, ranged[i].schema, ranged[i].text, strlen(ranged[i].text));
@@ -678,9 +736,14 @@ static void test_schema_table(void)
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"a.{40}\"}}"
          "}",
          "automaton states"},
-        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"number\",\"minimum\":0}}}",
-         "'minimum' is supported on type integer only"},
-        {"{\"type\":\"object\",\"properties\":{\"a\":{\"maximum\":3}}}", "type integer only"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"minimum\":0}}}",
+         "'minimum' is supported on type integer or number only"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"maximum\":3}}}", "integer or number only"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"number\",\"minimum\":0.5,"
+         "\"exclusiveMaximum\":0.5}}}",
+         "no number"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"number\",\"maximum\":1e19}}}",
+         "within +-9e18"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"maxLength\":3}}}", "type string only"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"minLength\":4,"
          "\"maxLength\":3}}}",
@@ -689,7 +752,7 @@ static void test_schema_table(void)
          "whole numbers"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\",\"enum\":[1],"
          "\"minimum\":0}}}",
-         "type integer only"},
+         "integer or number only"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\","
          "\"exclusiveMinimum\":true}}}",
          "exclusiveMinimum must be a number"},
