@@ -94,7 +94,8 @@ static void make_vocab(int vocab)
     "\"address\":{\"type\":\"object\",\"properties\":{\"street\":{\"type\":\"string\","            \
     "\"maxLength\":300},\"city\":{\"type\":\"string\",\"maxLength\":13}}},"                        \
     "\"email\":{\"type\":\"string\",\"format\":\"email\"},"                                        \
-    "\"memo\":{\"type\":\"string\",\"pattern\":\"[0-9]\"}},"                                       \
+    "\"memo\":{\"type\":\"string\",\"pattern\":\"[0-9]\"},"                                        \
+    "\"ratio\":{\"type\":\"number\",\"minimum\":0,\"maximum\":1}},"                                \
     "\"required\":[\"name\",\"age\"]}"
 
 typedef struct {
@@ -120,6 +121,7 @@ static const state_t states[] = {
      "{\"name\": \"x\", \"age\": 3, \"email\": \"john.sm"},
     {"in a string, pattern [0-9] (schema)", true,
      "{\"name\": \"x\", \"age\": 3, \"memo\": \"some text"},
+    {"a number in 0..1 (schema)", true, "{\"name\": \"x\", \"age\": 3, \"ratio\": 0.1"},
 };
 
 static int schema_serial;

@@ -343,6 +343,19 @@ static wide_t number_units(double b, bool up)
     return neg ? -u : u;
 }
 
+/* Bound i (of bounds[]) of s into *v: 1; absent: 0; not a number within +-9e18: -1 (said). */
+static int bound_at(compile_t *cc, const cJSON *s, size_t i, double *v)
+{
+    const cJSON *b = cJSON_GetObjectItemCaseSensitive(s, bounds[i]);
+    if (!b) return 0;
+    if (!cJSON_IsNumber(b) || !(b->valuedouble >= -9e18 && b->valuedouble <= 9e18)) {
+        cfail(cc, "json_schema: %s must be a number within +-9e18", bounds[i]);
+        return -1;
+    }
+    *v = b->valuedouble;
+    return 1;
+}
+
 /* A number node's bounds on the grid of units: inclusive, exclusive ones a unit inside; fails
  * where a bound is no number within +-9e18, or nothing is left. */
 static bool number_bounds(compile_t *cc, const cJSON *s, wide_t *lo, wide_t *hi)
@@ -351,13 +364,10 @@ static bool number_bounds(compile_t *cc, const cJSON *s, wide_t *lo, wide_t *hi)
     *lo = -limit;
     *hi = limit;
     for (size_t i = 0; i < sizeof bounds / sizeof *bounds; i++) {
-        const cJSON *b = cJSON_GetObjectItemCaseSensitive(s, bounds[i]);
-        if (!b) continue;
-        if (!cJSON_IsNumber(b) || !(b->valuedouble >= -9e18 && b->valuedouble <= 9e18)) {
-            cfail(cc, "json_schema: %s must be a number within +-9e18", bounds[i]);
-            return false;
-        }
-        const double v = b->valuedouble;
+        double v;
+        const int has = bound_at(cc, s, i, &v);
+        if (has < 0) return false;
+        if (!has) continue;
         wide_t u;
         if (i == 0 && (u = number_units(v, true)) > *lo) *lo = u;
         if (i == 1 && (u = number_units(v, false)) < *hi) *hi = u;
@@ -378,13 +388,10 @@ static bool integer_bounds(compile_t *cc, const cJSON *s, int64_t *lo, int64_t *
 {
     double l = -9e18, h = 9e18;
     for (size_t i = 0; i < sizeof bounds / sizeof *bounds; i++) {
-        const cJSON *b = cJSON_GetObjectItemCaseSensitive(s, bounds[i]);
-        if (!b) continue;
-        if (!cJSON_IsNumber(b) || !(b->valuedouble >= -9e18 && b->valuedouble <= 9e18)) {
-            cfail(cc, "json_schema: %s must be a number within +-9e18", bounds[i]);
-            return false;
-        }
-        const double v = b->valuedouble;
+        double v;
+        const int has = bound_at(cc, s, i, &v);
+        if (has < 0) return false;
+        if (!has) continue;
         if (i == 0) l = fmax(l, ceil(v));
         if (i == 1) h = fmin(h, floor(v));
         if (i == 2) l = fmax(l, floor(v) + 1);
