@@ -612,10 +612,6 @@ static bool compile_shape(rules_t *r, compile_t *cc, const cJSON *s, int x)
 {
     const cJSON *pat = cJSON_GetObjectItemCaseSensitive(s, "pattern");
     const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(s, "format");
-    if (cc->tools) { /* (a tool's string parameters are written raw, not as JSON strings) */
-        cfail(cc, "tool calls: %s is not supported in a tool's parameters", shape_in(s));
-        return false;
-    }
     if (pat && fmt) {
         cfail(cc, "json_schema: pattern and format together are not supported (one of them)");
         return false;
@@ -1281,6 +1277,8 @@ static bool dsml_lit_step(const rules_t *r, jstate_t *s, uint8_t c)
         return true;
     case D_STR_TRUE:
         set_mode(s, M_RAW);
+        if (r->nodes[vnode].kind == K_STRING && r->nodes[vnode].rx) /* (vnode: the parameter's) */
+            s->rx = r->rx[r->nodes[vnode].rx - 1]->start;
         return true;
     case D_STR_FALSE:
         set_mode(s, M_VALUE); /* (vnode: the parameter's) */
@@ -1549,6 +1547,44 @@ static bool string_step(const rules_t *r, jstate_t *s, uint8_t c)
     return true;
 }
 
+/* A string parameter's raw text, up to its end tag (sub: the tag's bytes matched so far). With
+ * a pattern, rx is the DFA's state with every byte so far taken as text, the bytes of a tag
+ * begun included, and tpos its state where that tag began: the tag may begin only where the
+ * text may end, and bytes that turn out not to be the tag must have been text the pattern
+ * takes. */
+static bool raw_step(const rules_t *r, jstate_t *s, uint8_t c)
+{
+    const bt_regex_t *re = s->rx ? r->rx[r->nodes[s->vnode].rx - 1] : NULL;
+    const bool patterned = re || s->tpos; /* (rx may be 0 inside a tag: the text dead) */
+    if (s->sub && c == (uint8_t)raw_end[s->sub]) {
+        if (raw_end[++s->sub] == 0) {
+            set_mode(s, M_DLIT);
+            s->lit = D_NEWLINE;
+            s->tpos = 0;
+            return true;
+        }
+        if (re) s->rx = re->next[(size_t)s->rx * 256 + c];
+        return true;
+    }
+    if (c < 0x20 && c != '\n' && c != '\t' && c != '\r') return false;
+    if (!patterned) {
+        s->sub = c == (uint8_t)raw_end[0];
+        return true;
+    }
+    if (!re) return false; /* a tag broke off where its bytes cannot be text */
+    const uint16_t before = s->rx, after = re->next[(size_t)before * 256 + c];
+    if (c == (uint8_t)raw_end[0] && re->accept[before]) { /* the end tag may begin here */
+        s->sub = 1;
+        s->tpos = before;
+        s->rx = after;
+        return true;
+    }
+    s->sub = 0;
+    s->tpos = 0;
+    s->rx = after;
+    return after != 0;
+}
+
 /* Advances s by byte c; false (s then undefined) when c cannot come here. */
 static bool step(const rules_t *r, jstate_t *s, uint8_t c)
 {
@@ -1603,16 +1639,7 @@ static bool step(const rules_t *r, jstate_t *s, uint8_t c)
     case M_DCHOICE:
         return dsml_choice_step(r, s, c);
     case M_RAW:
-        if (c == (uint8_t)raw_end[s->sub]) {
-            if (raw_end[++s->sub] == 0) {
-                set_mode(s, M_DLIT);
-                s->lit = D_NEWLINE;
-            }
-            return true;
-        }
-        if (c < 0x20 && c != '\n' && c != '\t' && c != '\r') return false;
-        s->sub = c == '<';
-        return true;
+        return raw_step(r, s, c);
     case M_ENUM: {
         const uint16_t k = lit_find(r, s->tpos, c);
         if (k) {

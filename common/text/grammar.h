@@ -75,7 +75,8 @@ bt_status_t bt_grammar_json_schema(bt_grammar_vocab_t *v, const char *schema, si
                                    size_t errlen);
 /* Tool calls instead of a JSON object: a block of DeepSeek's DSML tool calls (chat.c renders
  * the format), each naming one of spec's tools with parameters its schema describes (string ones
- * written raw, the rest as JSON; the schema's root an object that lists its properties). spec:
+ * written raw, held to their pattern or format if any but not to lengths; the rest as JSON; the
+ * schema's root an object that lists its properties). spec:
  * {"tools": [{"name": ..., "parameters": {...}}, ...], "one": true|false}; one: exactly one call
  * (a named tool_choice), else one or more (tool_choice "required"). */
 bt_status_t bt_grammar_tool_calls(bt_grammar_vocab_t *v, const char *spec, size_t len,

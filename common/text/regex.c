@@ -946,10 +946,11 @@ static bt_regex_t *determinize(const nfa_t *a, int start, int match)
     return re;
 }
 
-/* The bytes a JSON string can hold: raw from 0x20 up, and the short escapes' \b \t \n \f \r. */
+/* The bytes every text a pattern holds can hold: from 0x20 up, tab, newline, carriage return
+ * (a JSON string also takes \b and \f as escapes, a tool's raw parameter not). */
 static bool producible(int b)
 {
-    return b >= 0x20 || b == '\b' || b == '\t' || b == '\n' || b == '\f' || b == '\r';
+    return b >= 0x20 || b == '\t' || b == '\n' || b == '\r';
 }
 
 /* Keeps the states from which acceptance is reachable through producible bytes, numbered
@@ -1047,7 +1048,8 @@ bt_status_t bt_regex_compile(const char *pattern, size_t len, bt_regex_mode_t mo
                   "repeat of a broad class can; anchor it with ^ and $)",
                   BT_REGEX_MAX_STATES);
         else if (!prune(re))
-            pfail(&ps, "no string a JSON string can hold matches it");
+            pfail(&ps, "no string matches it that can be written (control characters other than "
+                       "tab, newline and CR cannot be)");
     }
     free(a.e);
     free(a.first);

@@ -1,9 +1,9 @@
 /* JSON Schema's `pattern` (ECMA-262 regular expressions, on code points) compiled into a DFA over
  * UTF-8 bytes, for constrained decoding: a string is accepted when it contains a match, as the
  * keyword means (an alternative anchored with ^ or $ holds at that end), so the DFA takes the
- * whole string. States that can no longer reach acceptance through bytes a JSON string can
- * hold (anything but the control characters JSON has no short escape for) are cut: a
- * transition to 0 means "not here", and every live state can still finish.
+ * whole string. States that can no longer reach acceptance through the bytes any text can
+ * hold (anything but the control characters other than tab, newline and carriage return) are
+ * cut: a transition to 0 means "not here", and every live state can still finish.
  *
  *   bt_regex_t *re;
  *   if (bt_regex_compile("^[A-Z]{3}-\\d{4}$", len, BT_REGEX_SEARCH, &re, err, sizeof err)) ...

@@ -1135,7 +1135,8 @@ static void test_regex_walks(void)
 #define TOOLS                                                                                      \
     "{\"tools\":[{\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\",\"properties\":{"   \
     "\"city\":{\"type\":\"string\"},\"days\":{\"type\":\"integer\"},\"unit\":{\"enum\":[\"C\","    \
-    "\"F\"]}},\"required\":[\"city\"]}},{\"name\":\"search\",\"parameters\":{\"type\":\"object\"," \
+    "\"F\"]},\"code\":{\"type\":\"string\",\"pattern\":\"^[A-Z]{2}(<[0-9])?$\"}},"                 \
+    "\"required\":[\"city\"]}},{\"name\":\"search\",\"parameters\":{\"type\":\"object\","          \
     "\"properties\":{\"q\":{\"type\":\"string\"},\"opts\":{\"type\":\"object\",\"properties\":{"   \
     "\"k\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"},\"maxItems\":3}}}},"               \
     "\"required\":[\"q\"]}}]%s}"
@@ -1206,7 +1207,8 @@ static void test_tool_call_table(void)
              strstr(err, "lists its properties"));
     BT_CHECK(bt_grammar_tool_calls_check("{\"tools\":[]}", 12, err, sizeof err) ==
              BT_ERR_INVALID_ARG);
-    /* (a string parameter is written raw, up to its end tag: its length is not counted) */
+    /* (a string parameter is written raw, up to its end tag: its length is not counted; a
+     * pattern {m,n} says it) */
     const char *lengths = "{\"tools\":[{\"name\":\"f\",\"parameters\":{\"type\":\"object\","
                           "\"properties\":{\"s\":{\"type\":\"string\",\"maxLength\":5}}}}]}";
     BT_CHECK(bt_grammar_tool_calls_check(lengths, strlen(lengths), err, sizeof err) ==
@@ -1214,6 +1216,40 @@ static void test_tool_call_table(void)
              strstr(err, "maxLength"));
     BT_CHECK(bt_grammar_tool_calls_check("{\"tools\":[{\"name\":\"f\"}]}", 24, err, sizeof err) ==
              BT_OK);
+    /* a raw string parameter held to a pattern (one with '<' in it: text, or its end tag) and a
+     * format */
+    const char *shaped = "{\"tools\":[{\"name\":\"book\",\"parameters\":{\"type\":\"object\","
+                         "\"properties\":{\"code\":{\"type\":\"string\",\"pattern\":"
+                         "\"^[A-Z]{2}(<[0-9])?$\"},\"day\":{\"type\":\"string\",\"format\":"
+                         "\"date\"}},\"required\":[\"code\"]}}]}";
+#define B_CALL                                                                                     \
+    "<" D "calls>\n<" D "invoke name=\"book\">\n<" D "parameter name=\"code\" string=\"true\">"
+#define B_END "</" D "parameter>\n</" D "invoke>\n</" D "calls>"
+    static const struct {
+        const char *text;
+        int want;
+    } raw[] = {
+        {B_CALL "AB" B_END, 1},
+        {B_CALL "AB<7" B_END, 1},
+        {B_CALL "AB<", 0},
+        {B_CALL "AB</" D "param", 0},
+        {B_CALL "AB</x", -1}, /* the tag broke off: "</x" is no text the pattern takes */
+        {B_CALL "AB<<", -1},
+        {B_CALL "A</", -1}, /* "A" cannot end, and "A<" cannot go on */
+        {B_CALL "ab", -1},
+        {B_CALL "AB<7<", 0}, /* (the tag may begin) */
+        {B_CALL "AB<7<x", -1},
+        {B_CALL "AB</" D "parameter>\n<" D
+                "parameter name=\"day\" string=\"true\">2026-12-05" B_END,
+         1},
+        {B_CALL "AB</" D "parameter>\n<" D "parameter name=\"day\" string=\"true\">2026-13", -1},
+    };
+    for (size_t i = 0; i < sizeof raw / sizeof raw[0]; i++) {
+        const int got = judge_tools(s.v, shaped, raw[i].text);
+        BT_CHECK_MSG(got == raw[i].want, "raw case %zu: %d, want %d", i, got, raw[i].want);
+    }
+#undef B_CALL
+#undef B_END
     synth_free(&s);
 #undef W_CALL
 #undef S_CALL
@@ -1238,6 +1274,7 @@ static void test_tool_call_walks(void)
                                        "\"city\"",
                                        "\"days\"",
                                        "\"unit\"",
+                                       "\"code\"",
                                        "\"q\"",
                                        "\"opts\"",
                                        "{\"k\": [",
