@@ -175,7 +175,7 @@ struct bt_model_cuda {
     bt_cuda_sample_params_t *draw_p_h, *draw_p_d;
     bt_cuda_sample_result_t *draw_r_h, *draw_r_d;
     bt_cuda_logit_adjust_t *adj_h, *adj_d; /* the draws' logit adjustments, grown as needed */
-    int adj_cap;
+    size_t adj_cap;
     uint32_t *mask_h, *mask_d; /* the draws' constrained-decoding masks, a row each */
     size_t mask_cap;           /* words */
     /* per-forward plans: bump-allocated in pinned host memory, copied to the same offset of
@@ -189,7 +189,7 @@ struct bt_model_cuda {
      * (pinned, and their device copy), where each goes on the host, the packed bytes */
     bt_cuda_copy_t *home_rg_h, *home_rg_d;
     uint8_t **home_dst;
-    int home_rg_cap;
+    size_t home_rg_cap;
     uint8_t *home_h, *home_d;
     size_t home_cap;
     bt_kv_range_t *home_ranges; /* the ranges of up to home_seqs sequences, then their counts */
@@ -2037,38 +2037,44 @@ static bt_status_t forward_body(fwd_t *f, float *logits, bt_kv_header_t *before)
     return BT_OK;
 }
 
+/* A pinned host buffer and its device twin with room for `need` elements of `elem` bytes: if
+ * they have fewer (*cap), both are freed and made anew for `grow` (>= need); false when the
+ * memory is not there (then both NULL, *cap 0). The old ones must no longer be read. */
+static bool pinned_pair_reserve(void **h, void **d, size_t *cap, size_t need, size_t grow,
+                                size_t elem)
+{
+    if (need <= *cap) return true;
+    cudaFreeHost(*h);
+    cudaFree(*d);
+    *h = *d = NULL;
+    *cap = 0;
+    if (cudaMallocHost(h, grow * elem) != cudaSuccess ||
+        cudaMalloc(d, grow * elem) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    *cap = grow;
+    return true;
+}
+
 /* Room for n ranges and `bytes` packed bytes in copy_home's buffers (grown by half again
  * over the need, so a growing batch does not reallocate every step); false when the memory is
  * not there. */
 static bool home_reserve(struct bt_model_cuda *cu, int n, size_t bytes)
 {
-    if (n > cu->home_rg_cap) {
-        const int cap = n + n / 2;
-        cudaFreeHost(cu->home_rg_h);
-        cudaFree(cu->home_rg_d);
+    if ((size_t)n > cu->home_rg_cap) {
         free(cu->home_dst);
-        cu->home_rg_h = NULL, cu->home_rg_d = NULL, cu->home_dst = NULL, cu->home_rg_cap = 0;
-        if (cudaMallocHost((void **)&cu->home_rg_h, (size_t)cap * sizeof(bt_cuda_copy_t)) != cudaSuccess ||
-            cudaMalloc((void **)&cu->home_rg_d, (size_t)cap * sizeof(bt_cuda_copy_t)) != cudaSuccess ||
-            !(cu->home_dst = malloc((size_t)cap * sizeof *cu->home_dst))) {
-            cudaGetLastError();
+        cu->home_dst = NULL;
+        const size_t cap = (size_t)n + (size_t)n / 2;
+        if (!pinned_pair_reserve((void **)&cu->home_rg_h, (void **)&cu->home_rg_d, &cu->home_rg_cap,
+                                 (size_t)n, cap, sizeof(bt_cuda_copy_t)) ||
+            !(cu->home_dst = malloc(cap * sizeof *cu->home_dst))) {
+            cu->home_rg_cap = 0;
             return false;
         }
-        cu->home_rg_cap = cap;
     }
-    if (bytes > cu->home_cap) {
-        const size_t cap = bytes + bytes / 2;
-        cudaFreeHost(cu->home_h);
-        cudaFree(cu->home_d);
-        cu->home_h = NULL, cu->home_d = NULL, cu->home_cap = 0;
-        if (cudaMallocHost((void **)&cu->home_h, cap) != cudaSuccess ||
-            cudaMalloc((void **)&cu->home_d, cap) != cudaSuccess) {
-            cudaGetLastError();
-            return false;
-        }
-        cu->home_cap = cap;
-    }
-    return true;
+    return pinned_pair_reserve((void **)&cu->home_h, (void **)&cu->home_d, &cu->home_cap, bytes,
+                               bytes + bytes / 2, 1);
 }
 
 /* What the forward wrote in each sequence's mirror (bt_kv_changed_ranges from `before`, the
@@ -2187,17 +2193,14 @@ static bt_status_t draws_launch(fwd_t *f)
     CK_CUDA(cudaMemcpyAsync(cu->draw_p_d, cu->draw_p_h, (size_t)f->n_seqs * sizeof *cu->draw_p_h,
                             cudaMemcpyHostToDevice, st));
     if (n_adj > 0) {
-        if (n_adj > cu->adj_cap) {
-            int cap = n_adj + n_adj / 2 + 256;
+        if ((size_t)n_adj > cu->adj_cap) {
             CK_CUDA(cudaStreamSynchronize(st)); /* (the old buffers may still be read) */
-            cudaFreeHost(cu->adj_h);
-            cudaFree(cu->adj_d);
-            cu->adj_h = NULL;
-            cu->adj_d = NULL;
-            cu->adj_cap = 0;
-            CK_CUDA(cudaMallocHost((void **)&cu->adj_h, (size_t)cap * sizeof *cu->adj_h));
-            CK_CUDA(cudaMalloc((void **)&cu->adj_d, (size_t)cap * sizeof *cu->adj_d));
-            cu->adj_cap = cap;
+            if (!pinned_pair_reserve((void **)&cu->adj_h, (void **)&cu->adj_d, &cu->adj_cap,
+                                     (size_t)n_adj, (size_t)n_adj + n_adj / 2 + 256,
+                                     sizeof *cu->adj_h)) {
+                snprintf(err, errlen, "cuda: no memory for %d logit adjustments", n_adj);
+                return BT_ERR_DEVICE;
+            }
         }
         for (int q = 0, k = 0; q < f->n_seqs; q++) {
             const bt_sample_req_t *r = &f->draw->req[q];
@@ -2214,15 +2217,12 @@ static bt_status_t draws_launch(fwd_t *f)
         const size_t need = (size_t)f->n_seqs * (size_t)words;
         if (need > cu->mask_cap) {
             CK_CUDA(cudaStreamSynchronize(st)); /* (the old buffers may still be read) */
-            cudaFreeHost(cu->mask_h);
-            cudaFree(cu->mask_d);
-            cu->mask_h = NULL;
-            cu->mask_d = NULL;
-            cu->mask_cap = 0;
-            const size_t cap = (size_t)f->m->opt.max_batch_seqs * (size_t)words;
-            CK_CUDA(cudaMallocHost((void **)&cu->mask_h, cap * sizeof *cu->mask_h));
-            CK_CUDA(cudaMalloc((void **)&cu->mask_d, cap * sizeof *cu->mask_d));
-            cu->mask_cap = cap;
+            if (!pinned_pair_reserve((void **)&cu->mask_h, (void **)&cu->mask_d, &cu->mask_cap,
+                                     need, (size_t)f->m->opt.max_batch_seqs * (size_t)words,
+                                     sizeof *cu->mask_h)) {
+                snprintf(err, errlen, "cuda: no memory for %d masks of %d words", f->n_seqs, words);
+                return BT_ERR_DEVICE;
+            }
         }
         for (int q = 0; q < f->n_seqs; q++) {
             uint32_t *row = cu->mask_h + (size_t)q * words;
