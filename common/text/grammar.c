@@ -68,6 +68,8 @@ typedef struct {
     uint8_t rx;      /* string: 1 + its pattern's index in rx[]; 0: none */
     int64_t lo, hi;  /* (a string's in characters, hi -1: none) */
     wide_t nlo, nhi; /* a number's, in units of 10^-NUM_FRAC */
+    wide_t mult;     /* integer or number: its value a multiple of this (a number's in units);
+                      * 0: any */
     uint64_t required;            /* object: bit j = property j is required */
     uint32_t starts[8];           /* the bytes a value of this node may start with */
 } snode_t;
@@ -223,7 +225,8 @@ static const char *const understood[] = {"type",  "properties", "required", "add
                                          "items", "minItems",   "maxItems", "enum",
                                          "const", "anyOf",      "oneOf",    "$ref",
                                          "$defs", "definitions"};
-static const char *const bounds[] = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
+static const char *const bounds[] = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+                                     "multipleOf"};
 static const char *const lengths[] = {"minLength", "maxLength"};
 static const char *const shapes[] = {"pattern", "format"};
 
@@ -356,6 +359,39 @@ static int bound_at(compile_t *cc, const cJSON *s, size_t i, double *v)
     return 1;
 }
 
+/* multipleOf of s, if any, into *mult (an integer's in ones, a number's in units): it must be
+ * above 0 and, for an integer, whole; for a number, of at most NUM_FRAC decimals. */
+static bool multiple_of(compile_t *cc, const cJSON *s, bool integer, wide_t *mult)
+{
+    *mult = 0;
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(s, "multipleOf");
+    if (!m) return true;
+    const double v = cJSON_IsNumber(m) ? m->valuedouble : -1.0;
+    if (!(v > 0.0 && v <= 9e18) || (integer && v != floor(v))) {
+        cfail(cc, "json_schema: multipleOf must be a number above 0%s",
+              integer ? " (on an integer, a whole one)" : "");
+        return false;
+    }
+    *mult = integer ? (wide_t)v : number_units(v, true);
+    if (!integer && (*mult != number_units(v, false) || *mult == 0)) {
+        cfail(cc, "json_schema: multipleOf on a number may have at most %d decimals", NUM_FRAC);
+        return false;
+    }
+    return true;
+}
+
+/* Whether [a, b] and [lo, hi] share a value that is a multiple of mult (0: any value). */
+static bool range_has(wide_t a, wide_t b, wide_t lo, wide_t hi, wide_t mult)
+{
+    if (a < lo) a = lo;
+    if (b > hi) b = hi;
+    if (a > b) return false;
+    if (mult <= 1) return true;
+    wide_t q = b / mult; /* the largest multiple <= b: floor(b / mult) mult */
+    if (b % mult != 0 && b < 0) q -= 1;
+    return q * mult >= a;
+}
+
 /* A number node's bounds on the grid of units: inclusive, exclusive ones a unit inside; fails
  * where a bound is no number within +-9e18, or nothing is left. */
 static bool number_bounds(compile_t *cc, const cJSON *s, wide_t *lo, wide_t *hi)
@@ -369,6 +405,7 @@ static bool number_bounds(compile_t *cc, const cJSON *s, wide_t *lo, wide_t *hi)
         if (has < 0) return false;
         if (!has) continue;
         wide_t u;
+        if (i == 4) continue; /* (multipleOf: multiple_of) */
         if (i == 0 && (u = number_units(v, true)) > *lo) *lo = u;
         if (i == 1 && (u = number_units(v, false)) < *hi) *hi = u;
         if (i == 2 && (u = number_units(v, false) + 1) > *lo) *lo = u;
@@ -701,8 +738,16 @@ static int compile_typed(rules_t *r, compile_t *cc, const cJSON *s, const char *
     }
     int64_t lo = 0, hi = 0;
     wide_t nlo = 0, nhi = 0;
+    wide_t mult = 0;
     if (kind == K_INTEGER && bound_in(s) && !integer_bounds(cc, s, &lo, &hi)) return -1;
     if (kind == K_NUMBER && bound_in(s) && !number_bounds(cc, s, &nlo, &nhi)) return -1;
+    if ((kind == K_INTEGER || kind == K_NUMBER) && !multiple_of(cc, s, kind == K_INTEGER, &mult))
+        return -1;
+    if (mult && !(kind == K_INTEGER ? range_has(lo, hi, lo, hi, mult)
+                                    : range_has(nlo, nhi, nlo, nhi, mult))) {
+        cfail(cc, "json_schema: no multiple of multipleOf is within the bounds given");
+        return -1;
+    }
     const int x = new_snode(r, cc, (uint8_t)kind);
     if (x < 0) return -1;
     starts_of_kind((uint8_t)kind, r->nodes[x].starts);
@@ -710,11 +755,13 @@ static int compile_typed(rules_t *r, compile_t *cc, const cJSON *s, const char *
         r->nodes[x].bounded = true;
         r->nodes[x].lo = lo;
         r->nodes[x].hi = hi;
+        r->nodes[x].mult = mult;
     }
     if (kind == K_NUMBER && bound_in(s)) {
         r->nodes[x].bounded = true;
         r->nodes[x].nlo = nlo;
         r->nodes[x].nhi = nhi;
+        r->nodes[x].mult = mult;
     }
     if (kind == K_STRING && length_in(s)) {
         const cJSON *mn = cJSON_GetObjectItemCaseSensitive(s, "minLength");
@@ -1105,23 +1152,16 @@ static void set_mode(jstate_t *s, uint8_t mode)
  * (more: false), or num followed by more digits. */
 static bool integer_reaches(const snode_t *n, int64_t num, bool more)
 {
-    if (!more) return num >= n->lo && num <= n->hi;
+    if (!more) return range_has(num, num, n->lo, n->hi, n->mult);
     const bool neg = num < 0;
-    const uint64_t m = neg ? 0 - (uint64_t)num : (uint64_t)num;
+    const wide_t m = neg ? -(wide_t)num : (wide_t)num;
     /* magnitudes num reaches with k more digits: [m 10^k, m 10^k + 10^k - 1] (k = 0: m) */
-    const uint64_t lo_mag = n->lo < 0 ? 0 - (uint64_t)n->lo : (uint64_t)n->lo;
-    const uint64_t hi_mag = n->hi < 0 ? 0 - (uint64_t)n->hi : (uint64_t)n->hi;
-    for (uint64_t p = 1; m <= UINT64_MAX / p; p *= 10) {
-        const uint64_t base = m * p, top = base + (p - 1);
-        bool meets;
-        if (neg) /* [-top, -base] against [lo, hi] */
-            meets = n->lo <= 0 && base <= lo_mag && (n->hi >= 0 || top >= hi_mag);
-        else /* [base, top] against [lo, hi] */
-            meets = n->hi >= 0 && base <= hi_mag && (n->lo <= 0 || top >= lo_mag);
-        if (meets) return true;
-        if (base > (lo_mag > hi_mag ? lo_mag : hi_mag) || p > UINT64_MAX / 10) break;
+    const wide_t far = n->hi > -n->lo ? (wide_t)n->hi : -(wide_t)n->lo;
+    for (wide_t p = 1;; p *= 10) {
+        const wide_t base = m * p, top = base + (p - 1);
+        if (range_has(neg ? -top : base, neg ? -base : top, n->lo, n->hi, n->mult)) return true;
+        if (base > far || p > (wide_t)INT64_MAX) return false;
     }
-    return false;
 }
 
 /* Whether a bounded number written so far as s says (its sign in lit, integer part num,
@@ -1133,7 +1173,7 @@ static bool number_reaches(const snode_t *n, const jstate_t *s, bool ended)
     const bool neg = s->lit;
     wide_t a, b;             /* the magnitudes it reaches, in units: [a, b] */
     if (s->sub == N_MINUS) { /* any magnitude: a value <= 0 */
-        return n->nlo <= 0;
+        return range_has(n->nlo, 0, n->nlo, n->nhi, n->mult);
     } else if (s->sub == N_DOT || s->sub == N_FRAC) {
         const wide_t step = pow10_wide(NUM_FRAC - s->need);
         a = (wide_t)s->num * unit + (wide_t)s->frac * step;
@@ -1144,11 +1184,11 @@ static bool number_reaches(const snode_t *n, const jstate_t *s, bool ended)
     } else { /* more integer digits may come: num 10^k and up, for each k */
         for (wide_t base = s->num, p = 1; base <= INT64_MAX; base *= 10, p *= 10) {
             const wide_t lo = base * unit, hi = (base + p) * unit - 1;
-            if ((neg ? -hi : lo) <= n->nhi && (neg ? -lo : hi) >= n->nlo) return true;
+            if (range_has(neg ? -hi : lo, neg ? -lo : hi, n->nlo, n->nhi, n->mult)) return true;
         }
         return false;
     }
-    return (neg ? -b : a) <= n->nhi && (neg ? -a : b) >= n->nlo;
+    return range_has(neg ? -b : a, neg ? -a : b, n->nlo, n->nhi, n->mult);
 }
 
 /* The properties a described object may take next, from p: up to the first required one. */

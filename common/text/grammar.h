@@ -19,11 +19,11 @@
  * others may be left out; no properties beyond them), required, additionalProperties (true or
  * false: nothing beyond the properties is generated either way), items, minItems, maxItems,
  * enum, const, anyOf / oneOf (branches that start with different characters), $ref into $defs
- * or definitions (recursion included), minimum / maximum / exclusive* on integers and numbers
- * (a bounded number without an exponent, up to 18 decimals), minLength /
- * maxLength and pattern (common/text/regex.h) or format (date, time, date-time, email,
- * hostname, ipv4, uuid) on strings, and annotations (title, description, default, ...).
- * Keywords that would constrain what is not checked (multipleOf, other formats, allOf, ...)
+ * or definitions (recursion included), minimum / maximum / exclusive* / multipleOf on integers
+ * and numbers (a bounded number without an exponent, up to 18 decimals), minLength / maxLength
+ * and pattern (common/text/regex.h) or format (date, time, date-time, email, hostname, ipv4,
+ * uuid) on strings, and annotations (title, description, default, ...).
+ * Keywords that would constrain what is not checked (other formats, allOf, not, ...)
  * are refused with an error naming them, not ignored; the root must be an object.
  *
  * Special tokens are never allowed, eos only once the object is closed. Whitespace runs are

@@ -504,6 +504,8 @@ static void test_golden_tokenizer(void)
     "\"note\":{\"type\":\"string\",\"pattern\":\"^(ab|\\\"q\\\"|\\\\\\\\)+$\"},"                   \
     "\"memo\":{\"type\":\"string\",\"pattern\":\"\\\\d\"},"                                        \
     "\"ratio\":{\"type\":\"number\",\"exclusiveMinimum\":0,\"maximum\":1.5},"                      \
+    "\"cents\":{\"type\":\"number\",\"multipleOf\":0.05,\"minimum\":-2},"                          \
+    "\"step\":{\"type\":\"integer\",\"multipleOf\":3},"                                            \
     "\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\",\"pattern\":"                     \
     "\"^[a-z]+(-[a-z]+)*$\"},\"maxItems\":3}},\"required\":[\"code\",\"day\",\"note\"]}"
 
@@ -639,6 +641,40 @@ static void test_schema_table(void)
         {D_RANGE, "{\"d\":-10000", -1},
         {D_RANGE, "{\"d\":-1001", -1},
         {D_RANGE, "{\"d\":0.09}", 1},
+#define M_INT                                                                                      \
+    "{\"type\":\"object\",\"properties\":{\"m\":{\"type\":\"integer\",\"multipleOf\":5,"           \
+    "\"minimum\":-10,\"maximum\":100}},\"required\":[\"m\"]}"
+#define M_CENTS                                                                                    \
+    "{\"type\":\"object\",\"properties\":{\"c\":{\"type\":\"number\",\"multipleOf\":0.01}},"       \
+    "\"required\":[\"c\"]}"
+#define M_QUARTER                                                                                  \
+    "{\"type\":\"object\",\"properties\":{\"q\":{\"type\":\"number\",\"multipleOf\":0.25,"         \
+    "\"maximum\":1}},\"required\":[\"q\"]}"
+        {M_INT, "{\"m\":0}", 1},
+        {M_INT, "{\"m\":5}", 1},
+        {M_INT, "{\"m\":100}", 1},
+        {M_INT, "{\"m\":-10}", 1},
+        {M_INT, "{\"m\":7", 0},
+        {M_INT, "{\"m\":7}", -1},
+        {M_INT, "{\"m\":105", -1},
+        {M_INT, "{\"m\":-15", -1},
+        {M_INT, "{\"m\":-3", -1}, /* (-30 and below are out) */
+        {M_CENTS, "{\"c\":1.25}", 1},
+        {M_CENTS, "{\"c\":1.255", -1},
+        {M_CENTS, "{\"c\":-3}", 1},
+        {M_CENTS, "{\"c\":0.1}", 1},
+        {M_CENTS, "{\"c\":12345.60}", 1},
+        {M_CENTS, "{\"c\":1e2", -1},
+        {M_QUARTER, "{\"q\":0.75}", 1},
+        {M_QUARTER, "{\"q\":0.7", 0},
+        {M_QUARTER, "{\"q\":0.7}", -1},
+        {M_QUARTER, "{\"q\":1.25", -1},
+        {M_QUARTER, "{\"q\":-0.25}", 1},
+        {M_QUARTER, "{\"q\":0.2", 0},
+        {M_QUARTER, "{\"q\":0.3", -1},
+#undef M_INT
+#undef M_CENTS
+#undef M_QUARTER
 #undef T_RANGE
 #undef N_RANGE
 #undef P_RANGE
@@ -744,6 +780,17 @@ static void test_schema_table(void)
          "no number"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"number\",\"maximum\":1e19}}}",
          "within +-9e18"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"number\",\"multipleOf\":0}}}",
+         "multipleOf must be a number above 0"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\",\"multipleOf\":2.5}}}",
+         "a whole one"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"number\",\"multipleOf\":1e-20}}}",
+         "at most 18 decimals"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\",\"multipleOf\":7,"
+         "\"minimum\":1,\"maximum\":6}}}",
+         "no multiple"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"multipleOf\":2}}}",
+         "'multipleOf' is supported on type integer or number only"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"maxLength\":3}}}", "type string only"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"minLength\":4,"
          "\"maxLength\":3}}}",
@@ -891,6 +938,10 @@ static bool conforms(const cJSON *x, const cJSON *s, const cJSON *root)
             return false;
         if ((b = cJSON_GetObjectItem(s, "exclusiveMaximum")) && x->valuedouble >= b->valuedouble)
             return false;
+        if ((b = cJSON_GetObjectItem(s, "multipleOf"))) {
+            const double q = x->valuedouble / b->valuedouble;
+            if (fabs(q - round(q)) > 1e-9 * fmax(1.0, fabs(q))) return false;
+        }
     }
     if (cJSON_IsObject(x)) {
         const cJSON *props = cJSON_GetObjectItem(s, "properties"),
