@@ -32,6 +32,9 @@ static const char *const dsml_lit[] = {"<" DSML "calls>\n<" DSML "invoke name=\"
                                        "</" DSML "parameter>\n",
                                        "\n"};
 static const char raw_end[] = "</" DSML "parameter>"; /* ('<' only at its start) */
+/* What ends a parameter's value for the parser (parsers.c), wherever it stands: a JSON value's
+ * strings may not hold it (its bars can be written \uff5c). */
+static const char param_end[] = "/" DSML "parameter";
 static const char *const choice_text[2][2] = {{"<" DSML "parameter name=", "</" DSML "invoke>"},
                                               {"\n<" DSML "invoke name=\"", "\n</" DSML "calls>"}};
 
@@ -1635,6 +1638,10 @@ static bool step(const rules_t *r, jstate_t *s, uint8_t c)
     case M_STR_ESC:
     case M_STR_HEX:
     case M_STR_UTF8:
+        if (s->depth && s->stack[0].dsml) { /* tpos: bytes of param_end matched */
+            s->tpos = c == (uint8_t)param_end[s->tpos] ? s->tpos + 1 : c == (uint8_t)param_end[0];
+            if (!param_end[s->tpos]) return false;
+        }
         return string_step(r, s, c);
     case M_NUM:
         return number_step(r, s, c);
@@ -1979,6 +1986,7 @@ static void walk(const bt_grammar_vocab_t *v, const rules_t *r, uint32_t n, cons
     /* inside a string, plain ASCII leaves the state as it is: no copy (most of a string's walk;
      * not where its length is counted) */
     const bool in_text = st->mode == M_STR && st->lit == SURROGATE_NONE && !st->rx &&
+                         !(st->depth && st->stack[0].dsml) && /* (param_end's guard) */
                          !(r->nodes[st->vnode].kind == K_STRING && r->nodes[st->vnode].bounded);
     for (uint32_t k = v->nodes[n].child; k; k = v->nodes[k].sibling) {
         const uint8_t c = v->nodes[k].byte;

@@ -1189,8 +1189,8 @@ static void test_regex_walks(void)
     "\"F\"]},\"code\":{\"type\":\"string\",\"pattern\":\"^[A-Z]{2}(<[0-9])?$\"}},"                 \
     "\"required\":[\"city\"]}},{\"name\":\"search\",\"parameters\":{\"type\":\"object\","          \
     "\"properties\":{\"q\":{\"type\":\"string\"},\"opts\":{\"type\":\"object\",\"properties\":{"   \
-    "\"k\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"},\"maxItems\":3}}}},"               \
-    "\"required\":[\"q\"]}}]%s}"
+    "\"k\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"},\"maxItems\":3}}},"                \
+    "\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\"}}},\"required\":[\"q\"]}}]%s}"
 
 static int judge_tools(bt_grammar_vocab_t *v, const char *spec, const char *text)
 {
@@ -1256,6 +1256,17 @@ static void test_tool_call_table(void)
     BT_CHECK(bt_grammar_tool_calls_check(generic, strlen(generic), err, sizeof err) ==
                  BT_ERR_INVALID_ARG &&
              strstr(err, "lists its properties"));
+    /* a JSON value's strings cannot hold what ends a parameter for the parser (its bars may be
+     * escaped) */
+#define T_CALL                                                                                     \
+    "<" D "calls>\n<" D "invoke name=\"search\">\n<" D                                             \
+    "parameter name=\"q\" string=\"true\">x</" D "parameter>\n<" D                                 \
+    "parameter name=\"tags\" string=\"false\">[\"a"
+    BT_CHECK_EQ_INT(judge_tools(s.v, any, T_CALL "/" D "parameter"), -1);
+    BT_CHECK_EQ_INT(judge_tools(s.v, any, T_CALL "\\/" D "parameter"), -1); /* (the '/' is there) */
+    BT_CHECK_EQ_INT(judge_tools(s.v, any, T_CALL "/\\uff5cDSML\\uff5c parameter"), 0);
+    BT_CHECK_EQ_INT(judge_tools(s.v, any, T_CALL "</" D "paramete"), 0);
+#undef T_CALL
     BT_CHECK(bt_grammar_tool_calls_check("{\"tools\":[]}", 12, err, sizeof err) ==
              BT_ERR_INVALID_ARG);
     /* (a string parameter is written raw, up to its end tag: its length is not counted; a
@@ -1322,6 +1333,7 @@ static void test_tool_call_walks(void)
                                        " string=\"false\">",
                                        "get_weather\">\n",
                                        "search\">\n",
+                                       "\"tags\"",
                                        "\"city\"",
                                        "\"days\"",
                                        "\"unit\"",
