@@ -2149,6 +2149,20 @@ static int request_kind(const char *kind, const char *spec, char *err, size_t er
     return -2;
 }
 
+/* The router checks every request's constraint by compiling it: the verdicts on the last
+ * CHECKS specs (up to CHECK_TEXT bytes) are kept, so a spec sent again costs a lookup. */
+enum { CHECKS = 64, CHECK_TEXT = 1 << 16 };
+static struct {
+    char *text; /* NULL: an empty entry */
+    size_t len;
+    int kind;
+    bt_status_t st;
+    char msg[256];
+    uint64_t used;
+} checks[CHECKS];
+static pthread_mutex_t checks_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t checks_clock, checks_done, checks_cached;
+
 bt_status_t bt_grammar_request_check(const char *kind, const char *spec, char *err, size_t errlen)
 {
     const int k = request_kind(kind, spec, err, errlen);
@@ -2156,7 +2170,46 @@ bt_status_t bt_grammar_request_check(const char *kind, const char *spec, char *e
     if (k <= 0) return BT_OK;
     static bt_status_t (*const check[])(const char *, size_t, char *, size_t) = {
         NULL, bt_grammar_schema_check, bt_grammar_tool_calls_check, bt_grammar_regex_check};
-    return check[k](spec, strlen(spec), err, errlen);
+    const size_t len = strlen(spec);
+    pthread_mutex_lock(&checks_lock);
+    checks_done++;
+    int victim = 0;
+    for (int i = 0; i < CHECKS; i++) {
+        if (checks[i].text && checks[i].kind == k && checks[i].len == len &&
+            !memcmp(checks[i].text, spec, len)) {
+            const bt_status_t st = checks[i].st;
+            snprintf(err, errlen, "%s", checks[i].msg);
+            checks[i].used = ++checks_clock;
+            checks_cached++;
+            pthread_mutex_unlock(&checks_lock);
+            return st;
+        }
+        if (checks[i].used < checks[victim].used) victim = i;
+    }
+    pthread_mutex_unlock(&checks_lock);
+    char msg[sizeof checks[0].msg] = "";
+    const bt_status_t st = check[k](spec, len, msg, sizeof msg);
+    snprintf(err, errlen, "%s", msg);
+    if (len > CHECK_TEXT) return st;
+    pthread_mutex_lock(&checks_lock);
+    free(checks[victim].text); /* (another thread's entry, maybe: the least recent either way) */
+    checks[victim].text = bt_malloc_or_die(len ? len : 1);
+    memcpy(checks[victim].text, spec, len);
+    checks[victim].len = len;
+    checks[victim].kind = k;
+    checks[victim].st = st;
+    memcpy(checks[victim].msg, msg, sizeof msg);
+    checks[victim].used = ++checks_clock;
+    pthread_mutex_unlock(&checks_lock);
+    return st;
+}
+
+void bt_grammar_check_stats(uint64_t *checked, uint64_t *cached)
+{
+    pthread_mutex_lock(&checks_lock);
+    *checked = checks_done;
+    *cached = checks_cached;
+    pthread_mutex_unlock(&checks_lock);
 }
 
 bt_status_t bt_grammar_request(bt_grammar_vocab_t *v, const char *kind, const char *spec,

@@ -94,6 +94,8 @@ bt_status_t bt_grammar_regex_check(const char *pattern, size_t len, char *err, s
  * _check: BT_OK when it compiles, else err names what is wrong (the router's check); the other
  * makes it into *g_p (NULL for none), as the workers do. */
 bt_status_t bt_grammar_request_check(const char *kind, const char *spec, char *err, size_t errlen);
+/* Checks made, and those answered from the verdicts kept on recent specs (the last 64). */
+void bt_grammar_check_stats(uint64_t *checked, uint64_t *cached);
 bt_status_t bt_grammar_request(bt_grammar_vocab_t *v, const char *kind, const char *spec,
                                int32_t after_token, bt_grammar_t **g_p, char *err, size_t errlen);
 /* Any JSON object (bt_grammar_json_schema with no schema). */

@@ -838,6 +838,25 @@ static void test_schema_table(void)
     BT_CHECK(bt_grammar_request_check("json_object", PERSON, err, sizeof err) ==
                  BT_ERR_INVALID_ARG &&
              strstr(err, "takes no spec"));
+    /* a spec checked again: the verdict kept (the router checks every request) */
+    uint64_t checked0, cached0, checked1, cached1;
+    bt_grammar_check_stats(&checked0, &cached0);
+    const char *bad_rx = "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\","
+                         "\"pattern\":\"(?=x)\"}}}";
+    char first[256], again[256];
+    BT_CHECK(bt_grammar_request_check("json_schema", bad_rx, first, sizeof first) ==
+             BT_ERR_INVALID_ARG);
+    BT_CHECK(bt_grammar_request_check("json_schema", bad_rx, again, sizeof again) ==
+             BT_ERR_INVALID_ARG);
+    BT_CHECK(!strcmp(first, again) && strstr(first, "lookaround"));
+    BT_CHECK(bt_grammar_request_check("json_schema", PERSON, err, sizeof err) == BT_OK);
+    const char *both = "{\"type\":\"object\",\"description\":\"a(b\"}"; /* (a schema, no regex) */
+    BT_CHECK(bt_grammar_request_check("json_schema", both, err, sizeof err) == BT_OK);
+    BT_CHECK(bt_grammar_request_check("regex", both, err, sizeof err) == BT_ERR_INVALID_ARG &&
+             strstr(err, "not closed"));
+    bt_grammar_check_stats(&checked1, &cached1);
+    BT_CHECK_EQ_INT(checked1 - checked0, 5);
+    BT_CHECK_EQ_INT(cached1 - cached0, 2); /* bad_rx again, PERSON (checked above) */
     synth_free(&s);
 }
 

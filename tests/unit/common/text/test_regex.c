@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static uint32_t rnd(void)
@@ -320,10 +321,40 @@ static void test_refused_with_a_reason(void)
     }
 }
 
+/* A pattern whose construction would run long is refused within its budget, not after it:
+ * a request's check at the router stays short. */
+static void test_budget(void)
+{
+    static char big[16384];
+    int o = 0;
+    for (int i = 0; i < 300; i++)
+        o += snprintf(big + o, sizeof big - (size_t)o, "%sword%dx%c", i ? "|" : "",
+                      i * 7919 % 100000, 'a' + i % 26);
+    char err[256] = "";
+    bt_regex_t *re = NULL;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    const bt_status_t st = bt_regex_compile(big, (size_t)o, BT_REGEX_SEARCH, &re, err, sizeof err);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    const double ms =
+        (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
+    fprintf(stderr, "  a 300-word alternation, unanchored: refused after %.1f ms\n", ms);
+    BT_CHECK_MSG(st == BT_ERR_BAD_REQUEST && strstr(err, "budget"), "%d %s", st, err);
+    bt_regex_free(re);
+    /* anchored, the same words compile */
+    static char anchored[16400];
+    snprintf(anchored, sizeof anchored, "^(%s)$", big);
+    BT_CHECK(bt_regex_compile(anchored, strlen(anchored), BT_REGEX_SEARCH, &re, err, sizeof err) ==
+             BT_OK);
+    BT_CHECK(re && bt_regex_accepts(re, "word7919xb", 10) && !bt_regex_accepts(re, "word7919x", 9));
+    bt_regex_free(re);
+}
+
 int main(void)
 {
     BT_RUN(test_against_pcre2);
     BT_RUN(test_every_state_can_finish);
     BT_RUN(test_refused_with_a_reason);
+    BT_RUN(test_budget);
     return bt_test_summary();
 }
