@@ -69,10 +69,10 @@ static void on_done(void *ctx, bt_rpc_code_t code, const char *message)
 int bt_cli_complete(int argc, char **argv)
 {
     const char *router = "127.0.0.1:50051", *ids_arg = NULL, *prompt = NULL, *chat = NULL;
-    const char *model = NULL, *stops = NULL;
+    const char *model = NULL, *stops = NULL, *json_schema = NULL, *regex = NULL;
     int64_t max_new = 16, seed = -1, top_k = 0, timeout_s = 600;
     double temperature = 0.0, top_p = 1.0, min_p = 0.0;
-    bool ignore_eos = false, quiet = false;
+    bool ignore_eos = false, quiet = false, json_object = false;
     bt_flag_t spec[] = {
         BT_FLAG_STR("router", &router, "router address (default 127.0.0.1:50051)"),
         BT_FLAG_STR("input-ids", &ids_arg, "comma-separated prompt token ids"),
@@ -87,6 +87,9 @@ int bt_cli_complete(int argc, char **argv)
         BT_FLAG_INT("seed", &seed, "sampling seed"),
         BT_FLAG_STR("stop", &stops, "a stop string"),
         BT_FLAG_BOOL("ignore-eos", &ignore_eos, "keep generating past the end-of-sequence token"),
+        BT_FLAG_BOOL("json-object", &json_object, "constrained: the answer is a JSON object"),
+        BT_FLAG_STR("json-schema", &json_schema, "constrained: an instance of this JSON schema"),
+        BT_FLAG_STR("regex", &regex, "constrained: the whole answer matches this pattern"),
         BT_FLAG_BOOL("quiet", &quiet, "do not echo the text"),
         BT_FLAG_INT("timeout", &timeout_s, "deadline in seconds (default 600)"),
     };
@@ -99,6 +102,11 @@ int bt_cli_complete(int argc, char **argv)
     }
     if (!!ids_arg + !!prompt + !!chat != 1) {
         fprintf(stderr, "baton complete: give exactly one of --input-ids, --prompt, --chat-json\n");
+        return 2;
+    }
+    if (json_object + !!json_schema + !!regex > 1) {
+        fprintf(stderr,
+                "baton complete: give at most one of --json-object, --json-schema, --regex\n");
         return 2;
     }
     Baton__V1__GenerateRequest g = BATON__V1__GENERATE_REQUEST__INIT;
@@ -137,6 +145,12 @@ int bt_cli_complete(int argc, char **argv)
     if (stops) {
         sp.n_stop = 1;
         sp.stop = stop_arr;
+    }
+    /* (the router checks the constraint and names what it cannot hold the answer to) */
+    if (json_object) sp.response_format = "json_object";
+    if (json_schema || regex) {
+        sp.response_format = json_schema ? "json_schema" : "regex";
+        sp.json_schema = (char *)(json_schema ? json_schema : regex);
     }
     g.sampling = &sp;
     g.skip_special_tokens = 1;

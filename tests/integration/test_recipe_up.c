@@ -9,6 +9,7 @@
 
 #include <netinet/in.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -129,6 +130,28 @@ static void test_recipe_to_cluster(void)
         }
         BT_CHECK_MSG(lines_with_ids >= 1, "no line of 4 ids from baton complete");
         free(o);
+        /* constrained from the command line: the whole answer matches --regex, and a pattern
+         * the router cannot hold the answer to is refused naming the problem */
+        char *constrained[] = {
+            baton,     "complete",           "--router", router,          "--prompt",
+            "Well",    "--max-new-tokens",   "24",       "--temperature", "0",
+            "--regex", "(yes|no|maybe)[.!]", NULL};
+        BT_CHECK_EQ_INT(wait_rc(spawn(constrained, cout, cerr)), 0);
+        char *text = slurp(cerr);
+        const char *answers[] = {"yes.", "no.", "maybe.", "yes!", "no!", "maybe!"};
+        bool matched = false;
+        for (int i = 0; i < 6 && text; i++) {
+            const size_t n = strlen(answers[i]);
+            matched |= !strncmp(text, answers[i], n) && text[n] == '\n';
+        }
+        BT_CHECK_MSG(matched, "baton complete --regex answered '%.200s'", text ? text : "");
+        free(text);
+        char *refused[] = {baton,  "complete", "--router", router, "--prompt",
+                           "Well", "--regex",  "(?=a)",    NULL};
+        BT_CHECK(wait_rc(spawn(refused, cout, cerr)) != 0);
+        text = slurp(cerr);
+        BT_CHECK_MSG(text && strstr(text, "regex: lookaround"), "%.300s", text ? text : "");
+        free(text);
         char gw[600];
         snprintf(gw, sizeof gw, "%s/baton-gateway", BT_BIN_DIR);
         if (access(gw, X_OK) == 0) {
