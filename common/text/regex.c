@@ -368,6 +368,14 @@ static int32_t read_escape(parser_t *ps, cset_t *s, bool in_class)
     return -1;
 }
 
+/* One member of a class: a code point, or a class escape added to s (-2); -1 on error. */
+static int32_t class_member(parser_t *ps, cset_t *s)
+{
+    if (*ps->p != '\\') return next_cp(ps);
+    ps->p++;
+    return read_escape(ps, s, true);
+}
+
 /* [...] after its '[' */
 static int parse_class(parser_t *ps)
 {
@@ -386,23 +394,11 @@ static int parse_class(parser_t *ps)
             ps->p++;
             break;
         }
-        int32_t lo;
-        if (*ps->p == '\\') {
-            ps->p++;
-            lo = read_escape(ps, &s, true);
-        } else {
-            lo = next_cp(ps);
-        }
+        const int32_t lo = class_member(ps, &s);
         if (lo == -1) break;
         if (ps->p + 1 < ps->end && *ps->p == '-' && ps->p[1] != ']') {
             ps->p++;
-            int32_t hi;
-            if (*ps->p == '\\') {
-                ps->p++;
-                hi = read_escape(ps, &s, true);
-            } else {
-                hi = next_cp(ps);
-            }
+            const int32_t hi = class_member(ps, &s);
             if (hi == -1) break;
             if (lo == -2 || hi == -2) {
                 pfail(ps, "a class escape (\\d, \\w, \\s) cannot bound a range");
