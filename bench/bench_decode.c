@@ -191,7 +191,7 @@ int main(int argc, char **argv)
             for (int i = 0; i < prompt; i++)
                 ids[i] = (int32_t)((7 + 131LL * b + 17LL * i + (long long)i * i) % emit);
             bt_kv_state_reset(slot[b]);
-            bt_forward_seq_t seq = {slot[b], ids, prompt, false};
+            bt_forward_seq_t seq = {slot[b], ids, prompt, false, NULL};
             req[b] = (bt_sample_req_t){.sampling = {(float)temperature, (float)top_p, 0.0f, 0, (uint64_t)b},
                                        .want_logprob = top_logprobs > 0, .n_top = top_logprobs};
             if (bt_model_forward_sample(m, &lay, &seq, 1, emit, &req[b], &drawn[b], err, sizeof err) != BT_OK) {
@@ -203,7 +203,7 @@ int main(int argc, char **argv)
         for (int s = 0; s < warmup + steps; s++) {
             bt_forward_seq_t seq[MAX_BATCH];
             for (int b = 0; b < B; b++) {
-                seq[b] = (bt_forward_seq_t){slot[b], &tok[b], 1, false};
+                seq[b] = (bt_forward_seq_t){slot[b], &tok[b], 1, false, NULL};
                 req[b].step = (uint64_t)s + 1;
             }
             double a = now();

@@ -61,7 +61,7 @@ static void prefill(bt_model_t *m, const bt_kv_layout_t *lay, uint8_t *slot, con
     for (int s = from; s < to;) {
         const int e = to - s < chunk ? to : s + chunk;
         bt_kv_header_t before = *bt_kv_header(slot);
-        bt_forward_seq_t seq = {slot, ids + s, e - s, false};
+        bt_forward_seq_t seq = {slot, ids + s, e - s, false, NULL};
         if (bt_model_forward(m, lay, &seq, 1, NULL, err, sizeof err) != BT_OK) {
             fprintf(stderr, "bench_prefix_cache: forward: %s\n", err);
             exit(1);

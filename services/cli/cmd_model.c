@@ -8,6 +8,7 @@
 #include "services/engine/demo_model.h"
 #include "services/engine/model.h"
 #include "services/engine/sampler.h"
+#include "services/engine/spec.h"
 
 #include <errno.h>
 #include <math.h>
@@ -24,6 +25,7 @@ typedef struct {
     const char *device;
     int64_t gpu;
     const char *dtype;
+    bool draft; /* load the DSpark draft stages */
 } common_args_t;
 
 /* Loads the model of args (the demo model when none is given) with the tokenizer's engram
@@ -74,6 +76,7 @@ static bt_model_t *open_model(const common_args_t *a, int64_t max_ctx, int max_b
     opt.max_ctx = max_ctx;
     opt.max_batch_tokens = max_batch;
     opt.max_batch_seqs = 1;
+    opt.draft = a->draft;
     bt_model_t *m = NULL;
     if (bt_model_load(dir, &opt, &m, err, sizeof err) != BT_OK) {
         fprintf(stderr, "baton %s: %s\n", cmd, err);
@@ -111,7 +114,7 @@ static int prefill(bt_model_t *m, const bt_kv_layout_t *lay, uint8_t *state, con
     for (int i = 0; i < n; i += chunk) {
         int len = n - i < chunk ? n - i : chunk;
         bool last = i + len == n;
-        bt_forward_seq_t seq = {state, ids + i, len, all_logits};
+        bt_forward_seq_t seq = {state, ids + i, len, all_logits, NULL};
         float *out = NULL;
         if (all_logits)
             out = logits + (size_t)i * V;
@@ -127,7 +130,7 @@ static int prefill(bt_model_t *m, const bt_kv_layout_t *lay, uint8_t *state, con
 
 int bt_cli_logits(int argc, char **argv)
 {
-    common_args_t a = {NULL, NULL, 4096, 0, 0, "cpu", 0, "auto"};
+    common_args_t a = {NULL, NULL, 4096, 0, 0, "cpu", 0, "auto", false};
     const char *output = NULL;
     bt_flag_t spec[] = {
         BT_FLAG_STR("model-path", &a.model_path, "checkpoint directory (default: the demo model)"),
@@ -196,8 +199,9 @@ out:
 
 int bt_cli_generate(int argc, char **argv)
 {
-    common_args_t a = {NULL, NULL, 4096, 0, 0, "cpu", 0, "auto"};
+    common_args_t a = {NULL, NULL, 4096, 0, 0, "cpu", 0, "auto", false};
     int64_t max_new = 16, seed = 0;
+    const char *spec_algo = NULL;
     double temperature = 1.0, top_p = 1.0, min_p = 0.0, presence = 0.0, frequency = 0.0;
     int64_t top_k = -1;
     bool ignore_eos = false;
@@ -218,6 +222,8 @@ int bt_cli_generate(int argc, char **argv)
         BT_FLAG_FLOAT("presence-penalty", &presence, "subtracted from a generated token's logit (-2..2, default 0)"),
         BT_FLAG_FLOAT("frequency-penalty", &frequency, "subtracted per occurrence of a generated token (-2..2, default 0)"),
         BT_FLAG_BOOL("ignore-eos", &ignore_eos, "keep generating past the end-of-sequence token"),
+        BT_FLAG_STR("speculative-algorithm", &spec_algo,
+                    "DSPARK: the checkpoint's draft stages propose, the model verifies"),
     };
     char err[256];
     bt_status_t st = bt_flags_parse(spec, BT_COUNTOF(spec), argc, argv, NULL, err, sizeof err);
@@ -234,6 +240,17 @@ int bt_cli_generate(int argc, char **argv)
                         "0 <= --min-p <= 1, -2 <= --presence-penalty, --frequency-penalty <= 2)\n");
         return 2;
     }
+    if (spec_algo && strcmp(spec_algo, "DSPARK") != 0) {
+        fprintf(stderr,
+                "baton generate: --speculative-algorithm: '%s' is not one Baton has (DSPARK)\n",
+                spec_algo);
+        return 2;
+    }
+    if (spec_algo && (presence != 0 || frequency != 0)) {
+        fprintf(stderr, "baton generate: --speculative-algorithm does not take penalties yet\n");
+        return 2;
+    }
+    a.draft = spec_algo != NULL;
     int32_t *ids;
     int n;
     int rc = parse_ids(a.input_ids, &ids, &n, "generate");
@@ -241,7 +258,10 @@ int bt_cli_generate(int argc, char **argv)
     int chunk = a.chunk < n ? (int)a.chunk : n;
     int64_t ctx = n + max_new;
     int emit_vocab;
-    bt_model_t *m = open_model(&a, ctx, chunk, "generate", &emit_vocab);
+    /* a speculative step runs a block of draft rows, then the block's verification */
+    bt_model_t *m = open_model(
+        &a, ctx, a.draft && chunk < BT_MAX_DRAFT_BLOCK + 1 ? BT_MAX_DRAFT_BLOCK + 1 : chunk,
+        "generate", &emit_vocab);
     if (!m) {
         free(ids);
         return 1;
@@ -264,9 +284,35 @@ int bt_cli_generate(int argc, char **argv)
     /* every chunk but the last without logits; the last draws the first token */
     const int head = (n - 1) / chunk * chunk;
     rc = max_new > 0 && head > 0 ? prefill(m, &lay, state, ids, head, chunk, false, NULL, "generate") : 0;
-    bt_forward_seq_t seq = {state, ids + head, n - head, false};
+    bt_forward_seq_t seq = {state, ids + head, n - head, false, NULL};
     int32_t tok;
+    bt_spec_t *sp = NULL;
+    if (a.draft && bt_spec_create(m, 1, emit_vocab, &sp) != BT_OK) {
+        fprintf(stderr, "baton generate: cannot set up speculative decoding for this model\n");
+        rc = 1;
+    }
     while (rc == 0 && produced < max_new) {
+        if (sp && produced > 0) {
+            /* a speculative step after the first token: the draft needs the positions before */
+            bt_spec_seq_t q = {.state = state,
+                               .last = tok,
+                               .sampling = req.sampling,
+                               .step = (uint64_t)produced,
+                               .max_emit = (int)(max_new - produced)};
+            if (bt_spec_step(sp, &lay, &q, 1, err, sizeof err) != BT_OK) {
+                fprintf(stderr, "baton generate: %s\n", err);
+                rc = 1;
+                break;
+            }
+            bool stop = false;
+            for (int i = 0; i < q.n_emit && !stop; i++) {
+                tok = q.emit[i];
+                out[produced++] = tok;
+                stop = tok == c->eos_id && !ignore_eos;
+            }
+            if (stop) break;
+            continue;
+        }
         req.step = (uint64_t)produced;
         req.adj_ids = pen.ids;
         req.adj = pen.amount;
@@ -280,12 +326,23 @@ int bt_cli_generate(int argc, char **argv)
         out[produced++] = tok;
         bt_penalties_add(&pen, tok);
         if (tok == c->eos_id && !ignore_eos) break;
-        seq = (bt_forward_seq_t){state, &tok, 1, false};
+        seq = (bt_forward_seq_t){state, &tok, 1, false, NULL};
     }
     if (rc == 0) {
+        if (sp) {
+            uint64_t steps, proposed, accepted;
+            bt_spec_stats(sp, &steps, &proposed, &accepted);
+            fprintf(stderr,
+                    "baton generate: DSpark: %llu steps, %llu of %llu proposals accepted (%.2f "
+                    "tokens a step)\n",
+                    (unsigned long long)steps, (unsigned long long)accepted,
+                    (unsigned long long)proposed,
+                    steps ? (double)(accepted + steps) / (double)steps : 0.0);
+        }
         for (int i = 0; i < produced; i++) printf(i ? ",%d" : "%d", out[i]);
         printf("\n");
     }
+    bt_spec_destroy(sp);
     free(out);
     bt_penalties_free(&pen);
     bt_aligned_free(state);

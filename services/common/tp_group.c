@@ -178,7 +178,7 @@ bt_status_t bt_tp_follow(bt_comm_t *comm, bt_model_t *model, const bt_kv_layout_
             }
             uint8_t *state = slot_fn(ctx, hdr[4 * i]);
             if (hdr[4 * i + 3]) bt_kv_state_reset(state);
-            seqs[i] = (bt_forward_seq_t){state, tok, hdr[4 * i + 1], hdr[4 * i + 2] != 0};
+            seqs[i] = (bt_forward_seq_t){state, tok, hdr[4 * i + 1], hdr[4 * i + 2] != 0, NULL};
             rows += seqs[i].all_logits ? (size_t)seqs[i].n : 1;
             tok += seqs[i].n;
         }

@@ -838,7 +838,8 @@ static void maybe_step(decode_t *d)
         if (s->state != SEQ_RUNNING || !s->call) continue;
         ctx_tokens += s->n_prompt + s->generated;
         d->batch[n] = s;
-        d->fwd[n] = (bt_forward_seq_t){bt_kv_pool_slot(d->pool, s->slot), &s->next_token, 1, false};
+        d->fwd[n] =
+            (bt_forward_seq_t){bt_kv_pool_slot(d->pool, s->slot), &s->next_token, 1, false, NULL};
         d->draw_req[n] = (bt_sample_req_t){
             .sampling = s->sampling,
             .step = (uint64_t)s->generated,

@@ -257,6 +257,48 @@ bt_status_t bt_model_config_parse(const char *json, size_t len, bt_model_config_
     if (c.candidate_source >= c.n_layers) c.candidate_source = -1;
     if (r.st != BT_OK) goto out;
 
+    /* DSpark draft stages: window-only layers after the backbone */
+    int n_draft = get_int_in(&r, "num_nextn_predict_layers", 0, false, 0, 16);
+    c.draft_block = get_int_in(&r, "dspark_block_size", 0, false, 0, BT_MAX_DRAFT_BLOCK);
+    if (r.st != BT_OK) goto out;
+    if (n_draft > 0 && c.draft_block > 0) {
+        int64_t targets[BT_MAX_DRAFT_TARGETS];
+        c.n_draft_targets =
+            get_int_list(&r, "dspark_target_layer_ids", targets, BT_MAX_DRAFT_TARGETS, true);
+        c.draft_noise_id = get_int_in(&r, "dspark_noise_token_id", 0, true, 0, c.vocab - 1);
+        c.draft_markov_rank = get_int_in(&r, "dspark_markov_rank", 256, false, 1, 1 << 16);
+        c.draft_experts = get_int_in(&r, "dspark_n_routed_experts", 0, false, 0, 1 << 16);
+        c.draft_active = get_int_in(&r, "dspark_num_experts_per_tok", 0, false, 0, 1 << 16);
+        if (r.st != BT_OK) goto out;
+        if (!c.draft_experts) c.draft_experts = c.n_experts;
+        if (!c.draft_active) c.draft_active = c.n_active;
+        if (c.n_layers + n_draft > BT_MAX_LAYERS)
+            fail(&r, "field '%s' = %lld: too many layers with the backbone's",
+                 "num_nextn_predict_layers", n_draft);
+        if (c.n_draft_targets < 1)
+            fail(&r, "field '%s' must name at least one layer (has %lld)",
+                 "dspark_target_layer_ids", c.n_draft_targets);
+        if (c.draft_active > c.draft_experts)
+            fail(&r, "field '%s' = %lld exceeds dspark_n_routed_experts",
+                 "dspark_num_experts_per_tok", c.draft_active);
+        for (int i = 0; i < c.n_draft_targets && r.st == BT_OK; i++) {
+            check_range(&r, "dspark_target_layer_ids", targets[i], 0, c.n_layers - 1);
+            c.draft_targets[i] = (int)targets[i];
+        }
+        for (int j = 0; j < n_draft && r.st == BT_OK; j++) {
+            int l = c.n_layers + j;
+            if (n_ratios > l && ratios[l] != 0)
+                fail(&r, "field '%s': draft stage %lld must be window-only (ratio 0)",
+                     "compress_ratios", j);
+            c.layer[l] =
+                (bt_layer_config_t){.kv_source = -1, .index_key_owner = -1, .engram_index = -1};
+        }
+        if (r.st != BT_OK) goto out;
+        c.n_draft = n_draft;
+    } else {
+        c.draft_block = 0;
+    }
+
     read_rope(&r, text, "main", &c.rope_main, c.head_dim, false);
     read_rope(&r, text, "compress", &c.rope_compress, c.head_dim, true);
     if (r.st != BT_OK) goto out;

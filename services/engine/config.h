@@ -17,6 +17,8 @@
 
 #define BT_MAX_LAYERS 128
 #define BT_MAX_ENGRAM_LAYERS 8
+#define BT_MAX_DRAFT_TARGETS 8
+#define BT_MAX_DRAFT_BLOCK 16
 
 typedef struct {
     int compress_ratio;  /* 0 = window only, 1 or 2 */
@@ -56,6 +58,17 @@ typedef struct {
     int engram_pad_id;
     int bos_id, eos_id;
     int64_t max_position;
+    /* DSpark draft stages (`mtp.*`, MODEL-DS41.md): layer[n_layers + j] for j < n_draft, window
+     * only. n_draft is 0 when the config declares none (num_nextn_predict_layers or
+     * dspark_block_size 0) and in the configuration of a model loaded without them
+     * (bt_model_options_t.draft), so a KV layout has their rings only where they are kept. */
+    int n_draft;
+    int draft_block;    /* tokens drafted a step (dspark_block_size) */
+    int draft_noise_id; /* fills the block after its first token */
+    int draft_markov_rank;
+    int draft_experts, draft_active;
+    int n_draft_targets; /* target layers whose entering streams (mean over hc) feed the draft */
+    int draft_targets[BT_MAX_DRAFT_TARGETS];
     bt_layer_config_t layer[BT_MAX_LAYERS];
 } bt_model_config_t;
 

@@ -18,7 +18,7 @@
 #include <unistd.h>
 
 /* Bumped whenever the generator's output changes, so a stale cached demo is rebuilt. */
-#define DEMO_VERSION 1
+#define DEMO_VERSION 2
 
 typedef struct {
     const char *name;
@@ -33,30 +33,89 @@ typedef struct {
     int engram_layers[4], n_engram;
     int engram_heads, engram_head_dim;
     double swiglu_limit;
+    /* DSpark draft */
+    int draft_stages, draft_block, draft_experts, draft_active, markov_rank;
+    int draft_targets[4], draft_targets_n;
 } demo_spec_t;
 
 static const demo_spec_t specs[] = {
     {
-        .name = "demo", .quantized = true, .hidden = 128, .layers = 8, .heads = 4, .head_dim = 64,
-        .rope_dim = 16, .q_lora = 64, .o_groups = 2, .o_lora = 32, .window = 16,
-        .index_heads = 4, .index_head_dim = 32, .index_topk = 8,
-        .candidate_source = 5, .candidate_blocks = 3, .candidate_block_size = 4,
-        .experts = 8, .active = 2, .inter = 64,
+        .name = "demo",
+        .quantized = true,
+        .hidden = 128,
+        .layers = 8,
+        .heads = 4,
+        .head_dim = 64,
+        .rope_dim = 16,
+        .q_lora = 64,
+        .o_groups = 2,
+        .o_lora = 32,
+        .window = 16,
+        .index_heads = 4,
+        .index_head_dim = 32,
+        .index_topk = 8,
+        .candidate_source = 5,
+        .candidate_blocks = 3,
+        .candidate_block_size = 4,
+        .experts = 8,
+        .active = 2,
+        .inter = 64,
         .ratios = {0, 0, 2, 2, 2, 1, 1, 1},
-        .kv_sources = {2, 5}, .n_kv = 2, .index_sources = {2, 5, 7}, .n_index = 3,
-        .engram_layers = {1, 3}, .n_engram = 2, .engram_heads = 2, .engram_head_dim = 32,
+        .kv_sources = {2, 5},
+        .n_kv = 2,
+        .index_sources = {2, 5, 7},
+        .n_index = 3,
+        .engram_layers = {1, 3},
+        .n_engram = 2,
+        .engram_heads = 2,
+        .engram_head_dim = 32,
         .swiglu_limit = 10.0,
+        .draft_stages = 3,
+        .draft_block = 5,
+        .draft_experts = 6,
+        .draft_active = 2,
+        .markov_rank = 16,
+        .draft_targets = {5, 6, 7},
+        .draft_targets_n = 3,
     },
     {
-        .name = "demo2", .quantized = false, .hidden = 96, .layers = 6, .heads = 6, .head_dim = 48,
-        .rope_dim = 16, .q_lora = 40, .o_groups = 3, .o_lora = 24, .window = 6,
-        .index_heads = 3, .index_head_dim = 24, .index_topk = 5,
-        .candidate_source = 3, .candidate_blocks = 2, .candidate_block_size = 3,
-        .experts = 6, .active = 3, .inter = 40,
+        .name = "demo2",
+        .quantized = false,
+        .hidden = 96,
+        .layers = 6,
+        .heads = 6,
+        .head_dim = 48,
+        .rope_dim = 16,
+        .q_lora = 40,
+        .o_groups = 3,
+        .o_lora = 24,
+        .window = 6,
+        .index_heads = 3,
+        .index_head_dim = 24,
+        .index_topk = 5,
+        .candidate_source = 3,
+        .candidate_blocks = 2,
+        .candidate_block_size = 3,
+        .experts = 6,
+        .active = 3,
+        .inter = 40,
         .ratios = {0, 2, 2, 1, 1, 1},
-        .kv_sources = {1, 3}, .n_kv = 2, .index_sources = {1, 3, 5}, .n_index = 3,
-        .engram_layers = {2}, .n_engram = 1, .engram_heads = 3, .engram_head_dim = 16,
+        .kv_sources = {1, 3},
+        .n_kv = 2,
+        .index_sources = {1, 3, 5},
+        .n_index = 3,
+        .engram_layers = {2},
+        .n_engram = 1,
+        .engram_heads = 3,
+        .engram_head_dim = 16,
         .swiglu_limit = 2.0,
+        .draft_stages = 2,
+        .draft_block = 5,
+        .draft_experts = 4,
+        .draft_active = 3,
+        .markov_rank = 8,
+        .draft_targets = {2, 5},
+        .draft_targets_n = 2,
     },
 };
 
@@ -422,6 +481,16 @@ static char *config_json(const demo_spec_t *d, int classes, const int64_t *rows)
     cJSON_AddNumberToObject(t, "bos_token_id", 0);
     cJSON_AddNumberToObject(t, "eos_token_id", 1);
     cJSON_AddNumberToObject(t, "pad_token_id", 2);
+    cJSON_AddNumberToObject(t, "num_nextn_predict_layers", d->draft_stages);
+    if (d->draft_stages) {
+        cJSON_AddNumberToObject(t, "dspark_block_size", d->draft_block);
+        cJSON_AddNumberToObject(t, "dspark_noise_token_id", DEMO_VOCAB - 1);
+        cJSON_AddItemToObject(t, "dspark_target_layer_ids",
+                              int_array(d->draft_targets, d->draft_targets_n));
+        cJSON_AddNumberToObject(t, "dspark_markov_rank", d->markov_rank);
+        cJSON_AddNumberToObject(t, "dspark_n_routed_experts", d->draft_experts);
+        cJSON_AddNumberToObject(t, "dspark_num_experts_per_tok", d->draft_active);
+    }
     cJSON_AddNumberToObject(t, "baton_demo_version", DEMO_VERSION);
     char *text = cJSON_Print(root);
     cJSON_Delete(root);
@@ -440,6 +509,111 @@ static bt_status_t write_text(const char *dir, const char *name, const char *tex
         return BT_ERR_IO;
     }
     return BT_OK;
+}
+
+/* One layer's tensors: the backbone's layers.N, or draft stage N (mtp.N: window only, its own
+ * expert count). */
+static void add_layer(writer_t *w, const demo_spec_t *d, int l, bool draft, const int64_t *rows,
+                      int cols)
+{
+    int D = d->hidden, hd = d->head_dim, H = d->heads, hc = 4, mix = (2 + hc) * hc;
+    char name[256], P[32];
+    snprintf(P, sizeof P, draft ? "mtp.%d" : "layers.%d", l);
+#define NAME(...) (snprintf(name, sizeof name, __VA_ARGS__), name)
+    bool kv_src = false, idx_src = false;
+    for (int i = 0; i < d->n_kv && !draft; i++)
+        kv_src |= d->kv_sources[i] == l;
+    for (int i = 0; i < d->n_index && !draft; i++)
+        idx_src |= d->index_sources[i] == l;
+    int ratio = draft ? 0 : d->ratios[l];
+    add_bf16(w, NAME("%s.attn_norm.weight", P), 1, D, 0, random_floats(w, D, 1, 0.1f));
+    add_bf16(w, NAME("%s.ffn_norm.weight", P), 1, D, 0, random_floats(w, D, 1, 0.1f));
+    const char *sites[2] = {"attn", "ffn"};
+    for (int s = 0; s < 2; s++) {
+        add_f32(w, NAME("%s.hc_%s_fn", P, sites[s]), 2, mix, (int64_t)hc * D,
+                random_floats(w, (size_t)mix * hc * D, 0, 1.0f / sqrtf((float)(hc * D))));
+        add_f32(w, NAME("%s.hc_%s_base", P, sites[s]), 1, mix, 0, random_floats(w, mix, 0, 0.3f));
+        float *scale = bt_malloc_or_die(3 * sizeof(float));
+        for (int i = 0; i < 3; i++)
+            scale[i] = 0.5f + (float)rng_uniform(&w->rng);
+        add_f32(w, NAME("%s.hc_%s_scale", P, sites[s]), 1, 3, 0, scale);
+    }
+    char pre[128];
+    snprintf(pre, sizeof pre, "%s.attn", P);
+    add_fp8(w, NAME("%s.wq_a", pre), d->q_lora, D,
+            random_floats(w, (size_t)d->q_lora * D, 0, 1.0f / sqrtf((float)D)), 32);
+    add_bf16(w, NAME("%s.q_norm.weight", pre), 1, d->q_lora, 0,
+             random_floats(w, d->q_lora, 1, 0.1f));
+    add_fp8(w, NAME("%s.wq_b", pre), (int64_t)H * hd, d->q_lora,
+            random_floats(w, (size_t)H * hd * d->q_lora, 0, 1.0f / sqrtf((float)d->q_lora)), 32);
+    add_fp8(w, NAME("%s.wkv", pre), hd, D,
+            random_floats(w, (size_t)hd * D, 0, 1.0f / sqrtf((float)D)), 32);
+    add_bf16(w, NAME("%s.kv_norm.weight", pre), 1, hd, 0, random_floats(w, hd, 1, 0.1f));
+    int gin = H * hd / d->o_groups;
+    add_fp8(w, NAME("%s.wo_a", pre), (int64_t)d->o_groups * d->o_lora, gin,
+            random_floats(w, (size_t)d->o_groups * d->o_lora * gin, 0, 1.0f / sqrtf((float)gin)),
+            32);
+    add_fp8(w, NAME("%s.wo_b", pre), D, (int64_t)d->o_groups * d->o_lora,
+            random_floats(w, (size_t)D * d->o_groups * d->o_lora, 0,
+                          1.0f / sqrtf((float)(d->o_groups * d->o_lora))),
+            32);
+    add_f32(w, NAME("%s.attn_sink", pre), 1, H, 0, random_floats(w, H, 0, 1));
+    if (kv_src) {
+        add_f32(w, NAME("%s.compressor.wkv.weight", pre), 2, hd, D,
+                random_floats(w, (size_t)hd * D, 0, 1.0f / sqrtf((float)D)));
+        if (ratio > 1)
+            add_bf16(w, NAME("%s.compressor.wgate.weight", pre), 2, hd, D,
+                     random_floats(w, (size_t)hd * D, 0, 1.0f / sqrtf((float)D)));
+        add_bf16(w, NAME("%s.compressor.norm.weight", pre), 1, hd, 0,
+                 random_floats(w, hd, 1, 0.1f));
+    }
+    if (idx_src) {
+        int ih = d->index_heads, ihd = d->index_head_dim;
+        add_fp8(w, NAME("%s.indexer.wq_b", pre), (int64_t)ih * ihd, d->q_lora,
+                random_floats(w, (size_t)ih * ihd * d->q_lora, 0, 1.0f / sqrtf((float)d->q_lora)),
+                32);
+        add_bf16(w, NAME("%s.indexer.weights_proj.weight", pre), 2, ih, D,
+                 random_floats(w, (size_t)ih * D, 0, 1.0f / sqrtf((float)D)));
+        if (kv_src) {
+            add_bf16(w, NAME("%s.indexer.wk.weight", pre), 2, ihd, hd,
+                     random_floats(w, (size_t)ihd * hd, 0, 1.0f / sqrtf((float)hd)));
+            add_bf16(w, NAME("%s.indexer.k_norm.weight", pre), 1, ihd, 0,
+                     random_floats(w, ihd, 1, 0.1f));
+        }
+    }
+    int E = draft ? d->draft_experts : d->experts, I = d->inter;
+    add_bf16(w, NAME("%s.ffn.gate.weight", P), 2, E, D,
+             random_floats(w, (size_t)E * D, 0, 1.0f / sqrtf((float)D)));
+    add_f32(w, NAME("%s.ffn.gate.bias", P), 1, E, 0, random_floats(w, E, 0, 0.15f));
+    for (int e = 0; e < E; e++) {
+        add_fp4(w, NAME("%s.ffn.experts.%d.w1", P, e), I, D,
+                random_floats(w, (size_t)I * D, 0, 1.0f / sqrtf((float)D)));
+        add_fp4(w, NAME("%s.ffn.experts.%d.w2", P, e), D, I,
+                random_floats(w, (size_t)I * D, 0, 1.0f / sqrtf((float)I)));
+        add_fp4(w, NAME("%s.ffn.experts.%d.w3", P, e), I, D,
+                random_floats(w, (size_t)I * D, 0, 1.0f / sqrtf((float)D)));
+    }
+    add_fp8(w, NAME("%s.ffn.shared_experts.w1", P), I, D,
+            random_floats(w, (size_t)I * D, 0, 1.0f / sqrtf((float)D)), 32);
+    add_fp8(w, NAME("%s.ffn.shared_experts.w2", P), D, I,
+            random_floats(w, (size_t)I * D, 0, 1.0f / sqrtf((float)I)), 32);
+    add_fp8(w, NAME("%s.ffn.shared_experts.w3", P), I, D,
+            random_floats(w, (size_t)I * D, 0, 1.0f / sqrtf((float)D)), 32);
+    for (int ei = 0; ei < d->n_engram && !draft; ei++) {
+        if (d->engram_layers[ei] != l) continue;
+        int ehd = d->engram_head_dim;
+        add_fp8(w, NAME("%s.engram.embed", P), rows[ei], ehd,
+                random_floats(w, (size_t)rows[ei] * ehd, 0, 1), 1);
+        add_fp8(w, NAME("%s.engram.wkv", P), (int64_t)(hc + 1) * D, (int64_t)cols * ehd,
+                random_floats(w, (size_t)(hc + 1) * D * cols * ehd, 0,
+                              1.0f / sqrtf((float)(cols * ehd))),
+                32);
+        add_f32(w, NAME("%s.engram.q_weight", P), 2, hc, D,
+                random_floats(w, (size_t)hc * D, 1, 0.25f));
+        add_f32(w, NAME("%s.engram.k_weight", P), 2, hc, D,
+                random_floats(w, (size_t)hc * D, 1, 0.25f));
+    }
+#undef NAME
 }
 
 bt_status_t bt_demo_model_write(const char *dir, const char *variant, char *err, size_t errlen)
@@ -491,81 +665,33 @@ bt_status_t bt_demo_model_write(const char *dir, const char *variant, char *err,
     writer_t w = {0};
     w.rng.s = 20261202u + (uint64_t)(d->hidden * 131 + d->layers);
     w.quantized = d->quantized;
-    int D = d->hidden, hd = d->head_dim, H = d->heads, hc = 4, mix = (2 + hc) * hc;
-    char name[256];
+    int D = d->hidden;
     add_bf16(&w, "embed.weight", 2, DEMO_VOCAB, D, random_floats(&w, (size_t)DEMO_VOCAB * D, 0, 1));
     add_bf16(&w, "head.weight", 2, DEMO_VOCAB, D,
              random_floats(&w, (size_t)DEMO_VOCAB * D, 0, 2.5f / sqrtf((float)D)));
     add_bf16(&w, "norm.weight", 1, D, 0, random_floats(&w, (size_t)D, 1, 0.1f));
-#define NAME(...) (snprintf(name, sizeof name, __VA_ARGS__), name)
-    for (int l = 0; l < d->layers; l++) {
-        bool kv_src = false, idx_src = false;
-        for (int i = 0; i < d->n_kv; i++) kv_src |= d->kv_sources[i] == l;
-        for (int i = 0; i < d->n_index; i++) idx_src |= d->index_sources[i] == l;
-        int ratio = d->ratios[l];
-        add_bf16(&w, NAME("layers.%d.attn_norm.weight", l), 1, D, 0, random_floats(&w, D, 1, 0.1f));
-        add_bf16(&w, NAME("layers.%d.ffn_norm.weight", l), 1, D, 0, random_floats(&w, D, 1, 0.1f));
-        const char *sites[2] = {"attn", "ffn"};
-        for (int s = 0; s < 2; s++) {
-            add_f32(&w, NAME("layers.%d.hc_%s_fn", l, sites[s]), 2, mix, (int64_t)hc * D,
-                    random_floats(&w, (size_t)mix * hc * D, 0, 1.0f / sqrtf((float)(hc * D))));
-            add_f32(&w, NAME("layers.%d.hc_%s_base", l, sites[s]), 1, mix, 0, random_floats(&w, mix, 0, 0.3f));
-            float *scale = bt_malloc_or_die(3 * sizeof(float));
-            for (int i = 0; i < 3; i++) scale[i] = 0.5f + (float)rng_uniform(&w.rng);
-            add_f32(&w, NAME("layers.%d.hc_%s_scale", l, sites[s]), 1, 3, 0, scale);
-        }
-        char pre[128];
-        snprintf(pre, sizeof pre, "layers.%d.attn", l);
-        add_fp8(&w, NAME("%s.wq_a", pre), d->q_lora, D, random_floats(&w, (size_t)d->q_lora * D, 0, 1.0f / sqrtf((float)D)), 32);
-        add_bf16(&w, NAME("%s.q_norm.weight", pre), 1, d->q_lora, 0, random_floats(&w, d->q_lora, 1, 0.1f));
-        add_fp8(&w, NAME("%s.wq_b", pre), (int64_t)H * hd, d->q_lora,
-                random_floats(&w, (size_t)H * hd * d->q_lora, 0, 1.0f / sqrtf((float)d->q_lora)), 32);
-        add_fp8(&w, NAME("%s.wkv", pre), hd, D, random_floats(&w, (size_t)hd * D, 0, 1.0f / sqrtf((float)D)), 32);
-        add_bf16(&w, NAME("%s.kv_norm.weight", pre), 1, hd, 0, random_floats(&w, hd, 1, 0.1f));
-        int gin = H * hd / d->o_groups;
-        add_fp8(&w, NAME("%s.wo_a", pre), (int64_t)d->o_groups * d->o_lora, gin,
-                random_floats(&w, (size_t)d->o_groups * d->o_lora * gin, 0, 1.0f / sqrtf((float)gin)), 32);
-        add_fp8(&w, NAME("%s.wo_b", pre), D, (int64_t)d->o_groups * d->o_lora,
-                random_floats(&w, (size_t)D * d->o_groups * d->o_lora, 0, 1.0f / sqrtf((float)(d->o_groups * d->o_lora))), 32);
-        add_f32(&w, NAME("%s.attn_sink", pre), 1, H, 0, random_floats(&w, H, 0, 1));
-        if (kv_src) {
-            add_f32(&w, NAME("%s.compressor.wkv.weight", pre), 2, hd, D, random_floats(&w, (size_t)hd * D, 0, 1.0f / sqrtf((float)D)));
-            if (ratio > 1)
-                add_bf16(&w, NAME("%s.compressor.wgate.weight", pre), 2, hd, D, random_floats(&w, (size_t)hd * D, 0, 1.0f / sqrtf((float)D)));
-            add_bf16(&w, NAME("%s.compressor.norm.weight", pre), 1, hd, 0, random_floats(&w, hd, 1, 0.1f));
-        }
-        if (idx_src) {
-            int ih = d->index_heads, ihd = d->index_head_dim;
-            add_fp8(&w, NAME("%s.indexer.wq_b", pre), (int64_t)ih * ihd, d->q_lora,
-                    random_floats(&w, (size_t)ih * ihd * d->q_lora, 0, 1.0f / sqrtf((float)d->q_lora)), 32);
-            add_bf16(&w, NAME("%s.indexer.weights_proj.weight", pre), 2, ih, D, random_floats(&w, (size_t)ih * D, 0, 1.0f / sqrtf((float)D)));
-            if (kv_src) {
-                add_bf16(&w, NAME("%s.indexer.wk.weight", pre), 2, ihd, hd, random_floats(&w, (size_t)ihd * hd, 0, 1.0f / sqrtf((float)hd)));
-                add_bf16(&w, NAME("%s.indexer.k_norm.weight", pre), 1, ihd, 0, random_floats(&w, ihd, 1, 0.1f));
-            }
-        }
-        int E = d->experts, I = d->inter;
-        add_bf16(&w, NAME("layers.%d.ffn.gate.weight", l), 2, E, D, random_floats(&w, (size_t)E * D, 0, 1.0f / sqrtf((float)D)));
-        add_f32(&w, NAME("layers.%d.ffn.gate.bias", l), 1, E, 0, random_floats(&w, E, 0, 0.15f));
-        for (int e = 0; e < E; e++) {
-            add_fp4(&w, NAME("layers.%d.ffn.experts.%d.w1", l, e), I, D, random_floats(&w, (size_t)I * D, 0, 1.0f / sqrtf((float)D)));
-            add_fp4(&w, NAME("layers.%d.ffn.experts.%d.w2", l, e), D, I, random_floats(&w, (size_t)I * D, 0, 1.0f / sqrtf((float)I)));
-            add_fp4(&w, NAME("layers.%d.ffn.experts.%d.w3", l, e), I, D, random_floats(&w, (size_t)I * D, 0, 1.0f / sqrtf((float)D)));
-        }
-        add_fp8(&w, NAME("layers.%d.ffn.shared_experts.w1", l), I, D, random_floats(&w, (size_t)I * D, 0, 1.0f / sqrtf((float)D)), 32);
-        add_fp8(&w, NAME("layers.%d.ffn.shared_experts.w2", l), D, I, random_floats(&w, (size_t)I * D, 0, 1.0f / sqrtf((float)I)), 32);
-        add_fp8(&w, NAME("layers.%d.ffn.shared_experts.w3", l), I, D, random_floats(&w, (size_t)I * D, 0, 1.0f / sqrtf((float)D)), 32);
-        for (int ei = 0; ei < d->n_engram; ei++) {
-            if (d->engram_layers[ei] != l) continue;
-            int ehd = d->engram_head_dim;
-            add_fp8(&w, NAME("layers.%d.engram.embed", l), rows[ei], ehd, random_floats(&w, (size_t)rows[ei] * ehd, 0, 1), 1);
-            add_fp8(&w, NAME("layers.%d.engram.wkv", l), (int64_t)(hc + 1) * D, (int64_t)cols * ehd,
-                    random_floats(&w, (size_t)(hc + 1) * D * cols * ehd, 0, 1.0f / sqrtf((float)(cols * ehd))), 32);
-            add_f32(&w, NAME("layers.%d.engram.q_weight", l), 2, hc, D, random_floats(&w, (size_t)hc * D, 1, 0.25f));
-            add_f32(&w, NAME("layers.%d.engram.k_weight", l), 2, hc, D, random_floats(&w, (size_t)hc * D, 1, 0.25f));
-        }
+    for (int l = 0; l < d->layers; l++)
+        add_layer(&w, d, l, false, rows, cols);
+    /* the DSpark draft, after every backbone tensor (which it leaves as they were) */
+    for (int j = 0; j < d->draft_stages; j++)
+        add_layer(&w, d, j, true, rows, cols);
+    if (d->draft_stages) {
+        int T = d->draft_targets_n, R = d->markov_rank;
+        add_fp8(&w, "mtp.0.main_proj", D, (int64_t)T * D,
+                random_floats(&w, (size_t)D * T * D, 0, 1.0f / sqrtf((float)(T * D))), 32);
+        add_bf16(&w, "mtp.0.main_norm.weight", 1, D, 0, random_floats(&w, D, 1, 0.1f));
+        char name[256];
+        snprintf(name, sizeof name, "mtp.%d.norm.weight", d->draft_stages - 1);
+        add_bf16(&w, name, 1, D, 0, random_floats(&w, D, 1, 0.1f));
+        snprintf(name, sizeof name, "mtp.%d.markov_head.embed.weight", d->draft_stages - 1);
+        add_bf16(&w, name, 2, DEMO_VOCAB, R, random_floats(&w, (size_t)DEMO_VOCAB * R, 0, 1));
+        snprintf(name, sizeof name, "mtp.%d.markov_head.head.weight", d->draft_stages - 1);
+        add_bf16(&w, name, 2, DEMO_VOCAB, R,
+                 random_floats(&w, (size_t)DEMO_VOCAB * R, 0, 1.0f / sqrtf((float)R)));
+        snprintf(name, sizeof name, "mtp.%d.confidence_head.proj.weight", d->draft_stages - 1);
+        add_bf16(&w, name, 2, 1, D + R,
+                 random_floats(&w, (size_t)(D + R), 0, 1.0f / sqrtf((float)(D + R))));
     }
-#undef NAME
     char path[4096];
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     st = bt_safetensors_write(path, w.t, w.n, err, errlen);

@@ -21,9 +21,10 @@ bt_status_t bt_kv_layout_init(bt_kv_layout_t *lay, const bt_model_config_t *cfg,
     lay->head_dim = cfg->head_dim;
     lay->index_head_dim = cfg->index_head_dim;
     lay->n_layers = cfg->n_layers;
+    lay->n_rings = cfg->n_layers + cfg->n_draft;
     size_t off = align64(sizeof(bt_kv_header_t));
     size_t hd = (size_t)cfg->head_dim * sizeof(float);
-    for (int l = 0; l < cfg->n_layers; l++) {
+    for (int l = 0; l < lay->n_rings; l++) {
         lay->window_off[l] = off;
         off = align64(off + (size_t)cfg->window * hd);
     }
@@ -170,7 +171,8 @@ uint64_t bt_kv_compat_hash(const bt_model_config_t *c, const bt_kv_layout_t *lay
     HASH_FIELD(h, lay->max_ctx);
     uint64_t slot = lay->slot_bytes;
     HASH_FIELD(h, slot);
-    for (int l = 0; l < lay->n_layers; l++) {
+    HASH_FIELD(h, c->n_draft);
+    for (int l = 0; l < lay->n_rings; l++) {
         uint64_t offs[6] = {lay->window_off[l], lay->comp_off[l], lay->ikey_off[l],
                             lay->pend_kv_off[l], lay->pend_gate_off[l], (uint64_t)lay->comp_cap[l]};
         h = fnv(h, offs, sizeof offs);
@@ -196,7 +198,7 @@ int bt_kv_changed_ranges(const bt_model_config_t *cfg, const bt_kv_layout_t *lay
     size_t ihd = (size_t)lay->index_head_dim * sizeof(float);
     int64_t b = before->n_tokens, e = now->n_tokens, W = lay->window;
     int n = 0;
-    for (int l = 0; l < lay->n_layers; l++) {
+    for (int l = 0; l < lay->n_rings; l++) {
         if (e - b >= W) {
             n = add_range(out, n, max, lay->window_off[l], (size_t)W * hd);
         } else if (e > b) {

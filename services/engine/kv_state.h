@@ -39,6 +39,7 @@ typedef struct {
 typedef struct {
     int64_t max_ctx;     /* tokens a slot can hold */
     int window, head_dim, index_head_dim, n_layers;
+    int n_rings; /* window rings: the backbone's layers, then the draft stages' (cfg n_draft) */
     size_t slot_bytes;
     /* byte offsets inside a slot; 0 where a layer has no such region */
     size_t window_off[BT_MAX_LAYERS];  /* float [window][head_dim] ring by position % window */

@@ -132,10 +132,12 @@ static float *load_cols(loader_t *ld, const char *name, int64_t rows, int64_t co
     return dst;
 }
 
-static float *loadf(loader_t *ld, int ndim, int64_t d0, int64_t d1, const char *fmt, int a, int b)
+/* prefix.suffix, e.g. layers.3 + attn_norm.weight */
+static float *loadp(loader_t *ld, int ndim, int64_t d0, int64_t d1, const char *prefix,
+                    const char *suffix)
 {
     char name[256];
-    snprintf(name, sizeof name, fmt, a, b);
+    snprintf(name, sizeof name, "%s.%s", prefix, suffix);
     return load(ld, name, ndim, d0, d1, NULL);
 }
 
@@ -145,54 +147,59 @@ static void load_layer(loader_t *ld, int l)
     const bt_model_config_t *c = &m->cfg;
     const bt_layer_config_t *L = &c->layer[l];
     layer_weights_t *w = &m->layer[l];
+    /* the draft stages are stored as mtp.0, mtp.1, ... after the backbone's layers.N */
+    bool draft = l >= c->n_layers;
+    char P[32];
+    snprintf(P, sizeof P, draft ? "mtp.%d" : "layers.%d", draft ? l - c->n_layers : l);
     int D = c->hidden, hd = c->head_dim, H = c->n_heads, hc = c->hc_mult;
     int mix = (2 + hc) * hc;
 
-    w->attn_norm = loadf(ld, 1, D, 0, "layers.%d.attn_norm.weight", l, 0);
-    w->ffn_norm = loadf(ld, 1, D, 0, "layers.%d.ffn_norm.weight", l, 0);
-    w->hc_attn_fn = loadf(ld, 2, mix, (int64_t)hc * D, "layers.%d.hc_attn_fn", l, 0);
-    w->hc_attn_base = loadf(ld, 1, mix, 0, "layers.%d.hc_attn_base", l, 0);
-    w->hc_attn_scale = loadf(ld, 1, 3, 0, "layers.%d.hc_attn_scale", l, 0);
-    w->hc_ffn_fn = loadf(ld, 2, mix, (int64_t)hc * D, "layers.%d.hc_ffn_fn", l, 0);
-    w->hc_ffn_base = loadf(ld, 1, mix, 0, "layers.%d.hc_ffn_base", l, 0);
-    w->hc_ffn_scale = loadf(ld, 1, 3, 0, "layers.%d.hc_ffn_scale", l, 0);
+    w->attn_norm = loadp(ld, 1, D, 0, P, "attn_norm.weight");
+    w->ffn_norm = loadp(ld, 1, D, 0, P, "ffn_norm.weight");
+    w->hc_attn_fn = loadp(ld, 2, mix, (int64_t)hc * D, P, "hc_attn_fn");
+    w->hc_attn_base = loadp(ld, 1, mix, 0, P, "hc_attn_base");
+    w->hc_attn_scale = loadp(ld, 1, 3, 0, P, "hc_attn_scale");
+    w->hc_ffn_fn = loadp(ld, 2, mix, (int64_t)hc * D, P, "hc_ffn_fn");
+    w->hc_ffn_base = loadp(ld, 1, mix, 0, P, "hc_ffn_base");
+    w->hc_ffn_scale = loadp(ld, 1, 3, 0, P, "hc_ffn_scale");
 
-    w->wq_a = loadf(ld, 2, c->q_lora_rank, D, "layers.%d.attn.wq_a.weight", l, 0);
-    w->q_norm = loadf(ld, 1, c->q_lora_rank, 0, "layers.%d.attn.q_norm.weight", l, 0);
+    w->wq_a = loadp(ld, 2, c->q_lora_rank, D, P, "attn.wq_a.weight");
+    w->q_norm = loadp(ld, 1, c->q_lora_rank, 0, P, "attn.q_norm.weight");
     char nm[256];
-    snprintf(nm, sizeof nm, "layers.%d.attn.wq_b.weight", l);
+    snprintf(nm, sizeof nm, "%s.attn.wq_b.weight", P);
     w->wq_b = load_rows(ld, nm, (int64_t)H * hd, c->q_lora_rank, (int64_t)m->h0 * hd, (int64_t)m->hl * hd, NULL);
-    w->wkv = loadf(ld, 2, hd, D, "layers.%d.attn.wkv.weight", l, 0);
-    w->kv_norm = loadf(ld, 1, hd, 0, "layers.%d.attn.kv_norm.weight", l, 0);
+    w->wkv = loadp(ld, 2, hd, D, P, "attn.wkv.weight");
+    w->kv_norm = loadp(ld, 1, hd, 0, P, "attn.kv_norm.weight");
     int64_t R = c->o_lora_rank;
-    snprintf(nm, sizeof nm, "layers.%d.attn.wo_a.weight", l);
+    snprintf(nm, sizeof nm, "%s.attn.wo_a.weight", P);
     w->wo_a = load_rows(ld, nm, (int64_t)c->o_groups * R, (int64_t)H * hd / c->o_groups,
                         (int64_t)m->g0 * R, (int64_t)m->gl * R, NULL);
-    snprintf(nm, sizeof nm, "layers.%d.attn.wo_b.weight", l);
+    snprintf(nm, sizeof nm, "%s.attn.wo_b.weight", P);
     w->wo_b = load_cols(ld, nm, D, (int64_t)c->o_groups * R, (int64_t)m->g0 * R, (int64_t)m->gl * R, NULL);
-    snprintf(nm, sizeof nm, "layers.%d.attn.attn_sink", l);
+    snprintf(nm, sizeof nm, "%s.attn.attn_sink", P);
     w->attn_sink = load_rows(ld, nm, H, 0, m->h0, m->hl, NULL);
 
     if (L->is_kv_source) {
-        w->c_wkv = loadf(ld, 2, hd, D, "layers.%d.attn.compressor.wkv.weight", l, 0);
+        w->c_wkv = loadp(ld, 2, hd, D, P, "attn.compressor.wkv.weight");
         if (L->compress_ratio > 1)
-            w->c_wgate = loadf(ld, 2, hd, D, "layers.%d.attn.compressor.wgate.weight", l, 0);
-        w->c_norm = loadf(ld, 1, hd, 0, "layers.%d.attn.compressor.norm.weight", l, 0);
+            w->c_wgate = loadp(ld, 2, hd, D, P, "attn.compressor.wgate.weight");
+        w->c_norm = loadp(ld, 1, hd, 0, P, "attn.compressor.norm.weight");
     }
     if (L->is_index_source) {
         int ih = c->index_heads, ihd = c->index_head_dim;
-        w->i_wq_b = loadf(ld, 2, (int64_t)ih * ihd, c->q_lora_rank,
-                          "layers.%d.attn.indexer.wq_b.weight", l, 0);
-        w->i_weights_proj = loadf(ld, 2, ih, D, "layers.%d.attn.indexer.weights_proj.weight", l, 0);
+        w->i_wq_b = loadp(ld, 2, (int64_t)ih * ihd, c->q_lora_rank, P, "attn.indexer.wq_b.weight");
+        w->i_weights_proj = loadp(ld, 2, ih, D, P, "attn.indexer.weights_proj.weight");
         if (L->is_kv_source) {
-            w->i_wk = loadf(ld, 2, ihd, hd, "layers.%d.attn.indexer.wk.weight", l, 0);
-            w->i_k_norm = loadf(ld, 1, ihd, 0, "layers.%d.attn.indexer.k_norm.weight", l, 0);
+            w->i_wk = loadp(ld, 2, ihd, hd, P, "attn.indexer.wk.weight");
+            w->i_k_norm = loadp(ld, 1, ihd, 0, P, "attn.indexer.k_norm.weight");
         }
     }
 
-    int E = c->n_experts, I = c->moe_inter;
-    w->gate_w = loadf(ld, 2, E, D, "layers.%d.ffn.gate.weight", l, 0);
-    w->gate_bias = loadf(ld, 1, E, 0, "layers.%d.ffn.gate.bias", l, 0);
+    int E = draft ? c->draft_experts : c->n_experts, I = c->moe_inter;
+    w->n_experts = E;
+    w->n_active = draft ? c->draft_active : c->n_active;
+    w->gate_w = loadp(ld, 2, E, D, P, "ffn.gate.weight");
+    w->gate_bias = loadp(ld, 1, E, 0, P, "ffn.gate.bias");
     if (ld->st_code != BT_OK) return;
     /* each rank keeps its slice [i0, i0 + il) of every expert's width */
     int Il = m->il;
@@ -201,30 +208,29 @@ static void load_layer(loader_t *ld, int l)
     w->w3 = alloc_floats(m, (size_t)E * Il * D);
     for (int e = 0; e < E && ld->st_code == BT_OK; e++) {
         char name[256];
-        snprintf(name, sizeof name, "layers.%d.ffn.experts.%d.w1.weight", l, e);
+        snprintf(name, sizeof name, "%s.ffn.experts.%d.w1.weight", P, e);
         load_rows(ld, name, I, D, m->i0, Il, w->w1 + (size_t)e * Il * D);
-        snprintf(name, sizeof name, "layers.%d.ffn.experts.%d.w2.weight", l, e);
+        snprintf(name, sizeof name, "%s.ffn.experts.%d.w2.weight", P, e);
         load_cols(ld, name, D, I, m->i0, Il, w->w2 + (size_t)e * Il * D);
-        snprintf(name, sizeof name, "layers.%d.ffn.experts.%d.w3.weight", l, e);
+        snprintf(name, sizeof name, "%s.ffn.experts.%d.w3.weight", P, e);
         load_rows(ld, name, I, D, m->i0, Il, w->w3 + (size_t)e * Il * D);
     }
     if (c->n_shared) {
-        snprintf(nm, sizeof nm, "layers.%d.ffn.shared_experts.w1.weight", l);
+        snprintf(nm, sizeof nm, "%s.ffn.shared_experts.w1.weight", P);
         w->sw1 = load_rows(ld, nm, I, D, m->i0, Il, NULL);
-        snprintf(nm, sizeof nm, "layers.%d.ffn.shared_experts.w2.weight", l);
+        snprintf(nm, sizeof nm, "%s.ffn.shared_experts.w2.weight", P);
         w->sw2 = load_cols(ld, nm, D, I, m->i0, Il, NULL);
-        snprintf(nm, sizeof nm, "layers.%d.ffn.shared_experts.w3.weight", l);
+        snprintf(nm, sizeof nm, "%s.ffn.shared_experts.w3.weight", P);
         w->sw3 = load_rows(ld, nm, I, D, m->i0, Il, NULL);
     }
 
     if (L->engram_index >= 0) {
         int ei = L->engram_index, ehd = c->engram_head_dim;
         int cols = m->engram_cols;
-        w->e_embed = loadf(ld, 2, c->engram_rows[ei], ehd, "layers.%d.engram.embed.weight", l, 0);
-        w->e_wkv = loadf(ld, 2, (int64_t)(hc + 1) * D, (int64_t)cols * ehd,
-                         "layers.%d.engram.wkv.weight", l, 0);
-        float *qw = loadf(ld, 2, hc, D, "layers.%d.engram.q_weight", l, 0);
-        float *kw = loadf(ld, 2, hc, D, "layers.%d.engram.k_weight", l, 0);
+        w->e_embed = loadp(ld, 2, c->engram_rows[ei], ehd, P, "engram.embed.weight");
+        w->e_wkv = loadp(ld, 2, (int64_t)(hc + 1) * D, (int64_t)cols * ehd, P, "engram.wkv.weight");
+        float *qw = loadp(ld, 2, hc, D, P, "engram.q_weight");
+        float *kw = loadp(ld, 2, hc, D, P, "engram.k_weight");
         if (ld->st_code == BT_OK) {
             /* the reference only ever uses q_weight * k_weight */
             w->e_qk = alloc_floats(m, (size_t)hc * D);
@@ -277,8 +283,19 @@ static void alloc_scratch(bt_model_t *m)
     size_t cols = (size_t)(m->engram_cols ? m->engram_cols : 1);
     s->hash = track(m, bt_calloc_or_die(N * (size_t)(c->n_engram ? c->n_engram : 1) * cols, sizeof(int64_t)));
     s->cid = track(m, bt_calloc_or_die(N, sizeof(int64_t)));
-    s->probs = alloc_floats(m, N * ((size_t)c->window + topk));
+    s->probs_stride =
+        (size_t)c->window + (topk > (size_t)c->draft_block ? topk : (size_t)c->draft_block);
+    s->probs = alloc_floats(m, N * s->probs_stride);
     s->hidden = alloc_floats(m, N * D);
+    if (c->n_draft) {
+        s->main_hidden = alloc_floats(m, N * (size_t)c->n_draft_targets * D);
+        s->main_x = alloc_floats(m, N * D);
+        s->draft_pre = alloc_floats(m, N * D);
+    }
+    /* the draft stages route over their own experts */
+    size_t E = (size_t)c->n_experts, K = (size_t)c->n_active;
+    if (c->n_draft && (size_t)c->draft_experts > E) E = (size_t)c->draft_experts;
+    if (c->n_draft && (size_t)c->draft_active > K) K = (size_t)c->draft_active;
 
     s->n_tasks = bt_threads_count(m->pool);
     size_t entries = (size_t)m->opt.max_ctx; /* ratio >= 1: at most one entry per position */
@@ -286,10 +303,12 @@ static void alloc_scratch(bt_model_t *m)
     size_t per_scores = entries > nblocks ? entries : nblocks;
     s->task_scores = alloc_floats(m, (size_t)s->n_tasks * (per_scores + 1));
     size_t heap = topk > blocks ? topk : blocks;
-    if ((size_t)c->n_active > heap) heap = (size_t)c->n_active;
+    if (K > heap) heap = K;
     s->task_idx = track(m, bt_calloc_or_die((size_t)s->n_tasks * heap, sizeof(int32_t)));
     s->task_bscore = alloc_floats(m, (size_t)s->n_tasks * heap);
-    s->task_moe = alloc_floats(m, (size_t)s->n_tasks * (2 * (size_t)c->moe_inter + (size_t)c->n_experts + D));
+    m->moe_task_floats = 2 * (size_t)c->moe_inter + E + D;
+    m->heap_len = heap;
+    s->task_moe = alloc_floats(m, (size_t)s->n_tasks * m->moe_task_floats);
     size_t eng = cols * (size_t)c->engram_head_dim + (hc + 1) * D;
     s->task_engram = alloc_floats(m, (size_t)s->n_tasks * eng);
 }
@@ -372,6 +391,10 @@ static bt_status_t load_cuda(const char *dir, const bt_model_options_t *opt, bt_
 bt_status_t bt_model_load(const char *dir, const bt_model_options_t *opt, bt_model_t **model_p,
                           char *err, size_t errlen)
 {
+    if (opt && opt->draft && opt->device != BT_DEVICE_CPU) {
+        snprintf(err, errlen, "DSpark draft stages run on --device cpu only so far");
+        return BT_ERR_UNSUPPORTED;
+    }
     if (opt && opt->device == BT_DEVICE_CUDA) return load_cuda(dir, opt, model_p, err, errlen);
     if (opt && opt->device != BT_DEVICE_CPU) {
         snprintf(err, errlen, "unknown device %d", opt->device);
@@ -392,7 +415,32 @@ static bt_status_t load_cpu(const char *dir, const bt_model_options_t *opt, bt_m
     if (m->opt.max_batch_tokens < 1) m->opt.max_batch_tokens = 1;
     if (m->opt.max_ctx < 1) m->opt.max_ctx = 1;
     if (m->opt.max_batch_seqs < 1) m->opt.max_batch_seqs = 1;
+    if (m->opt.draft && !m->cfg.n_draft) {
+        snprintf(
+            err, errlen,
+            "%s: the checkpoint has no DSpark draft stages (config.json: num_nextn_predict_layers "
+            "and dspark_block_size)",
+            dir);
+        rc = BT_ERR_BAD_CONFIG;
+        goto fail;
+    }
+    if (!m->opt.draft) {
+        /* the stages stay unloaded and the KV layout without their rings */
+        m->cfg.n_draft = 0;
+        m->cfg.draft_block = 0;
+    }
+    if (m->cfg.n_draft && m->opt.comm && bt_comm_size(m->opt.comm) > 1) {
+        snprintf(err, errlen, "%s: DSpark draft stages run at TP 1 only so far", dir);
+        rc = BT_ERR_UNSUPPORTED;
+        goto fail;
+    }
     const bt_model_config_t *c = &m->cfg;
+    if (c->n_draft && c->draft_active > MAX_ACTIVE) {
+        snprintf(err, errlen, "%s/config.json: dspark_num_experts_per_tok %d exceeds %d", dir,
+                 c->draft_active, MAX_ACTIVE);
+        rc = BT_ERR_UNSUPPORTED;
+        goto fail;
+    }
     if (c->hc_mult > MAX_HC || c->hidden > BT_MAX_HIDDEN || c->n_active > MAX_ACTIVE ||
         c->head_dim > MAX_HEAD_DIM || c->rope_compress.rope_dim > 1024) {
         snprintf(err, errlen, "%s/config.json: a dimension exceeds what the CPU backend supports "
@@ -496,6 +544,23 @@ static bt_status_t load_cpu(const char *dir, const bt_model_options_t *opt, bt_m
     for (int l = 0; l < c->n_layers && ld.st_code == BT_OK; l++) {
         load_layer(&ld, l);
         if (show) fprintf(stderr, "\rloading %s: layer %d/%d", dir, l + 1, c->n_layers);
+    }
+    for (int j = 0; j < c->n_draft && ld.st_code == BT_OK; j++)
+        load_layer(&ld, c->n_layers + j);
+    for (int l = 0; l < BT_MAX_LAYERS; l++)
+        m->target_slot[l] = -1;
+    if (c->n_draft) {
+        int D = c->hidden, T = c->n_draft_targets, R = c->draft_markov_rank;
+        char last[32];
+        snprintf(last, sizeof last, "mtp.%d", c->n_draft - 1);
+        for (int k = 0; k < T; k++)
+            m->target_slot[c->draft_targets[k]] = k;
+        m->main_proj = load(&ld, "mtp.0.main_proj.weight", 2, D, (int64_t)T * D, NULL);
+        m->main_norm = load(&ld, "mtp.0.main_norm.weight", 1, D, 0, NULL);
+        m->draft_norm = loadp(&ld, 1, D, 0, last, "norm.weight");
+        m->markov_embed = loadp(&ld, 2, c->vocab, R, last, "markov_head.embed.weight");
+        m->markov_head = loadp(&ld, 2, c->vocab, R, last, "markov_head.head.weight");
+        m->conf_proj = loadp(&ld, 2, 1, (int64_t)D + R, last, "confidence_head.proj.weight");
     }
     if (show) fprintf(stderr, "\n");
     rc = ld.st_code;
@@ -927,6 +992,53 @@ static void q_norm_token(fwd_t *f, int t, int task)
     bt_cpu_rmsnorm(qr, qr, m->layer[f->l].q_norm, c->q_lora_rank, (float)c->rms_eps);
 }
 
+/* ---- speculative verification's undo record ----------------------------------------------- */
+
+/* What a verification forward overwrites in a slot that its rejected tokens must give back:
+ * the header, the ring slots of its positions (every window ring, the draft's included) and
+ * the open compressor groups; and the compressor rows it computed, from which the group open
+ * after the kept tokens is rebuilt. Compressed entries past the restored counters are never
+ * read, so they need nothing. */
+struct bt_kv_undo {
+    int max_rows, n; /* n: the rows of the recorded forward, 0 when none */
+    int n_rings, hd;
+    bt_kv_header_t before;
+    float *ring; /* [n_rings][max_rows][hd] the slots' previous contents */
+    float *pend_kv[BT_MAX_LAYERS], *pend_gate[BT_MAX_LAYERS]; /* [ratio][hd] previous groups */
+    float *row_kv[BT_MAX_LAYERS], *row_gate[BT_MAX_LAYERS];   /* [max_rows][hd] new rows */
+};
+
+static void undo_record(bt_model_t *m, const bt_kv_layout_t *lay, const bt_forward_seq_t *seq)
+{
+    const bt_model_config_t *c = &m->cfg;
+    bt_kv_undo_t *u = seq->undo;
+    size_t hd = (size_t)c->head_dim;
+    const bt_kv_header_t *h = bt_kv_header(seq->state);
+    u->before = *h;
+    u->n = seq->n;
+    for (int l = 0; l < lay->n_rings; l++) {
+        const float *ring = bt_kv_region(seq->state, lay->window_off[l]);
+        for (int i = 0; i < seq->n; i++)
+            memcpy(u->ring + ((size_t)l * u->max_rows + i) * hd,
+                   ring + (size_t)((h->n_tokens + i) % c->window) * hd, hd * sizeof(float));
+    }
+    for (int l = 0; l < c->n_layers; l++) {
+        if (!u->pend_kv[l]) continue;
+        size_t r = (size_t)c->layer[l].compress_ratio;
+        memcpy(u->pend_kv[l], bt_kv_region(seq->state, lay->pend_kv_off[l]),
+               r * hd * sizeof(float));
+        if (u->pend_gate[l])
+            memcpy(u->pend_gate[l], bt_kv_region(seq->state, lay->pend_gate_off[l]),
+                   r * hd * sizeof(float));
+    }
+}
+
+static void undo_row(bt_kv_undo_t *u, int l, int i, const float *kv, const float *gate, int hd)
+{
+    memcpy(u->row_kv[l] + (size_t)i * hd, kv, (size_t)hd * sizeof(float));
+    if (gate) memcpy(u->row_gate[l] + (size_t)i * hd, gate, (size_t)hd * sizeof(float));
+}
+
 /* Closes one compressor group into entry e: the pre-rope latent gives the index key (on
  * key owners), the rotated and FP4-rounded latent is the attention entry. */
 static void emit_entry(bt_model_t *m, int l, uint8_t *state, const bt_kv_layout_t *lay,
@@ -969,6 +1081,9 @@ static void compress_seq(void *p, size_t q)
         int64_t p = h->pending[l];
         memcpy(pkv + p * hd, m->s.ckv + (size_t)t * hd, (size_t)hd * sizeof(float));
         if (r > 1) memcpy(pgate + p * hd, m->s.cgate + (size_t)t * hd, (size_t)hd * sizeof(float));
+        if (seq->undo)
+            undo_row(seq->undo, l, i, m->s.ckv + (size_t)t * hd,
+                     r > 1 ? m->s.cgate + (size_t)t * hd : NULL, hd);
         if (++p < r) {
             h->pending[l] = p;
             continue;
@@ -1061,8 +1176,7 @@ static void index_token(fwd_t *f, int t, int task)
         }
         scores[j] = acc;
     }
-    size_t heap = (size_t)(c->index_topk > c->candidate_topk_blocks ? c->index_topk : c->candidate_topk_blocks);
-    if ((size_t)c->n_active > heap) heap = (size_t)c->n_active;
+    size_t heap = m->heap_len;
     topk_t hp = {s->task_bscore + (size_t)task * heap, s->task_idx + (size_t)task * heap, 0, 0};
 
     if (l == c->candidate_source) {
@@ -1116,7 +1230,7 @@ static void attend_token(fwd_t *f, int t, int task)
         while (n_sel > 0 && sel[n_sel - 1] >= n_entries) n_sel--;
     }
     int n_win = (int)(pos - lo + 1);
-    float *p = s->probs + (size_t)t * ((size_t)W + (size_t)c->index_topk);
+    float *p = s->probs + (size_t)t * s->probs_stride;
     float scale = 1.0f / sqrtf((float)hd);
     for (int h = 0; h < H; h++) {
         const float *q = s->q + ((size_t)t * H + h) * hd;
@@ -1255,13 +1369,12 @@ static void moe_token(fwd_t *f, int t, int task)
     const bt_model_config_t *c = &m->cfg;
     const layer_weights_t *w = &m->layer[f->l];
     scratch_t *s = &m->s;
-    int D = c->hidden, I = m->il, E = c->n_experts, K = c->n_active;
-    float *buf = s->task_moe + (size_t)task * (2 * (size_t)c->moe_inter + (size_t)E + (size_t)D);
+    int D = c->hidden, I = m->il, E = w->n_experts, K = w->n_active;
+    float *buf = s->task_moe + (size_t)task * m->moe_task_floats;
     float *hbuf = buf, *scores = buf + 2 * I, *acc = scores + E;
     const float *x = s->xin + (size_t)t * D;
 
-    size_t heap = (size_t)(c->index_topk > c->candidate_topk_blocks ? c->index_topk : c->candidate_topk_blocks);
-    if ((size_t)K > heap) heap = (size_t)K;
+    size_t heap = m->heap_len;
     topk_t hp = {s->task_bscore + (size_t)task * heap, s->task_idx + (size_t)task * heap, 0, K};
     for (int e = 0; e < E; e++) {
         float logit = bt_cpu_dot(w->gate_w + (size_t)e * D, x, D) / (float)c->gate_temp;
@@ -1312,6 +1425,70 @@ static void moe_token(fwd_t *f, int t, int task)
         for (int d = 0; d < D; d++) out[d] = acc[d] + sh[d];
     } else {
         for (int d = 0; d < D; d++) out[d] = acc[d];
+    }
+}
+
+/* ---- DSpark: the target's side ------------------------------------------------------------ */
+
+/* The streams entering a target layer (after its engram), averaged: the draft's context. */
+static void capture_token(fwd_t *f, int t, int task)
+{
+    bt_model_t *m = f->m;
+    const bt_model_config_t *c = &m->cfg;
+    scratch_t *s = &m->s;
+    int hc = c->hc_mult, D = c->hidden;
+    const float *x = s->x + (size_t)t * hc * D;
+    float *dst =
+        s->main_hidden + ((size_t)t * c->n_draft_targets + (size_t)m->target_slot[f->l]) * D;
+    for (int d = 0; d < D; d++) {
+        float acc = 0.0f;
+        for (int k = 0; k < hc; k++)
+            acc += x[(size_t)k * D + d];
+        dst[d] = acc / (float)hc;
+    }
+}
+
+/* Each position's context input main_x = main_norm(main_proj(captured streams)), and from it
+ * every draft stage's window-ring entry, as the stage's own window KV would be (kv_norm, RoPE
+ * at the position, FP8 rounding). Only the last window's positions of a forward can be read. */
+static void draft_ring_token(fwd_t *f, int t, int task)
+{
+    bt_model_t *m = f->m;
+    const bt_model_config_t *c = &m->cfg;
+    scratch_t *s = &m->s;
+    int D = c->hidden, hd = c->head_dim;
+    const float *cs = s->cos_main + (size_t)t * m->half_main,
+                *sn = s->sin_main + (size_t)t * m->half_main;
+    float *mx = s->main_x + (size_t)t * D;
+    bt_cpu_rmsnorm(mx, mx, m->main_norm, D, (float)c->rms_eps);
+    uint8_t *state = tok_state(f, t);
+    for (int j = 0; j < c->n_draft; j++) {
+        int l = c->n_layers + j;
+        const layer_weights_t *w = &m->layer[l];
+        float *dst =
+            bt_kv_region(state, f->lay->window_off[l]) + (size_t)(s->tok_pos[t] % c->window) * hd;
+        for (int o = 0; o < hd; o++)
+            dst[o] = bt_cpu_dot(w->wkv + (size_t)o * D, mx, D);
+        bt_cpu_rmsnorm(dst, dst, w->kv_norm, hd, (float)c->rms_eps);
+        bt_cpu_rope(dst, hd, cs, sn, m->half_main, 0);
+        bt_fake_quant_fp8_ue8m0(dst, hd, 32);
+    }
+}
+
+static void draft_rings(fwd_t *f)
+{
+    bt_model_t *m = f->m;
+    const bt_model_config_t *c = &m->cfg;
+    scratch_t *s = &m->s;
+    int D = c->hidden;
+    for (int q = 0; q < f->n_seqs; q++) {
+        int n = f->seqs[q].n, from = n > c->window ? n - c->window : 0;
+        int t0 = f->seq_first[q] + from, rows = n - from;
+        bt_cpu_matmul(m->pool, s->main_x + (size_t)t0 * D,
+                      s->main_hidden + (size_t)t0 * c->n_draft_targets * D, m->main_proj, rows, D,
+                      c->n_draft_targets * D);
+        for (int i = 0; i < rows; i++)
+            draft_ring_token(f, t0 + i, 0);
     }
 }
 
@@ -1462,9 +1639,23 @@ static bt_status_t forward_seqs(bt_model_t *m, const bt_kv_layout_t *lay, const 
         N += seq->n;
     }
     f.N = N;
+    for (int q = 0; q < n_seqs; q++) {
+        if (!seqs[q].undo) continue;
+        if (m->cuda) {
+            snprintf(err, errlen, "speculative verification runs on the CPU engine only so far");
+            return BT_ERR_UNSUPPORTED;
+        }
+        if (seqs[q].n > seqs[q].undo->max_rows) {
+            snprintf(err, errlen, "sequence %d: %d tokens to verify, the undo record holds %d", q,
+                     seqs[q].n, seqs[q].undo->max_rows);
+            return BT_ERR_INVALID_ARG;
+        }
+    }
 #ifdef BT_HAVE_CUDA_MODEL
     if (m->cuda) return bt_model_cuda_forward(m, lay, seqs, n_seqs, f.seq_first, N, logits, draw, err, errlen);
 #endif
+    for (int q = 0; q < n_seqs; q++)
+        if (seqs[q].undo) undo_record(m, lay, &seqs[q]);
     for (int q = 0; q < n_seqs; q++) {
         int64_t start = bt_kv_header(seqs[q].state)->n_tokens;
         for (int i = 0; i < seqs[q].n; i++) {
@@ -1502,6 +1693,7 @@ static bt_status_t forward_seqs(bt_model_t *m, const bt_kv_layout_t *lay, const 
     for (int l = 0; l < c->n_layers; l++) {
         f.l = l;
         if (c->layer[l].engram_index >= 0) for_tokens(&f, engram_token);
+        if (m->target_slot[l] >= 0) for_tokens(&f, capture_token);
         for_tokens(&f, attn_mix_token);
         attention(&f);
         if (f.comm_status != BT_OK) goto comm_failed;
@@ -1517,6 +1709,7 @@ static bt_status_t forward_seqs(bt_model_t *m, const bt_kv_layout_t *lay, const 
     }
     for_tokens(&f, final_token);
     if (m->tap) m->tap(m->tap_ctx, BT_TAP_FINAL_HIDDEN, -1, s->hidden, N);
+    if (c->n_draft) draft_rings(&f);
 
     if (logits) {
         float *row = logits;
@@ -1562,4 +1755,305 @@ comm_failed:
      * must drop them */
     snprintf(err, errlen, "tensor-parallel group failed (%s): a rank died or stalled", bt_status_str(f.comm_status));
     return f.comm_status;
+}
+
+/* ---- DSpark: the draft ------------------------------------------------------------------ */
+
+int bt_model_draft_block(const bt_model_t *m)
+{
+    return m->cfg.n_draft ? m->cfg.draft_block : 0;
+}
+
+int bt_model_verify_rows(const bt_model_t *m)
+{
+    const bt_model_config_t *c = &m->cfg;
+    if (!c->n_draft) return 0;
+    /* a rollback restores ring slots and engram history by position, so the rows of one
+     * verification must not wrap either */
+    int rows = c->draft_block + 1;
+    if (rows > c->window) rows = c->window;
+    if (rows > BT_KV_ENGRAM_HISTORY) rows = BT_KV_ENGRAM_HISTORY;
+    return rows;
+}
+
+/* A block row attends to its stage's ring (the context's main_x entries, every filled slot)
+ * and to all the block's rows, both ways; the sink as in the backbone. */
+static void draft_attend_token(fwd_t *f, int t, int task)
+{
+    bt_model_t *m = f->m;
+    const bt_model_config_t *c = &m->cfg;
+    const layer_weights_t *w = &m->layer[f->l];
+    scratch_t *s = &m->s;
+    int hd = c->head_dim, H = m->hl, W = c->window;
+    int q_seq = s->tok_seq[t];
+    uint8_t *state = f->seqs[q_seq].state;
+    int64_t start = bt_kv_header(state)->n_tokens;
+    int first = f->seq_first[q_seq], B = f->seqs[q_seq].n;
+    int n_ring = start < W ? (int)start : W, n_keys = n_ring + B;
+    const float *ring = bt_kv_region(state, f->lay->window_off[f->l]);
+    float *p = s->probs + (size_t)t * s->probs_stride;
+    float scale = 1.0f / sqrtf((float)hd);
+    const float *cs = s->cos_main + (size_t)t * m->half_main,
+                *sn = s->sin_main + (size_t)t * m->half_main;
+    for (int h = 0; h < H; h++) {
+        const float *q = s->q + ((size_t)t * H + h) * hd;
+        float mx = w->attn_sink[h];
+        for (int j = 0; j < n_keys; j++) {
+            const float *k =
+                j < n_ring ? ring + (size_t)j * hd : s->kv + (size_t)(first + j - n_ring) * hd;
+            p[j] = bt_cpu_dot(q, k, hd) * scale;
+            mx = fmaxf(mx, p[j]);
+        }
+        float sum = 0.0f;
+        for (int j = 0; j < n_keys; j++) {
+            p[j] = expf(p[j] - mx);
+            sum += p[j];
+        }
+        sum += expf(w->attn_sink[h] - mx);
+        float *o = s->attn + ((size_t)t * H + h) * hd;
+        for (int d = 0; d < hd; d++)
+            o[d] = 0.0f;
+        for (int j = 0; j < n_keys; j++) {
+            float pj = p[j] / sum;
+            const float *k =
+                j < n_ring ? ring + (size_t)j * hd : s->kv + (size_t)(first + j - n_ring) * hd;
+            for (int d = 0; d < hd; d++)
+                o[d] += pj * k[d];
+        }
+        bt_cpu_rope(o, hd, cs, sn, m->half_main, 1);
+    }
+}
+
+static void draft_collapse_token(fwd_t *f, int t, int task)
+{
+    bt_model_t *m = f->m;
+    const bt_model_config_t *c = &m->cfg;
+    scratch_t *s = &m->s;
+    int hc = c->hc_mult, D = c->hidden;
+    const float *x = s->x + (size_t)t * hc * D;
+    float *pre = s->draft_pre + (size_t)t * D;
+    for (int d = 0; d < D; d++) {
+        float acc = 0.0f;
+        for (int k = 0; k < hc; k++)
+            acc += s->pre_mix[t * hc + k] * x[(size_t)k * D + d];
+        pre[d] = acc;
+    }
+    bt_cpu_rmsnorm(s->hidden + (size_t)t * D, pre, m->draft_norm, D, (float)c->rms_eps);
+}
+
+static int32_t argmax_row(const float *row, int n)
+{
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (row[i] > row[best]) best = i;
+    return best;
+}
+
+bt_status_t bt_model_draft(bt_model_t *m, const bt_kv_layout_t *lay, uint8_t *const *states,
+                           const int32_t *last, int n_seqs, bt_draft_choose_fn choose, void *ctx,
+                           int32_t *drafts, float *conf, char *err, size_t errlen)
+{
+    const bt_model_config_t *c = &m->cfg;
+    scratch_t *s = &m->s;
+    int B = c->draft_block, D = c->hidden, hc = c->hc_mult, V = c->vocab, R = c->draft_markov_rank;
+    if (!c->n_draft) {
+        snprintf(err, errlen, "the model runs without DSpark draft stages");
+        return BT_ERR_INVALID_ARG;
+    }
+    if (n_seqs < 1 || n_seqs > m->opt.max_batch_seqs || n_seqs > BT_MODEL_MAX_SEQS ||
+        n_seqs * B > m->opt.max_batch_tokens) {
+        snprintf(err, errlen, "draft for %d sequences: outside 1..%d (and %d rows a forward)",
+                 n_seqs, m->opt.max_batch_seqs, m->opt.max_batch_tokens);
+        return BT_ERR_INVALID_ARG;
+    }
+    if (lay->n_rings != c->n_layers + c->n_draft || lay->window != c->window) {
+        snprintf(err, errlen, "kv layout does not belong to this model (it has no draft rings)");
+        return BT_ERR_INVALID_ARG;
+    }
+    for (int q = 0; q < n_seqs; q++) {
+        if (bt_kv_header(states[q])->n_tokens < 1) {
+            snprintf(err, errlen, "sequence %d: a draft needs at least one position run", q);
+            return BT_ERR_INVALID_ARG;
+        }
+        if (last[q] < 0 || last[q] >= V) {
+            snprintf(err, errlen, "sequence %d: token id %d outside the vocabulary (0..%d)", q,
+                     last[q], V - 1);
+            return BT_ERR_BAD_REQUEST;
+        }
+    }
+    if (!m->draft_logits) {
+        m->draft_logits =
+            track(m, bt_malloc_or_die(((size_t)m->opt.max_batch_seqs * B + 1) * V * sizeof(float)));
+        m->draft_ids =
+            track(m, bt_malloc_or_die((size_t)m->opt.max_batch_seqs * B * sizeof(int32_t)));
+    }
+
+    /* the blocks: [last, noise, ...] at the positions after each slot's */
+    bt_forward_seq_t seqs[BT_MODEL_MAX_SEQS];
+    fwd_t f;
+    memset(&f, 0, sizeof f);
+    f.m = m;
+    f.lay = lay;
+    f.seqs = seqs;
+    f.n_seqs = n_seqs;
+    f.N = n_seqs * B;
+    for (int q = 0; q < n_seqs; q++) {
+        int32_t *ids = m->draft_ids + (size_t)q * B;
+        ids[0] = last[q];
+        for (int i = 1; i < B; i++)
+            ids[i] = c->draft_noise_id;
+        seqs[q] = (bt_forward_seq_t){.state = states[q], .ids = ids, .n = B};
+        f.seq_first[q] = q * B;
+        int64_t start = bt_kv_header(states[q])->n_tokens;
+        for (int i = 0; i < B; i++) {
+            int t = q * B + i;
+            s->tok_seq[t] = q;
+            s->tok_pos[t] = start + i;
+            float *x = s->x + (size_t)t * hc * D;
+            for (int k = 0; k < hc; k++)
+                memcpy(x + (size_t)k * D, m->embed + (size_t)ids[i] * D, (size_t)D * sizeof(float));
+            for (int k = 0; k < hc; k++)
+                s->pre_mix[t * hc + k] = k == 0 ? 1.0f : 0.0f;
+        }
+    }
+    for_tokens(&f, angles_token);
+    int N = f.N, hd = c->head_dim;
+    for (int j = 0; j < c->n_draft; j++) {
+        int l = c->n_layers + j;
+        const layer_weights_t *w = &m->layer[l];
+        f.l = l;
+        for_tokens(&f, attn_mix_token);
+        bt_cpu_matmul(m->pool, s->q_res, s->xin, w->wq_a, N, c->q_lora_rank, D);
+        for_tokens(&f, q_norm_token);
+        bt_cpu_matmul(m->pool, s->q, s->q_res, w->wq_b, N, m->hl * hd, c->q_lora_rank);
+        bt_cpu_matmul(m->pool, s->kv, s->xin, w->wkv, N, hd, D);
+        for_tokens(&f, qkv_token);
+        for_tokens(&f, draft_attend_token);
+        for_tokens(&f, woa_token);
+        bt_cpu_matmul(m->pool, s->out, s->oa, w->wo_b, N, D, m->gl * c->o_lora_rank);
+        for_tokens(&f, expand_token);
+        for_tokens(&f, ffn_mix_token);
+        for_tokens(&f, moe_token);
+        for_tokens(&f, expand_token);
+    }
+    for_tokens(&f, draft_collapse_token);
+    float *logits = m->draft_logits,
+          *bias = m->draft_logits + (size_t)m->opt.max_batch_seqs * B * V;
+    bt_cpu_matmul(m->pool, logits, s->hidden, m->head, N, V, D);
+
+    /* row by row: the Markov bias of the token before, then the pick */
+    for (int q = 0; q < n_seqs; q++) {
+        int32_t prev = last[q];
+        for (int i = 0; i < B; i++) {
+            int t = q * B + i;
+            const float *e = m->markov_embed + (size_t)prev * R;
+            float *row = logits + (size_t)t * V;
+            bt_cpu_matmul(m->pool, bias, e, m->markov_head, 1, V, R);
+            for (int v = 0; v < V; v++)
+                row[v] += bias[v];
+            if (conf)
+                conf[t] = bt_cpu_dot(m->conf_proj, s->draft_pre + (size_t)t * D, D) +
+                          bt_cpu_dot(m->conf_proj + D, e, R);
+            int32_t tok = choose ? choose(ctx, q, i, row, V) : argmax_row(row, V);
+            if (tok < 0 || tok >= V) {
+                snprintf(err, errlen, "sequence %d: draft token %d outside the vocabulary", q, tok);
+                return BT_ERR_INVALID_ARG;
+            }
+            drafts[t] = tok;
+            prev = tok;
+        }
+    }
+    return BT_OK;
+}
+
+/* ---- DSpark: rollback ------------------------------------------------------------------- */
+
+bt_status_t bt_kv_undo_create(const bt_model_t *m, int max_rows, bt_kv_undo_t **undo_p)
+{
+    const bt_model_config_t *c = &m->cfg;
+    if (max_rows < 1 || max_rows > c->window || max_rows > BT_KV_ENGRAM_HISTORY)
+        return BT_ERR_INVALID_ARG;
+    bt_kv_undo_t *u = bt_calloc_or_die(1, sizeof *u);
+    size_t hd = (size_t)c->head_dim;
+    u->max_rows = max_rows;
+    u->n_rings = c->n_layers + c->n_draft;
+    u->hd = c->head_dim;
+    u->ring = bt_malloc_or_die((size_t)u->n_rings * (size_t)max_rows * hd * sizeof(float));
+    for (int l = 0; l < c->n_layers; l++) {
+        const bt_layer_config_t *L = &c->layer[l];
+        if (!L->is_kv_source) continue;
+        size_t r = (size_t)L->compress_ratio;
+        u->pend_kv[l] = bt_malloc_or_die(r * hd * sizeof(float));
+        u->row_kv[l] = bt_malloc_or_die((size_t)max_rows * hd * sizeof(float));
+        if (r > 1) {
+            u->pend_gate[l] = bt_malloc_or_die(r * hd * sizeof(float));
+            u->row_gate[l] = bt_malloc_or_die((size_t)max_rows * hd * sizeof(float));
+        }
+    }
+    *undo_p = u;
+    return BT_OK;
+}
+
+void bt_kv_undo_destroy(bt_kv_undo_t *u)
+{
+    if (!u) return;
+    free(u->ring);
+    for (int l = 0; l < BT_MAX_LAYERS; l++) {
+        free(u->pend_kv[l]);
+        free(u->pend_gate[l]);
+        free(u->row_kv[l]);
+        free(u->row_gate[l]);
+    }
+    free(u);
+}
+
+bt_status_t bt_model_rollback(bt_model_t *m, const bt_kv_layout_t *lay, uint8_t *state,
+                              bt_kv_undo_t *u, int keep, char *err, size_t errlen)
+{
+    const bt_model_config_t *c = &m->cfg;
+    bt_kv_header_t *h = bt_kv_header(state);
+    int n = u->n;
+    if (n < 1 || keep < 1 || keep > n || h->n_tokens != u->before.n_tokens + n ||
+        lay->n_rings != u->n_rings) {
+        snprintf(err, errlen, "rollback to %d of %d recorded tokens: no such record for this slot",
+                 keep, n);
+        return BT_ERR_INVALID_ARG;
+    }
+    u->n = 0;
+    if (keep == n) return BT_OK;
+    size_t hd = (size_t)c->head_dim;
+    int64_t start = u->before.n_tokens;
+    for (int l = 0; l < lay->n_rings; l++) {
+        float *ring = bt_kv_region(state, lay->window_off[l]);
+        for (int i = keep; i < n; i++)
+            memcpy(ring + (size_t)((start + i) % c->window) * hd,
+                   u->ring + ((size_t)l * u->max_rows + i) * hd, hd * sizeof(float));
+    }
+    /* the group open after the kept tokens: older members from the record, newer ones are
+     * the forward's own rows */
+    for (int l = 0; l < c->n_layers; l++) {
+        if (!u->pend_kv[l]) continue;
+        int64_t r = c->layer[l].compress_ratio, cnt = (start + keep) % r, g0 = start + keep - cnt;
+        float *pkv = bt_kv_region(state, lay->pend_kv_off[l]),
+              *pgate = bt_kv_region(state, lay->pend_gate_off[l]);
+        for (int64_t j = 0; j < cnt; j++) {
+            int64_t pos = g0 + j;
+            bool old = pos < start;
+            memcpy(pkv + j * hd, old ? u->pend_kv[l] + j * hd : u->row_kv[l] + (pos - start) * hd,
+                   hd * sizeof(float));
+            if (u->pend_gate[l])
+                memcpy(pgate + j * hd,
+                       old ? u->pend_gate[l] + j * hd : u->row_gate[l] + (pos - start) * hd,
+                       hd * sizeof(float));
+        }
+    }
+    bt_kv_header_t after = *h;
+    *h = u->before;
+    bt_kv_state_advance_counters(c, state, keep);
+    for (int i = 0; i < keep; i++) {
+        int slot = (int)((start + i) % BT_KV_ENGRAM_HISTORY);
+        h->engram_hist[slot] = after.engram_hist[slot];
+    }
+    h->device_tag = 0;
+    return BT_OK;
 }

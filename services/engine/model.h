@@ -66,6 +66,10 @@ typedef struct {
      * that the fork costs the host more than it saves), 1: one stream, 2: two wherever they may
      * (tests). The environment's BT_CUDA_SIDE=0 makes it 1. */
     int cuda_streams;
+    /* Load and run the checkpoint's DSpark draft stages (speculative decoding): every forward
+     * then also keeps their window rings in the KV slots, which the layout holds only for such
+     * a model (groups with and without them refuse each other's slots). CPU, TP 1. */
+    bool draft;
 } bt_model_options_t;
 
 enum { BT_DEVICE_CPU = 0, BT_DEVICE_CUDA = 1 };
@@ -95,11 +99,16 @@ uint64_t bt_model_side_forks(const bt_model_t *model);
 int bt_model_tp_rank(const bt_model_t *model);
 int bt_model_tp_size(const bt_model_t *model);
 
+typedef struct bt_kv_undo bt_kv_undo_t;
+
 typedef struct {
     uint8_t *state;      /* the sequence's KV slot */
     const int32_t *ids;  /* new tokens */
     int n;
     bool all_logits;     /* a logits row per new token, else only for the last */
+    /* speculative verification: the forward records here what it overwrites, so that
+     * bt_model_rollback can keep only the tokens accepted; NULL otherwise */
+    bt_kv_undo_t *undo;
 } bt_forward_seq_t;
 
 /* Advances every sequence by its tokens. logits receives, sequence after sequence, n rows
@@ -145,6 +154,38 @@ bt_status_t bt_model_forward_sample(bt_model_t *model, const bt_kv_layout_t *lay
                                     const bt_forward_seq_t *seqs, int n_seqs, int vocab,
                                     const bt_sample_req_t *req, bt_sample_out_t *out, char *err,
                                     size_t errlen);
+
+/* ---- speculative decoding (DSpark, MODEL-DS41.md) -------------------------------------
+ *
+ * A step: the draft proposes `block` tokens after the token last drawn (bt_model_draft); the
+ * target runs that token and the proposals in one forward with all_logits and an undo record;
+ * the caller accepts a prefix (row i's logits judge proposal i + 1) and bt_model_rollback
+ * drops the rest from the slot, which is then exactly as if only the kept tokens had run. */
+
+/* Draft tokens a step (0 when the model runs without draft stages). */
+int bt_model_draft_block(const bt_model_t *model);
+/* The most rows one verification may run (the token drawn plus proposals): bounded by the
+ * window ring and the engram history, which a rollback restores from its record. */
+int bt_model_verify_rows(const bt_model_t *model);
+
+/* Picks proposal `row` of sequence `seq` from the draft's logits of that row (vocab floats, the
+ * Markov bias added; may be modified). NULL = greedy (lowest id on ties). */
+typedef int32_t (*bt_draft_choose_fn)(void *ctx, int seq, int row, float *logits, int vocab);
+
+/* For each sequence q: its slot states[q] (n_tokens >= 1 positions run) and last[q], the token
+ * drawn after them (not yet in the slot). Writes drafts[q * block + i] and conf[q * block + i]
+ * (confidence logits: sigmoid is the draft's estimate that proposal i is accepted given the
+ * ones before it; conf may be NULL). Reads the slots only. */
+bt_status_t bt_model_draft(bt_model_t *model, const bt_kv_layout_t *layout, uint8_t *const *states,
+                           const int32_t *last, int n_seqs, bt_draft_choose_fn choose, void *ctx,
+                           int32_t *drafts, float *conf, char *err, size_t errlen);
+
+/* An undo record for verifications of up to max_rows tokens (bt_model_verify_rows at most). */
+bt_status_t bt_kv_undo_create(const bt_model_t *model, int max_rows, bt_kv_undo_t **undo_p);
+void bt_kv_undo_destroy(bt_kv_undo_t *undo);
+/* Keeps the first `keep` (1..n) of the n tokens the recorded forward ran on `state`. */
+bt_status_t bt_model_rollback(bt_model_t *model, const bt_kv_layout_t *layout, uint8_t *state,
+                              bt_kv_undo_t *undo, int keep, char *err, size_t errlen);
 
 /* Debug taps for tests against the reference's intermediate tensors. */
 typedef enum {

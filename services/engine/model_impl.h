@@ -30,6 +30,7 @@ typedef struct {
     float *sw1, *sw2, *sw3;
     /* engram */
     float *e_embed, *e_wkv, *e_qk;
+    int n_experts, n_active; /* the draft stages route over their own experts */
 } layer_weights_t;
 
 typedef struct {
@@ -62,6 +63,11 @@ typedef struct {
     int64_t *cid;      /* [N] compressed engram ids */
     float *probs;      /* [N][window + index_topk] attention weights */
     float *hidden;     /* [N][D] final hidden */
+    size_t probs_stride; /* floats of probs a token: window + max(index_topk, draft block) */
+    /* DSpark (cfg n_draft > 0) */
+    float *main_hidden; /* [N][targets * D] streams entering the target layers, averaged */
+    float *main_x;      /* [N][D] the draft's context input */
+    float *draft_pre;   /* [N][D] the last stage's collapsed streams, before its norm */
     /* per task (strided over tokens) */
     int n_tasks;
     float *task_scores;  /* [tasks][max(comp_cap, blocks)] */
@@ -100,6 +106,12 @@ struct bt_model {
     int v0, vl, vpad;     /* this rank's vocabulary rows [v0, v0 + vl), padded to vpad */
     float *gather;        /* TP scratch: all-gather receive buffer */
     float *tp_logits;     /* TP scratch: this rank's vocabulary slice of the logits */
+    /* DSpark draft (cfg n_draft > 0): its context input, head and scratch */
+    float *main_proj, *main_norm, *draft_norm, *markov_embed, *markov_head, *conf_proj;
+    float *draft_logits; /* [max_batch_seqs * block + 1][vocab], made at the first draft */
+    int32_t *draft_ids;  /* [max_batch_seqs * block] */
+    int target_slot[BT_MAX_LAYERS];   /* index among the draft's target layers, -1 */
+    size_t moe_task_floats, heap_len; /* per-task MoE scratch and top-k heap, all layers' most */
     struct bt_model_cuda *cuda; /* the device backend's state; NULL on the CPU */
     size_t host_bytes;          /* float arrays allocated (weights, then scratch) */
     /* bt_model_forward_sample on the host: logits rows of a batch and a sampler, made at the

@@ -174,14 +174,21 @@ static int id_cmp(const void *a, const void *b)
  * of the total, since those under it hold less than (1 - top_p) / 2 of the mass together, so
  * the most likely first reach top_p before any of them. (Sorting all of a 129280-id vocabulary
  * took ~45 ms a token; the nucleus is found by selection, not sorted.) */
+/* With probs (vocab floats) set, nothing is drawn: probs gets the distribution a draw would
+ * follow (the kept tokens' weights over their total, 0 elsewhere; speculative verification
+ * compares two of them), and the argmax is returned. */
 static int32_t sample_temperature(bt_sampler_t *s, const bt_sampling_t *p, const float *logits,
-                                  float mx, int32_t best, uint64_t step)
+                                  float mx, int32_t best, uint64_t step, float *probs)
 {
     const int V = s->vocab;
     const float inv_t = 1.0f / p->temperature;
+    if (probs) memset(probs, 0, (size_t)V * sizeof *probs);
     /* a temperature too small for its inverse, or a row without a finite maximum (+inf, all
      * -inf, NaN): the argmax, as at temperature 0 */
-    if (!isfinite(inv_t) || !isfinite(mx)) return best;
+    if (!isfinite(inv_t) || !isfinite(mx)) {
+        if (probs) probs[best] = 1.0f;
+        return best;
+    }
     const bool topk = p->top_k > 0 && p->top_k < V;
     const int n = topk ? p->top_k : V;
     /* candidate i is id i, or order[i] under top_k (the k best, put in id order) */
@@ -221,6 +228,11 @@ static int32_t sample_temperature(bt_sampler_t *s, const bt_sampling_t *p, const
             total += s->nuc[i].w;
             if (cand_cmp(&s->nuc[i], &edge) > 0) edge = s->nuc[i];
         }
+        if (probs) {
+            for (int i = 0; i < kept; i++)
+                if (cand_cmp(&c[i], &edge) <= 0) probs[c[i].id] = (float)(c[i].w / total);
+            return best;
+        }
         double u = unit * total;
         for (int i = 0; i < kept; i++) {
             if (cand_cmp(&c[i], &edge) > 0) continue;
@@ -233,6 +245,11 @@ static int32_t sample_temperature(bt_sampler_t *s, const bt_sampling_t *p, const
     double total = 0.0;
     for (int i = 0; i < n; i++)
         if (w[i] >= keep_w) total += w[i];
+    if (probs) {
+        for (int i = 0; i < n; i++)
+            if (w[i] >= keep_w) probs[CAND_ID(i)] = (float)(w[i] / total);
+        return best;
+    }
     double u = unit * total;
     for (int i = 0; i < n; i++) {
         if (!(w[i] >= keep_w)) continue;
@@ -294,11 +311,9 @@ void bt_penalties_free(bt_penalties_t *p)
     *p = (bt_penalties_t){0};
 }
 
-int32_t bt_sampler_sample(bt_sampler_t *s, const bt_sampling_t *p, const float *logits,
-                          uint64_t step, float *logprob_p, bt_top_logprob_t *top, int n_top)
+/* the argmax, the lower id on ties, NaN skipped (a row of NaN only: id 0), and its logit */
+static int32_t argmax(const float *logits, int V, float *mx_p)
 {
-    int V = s->vocab;
-    /* the argmax, the lower id on ties, NaN skipped (a row of NaN only: id 0) */
     float mx = -INFINITY;
     int32_t best = -1;
     for (int i = 0; i < V; i++)
@@ -310,13 +325,34 @@ int32_t bt_sampler_sample(bt_sampler_t *s, const bt_sampling_t *p, const float *
         best = 0;
         mx = logits[0];
     }
+    *mx_p = mx;
+    return best;
+}
+
+int32_t bt_sampler_probs(bt_sampler_t *s, const bt_sampling_t *p, const float *logits, float *probs)
+{
+    float mx;
+    const int32_t best = argmax(logits, s->vocab, &mx);
+    if (p->temperature > 0.0f) return sample_temperature(s, p, logits, mx, best, 0, probs);
+    memset(probs, 0, (size_t)s->vocab * sizeof *probs);
+    probs[best] = 1.0f;
+    return best;
+}
+
+int32_t bt_sampler_sample(bt_sampler_t *s, const bt_sampling_t *p, const float *logits,
+                          uint64_t step, float *logprob_p, bt_top_logprob_t *top, int n_top)
+{
+    int V = s->vocab;
+    float mx;
+    const int32_t best = argmax(logits, V, &mx);
     double lse = 0.0;
     if (logprob_p || (top && n_top > 0)) {
         weights(s->w, logits, V, mx, 1.0f);
         for (int i = 0; i < V; i++) lse += s->w[i];
         lse = log(lse) + mx;
     }
-    int32_t chosen = p->temperature > 0.0f ? sample_temperature(s, p, logits, mx, best, step) : best;
+    int32_t chosen =
+        p->temperature > 0.0f ? sample_temperature(s, p, logits, mx, best, step, NULL) : best;
     if (logprob_p) *logprob_p = (float)((double)logits[chosen] - lse);
     if (top && n_top > 0) {
         int k = n_top < V ? n_top : V;

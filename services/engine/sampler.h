@@ -35,6 +35,11 @@ typedef struct {
 int32_t bt_sampler_sample(bt_sampler_t *s, const bt_sampling_t *p, const float *logits,
                           uint64_t step, float *logprob_p, bt_top_logprob_t *top, int n_top);
 
+/* The distribution bt_sampler_sample draws from under p (the kept tokens' probabilities, 0
+ * elsewhere; at temperature 0 all on the argmax) into probs[0 .. vocab); returns the argmax. */
+int32_t bt_sampler_probs(bt_sampler_t *s, const bt_sampling_t *p, const float *logits,
+                         float *probs);
+
 /* A request's logit adjustments (bt_sample_req_t's adj_ids / adj / n_adj): presence and
  * frequency penalties (OpenAI's presence_penalty / frequency_penalty) and its logit_bias. Each
  * distinct token with an amount to subtract from its logit at the next draw: -bias, plus, once

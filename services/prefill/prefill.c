@@ -570,7 +570,7 @@ static void start_chunk(prefill_t *p, job_t *j)
     p->keep = j->caching && j->done + n < total;
     p->keep_parent = j->node;
     p->chunk_reset = j->done == 0; /* the other ranks start this request from an empty slot */
-    p->fwd = (bt_forward_seq_t){p->slot, j->req->prompt_ids + j->done, n, false};
+    p->fwd = (bt_forward_seq_t){p->slot, j->req->prompt_ids + j->done, n, false, NULL};
     p->draw = j->done + n == total;
     if (p->draw) {
         Baton__V1__SamplingParams *sp = j->req->sampling;

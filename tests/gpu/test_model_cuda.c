@@ -67,7 +67,7 @@ static int run(bt_model_t *m, const bt_kv_layout_t *lay, uint8_t *state, const i
     if (chunk <= 0) chunk = S;
     for (int i = 0; i < S; i += chunk) {
         int n = S - i < chunk ? S - i : chunk;
-        bt_forward_seq_t seq = {state, ids + i, n, true};
+        bt_forward_seq_t seq = {state, ids + i, n, true, NULL};
         if (bt_model_forward(m, lay, &seq, 1, logits + (size_t)i * V, err, sizeof err) != BT_OK) {
             fprintf(stderr, "forward: %s\n", err);
             return -1;
@@ -214,7 +214,7 @@ static void check_bf16(const char *name, bool exact, int weights, double bound, 
             if (tok != P[p].gen_ids[g]) break;
             matched++;
             int32_t t32 = tok;
-            bt_forward_seq_t seq = {state, &t32, 1, true};
+            bt_forward_seq_t seq = {state, &t32, 1, true, NULL};
             BT_CHECK(bt_model_forward(gpu, &lay, &seq, 1, step, err, sizeof err) == BT_OK);
         }
         fprintf(stderr, "  %s (%s) prompt%d greedy: %d/%d ids match (must %d)\n", name, mode, p, matched, P[p].G,
@@ -333,7 +333,7 @@ static void check_fixture(const char *name, bool exact)
             if (tok != P[p].gen_ids[g]) break;
             matched++;
             int32_t t32 = tok;
-            bt_forward_seq_t seq = {state, &t32, 1, true};
+            bt_forward_seq_t seq = {state, &t32, 1, true, NULL};
             BT_CHECK(bt_model_forward(gpu, &lay, &seq, 1, step, err, sizeof err) == BT_OK);
         }
         fprintf(stderr, "  %s prompt%d greedy on the GPU: %d/%d ids match (must %d)\n", name, p, matched,
@@ -398,7 +398,7 @@ static void check_fixture(const char *name, bool exact)
             bt_kv_state_reset(st[q]);
             alone[q] = malloc((size_t)P[q].S * V * sizeof(float));
             BT_CHECK(run(gpu, &lay, state, P[q].ids, P[q].S, 0, alone[q], true) == 0);
-            seqs[q] = (bt_forward_seq_t){st[q], P[q].ids, P[q].S, true};
+            seqs[q] = (bt_forward_seq_t){st[q], P[q].ids, P[q].S, true, NULL};
             total += P[q].S;
         }
         BT_CHECK(bt_model_forward(gpu, &lay, seqs, 3, batch, err, sizeof err) == BT_OK);
@@ -416,7 +416,7 @@ static void check_fixture(const char *name, bool exact)
             if (V > 2048) break;
             for (int q = 0; q < 3; q++) {
                 next[q] = (int32_t)((q * 7 + step * 13) % V);
-                seqs[q] = (bt_forward_seq_t){st[q], &next[q], 1, false};
+                seqs[q] = (bt_forward_seq_t){st[q], &next[q], 1, false, NULL};
             }
             BT_CHECK(bt_model_forward(gpu, &lay, seqs, 3, out, err, sizeof err) == BT_OK);
             /* replay on the CPU from the host slots' history: same tokens, one at a time */
@@ -446,7 +446,7 @@ static void check_fixture(const char *name, bool exact)
     {
         int32_t bad = V + 5;
         bt_kv_state_reset(state);
-        bt_forward_seq_t seq = {state, &bad, 1, true};
+        bt_forward_seq_t seq = {state, &bad, 1, true, NULL};
         float *tmp = malloc((size_t)V * sizeof(float));
         err[0] = 0;
         BT_CHECK(bt_model_forward(gpu, &lay, &seq, 1, tmp, err, sizeof err) == BT_ERR_BAD_REQUEST);
@@ -522,13 +522,13 @@ static void *tp_rank(void *arg)
         r->gen[g] = golden_argmax(row, V);
         int32_t t = r->gen[g];
         row = r->logits + (size_t)(S + g) * V;
-        bt_forward_seq_t seq = {state, &t, 1, true};
+        bt_forward_seq_t seq = {state, &t, 1, true, NULL};
         r->ok = bt_model_forward(m, &lay, &seq, 1, row, err, sizeof err) == BT_OK;
         if (!r->ok) fprintf(stderr, "rank %d: %s\n", r->comm ? bt_comm_rank(r->comm) : 0, err);
     }
     const int rank = r->comm ? bt_comm_rank(r->comm) : 0;
     for (int s = 0; s < TP_DRAWS && r->ok; s++) {
-        bt_forward_seq_t seq = {state, &r->gen[s], 1, false};
+        bt_forward_seq_t seq = {state, &r->gen[s], 1, false, NULL};
         const bt_sample_req_t req = tp_draw_req(s);
         if (rank == 0) {
             const uint64_t before = bt_model_device_draws(m);
@@ -680,7 +680,8 @@ static int decode_twins(bt_model_t *a, bt_model_t *b, bt_safetensors_t *gold, in
         for (int s = 0; s < STEPS && smax + s + 1 < MAX_CTX; s++) {
             for (int k = 0; k < 2; k++) {
                 bt_forward_seq_t seq[B];
-                for (int i = 0; i < batch; i++) seq[i] = (bt_forward_seq_t){st[k][i], &tok[i], 1, false};
+                for (int i = 0; i < batch; i++)
+                    seq[i] = (bt_forward_seq_t){st[k][i], &tok[i], 1, false, NULL};
                 struct timespec t0, t1;
                 clock_gettime(CLOCK_MONOTONIC, &t0);
                 BT_CHECK(bt_model_forward(mk[k], &lay, seq, batch, lg[k], err, sizeof err) == BT_OK);
@@ -845,7 +846,7 @@ static void check_batch_equals_single(const char *what, bt_model_t *m)
         BT_CHECK(run(m, &lay, st[b], prompt[b], PL - b, 0, lg, true) == 0); /* lengths 9, 8, 7 */
         ids[b][0] = golden_argmax(lg + (size_t)(PL - b - 1) * V, V);
         for (int s = 0; s < STEPS; s++) {
-            bt_forward_seq_t seq = {st[b], &ids[b][s], 1, false};
+            bt_forward_seq_t seq = {st[b], &ids[b][s], 1, false, NULL};
             BT_CHECK(bt_model_forward(m, &lay, &seq, 1, solo + ((size_t)b * STEPS + s) * V, err, sizeof err) == BT_OK);
             ids[b][s + 1] = golden_argmax(solo + ((size_t)b * STEPS + s) * V, V);
         }
@@ -854,7 +855,8 @@ static void check_batch_equals_single(const char *what, bt_model_t *m)
     for (int b = 0; b < B; b++) BT_CHECK(run(m, &lay, st[b], prompt[b], PL - b, 0, lg, true) == 0);
     for (int s = 0; s < STEPS; s++) {
         bt_forward_seq_t seq[B];
-        for (int b = 0; b < B; b++) seq[b] = (bt_forward_seq_t){st[b], &ids[b][s], 1, false};
+        for (int b = 0; b < B; b++)
+            seq[b] = (bt_forward_seq_t){st[b], &ids[b][s], 1, false, NULL};
         BT_CHECK(bt_model_forward(m, &lay, seq, B, lg, err, sizeof err) == BT_OK);
         for (int b = 0; b < B; b++)
             if (memcmp(lg + (size_t)b * V, solo + ((size_t)b * STEPS + s) * V, (size_t)V * sizeof(float)) != 0) {
@@ -888,7 +890,7 @@ static void check_batch_equals_single(const char *what, bt_model_t *m)
         bt_sample_req_t req[B];
         bt_sample_out_t got[B];
         for (int b = 0; b < B; b++) {
-            seq[b] = (bt_forward_seq_t){st[b], &ids[b][s], 1, false};
+            seq[b] = (bt_forward_seq_t){st[b], &ids[b][s], 1, false, NULL};
             req[b] = (bt_sample_req_t){.sampling = settings[(s + b) % 5], .step = (uint64_t)s, .want_logprob = true,
                                        .n_top = (s + b) % 3 == 0 ? 5 : 0};
         }

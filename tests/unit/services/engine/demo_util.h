@@ -6,13 +6,15 @@
 #include "common/text/tokenizer.h"
 #include "services/engine/model.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 /* The model in dir (a demo checkpoint) on the CPU: threads, positions a sequence may reach,
- * tokens and sequences a forward may take. NULL, having said why on stderr, when it fails. */
-static inline bt_model_t *demo_model_load(const char *dir, int threads, int max_ctx,
-                                          int max_batch_tokens, int max_seqs)
+ * tokens and sequences a forward may take, with or without its DSpark draft stages. NULL,
+ * having said why on stderr, when it fails. */
+static inline bt_model_t *demo_model_load_draft(const char *dir, int threads, int max_ctx,
+                                                int max_batch_tokens, int max_seqs, bool draft)
 {
     char err[512];
     bt_model_config_t cfg;
@@ -31,10 +33,17 @@ static inline bt_model_t *demo_model_load(const char *dir, int threads, int max_
     opt.max_ctx = max_ctx;
     opt.max_batch_tokens = max_batch_tokens;
     if (max_seqs > 0) opt.max_batch_seqs = max_seqs;
+    opt.draft = draft;
     bt_model_t *m = NULL;
     if (bt_model_load(dir, &opt, &m, err, sizeof err) != BT_OK) fprintf(stderr, "load: %s\n", err);
     free(map);
     return m;
+}
+
+static inline bt_model_t *demo_model_load(const char *dir, int threads, int max_ctx,
+                                          int max_batch_tokens, int max_seqs)
+{
+    return demo_model_load_draft(dir, threads, max_ctx, max_batch_tokens, max_seqs, false);
 }
 
 #endif

@@ -34,14 +34,14 @@ static void check(const char *variant, int chunk)
     for (int i = 0; i < 50; i += chunk) {
         int n = 50 - i < chunk ? 50 - i : chunk;
         bt_kv_header_t before = *bt_kv_header(pre);
-        bt_forward_seq_t seq = {pre, ids + i, n, false};
+        bt_forward_seq_t seq = {pre, ids + i, n, false, NULL};
         BT_CHECK(bt_model_forward(m, &lay, &seq, 1, NULL, err, sizeof err) == BT_OK);
         int nr = bt_kv_changed_ranges(c, &lay, &before, pre, ranges, (int)(sizeof ranges / sizeof ranges[0]));
         for (int r = 0; r < nr; r++) memcpy(dec + ranges[r].off, pre + ranges[r].off, ranges[r].len);
     }
     float *la = malloc((size_t)c->vocab * sizeof(float)), *lb = malloc((size_t)c->vocab * sizeof(float));
     for (int i = 50; i < 70; i++) {
-        bt_forward_seq_t a = {pre, ids + i, 1, false}, b = {dec, ids + i, 1, false};
+        bt_forward_seq_t a = {pre, ids + i, 1, false, NULL}, b = {dec, ids + i, 1, false, NULL};
         BT_CHECK(bt_model_forward(m, &lay, &a, 1, la, err, sizeof err) == BT_OK);
         BT_CHECK(bt_model_forward(m, &lay, &b, 1, lb, err, sizeof err) == BT_OK);
         BT_CHECK_MSG(memcmp(la, lb, (size_t)c->vocab * sizeof(float)) == 0, "%s chunk %d: step %d differs", variant, chunk, i);

@@ -61,7 +61,7 @@ static int run(bt_model_t *m, const bt_kv_layout_t *lay, uint8_t *state, const i
     bt_kv_state_reset(state);
     for (int i = 0; i < n; i += chunk) {
         int len = n - i < chunk ? n - i : chunk;
-        bt_forward_seq_t seq = {state, ids + i, len, true};
+        bt_forward_seq_t seq = {state, ids + i, len, true, NULL};
         if (bt_model_forward(m, lay, &seq, 1, logits + (size_t)i * V, err, sizeof err) != BT_OK) {
             fprintf(stderr, "forward: %s\n", err);
             return -1;
@@ -121,8 +121,8 @@ static void check_variant(const char *variant)
         bt_forward_seq_t seqs[2];
         int ns = 0;
         float *rows = malloc((size_t)(na + nb) * V * sizeof(float));
-        if (na > 0) seqs[ns++] = (bt_forward_seq_t){state, a + ia, na, true};
-        if (nb > 0) seqs[ns++] = (bt_forward_seq_t){state2, b + ib, nb, true};
+        if (na > 0) seqs[ns++] = (bt_forward_seq_t){state, a + ia, na, true, NULL};
+        if (nb > 0) seqs[ns++] = (bt_forward_seq_t){state2, b + ib, nb, true, NULL};
         BT_CHECK(bt_model_forward(m3, &lay, seqs, ns, rows, err, sizeof err) == BT_OK);
         if (na > 0) memcpy(other + (size_t)ia * V, rows, (size_t)na * V * sizeof(float));
         if (nb > 0) memcpy(other2 + (size_t)ib * V, rows + (size_t)(na > 0 ? na : 0) * V, (size_t)nb * V * sizeof(float));
@@ -139,11 +139,11 @@ static void check_variant(const char *variant)
     {
         float *row = malloc((size_t)V * sizeof(float));
         bt_kv_state_reset(state);
-        bt_forward_seq_t seq = {state, a, 20, false};
+        bt_forward_seq_t seq = {state, a, 20, false, NULL};
         BT_CHECK(bt_model_forward(m3, &lay, &seq, 1, row, err, sizeof err) == BT_OK);
         long before = atomic_load(&n_allocs);
         for (int i = 20; i < 40; i++) {
-            bt_forward_seq_t one = {state, a + i, 1, false};
+            bt_forward_seq_t one = {state, a + i, 1, false, NULL};
             BT_CHECK(bt_model_forward(m3, &lay, &one, 1, row, err, sizeof err) == BT_OK);
         }
         BT_CHECK_MSG(atomic_load(&n_allocs) == before, "%s: %ld allocations in 20 decode steps", variant,
@@ -168,7 +168,7 @@ static void check_variant(const char *variant)
         bt_sample_out_t got[2];
         for (int q = 0; q < 2; q++) {
             bt_kv_state_reset(st[q]);
-            seqs[q] = (bt_forward_seq_t){st[q], a + 10 * q, 10, false};
+            seqs[q] = (bt_forward_seq_t){st[q], a + 10 * q, 10, false, NULL};
         }
         long before = 0;
         int differ = 0;
@@ -186,7 +186,7 @@ static void check_variant(const char *variant)
             }
             /* the reference: sequence 0's state replayed through bt_model_forward */
             memcpy(ref, st[0], lay.slot_bytes);
-            bt_forward_seq_t one = {ref, seqs[0].ids, seqs[0].n, false};
+            bt_forward_seq_t one = {ref, seqs[0].ids, seqs[0].n, false, NULL};
             BT_CHECK(bt_model_forward(m3, &lay, &one, 1, row, err, sizeof err) == BT_OK);
             if (i == 1) before = atomic_load(&n_allocs);
             BT_CHECK_MSG(bt_model_forward_sample(m3, &lay, seqs, 2, vocab, req, got, err, sizeof err) == BT_OK, "%s", err);
@@ -198,7 +198,8 @@ static void check_variant(const char *variant)
             differ += got[0].id != want;
             BT_CHECK(got[1].id >= 0 && got[1].id < vocab && got[1].top[0].id >= 0 && got[1].top[4].id >= 0);
             BT_CHECK(got[1].logprob <= got[1].top[0].logprob && got[1].top[0].logprob <= 0.0f);
-            for (int q = 0; q < 2; q++) seqs[q] = (bt_forward_seq_t){st[q], &got[q].id, 1, false};
+            for (int q = 0; q < 2; q++)
+                seqs[q] = (bt_forward_seq_t){st[q], &got[q].id, 1, false, NULL};
         }
         BT_CHECK_MSG(differ == 0, "%s: %d of 12 draws differ from the host sampler's", variant, differ);
         BT_CHECK_MSG(atomic_load(&n_allocs) == before, "%s: %ld allocations in 10 steps with draws", variant,
@@ -227,7 +228,7 @@ static void check_variant(const char *variant)
     {
         int32_t bad = V;
         bt_kv_state_reset(state);
-        bt_forward_seq_t seq = {state, &bad, 1, false};
+        bt_forward_seq_t seq = {state, &bad, 1, false, NULL};
         BT_CHECK(bt_model_forward(m1, &lay, &seq, 1, NULL, err, sizeof err) == BT_ERR_BAD_REQUEST);
         BT_CHECK(strstr(err, "vocabulary") != NULL);
         bt_kv_header(state)->n_tokens = CTX;

@@ -44,7 +44,7 @@ static int run_chunked(bt_model_t *m, const bt_kv_layout_t *lay, uint8_t *state,
     if (chunk <= 0) chunk = S;
     for (int i = 0; i < S; i += chunk) {
         int n = S - i < chunk ? S - i : chunk;
-        bt_forward_seq_t seq = {state, ids + i, n, true};
+        bt_forward_seq_t seq = {state, ids + i, n, true, NULL};
         if (bt_model_forward(m, lay, &seq, 1, logits + (size_t)i * V, err, sizeof err) != BT_OK) {
             fprintf(stderr, "forward: %s\n", err);
             return -1;
@@ -192,7 +192,7 @@ static void check_fixture(const char *name, bool exact)
             if (tok != gids[g]) break;
             matched++;
             int32_t t32 = tok;
-            bt_forward_seq_t seq = {state, &t32, 1, true};
+            bt_forward_seq_t seq = {state, &t32, 1, true, NULL};
             BT_CHECK(bt_model_forward(m, &lay, &seq, 1, step, err, sizeof err) == BT_OK);
         }
         fprintf(stderr, "  %s prompt%d greedy: %d/%zu ids match (robust prefix %zu)\n", name, p, matched, G, must);

@@ -79,7 +79,7 @@ static void *run_model(void *arg)
     bt_kv_layout_init(&lay, c, CTX);
     uint8_t *state = bt_aligned_alloc(64, lay.slot_bytes);
     bt_kv_state_reset(state);
-    bt_forward_seq_t seq = {state, ids, (int)S, true};
+    bt_forward_seq_t seq = {state, ids, (int)S, true, NULL};
     r->ok = bt_model_forward(m, &lay, &seq, 1, r->logits, err, sizeof err) == BT_OK;
     float *row = r->logits + (S - 1) * (size_t)c->vocab;
     for (int g = 0; g < GEN && r->ok; g++) {
@@ -88,7 +88,7 @@ static void *run_model(void *arg)
             if (row[v] > row[best]) best = v;
         r->gen[g] = best;
         int32_t t = best;
-        bt_forward_seq_t one = {state, &t, 1, false};
+        bt_forward_seq_t one = {state, &t, 1, false, NULL};
         row = r->logits + (S + g) * (size_t)c->vocab;
         r->ok = bt_model_forward(m, &lay, &one, 1, row, err, sizeof err) == BT_OK;
     }

@@ -31,7 +31,7 @@ static bool forward(bt_model_t *m, const bt_kv_layout_t *lay, uint8_t *slot, con
                     int from, int to, float *rows)
 {
     char err[256];
-    bt_forward_seq_t seq = {slot, ids + from, to - from, true};
+    bt_forward_seq_t seq = {slot, ids + from, to - from, true, NULL};
     if (bt_model_forward(m, lay, &seq, 1, rows, err, sizeof err) == BT_OK) return true;
     fprintf(stderr, "forward: %s\n", err);
     return false;

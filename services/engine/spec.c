@@ -1,0 +1,204 @@
+#include "services/engine/spec.h"
+
+#include "common/alloc.h"
+#include "kernels/sampling.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* independent random streams of a request's seed: the draft's picks, the acceptance tests and
+ * the draws from a rejected row's residual (the target's own draws use the seed itself) */
+#define SALT_DRAFT 0x6a09e667f3bcc908ull
+#define SALT_ACCEPT 0xbb67ae8584caa73bull
+#define SALT_RESIDUAL 0x3c6ef372fe94f82bull
+
+struct bt_spec {
+    bt_model_t *m;
+    int max_seqs, vocab, block, rows, V; /* V: the model's vocabulary (a logits row) */
+    bt_sampler_t *sampler;
+    bt_kv_undo_t *undo[BT_MODEL_MAX_SEQS];
+    int32_t *drafts; /* [max_seqs][block] */
+    float *q;        /* [max_seqs][block][vocab] the draft's distributions (sampled rows) */
+    float *p;        /* [vocab] a target row's */
+    float *logits;   /* [max_seqs][rows][V] */
+    int32_t *ids;    /* [max_seqs][rows] */
+    const bt_spec_seq_t *cur; /* the step's sequences, for the draft's picks */
+    uint64_t steps, proposed, accepted;
+};
+
+bt_status_t bt_spec_create(bt_model_t *m, int max_seqs, int vocab, bt_spec_t **spec_p)
+{
+    int block = bt_model_draft_block(m), rows = bt_model_verify_rows(m);
+    const bt_model_config_t *c = bt_model_config(m);
+    if (block < 1 || rows < 2 || max_seqs < 1 || max_seqs > BT_MODEL_MAX_SEQS || vocab < 1 ||
+        vocab > c->vocab)
+        return BT_ERR_INVALID_ARG;
+    bt_spec_t *sp = bt_calloc_or_die(1, sizeof *sp);
+    sp->m = m;
+    sp->max_seqs = max_seqs;
+    sp->vocab = vocab;
+    sp->block = block;
+    sp->rows = rows;
+    sp->V = c->vocab;
+    sp->sampler = bt_sampler_create(vocab);
+    for (int q = 0; q < max_seqs; q++) {
+        bt_status_t st = bt_kv_undo_create(m, rows, &sp->undo[q]);
+        if (st != BT_OK) {
+            bt_spec_destroy(sp);
+            return st;
+        }
+    }
+    sp->drafts = bt_malloc_or_die((size_t)max_seqs * block * sizeof(int32_t));
+    sp->q = bt_malloc_or_die((size_t)max_seqs * block * vocab * sizeof(float));
+    sp->p = bt_malloc_or_die((size_t)vocab * sizeof(float));
+    sp->logits = bt_malloc_or_die((size_t)max_seqs * rows * sp->V * sizeof(float));
+    sp->ids = bt_malloc_or_die((size_t)max_seqs * rows * sizeof(int32_t));
+    *spec_p = sp;
+    return BT_OK;
+}
+
+void bt_spec_destroy(bt_spec_t *sp)
+{
+    if (!sp) return;
+    bt_sampler_destroy(sp->sampler);
+    for (int q = 0; q < sp->max_seqs; q++)
+        bt_kv_undo_destroy(sp->undo[q]);
+    free(sp->drafts);
+    free(sp->q);
+    free(sp->p);
+    free(sp->logits);
+    free(sp->ids);
+    free(sp);
+}
+
+void bt_spec_stats(const bt_spec_t *sp, uint64_t *steps, uint64_t *proposed, uint64_t *accepted)
+{
+    *steps = sp->steps;
+    *proposed = sp->proposed;
+    *accepted = sp->accepted;
+}
+
+/* The draft's pick: greedy at temperature 0, else a draw from its distribution under the
+ * sequence's rules (kept for the verification). */
+static int32_t draft_pick(void *ctx, int seq, int row, float *logits, int V)
+{
+    bt_spec_t *sp = ctx;
+    const bt_spec_seq_t *q = &sp->cur[seq];
+    float *probs = sp->q + ((size_t)seq * sp->block + row) * sp->vocab;
+    int32_t best = bt_sampler_probs(sp->sampler, &q->sampling, logits, probs);
+    if (q->sampling.temperature <= 0.0f) return best;
+    bt_sampling_t s = q->sampling;
+    s.seed ^= SALT_DRAFT;
+    return bt_sampler_sample(sp->sampler, &s, logits, q->step + (uint64_t)row, NULL, NULL, 0);
+}
+
+/* A draw from norm(max(p - q, 0)), walking the ids in order; p where that is empty. */
+static int32_t residual_draw(const float *p, const float *q, int V, double unit)
+{
+    double total = 0.0;
+    for (int i = 0; i < V; i++)
+        total += p[i] > q[i] ? (double)p[i] - (double)q[i] : 0.0;
+    bool from_p = !(total > 0.0);
+    if (from_p) {
+        total = 0.0;
+        for (int i = 0; i < V; i++)
+            total += p[i];
+    }
+    double u = unit * total;
+    int32_t last = -1;
+    for (int i = 0; i < V; i++) {
+        double w = from_p ? (double)p[i] : (p[i] > q[i] ? (double)p[i] - (double)q[i] : 0.0);
+        if (w <= 0.0) continue;
+        last = i;
+        u -= w;
+        if (u < 0) return i;
+    }
+    return last >= 0 ? last : 0;
+}
+
+bt_status_t bt_spec_step(bt_spec_t *sp, const bt_kv_layout_t *lay, bt_spec_seq_t *seqs, int n,
+                         char *err, size_t errlen)
+{
+    if (n < 1 || n > sp->max_seqs) {
+        snprintf(err, errlen, "speculative step of %d sequences outside 1..%d", n, sp->max_seqs);
+        return BT_ERR_INVALID_ARG;
+    }
+    uint8_t *states[BT_MODEL_MAX_SEQS];
+    int32_t last[BT_MODEL_MAX_SEQS];
+    for (int q = 0; q < n; q++) {
+        if (seqs[q].max_emit < 1) {
+            snprintf(err, errlen, "sequence %d: a step must be allowed at least one token", q);
+            return BT_ERR_INVALID_ARG;
+        }
+        states[q] = seqs[q].state;
+        last[q] = seqs[q].last;
+    }
+    sp->cur = seqs;
+    bt_status_t st =
+        bt_model_draft(sp->m, lay, states, last, n, draft_pick, sp, sp->drafts, NULL, err, errlen);
+    if (st != BT_OK) return st;
+
+    /* the target over [last, proposals...] */
+    bt_forward_seq_t fs[BT_MODEL_MAX_SEQS];
+    for (int q = 0; q < n; q++) {
+        int k = sp->rows - 1;
+        if (k > sp->block) k = sp->block;
+        if (k > seqs[q].max_emit - 1) k = seqs[q].max_emit - 1;
+        int32_t *ids = sp->ids + (size_t)q * sp->rows;
+        ids[0] = seqs[q].last;
+        memcpy(ids + 1, sp->drafts + (size_t)q * sp->block, (size_t)k * sizeof(int32_t));
+        seqs[q].n_proposed = k;
+        fs[q] = (bt_forward_seq_t){.state = seqs[q].state,
+                                   .ids = ids,
+                                   .n = k + 1,
+                                   .all_logits = true,
+                                   .undo = sp->undo[q]};
+    }
+    st = bt_model_forward(sp->m, lay, fs, n, sp->logits, err, errlen);
+    if (st != BT_OK) return st;
+
+    const float *rows = sp->logits;
+    for (int q = 0; q < n; q++) {
+        bt_spec_seq_t *s = &seqs[q];
+        const int32_t *d = sp->ids + (size_t)q * sp->rows + 1;
+        const bool greedy = !(s->sampling.temperature > 0.0f);
+        int a = 0;
+        int32_t own = -1;
+        for (; a < s->n_proposed; a++) {
+            const float *row = rows + (size_t)a * sp->V;
+            if (greedy) {
+                int32_t best = bt_sampler_probs(sp->sampler, &s->sampling, row, sp->p);
+                if (d[a] != best) {
+                    own = best;
+                    break;
+                }
+                continue;
+            }
+            const float *qd = sp->q + ((size_t)q * sp->block + a) * sp->vocab;
+            bt_sampler_probs(sp->sampler, &s->sampling, row, sp->p);
+            double ratio = (double)sp->p[d[a]] / (double)qd[d[a]];
+            if (bt_smp_unit(s->sampling.seed ^ SALT_ACCEPT, s->step + (uint64_t)a) < ratio)
+                continue;
+            own =
+                residual_draw(sp->p, qd, sp->vocab,
+                              bt_smp_unit(s->sampling.seed ^ SALT_RESIDUAL, s->step + (uint64_t)a));
+            break;
+        }
+        if (own < 0) /* every proposal accepted: the next row's own draw */
+            own = bt_sampler_sample(sp->sampler, &s->sampling, rows + (size_t)a * sp->V,
+                                    s->step + (uint64_t)a, NULL, NULL, 0);
+        memcpy(s->emit, d, (size_t)a * sizeof(int32_t));
+        s->emit[a] = own;
+        s->n_emit = a + 1;
+        s->n_accepted = a;
+        st = bt_model_rollback(sp->m, lay, s->state, sp->undo[q], a + 1, err, errlen);
+        if (st != BT_OK) return st;
+        sp->proposed += (uint64_t)s->n_proposed;
+        sp->accepted += (uint64_t)a;
+        rows += (size_t)fs[q].n * sp->V;
+    }
+    sp->steps++;
+    return BT_OK;
+}
