@@ -202,6 +202,7 @@ int bt_cli_generate(int argc, char **argv)
     common_args_t a = {NULL, NULL, 4096, 0, 0, "cpu", 0, "auto", false};
     int64_t max_new = 16, seed = 0;
     const char *spec_algo = NULL;
+    double spec_conf = 0.0;
     double temperature = 1.0, top_p = 1.0, min_p = 0.0, presence = 0.0, frequency = 0.0;
     int64_t top_k = -1;
     bool ignore_eos = false;
@@ -224,6 +225,8 @@ int bt_cli_generate(int argc, char **argv)
         BT_FLAG_BOOL("ignore-eos", &ignore_eos, "keep generating past the end-of-sequence token"),
         BT_FLAG_STR("speculative-algorithm", &spec_algo,
                     "DSPARK: the checkpoint's draft stages propose, the model verifies"),
+        BT_FLAG_FLOAT("speculative-dspark-confidence", &spec_conf,
+                      "verify proposals up to the first the draft trusts less (0..1, default 0)"),
     };
     char err[256];
     bt_status_t st = bt_flags_parse(spec, BT_COUNTOF(spec), argc, argv, NULL, err, sizeof err);
@@ -244,6 +247,10 @@ int bt_cli_generate(int argc, char **argv)
         fprintf(stderr,
                 "baton generate: --speculative-algorithm: '%s' is not one Baton has (DSPARK)\n",
                 spec_algo);
+        return 2;
+    }
+    if (!(spec_conf >= 0 && spec_conf <= 1)) {
+        fprintf(stderr, "baton generate: --speculative-dspark-confidence must be 0..1\n");
         return 2;
     }
     if (spec_algo && (presence != 0 || frequency != 0)) {
@@ -287,10 +294,11 @@ int bt_cli_generate(int argc, char **argv)
     bt_forward_seq_t seq = {state, ids + head, n - head, false, NULL};
     int32_t tok;
     bt_spec_t *sp = NULL;
-    if (a.draft && bt_spec_create(m, 1, emit_vocab, &sp) != BT_OK) {
+    if (a.draft && bt_spec_create(m, 1, emit_vocab, 0, &sp) != BT_OK) {
         fprintf(stderr, "baton generate: cannot set up speculative decoding for this model\n");
         rc = 1;
     }
+    if (sp) bt_spec_set_confidence(sp, (float)spec_conf);
     while (rc == 0 && produced < max_new) {
         if (sp && produced > 0) {
             /* a speculative step after the first token: the draft needs the positions before */

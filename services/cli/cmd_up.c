@@ -18,6 +18,8 @@
 #include "common/flags.h"
 #include "common/log.h"
 #include "services/cli/config.h"
+#include "services/engine/config.h"
+#include "services/engine/demo_model.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -360,7 +362,7 @@ static int up(int argc, char **argv, const bt_conf_t *conf)
     int64_t max_running = 16, max_queued = 256, context = 0, threads = 0, start_timeout = 120;
     double watchdog = 300.0, drain = 30.0, mem_fraction = 0.0;
     const char *config = NULL, *tokenizer = NULL, *quant = NULL, *dist_init = NULL, *spec_algo = NULL;
-    const char *net_devices = NULL, *device = NULL, *dtype = NULL;
+    const char *net_devices = NULL, *device = NULL, *dtype = NULL, *spec_conf = NULL;
     int64_t gpu = -1;
     int64_t tp = 1, nnodes = 1, node_rank = 0, max_new = 0, max_total = 0, graph_bs = 0, spec_block = 0;
     int64_t seed = -1;
@@ -406,8 +408,10 @@ static int up(int argc, char **argv, const bt_conf_t *conf)
         BT_FLAG_FLOAT("mem-fraction-static", &mem_fraction, "decode: fraction of memory for the KV pool"),
         BT_FLAG_INT("max-total-tokens", &max_total, "decode: KV pool size in tokens"),
         BT_FLAG_INT("cuda-graph-max-bs", &graph_bs, "accepted; --device cuda graphs decode batches of 1..16"),
-        BT_FLAG_STR("speculative-algorithm", &spec_algo, "DSPARK (not implemented yet: runs without)"),
+        BT_FLAG_STR("speculative-algorithm", &spec_algo, "DSPARK: the checkpoint's draft stages (CPU, TP 1 for now)"),
         BT_FLAG_INT("speculative-dspark-block-size", &spec_block, "DSpark block size"),
+        BT_FLAG_STR("speculative-dspark-confidence", &spec_conf,
+                    "verify DSpark proposals up to the first the draft trusts less (0..1, default 0)"),
         BT_FLAG_INT("random-seed", &seed, "sampling seed for the workers"),
         BT_FLAG_BOOL("enable-cache-report", &cache_report, "usage.prompt_tokens_details.cached_tokens (gateway)"),
         BT_FLAG_BOOL("disable-radix-cache", &no_prefix_cache, "prefill: keep no prompt prefixes"),
@@ -450,10 +454,18 @@ static int up(int argc, char **argv, const bt_conf_t *conf)
                 (long long)tp, (long long)nnodes, dist_init ? ", dist-init-addr = " : "", dist_init ? dist_init : "");
         tp = 1;
     }
-    if (spec_algo && strcmp(spec_algo, "NONE") && strcmp(spec_algo, "none"))
-        fprintf(stderr, "baton up: warning: speculative-algorithm = %s%s: speculative decoding is not "
-                        "implemented yet; decoding runs one token a step\n", spec_algo,
-                spec_block ? " (block size ignored)" : "");
+    if (spec_algo && !strcmp(spec_algo, "none")) spec_algo = "NONE";
+    if (spec_algo && strcmp(spec_algo, "NONE") && strcmp(spec_algo, "DSPARK")) {
+        fprintf(stderr, "baton up: --speculative-algorithm must be DSPARK or NONE\n");
+        return 2;
+    }
+    if (spec_algo && !strcmp(spec_algo, "DSPARK") && (simulate || tp > 1 || (device && strcmp(device, "cpu")))) {
+        /* the draft stages run on the CPU engine at TP 1 so far */
+        fprintf(stderr, "baton up: warning: speculative-algorithm = DSPARK with %s: not there yet, decoding runs one "
+                        "token a step\n", simulate ? "--simulate" : tp > 1 ? "tp > 1" : "--device cuda");
+        spec_algo = NULL;
+    }
+    if (spec_algo && !strcmp(spec_algo, "NONE")) spec_algo = NULL;
     if (graph_bs > 0 && graph_bs != 16)
         fprintf(stderr, "baton up: warning: cuda-graph-max-bs = %lld: with --device cuda, decode batches of "
                         "1..16 run as CUDA graphs, larger ones eagerly; not a setting, ignored\n", (long long)graph_bs);
@@ -462,6 +474,23 @@ static int up(int argc, char **argv, const bt_conf_t *conf)
     if (demo) {
         model_path = NULL;
         tokenizer = NULL;
+    }
+    if (spec_algo) {
+        /* the groups would refuse to start on a checkpoint without draft stages */
+        char dir[4096], err[1024];
+        bt_model_config_t cfg;
+        if (model_path)
+            snprintf(dir, sizeof dir, "%s", model_path);
+        else
+            bt_demo_model_default_dir(dir, sizeof dir);
+        if (model_path && bt_model_config_load(dir, &cfg, err, sizeof err) == BT_OK && !cfg.n_draft) {
+            fprintf(stderr, "baton up: warning: speculative-algorithm = DSPARK: %s has no DSpark draft stages; "
+                            "decoding runs one token a step\n", dir);
+            spec_algo = NULL;
+        } else {
+            fprintf(stderr, "baton up: speculative-algorithm = DSPARK: decode groups draft with the checkpoint's "
+                            "DSpark stages%s\n", spec_block ? "" : " (its block size)");
+        }
     }
     if (net_devices) {
         char list[1024];
@@ -555,6 +584,9 @@ static int up(int argc, char **argv, const bt_conf_t *conf)
             add_opt(&a, "--device", device);
             add_opt(&a, "--dtype", dtype);
             if (gpu >= 0) add_int(&a, "--base-gpu-id", gpu);
+            add_opt(&a, "--speculative-algorithm", spec_algo);
+            if (spec_algo && spec_block > 0) add_int(&a, "--speculative-dspark-block-size", spec_block);
+            if (spec_algo && kind == 1) add_opt(&a, "--speculative-dspark-confidence", spec_conf);
             add_opt(&a, "--watchdog-timeout", wd);
             add_opt(&a, "--drain-timeout", dr);
             add_opt(&a, "--ucx-tls", ucx_tls);

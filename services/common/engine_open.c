@@ -76,6 +76,14 @@ bt_status_t bt_service_engine_open_tp(const char *model_path, const char *served
         opt.device = dev->device;
         opt.gpu = dev->gpu;
         opt.cuda_weights = dev->weights;
+        opt.draft = dev->draft;
+        if (dev->draft && cfg.n_draft && dev->draft_block > cfg.draft_block) {
+            snprintf(err, errlen,
+                     "--speculative-dspark-block-size %d: the checkpoint drafts %d tokens a step",
+                     dev->draft_block, cfg.draft_block);
+            free(map);
+            return BT_ERR_INVALID_ARG;
+        }
     }
     st = bt_model_load(eng->model_dir, &opt, &eng->model, err, errlen);
     free(map);
@@ -107,6 +115,8 @@ bt_status_t bt_service_engine_open_sim(const char *model_path, const char *serve
                                 err, errlen);
     if (st != BT_OK) return st;
     context_length = default_context(&eng->sim_cfg, context_length);
+    eng->sim_cfg.n_draft = 0; /* simulated groups do not draft */
+    eng->sim_cfg.draft_block = 0;
     eng->cfg = &eng->sim_cfg;
     st = bt_kv_layout_init(&eng->layout, eng->cfg, context_length);
     if (st != BT_OK) {

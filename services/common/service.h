@@ -44,6 +44,10 @@ struct bt_comm;
  * GPU gpu, weights in BT_WEIGHTS_* format (--dtype). */
 typedef struct {
     int device, gpu, weights;
+    bool draft;             /* the DSpark draft stages (speculative decoding) */
+    int draft_block;        /* proposals a step: 0 = the checkpoint's block, else at most that */
+    float draft_confidence; /* verify up to the first proposal the draft doubts
+                               (bt_spec_set_confidence) */
 } bt_service_device_t;
 
 /* The same as one rank of a tensor-parallel group: the model keeps its shard (comm may be

@@ -47,12 +47,29 @@ bool bt_worker_flags_check(const bt_worker_flags_t *w, bool simulate, char *err,
     else if (w->gpu < 0) bad = "--base-gpu-id must be 0 or more";
     else if (bt_weights_parse(w->dtype) < 0)
         bad = "--dtype must be auto (weights as stored), float32 or bfloat16";
+    else if (w->spec_algo && strcmp(w->spec_algo, "DSPARK") && strcmp(w->spec_algo, "NONE"))
+        bad = "--speculative-algorithm must be DSPARK or NONE";
+    else if (!(w->spec_conf >= 0.0 && w->spec_conf <= 1.0))
+        bad = "--speculative-dspark-confidence must be 0..1";
+    else if (w->spec_block < 0 || w->spec_block > BT_MAX_DRAFT_BLOCK)
+        bad = "--speculative-dspark-block-size must be 1..16 (0: the checkpoint's)";
+    else if (bt_worker_flags_draft(w, simulate) && bt_device_parse(w->device) != BT_DEVICE_CPU)
+        bad = "--speculative-algorithm DSPARK runs with --device cpu only so far";
+    else if (bt_worker_flags_draft(w, simulate) && w->tp > 1)
+        bad = "--speculative-algorithm DSPARK runs with --tp 1 only so far";
     if (bad) snprintf(err, errlen, "%s", bad);
     return bad == NULL;
 }
 
-bt_service_device_t bt_worker_flags_device(const bt_worker_flags_t *w)
+bool bt_worker_flags_draft(const bt_worker_flags_t *w, bool simulate)
 {
-    bt_service_device_t d = {bt_device_parse(w->device), (int)w->gpu, bt_weights_parse(w->dtype)};
+    return !simulate && w->spec_algo && !strcmp(w->spec_algo, "DSPARK");
+}
+
+bt_service_device_t bt_worker_flags_device(const bt_worker_flags_t *w, bool simulate)
+{
+    bt_service_device_t d = {bt_device_parse(w->device), (int)w->gpu,
+                             bt_weights_parse(w->dtype), bt_worker_flags_draft(w, simulate),
+                             (int)w->spec_block,         (float)w->spec_conf};
     return d;
 }

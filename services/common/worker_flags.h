@@ -17,9 +17,9 @@
 
 typedef struct {
     const char *model_path, *served, *host, *router, *ucx_tls, *transfer, *log_level, *net_devices;
-    const char *dist_addr, *device, *dtype;
-    int64_t port, context, threads, tp, node_rank, nnodes, seed, metrics_port, gpu;
-    double watchdog_s, drain_s;
+    const char *dist_addr, *device, *dtype, *spec_algo;
+    int64_t port, context, threads, tp, node_rank, nnodes, seed, metrics_port, gpu, spec_block;
+    double watchdog_s, drain_s, spec_conf;
 } bt_worker_flags_t;
 
 bt_worker_flags_t bt_worker_flags_default(void);
@@ -48,12 +48,20 @@ bt_worker_flags_t bt_worker_flags_default(void);
     BT_FLAG_STR("ucx-tls", &(w)->ucx_tls, "UCX transports: tcp (default), sm, tcp,sm"),            \
     BT_FLAG_STR("ucx-net-devices", &(w)->net_devices, "UCX_NET_DEVICES (e.g. lo, mlx5_0:1)"),      \
     BT_FLAG_INT("metrics-port", &(w)->metrics_port, "HTTP port of /metrics (0 picks one)"),         \
+    BT_FLAG_STR("speculative-algorithm", &(w)->spec_algo,                                           \
+                "DSPARK: the checkpoint's draft stages (prefill and decode must agree)"),           \
+    BT_FLAG_INT("speculative-dspark-block-size", &(w)->spec_block,                                  \
+                "DSpark proposals a step: the checkpoint's block size, or fewer"),                  \
+    BT_FLAG_FLOAT("speculative-dspark-confidence", &(w)->spec_conf,                                 \
+                  "verify DSpark proposals up to the first the draft trusts less (0..1, default 0)"), \
     BT_FLAG_STR("log-level", &(w)->log_level, "debug, info, warn, error")
 
 /* Checks the shared flags; on failure writes a message naming the flag. */
 bool bt_worker_flags_check(const bt_worker_flags_t *w, bool simulate, char *err, size_t errlen);
 
-/* The model's device from --device, --base-gpu-id and --dtype (checked flags). */
-bt_service_device_t bt_worker_flags_device(const bt_worker_flags_t *w);
+/* The model's device from --device, --base-gpu-id and --dtype (checked flags), and whether
+ * it runs the draft stages (--speculative-algorithm DSPARK, not under --simulate). */
+bt_service_device_t bt_worker_flags_device(const bt_worker_flags_t *w, bool simulate);
+bool bt_worker_flags_draft(const bt_worker_flags_t *w, bool simulate);
 
 #endif

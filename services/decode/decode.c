@@ -14,6 +14,7 @@
 #include "services/common/metrics_server.h"
 #include "services/common/proto_util.h"
 #include "services/engine/sampler.h"
+#include "services/engine/spec.h"
 #include "services/common/service.h"
 #include "services/common/tp_group.h"
 #include "services/common/worker_flags.h"
@@ -128,6 +129,11 @@ struct decode {
     /* each batch sequence's draw, made where the forward runs (on the GPU with --device cuda) */
     bt_sample_req_t *draw_req;
     bt_sample_out_t *draw_out;
+    /* --speculative-algorithm DSPARK: a step is speculative when every sequence in it may be
+     * (no logit adjustments, constraint or log-probabilities: those draw one token a step) */
+    bt_spec_t *spec;
+    bt_spec_seq_t *spec_seqs;
+    bool spec_step;
     bt_status_t step_status;
     char step_err[256];
     char address[256];
@@ -371,8 +377,9 @@ static Baton__V1__FinishReason finish_reason(const seq_t *s, int32_t t)
     return BATON__V1__FINISH_REASON__FINISH_NONE;
 }
 
-/* Emits token t (the first from prefill, or a step's) and decides whether to go on. */
-static void seq_emit(seq_t *s, int32_t t, float logprob, const bt_top_logprob_t *top, int n_top)
+/* Emits token t (the first from prefill, or a step's) and decides whether to go on: false
+ * when the sequence finished (s may be gone). */
+static bool seq_emit(seq_t *s, int32_t t, float logprob, const bt_top_logprob_t *top, int n_top)
 {
     int64_t now = bt_now_ms();
     if (s->generated == 0)
@@ -388,9 +395,10 @@ static void seq_emit(seq_t *s, int32_t t, float logprob, const bt_top_logprob_t 
     send_event(s, &t, 1, &logprob, top, n_top, fr);
     if (fr != BATON__V1__FINISH_REASON__FINISH_NONE) {
         seq_finish(s);
-        return;
+        return false;
     }
     s->next_token = t;
+    return true;
 }
 
 /* Both the LAST notice (bytes visible) and the prefill reply (status) are in. */
@@ -743,6 +751,11 @@ static void step_work(uv_work_t *w)
         return;
     }
     /* response_format masks: here, off the loop (a state not in the cache walks the vocabulary) */
+    if (d->spec_step) {
+        d->step_status = bt_spec_step(d->spec, &d->eng.layout, d->spec_seqs, d->n_batch,
+                                      d->step_err, sizeof d->step_err);
+        return;
+    }
     for (int i = 0; i < d->n_batch; i++)
         if (d->draw_req[i].allow) bt_grammar_mask(d->batch[i]->grammar, d->batch[i]->allow);
     d->step_status = bt_model_forward_sample(d->eng.model, &d->eng.layout, d->fwd, d->n_batch,
@@ -792,7 +805,25 @@ static void step_done(uv_work_t *w, int status)
     }
     bt_histogram_observe(d->step_time, (double)(bt_now_ms() - d->step_start_ms) / 1000.0);
     bt_counter_add(bt_metrics_counter(d->metrics, "decode_steps_total", "Batch steps run", NULL, NULL), 1);
-    bt_counter_add(bt_metrics_counter(d->metrics, "tokens_generated_total", "Tokens sampled in steps", NULL, NULL), d->n_batch);
+    int64_t made = d->n_batch;
+    if (d->spec_step && d->step_status == BT_OK) {
+        int64_t proposed = 0, accepted = 0;
+        made = 0;
+        for (int i = 0; i < d->n_batch; i++) {
+            made += d->spec_seqs[i].n_emit;
+            proposed += d->spec_seqs[i].n_proposed;
+            accepted += d->spec_seqs[i].n_accepted;
+        }
+        bt_counter_add(bt_metrics_counter(d->metrics, "spec_proposed_total",
+                                          "DSpark proposals verified", NULL, NULL),
+                       proposed);
+        bt_counter_add(bt_metrics_counter(d->metrics, "spec_accepted_total",
+                                          "DSpark proposals accepted", NULL, NULL),
+                       accepted);
+    }
+    bt_counter_add(bt_metrics_counter(d->metrics, "tokens_generated_total",
+                                      "Tokens sampled in steps", NULL, NULL),
+                   made);
     for (int i = 0; i < d->n_batch; i++) {
         seq_t *s = d->batch[i];
         s->in_step = false;
@@ -802,6 +833,12 @@ static void step_done(uv_work_t *w, int status)
         }
         if (s->state != SEQ_RUNNING || !s->call) {
             seq_release(s);
+            continue;
+        }
+        if (d->spec_step) { /* its accepted proposals, then the target's token */
+            const bt_spec_seq_t *q = &d->spec_seqs[i];
+            for (int j = 0; j < q->n_emit; j++)
+                if (!seq_emit(s, q->emit[j], q->logprob[j], q->top[j], q->n_top)) break;
             continue;
         }
         float lp = 0.0f;
@@ -854,6 +891,26 @@ static void maybe_step(decode_t *d)
     }
     if (n == 0) return;
     d->n_batch = n;
+    d->spec_step = d->spec != NULL;
+    for (int i = 0; i < n && d->spec_step; i++) {
+        const seq_t *s = d->batch[i];
+        d->spec_step = s->pen.n == 0 && !s->grammar;
+    }
+    for (int i = 0; i < n && d->spec_step; i++) {
+        seq_t *s = d->batch[i];
+        uint8_t *slot = d->fwd[i].state;
+        /* positions the slot has left, and tokens the request may still take */
+        int64_t room = d->eng.layout.max_ctx - bt_kv_header(slot)->n_tokens,
+                left = s->max_new - s->generated;
+        d->spec_seqs[i] = (bt_spec_seq_t){.state = slot,
+                                          .last = s->next_token,
+                                          .sampling = s->sampling,
+                                          .step = (uint64_t)s->generated,
+                                          .max_emit = (int)(room < left ? room : left),
+                                          .want_logprob = s->logprobs,
+                                          .n_top = s->logprobs ? s->top_logprobs : 0};
+        if (d->spec_seqs[i].max_emit < 1) d->spec_step = false;
+    }
     d->sim_step_ms = bt_sim_step_ms(&d->sim, n, ctx_tokens);
     d->stepping = true;
     d->step_start_ms = bt_now_ms();
@@ -1218,12 +1275,15 @@ int main(int argc, char **argv)
     d->drain_ms = (int64_t)(w.drain_s * 1000.0);
     d->sim = sim;
     if (w.tp > 1 && bt_tp_join("decode", (int)w.node_rank, (int)w.tp, w.dist_addr, (int)d->watchdog_ms, &d->comm) != BT_OK) return 1;
-    bt_service_device_t dev = bt_worker_flags_device(&w);
+    bt_service_device_t dev = bt_worker_flags_device(&w, sim.on);
+    /* a speculative step's forwards run a block of rows a sequence */
+    int rows_per_seq = dev.draft ? BT_MAX_DRAFT_BLOCK + 1 : 1;
     if (sim.on)
         st = bt_service_engine_open_sim(w.model_path, w.served, w.context, &d->eng, err, sizeof err);
     else
-        st = bt_service_engine_open_tp(w.model_path, w.served, w.context, (int)max_running, (int)max_running,
-                                       (int)w.threads, d->comm, &dev, &d->eng, err, sizeof err);
+        st = bt_service_engine_open_tp(w.model_path, w.served, w.context, (int)max_running,
+                                       (int)max_running * rows_per_seq, (int)w.threads, d->comm,
+                                       &dev, &d->eng, err, sizeof err);
     if (st != BT_OK) {
         fprintf(stderr, "baton-decode: %s\n", err);
         return 1;
@@ -1263,6 +1323,19 @@ int main(int argc, char **argv)
     d->batch = bt_calloc_or_die((size_t)max_running, sizeof *d->batch);
     d->fwd = bt_calloc_or_die((size_t)max_running, sizeof *d->fwd);
     d->draw_req = bt_calloc_or_die((size_t)max_running, sizeof *d->draw_req);
+    if (dev.draft) {
+        d->spec_seqs = bt_calloc_or_die((size_t)max_running, sizeof *d->spec_seqs);
+        st = bt_spec_create(d->eng.model, (int)max_running, bt_service_emit_vocab(&d->eng),
+                            dev.draft_block, &d->spec);
+        if (st != BT_OK) {
+            fprintf(stderr, "baton-decode: cannot set up DSpark for %lld running requests: %s\n",
+                    (long long)max_running, bt_status_str(st));
+            return 1;
+        }
+        bt_spec_set_confidence(d->spec, dev.draft_confidence);
+        BT_LOG_INFO("DSpark speculative decoding: %d proposals a step",
+                    dev.draft_block ? dev.draft_block : bt_model_draft_block(d->eng.model));
+    }
     d->draw_out = bt_calloc_or_die((size_t)max_running, sizeof *d->draw_out);
 
     bt_xfer_options_t xo = {BT_XFER_UCX, w.ucx_tls, w.net_devices, 1000};

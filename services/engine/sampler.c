@@ -329,6 +329,29 @@ static int32_t argmax(const float *logits, int V, float *mx_p)
     return best;
 }
 
+/* log sum exp of the row, whose maximum is mx */
+static double row_lse(bt_sampler_t *s, const float *logits, float mx)
+{
+    double lse = 0.0;
+    weights(s->w, logits, s->vocab, mx, 1.0f);
+    for (int i = 0; i < s->vocab; i++)
+        lse += s->w[i];
+    return log(lse) + mx;
+}
+
+/* the n_top most likely tokens and their log-probabilities */
+static void fill_top(bt_sampler_t *s, const float *logits, double lse, bt_top_logprob_t *top,
+                     int n_top)
+{
+    if (!top || n_top <= 0) return;
+    int k = n_top < s->vocab ? n_top : s->vocab;
+    top_ids(logits, s->vocab, k, s->order);
+    for (int i = 0; i < k; i++) {
+        top[i].id = s->order[i];
+        top[i].logprob = (float)((double)logits[s->order[i]] - lse);
+    }
+}
+
 int32_t bt_sampler_probs(bt_sampler_t *s, const bt_sampling_t *p, const float *logits, float *probs)
 {
     float mx;
@@ -345,22 +368,20 @@ int32_t bt_sampler_sample(bt_sampler_t *s, const bt_sampling_t *p, const float *
     int V = s->vocab;
     float mx;
     const int32_t best = argmax(logits, V, &mx);
-    double lse = 0.0;
-    if (logprob_p || (top && n_top > 0)) {
-        weights(s->w, logits, V, mx, 1.0f);
-        for (int i = 0; i < V; i++) lse += s->w[i];
-        lse = log(lse) + mx;
-    }
+    const double lse = logprob_p || (top && n_top > 0) ? row_lse(s, logits, mx) : 0.0;
     int32_t chosen =
         p->temperature > 0.0f ? sample_temperature(s, p, logits, mx, best, step, NULL) : best;
     if (logprob_p) *logprob_p = (float)((double)logits[chosen] - lse);
-    if (top && n_top > 0) {
-        int k = n_top < V ? n_top : V;
-        top_ids(logits, V, k, s->order);
-        for (int i = 0; i < k; i++) {
-            top[i].id = s->order[i];
-            top[i].logprob = (float)((double)logits[s->order[i]] - lse);
-        }
-    }
+    fill_top(s, logits, lse, top, n_top);
     return chosen;
+}
+
+float bt_sampler_logprob(bt_sampler_t *s, const float *logits, int32_t id, bt_top_logprob_t *top,
+                         int n_top)
+{
+    float mx;
+    argmax(logits, s->vocab, &mx);
+    const double lse = row_lse(s, logits, mx);
+    fill_top(s, logits, lse, top, n_top);
+    return (float)((double)logits[id] - lse);
 }

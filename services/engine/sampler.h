@@ -40,6 +40,11 @@ int32_t bt_sampler_sample(bt_sampler_t *s, const bt_sampling_t *p, const float *
 int32_t bt_sampler_probs(bt_sampler_t *s, const bt_sampling_t *p, const float *logits,
                          float *probs);
 
+/* Token id's log-probability under logits (as bt_sampler_sample reports a drawn token's), and
+ * the n_top most likely tokens with theirs into top (may be NULL). */
+float bt_sampler_logprob(bt_sampler_t *s, const float *logits, int32_t id, bt_top_logprob_t *top,
+                         int n_top);
+
 /* A request's logit adjustments (bt_sample_req_t's adj_ids / adj / n_adj): presence and
  * frequency penalties (OpenAI's presence_penalty / frequency_penalty) and its logit_bias. Each
  * distinct token with an amount to subtract from its logit at the next draw: -bias, plus, once

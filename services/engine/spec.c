@@ -20,6 +20,8 @@ struct bt_spec {
     bt_sampler_t *sampler;
     bt_kv_undo_t *undo[BT_MODEL_MAX_SEQS];
     int32_t *drafts; /* [max_seqs][block] */
+    float *conf;     /* [max_seqs][block] confidence logits */
+    float tau;
     float *q;        /* [max_seqs][block][vocab] the draft's distributions (sampled rows) */
     float *p;        /* [vocab] a target row's */
     float *logits;   /* [max_seqs][rows][V] */
@@ -28,13 +30,15 @@ struct bt_spec {
     uint64_t steps, proposed, accepted;
 };
 
-bt_status_t bt_spec_create(bt_model_t *m, int max_seqs, int vocab, bt_spec_t **spec_p)
+bt_status_t bt_spec_create(bt_model_t *m, int max_seqs, int vocab, int max_proposals,
+                           bt_spec_t **spec_p)
 {
     int block = bt_model_draft_block(m), rows = bt_model_verify_rows(m);
     const bt_model_config_t *c = bt_model_config(m);
     if (block < 1 || rows < 2 || max_seqs < 1 || max_seqs > BT_MODEL_MAX_SEQS || vocab < 1 ||
-        vocab > c->vocab)
+        vocab > c->vocab || max_proposals < 0)
         return BT_ERR_INVALID_ARG;
+    if (max_proposals > 0 && max_proposals + 1 < rows) rows = max_proposals + 1;
     bt_spec_t *sp = bt_calloc_or_die(1, sizeof *sp);
     sp->m = m;
     sp->max_seqs = max_seqs;
@@ -51,6 +55,7 @@ bt_status_t bt_spec_create(bt_model_t *m, int max_seqs, int vocab, bt_spec_t **s
         }
     }
     sp->drafts = bt_malloc_or_die((size_t)max_seqs * block * sizeof(int32_t));
+    sp->conf = bt_malloc_or_die((size_t)max_seqs * block * sizeof(float));
     sp->q = bt_malloc_or_die((size_t)max_seqs * block * vocab * sizeof(float));
     sp->p = bt_malloc_or_die((size_t)vocab * sizeof(float));
     sp->logits = bt_malloc_or_die((size_t)max_seqs * rows * sp->V * sizeof(float));
@@ -66,11 +71,17 @@ void bt_spec_destroy(bt_spec_t *sp)
     for (int q = 0; q < sp->max_seqs; q++)
         bt_kv_undo_destroy(sp->undo[q]);
     free(sp->drafts);
+    free(sp->conf);
     free(sp->q);
     free(sp->p);
     free(sp->logits);
     free(sp->ids);
     free(sp);
+}
+
+void bt_spec_set_confidence(bt_spec_t *sp, float tau)
+{
+    sp->tau = tau > 0.0f ? (tau < 1.0f ? tau : 1.0f) : 0.0f;
 }
 
 void bt_spec_stats(const bt_spec_t *sp, uint64_t *steps, uint64_t *proposed, uint64_t *accepted)
@@ -136,8 +147,8 @@ bt_status_t bt_spec_step(bt_spec_t *sp, const bt_kv_layout_t *lay, bt_spec_seq_t
         last[q] = seqs[q].last;
     }
     sp->cur = seqs;
-    bt_status_t st =
-        bt_model_draft(sp->m, lay, states, last, n, draft_pick, sp, sp->drafts, NULL, err, errlen);
+    bt_status_t st = bt_model_draft(sp->m, lay, states, last, n, draft_pick, sp, sp->drafts,
+                                    sp->conf, err, errlen);
     if (st != BT_OK) return st;
 
     /* the target over [last, proposals...] */
@@ -146,6 +157,9 @@ bt_status_t bt_spec_step(bt_spec_t *sp, const bt_kv_layout_t *lay, bt_spec_seq_t
         int k = sp->rows - 1;
         if (k > sp->block) k = sp->block;
         if (k > seqs[q].max_emit - 1) k = seqs[q].max_emit - 1;
+        if (sp->tau > 0.0f) /* up to the first the draft doubts (sigmoid(conf) < tau) */
+            for (int i = 0; i < k; i++)
+                if (1.0f / (1.0f + expf(-sp->conf[(size_t)q * sp->block + i])) < sp->tau) k = i;
         int32_t *ids = sp->ids + (size_t)q * sp->rows;
         ids[0] = seqs[q].last;
         memcpy(ids + 1, sp->drafts + (size_t)q * sp->block, (size_t)k * sizeof(int32_t));
@@ -192,6 +206,11 @@ bt_status_t bt_spec_step(bt_spec_t *sp, const bt_kv_layout_t *lay, bt_spec_seq_t
         memcpy(s->emit, d, (size_t)a * sizeof(int32_t));
         s->emit[a] = own;
         s->n_emit = a + 1;
+        if (s->want_logprob) /* row j judged token j */
+            for (int j = 0; j <= a; j++)
+                s->logprob[j] =
+                    bt_sampler_logprob(sp->sampler, rows + (size_t)j * sp->V, s->emit[j], s->top[j],
+                                       s->n_top < BT_SAMPLE_TOP_MAX ? s->n_top : BT_SAMPLE_TOP_MAX);
         s->n_accepted = a;
         st = bt_model_rollback(sp->m, lay, s->state, sp->undo[q], a + 1, err, errlen);
         if (st != BT_OK) return st;

@@ -941,7 +941,7 @@ int main(int argc, char **argv)
     p->drain_ms = (int64_t)(w.drain_s * 1000.0);
     p->sim = sim;
     if (w.tp > 1 && bt_tp_join("prefill", (int)w.node_rank, (int)w.tp, w.dist_addr, (int)(w.watchdog_s * 1000.0), &p->comm) != BT_OK) return 1;
-    bt_service_device_t dev = bt_worker_flags_device(&w);
+    bt_service_device_t dev = bt_worker_flags_device(&w, sim.on);
     if (sim.on)
         st = bt_service_engine_open_sim(w.model_path, w.served, w.context, &p->eng, err, sizeof err);
     else

@@ -1524,6 +1524,79 @@ static void test_prefix_cache(void)
 }
 
 #if CLUSTER_TP == 1
+/* DSpark speculative decoding through the cluster: prefill and decode groups started with
+ * --speculative-algorithm DSPARK on the demo checkpoint (it has draft stages) give `baton
+ * generate`'s greedy tokens, with and without --speculative-algorithm, for four requests at
+ * once of different lengths, and the decode group's steps verified proposals
+ * (spec_proposed_total); a sampled request and one asking for log-probabilities (decoded one
+ * token a step) finish with their lengths. */
+static void test_dspark(void)
+{
+    char dir[256], cmd[600];
+    snprintf(dir, sizeof dir, "/tmp/bt-dspark-cluster-%d", (int)getpid());
+    snprintf(cmd, sizeof cmd, "%s/baton make-demo-model --output %s 2>/dev/null", BT_BIN_DIR, dir);
+    BT_CHECK(system(cmd) == 0);
+    static const char *const spec[] = {"--speculative-algorithm", "DSPARK", NULL};
+    prefill_extra = decode_extra = spec;
+    cluster_t c;
+    BT_CHECK(cluster_start(&c, dir, "tcp", "16", "256", "30") == 0);
+    prefill_extra = decode_extra = NULL;
+    client_t cl;
+    client_open(&cl, c.router_addr);
+    BT_CHECK(serving(&cl));
+    enum { N = 4, G = 40 };
+    int32_t prompts[N][24];
+    gen_t g[N];
+    for (int q = 0; q < N; q++) {
+        for (int i = 0; i < 24; i++)
+            prompts[q][i] = (int32_t)(3 + (i * 29 + q * 53) % 250);
+        gen_start(&cl, &g[q], prompts[q], 24 - 4 * q, G - 6 * q, true, 60000);
+    }
+    BT_CHECK(run_until(&cl, all_done, &cl, 70000));
+    for (int q = 0; q < N; q++) {
+        BT_CHECK_MSG(g[q].code == BT_RPC_OK && g[q].n == G - 6 * q,
+                     "DSpark request %d: %s %s, %d tokens", q, bt_rpc_code_name(g[q].code),
+                     g[q].message, g[q].n);
+        int32_t plain[G], drafted[G];
+        BT_CHECK_EQ_INT(one_process(dir, prompts[q], 24 - 4 * q, G - 6 * q, plain), G - 6 * q);
+        BT_CHECK_EQ_INT(one_process_with(dir, prompts[q], 24 - 4 * q, G - 6 * q,
+                                         "--speculative-algorithm DSPARK", drafted),
+                        G - 6 * q);
+        BT_CHECK_MSG(!memcmp(plain, g[q].ids, (size_t)(G - 6 * q) * sizeof(int32_t)),
+                     "DSpark request %d: the cluster's greedy tokens differ from baton generate's",
+                     q);
+        BT_CHECK_MSG(
+            !memcmp(plain, drafted, (size_t)(G - 6 * q) * sizeof(int32_t)),
+            "DSpark request %d: baton generate's greedy tokens differ with --speculative-algorithm",
+            q);
+    }
+    double proposed = metric_value(c.decode.metrics, "baton_decode_spec_proposed_total");
+    BT_CHECK_MSG(proposed > 0, "the decode group verified no proposals (spec_proposed_total %.0f)",
+                 proposed);
+    Baton__V1__SamplingParams sp = BATON__V1__SAMPLING_PARAMS__INIT;
+    sp.temperature = 0.8f;
+    sp.has_seed = true;
+    sp.seed = 7;
+    gen_start_sampling(&cl, &g[0], prompts[0], 24, 16, true, 30000, sp);
+    Baton__V1__SamplingParams lp = BATON__V1__SAMPLING_PARAMS__INIT;
+    lp.logprobs = true;
+    gen_start_sampling(&cl, &g[1], prompts[1], 20, 12, true, 30000, lp);
+    BT_CHECK(run_until(&cl, all_done, &cl, 40000));
+    BT_CHECK_MSG(g[0].code == BT_RPC_OK && g[0].n == 16, "sampled DSpark request: %s %s, %d tokens",
+                 bt_rpc_code_name(g[0].code), g[0].message, g[0].n);
+    BT_CHECK_MSG(g[1].code == BT_RPC_OK && g[1].n == 12,
+                 "DSpark request with logprobs: %s %s, %d tokens", bt_rpc_code_name(g[1].code),
+                 g[1].message, g[1].n);
+    fprintf(stderr, "  DSpark: %d greedy requests as baton generate's, %.0f proposals verified\n",
+            N, proposed);
+    client_close(&cl);
+    cluster_stop(&c);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    BT_CHECK(system(cmd) == 0);
+}
+#endif
+
+#if CLUSTER_TP == 1
 /* Two prefill groups: after a 401-token prompt, four sent at once that start with its first 400
  * go to the group that prefilled it (each finds its first 384 tokens cached there), where the
  * least busy group (fewest requests in prefill) would have split them; the router counts them
@@ -1765,6 +1838,9 @@ int main(void)
     BT_RUN(test_greedy_matches_golden);
     BT_RUN(test_one_token_requests);
     BT_RUN(test_prefix_cache);
+#if CLUSTER_TP == 1
+    BT_RUN(test_dspark);
+#endif
 #if CLUSTER_TP == 1
     BT_RUN(test_prefix_routing);
 #endif

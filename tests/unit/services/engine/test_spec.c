@@ -171,8 +171,10 @@ static void test_rollback_demo2(void)
     rollback_exact("demo2");
 }
 
-/* Greedy speculative steps against plain greedy decoding, two sequences at once. */
-static void greedy_equal(const char *variant)
+/* Greedy speculative steps against plain greedy decoding, two sequences at once, with their
+ * log-probabilities (and the 3 likeliest tokens') as a plain step reports them; tau: the
+ * confidence under which proposals go unverified (1: none is). */
+static void greedy_equal(const char *variant, float tau)
 {
     fixture_t f;
     BT_CHECK(fixture_open(&f, variant));
@@ -182,8 +184,12 @@ static void greedy_equal(const char *variant)
     enum { SEQS = 2 };
     uint8_t *slot[SEQS], *ref = bt_aligned_alloc(64, f.lay.slot_bytes);
     int32_t want[SEQS][GEN], got[SEQS][GEN], last[SEQS];
+    float want_lp[SEQS][GEN], got_lp[SEQS][GEN];
+    bt_top_logprob_t want_top[SEQS][GEN][3], got_top[SEQS][GEN][3];
     int n_got[SEQS] = {0}, budget[SEQS] = {GEN, GEN - 9};
     float *logits = bt_malloc_or_die((size_t)V * sizeof(float));
+    bt_sampler_t *sampler = bt_sampler_create(V);
+    const bt_sampling_t greedy = {0};
     for (int q = 0; q < SEQS; q++) {
         int32_t ids[PROMPT];
         prompt_ids(ids, PROMPT - 4 * q, V, 3 + q);
@@ -192,14 +198,16 @@ static void greedy_equal(const char *variant)
         for (int g = 1; g < budget[q]; g++) {
             bt_forward_seq_t seq = {ref, &want[q][g - 1], 1, false, NULL};
             BT_CHECK(bt_model_forward(f.m, &f.lay, &seq, 1, logits, err, sizeof err) == BT_OK);
-            want[q][g] = argmax(logits, V);
+            want[q][g] = bt_sampler_sample(sampler, &greedy, logits, (uint64_t)g, &want_lp[q][g],
+                                           want_top[q][g], 3);
         }
         slot[q] = bt_aligned_alloc(64, f.lay.slot_bytes);
         prefill(&f, slot[q], ids, PROMPT - 4 * q, logits);
         last[q] = got[q][n_got[q]++] = argmax(logits, V);
     }
     bt_spec_t *sp;
-    BT_CHECK(bt_spec_create(f.m, SEQS, V, &sp) == BT_OK);
+    BT_CHECK(bt_spec_create(f.m, SEQS, V, 0, &sp) == BT_OK);
+    bt_spec_set_confidence(sp, tau);
     for (int round = 0; round < 2 * GEN; round++) {
         bt_spec_seq_t s[SEQS];
         int map[SEQS], n = 0;
@@ -208,7 +216,9 @@ static void greedy_equal(const char *variant)
             s[n] = (bt_spec_seq_t){.state = slot[q],
                                    .last = last[q],
                                    .step = (uint64_t)n_got[q],
-                                   .max_emit = budget[q] - n_got[q]};
+                                   .max_emit = budget[q] - n_got[q],
+                                   .want_logprob = true,
+                                   .n_top = 3};
             map[n++] = q;
         }
         if (!n) break;
@@ -216,8 +226,11 @@ static void greedy_equal(const char *variant)
         for (int i = 0; i < n; i++) {
             int q = map[i];
             BT_CHECK(s[i].n_emit >= 1 && s[i].n_emit <= budget[q] - n_got[q]);
-            for (int j = 0; j < s[i].n_emit && n_got[q] < GEN; j++)
+            for (int j = 0; j < s[i].n_emit && n_got[q] < GEN; j++) {
+                got_lp[q][n_got[q]] = s[i].logprob[j];
+                memcpy(got_top[q][n_got[q]], s[i].top[j], sizeof got_top[q][0]);
                 got[q][n_got[q]++] = s[i].emit[j];
+            }
             last[q] = s[i].emit[s[i].n_emit - 1];
         }
     }
@@ -225,11 +238,25 @@ static void greedy_equal(const char *variant)
         BT_CHECK_EQ_INT(n_got[q], budget[q]);
         BT_CHECK_MSG(memcmp(got[q], want[q], (size_t)budget[q] * sizeof(int32_t)) == 0,
                      "%s: sequence %d's greedy tokens differ from plain decoding", variant, q);
+        /* (the first token is the prefill's draw) */
+        BT_CHECK_MSG(
+            memcmp(got_lp[q] + 1, want_lp[q] + 1, (size_t)(budget[q] - 1) * sizeof(float)) == 0 &&
+                memcmp(got_top[q] + 1, want_top[q] + 1,
+                       (size_t)(budget[q] - 1) * sizeof want_top[q][0]) == 0,
+            "%s: sequence %d's log-probabilities differ from plain decoding's", variant, q);
     }
     uint64_t steps, proposed, accepted;
     bt_spec_stats(sp, &steps, &proposed, &accepted);
-    BT_CHECK(steps > 0 && proposed > 0 && accepted <= proposed);
+    BT_CHECK(steps > 0 && accepted <= proposed);
+    if (tau >= 1.0f)
+        BT_CHECK_MSG(proposed == 0, "%s: %llu proposals verified at confidence 1", variant,
+                     (unsigned long long)proposed);
+    else
+        BT_CHECK(proposed > 0);
+    fprintf(stderr, "%s, confidence %.2f: %llu steps, %llu proposals verified\n", variant, tau,
+            (unsigned long long)steps, (unsigned long long)proposed);
     bt_spec_destroy(sp);
+    bt_sampler_destroy(sampler);
     for (int q = 0; q < SEQS; q++)
         bt_aligned_free(slot[q]);
     bt_aligned_free(ref);
@@ -239,12 +266,14 @@ static void greedy_equal(const char *variant)
 
 static void test_greedy_demo(void)
 {
-    greedy_equal("demo");
+    greedy_equal("demo", 0.0f);
+    greedy_equal("demo", 1.0f);
 }
 
 static void test_greedy_demo2(void)
 {
-    greedy_equal("demo2");
+    greedy_equal("demo2", 0.0f);
+    greedy_equal("demo2", 0.5f);
 }
 
 /* the draft's first-row distribution under the sampling rules */
@@ -317,7 +346,7 @@ static void test_sampled_first_token(void)
         qb[b] += q0[i];
     }
     bt_spec_t *sp;
-    BT_CHECK(bt_spec_create(f.m, 1, V, &sp) == BT_OK);
+    BT_CHECK(bt_spec_create(f.m, 1, V, 0, &sp) == BT_OK);
     int count[BINS] = {0};
     for (int t = 0; t < TRIALS; t++) {
         memcpy(work, base, f.lay.slot_bytes);
