@@ -5,7 +5,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import { mkdtempSync, readFileSync } from 'node:fs';
+import { mkdtempSync, readdirSync, readFileSync } from 'node:fs';
 import { isIPv4 } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
@@ -324,10 +324,17 @@ test('presence and frequency penalties, logit_bias', async () => {
     (e) => e instanceof OpenAI.BadRequestError && /logit_bias/.test(e.message));
 });
 
+// the demo model's byte-level vocabulary, from the one demo-v<version> the cluster wrote
+function demoVocab() {
+  const dirs = readdirSync(path.join(cache, 'baton')).filter((d) => /^demo-v[0-9]+$/.test(d));
+  assert.equal(dirs.length, 1, `demo model directories: ${dirs}`);
+  return JSON.parse(readFileSync(path.join(cache, 'baton', dirs[0], 'tokenizer.json'))).model.vocab;
+}
+
 test('response_format json_object and json_schema: every answer that stops is a JSON object, an instance of the schema', async () => {
   // the untrained model's strings run long: a bias toward '"' and '}' (where the grammar allows
   // them) closes most objects within max_tokens; without the grammar it puts them anywhere
-  const vocab = JSON.parse(readFileSync(path.join(cache, 'baton', 'demo-v1', 'tokenizer.json'))).model.vocab;
+  const vocab = demoVocab();
   const logit_bias = { [vocab['"']]: 8, [vocab['}']]: 8 };
   const ask = (extra) => client.chat.completions.create({
     model: MODEL, messages: [{ role: 'user', content: 'Answer in JSON.' }], max_tokens: 200, n: 6,
@@ -392,7 +399,7 @@ test('tool_choice required and named: the answer is a call of the tools, its arg
   const c = await up(['--api-key', KEY, '--tool-call-parser', 'deepseekv41']);
   try {
     const cl = new OpenAI({ baseURL: c.gateway, apiKey: KEY, maxRetries: 0, timeout: 60000 });
-    const vocab = JSON.parse(readFileSync(path.join(cache, 'baton', 'demo-v1', 'tokenizer.json'))).model.vocab;
+    const vocab = demoVocab();
     const fn = (name) => ({ type: 'function', function: { name, parameters: {
       type: 'object', properties: { a: { type: 'integer' }, b: { type: 'integer' } }, required: ['a', 'b'] } } });
     const ask = (tool_choice) => cl.chat.completions.create({

@@ -49,7 +49,7 @@ static bool same_state(const bt_model_config_t *c, const bt_kv_layout_t *lay, co
     const size_t hd = (size_t)lay->head_dim * sizeof(float);
     const size_t ihd = (size_t)lay->index_head_dim * sizeof(float);
     const int64_t rows = ha.n_tokens < lay->window ? ha.n_tokens : lay->window;
-    for (int l = 0; l < lay->n_layers; l++)
+    for (int l = 0; l < lay->n_rings; l++) /* the draft stages' rings too, where kept */
         if (memcmp(a + lay->window_off[l], b + lay->window_off[l], (size_t)rows * hd)) return false;
     for (int l = 0; l < c->n_layers; l++) {
         if (!c->layer[l].is_kv_source) continue;
@@ -65,17 +65,19 @@ static bool same_state(const bt_model_config_t *c, const bt_kv_layout_t *lay, co
 
 /* Prompts that share prefixes of every length: each copies a random earlier prompt's first
  * tokens (or none) and goes on with its own; each prefilled in random chunks from what the
- * cache holds, inserting every chunk; logits and state compared with a cold run. */
-static void check_prompts(const char *variant, size_t budget, int *hits_out)
+ * cache holds, inserting every chunk; logits and state compared with a cold run. draft: the
+ * model runs its DSpark stages, whose rings the cached states must carry. */
+static void check_prompts(const char *variant, size_t budget, int *hits_out, bool draft)
 {
     char dir[256], err[512];
     snprintf(dir, sizeof dir, "/tmp/bt-prefix-%s-%d", variant, (int)getpid());
     BT_CHECK_MSG(bt_demo_model_write(dir, variant, err, sizeof err) == BT_OK, "%s", err);
-    bt_model_t *m = demo_model_load(dir, 2, CTX, CTX, 0);
+    bt_model_t *m = demo_model_load_draft(dir, 2, CTX, CTX, 0, draft);
     BT_CHECK(m != NULL);
     if (!m) return;
     const bt_model_config_t *c = bt_model_config(m);
     const int V = c->vocab;
+    BT_CHECK(c->n_draft == (draft ? 3 : 0));
     bt_kv_layout_t lay;
     bt_kv_layout_init(&lay, c, CTX);
     bt_prefix_cache_t *cache;
@@ -143,10 +145,11 @@ static void check_prompts(const char *variant, size_t budget, int *hits_out)
     bt_prefix_cache_stats_t st;
     bt_prefix_cache_stats(cache, &st);
     fprintf(stderr,
-            "  %s, budget %s: %d prompts, %d restored from the cache, %d rows compared; "
+            "  %s%s, budget %s: %d prompts, %d restored from the cache, %d rows compared; "
             "%lld nodes (%lld bytes), %lld evicted\n",
-            variant, budget == SIZE_MAX ? "none" : "small", N_PROMPTS, hits, rows_checked,
-            (long long)st.nodes, (long long)st.bytes, (long long)st.evicted);
+            variant, draft ? " with draft stages" : "", budget == SIZE_MAX ? "none" : "small",
+            N_PROMPTS, hits, rows_checked, (long long)st.nodes, (long long)st.bytes,
+            (long long)st.evicted);
     BT_CHECK_MSG(bad_rows == 0, "%d of %d rows differ from a cold prefill", bad_rows, rows_checked);
     BT_CHECK_MSG(bad_states == 0, "%d slots differ from a cold prefill's", bad_states);
     BT_CHECK_MSG(deepest_bad == 0, "%d prompts did not match their own whole chain", deepest_bad);
@@ -164,21 +167,30 @@ static void check_prompts(const char *variant, size_t budget, int *hits_out)
 static void test_demo(void)
 {
     int hits;
-    check_prompts("demo", SIZE_MAX, &hits);
+    check_prompts("demo", SIZE_MAX, &hits, false);
+    BT_CHECK_MSG(hits >= N_PROMPTS / 2, "only %d prompts found a cached prefix", hits);
+}
+
+/* test_demo's prompts on the model running its draft stages */
+static void test_demo_draft(void)
+{
+    int hits;
+    rng = 12345;
+    check_prompts("demo", SIZE_MAX, &hits, true);
     BT_CHECK_MSG(hits >= N_PROMPTS / 2, "only %d prompts found a cached prefix", hits);
 }
 
 static void test_demo2(void)
 {
     int hits;
-    check_prompts("demo2", SIZE_MAX, &hits);
+    check_prompts("demo2", SIZE_MAX, &hits, false);
     BT_CHECK_MSG(hits >= N_PROMPTS / 2, "only %d prompts found a cached prefix", hits);
 }
 
 static void test_small_budget(void)
 {
     int hits;
-    check_prompts("demo", 400000, &hits);
+    check_prompts("demo", 400000, &hits, false);
 }
 
 /* Matching, pins and eviction on made-up states (the demo model's layout, counters advanced
@@ -293,5 +305,6 @@ int main(void)
     BT_RUN(test_demo2);
     BT_RUN(test_small_budget);
     BT_RUN(test_pins_and_order);
+    BT_RUN(test_demo_draft);
     return bt_test_summary();
 }
