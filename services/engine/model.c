@@ -722,17 +722,24 @@ static void hc_mix(const bt_model_config_t *c, const float *x, const float *fn, 
     }
 }
 
-/* out = sum_s w_s X_s, then RMSNorm with weight */
-static void hc_collapse_norm(const bt_model_config_t *c, const float *x, const float *w,
-                             const float *norm_w, float *out)
+/* out = sum_s w_s X_s, or the streams' mean when w is NULL */
+static void hc_collapse(const bt_model_config_t *c, const float *x, const float *w, float *out)
 {
     int hc = c->hc_mult, D = c->hidden;
     for (int d = 0; d < D; d++) {
         float acc = 0.0f;
-        for (int s = 0; s < hc; s++) acc += w[s] * x[s * D + d];
-        out[d] = acc;
+        for (int s = 0; s < hc; s++)
+            acc += w ? w[s] * x[s * D + d] : x[s * D + d];
+        out[d] = w ? acc : acc / (float)hc;
     }
-    bt_cpu_rmsnorm(out, out, norm_w, D, (float)c->rms_eps);
+}
+
+/* hc_collapse, then RMSNorm with weight */
+static void hc_collapse_norm(const bt_model_config_t *c, const float *x, const float *w,
+                             const float *norm_w, float *out)
+{
+    hc_collapse(c, x, w, out);
+    bt_cpu_rmsnorm(out, out, norm_w, c->hidden, (float)c->rms_eps);
 }
 
 /* X_k <- post_k * o + sum_j comb[j][k] X_j */
@@ -1436,16 +1443,10 @@ static void capture_token(fwd_t *f, int t, int task)
     bt_model_t *m = f->m;
     const bt_model_config_t *c = &m->cfg;
     scratch_t *s = &m->s;
-    int hc = c->hc_mult, D = c->hidden;
-    const float *x = s->x + (size_t)t * hc * D;
-    float *dst =
-        s->main_hidden + ((size_t)t * c->n_draft_targets + (size_t)m->target_slot[f->l]) * D;
-    for (int d = 0; d < D; d++) {
-        float acc = 0.0f;
-        for (int k = 0; k < hc; k++)
-            acc += x[(size_t)k * D + d];
-        dst[d] = acc / (float)hc;
-    }
+    int D = c->hidden;
+    hc_collapse(c, s->x + (size_t)t * c->hc_mult * D, NULL,
+                s->main_hidden +
+                    ((size_t)t * c->n_draft_targets + (size_t)m->target_slot[f->l]) * D);
 }
 
 /* Each position's context input main_x = main_norm(main_proj(captured streams)), and from it
@@ -1829,15 +1830,9 @@ static void draft_collapse_token(fwd_t *f, int t, int task)
     bt_model_t *m = f->m;
     const bt_model_config_t *c = &m->cfg;
     scratch_t *s = &m->s;
-    int hc = c->hc_mult, D = c->hidden;
-    const float *x = s->x + (size_t)t * hc * D;
+    int D = c->hidden;
     float *pre = s->draft_pre + (size_t)t * D;
-    for (int d = 0; d < D; d++) {
-        float acc = 0.0f;
-        for (int k = 0; k < hc; k++)
-            acc += s->pre_mix[t * hc + k] * x[(size_t)k * D + d];
-        pre[d] = acc;
-    }
+    hc_collapse(c, s->x + (size_t)t * c->hc_mult * D, s->pre_mix + t * c->hc_mult, pre);
     bt_cpu_rmsnorm(s->hidden + (size_t)t * D, pre, m->draft_norm, D, (float)c->rms_eps);
 }
 
