@@ -253,10 +253,6 @@ int bt_cli_generate(int argc, char **argv)
         fprintf(stderr, "baton generate: --speculative-dspark-confidence must be 0..1\n");
         return 2;
     }
-    if (spec_algo && (presence != 0 || frequency != 0)) {
-        fprintf(stderr, "baton generate: --speculative-algorithm does not take penalties yet\n");
-        return 2;
-    }
     a.draft = spec_algo != NULL;
     int32_t *ids;
     int n;
@@ -305,6 +301,7 @@ int bt_cli_generate(int argc, char **argv)
             bt_spec_seq_t q = {.state = state,
                                .last = tok,
                                .sampling = req.sampling,
+                               .pen = &pen,
                                .step = (uint64_t)produced,
                                .max_emit = (int)(max_new - produced)};
             if (bt_spec_step(sp, &lay, &q, 1, err, sizeof err) != BT_OK) {
@@ -316,6 +313,7 @@ int bt_cli_generate(int argc, char **argv)
             for (int i = 0; i < q.n_emit && !stop; i++) {
                 tok = q.emit[i];
                 out[produced++] = tok;
+                bt_penalties_add(&pen, tok);
                 stop = tok == c->eos_id && !ignore_eos;
             }
             if (stop) break;

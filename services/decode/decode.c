@@ -129,8 +129,7 @@ struct decode {
     /* each batch sequence's draw, made where the forward runs (on the GPU with --device cuda) */
     bt_sample_req_t *draw_req;
     bt_sample_out_t *draw_out;
-    /* --speculative-algorithm DSPARK: a step is speculative when every sequence in it may be
-     * (no logit adjustments, constraint or log-probabilities: those draw one token a step) */
+    /* --speculative-algorithm DSPARK: every step is speculative (bt_spec_step) */
     bt_spec_t *spec;
     bt_spec_seq_t *spec_seqs;
     bool spec_step;
@@ -893,10 +892,6 @@ static void maybe_step(decode_t *d)
     d->n_batch = n;
     d->spec_step = d->spec != NULL;
     for (int i = 0; i < n && d->spec_step; i++) {
-        const seq_t *s = d->batch[i];
-        d->spec_step = s->pen.n == 0 && !s->grammar;
-    }
-    for (int i = 0; i < n && d->spec_step; i++) {
         seq_t *s = d->batch[i];
         uint8_t *slot = d->fwd[i].state;
         /* positions the slot has left, and tokens the request may still take */
@@ -907,6 +902,8 @@ static void maybe_step(decode_t *d)
                                           .sampling = s->sampling,
                                           .step = (uint64_t)s->generated,
                                           .max_emit = (int)(room < left ? room : left),
+                                          .pen = &s->pen,
+                                          .grammar = s->grammar,
                                           .want_logprob = s->logprobs,
                                           .n_top = s->logprobs ? s->top_logprobs : 0};
         if (d->spec_seqs[i].max_emit < 1) d->spec_step = false;

@@ -302,6 +302,26 @@ void bt_penalties_add(bt_penalties_t *p, int32_t token)
     p->amount[i] = p->base[i] + (p->presence + p->frequency * (float)p->count[i]);
 }
 
+void bt_penalties_copy(bt_penalties_t *dst, const bt_penalties_t *src)
+{
+    if (dst->cap < src->n) {
+        dst->cap = src->n;
+        dst->ids = bt_realloc_or_die(dst->ids, (size_t)dst->cap * sizeof *dst->ids);
+        dst->count = bt_realloc_or_die(dst->count, (size_t)dst->cap * sizeof *dst->count);
+        dst->base = bt_realloc_or_die(dst->base, (size_t)dst->cap * sizeof *dst->base);
+        dst->amount = bt_realloc_or_die(dst->amount, (size_t)dst->cap * sizeof *dst->amount);
+    }
+    dst->presence = src->presence;
+    dst->frequency = src->frequency;
+    dst->n = src->n;
+    if (src->n) {
+        memcpy(dst->ids, src->ids, (size_t)src->n * sizeof *dst->ids);
+        memcpy(dst->count, src->count, (size_t)src->n * sizeof *dst->count);
+        memcpy(dst->base, src->base, (size_t)src->n * sizeof *dst->base);
+        memcpy(dst->amount, src->amount, (size_t)src->n * sizeof *dst->amount);
+    }
+}
+
 void bt_penalties_free(bt_penalties_t *p)
 {
     free(p->ids);

@@ -61,6 +61,8 @@ void bt_penalties_init(bt_penalties_t *p, float presence, float frequency);
 /* logit_bias: bias added to the token's logits (before any token is counted; ids distinct) */
 void bt_penalties_bias(bt_penalties_t *p, int32_t token, float bias);
 void bt_penalties_add(bt_penalties_t *p, int32_t token);
+/* dst (initialized, or a copy before) becomes a copy of src. */
+void bt_penalties_copy(bt_penalties_t *dst, const bt_penalties_t *src);
 void bt_penalties_free(bt_penalties_t *p);
 
 #endif

@@ -1,6 +1,7 @@
 #include "services/engine/spec.h"
 
 #include "common/alloc.h"
+#include "common/text/grammar.h"
 #include "kernels/sampling.h"
 
 #include <math.h>
@@ -27,6 +28,12 @@ struct bt_spec {
     float *logits;   /* [max_seqs][rows][V] */
     int32_t *ids;    /* [max_seqs][rows] */
     const bt_spec_seq_t *cur; /* the step's sequences, for the draft's picks */
+    /* a sequence's adjustments and constraint as its proposals advance them: copies for the
+     * draft's picks, then for the verification */
+    bt_penalties_t pen[BT_MODEL_MAX_SEQS];
+    bt_grammar_t *grammar[BT_MODEL_MAX_SEQS];
+    uint32_t *mask; /* [(vocab + 31) / 32] */
+    float *row;     /* [V] a target row, adjusted */
     uint64_t steps, proposed, accepted;
 };
 
@@ -60,6 +67,8 @@ bt_status_t bt_spec_create(bt_model_t *m, int max_seqs, int vocab, int max_propo
     sp->p = bt_malloc_or_die((size_t)vocab * sizeof(float));
     sp->logits = bt_malloc_or_die((size_t)max_seqs * rows * sp->V * sizeof(float));
     sp->ids = bt_malloc_or_die((size_t)max_seqs * rows * sizeof(int32_t));
+    sp->mask = bt_malloc_or_die((size_t)(vocab + 31) / 32 * sizeof(uint32_t));
+    sp->row = bt_malloc_or_die((size_t)sp->V * sizeof(float));
     *spec_p = sp;
     return BT_OK;
 }
@@ -76,6 +85,12 @@ void bt_spec_destroy(bt_spec_t *sp)
     free(sp->p);
     free(sp->logits);
     free(sp->ids);
+    free(sp->mask);
+    free(sp->row);
+    for (int q = 0; q < BT_MODEL_MAX_SEQS; q++) {
+        bt_penalties_free(&sp->pen[q]);
+        bt_grammar_destroy(sp->grammar[q]);
+    }
     free(sp);
 }
 
@@ -91,18 +106,61 @@ void bt_spec_stats(const bt_spec_t *sp, uint64_t *steps, uint64_t *proposed, uin
     *accepted = sp->accepted;
 }
 
-/* The draft's pick: greedy at temperature 0, else a draw from its distribution under the
- * sequence's rules (kept for the verification). */
-static int32_t draft_pick(void *ctx, int seq, int row, float *logits, int V)
+/* Greedy at temperature 0, else a draw from the row's distribution under the sequence's
+ * rules, which the verification needs (q). */
+static int32_t draft_draw(bt_spec_t *sp, const bt_spec_seq_t *q, int seq, int row,
+                          const float *logits)
 {
-    bt_spec_t *sp = ctx;
-    const bt_spec_seq_t *q = &sp->cur[seq];
     float *probs = sp->q + ((size_t)seq * sp->block + row) * sp->vocab;
     int32_t best = bt_sampler_probs(sp->sampler, &q->sampling, logits, probs);
     if (q->sampling.temperature <= 0.0f) return best;
     bt_sampling_t s = q->sampling;
     s.seed ^= SALT_DRAFT;
     return bt_sampler_sample(sp->sampler, &s, logits, q->step + (uint64_t)row, NULL, NULL, 0);
+}
+
+/* Sequence q's copies of its adjustments and constraint, in their state before the step. */
+static void copies_reset(bt_spec_t *sp, int q)
+{
+    const bt_spec_seq_t *s = &sp->cur[q];
+    if (s->pen) bt_penalties_copy(&sp->pen[q], s->pen);
+    bt_grammar_destroy(sp->grammar[q]);
+    sp->grammar[q] = s->grammar ? bt_grammar_clone(s->grammar) : NULL;
+}
+
+/* A row as a plain step draws from it: the adjustments subtracted, then the ids the constraint
+ * forbids (while it is active) at -inf. */
+static void adjust(bt_spec_t *sp, int q, float *row)
+{
+    const bt_penalties_t *pen = &sp->pen[q];
+    if (sp->cur[q].pen)
+        for (int i = 0; i < pen->n; i++)
+            row[pen->ids[i]] -= pen->amount[i];
+    if (sp->grammar[q] && bt_grammar_active(sp->grammar[q])) {
+        bt_grammar_mask(sp->grammar[q], sp->mask);
+        for (int i = 0; i < sp->vocab; i++)
+            if (!((sp->mask[i >> 5] >> (i & 31)) & 1u)) row[i] = -INFINITY;
+    }
+}
+
+/* The copies after token t, as the sequence would be once it emitted t. */
+static void advance(bt_spec_t *sp, int q, int32_t t)
+{
+    if (sp->cur[q].pen) bt_penalties_add(&sp->pen[q], t);
+    if (sp->grammar[q]) bt_grammar_accept(sp->grammar[q], t);
+}
+
+/* The draft's pick: greedy at temperature 0, else a draw from its distribution under the
+ * sequence's rules (kept for the verification), from its row adjusted as the target's are. */
+static int32_t draft_pick(void *ctx, int seq, int row, float *logits, int V)
+{
+    bt_spec_t *sp = ctx;
+    const bt_spec_seq_t *q = &sp->cur[seq];
+    if (row == 0) copies_reset(sp, seq);
+    adjust(sp, seq, logits);
+    int32_t t = draft_draw(sp, q, seq, row, logits);
+    advance(sp, seq, t);
+    return t;
 }
 
 /* A draw from norm(max(p - q, 0)), walking the ids in order; p where that is empty. */
@@ -173,44 +231,46 @@ bt_status_t bt_spec_step(bt_spec_t *sp, const bt_kv_layout_t *lay, bt_spec_seq_t
     st = bt_model_forward(sp->m, lay, fs, n, sp->logits, err, errlen);
     if (st != BT_OK) return st;
 
+    /* each row judged as a plain step would draw from it: the adjustments and the constraint
+     * advanced by the proposals before it */
     const float *rows = sp->logits;
     for (int q = 0; q < n; q++) {
         bt_spec_seq_t *s = &seqs[q];
         const int32_t *d = sp->ids + (size_t)q * sp->rows + 1;
         const bool greedy = !(s->sampling.temperature > 0.0f);
+        const int n_top = s->n_top < BT_SAMPLE_TOP_MAX ? s->n_top : BT_SAMPLE_TOP_MAX;
+        copies_reset(sp, q);
         int a = 0;
-        int32_t own = -1;
-        for (; a < s->n_proposed; a++) {
-            const float *row = rows + (size_t)a * sp->V;
-            if (greedy) {
-                int32_t best = bt_sampler_probs(sp->sampler, &s->sampling, row, sp->p);
-                if (d[a] != best) {
-                    own = best;
-                    break;
-                }
-                continue;
+        for (;; a++) {
+            float *row = sp->row;
+            memcpy(row, rows + (size_t)a * sp->V, (size_t)sp->V * sizeof(float));
+            adjust(sp, q, row);
+            int32_t t;
+            bool stop = true;
+            if (a == s->n_proposed) { /* every proposal accepted: the row's own draw */
+                t = bt_sampler_sample(sp->sampler, &s->sampling, row, s->step + (uint64_t)a, NULL,
+                                      NULL, 0);
+            } else if (greedy) {
+                t = bt_sampler_probs(sp->sampler, &s->sampling, row, sp->p);
+                stop = t != d[a];
+            } else {
+                const float *qd = sp->q + ((size_t)q * sp->block + a) * sp->vocab;
+                bt_sampler_probs(sp->sampler, &s->sampling, row, sp->p);
+                double ratio = (double)sp->p[d[a]] / (double)qd[d[a]];
+                stop =
+                    !(bt_smp_unit(s->sampling.seed ^ SALT_ACCEPT, s->step + (uint64_t)a) < ratio);
+                t = stop ? residual_draw(
+                               sp->p, qd, sp->vocab,
+                               bt_smp_unit(s->sampling.seed ^ SALT_RESIDUAL, s->step + (uint64_t)a))
+                         : d[a];
             }
-            const float *qd = sp->q + ((size_t)q * sp->block + a) * sp->vocab;
-            bt_sampler_probs(sp->sampler, &s->sampling, row, sp->p);
-            double ratio = (double)sp->p[d[a]] / (double)qd[d[a]];
-            if (bt_smp_unit(s->sampling.seed ^ SALT_ACCEPT, s->step + (uint64_t)a) < ratio)
-                continue;
-            own =
-                residual_draw(sp->p, qd, sp->vocab,
-                              bt_smp_unit(s->sampling.seed ^ SALT_RESIDUAL, s->step + (uint64_t)a));
-            break;
+            s->emit[a] = t;
+            if (s->want_logprob)
+                s->logprob[a] = bt_sampler_logprob(sp->sampler, row, t, s->top[a], n_top);
+            if (stop) break;
+            advance(sp, q, t);
         }
-        if (own < 0) /* every proposal accepted: the next row's own draw */
-            own = bt_sampler_sample(sp->sampler, &s->sampling, rows + (size_t)a * sp->V,
-                                    s->step + (uint64_t)a, NULL, NULL, 0);
-        memcpy(s->emit, d, (size_t)a * sizeof(int32_t));
-        s->emit[a] = own;
         s->n_emit = a + 1;
-        if (s->want_logprob) /* row j judged token j */
-            for (int j = 0; j <= a; j++)
-                s->logprob[j] =
-                    bt_sampler_logprob(sp->sampler, rows + (size_t)j * sp->V, s->emit[j], s->top[j],
-                                       s->n_top < BT_SAMPLE_TOP_MAX ? s->n_top : BT_SAMPLE_TOP_MAX);
         s->n_accepted = a;
         st = bt_model_rollback(sp->m, lay, s->state, sp->undo[q], a + 1, err, errlen);
         if (st != BT_OK) return st;

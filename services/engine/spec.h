@@ -12,9 +12,10 @@
  *
  * After a step the slot holds `last` and the accepted proposals; emit holds the accepted
  * proposals and then the target's token, the next step's `last`, and with want_logprob their
- * log-probabilities under the target's rows (as a plain step reports a drawn token's). Logit
- * adjustments (penalties, logit_bias) and constraints are not applied here: the caller decodes
- * such sequences one token at a time. */
+ * log-probabilities under the target's rows (as a plain step reports a drawn token's). A
+ * sequence's logit adjustments (penalties, logit_bias) and constraint apply to every row as the
+ * proposals before it advance them (on copies: the caller advances its own as it takes the
+ * tokens), to the draft's rows as to the target's. */
 #ifndef BT_ENGINE_SPEC_H
 #define BT_ENGINE_SPEC_H
 
@@ -26,6 +27,8 @@ typedef struct {
     bt_sampling_t sampling;
     uint64_t step; /* tokens the sequence drew before `last` + 1: its random stream */
     int max_emit;  /* at most this many tokens (>= 1) */
+    const bt_penalties_t *pen;        /* its logit adjustments, NULL: none */
+    const struct bt_grammar *grammar; /* its constraint (over ids 0..vocab-1), NULL: none */
     bool want_logprob;
     int n_top; /* and the n_top most likely tokens' (0..BT_SAMPLE_TOP_MAX) */
     /* out */

@@ -1528,8 +1528,9 @@ static void test_prefix_cache(void)
  * --speculative-algorithm DSPARK on the demo checkpoint (it has draft stages) give `baton
  * generate`'s greedy tokens, with and without --speculative-algorithm, for four requests at
  * once of different lengths, and the decode group's steps verified proposals
- * (spec_proposed_total); a sampled request and one asking for log-probabilities (decoded one
- * token a step) finish with their lengths. */
+ * (spec_proposed_total); a request with penalties gets `baton generate`'s tokens with the
+ * same penalties; a sampled request and one asking for log-probabilities finish with their
+ * lengths. */
 static void test_dspark(void)
 {
     char dir[256], cmd[600];
@@ -1569,6 +1570,23 @@ static void test_dspark(void)
             !memcmp(plain, drafted, (size_t)(G - 6 * q) * sizeof(int32_t)),
             "DSpark request %d: baton generate's greedy tokens differ with --speculative-algorithm",
             q);
+    }
+    /* penalties apply to every verified row as plain decoding applies them */
+    {
+        Baton__V1__SamplingParams pen = BATON__V1__SAMPLING_PARAMS__INIT;
+        pen.presence_penalty = -2.0f;
+        pen.frequency_penalty = -1.0f;
+        gen_start_sampling(&cl, &g[0], prompts[2], 16, 30, true, 30000, pen);
+        BT_CHECK(run_until(&cl, all_done, &cl, 40000));
+        int32_t plain[30];
+        BT_CHECK_EQ_INT(one_process_with(dir, prompts[2], 16, 30,
+                                         "--presence-penalty -2 --frequency-penalty -1", plain),
+                        30);
+        BT_CHECK_MSG(g[0].code == BT_RPC_OK && g[0].n == 30 &&
+                         !memcmp(plain, g[0].ids, sizeof plain),
+                     "DSpark request with penalties: %s %s, %d tokens, or other tokens than baton "
+                     "generate's",
+                     bt_rpc_code_name(g[0].code), g[0].message, g[0].n);
     }
     double proposed = metric_value(c.decode.metrics, "baton_decode_spec_proposed_total");
     BT_CHECK_MSG(proposed > 0, "the decode group verified no proposals (spec_proposed_total %.0f)",

@@ -11,6 +11,8 @@
  *     model loaded without its draft stages keeps the layout without their rings. */
 #include "bt_test.h"
 #include "common/alloc.h"
+#include "common/text/grammar.h"
+#include "common/text/tokenizer.h"
 #include "kernels/sampling.h"
 #include "services/engine/demo_model.h"
 #include "services/engine/sampler.h"
@@ -171,10 +173,65 @@ static void test_rollback_demo2(void)
     rollback_exact("demo2");
 }
 
+/* What a sequence's draws obey besides greedy: nothing, logit adjustments, or a constraint. */
+typedef enum { RULES_NONE, RULES_PENALTIES, RULES_JSON } rules_t;
+
+typedef struct {
+    bt_penalties_t pen;
+    bt_grammar_t *g;
+    uint32_t *allow;
+} rules_state_t;
+
+static void rules_init(rules_state_t *r, rules_t rules, bt_grammar_vocab_t *gv, int V)
+{
+    memset(r, 0, sizeof *r);
+    /* negative penalties favour tokens already drawn, which this model's greedy runs repeat */
+    bt_penalties_init(&r->pen, rules == RULES_PENALTIES ? -1.5f : 0.0f,
+                      rules == RULES_PENALTIES ? -0.5f : 0.0f);
+    if (rules == RULES_PENALTIES) bt_penalties_bias(&r->pen, 42, 2.5f);
+    if (rules == RULES_JSON) r->g = bt_grammar_json_object(gv, -1);
+    r->allow = bt_malloc_or_die((size_t)(V + 31) / 32 * sizeof(uint32_t));
+}
+
+static void rules_free(rules_state_t *r)
+{
+    bt_penalties_free(&r->pen);
+    bt_grammar_destroy(r->g);
+    free(r->allow);
+}
+
+static void rules_advance(rules_state_t *r, int32_t t)
+{
+    bt_penalties_add(&r->pen, t);
+    if (r->g) BT_CHECK(bt_grammar_accept(r->g, t));
+}
+
+/* A plain step's draw, as the services make it: the adjusted and masked row, greedy. */
+static int32_t plain_draw(fixture_t *f, uint8_t *slot, int32_t in, rules_state_t *r, uint64_t step,
+                          float *lp, bt_top_logprob_t *top)
+{
+    char err[512];
+    bt_forward_seq_t seq = {slot, &in, 1, false, NULL};
+    if (r->g && bt_grammar_active(r->g)) bt_grammar_mask(r->g, r->allow);
+    bt_sample_req_t req = {.step = step,
+                           .want_logprob = true,
+                           .n_top = 3,
+                           .adj_ids = r->pen.ids,
+                           .adj = r->pen.amount,
+                           .n_adj = r->pen.n,
+                           .allow = r->g && bt_grammar_active(r->g) ? r->allow : NULL};
+    bt_sample_out_t out;
+    BT_CHECK(bt_model_forward_sample(f->m, &f->lay, &seq, 1, f->c->vocab, &req, &out, err,
+                                     sizeof err) == BT_OK);
+    *lp = out.logprob;
+    memcpy(top, out.top, 3 * sizeof *top);
+    return out.id;
+}
+
 /* Greedy speculative steps against plain greedy decoding, two sequences at once, with their
  * log-probabilities (and the 3 likeliest tokens') as a plain step reports them; tau: the
- * confidence under which proposals go unverified (1: none is). */
-static void greedy_equal(const char *variant, float tau)
+ * confidence under which proposals go unverified (1: none is); rules: what the draws obey. */
+static void greedy_equal(const char *variant, float tau, rules_t rules)
 {
     fixture_t f;
     BT_CHECK(fixture_open(&f, variant));
@@ -187,23 +244,35 @@ static void greedy_equal(const char *variant, float tau)
     float want_lp[SEQS][GEN], got_lp[SEQS][GEN];
     bt_top_logprob_t want_top[SEQS][GEN][3], got_top[SEQS][GEN][3];
     int n_got[SEQS] = {0}, budget[SEQS] = {GEN, GEN - 9};
-    float *logits = bt_malloc_or_die((size_t)V * sizeof(float));
-    bt_sampler_t *sampler = bt_sampler_create(V);
-    const bt_sampling_t greedy = {0};
+    bt_tokenizer_t *tok = NULL;
+    bt_grammar_vocab_t *gv = NULL;
+    BT_CHECK(bt_tokenizer_load(f.dir, &tok, err, sizeof err) == BT_OK);
+    BT_CHECK(bt_grammar_vocab_create(tok, V, f.c->eos_id, &gv) == BT_OK);
+    rules_state_t mine[SEQS];
     for (int q = 0; q < SEQS; q++) {
         int32_t ids[PROMPT];
-        prompt_ids(ids, PROMPT - 4 * q, V, 3 + q);
-        prefill(&f, ref, ids, PROMPT - 4 * q, logits);
-        want[q][0] = argmax(logits, V);
-        for (int g = 1; g < budget[q]; g++) {
-            bt_forward_seq_t seq = {ref, &want[q][g - 1], 1, false, NULL};
-            BT_CHECK(bt_model_forward(f.m, &f.lay, &seq, 1, logits, err, sizeof err) == BT_OK);
-            want[q][g] = bt_sampler_sample(sampler, &greedy, logits, (uint64_t)g, &want_lp[q][g],
-                                           want_top[q][g], 3);
+        const int n = PROMPT - 4 * q;
+        prompt_ids(ids, n, V, 3 + q);
+        rules_state_t r;
+        rules_init(&r, rules, gv, V);
+        bt_kv_state_reset(ref);
+        bt_forward_seq_t head = {ref, ids, n - 1, false, NULL};
+        BT_CHECK(bt_model_forward(f.m, &f.lay, &head, 1, NULL, err, sizeof err) == BT_OK);
+        for (int g = 0; g < budget[q]; g++) {
+            want[q][g] = plain_draw(&f, ref, g ? want[q][g - 1] : ids[n - 1], &r, (uint64_t)g,
+                                    &want_lp[q][g], want_top[q][g]);
+            rules_advance(&r, want[q][g]);
         }
+        rules_free(&r);
+        /* the speculative run: the same first token, then steps */
         slot[q] = bt_aligned_alloc(64, f.lay.slot_bytes);
-        prefill(&f, slot[q], ids, PROMPT - 4 * q, logits);
-        last[q] = got[q][n_got[q]++] = argmax(logits, V);
+        rules_init(&mine[q], rules, gv, V);
+        bt_kv_state_reset(slot[q]);
+        head.state = slot[q];
+        BT_CHECK(bt_model_forward(f.m, &f.lay, &head, 1, NULL, err, sizeof err) == BT_OK);
+        last[q] = plain_draw(&f, slot[q], ids[n - 1], &mine[q], 0, &got_lp[q][0], got_top[q][0]);
+        got[q][n_got[q]++] = last[q];
+        rules_advance(&mine[q], last[q]);
     }
     bt_spec_t *sp;
     BT_CHECK(bt_spec_create(f.m, SEQS, V, 0, &sp) == BT_OK);
@@ -217,6 +286,8 @@ static void greedy_equal(const char *variant, float tau)
                                    .last = last[q],
                                    .step = (uint64_t)n_got[q],
                                    .max_emit = budget[q] - n_got[q],
+                                   .pen = &mine[q].pen,
+                                   .grammar = mine[q].g,
                                    .want_logprob = true,
                                    .n_top = 3};
             map[n++] = q;
@@ -230,20 +301,23 @@ static void greedy_equal(const char *variant, float tau)
                 got_lp[q][n_got[q]] = s[i].logprob[j];
                 memcpy(got_top[q][n_got[q]], s[i].top[j], sizeof got_top[q][0]);
                 got[q][n_got[q]++] = s[i].emit[j];
+                rules_advance(&mine[q], s[i].emit[j]);
             }
             last[q] = s[i].emit[s[i].n_emit - 1];
         }
     }
+    const char *what[] = {"no rules", "penalties and logit_bias", "a JSON object"};
     for (int q = 0; q < SEQS; q++) {
         BT_CHECK_EQ_INT(n_got[q], budget[q]);
         BT_CHECK_MSG(memcmp(got[q], want[q], (size_t)budget[q] * sizeof(int32_t)) == 0,
-                     "%s: sequence %d's greedy tokens differ from plain decoding", variant, q);
-        /* (the first token is the prefill's draw) */
+                     "%s, %s: sequence %d's greedy tokens differ from plain decoding", variant,
+                     what[rules], q);
         BT_CHECK_MSG(
-            memcmp(got_lp[q] + 1, want_lp[q] + 1, (size_t)(budget[q] - 1) * sizeof(float)) == 0 &&
-                memcmp(got_top[q] + 1, want_top[q] + 1,
-                       (size_t)(budget[q] - 1) * sizeof want_top[q][0]) == 0,
-            "%s: sequence %d's log-probabilities differ from plain decoding's", variant, q);
+            memcmp(got_lp[q], want_lp[q], (size_t)budget[q] * sizeof(float)) == 0 &&
+                memcmp(got_top[q], want_top[q], (size_t)budget[q] * sizeof want_top[q][0]) == 0,
+            "%s, %s: sequence %d's log-probabilities differ from plain decoding's", variant,
+            what[rules], q);
+        rules_free(&mine[q]);
     }
     uint64_t steps, proposed, accepted;
     bt_spec_stats(sp, &steps, &proposed, &accepted);
@@ -253,27 +327,30 @@ static void greedy_equal(const char *variant, float tau)
                      (unsigned long long)proposed);
     else
         BT_CHECK(proposed > 0);
-    fprintf(stderr, "%s, confidence %.2f: %llu steps, %llu proposals verified\n", variant, tau,
-            (unsigned long long)steps, (unsigned long long)proposed);
+    fprintf(stderr, "%s, %s, confidence %.2f: %llu steps, %llu of %llu proposals accepted\n",
+            variant, what[rules], tau, (unsigned long long)steps, (unsigned long long)accepted,
+            (unsigned long long)proposed);
     bt_spec_destroy(sp);
-    bt_sampler_destroy(sampler);
+    bt_grammar_vocab_destroy(gv);
+    bt_tokenizer_destroy(tok);
     for (int q = 0; q < SEQS; q++)
         bt_aligned_free(slot[q]);
     bt_aligned_free(ref);
-    free(logits);
     fixture_close(&f);
 }
 
 static void test_greedy_demo(void)
 {
-    greedy_equal("demo", 0.0f);
-    greedy_equal("demo", 1.0f);
+    greedy_equal("demo", 0.0f, RULES_NONE);
+    greedy_equal("demo", 1.0f, RULES_NONE);
+    greedy_equal("demo", 0.0f, RULES_PENALTIES);
+    greedy_equal("demo", 0.0f, RULES_JSON);
 }
 
 static void test_greedy_demo2(void)
 {
-    greedy_equal("demo2", 0.0f);
-    greedy_equal("demo2", 0.5f);
+    greedy_equal("demo2", 0.0f, RULES_NONE);
+    greedy_equal("demo2", 0.5f, RULES_PENALTIES);
 }
 
 /* the draft's first-row distribution under the sampling rules */
