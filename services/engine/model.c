@@ -291,6 +291,10 @@ static void alloc_scratch(bt_model_t *m)
         s->main_hidden = alloc_floats(m, N * (size_t)c->n_draft_targets * D);
         s->main_x = alloc_floats(m, N * D);
         s->draft_pre = alloc_floats(m, N * D);
+        /* a draft's rows of logits and the Markov bias row; its block's ids */
+        size_t rows = (size_t)m->opt.max_batch_seqs * (size_t)c->draft_block;
+        m->draft_logits = alloc_floats(m, (rows + 1) * (size_t)c->vocab);
+        m->draft_ids = track(m, bt_calloc_or_die(rows, sizeof(int32_t)));
     }
     /* the draft stages route over their own experts */
     size_t E = (size_t)c->n_experts, K = (size_t)c->n_active;
@@ -1875,12 +1879,6 @@ bt_status_t bt_model_draft(bt_model_t *m, const bt_kv_layout_t *lay, uint8_t *co
                      last[q], V - 1);
             return BT_ERR_BAD_REQUEST;
         }
-    }
-    if (!m->draft_logits) {
-        m->draft_logits =
-            track(m, bt_malloc_or_die(((size_t)m->opt.max_batch_seqs * B + 1) * V * sizeof(float)));
-        m->draft_ids =
-            track(m, bt_malloc_or_die((size_t)m->opt.max_batch_seqs * B * sizeof(int32_t)));
     }
 
     /* the blocks: [last, noise, ...] at the positions after each slot's */

@@ -108,7 +108,7 @@ struct bt_model {
     float *tp_logits;     /* TP scratch: this rank's vocabulary slice of the logits */
     /* DSpark draft (cfg n_draft > 0): its context input, head and scratch */
     float *main_proj, *main_norm, *draft_norm, *markov_embed, *markov_head, *conf_proj;
-    float *draft_logits; /* [max_batch_seqs * block + 1][vocab], made at the first draft */
+    float *draft_logits; /* [max_batch_seqs * block + 1][vocab] */
     int32_t *draft_ids;  /* [max_batch_seqs * block] */
     int target_slot[BT_MAX_LAYERS];   /* index among the draft's target layers, -1 */
     size_t moe_task_floats, heap_len; /* per-task MoE scratch and top-k heap, all layers' most */
