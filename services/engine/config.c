@@ -164,6 +164,11 @@ static void read_rope(reader_t *r, const cJSON *text, const char *type, bt_rope_
              (long long)rope_dim);
 }
 
+static bool has_key(const cJSON *obj, const char *key)
+{
+    return cJSON_GetObjectItemCaseSensitive(obj, key) != NULL;
+}
+
 static bool in_list(const int64_t *v, int n, int x)
 {
     for (int i = 0; i < n; i++)
@@ -257,8 +262,17 @@ bt_status_t bt_model_config_parse(const char *json, size_t len, bt_model_config_
     if (c.candidate_source >= c.n_layers) c.candidate_source = -1;
     if (r.st != BT_OK) goto out;
 
-    /* DSpark draft stages: window-only layers after the backbone */
-    int n_draft = get_int_in(&r, "num_nextn_predict_layers", 0, false, 0, 16);
+    /* DSpark draft stages: window-only layers after the backbone (the released config's names,
+     * or the reference code's) */
+    const char *stages_key =
+        has_key(text, "num_nextn_predict_layers") || !has_key(text, "n_mtp_layers")
+            ? "num_nextn_predict_layers"
+            : "n_mtp_layers";
+    const char *active_key =
+        has_key(text, "dspark_num_experts_per_tok") || !has_key(text, "dspark_n_activated_experts")
+            ? "dspark_num_experts_per_tok"
+            : "dspark_n_activated_experts";
+    int n_draft = get_int_in(&r, stages_key, 0, false, 0, 16);
     c.draft_block = get_int_in(&r, "dspark_block_size", 0, false, 0, BT_MAX_DRAFT_BLOCK);
     if (r.st != BT_OK) goto out;
     if (n_draft > 0 && c.draft_block > 0) {
@@ -268,23 +282,33 @@ bt_status_t bt_model_config_parse(const char *json, size_t len, bt_model_config_
         c.draft_noise_id = get_int_in(&r, "dspark_noise_token_id", 0, true, 0, c.vocab - 1);
         c.draft_markov_rank = get_int_in(&r, "dspark_markov_rank", 256, false, 1, 1 << 16);
         c.draft_experts = get_int_in(&r, "dspark_n_routed_experts", 0, false, 0, 1 << 16);
-        c.draft_active = get_int_in(&r, "dspark_num_experts_per_tok", 0, false, 0, 1 << 16);
+        c.draft_active = get_int_in(&r, active_key, 0, false, 0, 1 << 16);
         if (r.st != BT_OK) goto out;
         if (!c.draft_experts) c.draft_experts = c.n_experts;
         if (!c.draft_active) c.draft_active = c.n_active;
         if (c.n_layers + n_draft > BT_MAX_LAYERS)
-            fail(&r, "field '%s' = %lld: too many layers with the backbone's",
-                 "num_nextn_predict_layers", n_draft);
+            fail(&r, "field '%s' = %lld: too many layers with the backbone's", stages_key, n_draft);
         if (c.n_draft_targets < 1)
             fail(&r, "field '%s' must name at least one layer (has %lld)",
                  "dspark_target_layer_ids", c.n_draft_targets);
         if (c.draft_active > c.draft_experts)
-            fail(&r, "field '%s' = %lld exceeds dspark_n_routed_experts",
-                 "dspark_num_experts_per_tok", c.draft_active);
+            fail(&r, "field '%s' = %lld exceeds dspark_n_routed_experts", active_key,
+                 c.draft_active);
+        /* the captured streams are concatenated in layer order, each layer once, as the
+         * reference's forward appends them */
+        int n_targets = 0;
         for (int i = 0; i < c.n_draft_targets && r.st == BT_OK; i++) {
             check_range(&r, "dspark_target_layer_ids", targets[i], 0, c.n_layers - 1);
-            c.draft_targets[i] = (int)targets[i];
+            int at = 0, t = (int)targets[i];
+            while (at < n_targets && c.draft_targets[at] < t)
+                at++;
+            if (at < n_targets && c.draft_targets[at] == t) continue;
+            memmove(c.draft_targets + at + 1, c.draft_targets + at,
+                    (size_t)(n_targets - at) * sizeof(int));
+            c.draft_targets[at] = t;
+            n_targets++;
         }
+        c.n_draft_targets = n_targets;
         for (int j = 0; j < n_draft && r.st == BT_OK; j++) {
             int l = c.n_layers + j;
             if (n_ratios > l && ratios[l] != 0)
