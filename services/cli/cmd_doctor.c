@@ -405,6 +405,8 @@ static void check_model(tally_t *t, const bt_conf_t *c, const char *model_path, 
     long long phys = (long long)sysconf(_SC_PHYS_PAGES) * (long long)sysconf(_SC_PAGE_SIZE);
     if (bt_model_config_load(dir, &cfg, err, sizeof err) == BT_OK) {
         if (ctx <= 0) ctx = cfg.max_position < 8192 ? cfg.max_position : 8192;
+        /* the draft stages' rings are in a slot only when the groups run them */
+        if (strcmp(cfg_str(c, "speculative-algorithm", "NONE"), "DSPARK")) cfg.n_draft = 0;
         bt_kv_layout_t lay;
         if (bt_kv_layout_init(&lay, &cfg, ctx) == BT_OK) {
             long long slots = max_total > 0 ? max_total / ctx : running;

@@ -31,6 +31,7 @@ static const bt_conf_key_t keys[] = {
     {"cuda-graph-max-bs", BT_CONF_INT, "largest decode batch captured as a CUDA graph"},
     {"speculative-algorithm", BT_CONF_STR, "DSPARK"},
     {"speculative-dspark-block-size", BT_CONF_INT, "draft block size"},
+    {"speculative-dspark-confidence", BT_CONF_FLOAT, "verify DSpark proposals up to the first the draft trusts less (0..1)"},
     {"tool-call-parser", BT_CONF_STR, "deepseekv41"},
     {"reasoning-parser", BT_CONF_STR, "deepseek-v41"},
     {"host", BT_CONF_STR, "address the services listen on"},
