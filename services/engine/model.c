@@ -433,11 +433,6 @@ static bt_status_t load_cpu(const char *dir, const bt_model_options_t *opt, bt_m
         m->cfg.n_draft = 0;
         m->cfg.draft_block = 0;
     }
-    if (m->cfg.n_draft && m->opt.comm && bt_comm_size(m->opt.comm) > 1) {
-        snprintf(err, errlen, "%s: DSpark draft stages run at TP 1 only so far", dir);
-        rc = BT_ERR_UNSUPPORTED;
-        goto fail;
-    }
     const bt_model_config_t *c = &m->cfg;
     if (c->n_draft && c->draft_active > MAX_ACTIVE) {
         snprintf(err, errlen, "%s/config.json: dspark_num_experts_per_tok %d exceeds %d", dir,
@@ -1301,6 +1296,32 @@ static void woa_token(fwd_t *f, int t, int task)
             oa[g * R + r] = bt_cpu_dot(w->wo_a + ((size_t)g * R + r) * gin, a + (size_t)g * gin, gin);
 }
 
+/* The heads' outputs in s->attn through wo_a (per group) and wo_b into s->out, with the
+ * collectives TP needs; false when one failed. */
+static bool attention_out(fwd_t *f)
+{
+    bt_model_t *m = f->m;
+    const bt_model_config_t *c = &m->cfg;
+    const layer_weights_t *w = &m->layer[f->l];
+    scratch_t *s = &m->s;
+    int N = f->N, D = c->hidden, hd = c->head_dim;
+    if (m->tp_size > 1 && !m->group_split) {
+        /* every rank needs every head before the whole wo_a: gather [rank][token][head] */
+        size_t per = (size_t)m->hl * hd;
+        if (!tp_ok(f, bt_comm_all_gather(m->comm, s->attn, (size_t)N * per * sizeof(float),
+                                         m->gather)))
+            return false;
+        for (int t = 0; t < N; t++)
+            for (int r = 0; r < m->tp_size; r++)
+                memcpy(s->attn + ((size_t)t * m->tp_size + r) * per,
+                       m->gather + ((size_t)r * N + t) * per, per * sizeof(float));
+    }
+    for_tokens(f, woa_token);
+    bt_cpu_matmul(m->pool, s->out, s->oa, w->wo_b, N, D, m->gl * c->o_lora_rank);
+    return !(m->tp_size > 1 && m->group_split &&
+             !tp_ok(f, bt_comm_all_reduce_f32(m->comm, s->out, (size_t)N * D)));
+}
+
 static void attention(fwd_t *f)
 {
     bt_model_t *m = f->m;
@@ -1331,18 +1352,7 @@ static void attention(fwd_t *f)
         }
     }
     for_tokens(f, attend_token);
-    if (m->tp_size > 1 && !m->group_split) {
-        /* every rank needs every head before the whole wo_a: gather [rank][token][head] */
-        size_t per = (size_t)m->hl * hd;
-        if (!tp_ok(f, bt_comm_all_gather(m->comm, s->attn, (size_t)N * per * sizeof(float), m->gather))) return;
-        for (int t = 0; t < N; t++)
-            for (int r = 0; r < m->tp_size; r++)
-                memcpy(s->attn + ((size_t)t * m->tp_size + r) * per, m->gather + ((size_t)r * N + t) * per,
-                       per * sizeof(float));
-    }
-    for_tokens(f, woa_token);
-    bt_cpu_matmul(m->pool, s->out, s->oa, w->wo_b, N, D, m->gl * c->o_lora_rank);
-    if (m->tp_size > 1 && m->group_split && !tp_ok(f, bt_comm_all_reduce_f32(m->comm, s->out, (size_t)N * D))) return;
+    if (!attention_out(f)) return;
 
     /* the window rings take the chunk's KV only now: earlier queries read older slots */
     for (int q = 0; q < f->n_seqs; q++) {
@@ -1495,6 +1505,66 @@ static void draft_rings(fwd_t *f)
         for (int i = 0; i < rows; i++)
             draft_ring_token(f, t0 + i, 0);
     }
+}
+
+/* Each token's embedding into every stream; the first site collapses stream 0 only. Under TP
+ * each rank holds a slice of the vocabulary: the owner contributes the row, the others zeros,
+ * and the sum (adding zeros is exact) gives every rank the row. False when the sum failed. */
+static bool embed_tokens(fwd_t *f)
+{
+    bt_model_t *m = f->m;
+    const bt_model_config_t *c = &m->cfg;
+    scratch_t *s = &m->s;
+    int N = f->N, D = c->hidden, hc = c->hc_mult;
+    for (int t = 0; t < N; t++) {
+        int id = f->seqs[s->tok_seq[t]].ids[t - f->seq_first[s->tok_seq[t]]];
+        float *e = s->hidden + (size_t)t * D;
+        if (id >= m->v0 && id < m->v0 + m->vl)
+            memcpy(e, m->embed + (size_t)(id - m->v0) * D, (size_t)D * sizeof(float));
+        else
+            memset(e, 0, (size_t)D * sizeof(float));
+    }
+    if (m->tp_size > 1 && !tp_ok(f, bt_comm_all_reduce_f32(m->comm, s->hidden, (size_t)N * D)))
+        return false;
+    for (int t = 0; t < N; t++) {
+        const float *e = s->hidden + (size_t)t * D;
+        for (int k = 0; k < hc; k++)
+            memcpy(s->x + ((size_t)t * hc + k) * D, e, (size_t)D * sizeof(float));
+        for (int k = 0; k < hc; k++)
+            s->pre_mix[t * hc + k] = k == 0 ? 1.0f : 0.0f;
+        s->topk_set[t] = 0;
+        s->cand_set[t] = 0;
+    }
+    return true;
+}
+
+/* rows of h [rows][hidden] scored by the head into out [rows][vocab] (TP: each rank its
+ * vocabulary slice, gathered); false when the gather failed */
+static bool head_logits(fwd_t *f, const float *h, int rows, float *out)
+{
+    bt_model_t *m = f->m;
+    const bt_model_config_t *c = &m->cfg;
+    int D = c->hidden;
+    if (m->tp_size == 1) {
+        bt_cpu_matmul(m->pool, out, h, m->head, rows, c->vocab, D);
+        return true;
+    }
+    /* gather [rank][row][vpad] */
+    float *mine = m->tp_logits;
+    memset(mine, 0, (size_t)rows * m->vpad * sizeof(float));
+    for (int i = 0; i < rows; i++)
+        bt_cpu_matmul(m->pool, mine + (size_t)i * m->vpad, h + (size_t)i * D, m->head, 1, m->vl, D);
+    if (!tp_ok(f, bt_comm_all_gather(m->comm, mine, (size_t)rows * m->vpad * sizeof(float),
+                                     m->gather)))
+        return false;
+    for (int i = 0; i < rows; i++)
+        for (int r = 0; r < m->tp_size; r++) {
+            int v0 = r * m->vpad, vl = c->vocab - v0 < m->vpad ? c->vocab - v0 : m->vpad;
+            if (vl > 0)
+                memcpy(out + (size_t)i * c->vocab + v0,
+                       m->gather + ((size_t)r * rows + i) * m->vpad, (size_t)vl * sizeof(float));
+        }
+    return true;
 }
 
 /* ---- the whole forward ------------------------------------------------------------------ */
@@ -1668,27 +1738,9 @@ static bt_status_t forward_seqs(bt_model_t *m, const bt_kv_layout_t *lay, const 
             s->tok_pos[f.seq_first[q] + i] = start + i;
         }
     }
-    int hc = c->hc_mult, D = c->hidden;
+    int D = c->hidden;
 
-    /* embeddings into every stream; the first site collapses stream 0 only. Under TP each
-     * rank holds a slice of the vocabulary: the owner contributes the row, the others zeros,
-     * and the sum (adding zeros is exact) gives every rank the row. */
-    for (int t = 0; t < N; t++) {
-        int id = seqs[s->tok_seq[t]].ids[t - f.seq_first[s->tok_seq[t]]];
-        float *e = s->hidden + (size_t)t * D;
-        if (id >= m->v0 && id < m->v0 + m->vl)
-            memcpy(e, m->embed + (size_t)(id - m->v0) * D, (size_t)D * sizeof(float));
-        else
-            memset(e, 0, (size_t)D * sizeof(float));
-    }
-    if (m->tp_size > 1 && !tp_ok(&f, bt_comm_all_reduce_f32(m->comm, s->hidden, (size_t)N * D))) goto comm_failed;
-    for (int t = 0; t < N; t++) {
-        const float *e = s->hidden + (size_t)t * D;
-        for (int k = 0; k < hc; k++) memcpy(s->x + ((size_t)t * hc + k) * D, e, (size_t)D * sizeof(float));
-        for (int k = 0; k < hc; k++) s->pre_mix[t * hc + k] = k == 0 ? 1.0f : 0.0f;
-        s->topk_set[t] = 0;
-        s->cand_set[t] = 0;
-    }
+    if (!embed_tokens(&f)) goto comm_failed;
     for_tokens(&f, angles_token);
     if (c->n_engram > 0) {
         bt_model__engram_hashes(m, seqs, n_seqs, f.seq_first, s->cid, s->hash);
@@ -1720,27 +1772,10 @@ static bt_status_t forward_seqs(bt_model_t *m, const bt_kv_layout_t *lay, const 
         float *row = logits;
         for (int q = 0; q < n_seqs; q++) {
             const bt_forward_seq_t *seq = &seqs[q];
-            int first = f.seq_first[q];
             int from = seq->all_logits ? 0 : seq->n - 1;
             int rows = seq->n - from;
-            const float *h = s->hidden + (size_t)(first + from) * D;
-            if (m->tp_size == 1) {
-                bt_cpu_matmul(m->pool, row, h, m->head, rows, c->vocab, D);
-            } else {
-                /* each rank scores its vocabulary slice; gather [rank][row][vpad] */
-                float *mine = m->tp_logits;
-                memset(mine, 0, (size_t)rows * m->vpad * sizeof(float));
-                for (int i = 0; i < rows; i++) bt_cpu_matmul(m->pool, mine + (size_t)i * m->vpad, h + (size_t)i * D, m->head, 1, m->vl, D);
-                if (!tp_ok(&f, bt_comm_all_gather(m->comm, mine, (size_t)rows * m->vpad * sizeof(float), m->gather)))
-                    goto comm_failed;
-                for (int i = 0; i < rows; i++)
-                    for (int r = 0; r < m->tp_size; r++) {
-                        int v0 = r * m->vpad, vl = c->vocab - v0 < m->vpad ? c->vocab - v0 : m->vpad;
-                        if (vl > 0)
-                            memcpy(row + (size_t)i * c->vocab + v0, m->gather + ((size_t)r * rows + i) * m->vpad,
-                                   (size_t)vl * sizeof(float));
-                    }
-            }
+            if (!head_logits(&f, s->hidden + (size_t)(f.seq_first[q] + from) * D, rows, row))
+                goto comm_failed;
             row += (size_t)rows * c->vocab;
         }
     }
@@ -1854,7 +1889,7 @@ bt_status_t bt_model_draft(bt_model_t *m, const bt_kv_layout_t *lay, uint8_t *co
 {
     const bt_model_config_t *c = &m->cfg;
     scratch_t *s = &m->s;
-    int B = c->draft_block, D = c->hidden, hc = c->hc_mult, V = c->vocab, R = c->draft_markov_rank;
+    int B = c->draft_block, D = c->hidden, V = c->vocab, R = c->draft_markov_rank;
     if (!c->n_draft) {
         snprintf(err, errlen, "the model runs without DSpark draft stages");
         return BT_ERR_INVALID_ARG;
@@ -1899,18 +1934,15 @@ bt_status_t bt_model_draft(bt_model_t *m, const bt_kv_layout_t *lay, uint8_t *co
         f.seq_first[q] = q * B;
         int64_t start = bt_kv_header(states[q])->n_tokens;
         for (int i = 0; i < B; i++) {
-            int t = q * B + i;
-            s->tok_seq[t] = q;
-            s->tok_pos[t] = start + i;
-            float *x = s->x + (size_t)t * hc * D;
-            for (int k = 0; k < hc; k++)
-                memcpy(x + (size_t)k * D, m->embed + (size_t)ids[i] * D, (size_t)D * sizeof(float));
-            for (int k = 0; k < hc; k++)
-                s->pre_mix[t * hc + k] = k == 0 ? 1.0f : 0.0f;
+            s->tok_seq[q * B + i] = q;
+            s->tok_pos[q * B + i] = start + i;
         }
     }
-    for_tokens(&f, angles_token);
     int N = f.N, hd = c->head_dim;
+    float *logits = m->draft_logits,
+          *bias = m->draft_logits + (size_t)m->opt.max_batch_seqs * B * V;
+    if (!embed_tokens(&f)) goto comm_failed;
+    for_tokens(&f, angles_token);
     for (int j = 0; j < c->n_draft; j++) {
         int l = c->n_layers + j;
         const layer_weights_t *w = &m->layer[l];
@@ -1922,17 +1954,17 @@ bt_status_t bt_model_draft(bt_model_t *m, const bt_kv_layout_t *lay, uint8_t *co
         bt_cpu_matmul(m->pool, s->kv, s->xin, w->wkv, N, hd, D);
         for_tokens(&f, qkv_token);
         for_tokens(&f, draft_attend_token);
-        for_tokens(&f, woa_token);
-        bt_cpu_matmul(m->pool, s->out, s->oa, w->wo_b, N, D, m->gl * c->o_lora_rank);
+        if (!attention_out(&f)) goto comm_failed;
         for_tokens(&f, expand_token);
         for_tokens(&f, ffn_mix_token);
         for_tokens(&f, moe_token);
+        /* each rank summed its slice of every expert's width */
+        if (m->tp_size > 1 && !tp_ok(&f, bt_comm_all_reduce_f32(m->comm, s->out, (size_t)N * D)))
+            goto comm_failed;
         for_tokens(&f, expand_token);
     }
     for_tokens(&f, draft_collapse_token);
-    float *logits = m->draft_logits,
-          *bias = m->draft_logits + (size_t)m->opt.max_batch_seqs * B * V;
-    bt_cpu_matmul(m->pool, logits, s->hidden, m->head, N, V, D);
+    if (!head_logits(&f, s->hidden, N, logits)) goto comm_failed;
 
     /* row by row: the Markov bias of the token before, then the pick */
     for (int q = 0; q < n_seqs; q++) {
@@ -1957,6 +1989,10 @@ bt_status_t bt_model_draft(bt_model_t *m, const bt_kv_layout_t *lay, uint8_t *co
         }
     }
     return BT_OK;
+comm_failed:
+    snprintf(err, errlen, "tensor-parallel group failed (%s): a rank died or stalled",
+             bt_status_str(f.comm_status));
+    return f.comm_status;
 }
 
 /* ---- DSpark: rollback ------------------------------------------------------------------- */

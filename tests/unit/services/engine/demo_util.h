@@ -13,8 +13,9 @@
 /* The model in dir (a demo checkpoint) on the CPU: threads, positions a sequence may reach,
  * tokens and sequences a forward may take, with or without its DSpark draft stages. NULL,
  * having said why on stderr, when it fails. */
-static inline bt_model_t *demo_model_load_draft(const char *dir, int threads, int max_ctx,
-                                                int max_batch_tokens, int max_seqs, bool draft)
+static inline bt_model_t *demo_model_load_tp(const char *dir, int threads, int max_ctx,
+                                             int max_batch_tokens, int max_seqs, bool draft,
+                                             struct bt_comm *comm)
 {
     char err[512];
     bt_model_config_t cfg;
@@ -34,10 +35,17 @@ static inline bt_model_t *demo_model_load_draft(const char *dir, int threads, in
     opt.max_batch_tokens = max_batch_tokens;
     if (max_seqs > 0) opt.max_batch_seqs = max_seqs;
     opt.draft = draft;
+    opt.comm = comm;
     bt_model_t *m = NULL;
     if (bt_model_load(dir, &opt, &m, err, sizeof err) != BT_OK) fprintf(stderr, "load: %s\n", err);
     free(map);
     return m;
+}
+
+static inline bt_model_t *demo_model_load_draft(const char *dir, int threads, int max_ctx,
+                                                int max_batch_tokens, int max_seqs, bool draft)
+{
+    return demo_model_load_tp(dir, threads, max_ctx, max_batch_tokens, max_seqs, draft, NULL);
 }
 
 static inline bt_model_t *demo_model_load(const char *dir, int threads, int max_ctx,

@@ -13,12 +13,14 @@
 #include "common/alloc.h"
 #include "common/text/grammar.h"
 #include "common/text/tokenizer.h"
+#include "common/comm/comm.h"
 #include "kernels/sampling.h"
 #include "services/engine/demo_model.h"
 #include "services/engine/sampler.h"
 #include "services/engine/spec.h"
 #include "unit/services/engine/demo_util.h"
 
+#include <pthread.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -466,6 +468,99 @@ static void test_sampled_first_token(void)
     fixture_close(&f);
 }
 
+/* DSpark under tensor parallelism, ranks as threads: every rank runs the same steps (the
+ * draft's collectives pair up, its logits are gathered, so every rank picks alike) and the
+ * greedy tokens are those of plain greedy decoding in the same group. */
+typedef struct {
+    const char *dir;
+    bt_comm_t *comm;
+    int32_t plain[GEN], spec[GEN];
+    uint64_t proposed;
+    bool ok;
+} tp_run_t;
+
+static void *tp_rank(void *arg)
+{
+    tp_run_t *r = arg;
+    char err[512];
+    bt_model_t *m = demo_model_load_tp(r->dir, 1, CTX, 64, 2, true, r->comm);
+    if (!m) return NULL;
+    const bt_model_config_t *c = bt_model_config(m);
+    int V = c->vocab;
+    bt_kv_layout_t lay;
+    bt_kv_layout_init(&lay, c, CTX);
+    uint8_t *a = bt_aligned_alloc(64, lay.slot_bytes), *b = bt_aligned_alloc(64, lay.slot_bytes);
+    float *logits = bt_malloc_or_die((size_t)V * sizeof(float));
+    int32_t ids[PROMPT];
+    prompt_ids(ids, PROMPT, V, 9);
+    bool ok = true;
+    for (int k = 0; k < 2; k++) {
+        uint8_t *slot = k ? b : a;
+        bt_kv_state_reset(slot);
+        bt_forward_seq_t seq = {slot, ids, PROMPT, false, NULL};
+        ok &= bt_model_forward(m, &lay, &seq, 1, logits, err, sizeof err) == BT_OK;
+        (k ? r->spec : r->plain)[0] = argmax(logits, V);
+    }
+    for (int g = 1; g < GEN && ok; g++) {
+        bt_forward_seq_t seq = {a, &r->plain[g - 1], 1, false, NULL};
+        ok &= bt_model_forward(m, &lay, &seq, 1, logits, err, sizeof err) == BT_OK;
+        r->plain[g] = argmax(logits, V);
+    }
+    bt_spec_t *sp = NULL;
+    ok &= bt_spec_create(m, 1, V, 0, &sp) == BT_OK;
+    for (int g = 1; g < GEN && ok;) {
+        bt_spec_seq_t q = {
+            .state = b, .last = r->spec[g - 1], .step = (uint64_t)g, .max_emit = GEN - g};
+        ok &= bt_spec_step(sp, &lay, &q, 1, err, sizeof err) == BT_OK;
+        for (int j = 0; j < q.n_emit && ok; j++)
+            r->spec[g++] = q.emit[j];
+    }
+    if (!ok) fprintf(stderr, "TP rank: %s\n", err);
+    uint64_t steps = 0, accepted = 0;
+    if (sp) bt_spec_stats(sp, &steps, &r->proposed, &accepted);
+    r->ok = ok;
+    bt_spec_destroy(sp);
+    free(logits);
+    bt_aligned_free(a);
+    bt_aligned_free(b);
+    bt_model_destroy(m);
+    return NULL;
+}
+
+static void test_tp_threads(void)
+{
+    char dir[256], err[512];
+    snprintf(dir, sizeof dir, "/tmp/bt-spec-tp-%d", (int)getpid());
+    BT_CHECK(bt_demo_model_write(dir, "demo", err, sizeof err) == BT_OK);
+    for (int T = 2; T <= 4; T += 2) {
+        bt_comm_t *comms[4];
+        BT_CHECK(bt_comm_threads_create(T, comms) == BT_OK);
+        tp_run_t runs[4];
+        pthread_t th[4];
+        for (int r = 0; r < T; r++) {
+            runs[r] = (tp_run_t){.dir = dir, .comm = comms[r]};
+            pthread_create(&th[r], NULL, tp_rank, &runs[r]);
+        }
+        for (int r = 0; r < T; r++)
+            pthread_join(th[r], NULL);
+        for (int r = 0; r < T; r++) {
+            BT_CHECK_MSG(runs[r].ok, "TP%d rank %d did not run", T, r);
+            BT_CHECK_MSG(!memcmp(runs[r].spec, runs[r].plain, sizeof runs[r].plain),
+                         "TP%d rank %d: speculative greedy tokens differ from plain", T, r);
+            BT_CHECK_MSG(!memcmp(runs[r].spec, runs[0].spec, sizeof runs[r].spec),
+                         "TP%d: ranks %d and 0 differ", T, r);
+            BT_CHECK(runs[r].proposed > 0);
+        }
+        fprintf(stderr,
+                "  TP%d: %llu proposals verified on each rank, tokens as plain decoding's\n", T,
+                (unsigned long long)runs[0].proposed);
+        for (int r = 0; r < T; r++)
+            bt_comm_destroy(comms[r]);
+    }
+    snprintf(err, sizeof err, "rm -rf %s", dir);
+    BT_CHECK(system(err) == 0);
+}
+
 static void test_layout_without_draft(void)
 {
     char dir[256], err[512];
@@ -519,5 +614,6 @@ int main(void)
     BT_RUN(test_greedy_demo2);
     BT_RUN(test_sampled_first_token);
     BT_RUN(test_layout_without_draft);
+    BT_RUN(test_tp_threads);
     return bt_test_summary();
 }
