@@ -408,7 +408,7 @@ static int up(int argc, char **argv, const bt_conf_t *conf)
         BT_FLAG_FLOAT("mem-fraction-static", &mem_fraction, "decode: fraction of memory for the KV pool"),
         BT_FLAG_INT("max-total-tokens", &max_total, "decode: KV pool size in tokens"),
         BT_FLAG_INT("cuda-graph-max-bs", &graph_bs, "accepted; --device cuda graphs decode batches of 1..16"),
-        BT_FLAG_STR("speculative-algorithm", &spec_algo, "DSPARK: the checkpoint's draft stages (CPU, TP 1 for now)"),
+        BT_FLAG_STR("speculative-algorithm", &spec_algo, "DSPARK: the checkpoint's draft stages (CPU engine for now)"),
         BT_FLAG_INT("speculative-dspark-block-size", &spec_block, "DSpark block size"),
         BT_FLAG_STR("speculative-dspark-confidence", &spec_conf,
                     "verify DSpark proposals up to the first the draft trusts less (0..1, default 0)"),
@@ -459,10 +459,10 @@ static int up(int argc, char **argv, const bt_conf_t *conf)
         fprintf(stderr, "baton up: --speculative-algorithm must be DSPARK or NONE\n");
         return 2;
     }
-    if (spec_algo && !strcmp(spec_algo, "DSPARK") && (simulate || tp > 1 || (device && strcmp(device, "cpu")))) {
-        /* the draft stages run on the CPU engine at TP 1 so far */
+    if (spec_algo && !strcmp(spec_algo, "DSPARK") && (simulate || (device && strcmp(device, "cpu")))) {
+        /* the draft stages run on the CPU engine so far */
         fprintf(stderr, "baton up: warning: speculative-algorithm = DSPARK with %s: not there yet, decoding runs one "
-                        "token a step\n", simulate ? "--simulate" : tp > 1 ? "tp > 1" : "--device cuda");
+                        "token a step\n", simulate ? "--simulate" : "--device cuda");
         spec_algo = NULL;
     }
     if (spec_algo && !strcmp(spec_algo, "NONE")) spec_algo = NULL;

@@ -10,7 +10,14 @@
 #include <string.h>
 #include <unistd.h>
 
-enum { PLAN_NOOP = 0, PLAN_FORWARD = 1, PLAN_SYNC = 2, PLAN_SHUTDOWN = 3 };
+enum {
+    PLAN_NOOP = 0,
+    PLAN_FORWARD = 1,
+    PLAN_SYNC = 2,
+    PLAN_SHUTDOWN = 3,
+    PLAN_DRAFT = 4,
+    PLAN_ROLLBACK = 5
+};
 
 /* header, then a payload of `bytes` */
 typedef struct {
@@ -50,15 +57,16 @@ bt_status_t bt_tp_lead_forward(bt_comm_t *comm, const int *slots, const bt_forwa
 {
     plan_t p = {PLAN_FORWARD, (uint32_t)n, 0, 0, 0, 0, 0};
     for (int i = 0; i < n; i++) p.n_tokens += (uint32_t)seqs[i].n;
-    /* payload: per seq {slot, n, all_logits, reset}, then the tokens */
-    size_t bytes = (size_t)n * 4 * sizeof(int32_t) + (size_t)p.n_tokens * sizeof(int32_t);
+    /* payload: per seq {slot, n, all_logits, reset, undo}, then the tokens */
+    size_t bytes = (size_t)n * 5 * sizeof(int32_t) + (size_t)p.n_tokens * sizeof(int32_t);
     int32_t *buf = bt_malloc_or_die(bytes);
-    int32_t *tok = buf + 4 * n;
+    int32_t *tok = buf + 5 * n;
     for (int i = 0; i < n; i++) {
-        buf[4 * i] = slots[i];
-        buf[4 * i + 1] = seqs[i].n;
-        buf[4 * i + 2] = seqs[i].all_logits;
-        buf[4 * i + 3] = reset && reset[i];
+        buf[5 * i] = slots[i];
+        buf[5 * i + 1] = seqs[i].n;
+        buf[5 * i + 2] = seqs[i].all_logits;
+        buf[5 * i + 3] = reset && reset[i];
+        buf[5 * i + 4] = seqs[i].undo != NULL;
         memcpy(tok, seqs[i].ids, (size_t)seqs[i].n * sizeof(int32_t));
         tok += seqs[i].n;
     }
@@ -66,6 +74,31 @@ bt_status_t bt_tp_lead_forward(bt_comm_t *comm, const int *slots, const bt_forwa
     bt_status_t st = send_plan(comm, &p, buf);
     free(buf);
     return st;
+}
+
+/* a plan of n pairs {slot, value} */
+static bt_status_t lead_pairs(bt_comm_t *comm, uint32_t op, const int *slots, const int32_t *values,
+                              int n)
+{
+    plan_t p = {op, (uint32_t)n, 0, 0, 0, 0, (uint64_t)n * 2 * sizeof(int32_t)};
+    int32_t *buf = bt_malloc_or_die((size_t)p.bytes ? (size_t)p.bytes : 1);
+    for (int i = 0; i < n; i++) {
+        buf[2 * i] = slots[i];
+        buf[2 * i + 1] = values[i];
+    }
+    bt_status_t st = send_plan(comm, &p, buf);
+    free(buf);
+    return st;
+}
+
+bt_status_t bt_tp_lead_draft(bt_comm_t *comm, const int *slots, const int32_t *last, int n)
+{
+    return lead_pairs(comm, PLAN_DRAFT, slots, last, n);
+}
+
+bt_status_t bt_tp_lead_rollback(bt_comm_t *comm, const int *slots, const int *keep, int n)
+{
+    return lead_pairs(comm, PLAN_ROLLBACK, slots, keep, n);
 }
 
 bt_status_t bt_tp_lead_sync(bt_comm_t *comm, int slot, const uint8_t *state, const bt_kv_range_t *ranges,
@@ -134,6 +167,10 @@ bt_status_t bt_tp_follow(bt_comm_t *comm, bt_model_t *model, const bt_kv_layout_
     size_t logits_cap = 0;
     bt_forward_seq_t *seqs = NULL;
     int seqs_cap = 0;
+    /* DSpark: each slot's undo record (made at its first verification), the draft's scratch */
+    bt_kv_undo_t **undo = bt_calloc_or_die((size_t)n_slots, sizeof *undo);
+    uint8_t **states = NULL;
+    int32_t *drafts = NULL;
     bt_status_t st;
     char err[256];
     for (;;) {
@@ -163,22 +200,72 @@ bt_status_t bt_tp_follow(bt_comm_t *comm, bt_model_t *model, const bt_kv_layout_
             }
             continue;
         }
+        if (p.op == PLAN_DRAFT || p.op == PLAN_ROLLBACK) {
+            int n = (int)p.n_seqs;
+            const int32_t *pair = (const int32_t *)payload;
+            if (p.bytes < (uint64_t)n * 2 * sizeof(int32_t) || n > BT_MODEL_MAX_SEQS) {
+                st = BT_ERR_INTERNAL;
+                break;
+            }
+            for (int i = 0; i < n; i++)
+                if (pair[2 * i] < 0 || pair[2 * i] >= n_slots) st = BT_ERR_INTERNAL;
+            if (st != BT_OK) break;
+            if (p.op == PLAN_ROLLBACK) {
+                for (int i = 0; i < n && st == BT_OK; i++) {
+                    bt_kv_undo_t *u = undo[pair[2 * i]];
+                    if (!u)
+                        snprintf(err, sizeof err, "slot %d has no verification to roll back",
+                                 pair[2 * i]);
+                    st = u ? bt_model_rollback(model, layout, slot_fn(ctx, pair[2 * i]), u,
+                                               pair[2 * i + 1], err, sizeof err)
+                           : BT_ERR_INTERNAL;
+                }
+                if (st != BT_OK) {
+                    BT_LOG_ERROR("rollback: %s", err);
+                    break;
+                }
+                continue;
+            }
+            if (!states) {
+                states = bt_malloc_or_die(BT_MODEL_MAX_SEQS * sizeof *states);
+                drafts = bt_malloc_or_die((size_t)BT_MODEL_MAX_SEQS * BT_MAX_DRAFT_BLOCK *
+                                          sizeof *drafts);
+            }
+            int32_t last[BT_MODEL_MAX_SEQS];
+            for (int i = 0; i < n; i++) {
+                states[i] = slot_fn(ctx, pair[2 * i]);
+                last[i] = pair[2 * i + 1];
+            }
+            /* the lead's draft: its collectives pair with this one's */
+            st = bt_model_draft(model, layout, states, last, n, NULL, NULL, drafts, NULL, err,
+                                sizeof err);
+            if (st != BT_OK) {
+                BT_LOG_ERROR("draft: %s", err);
+                break;
+            }
+            continue;
+        }
         if (p.op != PLAN_FORWARD) continue;
         int n = (int)p.n_seqs;
         if (n > seqs_cap) {
             seqs_cap = n;
             seqs = bt_realloc_or_die(seqs, (size_t)n * sizeof *seqs);
         }
-        const int32_t *hdr = (const int32_t *)payload, *tok = hdr + 4 * n;
+        const int32_t *hdr = (const int32_t *)payload, *tok = hdr + 5 * n;
         size_t rows = 0;
         for (int i = 0; i < n; i++) {
-            if (hdr[4 * i] < 0 || hdr[4 * i] >= n_slots) {
+            const int slot = hdr[5 * i];
+            if (slot < 0 || slot >= n_slots) {
                 st = BT_ERR_INTERNAL;
                 goto out;
             }
-            uint8_t *state = slot_fn(ctx, hdr[4 * i]);
-            if (hdr[4 * i + 3]) bt_kv_state_reset(state);
-            seqs[i] = (bt_forward_seq_t){state, tok, hdr[4 * i + 1], hdr[4 * i + 2] != 0, NULL};
+            uint8_t *state = slot_fn(ctx, slot);
+            if (hdr[5 * i + 3]) bt_kv_state_reset(state);
+            if (hdr[5 * i + 4] && !undo[slot] &&
+                (st = bt_kv_undo_create(model, bt_model_verify_rows(model), &undo[slot])) != BT_OK)
+                goto out;
+            seqs[i] = (bt_forward_seq_t){state, tok, hdr[5 * i + 1], hdr[5 * i + 2] != 0,
+                                         hdr[5 * i + 4] ? undo[slot] : NULL};
             rows += seqs[i].all_logits ? (size_t)seqs[i].n : 1;
             tok += seqs[i].n;
         }
@@ -197,5 +284,10 @@ out:
     free(payload);
     free(logits);
     free(seqs);
+    for (int i = 0; i < n_slots; i++)
+        bt_kv_undo_destroy(undo[i]);
+    free(undo);
+    free(states);
+    free(drafts);
     return st;
 }

@@ -6,6 +6,8 @@
  *
  *   leader (inside its one compute thread, never concurrently):
  *     bt_tp_lead_forward(comm, slots, seqs, n, reset);  then bt_model_forward(...)
+ *     bt_tp_lead_draft(comm, slots, last, n);           then bt_model_draft(...)
+ *     bt_tp_lead_rollback(comm, slots, keep, n);        then bt_model_rollback(...) each
  *     bt_tp_lead_sync(comm, slot, state, ranges, n);
  *     bt_tp_lead_noop(comm);                       // idle heartbeat: finds dead ranks
  *   follower main:
@@ -34,6 +36,11 @@ typedef uint8_t *(*bt_tp_slot_fn)(void *ctx, int i);
 
 bt_status_t bt_tp_lead_forward(bt_comm_t *comm, const int *slots, const bt_forward_seq_t *seqs, int n,
                                const bool *reset);
+/* DSpark (services/engine/spec.h): the other ranks run the same draft (its collectives pair
+ * up; they pick nothing), and a forward whose sequences carry undo records records on every
+ * rank, so that the rollback that keeps the accepted tokens runs on every rank too. */
+bt_status_t bt_tp_lead_draft(bt_comm_t *comm, const int *slots, const int32_t *last, int n);
+bt_status_t bt_tp_lead_rollback(bt_comm_t *comm, const int *slots, const int *keep, int n);
 bt_status_t bt_tp_lead_sync(bt_comm_t *comm, int slot, const uint8_t *state, const bt_kv_range_t *ranges,
                             int n_ranges);
 bt_status_t bt_tp_lead_noop(bt_comm_t *comm);

@@ -729,7 +729,42 @@ static bt_status_t tp_lead(decode_t *d)
         if (st != BT_OK) return st;
         s->needs_sync = false;
     }
-    return bt_tp_lead_forward(d->comm, slots, d->fwd, d->n_batch, NULL);
+    /* a speculative step tells the ranks each of its engine calls (spec_tp_*) */
+    return d->spec_step ? BT_OK : bt_tp_lead_forward(d->comm, slots, d->fwd, d->n_batch, NULL);
+}
+
+/* DSpark in a TP group: the other ranks draft, verify and roll back with the lead */
+static bt_status_t spec_tp_draft(void *ctx, const bt_spec_seq_t *q, int n)
+{
+    decode_t *d = ctx;
+    int slots[BT_MODEL_MAX_SEQS];
+    int32_t last[BT_MODEL_MAX_SEQS];
+    for (int i = 0; i < n; i++) {
+        slots[i] = q[i].slot;
+        last[i] = q[i].last;
+    }
+    return bt_tp_lead_draft(d->comm, slots, last, n);
+}
+
+static bt_status_t spec_tp_verify(void *ctx, const bt_spec_seq_t *q, const bt_forward_seq_t *fwd,
+                                  int n)
+{
+    decode_t *d = ctx;
+    int slots[BT_MODEL_MAX_SEQS];
+    for (int i = 0; i < n; i++)
+        slots[i] = q[i].slot;
+    return bt_tp_lead_forward(d->comm, slots, fwd, n, NULL);
+}
+
+static bt_status_t spec_tp_rollback(void *ctx, const bt_spec_seq_t *q, int n)
+{
+    decode_t *d = ctx;
+    int slots[BT_MODEL_MAX_SEQS], keep[BT_MODEL_MAX_SEQS];
+    for (int i = 0; i < n; i++) {
+        slots[i] = q[i].slot;
+        keep[i] = q[i].n_accepted + 1;
+    }
+    return bt_tp_lead_rollback(d->comm, slots, keep, n);
 }
 
 static void step_work(uv_work_t *w)
@@ -898,6 +933,7 @@ static void maybe_step(decode_t *d)
         int64_t room = d->eng.layout.max_ctx - bt_kv_header(slot)->n_tokens,
                 left = s->max_new - s->generated;
         d->spec_seqs[i] = (bt_spec_seq_t){.state = slot,
+                                          .slot = s->slot,
                                           .last = s->next_token,
                                           .sampling = s->sampling,
                                           .step = (uint64_t)s->generated,
@@ -1330,6 +1366,10 @@ int main(int argc, char **argv)
             return 1;
         }
         bt_spec_set_confidence(d->spec, dev.draft_confidence);
+        if (d->comm) {
+            const bt_spec_group_t group = {d, spec_tp_draft, spec_tp_verify, spec_tp_rollback};
+            bt_spec_set_group(d->spec, &group);
+        }
         BT_LOG_INFO("DSpark speculative decoding: %d proposals a step",
                     dev.draft_block ? dev.draft_block : bt_model_draft_block(d->eng.model));
     }

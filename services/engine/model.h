@@ -68,7 +68,7 @@ typedef struct {
     int cuda_streams;
     /* Load and run the checkpoint's DSpark draft stages (speculative decoding): every forward
      * then also keeps their window rings in the KV slots, which the layout holds only for such
-     * a model (groups with and without them refuse each other's slots). CPU, TP 1. */
+     * a model (groups with and without them refuse each other's slots). CPU only so far. */
     bool draft;
 } bt_model_options_t;
 

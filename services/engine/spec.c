@@ -34,6 +34,7 @@ struct bt_spec {
     bt_grammar_t *grammar[BT_MODEL_MAX_SEQS];
     uint32_t *mask; /* [(vocab + 31) / 32] */
     float *row;     /* [V] a target row, adjusted */
+    bt_spec_group_t group; /* a TP group's hooks (none: all NULL) */
     uint64_t steps, proposed, accepted;
 };
 
@@ -92,6 +93,11 @@ void bt_spec_destroy(bt_spec_t *sp)
         bt_grammar_destroy(sp->grammar[q]);
     }
     free(sp);
+}
+
+void bt_spec_set_group(bt_spec_t *sp, const bt_spec_group_t *group)
+{
+    sp->group = group ? *group : (bt_spec_group_t){0};
 }
 
 void bt_spec_set_confidence(bt_spec_t *sp, float tau)
@@ -187,9 +193,17 @@ static int32_t residual_draw(const float *p, const float *q, int V, double unit)
     return last >= 0 ? last : 0;
 }
 
+static bt_status_t group_failed(bt_status_t st, char *err, size_t errlen)
+{
+    snprintf(err, errlen, "tensor-parallel group failed (%s): a rank died or stalled",
+             bt_status_str(st));
+    return st;
+}
+
 bt_status_t bt_spec_step(bt_spec_t *sp, const bt_kv_layout_t *lay, bt_spec_seq_t *seqs, int n,
                          char *err, size_t errlen)
 {
+    bt_status_t st0;
     if (n < 1 || n > sp->max_seqs) {
         snprintf(err, errlen, "speculative step of %d sequences outside 1..%d", n, sp->max_seqs);
         return BT_ERR_INVALID_ARG;
@@ -205,6 +219,9 @@ bt_status_t bt_spec_step(bt_spec_t *sp, const bt_kv_layout_t *lay, bt_spec_seq_t
         last[q] = seqs[q].last;
     }
     sp->cur = seqs;
+    const bt_spec_group_t *grp = &sp->group;
+    if (grp->draft && (st0 = grp->draft(grp->ctx, seqs, n)) != BT_OK)
+        return group_failed(st0, err, errlen);
     bt_status_t st = bt_model_draft(sp->m, lay, states, last, n, draft_pick, sp, sp->drafts,
                                     sp->conf, err, errlen);
     if (st != BT_OK) return st;
@@ -228,6 +245,8 @@ bt_status_t bt_spec_step(bt_spec_t *sp, const bt_kv_layout_t *lay, bt_spec_seq_t
                                    .all_logits = true,
                                    .undo = sp->undo[q]};
     }
+    if (grp->verify && (st0 = grp->verify(grp->ctx, seqs, fs, n)) != BT_OK)
+        return group_failed(st0, err, errlen);
     st = bt_model_forward(sp->m, lay, fs, n, sp->logits, err, errlen);
     if (st != BT_OK) return st;
 
@@ -272,11 +291,16 @@ bt_status_t bt_spec_step(bt_spec_t *sp, const bt_kv_layout_t *lay, bt_spec_seq_t
         }
         s->n_emit = a + 1;
         s->n_accepted = a;
-        st = bt_model_rollback(sp->m, lay, s->state, sp->undo[q], a + 1, err, errlen);
-        if (st != BT_OK) return st;
         sp->proposed += (uint64_t)s->n_proposed;
         sp->accepted += (uint64_t)a;
         rows += (size_t)fs[q].n * sp->V;
+    }
+    if (grp->rollback && (st0 = grp->rollback(grp->ctx, seqs, n)) != BT_OK)
+        return group_failed(st0, err, errlen);
+    for (int q = 0; q < n; q++) {
+        st = bt_model_rollback(sp->m, lay, seqs[q].state, sp->undo[q], seqs[q].n_accepted + 1, err,
+                               errlen);
+        if (st != BT_OK) return st;
     }
     sp->steps++;
     return BT_OK;

@@ -23,6 +23,7 @@
 
 typedef struct {
     uint8_t *state;
+    int slot;     /* the caller's index of the slot (a TP group's plans name it) */
     int32_t last; /* drawn, not yet in the slot */
     bt_sampling_t sampling;
     uint64_t step; /* tokens the sequence drew before `last` + 1: its random stream */
@@ -55,6 +56,17 @@ bt_status_t bt_spec_step(bt_spec_t *spec, const bt_kv_layout_t *layout, bt_spec_
  * draft expects to be wrong. 0 (the default) verifies the whole block. The proposals a step
  * verifies depend on the draft alone, so the output's distribution does not change. */
 void bt_spec_set_confidence(bt_spec_t *spec, float tau);
+
+/* A tensor-parallel group's lead tells the other ranks before each engine call of a step, so
+ * that they run it too (services/common/tp_group.h): the draft, the verification forward (its
+ * sequences carry undo records) and the rollback to n_accepted + 1 tokens of each sequence. */
+typedef struct {
+    void *ctx;
+    bt_status_t (*draft)(void *ctx, const bt_spec_seq_t *seqs, int n);
+    bt_status_t (*verify)(void *ctx, const bt_spec_seq_t *seqs, const bt_forward_seq_t *fwd, int n);
+    bt_status_t (*rollback)(void *ctx, const bt_spec_seq_t *seqs, int n);
+} bt_spec_group_t;
+void bt_spec_set_group(bt_spec_t *spec, const bt_spec_group_t *group);
 
 /* Proposals verified and accepted over the steps so far. */
 void bt_spec_stats(const bt_spec_t *spec, uint64_t *steps, uint64_t *proposed, uint64_t *accepted);

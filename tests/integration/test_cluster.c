@@ -1523,8 +1523,8 @@ static void test_prefix_cache(void)
     check_prefix_cache(false);
 }
 
-#if CLUSTER_TP == 1
-/* DSpark speculative decoding through the cluster: prefill and decode groups started with
+/* DSpark speculative decoding through the cluster (groups of CLUSTER_TP ranks): prefill and
+ * decode groups started with
  * --speculative-algorithm DSPARK on the demo checkpoint (it has draft stages) give `baton
  * generate`'s greedy tokens, with and without --speculative-algorithm, for four requests at
  * once of different lengths, and the decode group's steps verified proposals
@@ -1612,7 +1612,6 @@ static void test_dspark(void)
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     BT_CHECK(system(cmd) == 0);
 }
-#endif
 
 #if CLUSTER_TP == 1
 /* Two prefill groups: after a 401-token prompt, four sent at once that start with its first 400
@@ -1856,9 +1855,7 @@ int main(void)
     BT_RUN(test_greedy_matches_golden);
     BT_RUN(test_one_token_requests);
     BT_RUN(test_prefix_cache);
-#if CLUSTER_TP == 1
     BT_RUN(test_dspark);
-#endif
 #if CLUSTER_TP == 1
     BT_RUN(test_prefix_routing);
 #endif
