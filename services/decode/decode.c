@@ -86,6 +86,7 @@ typedef struct seq {
     int32_t next_token;         /* fed at the next step */
     int generated;
     int64_t t_admit, t_last;
+    int shared;                 /* tokens of the step's share emitted so far (seq_emit_share) */
     uint64_t sim_key;           /* --simulate: the key of its pseudo-random tokens */
 } seq_t;
 
@@ -377,15 +378,22 @@ static Baton__V1__FinishReason finish_reason(const seq_t *s, int32_t t)
 }
 
 /* Emits token t (the first from prefill, or a step's) and decides whether to go on: false
- * when the sequence finished (s may be gone). */
-static bool seq_emit(seq_t *s, int32_t t, float logprob, const bt_top_logprob_t *top, int n_top)
+ * when the sequence finished (s may be gone). A speculative step's k tokens (share = k) each
+ * count 1/k of the time since the sequence's last step as their inter-token latency. */
+static bool seq_emit_share(seq_t *s, int32_t t, float logprob, const bt_top_logprob_t *top,
+                           int n_top, int share)
 {
     int64_t now = bt_now_ms();
-    if (s->generated == 0)
+    if (s->generated == 0) {
         bt_histogram_observe(s->d->ttft, (double)(now - s->t_admit) / 1000.0);
-    else
-        bt_histogram_observe(s->d->itl, (double)(now - s->t_last) / 1000.0);
-    s->t_last = now;
+        s->t_last = now;
+    } else {
+        bt_histogram_observe(s->d->itl, (double)(now - s->t_last) / 1000.0 / (double)share);
+        if (share == 1 || ++s->shared == share) {
+            s->t_last = now;
+            s->shared = 0;
+        }
+    }
     s->generated++;
     bt_penalties_add(&s->pen, t);
     if (s->grammar && !bt_grammar_accept(s->grammar, t) && !s->d->sim.on)
@@ -401,6 +409,11 @@ static bool seq_emit(seq_t *s, int32_t t, float logprob, const bt_top_logprob_t 
 }
 
 /* Both the LAST notice (bytes visible) and the prefill reply (status) are in. */
+static bool seq_emit(seq_t *s, int32_t t, float logprob, const bt_top_logprob_t *top, int n_top)
+{
+    return seq_emit_share(s, t, logprob, top, n_top, 1);
+}
+
 static void seq_maybe_ready(seq_t *s)
 {
     if (s->state != SEQ_PREFILLING || !s->last_notice || !s->prefill_ok) return;
@@ -872,7 +885,8 @@ static void step_done(uv_work_t *w, int status)
         if (d->spec_step) { /* its accepted proposals, then the target's token */
             const bt_spec_seq_t *q = &d->spec_seqs[i];
             for (int j = 0; j < q->n_emit; j++)
-                if (!seq_emit(s, q->emit[j], q->logprob[j], q->top[j], q->n_top)) break;
+                if (!seq_emit_share(s, q->emit[j], q->logprob[j], q->top[j], q->n_top, q->n_emit))
+                    break;
             continue;
         }
         float lp = 0.0f;
