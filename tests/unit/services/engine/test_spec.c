@@ -232,8 +232,9 @@ static int32_t plain_draw(fixture_t *f, uint8_t *slot, int32_t in, rules_state_t
 
 /* Greedy speculative steps against plain greedy decoding, two sequences at once, with their
  * log-probabilities (and the 3 likeliest tokens') as a plain step reports them; tau: the
- * confidence under which proposals go unverified (1: none is); rules: what the draws obey. */
-static void greedy_equal(const char *variant, float tau, rules_t rules)
+ * confidence under which proposals go unverified (1: none is); rules: what the draws obey;
+ * most: the proposals a step may verify (0: the draft's block). */
+static void greedy_equal(const char *variant, float tau, rules_t rules, int most)
 {
     fixture_t f;
     BT_CHECK(fixture_open(&f, variant));
@@ -277,7 +278,7 @@ static void greedy_equal(const char *variant, float tau, rules_t rules)
         rules_advance(&mine[q], last[q]);
     }
     bt_spec_t *sp;
-    BT_CHECK(bt_spec_create(f.m, SEQS, V, 0, &sp) == BT_OK);
+    BT_CHECK(bt_spec_create(f.m, SEQS, V, most, &sp) == BT_OK);
     bt_spec_set_confidence(sp, tau);
     for (int round = 0; round < 2 * GEN; round++) {
         bt_spec_seq_t s[SEQS];
@@ -299,6 +300,7 @@ static void greedy_equal(const char *variant, float tau, rules_t rules)
         for (int i = 0; i < n; i++) {
             int q = map[i];
             BT_CHECK(s[i].n_emit >= 1 && s[i].n_emit <= budget[q] - n_got[q]);
+            BT_CHECK(s[i].n_proposed <= (most ? most : bt_model_draft_block(f.m)));
             for (int j = 0; j < s[i].n_emit && n_got[q] < GEN; j++) {
                 got_lp[q][n_got[q]] = s[i].logprob[j];
                 memcpy(got_top[q][n_got[q]], s[i].top[j], sizeof got_top[q][0]);
@@ -343,16 +345,17 @@ static void greedy_equal(const char *variant, float tau, rules_t rules)
 
 static void test_greedy_demo(void)
 {
-    greedy_equal("demo", 0.0f, RULES_NONE);
-    greedy_equal("demo", 1.0f, RULES_NONE);
-    greedy_equal("demo", 0.0f, RULES_PENALTIES);
-    greedy_equal("demo", 0.0f, RULES_JSON);
+    greedy_equal("demo", 0.0f, RULES_NONE, 0);
+    greedy_equal("demo", 1.0f, RULES_NONE, 0);
+    greedy_equal("demo", 0.0f, RULES_PENALTIES, 0);
+    greedy_equal("demo", 0.0f, RULES_JSON, 0);
+    greedy_equal("demo", 0.0f, RULES_PENALTIES, 2); /* --speculative-dspark-block-size 2 */
 }
 
 static void test_greedy_demo2(void)
 {
-    greedy_equal("demo2", 0.0f, RULES_NONE);
-    greedy_equal("demo2", 0.5f, RULES_PENALTIES);
+    greedy_equal("demo2", 0.0f, RULES_NONE, 0);
+    greedy_equal("demo2", 0.5f, RULES_PENALTIES, 0);
 }
 
 /* the draft's first-row distribution under the sampling rules */
