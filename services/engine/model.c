@@ -1918,13 +1918,7 @@ bt_status_t bt_model_draft(bt_model_t *m, const bt_kv_layout_t *lay, uint8_t *co
 
     /* the blocks: [last, noise, ...] at the positions after each slot's */
     bt_forward_seq_t seqs[BT_MODEL_MAX_SEQS];
-    fwd_t f;
-    memset(&f, 0, sizeof f);
-    f.m = m;
-    f.lay = lay;
-    f.seqs = seqs;
-    f.n_seqs = n_seqs;
-    f.N = n_seqs * B;
+    fwd_t f = {.m = m, .lay = lay, .seqs = seqs, .n_seqs = n_seqs, .N = n_seqs * B};
     for (int q = 0; q < n_seqs; q++) {
         int32_t *ids = m->draft_ids + (size_t)q * B;
         ids[0] = last[q];

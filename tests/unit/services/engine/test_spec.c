@@ -407,7 +407,7 @@ static void test_sampled_first_token(void)
     BT_CHECK(memcmp(work, base, f.lay.slot_bytes) == 0);
 
     /* bins: the target's 8 likeliest tokens, then the rest */
-    enum { BINS = 9, TRIALS = 1000 };
+    enum { BINS = 9, TRIALS = 600 };
     int32_t top[BINS - 1];
     for (int b = 0; b < BINS - 1; b++) {
         int best = -1;
