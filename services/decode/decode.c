@@ -557,12 +557,13 @@ static void on_hello(void *ctx, bt_rpc_code_t code, const char *msg, const uint8
                  bt_rpc_code_name(code), msg ? msg : "");
     } else if (d && hr->compat_hash != d->eng.compat_hash) {
         p->hello = HELLO_BAD;
-        snprintf(p->hello_err, sizeof p->hello_err,
-                 "prefill at %s is incompatible: compat hash %016" PRIx64 " (model %s, tp %d) vs "
-                 "decode %016" PRIx64 " (model %s, tp 1): model, dtype, KV layout (context length) "
-                 "or TP size differ",
-                 p->address, hr->compat_hash, hr->model, hr->tp, d->eng.compat_hash,
-                 d->eng.served_name);
+        snprintf(
+            p->hello_err, sizeof p->hello_err,
+            "prefill at %s is incompatible: compat hash %016" PRIx64 " (model %s, tp %d) vs "
+            "decode %016" PRIx64 " (model %s, tp %d%s): model, dtype, KV layout (context length), "
+            "TP size or DSpark draft stages (--speculative-algorithm) differ",
+            p->address, hr->compat_hash, hr->model, hr->tp, d->eng.compat_hash, d->eng.served_name,
+            d->eng.model ? bt_model_tp_size(d->eng.model) : 1, d->spec ? ", DSpark" : "");
         BT_LOG_ERROR("%s", p->hello_err);
     } else {
         p->hello = HELLO_OK;

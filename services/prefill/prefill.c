@@ -728,8 +728,10 @@ static void on_prefill(void *ctx, bt_rpc_call_t *call, const uint8_t *data, size
         snprintf(msg, sizeof msg, "the decode group gave up on this job before it arrived");
     } else if (r->compat_hash != p->eng.compat_hash) {
         code = BT_RPC_FAILED_PRECONDITION;
-        snprintf(msg, sizeof msg, "incompatible groups: decode compat hash %016" PRIx64 ", prefill %016" PRIx64
-                 " (model, dtype, KV layout or TP size differ)", r->compat_hash, p->eng.compat_hash);
+        snprintf(msg, sizeof msg,
+                 "incompatible groups: decode compat hash %016" PRIx64 ", prefill %016" PRIx64
+                 " (model, dtype, KV layout, TP size or DSpark draft stages differ)",
+                 r->compat_hash, p->eng.compat_hash);
     } else if (!r->target || r->target->slot_bytes != p->eng.layout.slot_bytes) {
         code = BT_RPC_INVALID_ARGUMENT;
         snprintf(msg, sizeof msg, "KV target missing or of another slot size");

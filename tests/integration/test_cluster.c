@@ -1530,7 +1530,7 @@ static void test_prefix_cache(void)
  * once of different lengths, and the decode group's steps verified proposals
  * (spec_proposed_total); a request with penalties gets `baton generate`'s tokens with the
  * same penalties; a sampled request and one asking for log-probabilities finish with their
- * lengths. */
+ * lengths; a drafting decode group refuses a prefill group without the stages, naming DSpark. */
 static void test_dspark(void)
 {
     char dir[256], cmd[600];
@@ -1607,6 +1607,28 @@ static void test_dspark(void)
                  g[1].message, g[1].n);
     fprintf(stderr, "  DSpark: %d greedy requests as baton generate's, %.0f proposals verified\n",
             N, proposed);
+    client_close(&cl);
+    cluster_stop(&c);
+
+    /* a decode group drafting and a prefill group without the stages refuse each other's
+     * slots, saying why */
+    memset(&c, 0, sizeof c);
+    c.model = dir;
+    c.tls = "tcp";
+    c.watchdog = "30";
+    BT_CHECK(proc_start(&c.router, "baton-router", "--port", "0", "--model-path", dir,
+                        "--served-model-name", "m", "--heartbeat-ms", "200", NULL) == 0);
+    snprintf(c.router_addr, sizeof c.router_addr, "%s", c.router.addr);
+    decode_extra = spec;
+    BT_CHECK(group_start(&c, false, context, "16") == 0);
+    BT_CHECK(group_start(&c, true, context, "16") == 0);
+    decode_extra = NULL;
+    client_open(&cl, c.router.addr);
+    BT_CHECK(serving(&cl));
+    gen_start(&cl, &g[0], prompts[0], 8, 4, true, 20000);
+    BT_CHECK(run_until(&cl, gen_done, &g[0], 20000));
+    BT_CHECK_MSG(g[0].code == BT_RPC_FAILED_PRECONDITION && strstr(g[0].message, "DSpark"),
+                 "%s: %s", bt_rpc_code_name(g[0].code), g[0].message);
     client_close(&cl);
     cluster_stop(&c);
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
