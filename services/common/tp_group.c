@@ -170,7 +170,6 @@ bt_status_t bt_tp_follow(bt_comm_t *comm, bt_model_t *model, const bt_kv_layout_
     /* DSpark: each slot's undo record (made at its first verification), the draft's scratch */
     bt_kv_undo_t **undo = bt_calloc_or_die((size_t)n_slots, sizeof *undo);
     uint8_t **states = NULL;
-    int32_t *drafts = NULL;
     bt_status_t st;
     char err[256];
     for (;;) {
@@ -226,18 +225,14 @@ bt_status_t bt_tp_follow(bt_comm_t *comm, bt_model_t *model, const bt_kv_layout_
                 }
                 continue;
             }
-            if (!states) {
-                states = bt_malloc_or_die(BT_MODEL_MAX_SEQS * sizeof *states);
-                drafts = bt_malloc_or_die((size_t)BT_MODEL_MAX_SEQS * BT_MAX_DRAFT_BLOCK *
-                                          sizeof *drafts);
-            }
+            if (!states) states = bt_malloc_or_die(BT_MODEL_MAX_SEQS * sizeof *states);
             int32_t last[BT_MODEL_MAX_SEQS];
             for (int i = 0; i < n; i++) {
                 states[i] = slot_fn(ctx, pair[2 * i]);
                 last[i] = pair[2 * i + 1];
             }
-            /* the lead's draft: its collectives pair with this one's */
-            st = bt_model_draft(model, layout, states, last, n, NULL, NULL, drafts, NULL, err,
+            /* the lead's draft: its collectives pair with this one's (the lead picks) */
+            st = bt_model_draft(model, layout, states, last, n, NULL, NULL, NULL, NULL, err,
                                 sizeof err);
             if (st != BT_OK) {
                 BT_LOG_ERROR("draft: %s", err);
@@ -288,6 +283,5 @@ out:
         bt_kv_undo_destroy(undo[i]);
     free(undo);
     free(states);
-    free(drafts);
     return st;
 }

@@ -302,6 +302,8 @@ static void alloc_scratch(bt_model_t *m)
     if (c->n_draft && (size_t)c->draft_active > K) K = (size_t)c->draft_active;
 
     s->n_tasks = bt_threads_count(m->pool);
+    s->task_keys =
+        track(m, bt_calloc_or_die((size_t)s->n_tasks * s->probs_stride, sizeof *s->task_keys));
     size_t entries = (size_t)m->opt.max_ctx; /* ratio >= 1: at most one entry per position */
     size_t nblocks = entries / (size_t)c->candidate_block_size + 1;
     size_t per_scores = entries > nblocks ? entries : nblocks;
@@ -1207,6 +1209,32 @@ static void index_token(fwd_t *f, int t, int task)
     s->topk_set[t] = 1;
 }
 
+/* One head's attention: o = sum_j softmax_j(q . keys[j] * scale, with the sink) keys[j], the
+ * sink only growing the denominator; p: scratch for n scores. */
+static void attend_head(const float *q, const float *const *keys, int n, float sink, float scale,
+                        int hd, float *p, float *o)
+{
+    float mx = sink;
+    for (int j = 0; j < n; j++) {
+        p[j] = bt_cpu_dot(q, keys[j], hd) * scale;
+        mx = fmaxf(mx, p[j]);
+    }
+    float sum = 0.0f;
+    for (int j = 0; j < n; j++) {
+        p[j] = expf(p[j] - mx);
+        sum += p[j];
+    }
+    sum += expf(sink - mx);
+    for (int d = 0; d < hd; d++)
+        o[d] = 0.0f;
+    for (int j = 0; j < n; j++) {
+        float pj = p[j] / sum;
+        const float *k = keys[j];
+        for (int d = 0; d < hd; d++)
+            o[d] += pj * k[d];
+    }
+}
+
 static void attend_token(fwd_t *f, int t, int task)
 {
     bt_model_t *m = f->m;
@@ -1223,59 +1251,32 @@ static void attend_token(fwd_t *f, int t, int task)
     int64_t lo = pos - W + 1 > 0 ? pos - W + 1 : 0;
     const float *ring = bt_kv_region(state, f->lay->window_off[f->l]);
 
-    /* the compressed entries this query attends: the published top-k of the latest index
-     * source, over the latest kv source's cache */
-    const float *comp = NULL;
-    int n_sel = 0;
-    const int32_t *sel = NULL;
+    /* the window's keys (this chunk's own rows, older ones from the ring), then the compressed
+     * entries it attends: the published top-k of the latest index source, over the latest kv
+     * source's cache */
+    const float **keys = s->task_keys + (size_t)task * s->probs_stride;
+    int n = 0;
+    for (int64_t kp = lo; kp <= pos; kp++)
+        keys[n++] = kp >= start ? s->kv + (size_t)(first + (kp - start)) * hd
+                                : ring + (size_t)(kp % W) * hd;
     if (L->compress_ratio && L->kv_source >= 0 && s->topk_set[t]) {
         int64_t n_entries = bt_kv_header(state)->entries[L->kv_source];
-        comp = bt_kv_region(state, f->lay->comp_off[L->kv_source]);
-        sel = s->topk + (size_t)t * c->index_topk;
-        n_sel = s->topk_n[t];
+        const float *comp = bt_kv_region(state, f->lay->comp_off[L->kv_source]);
+        const int32_t *sel = s->topk + (size_t)t * c->index_topk;
+        int n_sel = s->topk_n[t];
         while (n_sel > 0 && sel[n_sel - 1] >= n_entries) n_sel--;
+        for (int j = 0; j < n_sel; j++)
+            keys[n++] = comp + (size_t)sel[j] * hd;
     }
-    int n_win = (int)(pos - lo + 1);
     float *p = s->probs + (size_t)t * s->probs_stride;
     float scale = 1.0f / sqrtf((float)hd);
+    bool compl = L->compress_ratio > 0;
+    int half = compl ? m->half_comp : m->half_main;
+    const float *cs = (compl ? s->cos_comp : s->cos_main) + (size_t)t * half;
+    const float *sn = (compl ? s->sin_comp : s->sin_main) + (size_t)t * half;
     for (int h = 0; h < H; h++) {
-        const float *q = s->q + ((size_t)t * H + h) * hd;
-        float mx = w->attn_sink[h];
-        for (int j = 0; j < n_win; j++) {
-            int64_t kp = lo + j;
-            const float *k = kp >= start ? s->kv + (size_t)(first + (kp - start)) * hd
-                                         : ring + (size_t)(kp % W) * hd;
-            p[j] = bt_cpu_dot(q, k, hd) * scale;
-            mx = fmaxf(mx, p[j]);
-        }
-        for (int j = 0; j < n_sel; j++) {
-            p[n_win + j] = bt_cpu_dot(q, comp + (size_t)sel[j] * hd, hd) * scale;
-            mx = fmaxf(mx, p[n_win + j]);
-        }
-        float sum = 0.0f;
-        for (int j = 0; j < n_win + n_sel; j++) {
-            p[j] = expf(p[j] - mx);
-            sum += p[j];
-        }
-        sum += expf(w->attn_sink[h] - mx); /* the sink only grows the denominator */
         float *o = s->attn + ((size_t)t * H + h) * hd;
-        for (int d = 0; d < hd; d++) o[d] = 0.0f;
-        for (int j = 0; j < n_win + n_sel; j++) {
-            float pj = p[j] / sum;
-            const float *k;
-            if (j < n_win) {
-                int64_t kp = lo + j;
-                k = kp >= start ? s->kv + (size_t)(first + (kp - start)) * hd
-                                : ring + (size_t)(kp % W) * hd;
-            } else {
-                k = comp + (size_t)sel[j - n_win] * hd;
-            }
-            for (int d = 0; d < hd; d++) o[d] += pj * k[d];
-        }
-        bool compl = L->compress_ratio > 0;
-        int half = compl ? m->half_comp : m->half_main;
-        const float *cs = (compl ? s->cos_comp : s->cos_main) + (size_t)t * half;
-        const float *sn = (compl ? s->sin_comp : s->sin_main) + (size_t)t * half;
+        attend_head(s->q + ((size_t)t * H + h) * hd, keys, n, w->attn_sink[h], scale, hd, p, o);
         bt_cpu_rope(o, hd, cs, sn, half, 1);
     }
 }
@@ -1322,6 +1323,22 @@ static bool attention_out(fwd_t *f)
              !tp_ok(f, bt_comm_all_reduce_f32(m->comm, s->out, (size_t)N * D)));
 }
 
+/* The sublayer input's queries (this rank's heads) and its window KV row, normed, rotated and
+ * rounded (qkv_token). */
+static void qkv_project(fwd_t *f)
+{
+    bt_model_t *m = f->m;
+    const bt_model_config_t *c = &m->cfg;
+    const layer_weights_t *w = &m->layer[f->l];
+    scratch_t *s = &m->s;
+    int N = f->N, D = c->hidden, hd = c->head_dim;
+    bt_cpu_matmul(m->pool, s->q_res, s->xin, w->wq_a, N, c->q_lora_rank, D);
+    for_tokens(f, q_norm_token);
+    bt_cpu_matmul(m->pool, s->q, s->q_res, w->wq_b, N, m->hl * hd, c->q_lora_rank);
+    bt_cpu_matmul(m->pool, s->kv, s->xin, w->wkv, N, hd, D);
+    for_tokens(f, qkv_token);
+}
+
 static void attention(fwd_t *f)
 {
     bt_model_t *m = f->m;
@@ -1331,12 +1348,7 @@ static void attention(fwd_t *f)
     scratch_t *s = &m->s;
     int N = f->N, D = c->hidden, hd = c->head_dim;
 
-    bt_cpu_matmul(m->pool, s->q_res, s->xin, w->wq_a, N, c->q_lora_rank, D);
-    for_tokens(f, q_norm_token);
-    bt_cpu_matmul(m->pool, s->q, s->q_res, w->wq_b, N, m->hl * hd, c->q_lora_rank);
-    bt_cpu_matmul(m->pool, s->kv, s->xin, w->wkv, N, hd, D);
-    for_tokens(f, qkv_token);
-
+    qkv_project(f);
     if (L->compress_ratio) {
         if (L->is_kv_source) {
             bt_cpu_matmul(m->pool, s->ckv, s->xin, w->c_wkv, N, hd, D);
@@ -1449,6 +1461,17 @@ static void moe_token(fwd_t *f, int t, int task)
     }
 }
 
+/* The FFN site: its mix, the MoE into s->out, summed over the ranks (each computed its slice
+ * of every expert's width); false when the sum failed. */
+static bool moe_sublayer(fwd_t *f)
+{
+    bt_model_t *m = f->m;
+    for_tokens(f, ffn_mix_token);
+    for_tokens(f, moe_token);
+    return !(m->tp_size > 1 &&
+             !tp_ok(f, bt_comm_all_reduce_f32(m->comm, m->s.out, (size_t)f->N * m->cfg.hidden)));
+}
+
 /* ---- DSpark: the target's side ------------------------------------------------------------ */
 
 /* The streams entering a target layer (after its engram), averaged: the draft's context. */
@@ -1463,47 +1486,47 @@ static void capture_token(fwd_t *f, int t, int task)
                     ((size_t)t * c->n_draft_targets + (size_t)m->target_slot[f->l]) * D);
 }
 
-/* Each position's context input main_x = main_norm(main_proj(captured streams)), and from it
- * every draft stage's window-ring entry, as the stage's own window KV would be (kv_norm, RoPE
- * at the position, FP8 rounding). Only the last window's positions of a forward can be read. */
-static void draft_ring_token(fwd_t *f, int t, int task)
+/* A ring entry from a stage's wkv row: as the stage's own window KV would be (kv_norm, RoPE at
+ * the position, FP8 rounding), into its ring slot. */
+static void draft_ring_row(fwd_t *f, int t)
 {
     bt_model_t *m = f->m;
     const bt_model_config_t *c = &m->cfg;
     scratch_t *s = &m->s;
-    int D = c->hidden, hd = c->head_dim;
-    const float *cs = s->cos_main + (size_t)t * m->half_main,
-                *sn = s->sin_main + (size_t)t * m->half_main;
-    float *mx = s->main_x + (size_t)t * D;
-    bt_cpu_rmsnorm(mx, mx, m->main_norm, D, (float)c->rms_eps);
-    uint8_t *state = tok_state(f, t);
-    for (int j = 0; j < c->n_draft; j++) {
-        int l = c->n_layers + j;
-        const layer_weights_t *w = &m->layer[l];
-        float *dst =
-            bt_kv_region(state, f->lay->window_off[l]) + (size_t)(s->tok_pos[t] % c->window) * hd;
-        for (int o = 0; o < hd; o++)
-            dst[o] = bt_cpu_dot(w->wkv + (size_t)o * D, mx, D);
-        bt_cpu_rmsnorm(dst, dst, w->kv_norm, hd, (float)c->rms_eps);
-        bt_cpu_rope(dst, hd, cs, sn, m->half_main, 0);
-        bt_fake_quant_fp8_ue8m0(dst, hd, 32);
-    }
+    int hd = c->head_dim;
+    const float *kv = s->kv + (size_t)t * hd;
+    float *dst = bt_kv_region(tok_state(f, t), f->lay->window_off[f->l]) +
+                 (size_t)(s->tok_pos[t] % c->window) * hd;
+    bt_cpu_rmsnorm(dst, kv, m->layer[f->l].kv_norm, hd, (float)c->rms_eps);
+    bt_cpu_rope(dst, hd, s->cos_main + (size_t)t * m->half_main,
+                s->sin_main + (size_t)t * m->half_main, m->half_main, 0);
+    bt_fake_quant_fp8_ue8m0(dst, hd, 32);
 }
 
+/* Each position's context input main_x = main_norm(main_proj(captured streams)), and from it
+ * every draft stage's window-ring entry; of a sequence's rows only the last window's, the ones
+ * a ring keeps. */
 static void draft_rings(fwd_t *f)
 {
     bt_model_t *m = f->m;
     const bt_model_config_t *c = &m->cfg;
     scratch_t *s = &m->s;
-    int D = c->hidden;
+    int D = c->hidden, hd = c->head_dim, T = c->n_draft_targets;
     for (int q = 0; q < f->n_seqs; q++) {
         int n = f->seqs[q].n, from = n > c->window ? n - c->window : 0;
         int t0 = f->seq_first[q] + from, rows = n - from;
-        bt_cpu_matmul(m->pool, s->main_x + (size_t)t0 * D,
-                      s->main_hidden + (size_t)t0 * c->n_draft_targets * D, m->main_proj, rows, D,
-                      c->n_draft_targets * D);
+        float *mx = s->main_x + (size_t)t0 * D;
+        bt_cpu_matmul(m->pool, mx, s->main_hidden + (size_t)t0 * T * D, m->main_proj, rows, D,
+                      T * D);
         for (int i = 0; i < rows; i++)
-            draft_ring_token(f, t0 + i, 0);
+            bt_cpu_rmsnorm(mx + (size_t)i * D, mx + (size_t)i * D, m->main_norm, D,
+                           (float)c->rms_eps);
+        for (int j = 0; j < c->n_draft; j++) {
+            f->l = c->n_layers + j;
+            bt_cpu_matmul(m->pool, s->kv + (size_t)t0 * hd, mx, m->layer[f->l].wkv, rows, hd, D);
+            for (int i = 0; i < rows; i++)
+                draft_ring_row(f, t0 + i);
+        }
     }
 }
 
@@ -1756,10 +1779,7 @@ static bt_status_t forward_seqs(bt_model_t *m, const bt_kv_layout_t *lay, const 
         if (f.comm_status != BT_OK) goto comm_failed;
         if (m->tap) m->tap(m->tap_ctx, BT_TAP_ATTN_OUT, l, s->out, N);
         for_tokens(&f, expand_token);
-        for_tokens(&f, ffn_mix_token);
-        for_tokens(&f, moe_token);
-        /* each rank summed its slice of every expert's width */
-        if (m->tp_size > 1 && !tp_ok(&f, bt_comm_all_reduce_f32(m->comm, s->out, (size_t)N * D))) goto comm_failed;
+        if (!moe_sublayer(&f)) goto comm_failed;
         if (m->tap) m->tap(m->tap_ctx, BT_TAP_FFN_OUT, l, s->out, N);
         for_tokens(&f, expand_token);
         if (m->tap) m->tap(m->tap_ctx, BT_TAP_LAYER_OUT, l, s->x, N);
@@ -1829,37 +1849,21 @@ static void draft_attend_token(fwd_t *f, int t, int task)
     uint8_t *state = f->seqs[q_seq].state;
     int64_t start = bt_kv_header(state)->n_tokens;
     int first = f->seq_first[q_seq], B = f->seqs[q_seq].n;
-    int n_ring = start < W ? (int)start : W, n_keys = n_ring + B;
+    int n_ring = start < W ? (int)start : W;
     const float *ring = bt_kv_region(state, f->lay->window_off[f->l]);
+    const float **keys = s->task_keys + (size_t)task * s->probs_stride;
+    for (int j = 0; j < n_ring; j++)
+        keys[j] = ring + (size_t)j * hd;
+    for (int j = 0; j < B; j++)
+        keys[n_ring + j] = s->kv + (size_t)(first + j) * hd;
     float *p = s->probs + (size_t)t * s->probs_stride;
     float scale = 1.0f / sqrtf((float)hd);
     const float *cs = s->cos_main + (size_t)t * m->half_main,
                 *sn = s->sin_main + (size_t)t * m->half_main;
     for (int h = 0; h < H; h++) {
-        const float *q = s->q + ((size_t)t * H + h) * hd;
-        float mx = w->attn_sink[h];
-        for (int j = 0; j < n_keys; j++) {
-            const float *k =
-                j < n_ring ? ring + (size_t)j * hd : s->kv + (size_t)(first + j - n_ring) * hd;
-            p[j] = bt_cpu_dot(q, k, hd) * scale;
-            mx = fmaxf(mx, p[j]);
-        }
-        float sum = 0.0f;
-        for (int j = 0; j < n_keys; j++) {
-            p[j] = expf(p[j] - mx);
-            sum += p[j];
-        }
-        sum += expf(w->attn_sink[h] - mx);
         float *o = s->attn + ((size_t)t * H + h) * hd;
-        for (int d = 0; d < hd; d++)
-            o[d] = 0.0f;
-        for (int j = 0; j < n_keys; j++) {
-            float pj = p[j] / sum;
-            const float *k =
-                j < n_ring ? ring + (size_t)j * hd : s->kv + (size_t)(first + j - n_ring) * hd;
-            for (int d = 0; d < hd; d++)
-                o[d] += pj * k[d];
-        }
+        attend_head(s->q + ((size_t)t * H + h) * hd, keys, n_ring + B, w->attn_sink[h], scale, hd,
+                    p, o);
         bt_cpu_rope(o, hd, cs, sn, m->half_main, 1);
     }
 }
@@ -1932,36 +1936,25 @@ bt_status_t bt_model_draft(bt_model_t *m, const bt_kv_layout_t *lay, uint8_t *co
             s->tok_pos[q * B + i] = start + i;
         }
     }
-    int N = f.N, hd = c->head_dim;
     float *logits = m->draft_logits,
           *bias = m->draft_logits + (size_t)m->opt.max_batch_seqs * B * V;
     if (!embed_tokens(&f)) goto comm_failed;
     for_tokens(&f, angles_token);
     for (int j = 0; j < c->n_draft; j++) {
-        int l = c->n_layers + j;
-        const layer_weights_t *w = &m->layer[l];
-        f.l = l;
+        f.l = c->n_layers + j;
         for_tokens(&f, attn_mix_token);
-        bt_cpu_matmul(m->pool, s->q_res, s->xin, w->wq_a, N, c->q_lora_rank, D);
-        for_tokens(&f, q_norm_token);
-        bt_cpu_matmul(m->pool, s->q, s->q_res, w->wq_b, N, m->hl * hd, c->q_lora_rank);
-        bt_cpu_matmul(m->pool, s->kv, s->xin, w->wkv, N, hd, D);
-        for_tokens(&f, qkv_token);
+        qkv_project(&f);
         for_tokens(&f, draft_attend_token);
         if (!attention_out(&f)) goto comm_failed;
         for_tokens(&f, expand_token);
-        for_tokens(&f, ffn_mix_token);
-        for_tokens(&f, moe_token);
-        /* each rank summed its slice of every expert's width */
-        if (m->tp_size > 1 && !tp_ok(&f, bt_comm_all_reduce_f32(m->comm, s->out, (size_t)N * D)))
-            goto comm_failed;
+        if (!moe_sublayer(&f)) goto comm_failed;
         for_tokens(&f, expand_token);
     }
     for_tokens(&f, draft_collapse_token);
-    if (!head_logits(&f, s->hidden, N, logits)) goto comm_failed;
+    if (!head_logits(&f, s->hidden, f.N, logits)) goto comm_failed;
 
     /* row by row: the Markov bias of the token before, then the pick */
-    for (int q = 0; q < n_seqs; q++) {
+    for (int q = 0; q < n_seqs && drafts; q++) {
         int32_t prev = last[q];
         for (int i = 0; i < B; i++) {
             int t = q * B + i;

@@ -175,7 +175,8 @@ typedef int32_t (*bt_draft_choose_fn)(void *ctx, int seq, int row, float *logits
 /* For each sequence q: its slot states[q] (n_tokens >= 1 positions run) and last[q], the token
  * drawn after them (not yet in the slot). Writes drafts[q * block + i] and conf[q * block + i]
  * (confidence logits: sigmoid is the draft's estimate that proposal i is accepted given the
- * ones before it; conf may be NULL). Reads the slots only. */
+ * ones before it; conf may be NULL). Reads the slots only. drafts NULL: the block's forward
+ * alone, picking nothing (a TP group's other ranks, whose collectives pair with the lead's). */
 bt_status_t bt_model_draft(bt_model_t *model, const bt_kv_layout_t *layout, uint8_t *const *states,
                            const int32_t *last, int n_seqs, bt_draft_choose_fn choose, void *ctx,
                            int32_t *drafts, float *conf, char *err, size_t errlen);

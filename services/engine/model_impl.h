@@ -61,7 +61,7 @@ typedef struct {
     unsigned char *cand_set;
     int64_t *hash;     /* [N][n_engram][cols] */
     int64_t *cid;      /* [N] compressed engram ids */
-    float *probs;      /* [N][window + index_topk] attention weights */
+    float *probs;      /* [N][probs_stride] attention weights */
     float *hidden;     /* [N][D] final hidden */
     size_t probs_stride; /* floats of probs a token: window + max(index_topk, draft block) */
     /* DSpark (cfg n_draft > 0) */
@@ -72,6 +72,7 @@ typedef struct {
     int n_tasks;
     float *task_scores;  /* [tasks][max(comp_cap, blocks)] */
     float *task_moe;     /* [tasks][2*inter + E + hidden] */
+    const float **task_keys; /* [tasks][probs_stride] the keys a query attends */
     float *task_engram;  /* [tasks][cols*ehd + (hc+1)*D] */
     int32_t *task_idx;   /* [tasks][max(topk, blocks)] heap */
     float *task_bscore;  /* [tasks][max(topk, blocks)] heap scores */
