@@ -173,10 +173,10 @@ static int id_cmp(const void *a, const void *b)
  * and only of the tokens that can be in its nucleus: the ones at least eps = (1 - top_p) / 2n
  * of the total, since those under it hold less than (1 - top_p) / 2 of the mass together, so
  * the most likely first reach top_p before any of them. (Sorting all of a 129280-id vocabulary
- * took ~45 ms a token; the nucleus is found by selection, not sorted.) */
-/* With probs (vocab floats) set, nothing is drawn: probs gets the distribution a draw would
- * follow (the kept tokens' weights over their total, 0 elsewhere; speculative verification
- * compares two of them), and the argmax is returned. */
+ * took ~45 ms a token; the nucleus is found by selection, not sorted.) With probs (vocab
+ * floats) set, nothing is drawn: probs gets the distribution a draw would follow (the kept
+ * tokens' weights over their total, 0 elsewhere; speculative verification compares two of
+ * them), and the argmax is returned. */
 static int32_t sample_temperature(bt_sampler_t *s, const bt_sampling_t *p, const float *logits,
                                   float mx, int32_t best, uint64_t step, float *probs)
 {

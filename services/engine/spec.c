@@ -117,9 +117,11 @@ void bt_spec_stats(const bt_spec_t *sp, uint64_t *steps, uint64_t *proposed, uin
 static int32_t draft_draw(bt_spec_t *sp, const bt_spec_seq_t *q, int seq, int row,
                           const float *logits)
 {
-    float *probs = sp->q + ((size_t)seq * sp->block + row) * sp->vocab;
-    int32_t best = bt_sampler_probs(sp->sampler, &q->sampling, logits, probs);
-    if (q->sampling.temperature <= 0.0f) return best;
+    /* (greedy: the argmax, as a plain step's draw; no distribution to keep) */
+    if (!(q->sampling.temperature > 0.0f))
+        return bt_sampler_sample(sp->sampler, &q->sampling, logits, 0, NULL, NULL, 0);
+    bt_sampler_probs(sp->sampler, &q->sampling, logits,
+                     sp->q + ((size_t)seq * sp->block + row) * sp->vocab);
     bt_sampling_t s = q->sampling;
     s.seed ^= SALT_DRAFT;
     return bt_sampler_sample(sp->sampler, &s, logits, q->step + (uint64_t)row, NULL, NULL, 0);
@@ -270,7 +272,7 @@ bt_status_t bt_spec_step(bt_spec_t *sp, const bt_kv_layout_t *lay, bt_spec_seq_t
                 t = bt_sampler_sample(sp->sampler, &s->sampling, row, s->step + (uint64_t)a, NULL,
                                       NULL, 0);
             } else if (greedy) {
-                t = bt_sampler_probs(sp->sampler, &s->sampling, row, sp->p);
+                t = bt_sampler_sample(sp->sampler, &s->sampling, row, 0, NULL, NULL, 0);
                 stop = t != d[a];
             } else {
                 const float *qd = sp->q + ((size_t)q * sp->block + a) * sp->vocab;
