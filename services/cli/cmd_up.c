@@ -19,7 +19,6 @@
 #include "common/log.h"
 #include "services/cli/config.h"
 #include "services/engine/config.h"
-#include "services/engine/demo_model.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -476,16 +475,13 @@ static int up(int argc, char **argv, const bt_conf_t *conf)
         tokenizer = NULL;
     }
     if (spec_algo) {
-        /* the groups would refuse to start on a checkpoint without draft stages */
-        char dir[4096], err[1024];
+        /* the groups would refuse to start on a checkpoint without draft stages (the demo
+         * model has them) */
+        char err[1024];
         bt_model_config_t cfg;
-        if (model_path)
-            snprintf(dir, sizeof dir, "%s", model_path);
-        else
-            bt_demo_model_default_dir(dir, sizeof dir);
-        if (model_path && bt_model_config_load(dir, &cfg, err, sizeof err) == BT_OK && !cfg.n_draft) {
+        if (model_path && bt_model_config_load(model_path, &cfg, err, sizeof err) == BT_OK && !cfg.n_draft) {
             fprintf(stderr, "baton up: warning: speculative-algorithm = DSPARK: %s has no DSpark draft stages; "
-                            "decoding runs one token a step\n", dir);
+                            "decoding runs one token a step\n", model_path);
             spec_algo = NULL;
         } else {
             fprintf(stderr, "baton up: speculative-algorithm = DSPARK: decode groups draft with the checkpoint's "

@@ -408,12 +408,12 @@ static bool seq_emit_share(seq_t *s, int32_t t, float logprob, const bt_top_logp
     return true;
 }
 
-/* Both the LAST notice (bytes visible) and the prefill reply (status) are in. */
 static bool seq_emit(seq_t *s, int32_t t, float logprob, const bt_top_logprob_t *top, int n_top)
 {
     return seq_emit_share(s, t, logprob, top, n_top, 1);
 }
 
+/* Both the LAST notice (bytes visible) and the prefill reply (status) are in. */
 static void seq_maybe_ready(seq_t *s)
 {
     if (s->state != SEQ_PREFILLING || !s->last_notice || !s->prefill_ok) return;
@@ -798,12 +798,12 @@ static void step_work(uv_work_t *w)
         d->step_status = BT_OK;
         return;
     }
-    /* response_format masks: here, off the loop (a state not in the cache walks the vocabulary) */
     if (d->spec_step) {
         d->step_status = bt_spec_step(d->spec, &d->eng.layout, d->spec_seqs, d->n_batch,
                                       d->step_err, sizeof d->step_err);
         return;
     }
+    /* response_format masks: here, off the loop (a state not in the cache walks the vocabulary) */
     for (int i = 0; i < d->n_batch; i++)
         if (d->draw_req[i].allow) bt_grammar_mask(d->batch[i]->grammar, d->batch[i]->allow);
     d->step_status = bt_model_forward_sample(d->eng.model, &d->eng.layout, d->fwd, d->n_batch,

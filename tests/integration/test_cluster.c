@@ -1278,6 +1278,20 @@ static bool register_stand_in(client_t *cl, const char *address, char *id, size_
     return r != NULL;
 }
 
+/* A router alone on model (watchdog 30 s, UCX tcp): the test starts the groups it wants. */
+static bool router_start(cluster_t *c, const char *model)
+{
+    memset(c, 0, sizeof *c);
+    c->model = model;
+    c->tls = "tcp";
+    c->watchdog = "30";
+    if (proc_start(&c->router, "baton-router", "--port", "0", "--model-path", model,
+                   "--served-model-name", "m", "--heartbeat-ms", "200", NULL) != 0)
+        return false;
+    snprintf(c->router_addr, sizeof c->router_addr, "%s", c->router.addr);
+    return true;
+}
+
 /* A worker keeps its id through heartbeats the router does not answer (8a74fb9), so a router
  * that restarts must not give that id to another worker: its ids ran from 1 again, and the
  * first worker to register after the restart took an id another one was still sending, whose
@@ -1321,13 +1335,7 @@ static __attribute__((unused)) void test_router_restart_ids(void)
 static void test_incompatible_groups(void)
 {
     cluster_t c;
-    memset(&c, 0, sizeof c);
-    c.model = golden_exact;
-    c.tls = "tcp";
-    c.watchdog = "30";
-    BT_CHECK(proc_start(&c.router, "baton-router", "--port", "0", "--model-path", golden_exact,
-                        "--served-model-name", "m", "--heartbeat-ms", "200", NULL) == 0);
-    snprintf(c.router_addr, sizeof c.router_addr, "%s", c.router.addr);
+    BT_CHECK(router_start(&c, golden_exact));
     /* another context length means another KV layout */
     BT_CHECK(group_start(&c, false, "256", "4096") == 0);
     BT_CHECK(group_start(&c, true, "512", "4096") == 0);
@@ -1612,13 +1620,7 @@ static void test_dspark(void)
 
     /* a decode group drafting and a prefill group without the stages refuse each other's
      * slots, saying why */
-    memset(&c, 0, sizeof c);
-    c.model = dir;
-    c.tls = "tcp";
-    c.watchdog = "30";
-    BT_CHECK(proc_start(&c.router, "baton-router", "--port", "0", "--model-path", dir,
-                        "--served-model-name", "m", "--heartbeat-ms", "200", NULL) == 0);
-    snprintf(c.router_addr, sizeof c.router_addr, "%s", c.router.addr);
+    BT_CHECK(router_start(&c, dir));
     decode_extra = spec;
     BT_CHECK(group_start(&c, false, context, "16") == 0);
     BT_CHECK(group_start(&c, true, context, "16") == 0);
