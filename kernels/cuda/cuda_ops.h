@@ -384,6 +384,11 @@ bt_status_t bt_cuda_gather_rows(float *dst, const float *src, const int64_t *idx
 bt_status_t bt_cuda_scatter_rows(float *dst, const int64_t *off, const float *src, int n,
                                  int width, cudaStream_t stream);
 
+/* out[t * ldo + :D] = sum_s w[t, s] x[t, s, :] (w [T, hc]), or the mean over the hc streams
+ * where w is NULL (DSpark's capture of a target layer's input); no norm. */
+bt_status_t bt_cuda_hc_collapse(float *out, int64_t ldo, const float *x, const float *w, int T,
+                                int hc, int D, cudaStream_t stream);
+
 /* Many small copies in one launch: copy i's len bytes from src to dst, both device memory
  * (copies[] too); no destination may overlap another copy's source or destination. For a step's scattered KV writes
  * packed to go home in one transfer, and the compressor's staging of each sequence's open

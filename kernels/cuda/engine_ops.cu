@@ -59,6 +59,29 @@ extern "C" bt_status_t bt_cuda_scatter_rows(float *dst, const int64_t *off, cons
     return bt__cuda_launched("scatter_rows");
 }
 
+/* out[t * ldo + d] = sum_s w[t, s] x[t, s, d], or the streams' mean where w is NULL, summed
+ * in stream order as model.c's hc_collapse */
+__global__ void hc_collapse_kernel(float *out, int64_t ldo, const float *x, const float *w, int hc,
+                                   int D)
+{
+    bt_grid_begin();
+    int t = blockIdx.x;
+    const float *xt = x + (size_t)t * hc * D;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int s = 0; s < hc; s++) acc += w ? w[(size_t)t * hc + s] * xt[(size_t)s * D + d] : xt[(size_t)s * D + d];
+        out[(size_t)t * ldo + d] = w ? acc : acc / (float)hc;
+    }
+}
+
+extern "C" bt_status_t bt_cuda_hc_collapse(float *out, int64_t ldo, const float *x, const float *w,
+                                           int T, int hc, int D, cudaStream_t stream)
+{
+    BT_CUDA_REQUIRE(out && x && T > 0 && hc > 0 && D > 0 && ldo >= D);
+    bt__launch(hc_collapse_kernel, T, 256, 0, stream, out, ldo, x, w, hc, D);
+    return bt__cuda_launched("hc_collapse");
+}
+
 /* a block a copy, in the widest units its alignment allows */
 __global__ void copy_ranges_kernel(const bt_cuda_copy_t *copies)
 {

@@ -1427,7 +1427,8 @@ int main(int argc, char **argv)
     printf("baton-decode metrics on %s:%d\n", w.host, bt_metrics_server_port(d->metrics_server));
     printf("baton-decode listening on %s\n", d->address);
     fflush(stdout);
-    BT_LOG_INFO("listening on %s (max %d running)", d->address, d->max_running);
+    BT_LOG_INFO("listening on %s (max %d running; /metrics on %s:%d)", d->address, d->max_running,
+                w.host, bt_metrics_server_port(d->metrics_server));
     if (w.router) {
         Baton__V1__WorkerInfo info = BATON__V1__WORKER_INFO__INIT;
         info.role = BATON__V1__WORKER_ROLE__ROLE_DECODE;

@@ -397,10 +397,6 @@ static bt_status_t load_cuda(const char *dir, const bt_model_options_t *opt, bt_
 bt_status_t bt_model_load(const char *dir, const bt_model_options_t *opt, bt_model_t **model_p,
                           char *err, size_t errlen)
 {
-    if (opt && opt->draft && opt->device != BT_DEVICE_CPU) {
-        snprintf(err, errlen, "DSpark draft stages run on --device cpu only so far");
-        return BT_ERR_UNSUPPORTED;
-    }
     if (opt && opt->device == BT_DEVICE_CUDA) return load_cuda(dir, opt, model_p, err, errlen);
     if (opt && opt->device != BT_DEVICE_CPU) {
         snprintf(err, errlen, "unknown device %d", opt->device);
@@ -1002,21 +998,8 @@ static void q_norm_token(fwd_t *f, int t, int task)
 
 /* ---- speculative verification's undo record ----------------------------------------------- */
 
-/* What a verification forward overwrites in a slot that its rejected tokens must give back:
- * the header, the ring slots of its positions (every window ring, the draft's included) and
- * the open compressor groups; and the compressor rows it computed, from which the group open
- * after the kept tokens is rebuilt. Compressed entries past the restored counters are never
- * read, so they need nothing. */
-struct bt_kv_undo {
-    int max_rows, n; /* n: the rows of the recorded forward, 0 when none */
-    int n_rings, hd;
-    bt_kv_header_t before;
-    float *ring; /* [n_rings][max_rows][hd] the slots' previous contents */
-    float *pend_kv[BT_MAX_LAYERS], *pend_gate[BT_MAX_LAYERS]; /* [ratio][hd] previous groups */
-    float *row_kv[BT_MAX_LAYERS], *row_gate[BT_MAX_LAYERS];   /* [max_rows][hd] new rows */
-};
-
-static void undo_record(bt_model_t *m, const bt_kv_layout_t *lay, const bt_forward_seq_t *seq)
+void bt_model__undo_record(const bt_model_t *m, const bt_kv_layout_t *lay,
+                           const bt_forward_seq_t *seq)
 {
     const bt_model_config_t *c = &m->cfg;
     bt_kv_undo_t *u = seq->undo;
@@ -1739,21 +1722,17 @@ static bt_status_t forward_seqs(bt_model_t *m, const bt_kv_layout_t *lay, const 
     f.N = N;
     for (int q = 0; q < n_seqs; q++) {
         if (!seqs[q].undo) continue;
-        if (m->cuda) {
-            snprintf(err, errlen, "speculative verification runs on the CPU engine only so far");
-            return BT_ERR_UNSUPPORTED;
-        }
         if (seqs[q].n > seqs[q].undo->max_rows) {
             snprintf(err, errlen, "sequence %d: %d tokens to verify, the undo record holds %d", q,
                      seqs[q].n, seqs[q].undo->max_rows);
             return BT_ERR_INVALID_ARG;
         }
     }
+    for (int q = 0; q < n_seqs; q++)
+        if (seqs[q].undo) bt_model__undo_record(m, lay, &seqs[q]);
 #ifdef BT_HAVE_CUDA_MODEL
     if (m->cuda) return bt_model_cuda_forward(m, lay, seqs, n_seqs, f.seq_first, N, logits, draw, err, errlen);
 #endif
-    for (int q = 0; q < n_seqs; q++)
-        if (seqs[q].undo) undo_record(m, lay, &seqs[q]);
     for (int q = 0; q < n_seqs; q++) {
         int64_t start = bt_kv_header(seqs[q].state)->n_tokens;
         for (int i = 0; i < seqs[q].n; i++) {
@@ -1818,6 +1797,15 @@ comm_failed:
 }
 
 /* ---- DSpark: the draft ------------------------------------------------------------------ */
+
+int bt_model_batch_invariant_rows(const bt_model_t *m)
+{
+#ifdef BT_HAVE_CUDA_MODEL
+    if (m->cuda) return bt_model_cuda_invariant_rows(m->cuda);
+#endif
+    (void)m;
+    return 0;
+}
 
 int bt_model_draft_block(const bt_model_t *m)
 {
@@ -1920,6 +1908,11 @@ bt_status_t bt_model_draft(bt_model_t *m, const bt_kv_layout_t *lay, uint8_t *co
         }
     }
 
+#ifdef BT_HAVE_CUDA_MODEL
+    if (m->cuda)
+        return bt_model_cuda_draft(m, lay, states, last, n_seqs, choose, ctx, drafts, conf, err,
+                                   errlen);
+#endif
     /* the blocks: [last, noise, ...] at the positions after each slot's */
     bt_forward_seq_t seqs[BT_MODEL_MAX_SEQS];
     fwd_t f = {.m = m, .lay = lay, .seqs = seqs, .n_seqs = n_seqs, .N = n_seqs * B};
@@ -2039,11 +2032,16 @@ bt_status_t bt_model_rollback(bt_model_t *m, const bt_kv_layout_t *lay, uint8_t 
     if (keep == n) return BT_OK;
     size_t hd = (size_t)c->head_dim;
     int64_t start = u->before.n_tokens;
+    /* what is restored, for a device mirror of the slot */
+    bt_kv_range_t rg[BT_MAX_LAYERS * (BT_KV_ENGRAM_HISTORY + 2)];
+    int nr = 0;
     for (int l = 0; l < lay->n_rings; l++) {
         float *ring = bt_kv_region(state, lay->window_off[l]);
-        for (int i = keep; i < n; i++)
-            memcpy(ring + (size_t)((start + i) % c->window) * hd,
-                   u->ring + ((size_t)l * u->max_rows + i) * hd, hd * sizeof(float));
+        for (int i = keep; i < n; i++) {
+            size_t at = (size_t)((start + i) % c->window) * hd;
+            memcpy(ring + at, u->ring + ((size_t)l * u->max_rows + i) * hd, hd * sizeof(float));
+            rg[nr++] = (bt_kv_range_t){lay->window_off[l] + at * sizeof(float), hd * sizeof(float)};
+        }
     }
     /* the group open after the kept tokens: older members from the record, newer ones are
      * the forward's own rows */
@@ -2052,6 +2050,11 @@ bt_status_t bt_model_rollback(bt_model_t *m, const bt_kv_layout_t *lay, uint8_t 
         int64_t r = c->layer[l].compress_ratio, cnt = (start + keep) % r, g0 = start + keep - cnt;
         float *pkv = bt_kv_region(state, lay->pend_kv_off[l]),
               *pgate = bt_kv_region(state, lay->pend_gate_off[l]);
+        if (cnt > 0) {
+            rg[nr++] = (bt_kv_range_t){lay->pend_kv_off[l], (size_t)cnt * hd * sizeof(float)};
+            if (u->pend_gate[l])
+                rg[nr++] = (bt_kv_range_t){lay->pend_gate_off[l], (size_t)cnt * hd * sizeof(float)};
+        }
         for (int64_t j = 0; j < cnt; j++) {
             int64_t pos = g0 + j;
             bool old = pos < start;
@@ -2071,5 +2074,10 @@ bt_status_t bt_model_rollback(bt_model_t *m, const bt_kv_layout_t *lay, uint8_t 
         h->engram_hist[slot] = after.engram_hist[slot];
     }
     h->device_tag = 0;
+#ifdef BT_HAVE_CUDA_MODEL
+    /* the GPU's copy gets the same bytes and stays current (else the next forward would
+     * upload the whole slot) */
+    if (m->cuda) h->device_tag = bt_model_cuda_restored(m->cuda, state, after.device_tag, rg, nr);
+#endif
     return BT_OK;
 }

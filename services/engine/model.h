@@ -68,7 +68,8 @@ typedef struct {
     int cuda_streams;
     /* Load and run the checkpoint's DSpark draft stages (speculative decoding): every forward
      * then also keeps their window rings in the KV slots, which the layout holds only for such
-     * a model (groups with and without them refuse each other's slots). CPU only so far. */
+     * a model (groups with and without them refuse each other's slots). On the GPU at TP 1 only
+     * so far. */
     bool draft;
 } bt_model_options_t;
 
@@ -161,6 +162,12 @@ bt_status_t bt_model_forward_sample(bt_model_t *model, const bt_kv_layout_t *lay
  * target runs that token and the proposals in one forward with all_logits and an undo record;
  * the caller accepts a prefix (row i's logits judge proposal i + 1) and bt_model_rollback
  * drops the rest from the slot, which is then exactly as if only the kept tokens had run. */
+
+/* Rows a forward may carry with each row's result independent of the rest of the batch (0:
+ * any number): the GPU's products switch kernels past 16 rows. A speculative step keeps its
+ * verification within it, so that greedy requests get plain decoding's tokens however many
+ * sequences the step holds. */
+int bt_model_batch_invariant_rows(const bt_model_t *model);
 
 /* Draft tokens a step (0 when the model runs without draft stages). */
 int bt_model_draft_block(const bt_model_t *model);

@@ -38,6 +38,7 @@
 #include "common/alloc.h"
 #include "common/comm/comm.h"
 #include "common/log.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/cpu/quant.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "services/engine/model_impl.h"
@@ -85,6 +86,7 @@ typedef struct {
     uint8_t *e_embed_q, *e_embed_s; /* FP8 rows with per-row-block scales [rows, ehd/32] */
     dev_mat_t wq_a, wq_b, wkv, wo_a, wo_b, c_wkv, c_wgate, i_wq_b, i_weights_proj, i_wk;
     dev_mat_t sw1, sw2, sw3, e_wkv;
+    int n_experts, n_active; /* the draft stages route over their own experts */
 } dev_layer_t;
 
 typedef struct {
@@ -201,6 +203,20 @@ struct bt_model_cuda {
     int n_mirrors;
     mirror_t *mirror;
     uint64_t clock, tag_base, tags;
+    /* DSpark (cfg n_draft > 0): the draft's context projection and head, the target layers'
+     * captured streams [N][targets][D], the context rows, the draft's collapsed streams
+     * before their norm, a Markov round's embedding rows and biases [S][R], [S][V] */
+    dev_mat_t main_proj, markov_head;
+    float *main_norm, *draft_norm, *markov_embed;
+    float *main_hidden, *main_x, *draft_pre, *markov_e, *markov_bias;
+    /* pinned: a round's logits rows and biases [S][V] each, the collapsed streams [N][D], the
+     * embedding rows [S][R] */
+    float *draft_rows_h, *draft_bias_h, *draft_pre_h, *markov_e_h;
+    int32_t *draft_ids; /* [S][block] the blocks' ids */
+    /* a verification's compressor rows for the undo records: [n_layers][undo_rows][hd], kv
+     * and gate, on the device and pinned */
+    float *undo_kv, *undo_gate, *undo_h;
+    int undo_rows;
 };
 
 #define CK_CUDA(call)                                                                              \
@@ -303,11 +319,12 @@ static const bt_tensor_view_t *scale_of(up_t *u, const char *name)
 
 /* A projection [N, K]: FP8 with 32x32 blocks or BF16 as stored (unless every weight goes to
  * f32), else the f32 copy the CPU loader made. The host copy is freed either way. */
-static void load_mat(up_t *u, dev_mat_t *d, float *host, int64_t N, int64_t K, const char *fmt, int l)
+static void load_mat(up_t *u, dev_mat_t *d, float *host, int64_t N, int64_t K, const char *prefix,
+                     const char *suffix)
 {
     if (!host || u->rc != BT_OK) return;
     char name[256];
-    snprintf(name, sizeof name, fmt, l);
+    snprintf(name, sizeof name, "%s.%s", prefix, suffix);
     const bt_tensor_view_t *t = u->c->weights != BT_WEIGHTS_AUTO ? NULL : bt_safetensors_find(u->c->st, name);
     d->N = (int)N;
     d->K = (int)K;
@@ -346,13 +363,13 @@ static void load_mat(up_t *u, dev_mat_t *d, float *host, int64_t N, int64_t K, c
     d->w = upload(u, host, (size_t)N * (size_t)K);
 }
 
-/* Every routed expert of layer l packed FP4 (w1, w3 [I, D/2], w2 [D, I/2] with per-32 scales)
- * in the checkpoint: uploads them as [E][2I][D/2] and [E][D][I/2]. */
-static bool load_fp4_experts(up_t *u, int l)
+/* Every routed expert of layer l (named P.ffn.experts...) packed FP4 (w1, w3 [I, D/2], w2
+ * [D, I/2] with per-32 scales) in the checkpoint: uploads them as [E][2I][D/2] and [E][D][I/2]. */
+static bool load_fp4_experts(up_t *u, int l, const char *P)
 {
     const bt_model_config_t *c = &u->m->cfg;
     dev_layer_t *d = &u->c->layer[l];
-    int E = c->n_experts, I = c->moe_inter, D = c->hidden;
+    int E = d->n_experts, I = c->moe_inter, D = c->hidden;
     if (u->c->weights != BT_WEIGHTS_AUTO || D % 32 || I % 32 || u->m->tp_size > 1) return false;
     const char *part[3] = {"w1", "w3", "w2"};
     const bt_tensor_view_t *t[3], *sc[3];
@@ -362,7 +379,7 @@ static bool load_fp4_experts(up_t *u, int l)
     for (int e = 0; e < E && ok; e++) {
         for (int k = 0; k < 3 && ok; k++) {
             char name[256];
-            snprintf(name, sizeof name, "layers.%d.ffn.experts.%d.%s.weight", l, e, part[k]);
+            snprintf(name, sizeof name, "%s.ffn.experts.%d.%s.weight", P, e, part[k]);
             t[k] = bt_safetensors_find(u->c->st, name);
             sc[k] = t[k] ? scale_of(u, name) : NULL;
             int64_t rows = k < 2 ? I : D, half = (k < 2 ? D : I) / 2, blocks = (k < 2 ? D : I) / 32;
@@ -423,8 +440,14 @@ static void upload_layer(up_t *u, int l)
     size_t hc = (size_t)c->hc_mult, mix = (2 + hc) * hc, qlr = (size_t)c->q_lora_rank;
     size_t R = (size_t)c->o_lora_rank, G = (size_t)c->o_groups;
     size_t ih = (size_t)c->index_heads, ihd = (size_t)c->index_head_dim;
-    size_t E = (size_t)c->n_experts, I = (size_t)m->il; /* this rank's expert width */
+    size_t E = (size_t)w->n_experts, I = (size_t)m->il; /* this rank's expert width */
     size_t Hl = (size_t)m->hl, Gl = (size_t)m->gl;     /* its heads and output groups */
+    /* the draft stages are stored as mtp.0, mtp.1, ... after the backbone's layers.N */
+    char P[32];
+    snprintf(P, sizeof P, l >= c->n_layers ? "mtp.%d" : "layers.%d",
+             l >= c->n_layers ? l - c->n_layers : l);
+    d->n_experts = w->n_experts;
+    d->n_active = w->n_active;
     d->attn_norm = upload(u, w->attn_norm, D);
     d->ffn_norm = upload(u, w->ffn_norm, D);
     d->hc_attn_fn = upload(u, w->hc_attn_fn, mix * hc * D);
@@ -440,23 +463,25 @@ static void upload_layer(up_t *u, int l)
     d->i_k_norm = upload(u, w->i_k_norm, ihd);
     d->gate_w = upload(u, w->gate_w, E * D);
     d->gate_bias = upload(u, w->gate_bias, E);
-    load_mat(u, &d->wq_a, w->wq_a, (int64_t)qlr, (int64_t)D, "layers.%d.attn.wq_a.weight", l);
-    load_mat(u, &d->wq_b, w->wq_b, (int64_t)(Hl * hd), (int64_t)qlr, "layers.%d.attn.wq_b.weight", l);
-    load_mat(u, &d->wkv, w->wkv, (int64_t)hd, (int64_t)D, "layers.%d.attn.wkv.weight", l);
-    load_mat(u, &d->wo_a, w->wo_a, (int64_t)(Gl * R), (int64_t)(H * hd / G), "layers.%d.attn.wo_a.weight", l);
-    load_mat(u, &d->wo_b, w->wo_b, (int64_t)D, (int64_t)(Gl * R), "layers.%d.attn.wo_b.weight", l);
-    load_mat(u, &d->c_wkv, w->c_wkv, (int64_t)hd, (int64_t)D, "layers.%d.attn.compressor.wkv.weight", l);
-    load_mat(u, &d->c_wgate, w->c_wgate, (int64_t)hd, (int64_t)D, "layers.%d.attn.compressor.wgate.weight", l);
-    load_mat(u, &d->i_wq_b, w->i_wq_b, (int64_t)(ih * ihd), (int64_t)qlr, "layers.%d.attn.indexer.wq_b.weight", l);
-    load_mat(u, &d->i_weights_proj, w->i_weights_proj, (int64_t)ih, (int64_t)D,
-             "layers.%d.attn.indexer.weights_proj.weight", l);
-    load_mat(u, &d->i_wk, w->i_wk, (int64_t)ihd, (int64_t)hd, "layers.%d.attn.indexer.wk.weight", l);
-    load_mat(u, &d->sw1, w->sw1, (int64_t)I, (int64_t)D, "layers.%d.ffn.shared_experts.w1.weight", l);
-    load_mat(u, &d->sw2, w->sw2, (int64_t)D, (int64_t)I, "layers.%d.ffn.shared_experts.w2.weight", l);
-    load_mat(u, &d->sw3, w->sw3, (int64_t)I, (int64_t)D, "layers.%d.ffn.shared_experts.w3.weight", l);
+    load_mat(u, &d->wq_a, w->wq_a, (int64_t)qlr, (int64_t)D, P, "attn.wq_a.weight");
+    load_mat(u, &d->wq_b, w->wq_b, (int64_t)(Hl * hd), (int64_t)qlr, P, "attn.wq_b.weight");
+    load_mat(u, &d->wkv, w->wkv, (int64_t)hd, (int64_t)D, P, "attn.wkv.weight");
+    load_mat(u, &d->wo_a, w->wo_a, (int64_t)(Gl * R), (int64_t)(H * hd / G), P, "attn.wo_a.weight");
+    load_mat(u, &d->wo_b, w->wo_b, (int64_t)D, (int64_t)(Gl * R), P, "attn.wo_b.weight");
+    load_mat(u, &d->c_wkv, w->c_wkv, (int64_t)hd, (int64_t)D, P, "attn.compressor.wkv.weight");
+    load_mat(u, &d->c_wgate, w->c_wgate, (int64_t)hd, (int64_t)D, P,
+             "attn.compressor.wgate.weight");
+    load_mat(u, &d->i_wq_b, w->i_wq_b, (int64_t)(ih * ihd), (int64_t)qlr, P,
+             "attn.indexer.wq_b.weight");
+    load_mat(u, &d->i_weights_proj, w->i_weights_proj, (int64_t)ih, (int64_t)D, P,
+             "attn.indexer.weights_proj.weight");
+    load_mat(u, &d->i_wk, w->i_wk, (int64_t)ihd, (int64_t)hd, P, "attn.indexer.wk.weight");
+    load_mat(u, &d->sw1, w->sw1, (int64_t)I, (int64_t)D, P, "ffn.shared_experts.w1.weight");
+    load_mat(u, &d->sw2, w->sw2, (int64_t)D, (int64_t)I, P, "ffn.shared_experts.w2.weight");
+    load_mat(u, &d->sw3, w->sw3, (int64_t)I, (int64_t)D, P, "ffn.shared_experts.w3.weight");
     if (u->rc != BT_OK) return;
     u->c->bf16_experts = u->c->weights == BT_WEIGHTS_BF16;
-    if (!load_fp4_experts(u, l)) {
+    if (!load_fp4_experts(u, l, P)) {
         /* gate and up side by side per expert: [E][2I][D] */
         float *cat = bt_malloc_or_die(E * 2 * I * D * sizeof(float));
         for (size_t e = 0; e < E; e++) {
@@ -480,7 +505,7 @@ static void upload_layer(up_t *u, int l)
     if (ei >= 0) {
         size_t cols = (size_t)m->engram_cols, ehd = (size_t)c->engram_head_dim, rows = (size_t)c->engram_rows[ei];
         char name[256];
-        snprintf(name, sizeof name, "layers.%d.engram.embed.weight", l);
+        snprintf(name, sizeof name, "%s.engram.embed.weight", P);
         const bt_tensor_view_t *t = u->c->weights != BT_WEIGHTS_AUTO ? NULL : bt_safetensors_find(u->c->st, name);
         const bt_tensor_view_t *sc = t ? scale_of(u, name) : NULL;
         if (t && sc && t->dtype == BT_DTYPE_F8_E4M3 && ehd % 32 == 0 && t->nbytes == rows * ehd &&
@@ -491,10 +516,29 @@ static void upload_layer(up_t *u, int l)
         } else {
             d->e_embed = upload(u, w->e_embed, rows * ehd);
         }
-        load_mat(u, &d->e_wkv, w->e_wkv, (int64_t)((hc + 1) * D), (int64_t)(cols * ehd), "layers.%d.engram.wkv.weight", l);
+        load_mat(u, &d->e_wkv, w->e_wkv, (int64_t)((hc + 1) * D), (int64_t)(cols * ehd), P,
+                 "engram.wkv.weight");
         d->e_qk = upload(u, w->e_qk, hc * D);
     }
     memset(w, 0, sizeof *w); /* the host copies are gone */
+}
+
+/* The DSpark draft's context projection, norms and Markov head; the confidence head's weights
+ * stay on the host, where proposals are picked. */
+static void upload_draft_head(up_t *u)
+{
+    struct bt_model_cuda *cu = u->c;
+    bt_model_t *m = u->m;
+    const bt_model_config_t *c = &m->cfg;
+    int64_t D = c->hidden, T = c->n_draft_targets, V = c->vocab, R = c->draft_markov_rank;
+    char last[32];
+    snprintf(last, sizeof last, "mtp.%d", c->n_draft - 1);
+    load_mat(u, &cu->main_proj, m->main_proj, D, T * D, "mtp.0", "main_proj.weight");
+    load_mat(u, &cu->markov_head, m->markov_head, V, R, last, "markov_head.head.weight");
+    cu->main_norm = upload(u, m->main_norm, (size_t)D);
+    cu->draft_norm = upload(u, m->draft_norm, (size_t)D);
+    cu->markov_embed = upload(u, m->markov_embed, (size_t)(V * R));
+    m->main_proj = m->markov_head = m->main_norm = m->draft_norm = m->markov_embed = NULL;
 }
 
 static void alloc_scratch(up_t *u)
@@ -509,6 +553,8 @@ static void alloc_scratch(up_t *u)
     size_t R = (size_t)c->o_lora_rank, G = (size_t)c->o_groups;
     size_t ih = (size_t)c->index_heads, ihd = (size_t)c->index_head_dim;
     size_t E = (size_t)c->n_experts, I = (size_t)c->moe_inter, K = (size_t)c->n_active;
+    if (c->n_draft && (size_t)c->draft_experts > E) E = (size_t)c->draft_experts;
+    if (c->n_draft && (size_t)c->draft_active > K) K = (size_t)c->draft_active;
     size_t rmax = (size_t)cu->rmax, lat = S * rmax + N;
     cu->x = scratch(u, N * hc * D);
     cu->pre_mix = scratch(u, N * hc);
@@ -533,7 +579,10 @@ static void alloc_scratch(up_t *u)
     cu->att_ws_cap = bt_cuda_attention_ws_floats(1, m->hl, (int)hd, att_keys);
     if (bt_cuda_attention_tc_ws_floats(1, m->hl, (int)hd, att_keys) > cu->att_ws_cap)
         cu->att_ws_cap = bt_cuda_attention_tc_ws_floats(1, m->hl, (int)hd, att_keys);
-    cu->att_ws_cap *= S < N ? S : N;
+    /* a verification's rows each split as a decode step's token would be: a sequence's block
+     * in one launch */
+    size_t alone = S < N ? S : N, verify = c->n_draft ? (size_t)c->draft_block + 1 : 0;
+    cu->att_ws_cap *= (verify < N ? verify : N) > alone ? (verify < N ? verify : N) : alone;
     cu->att_ws = scratch(u, cu->att_ws_cap);
     /* the split mix's partials grow with the tokens until the tokens fill the GPU alone */
     for (size_t t = 1; t <= N; t++) {
@@ -609,9 +658,34 @@ static void alloc_scratch(up_t *u)
         cu->e_kv = scratch(u, N * (hc + 1) * D);
     }
     cu->hidden = scratch(u, N * D);
+    if (c->n_draft) {
+        size_t T = (size_t)c->n_draft_targets, V = (size_t)c->vocab,
+               Rm = (size_t)c->draft_markov_rank;
+        cu->main_hidden = scratch(u, N * T * D);
+        cu->main_x = scratch(u, N * D);
+        cu->draft_pre = scratch(u, N * D);
+        cu->markov_e = scratch(u, S * Rm);
+        cu->markov_bias = scratch(u, S * V);
+        cu->draft_ids = bt_malloc_or_die(S * (size_t)c->draft_block * sizeof(int32_t));
+        /* a verification's rows: every sequence's last token and its proposals */
+        cu->undo_rows = (int)(S * verify < N ? S * verify : N);
+        size_t ub = (size_t)c->n_layers * (size_t)cu->undo_rows * hd;
+        cu->undo_kv = scratch(u, ub);
+        cu->undo_gate = scratch(u, ub);
+        if (u->rc == BT_OK &&
+            (cudaMallocHost((void **)&cu->draft_rows_h, S * V * sizeof(float)) != cudaSuccess ||
+             cudaMallocHost((void **)&cu->draft_bias_h, S * V * sizeof(float)) != cudaSuccess ||
+             cudaMallocHost((void **)&cu->draft_pre_h, N * D * sizeof(float)) != cudaSuccess ||
+             cudaMallocHost((void **)&cu->markov_e_h, S * Rm * sizeof(float)) != cudaSuccess ||
+             cudaMallocHost((void **)&cu->undo_h, 2 * ub * sizeof(float)) != cudaSuccess)) {
+            cudaGetLastError();
+            snprintf(u->err, u->errlen, "cannot allocate pinned host memory for DSpark");
+            u->rc = BT_ERR_NO_MEMORY;
+        }
+    }
     {
-        size_t kmax = D;
-        size_t ks[] = {qlr, H * hd, H * hd / G, G * R, I, hd, (size_t)(m->engram_cols ? m->engram_cols : 1) * (size_t)c->engram_head_dim};
+        size_t kmax = D, e_in = (size_t)(m->engram_cols ? m->engram_cols : 1) * c->engram_head_dim;
+        size_t ks[] = {qlr, H * hd, H * hd / G, G * R, I, hd, e_in, (size_t)c->n_draft_targets * D};
         for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++) kmax = ks[i] > kmax ? ks[i] : kmax;
         cu->xb_cap = N * (kmax > K * D ? kmax : K * D); /* bf16 experts convert every routed row */
         cu->xb = (uint16_t *)dev_alloc(u, cu->xb_cap * 2, &cu->scratch_bytes);
@@ -649,12 +723,15 @@ static void alloc_scratch(up_t *u)
     /* plans: ids, positions, window rows, engram ids and logit rows once; per layer the
      * visibility, entry positions, the compressor's copies and the expert grouping; 16-byte
      * alignment per push */
-    size_t L = (size_t)c->n_layers, cols = (size_t)(m->engram_cols ? m->engram_cols : 1);
+    size_t L = (size_t)(c->n_layers + c->n_draft),
+           cols = (size_t)(m->engram_cols ? m->engram_cols : 1);
     size_t fixed = N * (4 + 8 + W * 4 + 4 + 8 + 8 + 8) + (size_t)c->n_engram * N * cols * 8;
+    if (c->n_draft) /* a draft's key lists (window + block) and its Markov rounds' rows */
+        fixed += N * (size_t)c->draft_block * 4 + (size_t)c->draft_block * (S * 8 + 16);
     size_t per_layer = N * 8 + lat * 8 + N * K * (8 + 4 + 4) + N * 4 + (S + 8) * 3 * 32 +
-                       8 * S * sizeof(bt_cuda_copy_t) + 16 +
-                       N * (3 * 8 + 4) + 16 +                                  /* batched indexer */
-                       N * K * 8 + (size_t)(c->n_experts + 1) * 8 + 64;        /* host MoE grouping */
+                       8 * S * sizeof(bt_cuda_copy_t) + 16 + N * (3 * 8 + 4) +
+                       16 +                          /* batched indexer */
+                       N * K * 8 + (E + 1) * 8 + 64; /* host MoE grouping */
     cu->meta_cap = fixed + L * per_layer + ((size_t)1 << 20);
     if (cudaMallocHost((void **)&cu->meta_h, cu->meta_cap) != cudaSuccess ||
         cudaMalloc((void **)&cu->meta_d, cu->meta_cap) != cudaSuccess) {
@@ -725,6 +802,20 @@ bt_status_t bt_model_cuda_attach(bt_model_t *m, const char *dir, char *err, size
         snprintf(err, errlen, "--gpu %d: this machine has GPUs 0..%d", m->opt.gpu, n_gpu - 1);
         return BT_ERR_INVALID_ARG;
     }
+    if (c->n_draft && m->tp_size > 1) {
+        snprintf(err, errlen,
+                 "DSpark on --device cuda runs at --tp 1 only so far (this group is "
+                 "%d ranks)",
+                 m->tp_size);
+        return BT_ERR_UNSUPPORTED;
+    }
+    if (c->n_draft && (c->draft_active > 16 || c->draft_experts > 1024)) {
+        snprintf(err, errlen,
+                 "the CUDA backend supports <= 16 of <= 1024 experts per token (the "
+                 "DSpark stages: %d of %d)",
+                 c->draft_active, c->draft_experts);
+        return BT_ERR_UNSUPPORTED;
+    }
     struct bt_model_cuda *cu = bt_calloc_or_die(1, sizeof *cu);
     m->cuda = cu;
     cu->gpu = m->opt.gpu;
@@ -771,6 +862,9 @@ bt_status_t bt_model_cuda_attach(bt_model_t *m, const char *dir, char *err, size
         if (show) fprintf(stderr, "\rweights to GPU %d: layer %d/%d", cu->gpu, l + 1, c->n_layers);
     }
     if (show) fprintf(stderr, "\n");
+    for (int j = 0; j < c->n_draft && u.rc == BT_OK; j++)
+        upload_layer(&u, c->n_layers + j);
+    if (c->n_draft) upload_draft_head(&u);
     bt_safetensors_close(st);
     cu->st = NULL;
     if (m->half_main) cu->inv_main = upload(&u, m->inv_freq_main, (size_t)m->half_main);
@@ -847,6 +941,19 @@ void bt_model_cuda_destroy(struct bt_model_cuda *cu)
                      (float *)cu->g_hit, (float *)cu->g_cnt, cu->g_wt, (float *)cu->group_bad,
                      (float *)cu->xb_side, cu->ytmp_side};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cudaFree(bufs[i]);
+    float *draft_bufs[] = {cu->main_norm,     cu->draft_norm,
+                           cu->markov_embed,  cu->main_hidden,
+                           cu->main_x,        cu->draft_pre,
+                           cu->markov_e,      cu->markov_bias,
+                           cu->undo_kv,       cu->undo_gate,
+                           cu->main_proj.w,   (float *)cu->main_proj.scale,
+                           cu->markov_head.w, (float *)cu->markov_head.scale};
+    for (size_t i = 0; i < sizeof draft_bufs / sizeof draft_bufs[0]; i++)
+        cudaFree(draft_bufs[i]);
+    float *draft_pinned[] = {cu->draft_rows_h, cu->draft_bias_h, cu->draft_pre_h, cu->markov_e_h,
+                             cu->undo_h};
+    for (size_t i = 0; i < sizeof draft_pinned / sizeof draft_pinned[0]; i++)
+        cudaFreeHost(draft_pinned[i]);
     cudaFree(cu->tp_recv);
     cudaFree(cu->attn_all);
     cudaFreeHost(cu->tp_host);
@@ -887,6 +994,7 @@ void bt_model_cuda_destroy(struct bt_model_cuda *cu)
             for (int i = 0; i < GRAPH_SLOTS; i++)
                 if (cu->graph_exec[p][n][i]) cudaGraphExecDestroy(cu->graph_exec[p][n][i]);
     free(cu->before);
+    free(cu->draft_ids);
     free(cu->cid_h);
     free(cu->hash_h);
     free(cu->mirror);
@@ -926,6 +1034,7 @@ typedef struct {
     bool decode_rows;
     int64_t *slot_off_d, *ring_at_d;
     int64_t *eng_ids_d;          /* [n_engram][N][cols] */
+    bool undo;                   /* a verification: sequences with undo records (DSpark) */
     char *err;
     size_t errlen;
 } fwd_t;
@@ -1331,6 +1440,8 @@ typedef bt_status_t attention_fn(void *out, const void *q, const void *win_kv, c
                                  size_t work_floats, const bt_cuda_attention_batch_t *batch,
                                  cudaStream_t stream);
 
+static bt_status_t attention_out(fwd_t *f, int l);
+
 static bt_status_t attention(fwd_t *f, int l)
 {
     bt_model_t *m = f->m;
@@ -1342,12 +1453,13 @@ static bt_status_t attention(fwd_t *f, int l)
     size_t errlen = f->errlen;
     cudaStream_t st = cu->stream;
     int N = f->N, D = c->hidden, hd = c->head_dim, H = m->hl /* this rank's heads */, qlr = c->q_lora_rank;
-    int W = c->window, R = c->o_lora_rank, gin = c->n_heads * hd / c->o_groups;
+    int W = c->window;
     float eps = (float)c->rms_eps;
     bool comp = L->compress_ratio > 0;
     const float *inv = comp ? cu->inv_comp : cu->inv_main;
     int half = comp ? m->half_comp : m->half_main;
     attention_fn *attend = cu->att_tc ? bt_cuda_attention_tc_ws : bt_cuda_attention_ws;
+    size_t row = (size_t)hd * sizeof(float);
 
     CK(mm(f, cu->q_res, qlr, cu->xin, D, &w->wq_a, N));
     CK(bt_cuda_rmsnorm(cu->q_res, BT_CUDA_F32, cu->q_res, BT_CUDA_F32, w->q_norm, N, qlr, eps, st));
@@ -1367,6 +1479,11 @@ static bt_status_t attention(fwd_t *f, int l)
         if (L->is_kv_source) {
             CK(mm(f, cu->ckv, hd, cu->xin, D, &w->c_wkv, N));
             if (w->c_wgate.kind) CK(mm(f, cu->cgate, hd, cu->xin, D, &w->c_wgate, N));
+            if (f->undo) { /* the rows a rollback rebuilds an open group from (undo_collect) */
+                size_t at = (size_t)l * cu->undo_rows * hd;
+                CK(d2d(f, cu->undo_kv + at, cu->ckv, (size_t)N * row));
+                if (w->c_wgate.kind) CK(d2d(f, cu->undo_gate + at, cu->cgate, (size_t)N * row));
+            }
             CK(compress(f, l));
         }
         if (L->is_index_source && L->index_key_owner >= 0) {
@@ -1384,7 +1501,6 @@ static bt_status_t attention(fwd_t *f, int l)
     /* a decode step: the new rows into their rings, then every token over its own sequence's
      * ring and compressed cache in one launch (offsets per token; each token's keys split as it
      * would be alone, so its result does not depend on the batch) */
-    size_t row = (size_t)hd * sizeof(float);
     const float *rings = region(cu->mirror_mem, f->lay->window_off[l]);
     const float *comps = comp && L->kv_source >= 0 ? region(cu->mirror_mem, f->lay->comp_off[L->kv_source]) : NULL;
     bool in_place = f->decode_rows;
@@ -1431,7 +1547,8 @@ static bt_status_t attention(fwd_t *f, int l)
                 sel_n = cu->sel_n + first;
             }
         }
-        if (cu->att_flash) { /* the keys rounded to bf16 once, then every key read once a token */
+        if (cu->att_flash &&
+            !f->undo) { /* the keys rounded to bf16 once, then every key read once a token */
             uint16_t *kv16 = cu->kv16 + ((size_t)q * W + first) * hd, *comp16 = NULL;
             CK(bt_cuda_to_bf16(kv16, stage, W + n, hd, hd, st)); /* (rows no index names: unread) */
             if (comp_kv) {
@@ -1448,13 +1565,44 @@ static bt_status_t attention(fwd_t *f, int l)
                 c->index_topk, w->attn_sink, f->pos_d + first, inv, half, n, H, hd, NULL, st));
             continue;
         }
+        /* a verification's rows attend as a decode step's tokens would, each alone */
+        const bt_cuda_attention_batch_t alone = {NULL, NULL, true};
         CK(attend(cu->attn + (size_t)first * H * hd, cu->q + (size_t)first * H * hd, stage,
-                  f->win_idx_d + (size_t)first * W, f->win_n_d + first, W, comp_kv, sel, sel_n, c->index_topk,
-                  w->attn_sink, f->pos_d + first, inv, half, BT_CUDA_F32, n, H, hd, cu->att_ws, cu->att_ws_cap,
-                  NULL, st));
+                  f->win_idx_d + (size_t)first * W, f->win_n_d + first, W, comp_kv, sel, sel_n,
+                  c->index_topk, w->attn_sink, f->pos_d + first, inv, half, BT_CUDA_F32, n, H, hd,
+                  cu->att_ws, cu->att_ws_cap, f->undo ? &alone : NULL, st));
     }
-    /* the output groups: this rank's, over its own heads; or, when the groups do not split
-     * over the ranks, all of them over every rank's heads ([rank][token][heads] gathered) */
+    CK(attention_out(f, l));
+
+    /* the rings take the chunk's KV only now: earlier queries read older slots */
+    for (int q = 0; q < f->n_seqs && !in_place; q++) {
+        int n = f->seqs[q].n, first = f->first[q];
+        int64_t start = bt_kv_header(f->seqs[q].state)->n_tokens;
+        float *ring = region(f->dslot[q], f->lay->window_off[l]);
+        for (int i = n > W ? n - W : 0; i < n;) {
+            int at = (int)((start + i) % W), run = W - at < n - i ? W - at : n - i;
+            CK(d2d(f, ring + (size_t)at * hd, cu->kv + (size_t)(first + i) * hd,
+                   (size_t)run * row));
+            i += run;
+        }
+    }
+    return BT_OK;
+}
+
+/* Layer l's output projection of cu->attn into cu->out: the output groups, this rank's over its
+ * own heads; or, when the groups do not split over the ranks, all of them over every rank's
+ * heads ([rank][token][heads] gathered). */
+static bt_status_t attention_out(fwd_t *f, int l)
+{
+    bt_model_t *m = f->m;
+    struct bt_model_cuda *cu = f->cu;
+    const bt_model_config_t *c = &m->cfg;
+    const dev_layer_t *w = &cu->layer[l];
+    char *err = f->err;
+    size_t errlen = f->errlen;
+    cudaStream_t st = cu->stream;
+    int N = f->N, D = c->hidden, hd = c->head_dim, H = m->hl;
+    int R = c->o_lora_rank, gin = c->n_heads * hd / c->o_groups;
     const float *a_src = cu->attn;
     int a_ld = H * hd, G = m->gl;
     if (cu->tp > 1 && !m->group_split) {
@@ -1495,18 +1643,6 @@ static bt_status_t attention(fwd_t *f, int l)
     }
     CK(mm(f, cu->out, D, cu->oa, G * R, &w->wo_b, N));
     if (cu->tp > 1 && m->group_split) CK(tp_all_reduce(f, cu->out, (size_t)N * D));
-
-    /* the rings take the chunk's KV only now: earlier queries read older slots */
-    for (int q = 0; q < f->n_seqs && !in_place; q++) {
-        int n = f->seqs[q].n, first = f->first[q];
-        int64_t start = bt_kv_header(f->seqs[q].state)->n_tokens;
-        float *ring = region(f->dslot[q], f->lay->window_off[l]);
-        for (int i = n > W ? n - W : 0; i < n;) {
-            int at = (int)((start + i) % W), run = W - at < n - i ? W - at : n - i;
-            CK(d2d(f, ring + (size_t)at * hd, cu->kv + (size_t)(first + i) * hd, (size_t)run * row));
-            i += run;
-        }
-    }
     return BT_OK;
 }
 
@@ -1515,9 +1651,9 @@ static bt_status_t attention(fwd_t *f, int l)
  * on the host path, whose bound is the real largest group rather than N). */
 static bool moe_on_device(const fwd_t *f, int l)
 {
-    const bt_model_config_t *c = &f->m->cfg;
-    return f->cu->layer[l].w13_q && f->cu->group_cap > 0 && f->N <= GRAPH_MAX_SEQS &&
-           f->N * c->n_active <= f->cu->group_cap && c->n_experts <= GROUP_MAX_ROWS;
+    const dev_layer_t *w = &f->cu->layer[l];
+    return w->w13_q && f->cu->group_cap > 0 && f->N <= GRAPH_MAX_SEQS &&
+           f->N * w->n_active <= f->cu->group_cap && w->n_experts <= GROUP_MAX_ROWS;
 }
 
 /* The shared expert of layer l into cu->sh, on the side stream when side. */
@@ -1548,7 +1684,7 @@ static bt_status_t moe_finish(fwd_t *f, int l, const int32_t *rows_d, const int3
     char *err = f->err;
     size_t errlen = f->errlen;
     cudaStream_t st = cu->stream;
-    int N = f->N, D = c->hidden, K = c->n_active;
+    int N = f->N, D = c->hidden, K = w->n_active;
     bool shared = w->sw1.kind != MAT_NONE;
     if (side_started)
         CK(side_join(f));
@@ -1572,7 +1708,7 @@ static bt_status_t fp4_experts(fwd_t *f, int l, const int32_t *xrow_d, const int
     char *err = f->err;
     size_t errlen = f->errlen;
     cudaStream_t st = cu->stream;
-    int N = f->N, D = c->hidden, I = f->m->il, total = N * c->n_active;
+    int N = f->N, D = c->hidden, I = f->m->il, total = N * w->n_active;
     CK(bt_cuda_to_bf16(cu->xb, cu->xin, N, D, D, st));
     CK(bt_cuda_gemm_fp4_grouped_list(cu->gu, BT_CUDA_F32, cu->xb, xrow_d, offs_d, experts_d, n_listed, max_rows,
                                      w->w13_q, w->w13_s, 2 * I, D, st));
@@ -1592,7 +1728,8 @@ static bt_status_t moe(fwd_t *f, int l)
     size_t errlen = f->errlen;
     cudaStream_t st = cu->stream;
     bt_cuda_blas_t *b = cu->blas;
-    int N = f->N, D = c->hidden, E = c->n_experts, K = c->n_active, I = m->il; /* this rank's width */
+    int N = f->N, D = c->hidden, E = w->n_experts, K = w->n_active,
+        I = m->il; /* this rank's width */
     float limit = (float)c->swiglu_limit;
 
     /* the shared expert on the side stream beside routing and the routed experts when it may
@@ -1873,6 +2010,50 @@ static bt_status_t graph_cut(fwd_t *f)
     return BT_OK;
 }
 
+/* DSpark's context rows main_x = main_norm(main_proj(captured streams)), every token's, and from
+ * them each draft stage's window-ring entry as the stage's own KV row would be (kv_norm, RoPE
+ * at the position, FP8 rounding; model.c draft_rings): a decode step's rows where they lie,
+ * else each sequence's last window of rows. */
+static bt_status_t draft_rings(fwd_t *f)
+{
+    bt_model_t *m = f->m;
+    struct bt_model_cuda *cu = f->cu;
+    const bt_model_config_t *c = &m->cfg;
+    char *err = f->err;
+    size_t errlen = f->errlen;
+    cudaStream_t st = cu->stream;
+    int N = f->N, D = c->hidden, hd = c->head_dim, W = c->window;
+    float eps = (float)c->rms_eps;
+    size_t row = (size_t)hd * sizeof(float);
+    CK(mm(f, cu->main_x, D, cu->main_hidden, c->n_draft_targets * D, &cu->main_proj, N));
+    CK(bt_cuda_rmsnorm(cu->main_x, BT_CUDA_F32, cu->main_x, BT_CUDA_F32, cu->main_norm, N, D, eps,
+                       st));
+    for (int j = 0; j < c->n_draft; j++) {
+        int l = c->n_layers + j;
+        const dev_layer_t *w = &cu->layer[l];
+        CK(mm(f, cu->kv, hd, cu->main_x, D, &w->wkv, N));
+        CK(bt_cuda_head_finish(cu->kv, N, 1, hd, 1, w->kv_norm, eps, m->half_main ? f->pos_d : NULL,
+                               cu->inv_main, m->half_main, 32, BT_CUDA_FQ_FP8_UE8M0, st));
+        if (f->decode_rows) {
+            CK(bt_cuda_scatter_rows(region(cu->mirror_mem, f->lay->window_off[l]), f->ring_at_d,
+                                    cu->kv, N, hd, st));
+            continue;
+        }
+        for (int q = 0; q < f->n_seqs; q++) {
+            int n = f->seqs[q].n, first = f->first[q];
+            int64_t start = bt_kv_header(f->seqs[q].state)->n_tokens;
+            float *ring = region(f->dslot[q], f->lay->window_off[l]);
+            for (int i = n > W ? n - W : 0; i < n;) {
+                int at = (int)((start + i) % W), run = W - at < n - i ? W - at : n - i;
+                CK(d2d(f, ring + (size_t)at * hd, cu->kv + (size_t)(first + i) * hd,
+                       (size_t)run * row));
+                i += run;
+            }
+        }
+    }
+    return BT_OK;
+}
+
 /* The forward's launches, from the plans to the logits: eager, or captured into a graph
  * (f->graph; then the logits stay in cu->dlogits). */
 static bt_status_t forward_body(fwd_t *f, float *logits, bt_kv_header_t *before)
@@ -1971,6 +2152,9 @@ static bt_status_t forward_body(fwd_t *f, float *logits, bt_kv_header_t *before)
             CK(mm(f, cu->e_kv, (hc + 1) * D, cu->e_cat, cols * ehd, &w->e_wkv, N));
             CK(bt_cuda_engram_inject(cu->x, cu->e_kv, w->e_qk, N, hc, D, (float)c->rms_eps, st));
         }
+        if (m->target_slot[l] >= 0) /* DSpark's context: the streams entering the layer, averaged */
+            CK(bt_cuda_hc_collapse(cu->main_hidden + (size_t)m->target_slot[l] * D,
+                                   (int64_t)c->n_draft_targets * D, cu->x, NULL, N, hc, D, st));
         CK(site(f, w->hc_attn_fn, w->hc_attn_base, w->hc_attn_scale, cu->attn_pre, cu->pre_mix, w->attn_norm));
         CK(attention(f, l));
         CK(bt_cuda_hc_expand(cu->x, cu->out, BT_CUDA_F32, cu->post, cu->comb, N, hc, D, st));
@@ -1984,6 +2168,7 @@ static bt_status_t forward_body(fwd_t *f, float *logits, bt_kv_header_t *before)
     }
     CK(bt_cuda_hc_collapse_norm(cu->hidden, BT_CUDA_F32, cu->x, cu->pre_mix, cu->norm, N, hc, D,
                                 (float)c->rms_eps, st));
+    if (c->n_draft) CK(draft_rings(f));
 
     if (logits || f->draw) {
         int64_t *hrow, *hrow_d;
@@ -2258,6 +2443,24 @@ static void draws_collect(fwd_t *f)
     }
 }
 
+/* A verification's compressor rows into its sequences' undo records (the stream is done). */
+static void undo_collect(fwd_t *f)
+{
+    struct bt_model_cuda *cu = f->cu;
+    const bt_model_config_t *c = &f->m->cfg;
+    size_t hd = (size_t)c->head_dim, half = (size_t)c->n_layers * cu->undo_rows * hd;
+    for (int q = 0; q < f->n_seqs; q++) {
+        bt_kv_undo_t *u = f->seqs[q].undo;
+        if (!u) continue;
+        for (int l = 0; l < c->n_layers; l++) {
+            const float *kv = cu->undo_h + ((size_t)l * cu->undo_rows + f->first[q]) * hd;
+            size_t bytes = (size_t)f->seqs[q].n * hd * sizeof(float);
+            if (u->row_kv[l]) memcpy(u->row_kv[l], kv, bytes);
+            if (u->row_gate[l]) memcpy(u->row_gate[l], kv + half, bytes);
+        }
+    }
+}
+
 static bt_status_t forward(fwd_t *f, float *logits, bt_kv_header_t *before)
 {
     bt_model_t *m = f->m;
@@ -2286,6 +2489,16 @@ static bt_status_t forward(fwd_t *f, float *logits, bt_kv_header_t *before)
         CK_CUDA(cudaMemcpyAsync(logits, cu->dlogits, (size_t)f->logit_rows * c->vocab * sizeof(float),
                                 cudaMemcpyDeviceToHost, st));
     if (f->draw) CK(draws_launch(f));
+    if (f->undo) { /* every layer's first N compressor rows, home with the KV (undo_collect) */
+        size_t hd = (size_t)c->head_dim, pitch = (size_t)cu->undo_rows * hd * sizeof(float);
+        size_t half = (size_t)c->n_layers * cu->undo_rows * hd;
+        CK_CUDA(cudaMemcpy2DAsync(cu->undo_h, pitch, cu->undo_kv, pitch,
+                                  (size_t)f->N * hd * sizeof(float), (size_t)c->n_layers,
+                                  cudaMemcpyDeviceToHost, st));
+        CK_CUDA(cudaMemcpy2DAsync(cu->undo_h + half, pitch, cu->undo_gate, pitch,
+                                  (size_t)f->N * hd * sizeof(float), (size_t)c->n_layers,
+                                  cudaMemcpyDeviceToHost, st));
+    }
     if (cu->group_cap > 0)
         CK_CUDA(cudaMemcpyAsync(cu->group_bad_h, cu->group_bad, sizeof(int32_t), cudaMemcpyDeviceToHost, st));
     /* advance the sequences (engram history, positions), copy what the forward wrote back into
@@ -2309,10 +2522,11 @@ static bt_status_t forward(fwd_t *f, float *logits, bt_kv_header_t *before)
     cu->n_fwd[kind]++;
     if (cu->group_cap > 0 && *cu->group_bad_h) {
         snprintf(err, errlen, "cuda forward: layer %d routed a token to an expert outside 0..%d",
-                 *cu->group_bad_h - 1, c->n_experts - 1);
+                 *cu->group_bad_h - 1, cu->layer[*cu->group_bad_h - 1].n_experts - 1);
         return BT_ERR_INTERNAL;
     }
     if (f->draw) draws_collect(f);
+    if (f->undo) undo_collect(f);
     for (int q = 0; q < f->n_seqs; q++) {
         uint64_t tag = cu->tag_base | (++cu->tags & 0xffffffffull);
         if (tag == 0) tag = cu->tag_base | (++cu->tags & 0xffffffffull);
@@ -2341,6 +2555,14 @@ bt_status_t bt_model_cuda_forward(bt_model_t *m, const bt_kv_layout_t *lay,
     f.draw = draw;
     f.err = err;
     f.errlen = errlen;
+    for (int q = 0; q < n_seqs; q++)
+        f.undo |= seqs[q].undo != NULL;
+    if (f.undo && n_tokens > cu->undo_rows) {
+        snprintf(err, errlen,
+                 "cuda forward: a verification of %d rows (this model verifies at most %d)",
+                 n_tokens, cu->undo_rows);
+        return BT_ERR_INVALID_ARG;
+    }
     cu->meta_used = 0;
     CK_CUDA(cudaSetDevice(cu->gpu));
     bt_status_t rc = forward(&f, logits, cu->before);
@@ -2353,4 +2575,242 @@ bt_status_t bt_model_cuda_forward(bt_model_t *m, const bt_kv_layout_t *lay,
                 if (cu->mirror[i].host == seqs[q].state) cu->mirror[i].host = NULL;
     }
     return rc;
+}
+
+/* ---- DSpark ------------------------------------------------------------------------ */
+
+int bt_model_cuda_invariant_rows(const struct bt_model_cuda *cu)
+{
+    (void)cu;
+    return GRAPH_MAX_SEQS; /* the few-row products (decode batches) and the grouped MoE */
+}
+
+uint64_t bt_model_cuda_restored(struct bt_model_cuda *cu, const uint8_t *state, uint64_t tag,
+                                const bt_kv_range_t *rg, int n)
+{
+    int hit = -1;
+    for (int i = 0; i < cu->n_mirrors && hit < 0 && tag; i++)
+        if (cu->mirror[i].host == state && cu->mirror[i].tag == tag) hit = i;
+    if (hit < 0) return 0;
+    if (n == 0) return tag;
+    /* packed into pinned memory, one copy over, spread by one kernel: copy_home backwards */
+    size_t bytes = 0;
+    for (int i = 0; i < n; i++)
+        bytes += (rg[i].len + 15) / 16 * 16;
+    uint8_t *dslot = cu->mirror_mem + (size_t)hit * cu->slot_bytes;
+    bool ok = cudaSetDevice(cu->gpu) == cudaSuccess && home_reserve(cu, n, bytes);
+    if (ok) {
+        size_t at = 0;
+        for (int i = 0; i < n; i++) {
+            memcpy(cu->home_h + at, state + rg[i].off, rg[i].len);
+            cu->home_rg_h[i] = (bt_cuda_copy_t){cu->home_d + at, dslot + rg[i].off, rg[i].len};
+            at += (rg[i].len + 15) / 16 * 16;
+        }
+        ok = cudaMemcpyAsync(cu->home_d, cu->home_h, at, cudaMemcpyHostToDevice, cu->stream) ==
+                 cudaSuccess &&
+             cudaMemcpyAsync(cu->home_rg_d, cu->home_rg_h, (size_t)n * sizeof(bt_cuda_copy_t),
+                             cudaMemcpyHostToDevice, cu->stream) == cudaSuccess &&
+             bt_cuda_copy_ranges(cu->home_rg_d, n, cu->stream) == BT_OK &&
+             cudaStreamSynchronize(cu->stream) == cudaSuccess;
+    }
+    if (!ok) { /* the mirror is forgotten; the next forward uploads the slot */
+        cudaGetLastError();
+        cu->mirror[hit].host = NULL;
+        return 0;
+    }
+    return tag;
+}
+
+/* A draft stage's attention (model.c draft_attend_token): each block row over its stage's
+ * ring, every filled slot, and all its block's rows, both ways, with the sink; staged per
+ * sequence as [ring W rows][block rows], key lists idx_d of `stride` (planned by the caller). */
+static bt_status_t draft_attention(fwd_t *f, int l, const int32_t *idx_d, const int32_t *idx_n_d,
+                                   int stride, int B)
+{
+    bt_model_t *m = f->m;
+    struct bt_model_cuda *cu = f->cu;
+    const bt_model_config_t *c = &m->cfg;
+    const dev_layer_t *w = &cu->layer[l];
+    char *err = f->err;
+    size_t errlen = f->errlen;
+    cudaStream_t st = cu->stream;
+    int N = f->N, D = c->hidden, hd = c->head_dim, H = m->hl, qlr = c->q_lora_rank, W = c->window;
+    float eps = (float)c->rms_eps;
+    int half = m->half_main;
+    size_t row = (size_t)hd * sizeof(float);
+    attention_fn *attend = cu->att_tc ? bt_cuda_attention_tc_ws : bt_cuda_attention_ws;
+    CK(mm(f, cu->q_res, qlr, cu->xin, D, &w->wq_a, N));
+    CK(bt_cuda_rmsnorm(cu->q_res, BT_CUDA_F32, cu->q_res, BT_CUDA_F32, w->q_norm, N, qlr, eps, st));
+    CK(mm(f, cu->q, H * hd, cu->q_res, qlr, &w->wq_b, N));
+    CK(mm(f, cu->kv, hd, cu->xin, D, &w->wkv, N));
+    if (half) CK(bt_cuda_rope(cu->q, BT_CUDA_F32, N, H, hd, f->pos_d, cu->inv_main, half, 0, st));
+    CK(bt_cuda_head_finish(cu->kv, N, 1, hd, 1, w->kv_norm, eps, half ? f->pos_d : NULL,
+                           cu->inv_main, half, 32, BT_CUDA_FQ_FP8_UE8M0, st));
+    for (int q = 0; q < f->n_seqs; q++) {
+        int first = f->first[q];
+        float *stage = cu->win_stage + ((size_t)q * W + first) * hd;
+        CK(d2d(f, stage, region(f->dslot[q], f->lay->window_off[l]), (size_t)W * row));
+        CK(d2d(f, stage + (size_t)W * hd, cu->kv + (size_t)first * hd, (size_t)B * row));
+        CK(attend(cu->attn + (size_t)first * H * hd, cu->q + (size_t)first * H * hd, stage,
+                  idx_d + (size_t)first * stride, idx_n_d + first, stride, NULL, NULL, NULL, 0,
+                  w->attn_sink, f->pos_d + first, cu->inv_main, half, BT_CUDA_F32, B, H, hd,
+                  cu->att_ws, cu->att_ws_cap, NULL, st));
+    }
+    return attention_out(f, l);
+}
+
+/* The draft's forward over the blocks (model.c bt_model_draft): the rows' logits in dlogits,
+ * their collapsed streams before the norm in cu->draft_pre. */
+static bt_status_t draft_forward(fwd_t *f, const int32_t *ids)
+{
+    bt_model_t *m = f->m;
+    struct bt_model_cuda *cu = f->cu;
+    const bt_model_config_t *c = &m->cfg;
+    char *err = f->err;
+    size_t errlen = f->errlen;
+    cudaStream_t st = cu->stream;
+    int N = f->N, B = c->draft_block, W = c->window, hc = c->hc_mult, D = c->hidden, V = c->vocab;
+    int stride = W + B;
+    int32_t *ids_h, *ids_d, *idx, *idx_d, *idx_n, *idx_n_d;
+    int64_t *pos;
+    PLAN(f, int32_t, N, ids_h, ids_d);
+    PLAN(f, int64_t, N, pos, f->pos_d);
+    PLAN(f, int32_t, (size_t)N * stride, idx, idx_d);
+    PLAN(f, int32_t, N, idx_n, idx_n_d);
+    for (int q = 0; q < f->n_seqs; q++) {
+        int64_t start = bt_kv_header(f->seqs[q].state)->n_tokens;
+        int n_ring = start < W ? (int)start : W;
+        for (int i = 0; i < B; i++) {
+            int t = f->first[q] + i;
+            ids_h[t] = ids[t];
+            pos[t] = start + i;
+            idx_n[t] = n_ring + B;
+            for (int j = 0; j < n_ring; j++)
+                idx[(size_t)t * stride + j] = j;
+            for (int j = 0; j < B; j++)
+                idx[(size_t)t * stride + n_ring + j] = W + j;
+        }
+    }
+    CK(plan_send(cu, ids_h, ids_d, (size_t)N * sizeof(int32_t), err, errlen));
+    CK(plan_send(cu, pos, f->pos_d, (size_t)N * sizeof(int64_t), err, errlen));
+    CK(plan_send(cu, idx, idx_d, (size_t)N * stride * sizeof(int32_t), err, errlen));
+    CK(plan_send(cu, idx_n, idx_n_d, (size_t)N * sizeof(int32_t), err, errlen));
+    CK(bt_cuda_embed_streams(cu->x, cu->pre_mix, cu->embed, ids_d, N, hc, D, st));
+    for (int j = 0; j < c->n_draft; j++) {
+        int l = c->n_layers + j;
+        const dev_layer_t *w = &cu->layer[l];
+        CK(site(f, w->hc_attn_fn, w->hc_attn_base, w->hc_attn_scale, cu->attn_pre, cu->pre_mix,
+                w->attn_norm));
+        CK(draft_attention(f, l, idx_d, idx_n_d, stride, B));
+        CK(bt_cuda_hc_expand(cu->x, cu->out, BT_CUDA_F32, cu->post, cu->comb, N, hc, D, st));
+        CK(site(f, w->hc_ffn_fn, w->hc_ffn_base, w->hc_ffn_scale, cu->pre_mix, cu->attn_pre,
+                w->ffn_norm));
+        CK(moe(f, l));
+        CK(bt_cuda_hc_expand(cu->x, cu->out, BT_CUDA_F32, cu->post, cu->comb, N, hc, D, st));
+    }
+    CK(bt_cuda_hc_collapse(cu->draft_pre, D, cu->x, cu->pre_mix, N, hc, D, st));
+    CK(bt_cuda_rmsnorm(cu->hidden, BT_CUDA_F32, cu->draft_pre, BT_CUDA_F32, cu->draft_norm, N, D,
+                       (float)c->rms_eps, st));
+    return bt_cuda_gemm_f32(cu->blas, cu->dlogits, V, cu->hidden, D, cu->head, N, V, D, st);
+}
+
+static int32_t argmax_row(const float *row, int n)
+{
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (row[i] > row[best]) best = i;
+    return best;
+}
+
+bt_status_t bt_model_cuda_draft(bt_model_t *m, const bt_kv_layout_t *lay, uint8_t *const *states,
+                                const int32_t *last, int n_seqs, bt_draft_choose_fn choose,
+                                void *ctx, int32_t *drafts, float *conf, char *err, size_t errlen)
+{
+    struct bt_model_cuda *cu = m->cuda;
+    const bt_model_config_t *c = &m->cfg;
+    cudaStream_t st = cu->stream;
+    int B = c->draft_block, D = c->hidden, V = c->vocab, R = c->draft_markov_rank;
+    bt_forward_seq_t seqs[BT_MODEL_MAX_SEQS];
+    int first[BT_MODEL_MAX_SEQS];
+    int32_t *ids = cu->draft_ids;
+    if (n_seqs * B > cu->logit_rows) {
+        snprintf(err, errlen, "draft of %d rows: the GPU's logits hold %d", n_seqs * B,
+                 cu->logit_rows);
+        return BT_ERR_INVALID_ARG;
+    }
+    for (int q = 0; q < n_seqs; q++) {
+        ids[q * B] = last[q];
+        for (int i = 1; i < B; i++)
+            ids[q * B + i] = c->draft_noise_id;
+        seqs[q] = (bt_forward_seq_t){.state = states[q], .ids = ids + q * B, .n = B};
+        first[q] = q * B;
+    }
+    fwd_t f;
+    memset(&f, 0, sizeof f);
+    f.m = m;
+    f.cu = cu;
+    f.lay = lay;
+    f.seqs = seqs;
+    f.n_seqs = n_seqs;
+    f.N = n_seqs * B;
+    f.first = first;
+    f.err = err;
+    f.errlen = errlen;
+    cu->meta_used = 0;
+    CK_CUDA(cudaSetDevice(cu->gpu));
+    bt_status_t rc = bind_mirrors(&f);
+    if (rc == BT_OK) rc = draft_forward(&f, ids);
+    if (rc != BT_OK) {
+        cudaStreamSynchronize(st);
+        cudaGetLastError();
+        return rc;
+    }
+    if (!drafts) return cudaStreamSynchronize(st) == cudaSuccess ? BT_OK : BT_ERR_DEVICE;
+    if (conf)
+        CK_CUDA(cudaMemcpyAsync(cu->draft_pre_h, cu->draft_pre, (size_t)f.N * D * sizeof(float),
+                                cudaMemcpyDeviceToHost, st));
+    /* row by row: the Markov bias of the token before (from the pick just made), then the
+     * pick on the host */
+    int32_t prev[BT_MODEL_MAX_SEQS];
+    memcpy(prev, last, (size_t)n_seqs * sizeof(int32_t));
+    for (int i = 0; i < B; i++) {
+        int64_t *eid, *eid_d;
+        PLAN(&f, int64_t, n_seqs, eid, eid_d);
+        for (int q = 0; q < n_seqs; q++)
+            eid[q] = prev[q];
+        CK(plan_send(cu, eid, eid_d, (size_t)n_seqs * sizeof(int64_t), err, errlen));
+        CK(bt_cuda_gather_rows(cu->markov_e, cu->markov_embed, eid_d, n_seqs, R, st));
+        CK(mm(&f, cu->markov_bias, V, cu->markov_e, R, &cu->markov_head, n_seqs));
+        CK_CUDA(cudaMemcpy2DAsync(cu->draft_rows_h, (size_t)V * sizeof(float),
+                                  cu->dlogits + (size_t)i * V, (size_t)B * V * sizeof(float),
+                                  (size_t)V * sizeof(float), (size_t)n_seqs, cudaMemcpyDeviceToHost,
+                                  st));
+        CK_CUDA(cudaMemcpyAsync(cu->draft_bias_h, cu->markov_bias,
+                                (size_t)n_seqs * V * sizeof(float), cudaMemcpyDeviceToHost, st));
+        if (conf)
+            CK_CUDA(cudaMemcpyAsync(cu->markov_e_h, cu->markov_e,
+                                    (size_t)n_seqs * R * sizeof(float), cudaMemcpyDeviceToHost,
+                                    st));
+        CK_CUDA(cudaStreamSynchronize(st));
+        for (int q = 0; q < n_seqs; q++) {
+            int t = q * B + i;
+            float *row = cu->draft_rows_h + (size_t)q * V;
+            const float *bias = cu->draft_bias_h + (size_t)q * V;
+            for (int v = 0; v < V; v++)
+                row[v] += bias[v];
+            if (conf) {
+                const float *pre = cu->draft_pre_h + (size_t)t * D,
+                            *e = cu->markov_e_h + (size_t)q * R;
+                conf[t] = bt_cpu_dot(m->conf_proj, pre, D) + bt_cpu_dot(m->conf_proj + D, e, R);
+            }
+            int32_t tok = choose ? choose(ctx, q, i, row, V) : argmax_row(row, V);
+            if (tok < 0 || tok >= V) {
+                snprintf(err, errlen, "sequence %d: draft token %d outside the vocabulary", q, tok);
+                return BT_ERR_INVALID_ARG;
+            }
+            drafts[t] = tok;
+            prev[q] = tok;
+        }
+    }
+    return BT_OK;
 }

@@ -127,6 +127,25 @@ struct bt_model {
 void bt_model__engram_hashes(const bt_model_t *m, const bt_forward_seq_t *seqs, int n_seqs,
                              const int *seq_first, int64_t *cid, int64_t *hash);
 
+/* What a verification forward overwrites in a slot that its rejected tokens must give back:
+ * the header, the ring slots of its positions (every window ring, the draft's included) and
+ * the open compressor groups; and the compressor rows it computed, from which the group open
+ * after the kept tokens is rebuilt. Compressed entries past the restored counters are never
+ * read, so they need nothing. */
+struct bt_kv_undo {
+    int max_rows, n; /* n: the rows of the recorded forward, 0 when none */
+    int n_rings, hd;
+    bt_kv_header_t before;
+    float *ring; /* [n_rings][max_rows][hd] the slots' previous contents */
+    float *pend_kv[BT_MAX_LAYERS], *pend_gate[BT_MAX_LAYERS]; /* [ratio][hd] previous groups */
+    float *row_kv[BT_MAX_LAYERS], *row_gate[BT_MAX_LAYERS];   /* [max_rows][hd] new rows */
+};
+
+/* Records into seq->undo what a verification forward of seq is about to overwrite (the
+ * compressor rows are recorded by the forward itself). */
+void bt_model__undo_record(const bt_model_t *m, const bt_kv_layout_t *lay,
+                           const bt_forward_seq_t *seq);
+
 /* Frees a pointer the model tracks (a weight the device backend has taken over). */
 void bt_model__free_tracked(bt_model_t *m, void *p);
 
@@ -149,6 +168,17 @@ bt_status_t bt_model_cuda_forward(bt_model_t *m, const bt_kv_layout_t *lay,
 /* whether a forward of n_seqs sequences (a row each) can draw its tokens on the GPU (their
  * rows fit one chunk of the device's logits) */
 bool bt_model_cuda_draws(const bt_model_t *m, int n_seqs);
+/* bt_model_batch_invariant_rows on the GPU */
+int bt_model_cuda_invariant_rows(const struct bt_model_cuda *cuda);
+/* bt_model_draft on the GPU (after its checks) */
+bt_status_t bt_model_cuda_draft(bt_model_t *m, const bt_kv_layout_t *lay, uint8_t *const *states,
+                                const int32_t *last, int n_seqs, bt_draft_choose_fn choose,
+                                void *ctx, int32_t *drafts, float *conf, char *err, size_t errlen);
+/* A rollback restored the n ranges rg of the host slot `state`, whose header had tag `tag`:
+ * the same bytes into the slot's mirror. Returns the tag the header keeps (0 when no mirror
+ * was current: the next forward uploads the slot). */
+uint64_t bt_model_cuda_restored(struct bt_model_cuda *cuda, const uint8_t *state, uint64_t tag,
+                                const bt_kv_range_t *rg, int n);
 void bt_model_cuda_destroy(struct bt_model_cuda *cuda);
 void bt_model_cuda_graph_stats(const struct bt_model_cuda *cuda, uint64_t *steps, uint64_t *instances);
 uint64_t bt_model_cuda_device_draws(const struct bt_model_cuda *cuda);

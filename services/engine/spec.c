@@ -221,17 +221,24 @@ bt_status_t bt_spec_step(bt_spec_t *sp, const bt_kv_layout_t *lay, bt_spec_seq_t
         last[q] = seqs[q].last;
     }
     sp->cur = seqs;
+    /* the verification within the rows whose results do not depend on the batch: a step of
+     * many sequences verifies fewer proposals each, or none (then no draft runs) */
+    int inv = bt_model_batch_invariant_rows(sp->m), k_max = sp->rows - 1;
+    if (inv > 0 && inv / n - 1 < k_max) k_max = inv / n - 1 > 0 ? inv / n - 1 : 0;
     const bt_spec_group_t *grp = &sp->group;
-    if (grp->draft && (st0 = grp->draft(grp->ctx, seqs, n)) != BT_OK)
-        return group_failed(st0, err, errlen);
-    bt_status_t st = bt_model_draft(sp->m, lay, states, last, n, draft_pick, sp, sp->drafts,
-                                    sp->conf, err, errlen);
-    if (st != BT_OK) return st;
+    bt_status_t st;
+    if (k_max > 0) {
+        if (grp->draft && (st0 = grp->draft(grp->ctx, seqs, n)) != BT_OK)
+            return group_failed(st0, err, errlen);
+        st = bt_model_draft(sp->m, lay, states, last, n, draft_pick, sp, sp->drafts, sp->conf, err,
+                            errlen);
+        if (st != BT_OK) return st;
+    }
 
     /* the target over [last, proposals...] */
     bt_forward_seq_t fs[BT_MODEL_MAX_SEQS];
     for (int q = 0; q < n; q++) {
-        int k = sp->rows - 1;
+        int k = k_max;
         if (k > sp->block) k = sp->block;
         if (k > seqs[q].max_emit - 1) k = seqs[q].max_emit - 1;
         if (sp->tau > 0.0f) /* up to the first the draft doubts (sigmoid(conf) < tau) */

@@ -5,14 +5,18 @@
 # beginning the prefill group's prefix cache holds (restored into a device slot). Needs a GPU;
 # run by hand or on the device machine:
 #   tests/gpu/cluster_cuda.sh BIN_DIR [--device cuda|cpu] [--dtype auto|float32|bfloat16] [--tp N]
+#                             [--dspark]
+# With --dspark the cluster decodes speculatively (--speculative-algorithm DSPARK, the demo
+# model's draft stages); the reference stays plain `baton generate`, whose greedy ids it must give.
 # With --tp N both groups are N ranks (processes) on the same GPU; the reference stays TP 1,
 # so use --dtype float32 there (sharded projections are dequantized under TP).
 set -uo pipefail
 bin=${1:?usage: cluster_cuda.sh BIN_DIR [--device cuda|cpu] [--dtype D] [--tp N]}
 shift
-device=cuda dtype=auto tp=1
+device=cuda dtype=auto tp=1 spec=()
 while [ $# -gt 0 ]; do
   case $1 in
+    --dspark) spec=(--speculative-algorithm DSPARK); shift ;;
     --device) device=$2; shift 2 ;;
     --dtype) dtype=$2; shift 2 ;;
     --tp) tp=$2; shift 2 ;;
@@ -22,7 +26,7 @@ done
 work=$(mktemp -d)
 port=$((20000 + RANDOM % 20000)) router=$((port + 1))
 "$bin/baton" up --device "$device" --dtype "$dtype" --tp "$tp" --port "$port" --router-port "$router" \
-  --ucx-tls tcp --max-new-tokens 64 >"$work/up.log" 2>&1 &
+  --ucx-tls tcp --max-new-tokens 64 "${spec[@]}" >"$work/up.log" 2>&1 &
 up=$!
 cleanup() { kill -TERM "$up" 2>/dev/null; wait "$up" 2>/dev/null; rm -rf "$work"; }
 trap cleanup EXIT
@@ -98,6 +102,16 @@ for k in 0 1 2; do
   fi
 done
 grep -h "model on GPU\|KV cache for" "$work/up.log" | head -4
+proposed=
+if [ ${#spec[@]} -gt 0 ]; then
+  # the decode group verified proposals (its metrics), else the rounds above proved nothing new
+  maddr=$(grep -o '/metrics on [0-9.]*:[0-9]*' "$work/up.log" | head -1 | awk '{print $3}')
+  proposed=$(LD_LIBRARY_PATH= curl -s --max-time 5 "http://$maddr/metrics" | awk '/^baton_decode_spec_proposed_total/ {print int($2)}')
+  if [ -z "$proposed" ] || [ "$proposed" -le 0 ]; then
+    echo "FAIL the decode group verified no proposals (metrics at ${maddr:-?}: ${proposed:-none})"
+    fail=1
+  fi
+fi
 if [ $fail != 0 ]; then keep_log; echo "--- baton up log (tail)"; tail -20 "$work/up.log"; fi
-if [ $fail = 0 ]; then echo "cluster on --device $device --dtype $dtype --tp $tp: ${#prompts[@]} prompts x 2 rounds, greedy ids identical to baton generate --device $device --dtype $dtype; prefix cache hits of 256 tokens twice, ids identical"; fi
+if [ $fail = 0 ]; then echo "cluster on --device $device --dtype $dtype --tp $tp${spec[*]:+ ${spec[*]}}: ${#prompts[@]} prompts x 2 rounds, greedy ids identical to baton generate --device $device --dtype $dtype; prefix cache hits of 256 tokens twice, ids identical${proposed:+; $proposed proposals verified}"; fi
 exit $fail

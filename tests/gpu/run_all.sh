@@ -47,5 +47,6 @@ index_scores,index_scores_sets,index_scores_tc,index_sets_tc,gemm_fp4_grouped,ge
 hc_mix,hc_mix_ws,hc_mix_collapse"
 step test_model_cuda 300 "$bundle/bin/test_model_cuda"
 step cluster_auto_tp1 200 bash "$here/cluster_cuda.sh" "$bundle/bin"
+step cluster_auto_tp1_dspark 200 bash "$here/cluster_cuda.sh" "$bundle/bin" --dspark
 step cluster_f32_tp2 200 bash "$here/cluster_cuda.sh" "$bundle/bin" --dtype float32 --tp 2
 exit $failed

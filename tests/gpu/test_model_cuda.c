@@ -17,6 +17,7 @@
 #include "unit/services/engine/golden_util.h"
 #include "common/text/tokenizer.h"
 #include "services/engine/demo_model.h"
+#include "services/engine/spec.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -957,6 +958,289 @@ static void test_batch_equals_single(void)
     BT_CHECK(system(cmd) == 0);
 }
 
+/* ---- DSpark on the GPU ------------------------------------------------------------------ */
+
+static bt_model_t *load_demo_draft(const char *dir, int device, int weights)
+{
+    char err[512];
+    int32_t *map = NULL;
+    int classes = 0;
+    bt_tokenizer_t *tok = NULL;
+    if (bt_tokenizer_load(dir, &tok, err, sizeof err) != BT_OK ||
+        bt_tokenizer_engram_token_map(tok, &map, &classes) != BT_OK) {
+        fprintf(stderr, "demo tokenizer: %s\n", err);
+        bt_tokenizer_destroy(tok);
+        return NULL;
+    }
+    bt_tokenizer_destroy(tok);
+    bt_model_options_t opt = test_options(device, weights);
+    opt.engram_token_map = map;
+    opt.engram_classes = classes;
+    opt.draft = true;
+    bt_model_t *m = NULL;
+    if (bt_model_load(dir, &opt, &m, err, sizeof err) != BT_OK) {
+        fprintf(stderr, "load demo with its draft (%s): %s\n",
+                device == BT_DEVICE_CUDA ? "cuda" : "cpu", err);
+        m = NULL;
+    }
+    free(map);
+    return m;
+}
+
+/* the rows a draft's picks were made from (after the Markov bias), and greedy picks */
+typedef struct {
+    float *rows; /* [seqs][block][V] */
+    int block, V;
+} draft_rows_t;
+
+static int32_t record_row(void *ctx, int seq, int row, float *logits, int vocab)
+{
+    draft_rows_t *r = ctx;
+    memcpy(r->rows + ((size_t)seq * r->block + row) * r->V, logits, (size_t)vocab * sizeof(float));
+    return golden_argmax(logits, vocab);
+}
+
+static double max_abs(const float *a, size_t n)
+{
+    double m = 0;
+    for (size_t i = 0; i < n; i++)
+        m = fmax(m, fabs((double)a[i]));
+    return m;
+}
+
+/* The draft on the GPU (f32 weights) against the CPU engine's. The stages' ring entries after
+ * the same prompts: FP8-rounded values, a step apart wherever the f32 inputs round to either
+ * side (the GPU sums in another order), so most equal and the rest few. The draft itself: the
+ * CPU's run on copies of the GPU's slots (the same rings, host slots are the authoritative
+ * copies), the rows the picks are made from within 1e-4 of their largest, the same picks, the
+ * confidence logits within 1e-4. */
+static void check_draft_vs_cpu(const char *dir)
+{
+    enum { S = 2, PL = 11 };
+    char err[256];
+    bt_model_t *cpu = load_demo_draft(dir, BT_DEVICE_CPU, BT_WEIGHTS_AUTO);
+    bt_model_t *gpu = load_demo_draft(dir, BT_DEVICE_CUDA, BT_WEIGHTS_F32);
+    BT_CHECK(cpu && gpu);
+    if (!cpu || !gpu) goto out;
+    const bt_model_config_t *c = bt_model_config(cpu);
+    int V = c->vocab, B = bt_model_draft_block(cpu), hd = c->head_dim, W = c->window;
+    BT_CHECK(B > 0 && bt_model_draft_block(gpu) == B);
+    bt_kv_layout_t lay;
+    BT_CHECK(bt_kv_layout_init(&lay, c, MAX_CTX) == BT_OK);
+    BT_CHECK(lay.n_rings == c->n_layers + c->n_draft);
+    uint8_t *st[3][S]; /* the CPU's, the GPU's, copies of the GPU's */
+    float *lg = malloc((size_t)MAX_CTX * V * sizeof(float));
+    int32_t prompt[S][PL], last[S];
+    for (int q = 0; q < S; q++)
+        for (int i = 0; i < PL; i++)
+            prompt[q][i] = (int32_t)((q * 53 + i * 17 + 5) % V);
+    for (int k = 0; k < 2; k++)
+        for (int q = 0; q < S; q++) {
+            st[k][q] = bt_aligned_alloc(64, lay.slot_bytes);
+            BT_CHECK(run(k ? gpu : cpu, &lay, st[k][q], prompt[q], PL - 3 * q, 0, lg, true) == 0);
+            if (k == 0) last[q] = golden_argmax(lg + (size_t)(PL - 3 * q - 1) * V, V);
+        }
+    long values = 0, apart = 0;
+    double ring_rel = 0;
+    for (int j = 0; j < c->n_draft; j++)
+        for (int q = 0; q < S; q++) {
+            int n = PL - 3 * q < W ? PL - 3 * q : W;
+            const float *a = bt_kv_region(st[1][q], lay.window_off[c->n_layers + j]);
+            const float *b = bt_kv_region(st[0][q], lay.window_off[c->n_layers + j]);
+            double big = max_abs(b, (size_t)n * hd);
+            BT_CHECK(big > 0); /* the CPU's ring was written */
+            for (int i = 0; i < n * hd; i++)
+                apart += fabs((double)a[i] - b[i]) > 1e-6 * big;
+            values += (long)n * hd;
+            ring_rel = fmax(ring_rel, rel_l2(a, b, n * hd));
+        }
+    fprintf(stderr,
+            "  draft rings on the GPU (f32) vs the CPU: %ld of %ld values apart, rel. L2 %.2g\n",
+            apart, values, ring_rel);
+    BT_CHECK_MSG(apart * 100 <= values, "draft rings: %ld of %ld values differ from the CPU's",
+                 apart, values);
+    BT_CHECK_MSG(ring_rel <= 1e-2, "draft rings differ from the CPU's: rel. L2 %g", ring_rel);
+    for (int q = 0; q < S; q++) {
+        st[2][q] = bt_aligned_alloc(64, lay.slot_bytes);
+        memcpy(st[2][q], st[1][q], lay.slot_bytes);
+    }
+    draft_rows_t rows[2];
+    int32_t picks[2][S * 16];
+    float conf[2][S * 16];
+    for (int k = 0; k < 2; k++) {
+        rows[k] = (draft_rows_t){malloc((size_t)S * B * V * sizeof(float)), B, V};
+        BT_CHECK(bt_model_draft(k ? gpu : cpu, &lay, k ? st[1] : st[2], last, S, record_row,
+                                &rows[k], picks[k], conf[k], err, sizeof err) == BT_OK);
+    }
+    double row_err = 0, conf_err = 0;
+    int same = 0;
+    for (int t = 0; t < S * B; t++) {
+        const float *a = rows[1].rows + (size_t)t * V, *b = rows[0].rows + (size_t)t * V;
+        double big = max_abs(b, (size_t)V), worst = 0;
+        for (int v = 0; v < V; v++)
+            worst = fmax(worst, fabs((double)a[v] - b[v]));
+        row_err = fmax(row_err, worst / big);
+        conf_err = fmax(conf_err, fabs((double)conf[1][t] - conf[0][t]) /
+                                      fmax(1.0, fabs((double)conf[0][t])));
+        same += picks[1][t] == picks[0][t];
+    }
+    fprintf(stderr,
+            "  draft on the GPU (f32) vs the CPU's over the same slots: rows within %.2g of their "
+            "largest, %d of %d picks equal, confidence within %.2g\n",
+            row_err, same, S * B, conf_err);
+    BT_CHECK_MSG(row_err <= 1e-4, "draft rows differ from the CPU's by %g of their largest",
+                 row_err);
+    BT_CHECK_MSG(conf_err <= 1e-4, "confidence logits differ by %g", conf_err);
+    BT_CHECK_MSG(same == S * B, "%d of %d draft picks differ from the CPU's", S * B - same, S * B);
+    for (int k = 0; k < 3; k++)
+        for (int q = 0; q < S; q++)
+            bt_aligned_free(st[k][q]);
+    for (int k = 0; k < 2; k++)
+        free(rows[k].rows);
+    free(lg);
+out:
+    bt_model_destroy(cpu);
+    bt_model_destroy(gpu);
+}
+
+/* Speculative greedy decoding on the GPU gives plain greedy decoding's ids there: S sequences
+ * GEN tokens each (the products of up to 16 rows are batch-invariant and a verification's rows
+ * attend as a decode step's tokens do, each alone). Rollbacks keep the GPU's copy of the slot
+ * current (the header keeps its device tag) and equal to the host's: the next step from the
+ * slot and from a copy of it (uploaded afresh) give the same logits. */
+static void check_spec_equals_plain(const char *what, bt_model_t *m, int S)
+{
+    enum { SMAX = 4, PL = 9, GEN = 40 };
+    char err[256];
+    const bt_model_config_t *c = bt_model_config(m);
+    int V = c->vocab;
+    bt_kv_layout_t lay;
+    BT_CHECK(bt_kv_layout_init(&lay, c, MAX_CTX) == BT_OK);
+    float *lg = malloc((size_t)MAX_CTX * V * sizeof(float));
+    uint8_t *st[SMAX];
+    int32_t prompt[SMAX][PL], plain[SMAX][GEN], spec[SMAX][GEN];
+    for (int q = 0; q < S; q++) {
+        st[q] = bt_aligned_alloc(64, lay.slot_bytes);
+        for (int i = 0; i < PL; i++)
+            prompt[q][i] = (int32_t)((q * 29 + i * 13 + 7) % V);
+    }
+    /* plain: the first id from the prefill, then a step of both sequences at a time */
+    for (int q = 0; q < S; q++) {
+        BT_CHECK(run(m, &lay, st[q], prompt[q], PL - 2 * q, 0, lg, true) == 0);
+        plain[q][0] = golden_argmax(lg + (size_t)(PL - 2 * q - 1) * V, V);
+    }
+    for (int g = 1; g < GEN; g++) {
+        bt_forward_seq_t seq[SMAX];
+        for (int q = 0; q < S; q++)
+            seq[q] = (bt_forward_seq_t){st[q], &plain[q][g - 1], 1, false, NULL};
+        BT_CHECK(bt_model_forward(m, &lay, seq, S, lg, err, sizeof err) == BT_OK);
+        for (int q = 0; q < S; q++)
+            plain[q][g] = golden_argmax(lg + (size_t)q * V, V);
+    }
+    /* speculative */
+    bt_spec_t *sp = NULL;
+    BT_CHECK(bt_spec_create(m, S, V, 0, &sp) == BT_OK);
+    if (!sp) goto out;
+    int have[SMAX], rejected_tagged = 0, rejected = 0, steps = 0, left = S;
+    for (int q = 0; q < S; q++) {
+        BT_CHECK(run(m, &lay, st[q], prompt[q], PL - 2 * q, 0, lg, true) == 0);
+        spec[q][0] = golden_argmax(lg + (size_t)(PL - 2 * q - 1) * V, V);
+        have[q] = 1;
+    }
+    while (left > 0 && steps < 4 * GEN) {
+        bt_spec_seq_t sq[SMAX];
+        int idx[SMAX], n = 0;
+        for (int q = 0; q < S; q++) {
+            if (have[q] >= GEN) continue;
+            sq[n] = (bt_spec_seq_t){.state = st[q],
+                                    .slot = q,
+                                    .last = spec[q][have[q] - 1],
+                                    .sampling = {0.0f, 1.0f, 0.0f, 0, 0},
+                                    .step = (uint64_t)have[q],
+                                    .max_emit = GEN - have[q]};
+            idx[n++] = q;
+        }
+        bt_status_t rc = bt_spec_step(sp, &lay, sq, n, err, sizeof err);
+        BT_CHECK_MSG(rc == BT_OK, "%s: spec step: %s", what, err);
+        if (rc != BT_OK) break;
+        steps++;
+        for (int k = 0; k < n; k++) {
+            int q = idx[k];
+            for (int e = 0; e < sq[k].n_emit && have[q] < GEN; e++)
+                spec[q][have[q]++] = sq[k].emit[e];
+            left -= have[q] == GEN;
+            if (sq[k].n_accepted < sq[k].n_proposed) {
+                rejected++;
+                rejected_tagged += bt_kv_header(st[q])->device_tag != 0;
+            }
+        }
+    }
+    uint64_t n_steps, proposed, accepted;
+    bt_spec_stats(sp, &n_steps, &proposed, &accepted);
+    int first_bad = -1;
+    for (int q = 0; q < S; q++)
+        for (int g = 0; g < GEN && first_bad < 0; g++)
+            if (spec[q][g] != plain[q][g]) first_bad = q * GEN + g;
+    fprintf(
+        stderr,
+        "  %s: speculative greedy %s plain greedy (%d sequences x %d ids, %llu proposals verified, "
+        "%llu accepted, %d rollbacks with a rejection, %d of them kept the device tag)\n",
+        what, first_bad < 0 ? "equals" : "differs from", S, GEN, (unsigned long long)proposed,
+        (unsigned long long)accepted, rejected, rejected_tagged);
+    if (first_bad >= 0)
+        fprintf(stderr, "  %s: first difference: sequence %d id %d\n", what, first_bad / GEN,
+                first_bad % GEN);
+    BT_CHECK_MSG(first_bad < 0, "%s: speculative greedy ids differ from plain greedy ids", what);
+    BT_CHECK_MSG(rejected > 0 && rejected_tagged == rejected,
+                 "%s: %d of %d rollbacks dropped the device copy", what, rejected - rejected_tagged,
+                 rejected);
+    /* the GPU's copy after the rollbacks against a fresh upload of the host's */
+    {
+        uint8_t *copy = bt_aligned_alloc(64, lay.slot_bytes);
+        memcpy(copy, st[0], lay.slot_bytes);
+        bt_kv_header(copy)->device_tag = 0;
+        int32_t tok = spec[0][GEN - 1];
+        float *lg2 = malloc((size_t)V * sizeof(float));
+        bt_forward_seq_t a = {st[0], &tok, 1, false, NULL}, b = {copy, &tok, 1, false, NULL};
+        BT_CHECK(bt_model_forward(m, &lay, &a, 1, lg, err, sizeof err) == BT_OK);
+        BT_CHECK(bt_model_forward(m, &lay, &b, 1, lg2, err, sizeof err) == BT_OK);
+        BT_CHECK_MSG(memcmp(lg, lg2, (size_t)V * sizeof(float)) == 0,
+                     "%s: the slot's GPU copy after rollbacks differs from the host's", what);
+        free(lg2);
+        bt_aligned_free(copy);
+    }
+    bt_spec_destroy(sp);
+out:
+    for (int q = 0; q < S; q++)
+        bt_aligned_free(st[q]);
+    free(lg);
+}
+
+static void test_dspark(void)
+{
+    char dir[1024], err[256];
+    const char *tmp = getenv("TMPDIR");
+    snprintf(dir, sizeof dir, "%s/baton-demo-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    BT_CHECK(mkdtemp(dir) != NULL);
+    BT_CHECK(bt_demo_model_write(dir, "demo", err, sizeof err) == BT_OK);
+    check_draft_vs_cpu(dir);
+    static const struct {
+        int weights;
+        const char *what;
+    } kinds[] = {{BT_WEIGHTS_AUTO, "demo, checkpoint formats"}, {BT_WEIGHTS_F32, "demo, f32"}};
+    for (int k = 0; k < 2; k++) {
+        bt_model_t *m = load_demo_draft(dir, BT_DEVICE_CUDA, kinds[k].weights);
+        BT_CHECK(m != NULL);
+        /* two sequences verify whole blocks; four, 3 proposals each (16 rows) */
+        if (m) check_spec_equals_plain(kinds[k].what, m, 2);
+        if (m) check_spec_equals_plain(kinds[k].what, m, 4);
+        bt_model_destroy(m);
+    }
+    char cmd[1100];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    BT_CHECK(system(cmd) == 0);
+}
+
 int main(void)
 {
     BT_RUN(test_golden_a_exact);
@@ -968,5 +1252,6 @@ int main(void)
     BT_RUN(test_graphs_match_eager);
     BT_RUN(test_two_streams_match_one);
     BT_RUN(test_batch_equals_single);
+    BT_RUN(test_dspark);
     return bt_test_summary();
 }
