@@ -940,7 +940,8 @@ static void maybe_step(decode_t *d)
     }
     if (n == 0) return;
     d->n_batch = n;
-    d->spec_step = d->spec != NULL;
+    /* (a step of more sequences than speculation has rows for is a plain one) */
+    d->spec_step = d->spec != NULL && bt_spec_proposals(d->spec, n) > 0;
     for (int i = 0; i < n && d->spec_step; i++) {
         seq_t *s = d->batch[i];
         uint8_t *slot = d->fwd[i].state;

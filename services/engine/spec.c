@@ -202,6 +202,17 @@ static bt_status_t group_failed(bt_status_t st, char *err, size_t errlen)
     return st;
 }
 
+int bt_spec_proposals(const bt_spec_t *sp, int n_seqs)
+{
+    /* the verification within the rows whose results do not depend on the batch: a step of
+     * many sequences verifies fewer proposals each, or none */
+    int inv = bt_model_batch_invariant_rows(sp->m), k = sp->rows - 1;
+    if (k > sp->block) k = sp->block;
+    if (inv > 0 && n_seqs > 0 && inv / n_seqs - 1 < k)
+        k = inv / n_seqs - 1 > 0 ? inv / n_seqs - 1 : 0;
+    return k;
+}
+
 bt_status_t bt_spec_step(bt_spec_t *sp, const bt_kv_layout_t *lay, bt_spec_seq_t *seqs, int n,
                          char *err, size_t errlen)
 {
@@ -221,10 +232,7 @@ bt_status_t bt_spec_step(bt_spec_t *sp, const bt_kv_layout_t *lay, bt_spec_seq_t
         last[q] = seqs[q].last;
     }
     sp->cur = seqs;
-    /* the verification within the rows whose results do not depend on the batch: a step of
-     * many sequences verifies fewer proposals each, or none (then no draft runs) */
-    int inv = bt_model_batch_invariant_rows(sp->m), k_max = sp->rows - 1;
-    if (inv > 0 && inv / n - 1 < k_max) k_max = inv / n - 1 > 0 ? inv / n - 1 : 0;
+    const int k_max = bt_spec_proposals(sp, n); /* 0: no draft runs */
     const bt_spec_group_t *grp = &sp->group;
     bt_status_t st;
     if (k_max > 0) {

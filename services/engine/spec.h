@@ -51,6 +51,10 @@ void bt_spec_destroy(bt_spec_t *spec);
 bt_status_t bt_spec_step(bt_spec_t *spec, const bt_kv_layout_t *layout, bt_spec_seq_t *seqs,
                          int n_seqs, char *err, size_t errlen);
 
+/* The most proposals a sequence verifies in a step of n_seqs sequences: the block, fewer where
+ * the model's batch-invariant rows (bt_model_batch_invariant_rows) would not hold them all. 0:
+ * a plain step does as much (the services take theirs then). */
+int bt_spec_proposals(const bt_spec_t *spec, int n_seqs);
 /* Verifies only the proposals before the first whose confidence (the draft's own estimate that
  * it is accepted, given the ones before) is under tau, 0..1: less verification work where the
  * draft expects to be wrong. 0 (the default) verifies the whole block. The proposals a step
