@@ -2078,6 +2078,8 @@ bt_status_t bt_model_rollback(bt_model_t *m, const bt_kv_layout_t *lay, uint8_t 
     /* the GPU's copy gets the same bytes and stays current (else the next forward would
      * upload the whole slot) */
     if (m->cuda) h->device_tag = bt_model_cuda_restored(m->cuda, state, after.device_tag, rg, nr);
+#else
+    (void)rg, (void)nr;
 #endif
     return BT_OK;
 }
