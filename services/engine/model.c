@@ -1867,7 +1867,7 @@ static void draft_collapse_token(fwd_t *f, int t, int task)
     bt_cpu_rmsnorm(s->hidden + (size_t)t * D, pre, m->draft_norm, D, (float)c->rms_eps);
 }
 
-static int32_t argmax_row(const float *row, int n)
+int32_t bt_model__argmax(const float *row, int n)
 {
     int32_t best = 0;
     for (int i = 1; i < n; i++)
@@ -1959,7 +1959,7 @@ bt_status_t bt_model_draft(bt_model_t *m, const bt_kv_layout_t *lay, uint8_t *co
             if (conf)
                 conf[t] = bt_cpu_dot(m->conf_proj, s->draft_pre + (size_t)t * D, D) +
                           bt_cpu_dot(m->conf_proj + D, e, R);
-            int32_t tok = choose ? choose(ctx, q, i, row, V) : argmax_row(row, V);
+            int32_t tok = choose ? choose(ctx, q, i, row, V) : bt_model__argmax(row, V);
             if (tok < 0 || tok >= V) {
                 snprintf(err, errlen, "sequence %d: draft token %d outside the vocabulary", q, tok);
                 return BT_ERR_INVALID_ARG;

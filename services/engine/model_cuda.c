@@ -17,9 +17,9 @@
  * (cuBLASLt, no TF32). opt.cuda_weights picks other modes: BT_WEIGHTS_F32, every weight f32,
  * tracks the CPU engine to float32 rounding; BT_WEIGHTS_BF16, every projection and expert
  * bf16 (FP8 and FP4 values are exact in bf16, so it computes what the native formats do,
- * through cuBLASLt: the yardstick for the FP8/FP4 kernels). Norms, the mHC streams, attention, the router and the
- * indexer run in f32 either way, in model.c's order of operations (routed experts summed per
- * token in expert order, then the shared expert).
+ * through cuBLASLt: the yardstick for the FP8/FP4 kernels). Norms, the mHC streams, attention, the
+ * router and the indexer run in f32 either way, in model.c's order of operations (routed experts
+ * summed per token in expert order, then the shared expert).
  *
  * Tensor parallelism: the CPU loader cuts this rank's shard (heads, output groups, expert
  * widths, vocabulary rows; model.c) and the forward makes the CPU engine's collectives on
@@ -33,8 +33,15 @@
  * drawn with the forward (bt_model_forward_sample: logit adjustments, then bt_cuda_sample_rows
  * on the rows in dlogits), so no logits row need reach the host.
  *
+ * DSpark (TP 1): every forward averages the streams entering the target layers and writes the
+ * draft stages' ring entries into the slots (draft_rings); the draft runs its stages on the
+ * device and brings a row a sequence home per Markov round, where the proposal is picked
+ * (bt_model_cuda_draft). A verification forward keeps its compressor rows for the undo
+ * records and attends each row as a decode step would; a rollback (model.c) restores the host
+ * slot and writes the same bytes into the mirror (bt_model_cuda_restored), which stays current.
+ *
  * Not yet: graphs for TP steps (the collectives wait on the host) and for prefill chunks; debug
- * taps. */
+ * taps; DSpark under TP. */
 #include "common/alloc.h"
 #include "common/comm/comm.h"
 #include "common/log.h"
@@ -1441,6 +1448,7 @@ typedef bt_status_t attention_fn(void *out, const void *q, const void *win_kv, c
                                  cudaStream_t stream);
 
 static bt_status_t attention_out(fwd_t *f, int l);
+static bt_status_t ring_rows(fwd_t *f, int l);
 
 static bt_status_t attention(fwd_t *f, int l)
 {
@@ -1573,16 +1581,26 @@ static bt_status_t attention(fwd_t *f, int l)
                   cu->att_ws, cu->att_ws_cap, f->undo ? &alone : NULL, st));
     }
     CK(attention_out(f, l));
-
     /* the rings take the chunk's KV only now: earlier queries read older slots */
-    for (int q = 0; q < f->n_seqs && !in_place; q++) {
+    return in_place ? BT_OK : ring_rows(f, l);
+}
+
+/* The rows of cu->kv into ring l of each sequence's slot at their positions (of a chunk, the
+ * last window's). */
+static bt_status_t ring_rows(fwd_t *f, int l)
+{
+    const bt_model_config_t *c = &f->m->cfg;
+    int W = c->window, hd = c->head_dim;
+    size_t row = (size_t)hd * sizeof(float);
+    for (int q = 0; q < f->n_seqs; q++) {
         int n = f->seqs[q].n, first = f->first[q];
         int64_t start = bt_kv_header(f->seqs[q].state)->n_tokens;
         float *ring = region(f->dslot[q], f->lay->window_off[l]);
         for (int i = n > W ? n - W : 0; i < n;) {
             int at = (int)((start + i) % W), run = W - at < n - i ? W - at : n - i;
-            CK(d2d(f, ring + (size_t)at * hd, cu->kv + (size_t)(first + i) * hd,
-                   (size_t)run * row));
+            bt_status_t rc = d2d(f, ring + (size_t)at * hd, f->cu->kv + (size_t)(first + i) * hd,
+                                 (size_t)run * row);
+            if (rc != BT_OK) return rc;
             i += run;
         }
     }
@@ -2022,9 +2040,8 @@ static bt_status_t draft_rings(fwd_t *f)
     char *err = f->err;
     size_t errlen = f->errlen;
     cudaStream_t st = cu->stream;
-    int N = f->N, D = c->hidden, hd = c->head_dim, W = c->window;
+    int N = f->N, D = c->hidden, hd = c->head_dim;
     float eps = (float)c->rms_eps;
-    size_t row = (size_t)hd * sizeof(float);
     CK(mm(f, cu->main_x, D, cu->main_hidden, c->n_draft_targets * D, &cu->main_proj, N));
     CK(bt_cuda_rmsnorm(cu->main_x, BT_CUDA_F32, cu->main_x, BT_CUDA_F32, cu->main_norm, N, D, eps,
                        st));
@@ -2034,22 +2051,11 @@ static bt_status_t draft_rings(fwd_t *f)
         CK(mm(f, cu->kv, hd, cu->main_x, D, &w->wkv, N));
         CK(bt_cuda_head_finish(cu->kv, N, 1, hd, 1, w->kv_norm, eps, m->half_main ? f->pos_d : NULL,
                                cu->inv_main, m->half_main, 32, BT_CUDA_FQ_FP8_UE8M0, st));
-        if (f->decode_rows) {
+        if (f->decode_rows)
             CK(bt_cuda_scatter_rows(region(cu->mirror_mem, f->lay->window_off[l]), f->ring_at_d,
                                     cu->kv, N, hd, st));
-            continue;
-        }
-        for (int q = 0; q < f->n_seqs; q++) {
-            int n = f->seqs[q].n, first = f->first[q];
-            int64_t start = bt_kv_header(f->seqs[q].state)->n_tokens;
-            float *ring = region(f->dslot[q], f->lay->window_off[l]);
-            for (int i = n > W ? n - W : 0; i < n;) {
-                int at = (int)((start + i) % W), run = W - at < n - i ? W - at : n - i;
-                CK(d2d(f, ring + (size_t)at * hd, cu->kv + (size_t)(first + i) * hd,
-                       (size_t)run * row));
-                i += run;
-            }
-        }
+        else
+            CK(ring_rows(f, l));
     }
     return BT_OK;
 }
@@ -2714,14 +2720,6 @@ static bt_status_t draft_forward(fwd_t *f, const int32_t *ids)
     return bt_cuda_gemm_f32(cu->blas, cu->dlogits, V, cu->hidden, D, cu->head, N, V, D, st);
 }
 
-static int32_t argmax_row(const float *row, int n)
-{
-    int32_t best = 0;
-    for (int i = 1; i < n; i++)
-        if (row[i] > row[best]) best = i;
-    return best;
-}
-
 bt_status_t bt_model_cuda_draft(bt_model_t *m, const bt_kv_layout_t *lay, uint8_t *const *states,
                                 const int32_t *last, int n_seqs, bt_draft_choose_fn choose,
                                 void *ctx, int32_t *drafts, float *conf, char *err, size_t errlen)
@@ -2803,7 +2801,7 @@ bt_status_t bt_model_cuda_draft(bt_model_t *m, const bt_kv_layout_t *lay, uint8_
                             *e = cu->markov_e_h + (size_t)q * R;
                 conf[t] = bt_cpu_dot(m->conf_proj, pre, D) + bt_cpu_dot(m->conf_proj + D, e, R);
             }
-            int32_t tok = choose ? choose(ctx, q, i, row, V) : argmax_row(row, V);
+            int32_t tok = choose ? choose(ctx, q, i, row, V) : bt_model__argmax(row, V);
             if (tok < 0 || tok >= V) {
                 snprintf(err, errlen, "sequence %d: draft token %d outside the vocabulary", q, tok);
                 return BT_ERR_INVALID_ARG;

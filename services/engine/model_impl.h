@@ -146,6 +146,9 @@ struct bt_kv_undo {
 void bt_model__undo_record(const bt_model_t *m, const bt_kv_layout_t *lay,
                            const bt_forward_seq_t *seq);
 
+/* The first index of the largest of n values (a greedy draft's pick). */
+int32_t bt_model__argmax(const float *row, int n);
+
 /* Frees a pointer the model tracks (a weight the device backend has taken over). */
 void bt_model__free_tracked(bt_model_t *m, void *p);
 

@@ -799,7 +799,8 @@ static void test_two_streams_match_one(void)
 
 /* The built-in demo model (services/engine/demo_model.c: its QAT shapes put the indexer and
  * the FP4 experts on the MMA kernels, which the golden fixtures' 40-wide heads do not). */
-static bt_model_t *load_demo(const char *dir, bool graphs_off)
+static bt_model_t *load_demo_with(const char *dir, int device, int weights, bool graphs_off,
+                                  bool draft)
 {
     char err[512];
     int32_t *map = NULL;
@@ -811,17 +812,24 @@ static bt_model_t *load_demo(const char *dir, bool graphs_off)
         return NULL;
     }
     bt_tokenizer_destroy(tok);
-    bt_model_options_t opt = test_options(BT_DEVICE_CUDA, BT_WEIGHTS_AUTO);
+    bt_model_options_t opt = test_options(device, weights);
     opt.cuda_graphs_off = graphs_off;
     opt.engram_token_map = map;
     opt.engram_classes = classes;
+    opt.draft = draft;
     bt_model_t *m = NULL;
     if (bt_model_load(dir, &opt, &m, err, sizeof err) != BT_OK) {
-        fprintf(stderr, "load demo: %s\n", err);
+        fprintf(stderr, "load demo (%s%s): %s\n", device == BT_DEVICE_CUDA ? "cuda" : "cpu",
+                draft ? ", its draft" : "", err);
         m = NULL;
     }
     free(map);
     return m;
+}
+
+static bt_model_t *load_demo(const char *dir, bool graphs_off)
+{
+    return load_demo_with(dir, BT_DEVICE_CUDA, BT_WEIGHTS_AUTO, graphs_off, false);
 }
 
 /* A sequence decoded alone and in a batch of three gives bit-identical logits at every step
@@ -962,29 +970,7 @@ static void test_batch_equals_single(void)
 
 static bt_model_t *load_demo_draft(const char *dir, int device, int weights)
 {
-    char err[512];
-    int32_t *map = NULL;
-    int classes = 0;
-    bt_tokenizer_t *tok = NULL;
-    if (bt_tokenizer_load(dir, &tok, err, sizeof err) != BT_OK ||
-        bt_tokenizer_engram_token_map(tok, &map, &classes) != BT_OK) {
-        fprintf(stderr, "demo tokenizer: %s\n", err);
-        bt_tokenizer_destroy(tok);
-        return NULL;
-    }
-    bt_tokenizer_destroy(tok);
-    bt_model_options_t opt = test_options(device, weights);
-    opt.engram_token_map = map;
-    opt.engram_classes = classes;
-    opt.draft = true;
-    bt_model_t *m = NULL;
-    if (bt_model_load(dir, &opt, &m, err, sizeof err) != BT_OK) {
-        fprintf(stderr, "load demo with its draft (%s): %s\n",
-                device == BT_DEVICE_CUDA ? "cuda" : "cpu", err);
-        m = NULL;
-    }
-    free(map);
-    return m;
+    return load_demo_with(dir, device, weights, false, true);
 }
 
 /* the rows a draft's picks were made from (after the Markov bias), and greedy picks */
