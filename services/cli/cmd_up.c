@@ -458,13 +458,10 @@ static int up(int argc, char **argv, const bt_conf_t *conf)
         fprintf(stderr, "baton up: --speculative-algorithm must be DSPARK or NONE\n");
         return 2;
     }
-    if (spec_algo && !strcmp(spec_algo, "DSPARK") &&
-        (simulate || (device && strcmp(device, "cpu") && tp > 1))) {
-        /* simulated workers have no draft; on GPUs the draft runs at TP 1 so far */
-        fprintf(stderr,
-                "baton up: warning: speculative-algorithm = DSPARK with %s: not there yet, "
-                "decoding runs one token a step\n",
-                simulate ? "--simulate" : "--device cuda and tp > 1");
+    if (spec_algo && !strcmp(spec_algo, "DSPARK") && simulate) {
+        /* simulated workers have no draft stages */
+        fprintf(stderr, "baton up: warning: speculative-algorithm = DSPARK with --simulate: "
+                        "decoding runs one token a step\n");
         spec_algo = NULL;
     }
     if (spec_algo && !strcmp(spec_algo, "NONE")) spec_algo = NULL;

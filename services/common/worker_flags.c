@@ -53,9 +53,6 @@ bool bt_worker_flags_check(const bt_worker_flags_t *w, bool simulate, char *err,
         bad = "--speculative-dspark-confidence must be 0..1";
     else if (w->spec_block < 0 || w->spec_block > BT_MAX_DRAFT_BLOCK)
         bad = "--speculative-dspark-block-size must be 1..16 (0: the checkpoint's)";
-    else if (bt_worker_flags_draft(w, simulate) && bt_device_parse(w->device) == BT_DEVICE_CUDA &&
-             w->tp > 1)
-        bad = "--speculative-algorithm DSPARK with --device cuda runs at --tp 1 only so far";
     if (bad) snprintf(err, errlen, "%s", bad);
     return bad == NULL;
 }

@@ -68,8 +68,7 @@ typedef struct {
     int cuda_streams;
     /* Load and run the checkpoint's DSpark draft stages (speculative decoding): every forward
      * then also keeps their window rings in the KV slots, which the layout holds only for such
-     * a model (groups with and without them refuse each other's slots). On the GPU at TP 1 only
-     * so far. */
+     * a model (groups with and without them refuse each other's slots). */
     bool draft;
 } bt_model_options_t;
 

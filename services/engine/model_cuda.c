@@ -33,7 +33,7 @@
  * drawn with the forward (bt_model_forward_sample: logit adjustments, then bt_cuda_sample_rows
  * on the rows in dlogits), so no logits row need reach the host.
  *
- * DSpark (TP 1): every forward averages the streams entering the target layers and writes the
+ * DSpark: every forward averages the streams entering the target layers and writes the
  * draft stages' ring entries into the slots (draft_rings); the draft runs its stages on the
  * device and brings a row a sequence home per Markov round, where the proposal is picked
  * (bt_model_cuda_draft). A verification forward keeps its compressor rows for the undo
@@ -41,7 +41,7 @@
  * slot and writes the same bytes into the mirror (bt_model_cuda_restored), which stays current.
  *
  * Not yet: graphs for TP steps (the collectives wait on the host) and for prefill chunks; debug
- * taps; DSpark under TP. */
+ * taps. */
 #include "common/alloc.h"
 #include "common/comm/comm.h"
 #include "common/log.h"
@@ -808,13 +808,6 @@ bt_status_t bt_model_cuda_attach(bt_model_t *m, const char *dir, char *err, size
     if (m->opt.gpu < 0 || m->opt.gpu >= n_gpu) {
         snprintf(err, errlen, "--gpu %d: this machine has GPUs 0..%d", m->opt.gpu, n_gpu - 1);
         return BT_ERR_INVALID_ARG;
-    }
-    if (c->n_draft && m->tp_size > 1) {
-        snprintf(err, errlen,
-                 "DSpark on --device cuda runs at --tp 1 only so far (this group is "
-                 "%d ranks)",
-                 m->tp_size);
-        return BT_ERR_UNSUPPORTED;
     }
     if (c->n_draft && (c->draft_active > 16 || c->draft_experts > 1024)) {
         snprintf(err, errlen,
@@ -2688,7 +2681,9 @@ static bt_status_t draft_forward(fwd_t *f, const int32_t *ids)
         int n_ring = start < W ? (int)start : W;
         for (int i = 0; i < B; i++) {
             int t = f->first[q] + i;
-            ids_h[t] = ids[t];
+            /* under TP the owner of the row embeds it, the others zeros (-1), then a sum */
+            int id = ids[t] - m->v0;
+            ids_h[t] = id >= 0 && id < m->vl ? id : -1;
             pos[t] = start + i;
             idx_n[t] = n_ring + B;
             for (int j = 0; j < n_ring; j++)
@@ -2702,6 +2697,7 @@ static bt_status_t draft_forward(fwd_t *f, const int32_t *ids)
     CK(plan_send(cu, idx, idx_d, (size_t)N * stride * sizeof(int32_t), err, errlen));
     CK(plan_send(cu, idx_n, idx_n_d, (size_t)N * sizeof(int32_t), err, errlen));
     CK(bt_cuda_embed_streams(cu->x, cu->pre_mix, cu->embed, ids_d, N, hc, D, st));
+    if (cu->tp > 1) CK(tp_all_reduce(f, cu->x, (size_t)N * hc * D));
     for (int j = 0; j < c->n_draft; j++) {
         int l = c->n_layers + j;
         const dev_layer_t *w = &cu->layer[l];
@@ -2717,7 +2713,24 @@ static bt_status_t draft_forward(fwd_t *f, const int32_t *ids)
     CK(bt_cuda_hc_collapse(cu->draft_pre, D, cu->x, cu->pre_mix, N, hc, D, st));
     CK(bt_cuda_rmsnorm(cu->hidden, BT_CUDA_F32, cu->draft_pre, BT_CUDA_F32, cu->draft_norm, N, D,
                        (float)c->rms_eps, st));
-    return bt_cuda_gemm_f32(cu->blas, cu->dlogits, V, cu->hidden, D, cu->head, N, V, D, st);
+    if (cu->tp == 1)
+        return bt_cuda_gemm_f32(cu->blas, cu->dlogits, V, cu->hidden, D, cu->head, N, V, D, st);
+    /* each rank scores its vocabulary rows; gathered [rank][row][vpad], laid out whole again */
+    size_t vpad = (size_t)m->vpad;
+    CK_CUDA(cudaMemsetAsync(cu->dlogits, 0, (size_t)N * vpad * sizeof(float), st));
+    if (m->vl > 0)
+        CK(bt_cuda_gemm_f32(cu->blas, cu->dlogits, (int)vpad, cu->hidden, D, cu->head, N, m->vl, D,
+                            st));
+    CK(tp_all_gather(f, cu->dlogits, (size_t)N * vpad * sizeof(float), false));
+    for (int r = 0; r < cu->tp; r++) {
+        size_t v0 = (size_t)r * vpad;
+        if (v0 >= (size_t)V) continue;
+        size_t vl = (size_t)V - v0 < vpad ? (size_t)V - v0 : vpad;
+        CK_CUDA(cudaMemcpy2DAsync(cu->dlogits + v0, (size_t)V * sizeof(float),
+                                  cu->tp_recv + (size_t)r * N * vpad, vpad * sizeof(float),
+                                  vl * sizeof(float), (size_t)N, cudaMemcpyDeviceToDevice, st));
+    }
+    return BT_OK;
 }
 
 bt_status_t bt_model_cuda_draft(bt_model_t *m, const bt_kv_layout_t *lay, uint8_t *const *states,

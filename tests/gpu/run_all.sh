@@ -3,7 +3,8 @@
 # (with --golden and the binaries test_cuda_ops test_model_cuda baton baton-router
 # baton-prefill baton-decode baton-gateway): the operators against the CPU reference, the model
 # against the golden fixtures (graphs, batch invariance, TP on one GPU), and the services'
-# greedy ids against `baton generate` (auto TP 1, float32 TP 2). The operators whose Hopper
+# greedy ids against `baton generate` (auto TP 1, float32 TP 2, each again decoding
+# speculatively with the demo model's DSpark stages). The operators whose Hopper
 # kernels have another kernel for other GPUs (or for too little shared memory) run again with
 # those switched off, so the kernels a GB10 takes are checked on the H200 too. Each step is bounded in time;
 # logs go to OUT_DIR, one summary line per step to stdout; the exit status is the number of
@@ -49,4 +50,5 @@ step test_model_cuda 300 "$bundle/bin/test_model_cuda"
 step cluster_auto_tp1 200 bash "$here/cluster_cuda.sh" "$bundle/bin"
 step cluster_auto_tp1_dspark 200 bash "$here/cluster_cuda.sh" "$bundle/bin" --dspark
 step cluster_f32_tp2 200 bash "$here/cluster_cuda.sh" "$bundle/bin" --dtype float32 --tp 2
+step cluster_f32_tp2_dspark 200 bash "$here/cluster_cuda.sh" "$bundle/bin" --dtype float32 --tp 2 --dspark
 exit $failed
