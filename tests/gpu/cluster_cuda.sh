@@ -101,6 +101,17 @@ for k in 0 1 2; do
     fail=1
   fi
 done
+# A sampled request (one at a time): the same seed gives `baton generate`'s tokens (drawn as the
+# decode group draws them: on the GPU, or through speculative steps with --dspark).
+sampling=(--temperature 0.8 --top-p 0.95 --seed 11 --max-new-tokens 24 --ignore-eos)
+"$bin/baton" generate --device "$device" --dtype "$dtype" --input-ids "${prompts[3]}" "${sampling[@]}" \
+  "${spec[@]}" 2>/dev/null | tail -1 >"$work/ref.s"
+"$bin/baton" complete --router "127.0.0.1:$router" --input-ids "${prompts[3]}" "${sampling[@]}" \
+  --timeout 60 2>"$work/err.s" | tail -1 >"$work/got.s"
+if ! grep -qE '^[0-9]+(,[0-9]+){23}$' "$work/ref.s" || ! cmp -s "$work/ref.s" "$work/got.s"; then
+  echo "FAIL sampled request: generate $(cat "$work/ref.s") vs cluster $(cat "$work/got.s")"
+  fail=1
+fi
 grep -h "model on GPU\|KV cache for" "$work/up.log" | head -4
 proposed=
 if [ ${#spec[@]} -gt 0 ]; then
@@ -113,5 +124,5 @@ if [ ${#spec[@]} -gt 0 ]; then
   fi
 fi
 if [ $fail != 0 ]; then keep_log; echo "--- baton up log (tail)"; tail -20 "$work/up.log"; fi
-if [ $fail = 0 ]; then echo "cluster on --device $device --dtype $dtype --tp $tp${spec[*]:+ ${spec[*]}}: ${#prompts[@]} prompts x 2 rounds, greedy ids identical to baton generate --device $device --dtype $dtype; prefix cache hits of 256 tokens twice, ids identical${proposed:+; $proposed proposals verified}"; fi
+if [ $fail = 0 ]; then echo "cluster on --device $device --dtype $dtype --tp $tp${spec[*]:+ ${spec[*]}}: ${#prompts[@]} prompts x 2 rounds, greedy ids identical to baton generate --device $device --dtype $dtype; prefix cache hits of 256 tokens twice, ids identical; a sampled request's ids identical${proposed:+; $proposed proposals verified}"; fi
 exit $fail
