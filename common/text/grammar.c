@@ -118,7 +118,7 @@ typedef struct {
     char *err;
     size_t errlen;
     bool failed;
-    bool tools; /* a tool-call spec: string parameters are written raw, lengths unchecked */
+    bool tools; /* a tool-call spec: string parameters are written raw */
 } compile_t;
 
 static void cfail(compile_t *cc, const char *fmt, ...)
@@ -769,10 +769,6 @@ static int compile_typed(rules_t *r, compile_t *cc, const cJSON *s, const char *
     if (kind == K_STRING && length_in(s)) {
         const cJSON *mn = cJSON_GetObjectItemCaseSensitive(s, "minLength");
         const cJSON *mx = cJSON_GetObjectItemCaseSensitive(s, "maxLength");
-        if (cc->tools) {
-            cfail(cc, "tool calls: %s is not supported in a tool's parameters", length_in(s));
-            return -1;
-        }
         if ((mn && (!cJSON_IsNumber(mn) || mn->valuedouble < 0 || mn->valuedouble > 1e6 ||
                     mn->valuedouble != floor(mn->valuedouble))) ||
             (mx && (!cJSON_IsNumber(mx) || mx->valuedouble < 0 || mx->valuedouble > 1e6 ||
@@ -1610,6 +1606,18 @@ static bool raw_step(const rules_t *r, jstate_t *s, uint8_t c)
         return true;
     }
     if (c < 0x20 && c != '\n' && c != '\t' && c != '\r') return false;
+    const snode_t *sn = &r->nodes[s->vnode];
+    if (!patterned && sn->kind == K_STRING && sn->bounded) {
+        /* minLength / maxLength: num counts the text's characters (code points, each at its
+         * first byte); the bytes of an end tag that broke off were text, and one may begin only
+         * once the text is long enough */
+        for (int i = 0; i < s->sub; i++)
+            s->num += ((uint8_t)raw_end[i] & 0xc0) != 0x80;
+        const bool tag = c == (uint8_t)raw_end[0] && s->num >= sn->lo;
+        if (!tag && (c & 0xc0) != 0x80) s->num++;
+        s->sub = tag;
+        return sn->hi < 0 || s->num <= sn->hi;
+    }
     if (!patterned) {
         s->sub = c == (uint8_t)raw_end[0];
         return true;
@@ -2020,8 +2028,9 @@ static void vocab_mask(bt_grammar_vocab_t *v, rules_t *r, const jstate_t *st, ui
      * start), so a long string does not miss the cache at every step */
     jstate_t canon;
     const snode_t *sn = &r->nodes[st->vnode];
-    if (st->mode >= M_STR && st->mode <= M_STR_UTF8 && !st->key && sn->kind == K_STRING &&
-        sn->bounded) {
+    if (((st->mode >= M_STR && st->mode <= M_STR_UTF8 && !st->key) ||
+         (st->mode == M_RAW && st->sub == 0)) &&
+        sn->kind == K_STRING && sn->bounded) {
         const int64_t L = (int64_t)v->max_len, count = st->num;
         const bool room = sn->hi < 0 || sn->hi - count >= L;
         canon = *st;

@@ -1209,7 +1209,8 @@ static void test_regex_walks(void)
     "\"required\":[\"city\"]}},{\"name\":\"search\",\"parameters\":{\"type\":\"object\","          \
     "\"properties\":{\"q\":{\"type\":\"string\"},\"opts\":{\"type\":\"object\",\"properties\":{"   \
     "\"k\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"},\"maxItems\":3}}},"                \
-    "\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\"}}},\"required\":[\"q\"]}}]%s}"
+    "\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\"}},\"note\":{\"type\":"            \
+    "\"string\",\"minLength\":2,\"maxLength\":6}},\"required\":[\"q\"]}}]%s}"
 
 static int judge_tools(bt_grammar_vocab_t *v, const char *spec, const char *text)
 {
@@ -1288,13 +1289,38 @@ static void test_tool_call_table(void)
 #undef T_CALL
     BT_CHECK(bt_grammar_tool_calls_check("{\"tools\":[]}", 12, err, sizeof err) ==
              BT_ERR_INVALID_ARG);
-    /* (a string parameter is written raw, up to its end tag: its length is not counted; a
-     * pattern {m,n} says it) */
+    /* a raw string parameter held to a length, in characters: 2..4 ('<' and the bar are text
+     * wherever no end tag may begin or one breaks off) */
     const char *lengths = "{\"tools\":[{\"name\":\"f\",\"parameters\":{\"type\":\"object\","
-                          "\"properties\":{\"s\":{\"type\":\"string\",\"maxLength\":5}}}}]}";
-    BT_CHECK(bt_grammar_tool_calls_check(lengths, strlen(lengths), err, sizeof err) ==
-                 BT_ERR_INVALID_ARG &&
-             strstr(err, "maxLength"));
+                          "\"properties\":{\"s\":{\"type\":\"string\",\"minLength\":2,"
+                          "\"maxLength\":4}}}}]}";
+#define L_CALL "<" D "calls>\n<" D "invoke name=\"f\">\n<" D "parameter name=\"s\" string=\"true\">"
+#define L_END "</" D "parameter>\n</" D "invoke>\n</" D "calls>"
+    static const struct {
+        const char *text;
+        int want;
+    } counted[] = {
+        {L_CALL "ab" L_END, 1},
+        {L_CALL "abcd" L_END, 1},
+        {L_CALL "a" L_END, -1},    /* too short: "</..." is text, then too long */
+        {L_CALL "a</" D "pa", -1}, /* (that text passes 4 characters) */
+        {L_CALL "a<b" L_END, 1},   /* '<' as text */
+        {L_CALL "abcde", -1},      /* too long */
+        {L_CALL "ab<x" L_END, 1},  /* a tag that broke off: "ab<x", 4 characters */
+        {L_CALL "ab</x", -1},      /* 5 */
+        {L_CALL "\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9" L_END, 1}, /* 4 characters of 2 bytes */
+        {L_CALL "\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9", -1},
+        {L_CALL "ab</\xef\xbd\x9cx", -1}, /* the bar is one character: "ab</｜x" is 6 */
+        {L_CALL "a</\xef\xbd\x9c", 0},    /* "a</｜": text from 'a' (too short for a tag) */
+        {L_CALL "a</\xef\xbd\x9cx", -1},
+    };
+    for (size_t i = 0; i < sizeof counted / sizeof counted[0]; i++) {
+        const int got = judge_tools(s.v, lengths, counted[i].text);
+        BT_CHECK_MSG(got == counted[i].want, "counted case %zu: %d, want %d", i, got,
+                     counted[i].want);
+    }
+#undef L_CALL
+#undef L_END
     BT_CHECK(bt_grammar_tool_calls_check("{\"tools\":[{\"name\":\"f\"}]}", 24, err, sizeof err) ==
              BT_OK);
     /* a raw string parameter held to a pattern (one with '<' in it: text, or its end tag) and a
