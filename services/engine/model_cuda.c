@@ -1443,6 +1443,38 @@ typedef bt_status_t attention_fn(void *out, const void *q, const void *win_kv, c
 static bt_status_t attention_out(fwd_t *f, int l);
 static bt_status_t ring_rows(fwd_t *f, int l);
 
+/* Layer l's queries (q_res normed, then cu->q rotated) and its latent KV row (cu->kv: norm,
+ * rope, FP8 rounding in one launch). two NULL: all on the main stream; else *two says whether
+ * the last steps went to the side stream (when they may: beside the compressor and the
+ * indexer), which the caller then joins before the attention reads them. */
+static bt_status_t queries_and_kv(fwd_t *f, int l, bool *two)
+{
+    bt_model_t *m = f->m;
+    struct bt_model_cuda *cu = f->cu;
+    const bt_model_config_t *c = &m->cfg;
+    const dev_layer_t *w = &cu->layer[l];
+    char *err = f->err;
+    size_t errlen = f->errlen;
+    int N = f->N, D = c->hidden, hd = c->head_dim, H = m->hl, qlr = c->q_lora_rank;
+    float eps = (float)c->rms_eps;
+    bool comp = c->layer[l].compress_ratio > 0;
+    const float *inv = comp ? cu->inv_comp : cu->inv_main;
+    int half = comp ? m->half_comp : m->half_main;
+    CK(mm(f, cu->q_res, qlr, cu->xin, D, &w->wq_a, N));
+    CK(bt_cuda_rmsnorm(cu->q_res, BT_CUDA_F32, cu->q_res, BT_CUDA_F32, w->q_norm, N, qlr, eps,
+                       cu->stream));
+    const bool side = two && side_ok(f, &w->wq_b, &w->wkv, NULL);
+    if (two) *two = side;
+    cudaStream_t s2 = side ? cu->side : cu->stream;
+    if (side) CK(side_fork(f));
+    CK(mm_on(f, side, cu->q, H * hd, cu->q_res, qlr, &w->wq_b, N));
+    CK(mm_on(f, side, cu->kv, hd, cu->xin, D, &w->wkv, N));
+    if (half) CK(bt_cuda_rope(cu->q, BT_CUDA_F32, N, H, hd, f->pos_d, inv, half, 0, s2));
+    CK(bt_cuda_head_finish(cu->kv, N, 1, hd, 1, w->kv_norm, eps, half ? f->pos_d : NULL, inv, half,
+                           32, BT_CUDA_FQ_FP8_UE8M0, s2));
+    return BT_OK;
+}
+
 static bt_status_t attention(fwd_t *f, int l)
 {
     bt_model_t *m = f->m;
@@ -1461,20 +1493,8 @@ static bt_status_t attention(fwd_t *f, int l)
     int half = comp ? m->half_comp : m->half_main;
     attention_fn *attend = cu->att_tc ? bt_cuda_attention_tc_ws : bt_cuda_attention_ws;
     size_t row = (size_t)hd * sizeof(float);
-
-    CK(mm(f, cu->q_res, qlr, cu->xin, D, &w->wq_a, N));
-    CK(bt_cuda_rmsnorm(cu->q_res, BT_CUDA_F32, cu->q_res, BT_CUDA_F32, w->q_norm, N, qlr, eps, st));
-    /* the queries and the KV row: on the side stream beside the compressor and the indexer
-     * when they may, joined before the attention reads them */
-    const bool two = side_ok(f, &w->wq_b, &w->wkv, NULL);
-    cudaStream_t s2 = two ? cu->side : st;
-    if (two) CK(side_fork(f));
-    CK(mm_on(f, two, cu->q, H * hd, cu->q_res, qlr, &w->wq_b, N));
-    CK(mm_on(f, two, cu->kv, hd, cu->xin, D, &w->wkv, N));
-    if (half) CK(bt_cuda_rope(cu->q, BT_CUDA_F32, N, H, hd, f->pos_d, inv, half, 0, s2));
-    /* the latent KV row: norm, rope, FP8 rounding in one launch */
-    CK(bt_cuda_head_finish(cu->kv, N, 1, hd, 1, w->kv_norm, eps, half ? f->pos_d : NULL, inv, half, 32,
-                           BT_CUDA_FQ_FP8_UE8M0, s2));
+    bool two;
+    CK(queries_and_kv(f, l, &two));
 
     if (comp) {
         if (L->is_kv_source) {
@@ -2053,6 +2073,33 @@ static bt_status_t draft_rings(fwd_t *f)
     return BT_OK;
 }
 
+/* Logits of `rows` hidden rows x under TP: each rank scores its vocabulary rows, the slices
+ * gathered [rank][row][vpad]; whole: laid out again as whole rows in dlogits, else left in
+ * tp_host for the host to lay out. */
+static bt_status_t tp_logits(fwd_t *f, const float *x, int rows, bool whole)
+{
+    bt_model_t *m = f->m;
+    struct bt_model_cuda *cu = f->cu;
+    char *err = f->err;
+    size_t errlen = f->errlen;
+    cudaStream_t st = cu->stream;
+    size_t V = (size_t)m->cfg.vocab, vpad = (size_t)m->vpad;
+    CK_CUDA(cudaMemsetAsync(cu->dlogits, 0, (size_t)rows * vpad * sizeof(float), st));
+    if (m->vl > 0)
+        CK(bt_cuda_gemm_f32(cu->blas, cu->dlogits, (int)vpad, x, m->cfg.hidden, cu->head, rows,
+                            m->vl, m->cfg.hidden, st));
+    CK(tp_all_gather(f, cu->dlogits, (size_t)rows * vpad * sizeof(float), !whole));
+    for (int r = 0; r < cu->tp && whole; r++) {
+        size_t v0 = (size_t)r * vpad;
+        if (v0 >= V) continue;
+        size_t vl = V - v0 < vpad ? V - v0 : vpad;
+        CK_CUDA(cudaMemcpy2DAsync(cu->dlogits + v0, V * sizeof(float),
+                                  cu->tp_recv + (size_t)r * rows * vpad, vpad * sizeof(float),
+                                  vl * sizeof(float), (size_t)rows, cudaMemcpyDeviceToDevice, st));
+    }
+    return BT_OK;
+}
+
 /* The forward's launches, from the plans to the logits: eager, or captured into a graph
  * (f->graph; then the logits stay in cu->dlogits). */
 static bt_status_t forward_body(fwd_t *f, float *logits, bt_kv_header_t *before)
@@ -2191,22 +2238,9 @@ static bt_status_t forward_body(fwd_t *f, float *logits, bt_kv_header_t *before)
                                             cudaMemcpyDeviceToHost, st));
                 continue;
             }
-            /* each rank scores its vocabulary rows; gather [rank][row][vpad] and lay them out */
-            CK_CUDA(cudaMemsetAsync(cu->dlogits, 0, (size_t)rc * vpad * sizeof(float), st));
-            if (m->vl > 0)
-                CK(bt_cuda_gemm_f32(cu->blas, cu->dlogits, (int)vpad, cu->hsel, D, cu->head, rc, m->vl, D, st));
-            CK(tp_all_gather(f, cu->dlogits, (size_t)rc * vpad * sizeof(float), !f->draw));
-            if (f->draw) { /* rows whole again in dlogits, for the draws (one chunk) */
-                for (int r = 0; r < cu->tp; r++) {
-                    size_t v0 = (size_t)r * vpad;
-                    if (v0 >= V) continue;
-                    size_t vl = V - v0 < vpad ? V - v0 : vpad;
-                    CK_CUDA(cudaMemcpy2DAsync(cu->dlogits + v0, V * sizeof(float), cu->tp_recv + (size_t)r * rc * vpad,
-                                              vpad * sizeof(float), vl * sizeof(float), (size_t)rc,
-                                              cudaMemcpyDeviceToDevice, st));
-                }
-                continue;
-            }
+            /* rows whole again in dlogits for the draws (one chunk), else laid out on the host */
+            CK(tp_logits(f, cu->hsel, rc, f->draw != NULL));
+            if (f->draw) continue;
             for (int i = 0; i < rc; i++)
                 for (int r = 0; r < cu->tp; r++) {
                     size_t v0 = (size_t)r * vpad;
@@ -2633,18 +2667,10 @@ static bt_status_t draft_attention(fwd_t *f, int l, const int32_t *idx_d, const 
     char *err = f->err;
     size_t errlen = f->errlen;
     cudaStream_t st = cu->stream;
-    int N = f->N, D = c->hidden, hd = c->head_dim, H = m->hl, qlr = c->q_lora_rank, W = c->window;
-    float eps = (float)c->rms_eps;
-    int half = m->half_main;
+    int hd = c->head_dim, H = m->hl, W = c->window;
     size_t row = (size_t)hd * sizeof(float);
     attention_fn *attend = cu->att_tc ? bt_cuda_attention_tc_ws : bt_cuda_attention_ws;
-    CK(mm(f, cu->q_res, qlr, cu->xin, D, &w->wq_a, N));
-    CK(bt_cuda_rmsnorm(cu->q_res, BT_CUDA_F32, cu->q_res, BT_CUDA_F32, w->q_norm, N, qlr, eps, st));
-    CK(mm(f, cu->q, H * hd, cu->q_res, qlr, &w->wq_b, N));
-    CK(mm(f, cu->kv, hd, cu->xin, D, &w->wkv, N));
-    if (half) CK(bt_cuda_rope(cu->q, BT_CUDA_F32, N, H, hd, f->pos_d, cu->inv_main, half, 0, st));
-    CK(bt_cuda_head_finish(cu->kv, N, 1, hd, 1, w->kv_norm, eps, half ? f->pos_d : NULL,
-                           cu->inv_main, half, 32, BT_CUDA_FQ_FP8_UE8M0, st));
+    CK(queries_and_kv(f, l, NULL)); /* (no compressor or indexer to run beside) */
     for (int q = 0; q < f->n_seqs; q++) {
         int first = f->first[q];
         float *stage = cu->win_stage + ((size_t)q * W + first) * hd;
@@ -2652,7 +2678,7 @@ static bt_status_t draft_attention(fwd_t *f, int l, const int32_t *idx_d, const 
         CK(d2d(f, stage + (size_t)W * hd, cu->kv + (size_t)first * hd, (size_t)B * row));
         CK(attend(cu->attn + (size_t)first * H * hd, cu->q + (size_t)first * H * hd, stage,
                   idx_d + (size_t)first * stride, idx_n_d + first, stride, NULL, NULL, NULL, 0,
-                  w->attn_sink, f->pos_d + first, cu->inv_main, half, BT_CUDA_F32, B, H, hd,
+                  w->attn_sink, f->pos_d + first, cu->inv_main, m->half_main, BT_CUDA_F32, B, H, hd,
                   cu->att_ws, cu->att_ws_cap, NULL, st));
     }
     return attention_out(f, l);
@@ -2715,22 +2741,7 @@ static bt_status_t draft_forward(fwd_t *f, const int32_t *ids)
                        (float)c->rms_eps, st));
     if (cu->tp == 1)
         return bt_cuda_gemm_f32(cu->blas, cu->dlogits, V, cu->hidden, D, cu->head, N, V, D, st);
-    /* each rank scores its vocabulary rows; gathered [rank][row][vpad], laid out whole again */
-    size_t vpad = (size_t)m->vpad;
-    CK_CUDA(cudaMemsetAsync(cu->dlogits, 0, (size_t)N * vpad * sizeof(float), st));
-    if (m->vl > 0)
-        CK(bt_cuda_gemm_f32(cu->blas, cu->dlogits, (int)vpad, cu->hidden, D, cu->head, N, m->vl, D,
-                            st));
-    CK(tp_all_gather(f, cu->dlogits, (size_t)N * vpad * sizeof(float), false));
-    for (int r = 0; r < cu->tp; r++) {
-        size_t v0 = (size_t)r * vpad;
-        if (v0 >= (size_t)V) continue;
-        size_t vl = (size_t)V - v0 < vpad ? (size_t)V - v0 : vpad;
-        CK_CUDA(cudaMemcpy2DAsync(cu->dlogits + v0, (size_t)V * sizeof(float),
-                                  cu->tp_recv + (size_t)r * N * vpad, vpad * sizeof(float),
-                                  vl * sizeof(float), (size_t)N, cudaMemcpyDeviceToDevice, st));
-    }
-    return BT_OK;
+    return tp_logits(f, cu->hidden, N, true);
 }
 
 bt_status_t bt_model_cuda_draft(bt_model_t *m, const bt_kv_layout_t *lay, uint8_t *const *states,

@@ -208,8 +208,10 @@ int bt_spec_proposals(const bt_spec_t *sp, int n_seqs)
      * many sequences verifies fewer proposals each, or none */
     int inv = bt_model_batch_invariant_rows(sp->m), k = sp->rows - 1;
     if (k > sp->block) k = sp->block;
-    if (inv > 0 && n_seqs > 0 && inv / n_seqs - 1 < k)
-        k = inv / n_seqs - 1 > 0 ? inv / n_seqs - 1 : 0;
+    if (inv > 0 && n_seqs > 0) {
+        const int fit = inv / n_seqs - 1; /* (a row each for the sequences' own tokens) */
+        if (fit < k) k = fit > 0 ? fit : 0;
+    }
     return k;
 }
 

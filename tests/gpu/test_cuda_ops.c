@@ -84,6 +84,7 @@ typedef enum {
                          * q and out in the case's dtype (the model's prefill: f32) */
     OP_FP4_FRAG,    /* s: runs of 16 bytes: bt_cuda_fp4_to_frag against lowp_bits.h's host form */
     OP_LOGIT_MASK,  /* s: rows V ld-pad words-pad (constrained decoding's masks) */
+    OP_HC_MEAN,     /* s: T hc D ld-pad weighted: bt_cuda_hc_collapse (DSpark's capture) */
 } op_t;
 
 static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped", "rmsnorm",
@@ -98,7 +99,7 @@ static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped
                                  "attention_tc_ws", "gemm_fp8_batched", "head_finish", "hc_mix_collapse",
                                  "attention_batch", "attention_tc_batch", "scatter_rows",
                                  "copy_ranges", "logit_adjust", "attention_flash", "fp4_frag",
-                                 "logit_mask"};
+                                 "logit_mask", "hc_mean"};
 
 typedef struct {
     op_t op;
@@ -307,6 +308,11 @@ static const case_t cases[] = {
     {OP_LOGIT_MASK, F32, {1, 77, 0, 0}, 0},
     {OP_LOGIT_MASK, F32, {16, 129280, 3, 2}, 0},
     {OP_LOGIT_MASK, F32, {5, 1000, 0, 0}, 0},
+    /* the streams' mean into a slot of a wider row (the capture of a target layer), weighted
+     * (the draft's collapse before its norm), one stream */
+    {OP_HC_MEAN, F32, {3, 4, 5120, 10240, 0}, 0},
+    {OP_HC_MEAN, F32, {5, 4, 129, 7, 1}, 0},
+    {OP_HC_MEAN, F32, {2, 1, 64, 0, 0}, 0},
     {OP_SCALE, F32, {1}, 0},
     {OP_SCALE, F32, {100003}, 0},
     {OP_MOE_COMBINE, F32, {5, 64, 6, 1}, 0},
@@ -1402,6 +1408,35 @@ static void run_hc_collapse(const case_t *cs, result_t *r)
     }
     relerr(r, y, ref, (size_t)T * D);
     free(x), free(w), free(nw), free(y), free(ref);
+}
+
+static void run_hc_mean(const case_t *cs, result_t *r)
+{
+    const int T = cs->s[0], hc = cs->s[1], D = cs->s[2], weighted = cs->s[4];
+    const int64_t ld = D + cs->s[3];
+    const size_t n = (size_t)T * ld;
+    float *x = frandv((size_t)T * hc * D, 2.0f), *w = weighted ? frandv((size_t)T * hc, 1.0f) : NULL;
+    float *before = frandv(n, 1.0f), *ref = xmalloc(n * 4), *y = xmalloc(n * 4);
+    float *dout = dup(before, n * 4);
+    BT_OK_OR_DIE(bt_cuda_hc_collapse(dout, ld, dup(x, (size_t)T * hc * D * 4),
+                                     w ? dup(w, (size_t)T * hc * 4) : NULL, T, hc, D, 0));
+    get(y, dout, n * 4);
+    memcpy(ref, before, n * 4);
+    for (int t = 0; t < T; t++) /* model.c hc_collapse: in stream order, the mean divided last */
+        for (int d = 0; d < D; d++) {
+            float acc = 0.0f;
+            for (int k = 0; k < hc; k++)
+                acc += w ? w[t * hc + k] * x[((size_t)t * hc + k) * D + d] : x[((size_t)t * hc + k) * D + d];
+            ref[(size_t)t * ld + d] = w ? acc : acc / (float)hc;
+        }
+    relerr(r, y, ref, n);
+    /* the mean's sums and division are the CPU's, bit for bit; the row's other columns are
+     * untouched either way (a product may fuse into an FMA on the GPU) */
+    for (size_t i = 0; i < n; i++)
+        if ((i % (size_t)ld >= (size_t)D || !w) && memcmp(&y[i], &ref[i], 4)) r->exact_ok = 0;
+    snprintf(r->note, sizeof r->note, "%s, the row's other columns untouched",
+             w ? "weighted" : "mean bit-exact");
+    free(x), free(w), free(before), free(ref), free(y);
 }
 
 static void run_hc_expand(const case_t *cs, result_t *r)
@@ -2619,6 +2654,7 @@ static void run_case(const case_t *cs, result_t *r)
     case OP_COPY_RANGES: run_copy_ranges(cs, r); break;
     case OP_LOGIT_ADJUST: run_logit_adjust(cs, r); break;
     case OP_LOGIT_MASK: run_logit_mask(cs, r); break;
+    case OP_HC_MEAN: run_hc_mean(cs, r); break;
     case OP_ATTENTION_BATCH: run_attention(cs, r); break;
     case OP_ATTENTION_TC_BATCH: run_attention(cs, r); break;
     case OP_ATTENTION_FLASH: run_attention(cs, r); break;

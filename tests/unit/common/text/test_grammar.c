@@ -1226,6 +1226,24 @@ static int judge_tools(bt_grammar_vocab_t *v, const char *spec, const char *text
     return verdict;
 }
 
+/* texts under a spec, each with its verdict (judge_tools) */
+typedef struct {
+    const char *text;
+    int want;
+} tools_case_t;
+
+static void judge_tools_cases(bt_grammar_vocab_t *v, const char *spec, const tools_case_t *cases,
+                              size_t n, const char *what)
+{
+    for (size_t i = 0; i < n; i++) {
+        const int got = judge_tools(v, spec, cases[i].text);
+        BT_CHECK_MSG(got == cases[i].want, "%s case %zu: %d, want %d", what, i, got, cases[i].want);
+    }
+}
+
+/* a string parameter's end tag, then the invoke's and the block's */
+#define RAW_END "</" D "parameter>\n</" D "invoke>\n</" D "calls>"
+
 static void test_tool_call_table(void)
 {
     synth_t s;
@@ -1295,32 +1313,23 @@ static void test_tool_call_table(void)
                           "\"properties\":{\"s\":{\"type\":\"string\",\"minLength\":2,"
                           "\"maxLength\":4}}}}]}";
 #define L_CALL "<" D "calls>\n<" D "invoke name=\"f\">\n<" D "parameter name=\"s\" string=\"true\">"
-#define L_END "</" D "parameter>\n</" D "invoke>\n</" D "calls>"
-    static const struct {
-        const char *text;
-        int want;
-    } counted[] = {
-        {L_CALL "ab" L_END, 1},
-        {L_CALL "abcd" L_END, 1},
-        {L_CALL "a" L_END, -1},    /* too short: "</..." is text, then too long */
-        {L_CALL "a</" D "pa", -1}, /* (that text passes 4 characters) */
-        {L_CALL "a<b" L_END, 1},   /* '<' as text */
-        {L_CALL "abcde", -1},      /* too long */
-        {L_CALL "ab<x" L_END, 1},  /* a tag that broke off: "ab<x", 4 characters */
-        {L_CALL "ab</x", -1},      /* 5 */
-        {L_CALL "\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9" L_END, 1}, /* 4 characters of 2 bytes */
+    static const tools_case_t counted[] = {
+        {L_CALL "ab" RAW_END, 1},
+        {L_CALL "abcd" RAW_END, 1},
+        {L_CALL "a" RAW_END, -1},   /* too short: "</..." is text, then too long */
+        {L_CALL "a</" D "pa", -1},  /* (that text passes 4 characters) */
+        {L_CALL "a<b" RAW_END, 1},  /* '<' as text */
+        {L_CALL "abcde", -1},       /* too long */
+        {L_CALL "ab<x" RAW_END, 1}, /* a tag that broke off: "ab<x", 4 characters */
+        {L_CALL "ab</x", -1},       /* 5 */
+        {L_CALL "\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9" RAW_END, 1}, /* 4 characters of 2 bytes */
         {L_CALL "\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9", -1},
         {L_CALL "ab</\xef\xbd\x9cx", -1}, /* the bar is one character: "ab</｜x" is 6 */
         {L_CALL "a</\xef\xbd\x9c", 0},    /* "a</｜": text from 'a' (too short for a tag) */
         {L_CALL "a</\xef\xbd\x9cx", -1},
     };
-    for (size_t i = 0; i < sizeof counted / sizeof counted[0]; i++) {
-        const int got = judge_tools(s.v, lengths, counted[i].text);
-        BT_CHECK_MSG(got == counted[i].want, "counted case %zu: %d, want %d", i, got,
-                     counted[i].want);
-    }
+    judge_tools_cases(s.v, lengths, counted, sizeof counted / sizeof counted[0], "counted");
 #undef L_CALL
-#undef L_END
     BT_CHECK(bt_grammar_tool_calls_check("{\"tools\":[{\"name\":\"f\"}]}", 24, err, sizeof err) ==
              BT_OK);
     /* a raw string parameter held to a pattern (one with '<' in it: text, or its end tag) and a
@@ -1331,13 +1340,9 @@ static void test_tool_call_table(void)
                          "\"date\"}},\"required\":[\"code\"]}}]}";
 #define B_CALL                                                                                     \
     "<" D "calls>\n<" D "invoke name=\"book\">\n<" D "parameter name=\"code\" string=\"true\">"
-#define B_END "</" D "parameter>\n</" D "invoke>\n</" D "calls>"
-    static const struct {
-        const char *text;
-        int want;
-    } raw[] = {
-        {B_CALL "AB" B_END, 1},
-        {B_CALL "AB<7" B_END, 1},
+    static const tools_case_t raw[] = {
+        {B_CALL "AB" RAW_END, 1},
+        {B_CALL "AB<7" RAW_END, 1},
         {B_CALL "AB<", 0},
         {B_CALL "AB</" D "param", 0},
         {B_CALL "AB</x", -1}, /* the tag broke off: "</x" is no text the pattern takes */
@@ -1347,16 +1352,12 @@ static void test_tool_call_table(void)
         {B_CALL "AB<7<", 0}, /* (the tag may begin) */
         {B_CALL "AB<7<x", -1},
         {B_CALL "AB</" D "parameter>\n<" D
-                "parameter name=\"day\" string=\"true\">2026-12-05" B_END,
+                "parameter name=\"day\" string=\"true\">2026-12-05" RAW_END,
          1},
         {B_CALL "AB</" D "parameter>\n<" D "parameter name=\"day\" string=\"true\">2026-13", -1},
     };
-    for (size_t i = 0; i < sizeof raw / sizeof raw[0]; i++) {
-        const int got = judge_tools(s.v, shaped, raw[i].text);
-        BT_CHECK_MSG(got == raw[i].want, "raw case %zu: %d, want %d", i, got, raw[i].want);
-    }
+    judge_tools_cases(s.v, shaped, raw, sizeof raw / sizeof raw[0], "raw");
 #undef B_CALL
-#undef B_END
     synth_free(&s);
 #undef W_CALL
 #undef S_CALL
@@ -1456,6 +1457,7 @@ static void test_tool_call_walks(void)
     cJSON_Delete(specj);
     synth_free(&s);
 }
+#undef RAW_END
 #undef D
 
 int main(void)
