@@ -605,17 +605,12 @@ static int g_tensor_cores = 1;
 static cudaStream_t g_side, g_side_stream; /* g_side: set while the two-stream graph is captured */
 static cudaEvent_t g_fork[4], g_join[4];
 /* The attention's two-stream fork comes right after the mHC collapse, as in the engine
- * (model_cuda.c's queries_and_kv): the side stream takes the latent KV row, then the queries
- * (wq_b) once the q_lora product and its norm are done on the main stream, which goes on with
- * the indexer. BT_BENCH_EARLY_FORK=0: the fork after the norm (the engine before session 25);
- * =2: the indexer's head weights (wproj) on the side stream too, first, the scores waiting. */
-static int g_early = 1;
-/* BT_BENCH_L2PF_SIDE=1: the prefetch windows on a third stream, joined at the layer's end, so
- * no kernel of the layer waits for them (on the main stream each prefetch grid ends only when
- * its requests are served) */
-static cudaStream_t g_pf_stream;
-static int g_l2pf_side, g_pf_pending;
-static cudaEvent_t g_pf_ev[5];
+ * (model_cuda.c's queries_and_kv): the side stream takes the indexer's head weights (wproj)
+ * and the latent KV row, then the queries (wq_b) once the q_lora product and its norm are done
+ * on the main stream, which goes on with the indexer, its scores waiting for wproj.
+ * BT_BENCH_EARLY_FORK=0: the fork after the norm (the engine before session 25); =1: only the
+ * KV row before it (comparisons). */
+static int g_early = 2;
 
 static bt_status_t fork_side(cudaStream_t st, int i)
 {
@@ -628,75 +623,6 @@ static bt_status_t join_side(cudaStream_t st, int i)
 {
     CU_TRY(cudaEventRecord(g_join[i], g_side));
     CU_TRY(cudaStreamWaitEvent(st, g_join[i], 0));
-    return BT_OK;
-}
-
-/* BT_BENCH_L2PF=MASK (an experiment, off by default): windows in which a decode layer asks L2 for
- * the weights of its next products (bt_cuda_prefetch_l2), while kernels that leave the DRAM idle
- * run: 1 at the layer's start (the attention's input projections, beside the mHC mix), 2 before the
- * attention core (wo_a, wo_b), 4 before the FFN's mix (router, shared expert), 8 at the indexer's
- * branch (wo_a, wo_b again: beside the indexer's short kernels). At most BT_BENCH_L2PF_MB MiB a
- * window (40; L2 holds 50 MB on an H100); BT_BENCH_L2PF_LAST=1 marks the lines evict_last.
- * The environment, so bench/ab_layer.py can compare settings in the same run. */
-static int g_l2pf, g_l2pf_last;
-static size_t g_l2pf_cap = (size_t)40 << 20;
-
-typedef struct {
-    bt_cuda_span_t s[BT_CUDA_PREFETCH_MAX];
-    int n;
-    size_t left;
-} pf_list_t;
-
-static void pf_add(pf_list_t *l, const void *p, size_t len)
-{
-    if (l->n == BT_CUDA_PREFETCH_MAX || !l->left) return;
-    const size_t take = len < l->left ? len : l->left;
-    l->s[l->n].p = p;
-    l->s[l->n].len = take;
-    l->n++;
-    l->left -= take;
-}
-
-static void pf_add_fp8(pf_list_t *l, const fp8w_t *w)
-{
-    pf_add(l, w->s, (size_t)cdiv(w->N, 32) * cdiv(w->K, 32));
-    pf_add(l, w->w, (size_t)w->N * w->K);
-}
-
-static bt_status_t prefetch_window(const weights_t *W, const case_t *c, int window, cudaStream_t st)
-{
-    if (!(g_l2pf & window) || c->T >= FP8_WIDE_ROWS) return BT_OK;
-    pf_list_t l = {};
-    l.left = g_l2pf_cap;
-    if (window == 1) {
-        pf_add_fp8(&l, &W->wq_a);
-        pf_add_fp8(&l, &W->wkv);
-        pf_add_fp8(&l, &W->iwq_b);
-        pf_add(&l, W->wproj, (size_t)IH * HID * 2);
-        pf_add_fp8(&l, &W->wq_b);
-    } else if (window == 2 || window == 8) {
-        pf_add_fp8(&l, &W->wo_a);
-        pf_add_fp8(&l, &W->wo_b);
-    } else {
-        pf_add(&l, W->gate_w, (size_t)NE * HID * 2);
-        pf_add_fp8(&l, &W->sw13);
-        pf_add_fp8(&l, &W->sw2);
-    }
-    if (!(g_l2pf_side && g_side)) return bt_cuda_prefetch_l2(l.s, l.n, g_l2pf_last, st);
-    const int k = window == 8 ? 3 : window == 4 ? 2 : window - 1;
-    CU_TRY(cudaEventRecord(g_pf_ev[k], st));
-    CU_TRY(cudaStreamWaitEvent(g_pf_stream, g_pf_ev[k], 0));
-    g_pf_pending = 1;
-    return bt_cuda_prefetch_l2(l.s, l.n, g_l2pf_last, g_pf_stream);
-}
-
-/* the prefetch stream joined back into st (before a capture ends) */
-static bt_status_t prefetch_join(cudaStream_t st)
-{
-    if (!g_pf_pending) return BT_OK;
-    g_pf_pending = 0;
-    CU_TRY(cudaEventRecord(g_pf_ev[4], g_pf_stream));
-    CU_TRY(cudaStreamWaitEvent(st, g_pf_ev[4], 0));
     return BT_OK;
 }
 
@@ -735,7 +661,6 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
     const int thr = 256;
 
     BT_TRY(mark(ev, 0, st, capture));
-    BT_TRY(prefetch_window(W, c, 1, st));
     /* mHC, attention site: the attention collapses with the previous layer's FFN pre */
     BT_TRY(bt_cuda_hc_mix_collapse_ws(c->pre_a, c->post, c->comb, c->x, W->hc_fn[0], W->hc_base[0],
                                       W->hc_scale[0], T, HC, HID, RMS_EPS, HC_EPS, HC_ITERS,
@@ -779,7 +704,6 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
     BT_TRY(mark(ev, 2, st, capture));
 
     /* indexer */
-    BT_TRY(prefetch_window(W, c, 8, st));
     BT_TRY(fp8_mm(blas, c, c->qi, F32, c->qr, W->iwq_b.w, W->iwq_b.s, T, IH * ID, QL, st));
     BT_TRY(bt_cuda_head_finish(c->qi, T, IH, ID, 0, NULL, 0.0f, c->pos, W->inv_freq, ROPE_HALF, 32,
                                BT_CUDA_FQ_FP4_UE8M0, st)); /* rope, FP4 */
@@ -800,7 +724,6 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
     BT_TRY(bt_cuda_topk(c->sel, c->sel_n, ITOPK, c->scores, T, c->n, ITOPK, st));
     if (two) BT_TRY(join_side(st, 0));
     BT_TRY(mark(ev, 3, st, capture));
-    BT_TRY(prefetch_window(W, c, 2, st));
 
     /* attention core: a decode batch as the model's (each sequence's compressed cache where it
      * lies, each token's keys split as they would be alone) */
@@ -839,7 +762,6 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
     BT_TRY(mark(ev, 5, st, capture));
 
     /* mHC: attention output into the streams; FFN site mix and collapse */
-    BT_TRY(prefetch_window(W, c, 4, st));
     BT_TRY(bt_cuda_hc_expand(c->x, c->o_attn, BF16, c->post, c->comb, T, HC, HID, st));
     BT_TRY(bt_cuda_hc_mix_collapse_ws(c->pre_f, c->post, c->comb, c->x, W->hc_fn[1], W->hc_base[1],
                                       W->hc_scale[1], T, HC, HID, RMS_EPS, HC_EPS, HC_ITERS,
@@ -891,7 +813,6 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
     BT_TRY(mark(ev, 8, st, capture));
 
     BT_TRY(bt_cuda_hc_expand(c->x, c->moe, F32, c->post, c->comb, T, HC, HID, st));
-    BT_TRY(prefetch_join(st));
     BT_TRY(mark(ev, 9, st, capture));
     return BT_OK;
 }
@@ -1602,7 +1523,7 @@ static int usage(const char *argv0)
             "usage: %s [--cases decode_b1,decode_b16,prefill] [--reps N>=20] [--warmup N]\n"
             "          [--seed N] [--entries N] [--prefill T] [--dump DIR] [--no-graph]\n"
             "          [--cuda-cores]\n"
-            "environment: BT_BENCH_L2PF=MASK, BT_BENCH_L2PF_MB=N, BT_BENCH_L2PF_LAST=1\n",
+            "environment: BT_BENCH_EARLY_FORK=0|1|2\n",
             argv0);
     return 2;
 }
@@ -1633,11 +1554,7 @@ int main(int argc, char **argv)
         else return usage(argv[0]);
         i++;
     }
-    if (getenv("BT_BENCH_L2PF")) g_l2pf = atoi(getenv("BT_BENCH_L2PF"));
-    if (getenv("BT_BENCH_L2PF_MB")) g_l2pf_cap = (size_t)atoi(getenv("BT_BENCH_L2PF_MB")) << 20;
-    if (getenv("BT_BENCH_L2PF_SIDE")) g_l2pf_side = atoi(getenv("BT_BENCH_L2PF_SIDE"));
     if (getenv("BT_BENCH_EARLY_FORK")) g_early = atoi(getenv("BT_BENCH_EARLY_FORK"));
-    if (getenv("BT_BENCH_L2PF_LAST")) g_l2pf_last = atoi(getenv("BT_BENCH_L2PF_LAST"));
     /* a prefill chunk sits at the end of the cached entries, and the top-k must be full */
     if (o.reps < 20 || o.warmup < 1 || entries < ITOPK || prefill < 1 || prefill > entries ||
         prefill + WIN > (1 << 30)) {
@@ -1667,9 +1584,6 @@ int main(int argc, char **argv)
     }
     if (cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) != cudaSuccess) goto out;
     if (cudaStreamCreateWithFlags(&g_side_stream, cudaStreamNonBlocking) != cudaSuccess) goto out;
-    if (cudaStreamCreateWithFlags(&g_pf_stream, cudaStreamNonBlocking) != cudaSuccess) goto out;
-    for (int i = 0; i < 5; i++)
-        if (cudaEventCreateWithFlags(&g_pf_ev[i], cudaEventDisableTiming) != cudaSuccess) goto out;
     for (int i = 0; i < 4; i++)
         if (cudaEventCreateWithFlags(&g_fork[i], cudaEventDisableTiming) != cudaSuccess ||
             cudaEventCreateWithFlags(&g_join[i], cudaEventDisableTiming) != cudaSuccess)
@@ -1746,10 +1660,7 @@ out:
         if (g_fork[i]) cudaEventDestroy(g_fork[i]);
         if (g_join[i]) cudaEventDestroy(g_join[i]);
     }
-    for (int i = 0; i < 5; i++)
-        if (g_pf_ev[i]) cudaEventDestroy(g_pf_ev[i]);
     if (g_side_stream) cudaStreamDestroy(g_side_stream);
-    if (g_pf_stream) cudaStreamDestroy(g_pf_stream);
     if (st) cudaStreamDestroy(st);
     return rc;
 }

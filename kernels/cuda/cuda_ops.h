@@ -389,19 +389,6 @@ bt_status_t bt_cuda_scatter_rows(float *dst, const int64_t *off, const float *sr
 bt_status_t bt_cuda_hc_collapse(float *out, int64_t ldo, const float *x, const float *w, int T,
                                 int hc, int D, cudaStream_t stream);
 
-/* Asks L2 for byte ranges of device memory ahead of the kernels that will read them: a decode
- * step's next weights, fetched while latency-bound kernels (mHC mixes, the attention core)
- * leave the DRAM idle. Fire and forget: nothing is written and nothing waits for the bytes;
- * each range is trimmed to whole 16-byte units inside it (what the bulk prefetch takes).
- * evict_last: the lines are kept ahead of the others until read. A no-op before Hopper. */
-enum { BT_CUDA_PREFETCH_MAX = 8 };
-typedef struct {
-    const void *p;
-    unsigned long long len;
-} bt_cuda_span_t;
-bt_status_t bt_cuda_prefetch_l2(const bt_cuda_span_t *spans, int n, int evict_last,
-                                cudaStream_t stream);
-
 /* Many small copies in one launch: copy i's len bytes from src to dst, both device memory
  * (copies[] too); no destination may overlap another copy's source or destination. For a step's scattered KV writes
  * packed to go home in one transfer, and the compressor's staging of each sequence's open

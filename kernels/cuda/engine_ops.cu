@@ -82,69 +82,6 @@ extern "C" bt_status_t bt_cuda_hc_collapse(float *out, int64_t ldo, const float 
     return bt__cuda_launched("hc_collapse");
 }
 
-/* L2 prefetch: ranges in pieces of PF_PIECE bytes, piece i of every range to thread i % threads.
- * The requests go out before the grid wait: they read weights, which no kernel writes. */
-enum { PF_PIECE = 16384, PF_THREADS = 128, PF_MAX_BLOCKS = 132 };
-typedef struct {
-    bt_cuda_span_t s[BT_CUDA_PREFETCH_MAX];
-    int n;
-} pf_spans_t;
-
-__global__ void prefetch_l2_kernel(pf_spans_t sp, int evict_last)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x * PF_PIECE;
-    const unsigned long long first =
-        ((unsigned long long)blockIdx.x * blockDim.x + threadIdx.x) * PF_PIECE;
-    unsigned long long policy = 0;
-    if (evict_last)
-        asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
-    for (int i = 0; i < sp.n; i++) {
-        const char *p = (const char *)sp.s[i].p;
-        for (unsigned long long o = first; o < sp.s[i].len; o += stride) {
-            const unsigned long long left = sp.s[i].len - o;
-            const unsigned bytes = (unsigned)(left < PF_PIECE ? left : PF_PIECE);
-            if (evict_last)
-                asm volatile(
-                    "cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(p + o),
-                    "r"(bytes), "l"(policy)
-                    : "memory");
-            else
-                asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + o), "r"(bytes)
-                             : "memory");
-        }
-    }
-#else
-    (void)sp;
-    (void)evict_last;
-#endif
-    bt_grid_begin();
-}
-
-extern "C" bt_status_t bt_cuda_prefetch_l2(const bt_cuda_span_t *spans, int n, int evict_last,
-                                           cudaStream_t stream)
-{
-    BT_CUDA_REQUIRE(spans && n >= 0 && n <= BT_CUDA_PREFETCH_MAX);
-    pf_spans_t sp;
-    sp.n = 0;
-    unsigned long long pieces = 0;
-    for (int i = 0; i < n; i++) {
-        /* whole 16-byte units inside the range, as the bulk prefetch requires */
-        const uintptr_t a = (uintptr_t)spans[i].p, b = a + spans[i].len;
-        const uintptr_t a16 = (a + 15) & ~(uintptr_t)15, b16 = b & ~(uintptr_t)15;
-        if (!spans[i].p || b16 <= a16) continue;
-        sp.s[sp.n].p = (const void *)a16;
-        sp.s[sp.n].len = b16 - a16;
-        pieces += (sp.s[sp.n].len + PF_PIECE - 1) / PF_PIECE;
-        sp.n++;
-    }
-    if (!sp.n) return BT_OK;
-    const unsigned long long want = (pieces + PF_THREADS - 1) / PF_THREADS, most = PF_MAX_BLOCKS;
-    bt__launch(prefetch_l2_kernel, (int)(want < most ? want : most), PF_THREADS, 0, stream, sp,
-               evict_last);
-    return bt__cuda_launched("prefetch_l2");
-}
-
 /* a block a copy, in the widest units its alignment allows */
 __global__ void copy_ranges_kernel(const bt_cuda_copy_t *copies)
 {

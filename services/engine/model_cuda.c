@@ -136,7 +136,7 @@ struct bt_model_cuda {
      * experts), forked and joined by events, as a graph's branches; its products' own scratch.
      * NULL with BT_CUDA_SIDE=0. */
     cudaStream_t side;
-    cudaEvent_t side_fork, side_join;
+    cudaEvent_t side_fork, side_join, side_mark; /* side_mark: a value the side stream made */
     uint16_t *xb_side;
     float *ytmp_side;
     size_t xb_side_cap, ytmp_side_cap;
@@ -827,6 +827,7 @@ bt_status_t bt_model_cuda_attach(bt_model_t *m, const char *dir, char *err, size
         CK_CUDA(cudaStreamCreateWithFlags(&cu->side, cudaStreamNonBlocking));
         CK_CUDA(cudaEventCreateWithFlags(&cu->side_fork, cudaEventDisableTiming));
         CK_CUDA(cudaEventCreateWithFlags(&cu->side_join, cudaEventDisableTiming));
+        CK_CUDA(cudaEventCreateWithFlags(&cu->side_mark, cudaEventDisableTiming));
     }
     bt_status_t rc = bt_cuda_blas_create(&cu->blas);
     if (rc != BT_OK) {
@@ -1004,6 +1005,7 @@ void bt_model_cuda_destroy(struct bt_model_cuda *cu)
         cudaStreamDestroy(cu->side);
         cudaEventDestroy(cu->side_fork);
         cudaEventDestroy(cu->side_join);
+        cudaEventDestroy(cu->side_mark);
     }
     free(cu);
 }
@@ -1196,6 +1198,16 @@ static bool side_ok(const fwd_t *f, const dev_mat_t *a, const dev_mat_t *b, cons
     return bytes >= cu->side_min_bytes;
 }
 
+/* Whether a bf16 product of a decode-sized batch may run on the side stream: only where
+ * bt_cuda_gemm_bf16 takes its few-row kernel (cuBLASLt's workspace is shared); the
+ * conditions of bt__gemm_bf16_rows_fits (the scratch rows are aligned). */
+static bool side_ok_bf16(const fwd_t *f, const dev_mat_t *w)
+{
+    const struct bt_model_cuda *cu = f->cu;
+    return cu->side && cu->xb_side && f->N <= GRAPH_MAX_SEQS && !fp8_via_cublas(cu, f->N) &&
+           w->kind == MAT_BF16 && w->K % 32 == 0 && 2ll * w->N * w->K < (1ll << 31);
+}
+
 /* The side stream starts after what the main stream has queued; the main stream goes on past
  * side_join only once the side stream's work is done. */
 static bt_status_t side_fork(fwd_t *f)
@@ -1205,6 +1217,17 @@ static bt_status_t side_fork(fwd_t *f)
     CK_CUDA(cudaEventRecord(f->cu->side_fork, f->cu->stream));
     CK_CUDA(cudaStreamWaitEvent(f->cu->side, f->cu->side_fork, 0));
     f->cu->side_forks++;
+    return BT_OK;
+}
+
+/* The side stream, already forked, waits here for what the main stream has queued so far
+ * (a value its next steps read); the main stream goes on. */
+static bt_status_t side_wait_main(fwd_t *f)
+{
+    char *err = f->err;
+    size_t errlen = f->errlen;
+    CK_CUDA(cudaEventRecord(f->cu->side_fork, f->cu->stream));
+    CK_CUDA(cudaStreamWaitEvent(f->cu->side, f->cu->side_fork, 0));
     return BT_OK;
 }
 
@@ -1445,9 +1468,14 @@ static bt_status_t ring_rows(fwd_t *f, int l);
 
 /* Layer l's queries (q_res normed, then cu->q rotated) and its latent KV row (cu->kv: norm,
  * rope, FP8 rounding in one launch). two NULL: all on the main stream; else *two says whether
- * the last steps went to the side stream (when they may: beside the compressor and the
- * indexer), which the caller then joins before the attention reads them. */
-static bt_status_t queries_and_kv(fwd_t *f, int l, bool *two)
+ * the KV row and the queries' wq_b went to the side stream (when they may), which the caller
+ * then joins before the attention reads them, and *iw_side whether an indexing layer's head
+ * weights (cu->iw, unscaled) did too, done at side_mark. The side stream starts at the mHC
+ * collapse: the head weights and the KV row beside the q_lora product and its norm, then
+ * wq_b beside the compressor and the indexer. (Forked after the norm, the head weights
+ * waited on the main stream: the layer's decode step at batch 1 3% slower in
+ * bench_layer_cuda, bench/RESULTS.md session 25.) */
+static bt_status_t queries_and_kv(fwd_t *f, int l, bool *two, bool *iw_side)
 {
     bt_model_t *m = f->m;
     struct bt_model_cuda *cu = f->cu;
@@ -1460,18 +1488,27 @@ static bt_status_t queries_and_kv(fwd_t *f, int l, bool *two)
     bool comp = c->layer[l].compress_ratio > 0;
     const float *inv = comp ? cu->inv_comp : cu->inv_main;
     int half = comp ? m->half_comp : m->half_main;
-    CK(mm(f, cu->q_res, qlr, cu->xin, D, &w->wq_a, N));
-    CK(bt_cuda_rmsnorm(cu->q_res, BT_CUDA_F32, cu->q_res, BT_CUDA_F32, w->q_norm, N, qlr, eps,
-                       cu->stream));
     const bool side = two && side_ok(f, &w->wq_b, &w->wkv, NULL);
     if (two) *two = side;
     cudaStream_t s2 = side ? cu->side : cu->stream;
+    const bt_layer_config_t *L = &c->layer[l];
+    const bool iw = side && comp && L->is_index_source && L->index_key_owner >= 0 &&
+                    side_ok_bf16(f, &w->i_weights_proj);
+    if (iw_side) *iw_side = iw;
     if (side) CK(side_fork(f));
-    CK(mm_on(f, side, cu->q, H * hd, cu->q_res, qlr, &w->wq_b, N));
+    if (iw) { /* the indexer's head weights first: the scores wait for them */
+        CK(mm_on(f, true, cu->iw, c->index_heads, cu->xin, D, &w->i_weights_proj, N));
+        CK_CUDA(cudaEventRecord(cu->side_mark, cu->side));
+    }
     CK(mm_on(f, side, cu->kv, hd, cu->xin, D, &w->wkv, N));
-    if (half) CK(bt_cuda_rope(cu->q, BT_CUDA_F32, N, H, hd, f->pos_d, inv, half, 0, s2));
     CK(bt_cuda_head_finish(cu->kv, N, 1, hd, 1, w->kv_norm, eps, half ? f->pos_d : NULL, inv, half,
                            32, BT_CUDA_FQ_FP8_UE8M0, s2));
+    CK(mm(f, cu->q_res, qlr, cu->xin, D, &w->wq_a, N));
+    CK(bt_cuda_rmsnorm(cu->q_res, BT_CUDA_F32, cu->q_res, BT_CUDA_F32, w->q_norm, N, qlr, eps,
+                       cu->stream));
+    if (side) CK(side_wait_main(f)); /* wq_b reads the normed q_res */
+    CK(mm_on(f, side, cu->q, H * hd, cu->q_res, qlr, &w->wq_b, N));
+    if (half) CK(bt_cuda_rope(cu->q, BT_CUDA_F32, N, H, hd, f->pos_d, inv, half, 0, s2));
     return BT_OK;
 }
 
@@ -1493,8 +1530,8 @@ static bt_status_t attention(fwd_t *f, int l)
     int half = comp ? m->half_comp : m->half_main;
     attention_fn *attend = cu->att_tc ? bt_cuda_attention_tc_ws : bt_cuda_attention_ws;
     size_t row = (size_t)hd * sizeof(float);
-    bool two;
-    CK(queries_and_kv(f, l, &two));
+    bool two, iw_side;
+    CK(queries_and_kv(f, l, &two, &iw_side));
 
     if (comp) {
         if (L->is_kv_source) {
@@ -1510,7 +1547,10 @@ static bt_status_t attention(fwd_t *f, int l)
         if (L->is_index_source && L->index_key_owner >= 0) {
             int ih = c->index_heads, ihd = c->index_head_dim;
             CK(mm(f, cu->qi, ih * ihd, cu->q_res, qlr, &w->i_wq_b, N));
-            CK(mm(f, cu->iw, ih, cu->xin, D, &w->i_weights_proj, N));
+            if (iw_side) /* made on the side stream (queries_and_kv) */
+                CK_CUDA(cudaStreamWaitEvent(st, cu->side_mark, 0));
+            else
+                CK(mm(f, cu->iw, ih, cu->xin, D, &w->i_weights_proj, N));
             CK(bt_cuda_head_finish(cu->qi, N, ih, ihd, 0, NULL, eps, m->half_comp ? f->pos_d : NULL,
                                    cu->inv_comp, m->half_comp, 32, BT_CUDA_FQ_FP4_UE8M0, st));
             CK(bt_cuda_scale(cu->iw, (size_t)N * ih, 1.0f / sqrtf((float)ih), st));
@@ -2670,7 +2710,7 @@ static bt_status_t draft_attention(fwd_t *f, int l, const int32_t *idx_d, const 
     int hd = c->head_dim, H = m->hl, W = c->window;
     size_t row = (size_t)hd * sizeof(float);
     attention_fn *attend = cu->att_tc ? bt_cuda_attention_tc_ws : bt_cuda_attention_ws;
-    CK(queries_and_kv(f, l, NULL)); /* (no compressor or indexer to run beside) */
+    CK(queries_and_kv(f, l, NULL, NULL)); /* (no compressor or indexer to run beside) */
     for (int q = 0; q < f->n_seqs; q++) {
         int first = f->first[q];
         float *stage = cu->win_stage + ((size_t)q * W + first) * hd;
