@@ -131,8 +131,9 @@ struct bt_model_cuda {
     float *e_cat, *e_kv, *hidden, *hsel, *dlogits, *ytmp;
     uint16_t *xb, *hb;       /* bf16 activations on their way into FP8/FP4/BF16 GEMMs */
     size_t xb_cap, ytmp_cap; /* elements */
-    /* a second stream for a decode step's independent chains (the queries and the KV row
-     * beside the compressor and the indexer; the shared expert beside routing and the routed
+    /* a second stream for a decode step's independent chains (the KV row and the indexer's
+     * head weights beside the q_lora product, the queries beside the compressor and the
+     * indexer: queries_and_kv; the shared expert beside routing and the routed
      * experts), forked and joined by events, as a graph's branches; its products' own scratch.
      * NULL with BT_CUDA_SIDE=0. */
     cudaStream_t side;
