@@ -656,13 +656,6 @@ static bool compile_shape(rules_t *r, compile_t *cc, const cJSON *s, int x)
         cfail(cc, "json_schema: pattern and format together are not supported (one of them)");
         return false;
     }
-    if (length_in(s)) {
-        cfail(cc,
-              "json_schema: %s with minLength or maxLength is not supported (put the "
-              "length in the pattern: {min,max})",
-              shape_in(s));
-        return false;
-    }
     const char *text = NULL;
     if (pat) {
         if (!cJSON_IsString(pat)) {
@@ -691,6 +684,18 @@ static bool compile_shape(rules_t *r, compile_t *cc, const cJSON *s, int x)
         cfail(cc, "json_schema: %s", why);
         return false;
     }
+    /* minLength / maxLength beside it: the DFA counts the characters too (a count apart, the
+     * two could each let a string go on where together nothing can finish), and the node's own
+     * count is off */
+    snode_t *n = &r->nodes[x];
+    if (n->bounded &&
+        bt_regex_limit_length(re, (long)n->lo, (long)n->hi, MAX_PATTERN_STATES - r->rx_states, why,
+                              sizeof why) != BT_OK) {
+        bt_regex_free(re);
+        cfail(cc, "json_schema: %s '%.60s' %s", shape_in(s), pat ? text : fmt->valuestring, why);
+        return false;
+    }
+    n->bounded = false;
     if (r->rx_states + re->n_states > MAX_PATTERN_STATES) {
         bt_regex_free(re);
         cfail(cc, "json_schema: the patterns need more than %d automaton states together",

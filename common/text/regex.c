@@ -1087,6 +1087,99 @@ bt_status_t bt_regex_compile(const char *pattern, size_t len, bt_regex_mode_t mo
     return BT_OK;
 }
 
+/* The product of re with a character count: state (q, n), n the characters taken so far
+ * (a character counted at its first byte: any byte but a UTF-8 continuation), capped at hi, or
+ * held at lo once reached when there is no hi. Built from the start through the states the
+ * bytes reach, numbered by a hash of (q, n). */
+bt_status_t bt_regex_limit_length(bt_regex_t *re, long lo, long hi, int max_states, char *err,
+                                  size_t errlen)
+{
+    if (lo < 0 || (hi >= 0 && hi < lo)) {
+        snprintf(err, errlen, "length bounds %ld..%ld cannot hold", lo, hi);
+        return BT_ERR_INVALID_ARG;
+    }
+    if (max_states < 2) max_states = 2;         /* (the dead state and the start: refused below) */
+    if (max_states > 65535) max_states = 65535; /* (states are 16-bit) */
+    const uint64_t span = (uint64_t)(hi >= 0 ? hi : lo) + 1;
+    size_t cap = 16;
+    while (cap < 2 * (size_t)max_states)
+        cap *= 2;
+    uint64_t *key = bt_malloc_or_die(cap * sizeof *key); /* (q * span + n) + 1; 0: empty */
+    uint16_t *val = bt_malloc_or_die(cap * sizeof *val);
+    memset(key, 0, cap * sizeof *key);
+    int *sq = bt_malloc_or_die(((size_t)max_states + 1) * sizeof *sq);
+    long *sn = bt_malloc_or_die(((size_t)max_states + 1) * sizeof *sn);
+    uint16_t *next = bt_calloc_or_die(((size_t)max_states + 1) * 256, sizeof *next);
+    uint8_t *accept = bt_calloc_or_die((size_t)max_states + 1, 1);
+    int n_states = 1; /* state 0: dead */
+    bool full = false;
+#define LL_STATE(q_, n_, out_)                                                                     \
+    do {                                                                                           \
+        const uint64_t k_ = (uint64_t)(q_)*span + (uint64_t)(n_) + 1;                              \
+        size_t h_ = (size_t)((k_ * 0x9e3779b97f4a7c15ull) >> 20) & (cap - 1);                      \
+        while (key[h_] && key[h_] != k_)                                                           \
+            h_ = (h_ + 1) & (cap - 1);                                                             \
+        if (key[h_]) {                                                                             \
+            (out_) = val[h_];                                                                      \
+        } else if (n_states >= max_states) {                                                       \
+            full = true;                                                                           \
+            (out_) = 0;                                                                            \
+        } else {                                                                                   \
+            key[h_] = k_;                                                                          \
+            val[h_] = (uint16_t)n_states;                                                          \
+            sq[n_states] = (q_);                                                                   \
+            sn[n_states] = (n_);                                                                   \
+            (out_) = n_states++;                                                                   \
+        }                                                                                          \
+    } while (0)
+    int first;
+    LL_STATE(re->start, 0L, first);
+    for (int s = first; s < n_states && !full; s++) { /* (the states in the order found) */
+        const int q = sq[s];
+        const long n = sn[s];
+        accept[s] = re->accept[q] && n >= lo;
+        for (int b = 0; b < 256 && !full; b++) {
+            const int q2 = re->next[(size_t)q * 256 + (size_t)b];
+            if (!q2) continue;
+            long n2 = n + ((b & 0xc0) != 0x80);
+            if (hi >= 0 && n2 > hi) continue;
+            if (hi < 0 && n2 > lo) n2 = lo;
+            int t;
+            LL_STATE(q2, n2, t);
+            next[(size_t)s * 256 + (size_t)b] = (uint16_t)t;
+        }
+    }
+#undef LL_STATE
+    free(key);
+    free(val);
+    free(sq);
+    free(sn);
+    if (full) {
+        free(next);
+        free(accept);
+        snprintf(err, errlen,
+                 "with its length bounds needs more than %d automaton states (a smaller "
+                 "maxLength, or the length in the pattern: {min,max})",
+                 max_states);
+        return BT_ERR_INVALID_ARG;
+    }
+    bt_regex_t product = {
+        .n_states = n_states, .start = (uint16_t)first, .next = next, .accept = accept};
+    if (!prune(&product)) {
+        free(product.next);
+        free(product.accept);
+        if (hi >= 0)
+            snprintf(err, errlen, "matches no string of %ld..%ld characters", lo, hi);
+        else
+            snprintf(err, errlen, "matches no string of %ld characters or more", lo);
+        return BT_ERR_INVALID_ARG;
+    }
+    free(re->next);
+    free(re->accept);
+    *re = product;
+    return BT_OK;
+}
+
 void bt_regex_free(bt_regex_t *re)
 {
     if (!re) return;

@@ -39,6 +39,12 @@ typedef struct {
 
 bt_status_t bt_regex_compile(const char *pattern, size_t len, bt_regex_mode_t mode,
                              bt_regex_t **re_p, char *err, size_t errlen);
+/* Narrows re to strings of lo..hi characters (code points; hi < 0: no upper bound), as JSON
+ * Schema's minLength / maxLength beside a pattern: the DFA becomes its product with a count of
+ * the characters so far (up to hi, or saturating at lo), cut again to the states that can
+ * still finish. Fails, re unchanged, with more than max_states states or no string left. */
+bt_status_t bt_regex_limit_length(bt_regex_t *re, long lo, long hi, int max_states, char *err,
+                                  size_t errlen);
 void bt_regex_free(bt_regex_t *re);
 /* Whether the whole of s (UTF-8) is accepted: s contains a match of the pattern. */
 bool bt_regex_accepts(const bt_regex_t *re, const char *s, size_t len);

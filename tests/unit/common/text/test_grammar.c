@@ -503,6 +503,9 @@ static void test_golden_tokenizer(void)
     "\"id\":{\"type\":\"string\",\"format\":\"uuid\"},"                                            \
     "\"note\":{\"type\":\"string\",\"pattern\":\"^(ab|\\\"q\\\"|\\\\\\\\)+$\"},"                   \
     "\"memo\":{\"type\":\"string\",\"pattern\":\"\\\\d\"},"                                        \
+    "\"word\":{\"type\":\"string\",\"pattern\":\"^[a-z]+$\",\"minLength\":2,\"maxLength\":5},"     \
+    "\"pin\":{\"type\":\"string\",\"pattern\":\"\\\\d\",\"minLength\":3},"                         \
+    "\"mail\":{\"type\":\"string\",\"format\":\"email\",\"maxLength\":12},"                        \
     "\"ratio\":{\"type\":\"number\",\"exclusiveMinimum\":0,\"maximum\":1.5},"                      \
     "\"cents\":{\"type\":\"number\",\"multipleOf\":0.05,\"minimum\":-2},"                          \
     "\"step\":{\"type\":\"integer\",\"multipleOf\":3},"                                            \
@@ -716,6 +719,30 @@ static void test_schema_table(void)
         {"{\"code\":\"ABC-1234\",\"day\":\"2026-12-05\",\"note\":\"\\\\", 0},
         {"{\"code\":\"ABC-1234\",\"day\":\"2026-12-05\",\"note\":\"\\n", -1},
         {"{\"code\":\"ABC-1234\",\"day\":\"2026-12-05\",\"note\":\"ab\",\"tags\":[\"a-\"", -1},
+    /* a pattern with minLength / maxLength: both hold, and nothing is let in that cannot
+     * finish within them */
+#define SHAPED_AT "{\"code\":\"ABC-1234\",\"day\":\"2026-12-05\",\"note\":\"ab\","
+        {SHAPED_AT "\"word\":\"ab\"}", 1},
+        {SHAPED_AT "\"word\":\"abcde\"}", 1},
+        {SHAPED_AT "\"word\":\"a\"", -1},    /* too short */
+        {SHAPED_AT "\"word\":\"abcdef", -1}, /* too long */
+        {SHAPED_AT "\"word\":\"aB", -1},     /* the pattern */
+        {SHAPED_AT "\"pin\":\"x9y\"}", 1},
+        {SHAPED_AT "\"pin\":\"xyzw12\"}", 1}, /* no upper bound */
+        {SHAPED_AT "\"pin\":\"9\"", -1},      /* a digit, but 1 character */
+        {SHAPED_AT "\"pin\":\"xyz\"", -1},    /* 3 characters, no digit */
+        {SHAPED_AT "\"pin\":\"\xc3\xa9\xc3\xa9"
+                   "7\"}",
+         1}, /* characters, not bytes: */
+        {SHAPED_AT "\"pin\":\"\xc3\xa9"
+                   "7\"",
+         -1}, /* 2 of them in 3 bytes */
+        {SHAPED_AT "\"mail\":\"a@b.co\"}", 1},
+        {SHAPED_AT "\"mail\":\"abcdefg@b.co\"}", 1}, /* 12 */
+        {SHAPED_AT "\"mail\":\"abcdefgh@b.co", -1},  /* 13 */
+        {SHAPED_AT "\"mail\":\"abcdefghi@", -1},     /* the shortest domain, b.c, would make 13 */
+        {SHAPED_AT "\"mail\":\"abcdefgh@", 0},
+#undef SHAPED_AT
     };
     for (size_t i = 0; i < sizeof shaped / sizeof shaped[0]; i++) {
         const int got = judge_schema(s.v, SHAPED, shaped[i].text, strlen(shaped[i].text));
@@ -759,9 +786,15 @@ static void test_schema_table(void)
          "format 'ipv6' is not supported"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"(?=a)\"}}}",
          "pattern: lookaround"},
-        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"^a+$\","
-         "\"maxLength\":3}}}",
-         "with minLength or maxLength"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"^ab$\","
+         "\"minLength\":3}}}",
+         "pattern '^ab$' matches no string of 3 characters or more"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"format\":\"date\","
+         "\"maxLength\":9}}}",
+         "format 'date' matches no string of 0..9 characters"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"[a-z]\","
+         "\"maxLength\":100000}}}",
+         "with its length bounds needs more than"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"pattern\":\"^a+$\"}}}",
          "'pattern' is supported on type string only"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"^a\","
@@ -896,6 +929,25 @@ static bool shape_conforms(const char *v, const cJSON *s)
                                                         : !isxdigit((unsigned char)v[i]))
                 return false;
         return n == 36;
+    }
+    if (!strcmp(fmt->valuestring, "email")) { /* dot-atom@label(.label)+, as RFC 5321 */
+        const char *at = strchr(v, '@');
+        if (!at || at == v || strchr(at + 1, '@')) return false;
+        for (const char *c = v; c < at; c++) /* atoms of allowed characters, single dots */
+            if (*c == '.' ? c == v || c + 1 == at || c[1] == '.'
+                          : !isalnum((unsigned char)*c) && !strchr("!#$%&'*+/=?^_`{|}~-", *c))
+                return false;
+        int labels = 0;
+        for (const char *l = at + 1; *l;) {
+            size_t len = strcspn(l, ".");
+            if (len == 0 || len > 63 || l[0] == '-' || l[len - 1] == '-') return false;
+            for (size_t i = 0; i < len; i++)
+                if (!isalnum((unsigned char)l[i]) && l[i] != '-') return false;
+            labels++;
+            l += len;
+            if (*l == '.' && !*++l) return false; /* (a trailing dot) */
+        }
+        return labels >= 2;
     }
     return false;
 }
@@ -1332,12 +1384,14 @@ static void test_tool_call_table(void)
 #undef L_CALL
     BT_CHECK(bt_grammar_tool_calls_check("{\"tools\":[{\"name\":\"f\"}]}", 24, err, sizeof err) ==
              BT_OK);
-    /* a raw string parameter held to a pattern (one with '<' in it: text, or its end tag) and a
-     * format */
+    /* a raw string parameter held to a pattern (one with '<' in it: text, or its end tag), a
+     * format, and a pattern with lengths (its characters counted as the pattern reads them) */
     const char *shaped = "{\"tools\":[{\"name\":\"book\",\"parameters\":{\"type\":\"object\","
                          "\"properties\":{\"code\":{\"type\":\"string\",\"pattern\":"
                          "\"^[A-Z]{2}(<[0-9])?$\"},\"day\":{\"type\":\"string\",\"format\":"
-                         "\"date\"}},\"required\":[\"code\"]}}]}";
+                         "\"date\"},\"zip\":{\"type\":\"string\",\"pattern\":\"^[0-9<]+$\","
+                         "\"minLength\":2,\"maxLength\":4}},\"required\":[\"code\"]}}]}";
+#define Z_CALL B_CALL "AB</" D "parameter>\n<" D "parameter name=\"zip\" string=\"true\">"
 #define B_CALL                                                                                     \
     "<" D "calls>\n<" D "invoke name=\"book\">\n<" D "parameter name=\"code\" string=\"true\">"
     static const tools_case_t raw[] = {
@@ -1355,8 +1409,15 @@ static void test_tool_call_table(void)
                 "parameter name=\"day\" string=\"true\">2026-12-05" RAW_END,
          1},
         {B_CALL "AB</" D "parameter>\n<" D "parameter name=\"day\" string=\"true\">2026-13", -1},
+        {Z_CALL "12" RAW_END, 1},
+        {Z_CALL "1<<4" RAW_END, 1},
+        {Z_CALL "1" RAW_END, -1}, /* 1 character: "1<" is text, '/' is not */
+        {Z_CALL "12345", -1},
+        {Z_CALL "1<<4<", 0},   /* (the tag may begin) */
+        {Z_CALL "1<<4<5", -1}, /* 6 characters as text */
     };
     judge_tools_cases(s.v, shaped, raw, sizeof raw / sizeof raw[0], "raw");
+#undef Z_CALL
 #undef B_CALL
     synth_free(&s);
 #undef W_CALL

@@ -281,6 +281,102 @@ static void test_every_state_can_finish(void)
     }
 }
 
+/* bt_regex_limit_length against the pattern's own DFA and a count: every string of up to 5
+ * characters over a small alphabet (one character of two bytes, one of three) is accepted by
+ * the narrowed DFA exactly when the pattern's takes it and its length is within the bounds;
+ * every state of the narrowed DFA can still finish; bounds that leave nothing are refused. */
+static void test_limit_length(void)
+{
+    static const char *const alphabet[] = {"a", "b", "c", "1", "-", "\xc3\xa9", "\xe6\x97\xa5",
+                                           "x"};
+    enum { NA = sizeof alphabet / sizeof alphabet[0], MAXLEN = 5 };
+    static const long bounds[][2] = {{0, 2}, {2, 4}, {3, -1}, {1, 1}, {5, 5}};
+    int narrowed = 0, refused = 0;
+    long compared = 0, taken = 0;
+    for (size_t pi = 0; pi < sizeof patterns / sizeof patterns[0]; pi++) {
+        for (size_t bi = 0; bi < sizeof bounds / sizeof bounds[0]; bi++) {
+            const long lo = bounds[bi][0], hi = bounds[bi][1];
+            char err[256] = "";
+            bt_regex_t *re = NULL, *lim = NULL;
+            const char *pat = patterns[pi].ecma;
+            if (bt_regex_compile(pat, strlen(pat), BT_REGEX_SEARCH, &re, err, sizeof err) != BT_OK)
+                continue;
+            BT_CHECK(bt_regex_compile(pat, strlen(pat), BT_REGEX_SEARCH, &lim, err, sizeof err) ==
+                     BT_OK);
+            const bt_status_t st = bt_regex_limit_length(lim, lo, hi, 16384, err, sizeof err);
+            bool any = false; /* some enumerated string within the bounds that re takes */
+            /* every string of 0..MAXLEN letters, as digits in base NA */
+            for (int len = 0; len <= MAXLEN; len++) {
+                long total = 1;
+                for (int i = 0; i < len; i++)
+                    total *= NA;
+                for (long code = 0; code < total; code++) {
+                    char str[64];
+                    size_t n = 0;
+                    for (long c = code, i = 0; i < len; i++, c /= NA) {
+                        const char *l = alphabet[c % NA];
+                        memcpy(str + n, l, strlen(l));
+                        n += strlen(l);
+                    }
+                    const bool want =
+                        bt_regex_accepts(re, str, n) && len >= lo && (hi < 0 || len <= hi);
+                    any |= want;
+                    if (st == BT_OK) {
+                        const bool got = bt_regex_accepts(lim, str, n);
+                        BT_CHECK_MSG(got == want, "%s within %ld..%ld: '%.*s' %d, want %d", pat, lo,
+                                     hi, (int)n, str, got, want);
+                        compared++;
+                        taken += got;
+                    }
+                }
+            }
+            if (st == BT_OK) {
+                narrowed++;
+                const int n =
+                    lim->n_states; /* every state can finish (as test_every_state_can_finish) */
+                char *reach = calloc((size_t)n, 1);
+                for (int s = 1; s < n; s++)
+                    reach[s] = (char)lim->accept[s];
+                for (bool grew = true; grew;) {
+                    grew = false;
+                    for (int s = 1; s < n; s++)
+                        for (int b = 0; b < 256 && !reach[s]; b++) {
+                            const bool text = b >= 0x20 || b == '\t' || b == '\n' || b == '\r';
+                            if (text && reach[lim->next[s * 256 + b]]) reach[s] = grew = 1;
+                        }
+                }
+                int stuck = 0;
+                for (int s = 1; s < n; s++)
+                    stuck += !reach[s];
+                BT_CHECK_MSG(stuck == 0, "%s within %ld..%ld: %d states cannot finish", pat, lo, hi,
+                             stuck);
+                free(reach);
+            } else {
+                refused++;
+                /* refused only where nothing fits (within the enumeration's reach: bounds up to
+                 * MAXLEN) and with that said */
+                BT_CHECK_MSG(!any && strstr(err, "matches no string"), "%s within %ld..%ld: %s",
+                             pat, lo, hi, err);
+            }
+            bt_regex_free(re);
+            bt_regex_free(lim);
+        }
+    }
+    fprintf(stderr,
+            "  %d pattern x bounds narrowed (%ld strings compared, %ld taken), %d refused\n",
+            narrowed, compared, taken, refused);
+    BT_CHECK(narrowed > 20 && taken > 1000 && refused > 3);
+    /* a product past the state budget: refused, the DFA left as it was */
+    char err[256];
+    bt_regex_t *re;
+    BT_CHECK(bt_regex_compile("[a-z]", 5, BT_REGEX_SEARCH, &re, err, sizeof err) == BT_OK);
+    const int before = re->n_states;
+    BT_CHECK(bt_regex_limit_length(re, 0, 100000, 16384, err, sizeof err) == BT_ERR_INVALID_ARG &&
+             strstr(err, "more than 16384 automaton states"));
+    BT_CHECK(re->n_states == before && bt_regex_accepts(re, "1a", 2));
+    bt_regex_free(re);
+}
+
 static void test_refused_with_a_reason(void)
 {
     static const struct {
@@ -354,6 +450,7 @@ int main(void)
 {
     BT_RUN(test_against_pcre2);
     BT_RUN(test_every_state_can_finish);
+    BT_RUN(test_limit_length);
     BT_RUN(test_refused_with_a_reason);
     BT_RUN(test_budget);
     return bt_test_summary();
