@@ -249,6 +249,29 @@ static void test_against_pcre2(void)
     BT_CHECK(matched_whole > compared / 5 && matched_whole < matched);
 }
 
+/* The states of re (dead 0 aside) from which no acceptance is reachable through the bytes a
+ * text holds. */
+static int stuck_states(const bt_regex_t *re)
+{
+    const int n = re->n_states;
+    char *reach = calloc((size_t)n, 1);
+    for (int s = 1; s < n; s++)
+        reach[s] = (char)re->accept[s];
+    for (bool grew = true; grew;) {
+        grew = false;
+        for (int s = 1; s < n; s++)
+            for (int b = 0; b < 256 && !reach[s]; b++) {
+                const bool text = b >= 0x20 || b == '\t' || b == '\n' || b == '\r';
+                if (text && reach[re->next[s * 256 + b]]) reach[s] = grew = 1;
+            }
+    }
+    int stuck = 0;
+    for (int s = 1; s < n; s++)
+        stuck += !reach[s];
+    free(reach);
+    return stuck;
+}
+
 /* Every state is live: acceptance is reachable from it through the bytes a text holds. */
 static void test_every_state_can_finish(void)
 {
@@ -260,23 +283,9 @@ static void test_every_state_can_finish(void)
             continue;
         const int n = re->n_states;
         BT_CHECK(n >= 2 && n <= BT_REGEX_MAX_STATES && re->start >= 1 && re->start < n);
-        char *reach = calloc((size_t)n, 1);
-        for (int s = 1; s < n; s++)
-            reach[s] = (char)re->accept[s];
-        for (bool grew = true; grew;) {
-            grew = false;
-            for (int s = 1; s < n; s++)
-                for (int b = 0; b < 256 && !reach[s]; b++) {
-                    const bool text = b >= 0x20 || b == '\t' || b == '\n' || b == '\r';
-                    if (text && reach[re->next[s * 256 + b]]) reach[s] = grew = 1;
-                }
-        }
-        int stuck = 0;
-        for (int s = 1; s < n; s++)
-            stuck += !reach[s];
+        const int stuck = stuck_states(re);
         BT_CHECK_MSG(stuck == 0, "%s: %d of %d states cannot finish", patterns[pi].ecma, stuck,
                      n - 1);
-        free(reach);
         bt_regex_free(re);
     }
 }
@@ -332,25 +341,9 @@ static void test_limit_length(void)
             }
             if (st == BT_OK) {
                 narrowed++;
-                const int n =
-                    lim->n_states; /* every state can finish (as test_every_state_can_finish) */
-                char *reach = calloc((size_t)n, 1);
-                for (int s = 1; s < n; s++)
-                    reach[s] = (char)lim->accept[s];
-                for (bool grew = true; grew;) {
-                    grew = false;
-                    for (int s = 1; s < n; s++)
-                        for (int b = 0; b < 256 && !reach[s]; b++) {
-                            const bool text = b >= 0x20 || b == '\t' || b == '\n' || b == '\r';
-                            if (text && reach[lim->next[s * 256 + b]]) reach[s] = grew = 1;
-                        }
-                }
-                int stuck = 0;
-                for (int s = 1; s < n; s++)
-                    stuck += !reach[s];
+                const int stuck = stuck_states(lim); /* every state can finish */
                 BT_CHECK_MSG(stuck == 0, "%s within %ld..%ld: %d states cannot finish", pat, lo, hi,
                              stuck);
-                free(reach);
             } else {
                 refused++;
                 /* refused only where nothing fits (within the enumeration's reach: bounds up to
