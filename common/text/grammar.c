@@ -24,13 +24,14 @@
     "\xef\xbd\x9c"                                                                                 \
     "DSML"                                                                                         \
     "\xef\xbd\x9c "
-enum { D_OPEN, D_NAME_END, D_STR_TRUE, D_STR_FALSE, D_PARAM_CLOSE, D_NEWLINE };
+enum { D_OPEN, D_NAME_END, D_STR_TRUE, D_STR_FALSE, D_PARAM_CLOSE, D_NEWLINE, D_STR_ANY };
 static const char *const dsml_lit[] = {"<" DSML "calls>\n<" DSML "invoke name=\"",
                                        ">\n",
                                        " string=\"true\">",
                                        " string=\"false\">",
                                        "</" DSML "parameter>\n",
-                                       "\n"};
+                                       "\n",
+                                       " string=\""}; /* (D_STR_ANY: then true or false) */
 static const char raw_end[] = "</" DSML "parameter>"; /* ('<' only at its start) */
 /* What ends a parameter's value for the parser (parsers.c), wherever it stands: a JSON value's
  * strings may not hold it (its bars can be written \uff5c). */
@@ -1009,9 +1010,8 @@ static bt_status_t rules_compile_tools(const char *spec, size_t len, rules_t **r
             cfail(&cc, "tool '%.64s': parameters: %s", name->valuestring, inner);
             break;
         }
-        if (r->nodes[params[i]].kind != K_OBJECT || r->nodes[params[i]].generic) {
-            cfail(&cc, "tool '%.64s': its parameters must be an object that lists its properties",
-                  name->valuestring);
+        if (r->nodes[params[i]].kind != K_OBJECT) { /* (one that lists none takes any) */
+            cfail(&cc, "tool '%.64s': its parameters must be an object", name->valuestring);
             break;
         }
         const cJSON *props = cJSON_GetObjectItemCaseSensitive(ps, "properties"), *p;
@@ -1098,6 +1098,8 @@ enum {
     M_DCHOICE,   /* tool calls: in one of choice lit's texts (0: a parameter or the invoke's
                   * end; 1: another invoke or the block's end), at literal node tpos */
     M_RAW,       /* tool calls: a string parameter's raw text; sub bytes of its end tag matched */
+    M_DANYNAME,  /* tool calls: a parameter's name where the tool lists none (sub 0: its opening
+                  * quote to come, 1: its first character, 2: in it) */
     M_REGEX,     /* a regex constraint: the output so far took its DFA to state rx */
     M_DONE,      /* the object (or the block of tool calls) is closed; a regex's output ended */
 };
@@ -1137,6 +1139,11 @@ static bool is_ws(uint8_t c)
 static bool is_digit(uint8_t c)
 {
     return c >= '0' && c <= '9';
+}
+
+static bool is_alnum_ascii(uint8_t c)
+{
+    return is_digit(c) || ((c | 0x20) >= 'a' && (c | 0x20) <= 'z');
 }
 
 static bool is_hex(uint8_t c)
@@ -1262,6 +1269,7 @@ static uint64_t choices_allowed(const rules_t *r, const jstate_t *s, int which)
     if (which == 1) return r->one ? 2u : 3u; /* another invoke, unless one call is asked */
     const frame_t *f = &s->stack[s->depth - 1];
     const snode_t *o = &r->nodes[f->node];
+    if (o->generic) return 3u; /* any parameters, any number of them */
     return (keys_allowed(o, f->p) ? 1u : 0u) | (must_go_on(o, f->p) ? 0u : 2u);
 }
 
@@ -1282,8 +1290,8 @@ static bool dsml_choice_step(const rules_t *r, jstate_t *s, uint8_t c)
     if (t < 0) return true;
     if (s->lit == 0 && t == 0) { /* a parameter: its name, as the object's keys are written */
         const frame_t *f = &s->stack[s->depth - 1];
-        set_mode(s, M_KEYLIT);
-        s->tpos = r->nodes[f->node].lit;
+        set_mode(s, r->nodes[f->node].generic ? M_DANYNAME : M_KEYLIT);
+        s->tpos = r->nodes[f->node].generic ? 0 : r->nodes[f->node].lit;
     } else if (s->lit == 0) { /* the invoke's end */
         s->stack[--s->depth] = (frame_t){0, 0, 0};
         enter_choice(r, s, 1);
@@ -1297,8 +1305,37 @@ static bool dsml_choice_step(const rules_t *r, jstate_t *s, uint8_t c)
     return true;
 }
 
+/* A parameter's name where the tool lists none: an identifier of letters, digits, '_', '-'
+ * and '.' between quotes (what a parser and a JSON key take as they are), then either form
+ * of value, as any JSON (NODE_ANY). Names are not checked against each other. */
+static bool dsml_any_name_step(jstate_t *s, uint8_t c)
+{
+    if (s->sub == 0) {
+        if (c != '"') return false;
+        s->sub = 1;
+        return true;
+    }
+    if (c == '"' && s->sub == 2) {
+        set_mode(s, M_DLIT);
+        s->lit = D_STR_ANY;
+        s->vnode = NODE_ANY;
+        return true;
+    }
+    if (!(is_alnum_ascii(c) || c == '_' || c == '-' || c == '.')) return false;
+    s->sub = 2;
+    return true;
+}
+
 static bool dsml_lit_step(const rules_t *r, jstate_t *s, uint8_t c)
 {
+    if (s->lit == D_STR_ANY && !dsml_lit[D_STR_ANY][s->sub]) { /* true or false, by this byte */
+        if (c == (uint8_t)dsml_lit[D_STR_TRUE][s->sub])
+            s->lit = D_STR_TRUE;
+        else if (c == (uint8_t)dsml_lit[D_STR_FALSE][s->sub])
+            s->lit = D_STR_FALSE;
+        else
+            return false;
+    }
     const char *text = dsml_lit[s->lit];
     if (s->lit == D_OPEN && s->sub == 0 && is_ws(c)) { /* (before the block) */
         if (s->run >= BT_GRAMMAR_MAX_WS) return false;
@@ -1307,7 +1344,7 @@ static bool dsml_lit_step(const rules_t *r, jstate_t *s, uint8_t c)
     }
     if (c != (uint8_t)text[s->sub]) return false;
     s->run = 0;
-    if (text[++s->sub]) return true;
+    if (text[++s->sub] || s->lit == D_STR_ANY) return true; /* (D_STR_ANY: the form next) */
     const uint16_t vnode = s->vnode;
     switch (s->lit) {
     case D_OPEN:
@@ -1700,6 +1737,8 @@ static bool step(const rules_t *r, jstate_t *s, uint8_t c)
         return dsml_choice_step(r, s, c);
     case M_RAW:
         return raw_step(r, s, c);
+    case M_DANYNAME:
+        return dsml_any_name_step(s, c);
     case M_ENUM: {
         const uint16_t k = lit_find(r, s->tpos, c);
         if (k) {

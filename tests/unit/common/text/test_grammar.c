@@ -1018,6 +1018,8 @@ static bool conforms(const cJSON *x, const cJSON *s, const cJSON *root)
         const cJSON *props = cJSON_GetObjectItem(s, "properties"),
                     *req = cJSON_GetObjectItem(s, "required");
         const cJSON *p = props ? props->child : NULL, *k;
+        const cJSON *extra = cJSON_GetObjectItem(s, "additionalProperties");
+        if (!props && !cJSON_IsFalse(extra)) return true; /* (any keys, any values) */
         cJSON_ArrayForEach(k, x)
         {
             while (p && strcmp(p->string, k->string))
@@ -1262,7 +1264,8 @@ static void test_regex_walks(void)
     "\"properties\":{\"q\":{\"type\":\"string\"},\"opts\":{\"type\":\"object\",\"properties\":{"   \
     "\"k\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"},\"maxItems\":3}}},"                \
     "\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\"}},\"note\":{\"type\":"            \
-    "\"string\",\"minLength\":2,\"maxLength\":6}},\"required\":[\"q\"]}}]%s}"
+    "\"string\",\"minLength\":2,\"maxLength\":6}},\"required\":[\"q\"]}},{\"name\":\"log\","       \
+    "\"parameters\":{\"type\":\"object\"}}]%s}"
 
 static int judge_tools(bt_grammar_vocab_t *v, const char *spec, const char *text)
 {
@@ -1342,10 +1345,35 @@ static void test_tool_call_table(void)
                      "case %zu: %d %d, want %d %d", i, a, o, cases[i].want_any, cases[i].want_one);
     }
     char err[256] = "";
-    const char *generic = "{\"tools\":[{\"name\":\"f\",\"parameters\":{\"type\":\"object\"}}]}";
-    BT_CHECK(bt_grammar_tool_calls_check(generic, strlen(generic), err, sizeof err) ==
+    /* a tool whose parameters list no properties takes any, each named as an identifier, in
+     * either form */
+    const char *generic =
+        "{\"tools\":[{\"name\":\"f\",\"parameters\":{\"type\":\"object\"}},"
+        "{\"name\":\"g\",\"parameters\":{\"type\":\"object\",\"properties\":{}}}]}";
+#define F_CALL "<" D "calls>\n<" D "invoke name=\"f\">\n"
+#define F_END "</" D "invoke>\n</" D "calls>"
+    static const tools_case_t free_form[] = {
+        {F_CALL F_END, 1},
+        {F_CALL "<" D "parameter name=\"a_b-1.x\" string=\"true\">any <text>\n</" D
+                "parameter>\n" F_END,
+         1},
+        {F_CALL "<" D "parameter name=\"n\" string=\"false\">{\"k\": [1, \"x\"]}</" D
+                "parameter>\n<" D "parameter name=\"m\" string=\"true\">t</" D "parameter>\n" F_END,
+         1},
+        {F_CALL "<" D "parameter name=\"a\" string=\"", 0},
+        {F_CALL "<" D "parameter name=\"a b", -1}, /* not an identifier */
+        {F_CALL "<" D "parameter name=\"\"", -1},  /* empty */
+        {F_CALL "<" D "parameter name=\"a\" string=\"m", -1},
+        {F_CALL "<" D "parameter name=\"a\" string=\"false\">{x", -1},
+        {"<" D "calls>\n<" D "invoke name=\"g\">\n<" D "parameter", -1}, /* lists none: none */
+    };
+    judge_tools_cases(s.v, generic, free_form, sizeof free_form / sizeof free_form[0], "free-form");
+#undef F_CALL
+#undef F_END
+    const char *not_object = "{\"tools\":[{\"name\":\"f\",\"parameters\":{\"type\":\"string\"}}]}";
+    BT_CHECK(bt_grammar_tool_calls_check(not_object, strlen(not_object), err, sizeof err) ==
                  BT_ERR_INVALID_ARG &&
-             strstr(err, "lists its properties"));
+             strstr(err, "must be an object"));
     /* a JSON value's strings cannot hold what ends a parameter for the parser (its bars may be
      * escaped) */
 #define T_CALL                                                                                     \
@@ -1468,7 +1496,7 @@ static void test_tool_call_walks(void)
     cJSON *specj = cJSON_Parse(spec);
     const walker_t wk = {(const char *const *)s.bytes, s.lens, s.vocab, s.eos, 200,
                          s.vocab - 1 - n_tags,         NULL,   NULL};
-    int ended = 0, calls_total = 0;
+    int ended = 0, calls_total = 0, free_args = 0; /* arguments of the free-form tool, log */
     for (int w = 0; w < 150; w++) {
         bt_grammar_t *g;
         char err[256];
@@ -1502,6 +1530,7 @@ static void test_tool_call_walks(void)
                 BT_CHECK_MSG(ok, "walk %d: call %s(%s) does not fit its tool", w, d->calls[c].name,
                              d->calls[c].arguments);
                 fit = fit && ok;
+                if (!strcmp(d->calls[c].name, "log")) free_args += cJSON_GetArraySize(args);
                 cJSON_Delete(args);
             }
         }
@@ -1511,10 +1540,10 @@ static void test_tool_call_walks(void)
         bt_tool_parser_destroy(tp);
     }
     fprintf(stderr,
-            "  150 walks under a spec of 2 tools: %d ended, %d calls parsed, each fitting its "
-            "tool's schema\n",
-            ended, calls_total);
-    BT_CHECK(ended > 75);
+            "  150 walks under a spec of 3 tools: %d ended, %d calls parsed, each fitting its "
+            "tool's schema; %d arguments of the free-form tool\n",
+            ended, calls_total, free_args);
+    BT_CHECK(ended > 75 && free_args > 0);
     cJSON_Delete(specj);
     synth_free(&s);
 }
