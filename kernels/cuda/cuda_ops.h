@@ -389,6 +389,11 @@ bt_status_t bt_cuda_scatter_rows(float *dst, const int64_t *off, const float *sr
 bt_status_t bt_cuda_hc_collapse(float *out, int64_t ldo, const float *x, const float *w, int T,
                                 int hc, int D, cudaStream_t stream);
 
+/* y[r * ldy + j] += x[r * ldx + j] for r < rows, j < width (the DSpark draft's Markov bias
+ * added to its rows on the device, so one row a sequence comes home, not two) */
+bt_status_t bt_cuda_add_rows(float *y, int64_t ldy, const float *x, int64_t ldx, int rows,
+                             int width, cudaStream_t stream);
+
 /* Many small copies in one launch: copy i's len bytes from src to dst, both device memory
  * (copies[] too); no destination may overlap another copy's source or destination. For a step's scattered KV writes
  * packed to go home in one transfer, and the compressor's staging of each sequence's open

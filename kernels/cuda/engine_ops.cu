@@ -82,6 +82,25 @@ extern "C" bt_status_t bt_cuda_hc_collapse(float *out, int64_t ldo, const float 
     return bt__cuda_launched("hc_collapse");
 }
 
+__global__ void add_rows_kernel(float *y, int64_t ldy, const float *x, int64_t ldx, int width)
+{
+    bt_grid_begin();
+    float *yr = y + (size_t)blockIdx.y * ldy;
+    const float *xr = x + (size_t)blockIdx.y * ldx;
+    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < width; j += gridDim.x * blockDim.x)
+        yr[j] += xr[j];
+}
+
+extern "C" bt_status_t bt_cuda_add_rows(float *y, int64_t ldy, const float *x, int64_t ldx,
+                                        int rows, int width, cudaStream_t stream)
+{
+    BT_CUDA_REQUIRE(y && x && rows > 0 && rows <= 65535 && width > 0 && ldy >= width &&
+                    ldx >= width);
+    const int blocks = bt__cdiv(width, 256) < 64 ? bt__cdiv(width, 256) : 64;
+    bt__launch(add_rows_kernel, dim3(blocks, rows), 256, 0, stream, y, ldy, x, ldx, width);
+    return bt__cuda_launched("add_rows");
+}
+
 /* a block a copy, in the widest units its alignment allows */
 __global__ void copy_ranges_kernel(const bt_cuda_copy_t *copies)
 {

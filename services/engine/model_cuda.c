@@ -217,9 +217,9 @@ struct bt_model_cuda {
     dev_mat_t main_proj, markov_head;
     float *main_norm, *draft_norm, *markov_embed;
     float *main_hidden, *main_x, *draft_pre, *markov_e, *markov_bias;
-    /* pinned: a round's logits rows and biases [S][V] each, the collapsed streams [N][D], the
-     * embedding rows [S][R] */
-    float *draft_rows_h, *draft_bias_h, *draft_pre_h, *markov_e_h;
+    /* pinned: a round's logits rows, their Markov bias added [S][V], the collapsed streams
+     * [N][D], the embedding rows [S][R] */
+    float *draft_rows_h, *draft_pre_h, *markov_e_h;
     int32_t *draft_ids; /* [S][block] the blocks' ids */
     /* a verification's compressor rows for the undo records: [n_layers][undo_rows][hd], kv
      * and gate, on the device and pinned */
@@ -682,7 +682,6 @@ static void alloc_scratch(up_t *u)
         cu->undo_gate = scratch(u, ub);
         if (u->rc == BT_OK &&
             (cudaMallocHost((void **)&cu->draft_rows_h, S * V * sizeof(float)) != cudaSuccess ||
-             cudaMallocHost((void **)&cu->draft_bias_h, S * V * sizeof(float)) != cudaSuccess ||
              cudaMallocHost((void **)&cu->draft_pre_h, N * D * sizeof(float)) != cudaSuccess ||
              cudaMallocHost((void **)&cu->markov_e_h, S * Rm * sizeof(float)) != cudaSuccess ||
              cudaMallocHost((void **)&cu->undo_h, 2 * ub * sizeof(float)) != cudaSuccess)) {
@@ -952,8 +951,7 @@ void bt_model_cuda_destroy(struct bt_model_cuda *cu)
                            cu->markov_head.w, (float *)cu->markov_head.scale};
     for (size_t i = 0; i < sizeof draft_bufs / sizeof draft_bufs[0]; i++)
         cudaFree(draft_bufs[i]);
-    float *draft_pinned[] = {cu->draft_rows_h, cu->draft_bias_h, cu->draft_pre_h, cu->markov_e_h,
-                             cu->undo_h};
+    float *draft_pinned[] = {cu->draft_rows_h, cu->draft_pre_h, cu->markov_e_h, cu->undo_h};
     for (size_t i = 0; i < sizeof draft_pinned / sizeof draft_pinned[0]; i++)
         cudaFreeHost(draft_pinned[i]);
     cudaFree(cu->tp_recv);
@@ -2844,12 +2842,13 @@ bt_status_t bt_model_cuda_draft(bt_model_t *m, const bt_kv_layout_t *lay, uint8_
         CK(plan_send(cu, eid, eid_d, (size_t)n_seqs * sizeof(int64_t), err, errlen));
         CK(bt_cuda_gather_rows(cu->markov_e, cu->markov_embed, eid_d, n_seqs, R, st));
         CK(mm(&f, cu->markov_bias, V, cu->markov_e, R, &cu->markov_head, n_seqs));
+        /* the bias added where the rows are (the same float sums as model.c's on the host) */
+        CK(bt_cuda_add_rows(cu->dlogits + (size_t)i * V, (int64_t)B * V, cu->markov_bias, V, n_seqs,
+                            V, st));
         CK_CUDA(cudaMemcpy2DAsync(cu->draft_rows_h, (size_t)V * sizeof(float),
                                   cu->dlogits + (size_t)i * V, (size_t)B * V * sizeof(float),
                                   (size_t)V * sizeof(float), (size_t)n_seqs, cudaMemcpyDeviceToHost,
                                   st));
-        CK_CUDA(cudaMemcpyAsync(cu->draft_bias_h, cu->markov_bias,
-                                (size_t)n_seqs * V * sizeof(float), cudaMemcpyDeviceToHost, st));
         if (conf)
             CK_CUDA(cudaMemcpyAsync(cu->markov_e_h, cu->markov_e,
                                     (size_t)n_seqs * R * sizeof(float), cudaMemcpyDeviceToHost,
@@ -2858,9 +2857,6 @@ bt_status_t bt_model_cuda_draft(bt_model_t *m, const bt_kv_layout_t *lay, uint8_
         for (int q = 0; q < n_seqs; q++) {
             int t = q * B + i;
             float *row = cu->draft_rows_h + (size_t)q * V;
-            const float *bias = cu->draft_bias_h + (size_t)q * V;
-            for (int v = 0; v < V; v++)
-                row[v] += bias[v];
             if (conf) {
                 const float *pre = cu->draft_pre_h + (size_t)t * D,
                             *e = cu->markov_e_h + (size_t)q * R;

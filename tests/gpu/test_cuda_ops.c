@@ -85,6 +85,7 @@ typedef enum {
     OP_FP4_FRAG,    /* s: runs of 16 bytes: bt_cuda_fp4_to_frag against lowp_bits.h's host form */
     OP_LOGIT_MASK,  /* s: rows V ld-pad words-pad (constrained decoding's masks) */
     OP_HC_MEAN,     /* s: T hc D ld-pad weighted: bt_cuda_hc_collapse (DSpark's capture) */
+    OP_ADD_ROWS,    /* s: rows width y-pad x-pad: bt_cuda_add_rows (DSpark's Markov bias) */
 } op_t;
 
 static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped", "rmsnorm",
@@ -99,7 +100,7 @@ static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped
                                  "attention_tc_ws", "gemm_fp8_batched", "head_finish", "hc_mix_collapse",
                                  "attention_batch", "attention_tc_batch", "scatter_rows",
                                  "copy_ranges", "logit_adjust", "attention_flash", "fp4_frag",
-                                 "logit_mask", "hc_mean"};
+                                 "logit_mask", "hc_mean", "add_rows"};
 
 typedef struct {
     op_t op;
@@ -313,6 +314,9 @@ static const case_t cases[] = {
     {OP_HC_MEAN, F32, {3, 4, 5120, 10240, 0}, 0},
     {OP_HC_MEAN, F32, {5, 4, 129, 7, 1}, 0},
     {OP_HC_MEAN, F32, {2, 1, 64, 0, 0}, 0},
+    {OP_ADD_ROWS, F32, {16, 129280, 4 * 129280, 0}, 0}, /* 16 sequences' rows of a block of 5 */
+    {OP_ADD_ROWS, F32, {3, 1001, 7, 13}, 0},
+    {OP_ADD_ROWS, F32, {1, 1, 0, 0}, 0},
     {OP_SCALE, F32, {1}, 0},
     {OP_SCALE, F32, {100003}, 0},
     {OP_MOE_COMBINE, F32, {5, 64, 6, 1}, 0},
@@ -1437,6 +1441,26 @@ static void run_hc_mean(const case_t *cs, result_t *r)
     snprintf(r->note, sizeof r->note, "%s, the row's other columns untouched",
              w ? "weighted" : "mean bit-exact");
     free(x), free(w), free(before), free(ref), free(y);
+}
+
+static void run_add_rows(const case_t *cs, result_t *r)
+{
+    const int rows = cs->s[0], width = cs->s[1];
+    const int64_t ldy = width + cs->s[2], ldx = width + cs->s[3];
+    const size_t ny = (size_t)rows * ldy, nx = (size_t)rows * ldx;
+    float *y0 = frandv(ny, 4.0f), *x = frandv(nx, 4.0f), *y = xmalloc(ny * 4), *ref = xmalloc(ny * 4);
+    memcpy(ref, y0, ny * 4);
+    float *dy = dup(y0, ny * 4);
+    BT_OK_OR_DIE(bt_cuda_add_rows(dy, ldy, dup(x, nx * 4), ldx, rows, width, 0));
+    get(y, dy, ny * 4);
+    for (int i = 0; i < rows; i++) /* model.c's draft: row[v] += bias[v] */
+        for (int j = 0; j < width; j++) ref[(size_t)i * ldy + j] += x[(size_t)i * ldx + j];
+    relerr(r, y, ref, ny);
+    /* one float add each: bit for bit the host's; the pads between rows untouched */
+    for (size_t i = 0; i < ny; i++)
+        if (memcmp(&y[i], &ref[i], 4)) r->exact_ok = 0;
+    snprintf(r->note, sizeof r->note, "bit-exact, the pads untouched");
+    free(y0), free(x), free(y), free(ref);
 }
 
 static void run_hc_expand(const case_t *cs, result_t *r)
@@ -2655,6 +2679,7 @@ static void run_case(const case_t *cs, result_t *r)
     case OP_LOGIT_ADJUST: run_logit_adjust(cs, r); break;
     case OP_LOGIT_MASK: run_logit_mask(cs, r); break;
     case OP_HC_MEAN: run_hc_mean(cs, r); break;
+    case OP_ADD_ROWS: run_add_rows(cs, r); break;
     case OP_ATTENTION_BATCH: run_attention(cs, r); break;
     case OP_ATTENTION_TC_BATCH: run_attention(cs, r); break;
     case OP_ATTENTION_FLASH: run_attention(cs, r); break;
