@@ -51,7 +51,8 @@ enum {
     K_BOOLEAN,
     K_NULL,
     K_ENUM,
-    K_UNION
+    K_UNION,
+    K_OBJUNION /* anyOf of described objects: told apart by their first key */
 };
 enum { NODE_ANY = 0, NODE_ANY_OBJECT = 1, NODE_ANY_ARRAY = 2 }; /* in every schema */
 
@@ -65,10 +66,12 @@ typedef struct {
     bool generic;   /* object: any keys, any values (no "properties") */
     uint8_t n;      /* object: properties; union: branches */
     uint16_t first; /* object: its first property in props[]; union: first branch */
-    uint16_t lit;   /* object: the keys' literal trie; enum: the values' (root nodes) */
+    uint16_t lit;   /* object: the keys' literal trie; enum: the values' (root nodes); object
+                     * union: the keys its branches may start with, term 64 * branch + key */
     uint16_t items; /* array: the items' node */
     int16_t min_items, max_items; /* array; max -1: none */
     bool bounded;    /* integer: its value in lo..hi; number: in nlo..nhi; string: its length */
+    bool empty_ok;   /* object union: some branch may be {} */
     uint8_t rx;      /* string: 1 + its pattern's index in rx[]; 0: none */
     int64_t lo, hi;  /* (a string's in characters, hi -1: none) */
     wide_t nlo, nhi; /* a number's, in units of 10^-NUM_FRAC */
@@ -543,8 +546,77 @@ static int compile_ref(rules_t *r, compile_t *cc, const char *ref, int depth)
     return idx;
 }
 
+static uint64_t keys_allowed(const snode_t *o, unsigned p);
+
+/* An object union's keys: those of object o (literal trie at node k, text so far in buf) that
+ * o allows first, under root with term 64 * i + their index. */
+static bool union_keys(rules_t *r, compile_t *cc, uint16_t root, int i, const snode_t *o,
+                       uint16_t k, char *buf, int len, const char *what)
+{
+    if (r->lit[k].term >= 0 && ((keys_allowed(o, 0) >> r->lit[k].term) & 1)) {
+        buf[len] = 0;
+        if (!lit_insert(r, cc, root, buf, (int16_t)(64 * i + r->lit[k].term), 1)) {
+            if (!cc->failed)
+                cfail(cc,
+                      "json_schema: %s of objects that can start with the same property (%.100s) "
+                      "is not supported",
+                      what, buf);
+            return false;
+        }
+    }
+    for (uint16_t c = r->lit[k].child; c; c = r->lit[c].sibling) {
+        if (len >= 1000) {
+            cfail(cc, "json_schema: a property name of more than 1000 bytes");
+            return false;
+        }
+        buf[len] = (char)r->lit[c].byte;
+        if (!union_keys(r, cc, root, i, o, c, buf, len + 1, what)) return false;
+    }
+    return true;
+}
+
+/* Described objects among a union's branches, as one branch: an object's first key says which
+ * it is (their first keys must differ); {} where some branch requires nothing. */
+static int object_union(rules_t *r, compile_t *cc, const int *obj, int n, const char *what)
+{
+    const int u = new_snode(r, cc, K_OBJUNION);
+    if (u < 0) return -1;
+    const int root = new_lnode(r, cc, 0);
+    if (cc->failed) return -1;
+    r->nodes[u].first = (uint16_t)r->n_list;
+    r->nodes[u].n = (uint8_t)n;
+    r->nodes[u].lit = (uint16_t)root;
+    starts_of_kind(K_OBJECT, r->nodes[u].starts);
+    char buf[1024];
+    for (int i = 0; i < n; i++) {
+        list_push(r, (uint16_t)obj[i]);
+        const snode_t o = r->nodes[obj[i]]; /* (a copy: the literals may move the nodes) */
+        if (!o.required) r->nodes[u].empty_ok = true;
+        if (!union_keys(r, cc, (uint16_t)root, i, &o, o.lit, buf, 0, what)) return -1;
+    }
+    return u;
+}
+
 static int compile_union(rules_t *r, compile_t *cc, const int *branch, int n, const char *what)
 {
+    /* two or more described objects: one branch that their first keys tell apart */
+    int n_obj = 0;
+    for (int i = 0; i < n; i++)
+        n_obj += r->nodes[branch[i]].kind == K_OBJECT && !r->nodes[branch[i]].generic;
+    if (n_obj >= 2 && n <= 255) {
+        int objs[255], rest[255], n_rest = 0, k = 0;
+        for (int i = 0; i < n; i++) {
+            if (r->nodes[branch[i]].kind == K_OBJECT && !r->nodes[branch[i]].generic)
+                objs[k++] = branch[i];
+            else
+                rest[n_rest++] = branch[i];
+        }
+        const int m = object_union(r, cc, objs, n_obj, what);
+        if (m < 0) return -1;
+        if (n_rest == 0) return m;
+        rest[n_rest++] = m;
+        return compile_union(r, cc, rest, n_rest, what);
+    }
     if (n > 255) {
         cfail(cc, "json_schema: %s with more than 255 branches", what);
         return -1;
@@ -1118,6 +1190,8 @@ typedef struct {
     uint8_t dsml; /* a tool call's parameters (an object written as DSML parameters) */
 } frame_t;
 
+enum { FREE_PARAMS = 16 }; /* parameters a call of a tool that lists none may have */
+
 /* Every byte is meaningful (fields unused in a mode stay 0): the state is its own cache key. */
 typedef struct {
     uint8_t mode, sub, lit, need, lo, hi;
@@ -1129,6 +1203,10 @@ typedef struct {
                   * a bounded number's integer part (its sign in lit) */
     int64_t frac; /* a bounded number's fraction digits so far, as an integer (need: how many) */
     frame_t stack[BT_GRAMMAR_MAX_DEPTH];
+    /* a call of a tool whose parameters list none: its parameters' names so far, hashed to 16
+     * bits (as many as its frame's p), so that none comes twice (the tool parser refuses a
+     * block that names one twice); 0 outside such a call */
+    uint16_t names[FREE_PARAMS];
 } jstate_t;
 
 static bool is_ws(uint8_t c)
@@ -1221,7 +1299,7 @@ static bool push(const rules_t *r, jstate_t *s, uint16_t node)
 {
     if (s->depth >= BT_GRAMMAR_MAX_DEPTH) return false;
     s->stack[s->depth++] = (frame_t){node, 0, 0};
-    set_mode(s, r->nodes[node].kind == K_OBJECT ? M_OBJ_FIRST : M_ARR_FIRST);
+    set_mode(s, r->nodes[node].kind == K_ARRAY ? M_ARR_FIRST : M_OBJ_FIRST);
     s->vnode = s->tpos = 0;
     return true;
 }
@@ -1269,7 +1347,7 @@ static uint64_t choices_allowed(const rules_t *r, const jstate_t *s, int which)
     if (which == 1) return r->one ? 2u : 3u; /* another invoke, unless one call is asked */
     const frame_t *f = &s->stack[s->depth - 1];
     const snode_t *o = &r->nodes[f->node];
-    if (o->generic) return 3u; /* any parameters, any number of them */
+    if (o->generic) return f->p < FREE_PARAMS ? 3u : 2u; /* any parameters, up to 16 */
     return (keys_allowed(o, f->p) ? 1u : 0u) | (must_go_on(o, f->p) ? 0u : 2u);
 }
 
@@ -1294,6 +1372,7 @@ static bool dsml_choice_step(const rules_t *r, jstate_t *s, uint8_t c)
         s->tpos = r->nodes[f->node].generic ? 0 : r->nodes[f->node].lit;
     } else if (s->lit == 0) { /* the invoke's end */
         s->stack[--s->depth] = (frame_t){0, 0, 0};
+        memset(s->names, 0, sizeof s->names);
         enter_choice(r, s, 1);
     } else if (t == 0) { /* another invoke */
         set_mode(s, M_DNAME);
@@ -1307,15 +1386,23 @@ static bool dsml_choice_step(const rules_t *r, jstate_t *s, uint8_t c)
 
 /* A parameter's name where the tool lists none: an identifier of letters, digits, '_', '-'
  * and '.' between quotes (what a parser and a JSON key take as they are), then either form
- * of value, as any JSON (NODE_ANY). Names are not checked against each other. */
+ * of value, as any JSON (NODE_ANY). num: the name's FNV-1a hash so far; the closing quote
+ * only where no earlier parameter of the call hashed the same (a name that collides, one
+ * pair in 65536, goes on: never a dead end). */
 static bool dsml_any_name_step(jstate_t *s, uint8_t c)
 {
     if (s->sub == 0) {
         if (c != '"') return false;
         s->sub = 1;
+        s->num = 2166136261u;
         return true;
     }
     if (c == '"' && s->sub == 2) {
+        frame_t *f = &s->stack[s->depth - 1];
+        const uint16_t h = (uint16_t)(s->num ^ (s->num >> 16)); /* (FNV-1a folded) */
+        for (int i = 0; i < f->p; i++)
+            if (s->names[i] == h) return false;
+        s->names[f->p++] = h; /* (choices_allowed keeps p below FREE_PARAMS) */
         set_mode(s, M_DLIT);
         s->lit = D_STR_ANY;
         s->vnode = NODE_ANY;
@@ -1323,6 +1410,7 @@ static bool dsml_any_name_step(jstate_t *s, uint8_t c)
     }
     if (!(is_alnum_ascii(c) || c == '_' || c == '-' || c == '.')) return false;
     s->sub = 2;
+    s->num = (int64_t)(((uint32_t)s->num ^ c) * 16777619u);
     return true;
 }
 
@@ -1382,6 +1470,7 @@ static bool value_start(const rules_t *r, jstate_t *s, uint8_t c, uint16_t node)
         }
         return false;
     case K_OBJECT:
+    case K_OBJUNION:
     case K_ARRAY:
         return push(r, s, node);
     case K_ENUM: {
@@ -1707,7 +1796,13 @@ static bool step(const rules_t *r, jstate_t *s, uint8_t c)
         const uint16_t k = lit_find(r, s->tpos, c);
         if (!k || !(r->lit[k].below & keys_allowed(o, f->p))) return false;
         s->tpos = k;
-        const int16_t j = r->lit[k].term;
+        int16_t j = r->lit[k].term;
+        if (j >= 0 && o->kind == K_OBJUNION) { /* the first key: the branch it is */
+            const uint16_t b = r->refs_list[o->first + j / 64];
+            s->stack[s->depth - 1].node = b;
+            o = &r->nodes[b];
+            j %= 64;
+        }
         if (j >= 0) { /* the key's closing quote */
             s->stack[s->depth - 1].p = (uint8_t)(j + 1);
             const bool dsml = f->dsml;
@@ -1767,7 +1862,8 @@ static bool step(const rules_t *r, jstate_t *s, uint8_t c)
         return value_start(r, s, c, s->vnode);
     case M_OBJ_FIRST:
         if (c == '}') {
-            if (!o->generic && must_go_on(o, 0)) return false;
+            if (o->kind == K_OBJUNION ? !o->empty_ok : !o->generic && must_go_on(o, 0))
+                return false;
             pop(r, s);
             return true;
         }
@@ -2082,6 +2178,13 @@ static void vocab_mask(bt_grammar_vocab_t *v, rules_t *r, const jstate_t *st, ui
             canon.num = sn->lo;
         else if (sn->lo - count >= L && room)
             canon.num = sn->lo - L;
+        st = &canon;
+    }
+    /* a free-form parameter's name: its hash matters only once the call has names to differ
+     * from */
+    if (st->mode == M_DANYNAME && !st->stack[st->depth - 1].p) {
+        if (st != &canon) canon = *st;
+        canon.num = 0;
         st = &canon;
     }
     const uint64_t h = state_hash(st);

@@ -486,11 +486,17 @@ static void test_golden_tokenizer(void)
     "\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\"},\"minItems\":1,\"maxItems\":2}," \
     "\"score\":{\"type\":\"number\"},"                                                             \
     "\"ok\":{\"type\":\"boolean\"},"                                                               \
-    "\"pet\":{\"$ref\":\"#/$defs/Pet\"}},"                                                         \
+    "\"pet\":{\"$ref\":\"#/$defs/Pet\"},"                                                          \
+    "\"home\":{\"anyOf\":[{\"$ref\":\"#/$defs/Flat\"},{\"$ref\":\"#/$defs/House\"},"               \
+    "{\"type\":\"null\"}]}},"                                                                      \
     "\"required\":[\"name\",\"age\",\"tags\"],\"additionalProperties\":false,"                     \
     "\"$defs\":{\"Pet\":{\"type\":\"object\",\"properties\":{\"kind\":{\"const\":\"cat\"},"        \
     "\"friend\":{\"anyOf\":[{\"$ref\":\"#/$defs/Pet\"},{\"type\":\"null\"}]}},"                    \
-    "\"required\":[\"kind\"]}}}"
+    "\"required\":[\"kind\"]},"                                                                    \
+    "\"Flat\":{\"type\":\"object\",\"properties\":{\"floor\":{\"type\":\"integer\"},"              \
+    "\"unit\":{\"type\":\"string\"}},\"required\":[\"floor\"]},"                                   \
+    "\"House\":{\"type\":\"object\",\"properties\":{\"street\":{\"type\":\"string\"},"             \
+    "\"garden\":{\"type\":\"boolean\"}}}}}"
 
 /* Strings held to patterns and formats: note, a pattern whose strings need escapes ("ab",
  * "q" in quotes and backslashes, nothing else); memo, one anchored at neither end (a digit
@@ -560,6 +566,20 @@ static void test_schema_table(void)
         {"{\"name\":\"a\",\"age\":3,\"tags\":[\"x\"],\"pet\":{\"kind\":\"dog\"}}", -1},
         {"{\"name\":\"a\",\"age\":3,\"tags\":[\"x\"],\"pet\":{\"friend\":null}}", -1},
         {"{\"name\":\"a\",\"name\":\"b\",\"age\":3,\"tags\":[\"x\"]}", -1}, /* twice */
+    /* anyOf of objects (Pydantic's unions): the first key says which */
+#define PERSON_AT "{\"name\":\"a\",\"age\":3,\"tags\":[\"x\"],\"home\":"
+        {PERSON_AT "{\"floor\":3,\"unit\":\"b\"}}", 1},
+        {PERSON_AT "{\"street\":\"x\",\"garden\":true}}", 1},
+        {PERSON_AT "{\"garden\":false}}", 1}, /* (street is optional) */
+        {PERSON_AT "{}}", 1},                 /* (House requires nothing) */
+        {PERSON_AT "null}", 1},
+        {PERSON_AT "{\"flo", 0},
+        {PERSON_AT "{\"unit\"", -1},               /* Flat's floor comes first */
+        {PERSON_AT "{\"floor\":3,\"street\"", -1}, /* a Flat now */
+        {PERSON_AT "{\"street\":\"x\",\"floor\"", -1},
+        {PERSON_AT "{\"floor\":\"3\"", -1},
+        {PERSON_AT "[", -1},
+#undef PERSON_AT
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const int got = judge_schema(s.v, PERSON, cases[i].text, strlen(cases[i].text));
@@ -844,6 +864,14 @@ static void test_schema_table(void)
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"anyOf\":[{\"type\":\"integer\"},{\"type\":"
          "\"number\"}]}}}",
          "start alike"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"anyOf\":[{\"type\":\"object\","
+         "\"properties\":"
+         "{\"x\":{},\"y\":{}}},{\"type\":\"object\",\"properties\":{\"y\":{}},\"required\":[\"y\"]}"
+         "]}}}",
+         "can start with the same property (\"y\")"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"anyOf\":[{\"type\":\"object\"},{\"type\":"
+         "\"object\",\"properties\":{\"y\":{}}}]}}}",
+         "start alike"}, /* (an object of any keys beside a described one) */
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#/$defs/Nope\"}}}", "Nope"},
         {"{\"type\":\"object\",\"additionalProperties\":{\"type\":\"string\"}}",
          "additionalProperties"},
@@ -1366,8 +1394,36 @@ static void test_tool_call_table(void)
         {F_CALL "<" D "parameter name=\"a\" string=\"m", -1},
         {F_CALL "<" D "parameter name=\"a\" string=\"false\">{x", -1},
         {"<" D "calls>\n<" D "invoke name=\"g\">\n<" D "parameter", -1}, /* lists none: none */
+        /* no name twice in a call (the parser refuses the block), a prefix of one is another */
+        {F_CALL "<" D "parameter name=\"ab\" string=\"false\">1</" D "parameter>\n<" D
+                "parameter name=\"ab\"",
+         -1},
+        {F_CALL "<" D "parameter name=\"ab\" string=\"false\">1</" D "parameter>\n<" D
+                "parameter name=\"a\" string=\"true\">x</" D "parameter>\n" F_END,
+         1},
+        {F_CALL "<" D "parameter name=\"ab\" string=\"false\">1</" D "parameter>\n" F_END "\n<" D
+                "invoke name=\"f\">\n<" D "parameter name=\"ab\"",
+         -1}, /* (the block ended) */
     };
     judge_tools_cases(s.v, generic, free_form, sizeof free_form / sizeof free_form[0], "free-form");
+    /* up to 16 parameters a call; the names of one call do not carry into the next */
+    {
+        char text[4096];
+        size_t n = (size_t)snprintf(text, sizeof text, "<" D "calls>\n");
+        for (int call = 0; call < 2; call++) {
+            n += (size_t)snprintf(text + n, sizeof text - n, "<" D "invoke name=\"f\">\n");
+            for (int i = 0; i < 16; i++)
+                n += (size_t)snprintf(
+                    text + n, sizeof text - n,
+                    "<" D "parameter name=\"p%d\" string=\"false\">%d</" D "parameter>\n", i, i);
+            char more[4200];
+            snprintf(more, sizeof more, "%s<" D "parameter", text);
+            BT_CHECK_EQ_INT(judge_tools(s.v, generic, more), -1);
+            n += (size_t)snprintf(text + n, sizeof text - n, "</" D "invoke>%s",
+                                  call ? "\n</" D "calls>" : "\n");
+        }
+        BT_CHECK_EQ_INT(judge_tools(s.v, generic, text), 1);
+    }
 #undef F_CALL
 #undef F_END
     const char *not_object = "{\"tools\":[{\"name\":\"f\",\"parameters\":{\"type\":\"string\"}}]}";
