@@ -238,13 +238,17 @@ static const char *const lengths[] = {"minLength", "maxLength"};
 static const char *const shapes[] = {"pattern", "format"};
 
 /* The formats kept to, as patterns (RFC 3339 dates and times, RFC 1123 host names, dotted IPv4,
- * RFC 4122's textual UUID, and e-mail addresses as RFC 5321's dot-atom@domain). */
+ * RFC 4291's IPv6 text (every :: form, an IPv4 tail; no zone), RFC 4122's textual UUID, e-mail
+ * addresses as RFC 5321's dot-atom@domain, and an absolute URI as RFC 3986 spells its
+ * characters: a scheme, ':', then unreserved, reserved or %-escaped ones). */
 #define LABEL "[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 #define DATE "\\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\\d|3[01])"
 #define TIME                                                                                       \
     "([01]\\d|2[0-3]):[0-5]\\d:([0-5]\\d|60)(\\.\\d{1,9})?([Zz]|[+-]([01]\\d|2[0-3]):[0-5]\\d)"
 #define OCTET "(25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)"
 #define ATOM "[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+"
+#define H16 "[0-9a-fA-F]{1,4}"
+#define V4 OCTET "(\\." OCTET "){3}"
 static const struct {
     const char *name, *pattern;
 } formats[] = {
@@ -254,6 +258,13 @@ static const struct {
     {"email", "^" ATOM "(\\." ATOM ")*@" LABEL "(\\." LABEL ")+$"},
     {"hostname", "^" LABEL "(\\." LABEL ")*$"},
     {"ipv4", "^(" OCTET "\\.){3}" OCTET "$"},
+    {"ipv6", "^((" H16 ":){7}" H16 "|(" H16 ":){1,7}:|(" H16 ":){1,6}:" H16 "|(" H16 ":){1,5}(:" H16
+             "){1,2}|(" H16 ":){1,4}(:" H16 "){1,3}|(" H16 ":){1,3}(:" H16 "){1,4}|(" H16
+             ":){1,2}(:" H16 "){1,5}|" H16 ":(:" H16 "){1,6}|:((:" H16 "){1,7}|:)|(" H16 ":){6}" V4
+             "|::(" H16 ":){0,5}" V4 "|" H16 "::(" H16 ":){0,4}" V4 "|(" H16 ":){1}" H16 "::(" H16
+             ":){0,3}" V4 "|(" H16 ":){2}" H16 "::(" H16 ":){0,2}" V4 "|(" H16 ":){3}" H16 "::(" H16
+             ":)?" V4 "|(" H16 ":){4}" H16 "::" V4 ")$"},
+    {"uri", "^[A-Za-z][A-Za-z0-9+.-]*:([A-Za-z0-9._~!$&'()*+,;=:@/?#\\[\\]-]|%[0-9A-Fa-f]{2})*$"},
     {"uuid", "^[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$"},
 };
 #undef LABEL
@@ -261,6 +272,8 @@ static const struct {
 #undef TIME
 #undef OCTET
 #undef ATOM
+#undef H16
+#undef V4
 enum { MAX_PATTERNS = 32, MAX_PATTERN_STATES = 16384 }; /* a schema's: 512 B a state */
 
 /* The first of the n keywords k that s has, or NULL. */
@@ -742,7 +755,7 @@ static bool compile_shape(rules_t *r, compile_t *cc, const cJSON *s, int x)
         if (!text) {
             cfail(cc,
                   "json_schema: format '%.40s' is not supported (date, time, date-time, email, "
-                  "hostname, ipv4, uuid are)",
+                  "hostname, ipv4, ipv6, uuid, uri are)",
                   cJSON_IsString(fmt) ? fmt->valuestring : "(not a string)");
             return false;
         }

@@ -425,6 +425,21 @@ test('tool_choice required and named: the answer is a call of the tools, its arg
     }
     await assert.rejects(ask({ type: 'function', function: { name: 'div' } }),
       (e) => e instanceof OpenAI.BadRequestError && /div/.test(e.message));
+    // a tool whose parameters list no properties takes any: each call's arguments an object
+    const free = await cl.chat.completions.create({
+      model: MODEL, messages: [{ role: 'user', content: 'Note it.' }], max_tokens: 400, n: 4, seed: 3,
+      tools: [{ type: 'function', function: { name: 'note', parameters: { type: 'object' } } }],
+      tool_choice: { type: 'function', function: { name: 'note' } }, logit_bias: { [vocab['<']]: 8 },
+    });
+    const noted = free.choices.filter((x) => x.finish_reason === 'tool_calls');
+    assert.ok(noted.length >= 2, `${noted.length} of 4 called it: ${JSON.stringify(free.choices.map((x) => x.message))}`);
+    for (const x of noted) {
+      assert.equal(x.message.tool_calls.length, 1);
+      assert.equal(x.message.tool_calls[0].function.name, 'note');
+      const args = JSON.parse(x.message.tool_calls[0].function.arguments);
+      assert.ok(args !== null && typeof args === 'object' && !Array.isArray(args), x.message.tool_calls[0].function.arguments);
+      for (const k of Object.keys(args)) assert.match(k, /^[A-Za-z0-9_.-]+$/);
+    }
   } finally {
     await down(c);
   }

@@ -512,6 +512,8 @@ static void test_golden_tokenizer(void)
     "\"word\":{\"type\":\"string\",\"pattern\":\"^[a-z]+$\",\"minLength\":2,\"maxLength\":5},"     \
     "\"pin\":{\"type\":\"string\",\"pattern\":\"\\\\d\",\"minLength\":3},"                         \
     "\"mail\":{\"type\":\"string\",\"format\":\"email\",\"maxLength\":12},"                        \
+    "\"v6\":{\"type\":\"string\",\"format\":\"ipv6\"},\"link\":{\"type\":\"string\",\"format\":"   \
+    "\"uri\"},"                                                                                    \
     "\"ratio\":{\"type\":\"number\",\"exclusiveMinimum\":0,\"maximum\":1.5},"                      \
     "\"cents\":{\"type\":\"number\",\"multipleOf\":0.05,\"minimum\":-2},"                          \
     "\"step\":{\"type\":\"integer\",\"multipleOf\":3},"                                            \
@@ -785,6 +787,19 @@ static void test_schema_table(void)
         {"hostname", "a-1.example", 1},
         {"hostname", "-a.example", -1},
         {"uuid", "123e4567-e89b-12d3-a456-42661417400", -1},
+        {"ipv6", "::ffff:192.0.2.1", 1},
+        {"ipv6", "2001:db8::8a2e:370:7334", 1},
+        {"ipv6", "::", 1},
+        {"ipv6", "1:2:3:4:5:6:7:8:9", -1},
+        {"ipv6", "1:::2", -1},
+        {"ipv6", "fe80::1%eth0", -1}, /* (no zone) */
+        {"ipv6", "::01.2.3.4", -1},
+        {"uri", "https://example.org/a/b?c=d&e=%20f#g", 1},
+        {"uri", "urn:isbn:0451450523", 1},
+        {"uri", "//example.org/no-scheme", -1},
+        {"uri", "http://example.org/a b", -1},
+        {"uri", "http://example.org/%zz", -1},
+        {"uri", "1http://example.org", -1},
     };
     for (size_t i = 0; i < sizeof formatted / sizeof formatted[0]; i++) {
         char schema[256], text[128];
@@ -802,8 +817,9 @@ static void test_schema_table(void)
         const char *schema, *needle;
     } bad[] = {
         {"{\"type\":\"string\"}", "root must be an object"},
-        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"format\":\"ipv6\"}}}",
-         "format 'ipv6' is not supported"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"format\":\"duration\"}}"
+         "}",
+         "format 'duration' is not supported"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"(?=a)\"}}}",
          "pattern: lookaround"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"^ab$\","
@@ -950,6 +966,27 @@ static bool shape_conforms(const char *v, const cJSON *s)
     if (!strcmp(fmt->valuestring, "ipv4")) {
         unsigned char a[4];
         return inet_pton(AF_INET, v, a) == 1;
+    }
+    if (!strcmp(fmt->valuestring, "ipv6")) {
+        unsigned char a[16];
+        return inet_pton(AF_INET6, v, a) == 1;
+    }
+    if (!strcmp(fmt->valuestring, "uri")) { /* scheme ':' then RFC 3986's characters or %HH */
+        size_t i = 0;
+        if (!isalpha((unsigned char)v[0])) return false;
+        while (v[i] && (isalnum((unsigned char)v[i]) || strchr("+.-", v[i])))
+            i++;
+        if (v[i++] != ':') return false;
+        for (; v[i]; i++) {
+            if (v[i] == '%') {
+                if (!isxdigit((unsigned char)v[i + 1]) || !isxdigit((unsigned char)v[i + 2]))
+                    return false;
+                i += 2;
+            } else if (!isalnum((unsigned char)v[i]) && !strchr("-._~!$&'()*+,;=:@/?#[]", v[i])) {
+                return false;
+            }
+        }
+        return true;
     }
     if (!strcmp(fmt->valuestring, "uuid")) {
         for (size_t i = 0; i < n; i++)
