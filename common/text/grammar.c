@@ -68,7 +68,7 @@ typedef struct {
     uint16_t first; /* object: its first property in props[]; union: first branch */
     uint16_t lit;   /* object: the keys' literal trie; enum: the values' (root nodes); object
                      * union: the keys its branches may start with, term 64 * branch + key */
-    uint16_t items; /* array: the items' node */
+    uint16_t items; /* array: the items' node; object without properties: its values' */
     int16_t min_items, max_items; /* array; max -1: none */
     bool bounded;    /* integer: its value in lo..hi; number: in nlo..nhi; string: its length */
     bool empty_ok;   /* object union: some branch may be {} */
@@ -660,9 +660,28 @@ static int compile_object(rules_t *r, compile_t *cc, const cJSON *s, int depth)
     const cJSON *props = cJSON_GetObjectItemCaseSensitive(s, "properties");
     const cJSON *req = cJSON_GetObjectItemCaseSensitive(s, "required");
     const cJSON *extra = cJSON_GetObjectItemCaseSensitive(s, "additionalProperties");
-    if (extra && !cJSON_IsBool(extra)) {
-        cfail(cc, "json_schema: additionalProperties as a schema is not supported (true or false)");
+    if (extra && !cJSON_IsBool(extra) && !cJSON_IsObject(extra)) {
+        cfail(cc, "json_schema: additionalProperties must be true, false or a schema");
         return -1;
+    }
+    if (cJSON_IsObject(extra)) { /* a map: any keys, each value of one schema */
+        if (props) {
+            cfail(cc, "json_schema: additionalProperties as a schema beside properties is not "
+                      "supported (true or false there)");
+            return -1;
+        }
+        if (req && cJSON_GetArraySize(req) > 0) {
+            cfail(cc, "json_schema: required names properties the schema does not describe");
+            return -1;
+        }
+        const int v = compile_node(r, cc, extra, depth + 1);
+        if (v < 0) return -1;
+        const int o = new_snode(r, cc, K_OBJECT);
+        if (o < 0) return -1;
+        r->nodes[o].generic = true;
+        r->nodes[o].items = (uint16_t)v;
+        starts_of_kind(K_OBJECT, r->nodes[o].starts);
+        return o;
     }
     if (props && !cJSON_IsObject(props)) {
         cfail(cc, "json_schema: properties must be an object");
@@ -1398,11 +1417,11 @@ static bool dsml_choice_step(const rules_t *r, jstate_t *s, uint8_t c)
 }
 
 /* A parameter's name where the tool lists none: an identifier of letters, digits, '_', '-'
- * and '.' between quotes (what a parser and a JSON key take as they are), then either form
- * of value, as any JSON (NODE_ANY). num: the name's FNV-1a hash so far; the closing quote
- * only where no earlier parameter of the call hashed the same (a name that collides, one
- * pair in 65536, goes on: never a dead end). */
-static bool dsml_any_name_step(jstate_t *s, uint8_t c)
+ * and '.' between quotes (what a parser and a JSON key take as they are), then a value of
+ * additionalProperties' schema (NODE_ANY where there is none: either form). num: the name's FNV-1a
+ * hash so far; the closing quote only where no earlier parameter of the call hashed the same (a
+ * name that collides, one pair in 65536, goes on: never a dead end). */
+static bool dsml_any_name_step(const rules_t *r, jstate_t *s, uint8_t c)
 {
     if (s->sub == 0) {
         if (c != '"') return false;
@@ -1416,9 +1435,12 @@ static bool dsml_any_name_step(jstate_t *s, uint8_t c)
         for (int i = 0; i < f->p; i++)
             if (s->names[i] == h) return false;
         s->names[f->p++] = h; /* (choices_allowed keeps p below FREE_PARAMS) */
+        const uint16_t values = r->nodes[f->node].items; /* (additionalProperties' schema) */
         set_mode(s, M_DLIT);
-        s->lit = D_STR_ANY;
-        s->vnode = NODE_ANY;
+        s->lit = r->nodes[values].kind == K_ANY      ? D_STR_ANY
+                 : r->nodes[values].kind == K_STRING ? D_STR_TRUE
+                                                     : D_STR_FALSE;
+        s->vnode = values;
         return true;
     }
     if (!(is_alnum_ascii(c) || c == '_' || c == '-' || c == '.')) return false;
@@ -1688,10 +1710,10 @@ static bool string_step(const rules_t *r, jstate_t *s, uint8_t c)
     }
     if (c == '"' && s->rx && !r->rx[r->nodes[s->vnode].rx - 1]->accept[s->rx]) return false;
     if (c == '"') {
-        if (s->key) {
+        if (s->key) { /* a key of an object without properties: a value as its schema says */
             s->key = 0;
             set_mode(s, M_COLON);
-            s->vnode = NODE_ANY;
+            s->vnode = r->nodes[s->stack[s->depth - 1].node].items;
         } else {
             value_end(r, s);
         }
@@ -1846,7 +1868,7 @@ static bool step(const rules_t *r, jstate_t *s, uint8_t c)
     case M_RAW:
         return raw_step(r, s, c);
     case M_DANYNAME:
-        return dsml_any_name_step(s, c);
+        return dsml_any_name_step(r, s, c);
     case M_ENUM: {
         const uint16_t k = lit_find(r, s->tpos, c);
         if (k) {

@@ -488,7 +488,10 @@ static void test_golden_tokenizer(void)
     "\"ok\":{\"type\":\"boolean\"},"                                                               \
     "\"pet\":{\"$ref\":\"#/$defs/Pet\"},"                                                          \
     "\"home\":{\"anyOf\":[{\"$ref\":\"#/$defs/Flat\"},{\"$ref\":\"#/$defs/House\"},"               \
-    "{\"type\":\"null\"}]}},"                                                                      \
+    "{\"type\":\"null\"}]},"                                                                       \
+    "\"scores\":{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\",\"minimum\":"  \
+    "0,"                                                                                           \
+    "\"maximum\":9}}},"                                                                            \
     "\"required\":[\"name\",\"age\",\"tags\"],\"additionalProperties\":false,"                     \
     "\"$defs\":{\"Pet\":{\"type\":\"object\",\"properties\":{\"kind\":{\"const\":\"cat\"},"        \
     "\"friend\":{\"anyOf\":[{\"$ref\":\"#/$defs/Pet\"},{\"type\":\"null\"}]}},"                    \
@@ -581,6 +584,15 @@ static void test_schema_table(void)
         {PERSON_AT "{\"street\":\"x\",\"floor\"", -1},
         {PERSON_AT "{\"floor\":\"3\"", -1},
         {PERSON_AT "[", -1},
+#undef PERSON_AT
+    /* a map (additionalProperties as a schema): any keys, each value of its schema */
+#define PERSON_AT "{\"name\":\"a\",\"age\":3,\"tags\":[\"x\"],\"scores\":"
+        {PERSON_AT "{\"a\":1,\"b c\":9}}", 1},
+        {PERSON_AT "{}}", 1},
+        {PERSON_AT "{\"a\":10", -1},
+        {PERSON_AT "{\"a\":-1", -1},
+        {PERSON_AT "{\"a\":\"1\"", -1},
+        {PERSON_AT "{\"a\":1,\"b\":null", -1},
 #undef PERSON_AT
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -915,8 +927,10 @@ static void test_schema_table(void)
          "\"object\",\"properties\":{\"y\":{}}}]}}}",
          "start alike"}, /* (an object of any keys beside a described one) */
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#/$defs/Nope\"}}}", "Nope"},
-        {"{\"type\":\"object\",\"additionalProperties\":{\"type\":\"string\"}}",
-         "additionalProperties"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{}},\"additionalProperties\":{\"type\":"
+         "\"string\"}}",
+         "additionalProperties as a schema beside properties"},
+        {"{\"type\":\"object\",\"additionalProperties\":7}", "true, false or a schema"},
         {"{\"type\":\"objekt\"}", "objekt"},
         {"{\"type\":\"object\",", "not valid JSON"},
     };
@@ -1110,6 +1124,10 @@ static bool conforms(const cJSON *x, const cJSON *s, const cJSON *root)
                     *req = cJSON_GetObjectItem(s, "required");
         const cJSON *p = props ? props->child : NULL, *k;
         const cJSON *extra = cJSON_GetObjectItem(s, "additionalProperties");
+        if (!props && cJSON_IsObject(extra)) { /* a map: any keys, values of its schema */
+            cJSON_ArrayForEach(k, x) if (!conforms(k, extra, root)) return false;
+            return true;
+        }
         if (!props && !cJSON_IsFalse(extra)) return true; /* (any keys, any values) */
         cJSON_ArrayForEach(k, x)
         {
@@ -1469,6 +1487,25 @@ static void test_tool_call_table(void)
          -1}, /* (the block ended) */
     };
     judge_tools_cases(s.v, generic, free_form, sizeof free_form / sizeof free_form[0], "free-form");
+    /* additionalProperties as a schema: each parameter's value of it, in its form */
+    const char *maps =
+        "{\"tools\":[{\"name\":\"f\",\"parameters\":{\"type\":\"object\","
+        "\"additionalProperties\":{\"type\":\"integer\",\"maximum\":50}}},"
+        "{\"name\":\"g\",\"parameters\":{\"type\":\"object\",\"additionalProperties\":"
+        "{\"type\":\"string\",\"maxLength\":2}}}]}";
+#define G_CALL "<" D "calls>\n<" D "invoke name=\"g\">\n"
+    static const tools_case_t mapped[] = {
+        {F_CALL "<" D "parameter name=\"n\" string=\"false\">42</" D "parameter>\n" F_END, 1},
+        {F_CALL "<" D "parameter name=\"n\" string=\"false\">51", -1},
+        {F_CALL "<" D "parameter name=\"n\" string=\"t", -1},
+        {G_CALL "<" D "parameter name=\"s\" string=\"true\">ab</" D "parameter>\n</" D
+                "invoke>\n</" D "calls>",
+         1},
+        {G_CALL "<" D "parameter name=\"s\" string=\"true\">abc", -1},
+        {G_CALL "<" D "parameter name=\"s\" string=\"f", -1},
+    };
+    judge_tools_cases(s.v, maps, mapped, sizeof mapped / sizeof mapped[0], "maps");
+#undef G_CALL
     /* up to 16 parameters a call; the names of one call do not carry into the next */
     {
         char text[4096];
