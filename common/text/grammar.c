@@ -55,6 +55,7 @@ enum {
     K_OBJUNION /* anyOf of described objects: told apart by their first key */
 };
 enum { NODE_ANY = 0, NODE_ANY_OBJECT = 1, NODE_ANY_ARRAY = 2 }; /* in every schema */
+enum { FREE_PARAMS = 16 }; /* parameters a call of a tool that lists none may have */
 
 /* A bounded number's value in units of 10^-NUM_FRAC (it has at most that many fraction digits
  * and an integer part within int64): exact, so a bound sits where the schema's text puts it. */
@@ -228,10 +229,11 @@ static int compile_node(rules_t *r, compile_t *cc, const cJSON *s, int depth);
 static const char *const annotations[] = {"title",    "description", "$schema",   "$id",
                                           "default",  "examples",    "$comment",  "strict",
                                           "readOnly", "writeOnly",   "deprecated"};
-static const char *const understood[] = {"type",  "properties", "required", "additionalProperties",
-                                         "items", "minItems",   "maxItems", "enum",
-                                         "const", "anyOf",      "oneOf",    "$ref",
-                                         "$defs", "definitions"};
+static const char *const understood[] = {
+    "type",  "properties",  "required",      "additionalProperties",
+    "items", "minItems",    "maxItems",      "enum",
+    "const", "anyOf",       "oneOf",         "$ref",
+    "$defs", "definitions", "minProperties", "maxProperties"};
 static const char *const bounds[] = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
                                      "multipleOf"};
 static const char *const lengths[] = {"minLength", "maxLength"};
@@ -664,6 +666,21 @@ static int compile_object(rules_t *r, compile_t *cc, const cJSON *s, int depth)
         cfail(cc, "json_schema: additionalProperties must be true, false or a schema");
         return -1;
     }
+    /* minProperties / maxProperties: counted where no properties are listed (the keys of a
+     * map, a free-form tool's parameters); beside listed ones only where they always hold */
+    const cJSON *mnp = cJSON_GetObjectItemCaseSensitive(s, "minProperties");
+    const cJSON *mxp = cJSON_GetObjectItemCaseSensitive(s, "maxProperties");
+    if ((mnp && (!cJSON_IsNumber(mnp) || mnp->valuedouble < 0 || mnp->valuedouble > 255 ||
+                 mnp->valuedouble != floor(mnp->valuedouble))) ||
+        (mxp && (!cJSON_IsNumber(mxp) || mxp->valuedouble < 0 || mxp->valuedouble > 255 ||
+                 mxp->valuedouble != floor(mxp->valuedouble))) ||
+        (mnp && mxp && mnp->valuedouble > mxp->valuedouble)) {
+        cfail(cc, "json_schema: minProperties and maxProperties must be whole numbers 0..255, "
+                  "min <= max");
+        return -1;
+    }
+    const int16_t min_p = mnp ? (int16_t)mnp->valuedouble : 0,
+                  max_p = mxp ? (int16_t)mxp->valuedouble : -1;
     if (cJSON_IsObject(extra)) { /* a map: any keys, each value of one schema */
         if (props) {
             cfail(cc, "json_schema: additionalProperties as a schema beside properties is not "
@@ -680,6 +697,8 @@ static int compile_object(rules_t *r, compile_t *cc, const cJSON *s, int depth)
         if (o < 0) return -1;
         r->nodes[o].generic = true;
         r->nodes[o].items = (uint16_t)v;
+        r->nodes[o].min_items = min_p;
+        r->nodes[o].max_items = max_p;
         starts_of_kind(K_OBJECT, r->nodes[o].starts);
         return o;
     }
@@ -696,7 +715,15 @@ static int compile_object(rules_t *r, compile_t *cc, const cJSON *s, int depth)
             cfail(cc, "json_schema: required names properties the schema does not describe");
             return -1;
         }
-        return NODE_ANY_OBJECT;
+        if (!mnp && !mxp) return NODE_ANY_OBJECT;
+        const int o = new_snode(r, cc, K_OBJECT); /* any keys and values, so many of them */
+        if (o < 0) return -1;
+        r->nodes[o].generic = true;
+        r->nodes[o].items = NODE_ANY;
+        r->nodes[o].min_items = min_p;
+        r->nodes[o].max_items = max_p;
+        starts_of_kind(K_OBJECT, r->nodes[o].starts);
+        return o;
     }
     const int n = props ? cJSON_GetArraySize(props) : 0;
     if (n > BT_GRAMMAR_MAX_PROPERTIES) {
@@ -748,6 +775,12 @@ static int compile_object(rules_t *r, compile_t *cc, const cJSON *s, int depth)
             return -1;
         }
         r->nodes[o].required |= 1ull << k;
+    }
+    if (min_p > __builtin_popcountll(r->nodes[o].required) || (max_p >= 0 && max_p < n)) {
+        cfail(cc, "json_schema: minProperties / maxProperties beside listed properties are "
+                  "supported only where they always hold (min at most the required ones, max "
+                  "at least the properties)");
+        return -1;
     }
     return o;
 }
@@ -1118,6 +1151,11 @@ static bt_status_t rules_compile_tools(const char *spec, size_t len, rules_t **r
             cfail(&cc, "tool '%.64s': its parameters must be an object", name->valuestring);
             break;
         }
+        if (r->nodes[params[i]].generic && r->nodes[params[i]].min_items > FREE_PARAMS) {
+            cfail(&cc, "tool '%.64s': minProperties above %d (a call's parameters at most)",
+                  name->valuestring, FREE_PARAMS);
+            break;
+        }
         const cJSON *props = cJSON_GetObjectItemCaseSensitive(ps, "properties"), *p;
         cJSON_ArrayForEach(p, props) /* (written between quotes as they are: nothing to escape) */
         {
@@ -1222,8 +1260,6 @@ typedef struct {
     uint8_t dsml; /* a tool call's parameters (an object written as DSML parameters) */
 } frame_t;
 
-enum { FREE_PARAMS = 16 }; /* parameters a call of a tool that lists none may have */
-
 /* Every byte is meaningful (fields unused in a mode stay 0): the state is its own cache key. */
 typedef struct {
     uint8_t mode, sub, lit, need, lo, hi;
@@ -1322,6 +1358,13 @@ static uint64_t keys_allowed(const snode_t *o, unsigned p)
     return from_p & upto;
 }
 
+/* An object without listed properties counts its keys in its frame's p only where it has
+ * bounds on them (so the free objects' states, and their masks, stay one) */
+static bool counts_keys(const snode_t *o)
+{
+    return o->generic && (o->min_items > 0 || o->max_items >= 0);
+}
+
 static bool must_go_on(const snode_t *o, unsigned p) /* a required property still missing */
 {
     return p < o->n && (o->required >> p) != 0;
@@ -1379,7 +1422,9 @@ static uint64_t choices_allowed(const rules_t *r, const jstate_t *s, int which)
     if (which == 1) return r->one ? 2u : 3u; /* another invoke, unless one call is asked */
     const frame_t *f = &s->stack[s->depth - 1];
     const snode_t *o = &r->nodes[f->node];
-    if (o->generic) return f->p < FREE_PARAMS ? 3u : 2u; /* any parameters, up to 16 */
+    if (o->generic) /* any parameters, up to 16 (and minProperties .. maxProperties) */
+        return (f->p < FREE_PARAMS && (o->max_items < 0 || f->p < o->max_items) ? 1u : 0u) |
+               (f->p >= o->min_items ? 2u : 0u);
     return (keys_allowed(o, f->p) ? 1u : 0u) | (must_go_on(o, f->p) ? 0u : 2u);
 }
 
@@ -1897,7 +1942,9 @@ static bool step(const rules_t *r, jstate_t *s, uint8_t c)
         return value_start(r, s, c, s->vnode);
     case M_OBJ_FIRST:
         if (c == '}') {
-            if (o->kind == K_OBJUNION ? !o->empty_ok : !o->generic && must_go_on(o, 0))
+            if (o->kind == K_OBJUNION ? !o->empty_ok
+                : o->generic          ? o->min_items > 0
+                                      : must_go_on(o, 0))
                 return false;
             pop(r, s);
             return true;
@@ -1906,6 +1953,8 @@ static bool step(const rules_t *r, jstate_t *s, uint8_t c)
     case M_OBJ_KEY:
         if (c != '"') return false;
         if (o->generic) {
+            if (o->max_items >= 0 && f->p >= o->max_items) return false;
+            if (counts_keys(o)) s->stack[s->depth - 1].p++;
             set_mode(s, M_STR);
             s->key = 1;
             return true;
@@ -1920,11 +1969,12 @@ static bool step(const rules_t *r, jstate_t *s, uint8_t c)
         return true;
     case M_OBJ_NEXT:
         if (c == ',') {
-            if (!o->generic && !keys_allowed(o, f->p)) return false;
+            if (o->generic ? o->max_items >= 0 && f->p >= o->max_items : !keys_allowed(o, f->p))
+                return false;
             set_mode(s, M_OBJ_KEY);
             return true;
         }
-        if (c != '}' || (!o->generic && must_go_on(o, f->p))) return false;
+        if (c != '}' || (o->generic ? f->p < o->min_items : must_go_on(o, f->p))) return false;
         pop(r, s);
         return true;
     case M_ARR_FIRST:

@@ -489,9 +489,8 @@ static void test_golden_tokenizer(void)
     "\"pet\":{\"$ref\":\"#/$defs/Pet\"},"                                                          \
     "\"home\":{\"anyOf\":[{\"$ref\":\"#/$defs/Flat\"},{\"$ref\":\"#/$defs/House\"},"               \
     "{\"type\":\"null\"}]},"                                                                       \
-    "\"scores\":{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\",\"minimum\":"  \
-    "0,"                                                                                           \
-    "\"maximum\":9}}},"                                                                            \
+    "\"scores\":{\"type\":\"object\",\"maxProperties\":3,\"additionalProperties\":{\"type\":"      \
+    "\"integer\",\"minimum\":0,\"maximum\":9}}},"                                                  \
     "\"required\":[\"name\",\"age\",\"tags\"],\"additionalProperties\":false,"                     \
     "\"$defs\":{\"Pet\":{\"type\":\"object\",\"properties\":{\"kind\":{\"const\":\"cat\"},"        \
     "\"friend\":{\"anyOf\":[{\"$ref\":\"#/$defs/Pet\"},{\"type\":\"null\"}]}},"                    \
@@ -593,11 +592,28 @@ static void test_schema_table(void)
         {PERSON_AT "{\"a\":-1", -1},
         {PERSON_AT "{\"a\":\"1\"", -1},
         {PERSON_AT "{\"a\":1,\"b\":null", -1},
+        {PERSON_AT "{\"a\":1,\"b\":2,\"c\":3}}", 1},
+        {PERSON_AT "{\"a\":1,\"b\":2,\"c\":3,", -1}, /* maxProperties */
 #undef PERSON_AT
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const int got = judge_schema(s.v, PERSON, cases[i].text, strlen(cases[i].text));
         BT_CHECK_MSG(got == cases[i].want, "'%s': %d, want %d", cases[i].text, got, cases[i].want);
+    }
+    /* minProperties / maxProperties: counted on objects without listed properties, accepted
+     * beside listed ones where they always hold */
+    {
+        const char *counted = "{\"type\":\"object\",\"properties\":{\"o\":{\"type\":\"object\","
+                              "\"minProperties\":2,\"maxProperties\":2}},\"required\":[\"o\"]}";
+        const char *two = "{\"o\":{\"a\":1,\"b\":[]}}", *none = "{\"o\":{}",
+                   *one = "{\"o\":{\"a\":1}", *three = "{\"o\":{\"a\":1,\"b\":2,";
+        BT_CHECK_EQ_INT(judge_schema(s.v, counted, two, strlen(two)), 1);
+        BT_CHECK_EQ_INT(judge_schema(s.v, counted, none, strlen(none)), -1);
+        BT_CHECK_EQ_INT(judge_schema(s.v, counted, one, strlen(one)), -1);
+        BT_CHECK_EQ_INT(judge_schema(s.v, counted, three, strlen(three)), -1);
+        const char *holds = "{\"type\":\"object\",\"properties\":{\"a\":{},\"b\":{}},\"required\":"
+                            "[\"a\"],\"minProperties\":1,\"maxProperties\":2}";
+        BT_CHECK_EQ_INT(judge_schema(s.v, holds, "{\"a\":1}", 7), 1);
     }
     /* enums of numbers that extend each other, as the last property */
     const char *nums =
@@ -931,6 +947,9 @@ static void test_schema_table(void)
          "\"string\"}}",
          "additionalProperties as a schema beside properties"},
         {"{\"type\":\"object\",\"additionalProperties\":7}", "true, false or a schema"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{}},\"minProperties\":1}",
+         "only where they always hold"},
+        {"{\"type\":\"object\",\"maxProperties\":1.5}", "whole numbers 0..255"},
         {"{\"type\":\"objekt\"}", "objekt"},
         {"{\"type\":\"object\",", "not valid JSON"},
     };
@@ -1124,6 +1143,10 @@ static bool conforms(const cJSON *x, const cJSON *s, const cJSON *root)
                     *req = cJSON_GetObjectItem(s, "required");
         const cJSON *p = props ? props->child : NULL, *k;
         const cJSON *extra = cJSON_GetObjectItem(s, "additionalProperties");
+        const cJSON *mnp = cJSON_GetObjectItem(s, "minProperties"),
+                    *mxp = cJSON_GetObjectItem(s, "maxProperties");
+        const int nk = cJSON_GetArraySize(x);
+        if ((mnp && nk < mnp->valueint) || (mxp && nk > mxp->valueint)) return false;
         if (!props && cJSON_IsObject(extra)) { /* a map: any keys, values of its schema */
             cJSON_ArrayForEach(k, x) if (!conforms(k, extra, root)) return false;
             return true;
@@ -1505,6 +1528,14 @@ static void test_tool_call_table(void)
         {G_CALL "<" D "parameter name=\"s\" string=\"f", -1},
     };
     judge_tools_cases(s.v, maps, mapped, sizeof mapped / sizeof mapped[0], "maps");
+    const char *bounded = "{\"tools\":[{\"name\":\"f\",\"parameters\":{\"type\":\"object\","
+                          "\"minProperties\":1,\"maxProperties\":1}}]}";
+    static const tools_case_t one_param[] = {
+        {F_CALL F_END, -1}, /* minProperties */
+        {F_CALL "<" D "parameter name=\"a\" string=\"false\">1</" D "parameter>\n" F_END, 1},
+        {F_CALL "<" D "parameter name=\"a\" string=\"false\">1</" D "parameter>\n<" D "param", -1},
+    };
+    judge_tools_cases(s.v, bounded, one_param, sizeof one_param / sizeof one_param[0], "bounded");
 #undef G_CALL
     /* up to 16 parameters a call; the names of one call do not carry into the next */
     {
