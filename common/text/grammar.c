@@ -1954,7 +1954,7 @@ static bool step(const rules_t *r, jstate_t *s, uint8_t c)
         if (c != '"') return false;
         if (o->generic) {
             if (o->max_items >= 0 && f->p >= o->max_items) return false;
-            if (counts_keys(o)) s->stack[s->depth - 1].p++;
+            if (counts_keys(o) && f->p < 255) s->stack[s->depth - 1].p++; /* (min <= 255) */
             set_mode(s, M_STR);
             s->key = 1;
             return true;

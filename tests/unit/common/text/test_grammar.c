@@ -614,6 +614,15 @@ static void test_schema_table(void)
         const char *holds = "{\"type\":\"object\",\"properties\":{\"a\":{},\"b\":{}},\"required\":"
                             "[\"a\"],\"minProperties\":1,\"maxProperties\":2}";
         BT_CHECK_EQ_INT(judge_schema(s.v, holds, "{\"a\":1}", 7), 1);
+        /* the count saturates: 256 keys still have at least one */
+        const char *least = "{\"type\":\"object\",\"properties\":{\"o\":{\"type\":\"object\","
+                            "\"minProperties\":1}},\"required\":[\"o\"]}";
+        static char many[8192];
+        size_t n = (size_t)snprintf(many, sizeof many, "{\"o\":{");
+        for (int i = 0; i < 256; i++)
+            n += (size_t)snprintf(many + n, sizeof many - n, "%s\"k%d\":0", i ? "," : "", i);
+        n += (size_t)snprintf(many + n, sizeof many - n, "}}");
+        BT_CHECK_EQ_INT(judge_schema(s.v, least, many, n), 1);
     }
     /* enums of numbers that extend each other, as the last property */
     const char *nums =
