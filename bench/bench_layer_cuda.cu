@@ -601,9 +601,10 @@ static int g_tensor_cores = 1;
 
 /* The layer's independent chains side by side (layer_run with g_side set): a second stream
  * forked by event and joined back, as a graph's branches. Only where no product borrows the
- * shared dequantization scratch (few rows). g_fork/g_join: one pair a fork. */
+ * shared dequantization scratch (few rows). g_fork/g_join: one pair a fork; g_edge: the early
+ * fork's edges between the branches (wproj done, the q_lora rows done). */
 static cudaStream_t g_side, g_side_stream; /* g_side: set while the two-stream graph is captured */
-static cudaEvent_t g_fork[4], g_join[4];
+static cudaEvent_t g_fork[2], g_join[2], g_edge[2];
 /* The attention's two-stream fork comes right after the mHC collapse, as in the engine
  * (model_cuda.c's queries_and_kv): the side stream takes the indexer's head weights (wproj)
  * and the latent KV row, then the queries (wq_b) once the q_lora product and its norm are done
@@ -612,18 +613,22 @@ static cudaEvent_t g_fork[4], g_join[4];
  * KV row before it (comparisons). */
 static int g_early = 2;
 
+/* stream `waiter` goes on only past what `from` has queued so far (ev recorded on from) */
+static bt_status_t stream_after(cudaStream_t waiter, cudaStream_t from, cudaEvent_t ev)
+{
+    CU_TRY(cudaEventRecord(ev, from));
+    CU_TRY(cudaStreamWaitEvent(waiter, ev, 0));
+    return BT_OK;
+}
+
 static bt_status_t fork_side(cudaStream_t st, int i)
 {
-    CU_TRY(cudaEventRecord(g_fork[i], st));
-    CU_TRY(cudaStreamWaitEvent(g_side, g_fork[i], 0));
-    return BT_OK;
+    return stream_after(g_side, st, g_fork[i]);
 }
 
 static bt_status_t join_side(cudaStream_t st, int i)
 {
-    CU_TRY(cudaEventRecord(g_join[i], g_side));
-    CU_TRY(cudaStreamWaitEvent(st, g_join[i], 0));
-    return BT_OK;
+    return stream_after(st, g_side, g_join[i]);
 }
 
 /* whether an FP8 product of M rows dequantizes its weight for cuBLASLt */
@@ -686,15 +691,14 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
         BT_TRY(fork_side(st, 0));
         if (g_early == 2) {
             BT_TRY(bt_cuda_gemm_bf16(blas, c->iw, F32, c->xin, W->wproj, T, IH, HID, s2));
-            CU_TRY(cudaEventRecord(g_fork[2], s2)); /* the indexer's head weights are ready */
+            CU_TRY(cudaEventRecord(g_edge[0], s2)); /* the indexer's head weights are ready */
         }
         BT_TRY(kv_row(s2));
     }
     BT_TRY(fp8_mm(blas, c, c->qr, BF16, c->xin, W->wq_a.w, W->wq_a.s, T, QL, HID, st));
     BT_TRY(bt_cuda_rmsnorm(c->qr, BF16, c->qr, BF16, W->q_norm, T, QL, RMS_EPS, st));
     if (early) {
-        CU_TRY(cudaEventRecord(g_fork[3], st)); /* the q_lora rows are ready */
-        CU_TRY(cudaStreamWaitEvent(s2, g_fork[3], 0));
+        BT_TRY(stream_after(s2, st, g_edge[1])); /* the q_lora rows are ready */
     } else if (two) {
         BT_TRY(fork_side(st, 0));
     }
@@ -708,7 +712,7 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
     BT_TRY(bt_cuda_head_finish(c->qi, T, IH, ID, 0, NULL, 0.0f, c->pos, W->inv_freq, ROPE_HALF, 32,
                                BT_CUDA_FQ_FP4_UE8M0, st)); /* rope, FP4 */
     if (early && g_early == 2)
-        CU_TRY(cudaStreamWaitEvent(st, g_fork[2], 0));
+        CU_TRY(cudaStreamWaitEvent(st, g_edge[0], 0));
     else
         BT_TRY(bt_cuda_gemm_bf16(blas, c->iw, F32, c->xin, W->wproj, T, IH, HID, st));
     /* every token against its own sequence's keys, in one launch */
@@ -1584,9 +1588,10 @@ int main(int argc, char **argv)
     }
     if (cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) != cudaSuccess) goto out;
     if (cudaStreamCreateWithFlags(&g_side_stream, cudaStreamNonBlocking) != cudaSuccess) goto out;
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 2; i++)
         if (cudaEventCreateWithFlags(&g_fork[i], cudaEventDisableTiming) != cudaSuccess ||
-            cudaEventCreateWithFlags(&g_join[i], cudaEventDisableTiming) != cudaSuccess)
+            cudaEventCreateWithFlags(&g_join[i], cudaEventDisableTiming) != cudaSuccess ||
+            cudaEventCreateWithFlags(&g_edge[i], cudaEventDisableTiming) != cudaSuccess)
             goto out;
     for (; nev < N_SEGS + 1; nev++)
         if (cudaEventCreate(&ev[nev]) != cudaSuccess) goto out;
@@ -1656,9 +1661,10 @@ out:
     arena_free(&a);
     bt_cuda_blas_destroy(blas);
     for (int i = 0; i < nev; i++) cudaEventDestroy(ev[i]);
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 2; i++) {
         if (g_fork[i]) cudaEventDestroy(g_fork[i]);
         if (g_join[i]) cudaEventDestroy(g_join[i]);
+        if (g_edge[i]) cudaEventDestroy(g_edge[i]);
     }
     if (g_side_stream) cudaStreamDestroy(g_side_stream);
     if (st) cudaStreamDestroy(st);

@@ -657,6 +657,28 @@ static int compile_union(rules_t *r, compile_t *cc, const int *branch, int n, co
     return u;
 }
 
+/* A pair of count bounds (minLength / maxLength, minProperties / maxProperties): whole numbers
+ * 0..most, min <= max; *lo 0 and *hi -1 where absent. False, with a message naming them, if
+ * not. */
+static bool count_bounds(compile_t *cc, const cJSON *s, const char *min_kw, const char *max_kw,
+                         double most, int64_t *lo, int64_t *hi)
+{
+    const cJSON *mn = cJSON_GetObjectItemCaseSensitive(s, min_kw);
+    const cJSON *mx = cJSON_GetObjectItemCaseSensitive(s, max_kw);
+    if ((mn && (!cJSON_IsNumber(mn) || mn->valuedouble < 0 || mn->valuedouble > most ||
+                mn->valuedouble != floor(mn->valuedouble))) ||
+        (mx && (!cJSON_IsNumber(mx) || mx->valuedouble < 0 || mx->valuedouble > most ||
+                mx->valuedouble != floor(mx->valuedouble))) ||
+        (mn && mx && mn->valuedouble > mx->valuedouble)) {
+        cfail(cc, "json_schema: %s and %s must be whole numbers 0..%.0f, min <= max", min_kw,
+              max_kw, most);
+        return false;
+    }
+    *lo = mn ? (int64_t)mn->valuedouble : 0;
+    *hi = mx ? (int64_t)mx->valuedouble : -1;
+    return true;
+}
+
 static int compile_object(rules_t *r, compile_t *cc, const cJSON *s, int depth)
 {
     const cJSON *props = cJSON_GetObjectItemCaseSensitive(s, "properties");
@@ -668,19 +690,10 @@ static int compile_object(rules_t *r, compile_t *cc, const cJSON *s, int depth)
     }
     /* minProperties / maxProperties: counted where no properties are listed (the keys of a
      * map, a free-form tool's parameters); beside listed ones only where they always hold */
-    const cJSON *mnp = cJSON_GetObjectItemCaseSensitive(s, "minProperties");
-    const cJSON *mxp = cJSON_GetObjectItemCaseSensitive(s, "maxProperties");
-    if ((mnp && (!cJSON_IsNumber(mnp) || mnp->valuedouble < 0 || mnp->valuedouble > 255 ||
-                 mnp->valuedouble != floor(mnp->valuedouble))) ||
-        (mxp && (!cJSON_IsNumber(mxp) || mxp->valuedouble < 0 || mxp->valuedouble > 255 ||
-                 mxp->valuedouble != floor(mxp->valuedouble))) ||
-        (mnp && mxp && mnp->valuedouble > mxp->valuedouble)) {
-        cfail(cc, "json_schema: minProperties and maxProperties must be whole numbers 0..255, "
-                  "min <= max");
-        return -1;
-    }
-    const int16_t min_p = mnp ? (int16_t)mnp->valuedouble : 0,
-                  max_p = mxp ? (int16_t)mxp->valuedouble : -1;
+    int64_t lo_p, hi_p;
+    if (!count_bounds(cc, s, "minProperties", "maxProperties", 255, &lo_p, &hi_p)) return -1;
+    const bool counted = lo_p > 0 || hi_p >= 0;
+    const int16_t min_p = (int16_t)lo_p, max_p = (int16_t)hi_p;
     if (cJSON_IsObject(extra)) { /* a map: any keys, each value of one schema */
         if (props) {
             cfail(cc, "json_schema: additionalProperties as a schema beside properties is not "
@@ -715,7 +728,7 @@ static int compile_object(rules_t *r, compile_t *cc, const cJSON *s, int depth)
             cfail(cc, "json_schema: required names properties the schema does not describe");
             return -1;
         }
-        if (!mnp && !mxp) return NODE_ANY_OBJECT;
+        if (!counted) return NODE_ANY_OBJECT;
         const int o = new_snode(r, cc, K_OBJECT); /* any keys and values, so many of them */
         if (o < 0) return -1;
         r->nodes[o].generic = true;
@@ -910,20 +923,11 @@ static int compile_typed(rules_t *r, compile_t *cc, const cJSON *s, const char *
         r->nodes[x].mult = mult;
     }
     if (kind == K_STRING && length_in(s)) {
-        const cJSON *mn = cJSON_GetObjectItemCaseSensitive(s, "minLength");
-        const cJSON *mx = cJSON_GetObjectItemCaseSensitive(s, "maxLength");
-        if ((mn && (!cJSON_IsNumber(mn) || mn->valuedouble < 0 || mn->valuedouble > 1e6 ||
-                    mn->valuedouble != floor(mn->valuedouble))) ||
-            (mx && (!cJSON_IsNumber(mx) || mx->valuedouble < 0 || mx->valuedouble > 1e6 ||
-                    mx->valuedouble != floor(mx->valuedouble))) ||
-            (mn && mx && mn->valuedouble > mx->valuedouble)) {
-            cfail(cc, "json_schema: minLength and maxLength must be whole numbers 0..1000000, "
-                      "min <= max");
-            return -1;
-        }
+        int64_t lo, hi;
+        if (!count_bounds(cc, s, "minLength", "maxLength", 1e6, &lo, &hi)) return -1;
         r->nodes[x].bounded = true;
-        r->nodes[x].lo = mn ? (int64_t)mn->valuedouble : 0;
-        r->nodes[x].hi = mx ? (int64_t)mx->valuedouble : -1;
+        r->nodes[x].lo = lo;
+        r->nodes[x].hi = hi;
     }
     if (kind == K_STRING && shape_in(s) && !compile_shape(r, cc, s, x)) return -1;
     return x;

@@ -1207,36 +1207,36 @@ static bool side_ok_bf16(const fwd_t *f, const dev_mat_t *w)
            w->kind == MAT_BF16 && w->K % 32 == 0 && 2ll * w->N * w->K < (1ll << 31);
 }
 
+/* Stream `waiter` goes on only past what stream `from` has queued so far (event ev recorded on
+ * from): a graph's edge between its branches. */
+static bt_status_t stream_after(fwd_t *f, cudaStream_t waiter, cudaStream_t from, cudaEvent_t ev)
+{
+    char *err = f->err;
+    size_t errlen = f->errlen;
+    CK_CUDA(cudaEventRecord(ev, from));
+    CK_CUDA(cudaStreamWaitEvent(waiter, ev, 0));
+    return BT_OK;
+}
+
 /* The side stream starts after what the main stream has queued; the main stream goes on past
  * side_join only once the side stream's work is done. */
 static bt_status_t side_fork(fwd_t *f)
 {
-    char *err = f->err;
-    size_t errlen = f->errlen;
-    CK_CUDA(cudaEventRecord(f->cu->side_fork, f->cu->stream));
-    CK_CUDA(cudaStreamWaitEvent(f->cu->side, f->cu->side_fork, 0));
-    f->cu->side_forks++;
-    return BT_OK;
+    const bt_status_t st = stream_after(f, f->cu->side, f->cu->stream, f->cu->side_fork);
+    if (st == BT_OK) f->cu->side_forks++;
+    return st;
 }
 
 /* The side stream, already forked, waits here for what the main stream has queued so far
  * (a value its next steps read); the main stream goes on. */
 static bt_status_t side_wait_main(fwd_t *f)
 {
-    char *err = f->err;
-    size_t errlen = f->errlen;
-    CK_CUDA(cudaEventRecord(f->cu->side_fork, f->cu->stream));
-    CK_CUDA(cudaStreamWaitEvent(f->cu->side, f->cu->side_fork, 0));
-    return BT_OK;
+    return stream_after(f, f->cu->side, f->cu->stream, f->cu->side_fork);
 }
 
 static bt_status_t side_join(fwd_t *f)
 {
-    char *err = f->err;
-    size_t errlen = f->errlen;
-    CK_CUDA(cudaEventRecord(f->cu->side_join, f->cu->side));
-    CK_CUDA(cudaStreamWaitEvent(f->cu->stream, f->cu->side_join, 0));
-    return BT_OK;
+    return stream_after(f, f->cu->stream, f->cu->side, f->cu->side_join);
 }
 
 /* The compressor of a kv-source layer: each sequence's open group and new rows staged
