@@ -127,6 +127,14 @@ typedef enum {
 bt_status_t bt_cuda_fake_quant(float *x, int rows, int n, int block, bt_cuda_fake_quant_t kind,
                                cudaStream_t stream);
 
+/* The reference deployment's activation quantization (MODEL-DS41.md): y[rows, K] (dense) = the
+ * rows of x (ldx apart) with each 32 values rounded to FP8 e4m3 on a UE8M0 scale and back, as
+ * bt_fake_quant_fp8_ue8m0 (bit-exact with it on the values as read; in bf16 the results are
+ * exact). K % 32 == 0. y may be x (same dtype, ldx == K). */
+bt_status_t bt_cuda_act_quant(void *y, bt_cuda_dtype_t y_dtype, const void *x,
+                              bt_cuda_dtype_t x_dtype, int rows, int K, int ldx,
+                              cudaStream_t stream);
+
 /* In place on f32 x[rows, heads, dim], per head vector, each step optional: RMSNorm with
  * weight norm_w when norm != 0 (norm_w may be NULL; a norm needs heads == 1), RoPE as bt_cuda_rope
  * (pos NULL: none), the fake-quantizer as bt_cuda_fake_quant in blocks of fq_block (0: none).

@@ -26,6 +26,7 @@ typedef struct {
     int64_t gpu;
     const char *dtype;
     bool draft; /* load the DSpark draft stages */
+    const char *act_quant;
 } common_args_t;
 
 /* Loads the model of args (the demo model when none is given) with the tokenizer's engram
@@ -77,6 +78,13 @@ static bt_model_t *open_model(const common_args_t *a, int64_t max_ctx, int max_b
     opt.max_batch_tokens = max_batch;
     opt.max_batch_seqs = 1;
     opt.draft = a->draft;
+    int aq = bt_act_quant_parse(a->act_quant ? a->act_quant : "none");
+    if (aq < 0) {
+        fprintf(stderr, "baton %s: --activation-quant must be none or fp8\n", cmd);
+        free(map);
+        return NULL;
+    }
+    opt.activation_quant = aq == 1;
     bt_model_t *m = NULL;
     if (bt_model_load(dir, &opt, &m, err, sizeof err) != BT_OK) {
         fprintf(stderr, "baton %s: %s\n", cmd, err);
@@ -130,7 +138,7 @@ static int prefill(bt_model_t *m, const bt_kv_layout_t *lay, uint8_t *state, con
 
 int bt_cli_logits(int argc, char **argv)
 {
-    common_args_t a = {NULL, NULL, 4096, 0, 0, "cpu", 0, "auto", false};
+    common_args_t a = {NULL, NULL, 4096, 0, 0, "cpu", 0, "auto", false, "none"};
     const char *output = NULL;
     bt_flag_t spec[] = {
         BT_FLAG_STR("model-path", &a.model_path, "checkpoint directory (default: the demo model)"),
@@ -140,6 +148,9 @@ int bt_cli_logits(int argc, char **argv)
         BT_FLAG_STR("device", &a.device, "cpu (default) or cuda"),
         BT_FLAG_INT("base-gpu-id", &a.gpu, "the GPU of --device cuda (default 0)"),
         BT_FLAG_STR("dtype", &a.dtype, "cuda weights: auto (as stored), float32, bfloat16"),
+        BT_FLAG_STR("activation-quant", &a.act_quant,
+                    "none (default) or fp8: round the inputs of FP8/FP4 linears as the reference "
+                    "deployment does"),
         BT_FLAG_STR("output", &output, "file for float32 little-endian logits [T, vocab]"),
     };
     char err[256];
@@ -199,7 +210,7 @@ out:
 
 int bt_cli_generate(int argc, char **argv)
 {
-    common_args_t a = {NULL, NULL, 4096, 0, 0, "cpu", 0, "auto", false};
+    common_args_t a = {NULL, NULL, 4096, 0, 0, "cpu", 0, "auto", false, "none"};
     int64_t max_new = 16, seed = 0;
     const char *spec_algo = NULL;
     double spec_conf = 0.0;
@@ -214,14 +225,19 @@ int bt_cli_generate(int argc, char **argv)
         BT_FLAG_STR("device", &a.device, "cpu (default) or cuda"),
         BT_FLAG_INT("base-gpu-id", &a.gpu, "the GPU of --device cuda (default 0)"),
         BT_FLAG_STR("dtype", &a.dtype, "cuda weights: auto (as stored), float32, bfloat16"),
+        BT_FLAG_STR("activation-quant", &a.act_quant,
+                    "none (default) or fp8: round the inputs of FP8/FP4 linears as the reference "
+                    "deployment does"),
         BT_FLAG_INT("max-new-tokens", &max_new, "tokens to generate (default 16)"),
         BT_FLAG_FLOAT("temperature", &temperature, "0 = greedy (default 1.0)"),
         BT_FLAG_FLOAT("top-p", &top_p, "nucleus mass (default 1.0)"),
         BT_FLAG_INT("top-k", &top_k, "keep the k most likely (default: all)"),
         BT_FLAG_FLOAT("min-p", &min_p, "drop tokens below min-p x the top probability"),
         BT_FLAG_INT("seed", &seed, "sampling seed (default 0)"),
-        BT_FLAG_FLOAT("presence-penalty", &presence, "subtracted from a generated token's logit (-2..2, default 0)"),
-        BT_FLAG_FLOAT("frequency-penalty", &frequency, "subtracted per occurrence of a generated token (-2..2, default 0)"),
+        BT_FLAG_FLOAT("presence-penalty", &presence,
+                      "subtracted from a generated token's logit (-2..2, default 0)"),
+        BT_FLAG_FLOAT("frequency-penalty", &frequency,
+                      "subtracted per occurrence of a generated token (-2..2, default 0)"),
         BT_FLAG_BOOL("ignore-eos", &ignore_eos, "keep generating past the end-of-sequence token"),
         BT_FLAG_STR("speculative-algorithm", &spec_algo,
                     "DSPARK: the checkpoint's draft stages propose, the model verifies"),

@@ -362,6 +362,7 @@ static int up(int argc, char **argv, const bt_conf_t *conf)
     double watchdog = 300.0, drain = 30.0, mem_fraction = 0.0;
     const char *config = NULL, *tokenizer = NULL, *quant = NULL, *dist_init = NULL, *spec_algo = NULL;
     const char *net_devices = NULL, *device = NULL, *dtype = NULL, *spec_conf = NULL;
+    const char *act_quant = NULL;
     int64_t gpu = -1;
     int64_t tp = 1, nnodes = 1, node_rank = 0, max_new = 0, max_total = 0, graph_bs = 0, spec_block = 0;
     int64_t seed = -1;
@@ -386,42 +387,62 @@ static int up(int argc, char **argv, const bt_conf_t *conf)
         BT_FLAG_INT("max-queued-requests", &max_queued, "router queue (default 256)"),
         BT_FLAG_INT("context-length", &context, "tokens per sequence"),
         BT_FLAG_FLOAT("watchdog-timeout", &watchdog, "seconds any wait may take (default 300)"),
-        BT_FLAG_FLOAT("drain-timeout", &drain, "seconds stopping services finish their requests in (default 30)"),
+        BT_FLAG_FLOAT("drain-timeout", &drain,
+                      "seconds stopping services finish their requests in (default 30)"),
         BT_FLAG_INT("threads", &threads, "CPU threads per worker (default: one per core)"),
         BT_FLAG_STR("device", &device, "where the workers run the model: cpu (default) or cuda"),
-        BT_FLAG_INT("base-gpu-id", &gpu, "the GPU every worker uses with --device cuda (default 0)"),
+        BT_FLAG_INT("base-gpu-id", &gpu,
+                    "the GPU every worker uses with --device cuda (default 0)"),
         BT_FLAG_STR("dtype", &dtype, "cuda weights: auto (as stored), float32, bfloat16"),
+        BT_FLAG_STR("activation-quant", &act_quant,
+                    "none (default) or fp8: round the inputs of FP8/FP4 linears as the reference "
+                    "deployment does"),
         BT_FLAG_STR("ucx-tls", &ucx_tls, "UCX transports for the KV handoff: tcp (default), sm"),
         BT_FLAG_STR("reasoning-parser", &reasoning, "deepseek-v41"),
         BT_FLAG_STR("tool-call-parser", &tool, "deepseekv41"),
         BT_FLAG_STR("api-key", &api_key, "bearer token the gateway requires"),
-        BT_FLAG_INT("start-timeout", &start_timeout, "seconds a service may take to start (default 120)"),
+        BT_FLAG_INT("start-timeout", &start_timeout,
+                    "seconds a service may take to start (default 120)"),
         BT_FLAG_STR("log-level", &log_level, "debug, info, warn, error"),
         BT_FLAG_STR("tokenizer-path", &tokenizer, "tokenizer directory (default: model path)"),
         BT_FLAG_STR("quantization", &quant, "accepted; Baton follows the checkpoint's formats"),
-        BT_FLAG_INT("tp", &tp, "tensor-parallel size: processes per prefill and decode group (default 1)"),
+        BT_FLAG_INT("tp", &tp,
+                    "tensor-parallel size: processes per prefill and decode group (default 1)"),
         BT_FLAG_INT("nnodes", &nnodes, "hosts per group (baton up runs one)"),
         BT_FLAG_INT("node-rank", &node_rank, "must be 0 for baton up"),
         BT_FLAG_STR("dist-init-addr", &dist_init, "group rendezvous (unused on one host)"),
         BT_FLAG_INT("max-new-tokens", &max_new, "router cap and default for max_tokens"),
-        BT_FLAG_FLOAT("mem-fraction-static", &mem_fraction, "decode: fraction of memory for the KV pool"),
+        BT_FLAG_FLOAT("mem-fraction-static", &mem_fraction,
+                      "decode: fraction of memory for the KV pool"),
         BT_FLAG_INT("max-total-tokens", &max_total, "decode: KV pool size in tokens"),
-        BT_FLAG_INT("cuda-graph-max-bs", &graph_bs, "accepted; --device cuda graphs decode batches of 1..16"),
-        BT_FLAG_STR("speculative-algorithm", &spec_algo, "DSPARK: the checkpoint's draft stages (CPU engine for now)"),
+        BT_FLAG_INT("cuda-graph-max-bs", &graph_bs,
+                    "accepted; --device cuda graphs decode batches of 1..16"),
+        BT_FLAG_STR("speculative-algorithm", &spec_algo,
+                    "DSPARK: the checkpoint's draft stages (CPU engine for now)"),
         BT_FLAG_INT("speculative-dspark-block-size", &spec_block, "DSpark block size"),
-        BT_FLAG_STR("speculative-dspark-confidence", &spec_conf,
-                    "verify DSpark proposals up to the first the draft trusts less (0..1, default 0)"),
+        BT_FLAG_STR(
+            "speculative-dspark-confidence", &spec_conf,
+            "verify DSpark proposals up to the first the draft trusts less (0..1, default 0)"),
         BT_FLAG_INT("random-seed", &seed, "sampling seed for the workers"),
-        BT_FLAG_BOOL("enable-cache-report", &cache_report, "usage.prompt_tokens_details.cached_tokens (gateway)"),
+        BT_FLAG_BOOL("enable-cache-report", &cache_report,
+                     "usage.prompt_tokens_details.cached_tokens (gateway)"),
         BT_FLAG_BOOL("disable-radix-cache", &no_prefix_cache, "prefill: keep no prompt prefixes"),
-        BT_FLAG_INT("prefix-cache-mb", &prefix_cache_mb, "prefill: host memory for cached prompt prefixes (default 4096)"),
-        BT_FLAG_STR("ucx-net-devices", &net_devices, "UCX devices for the KV handoff (dev:port,...)"),
-        BT_FLAG_BOOL("simulate", &simulate, "simulated workers: timing model, no weights (load tests)"),
-        BT_FLAG_FLOAT("sim-prefill-tokens-per-s", &sim_prefill_tps, "simulated prefill speed (default 5000)"),
-        BT_FLAG_FLOAT("sim-decode-step-ms-base", &sim_step_base, "simulated decode step, fixed ms (default 10)"),
-        BT_FLAG_FLOAT("sim-decode-step-ms-per-seq", &sim_step_per_seq, "simulated decode step, ms per sequence (default 2.2)"),
-        BT_FLAG_FLOAT("sim-decode-step-ms-per-kctx", &sim_step_per_kctx, "simulated decode step, ms per 1000 context tokens (default 0.02)"),
-        BT_FLAG_INT("max-connections", &max_connections, "gateway: open connections (default 4096)"),
+        BT_FLAG_INT("prefix-cache-mb", &prefix_cache_mb,
+                    "prefill: host memory for cached prompt prefixes (default 4096)"),
+        BT_FLAG_STR("ucx-net-devices", &net_devices,
+                    "UCX devices for the KV handoff (dev:port,...)"),
+        BT_FLAG_BOOL("simulate", &simulate,
+                     "simulated workers: timing model, no weights (load tests)"),
+        BT_FLAG_FLOAT("sim-prefill-tokens-per-s", &sim_prefill_tps,
+                      "simulated prefill speed (default 5000)"),
+        BT_FLAG_FLOAT("sim-decode-step-ms-base", &sim_step_base,
+                      "simulated decode step, fixed ms (default 10)"),
+        BT_FLAG_FLOAT("sim-decode-step-ms-per-seq", &sim_step_per_seq,
+                      "simulated decode step, ms per sequence (default 2.2)"),
+        BT_FLAG_FLOAT("sim-decode-step-ms-per-kctx", &sim_step_per_kctx,
+                      "simulated decode step, ms per 1000 context tokens (default 0.02)"),
+        BT_FLAG_INT("max-connections", &max_connections,
+                    "gateway: open connections (default 4096)"),
     };
     char err[512];
     bt_status_t st = bt_flags_parse(spec, BT_COUNTOF(spec), argc, argv, NULL, err, sizeof err);
@@ -579,6 +600,7 @@ static int up(int argc, char **argv, const bt_conf_t *conf)
             if (threads) add_int(&a, "--threads", threads);
             add_opt(&a, "--device", device);
             add_opt(&a, "--dtype", dtype);
+            add_opt(&a, "--activation-quant", act_quant);
             if (gpu >= 0) add_int(&a, "--base-gpu-id", gpu);
             add_opt(&a, "--speculative-algorithm", spec_algo);
             if (spec_algo && spec_block > 0) add_int(&a, "--speculative-dspark-block-size", spec_block);

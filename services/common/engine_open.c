@@ -77,6 +77,7 @@ bt_status_t bt_service_engine_open_tp(const char *model_path, const char *served
         opt.gpu = dev->gpu;
         opt.cuda_weights = dev->weights;
         opt.draft = dev->draft;
+        opt.activation_quant = dev->activation_quant;
         if (dev->draft && cfg.n_draft && dev->draft_block > cfg.draft_block) {
             snprintf(err, errlen,
                      "--speculative-dspark-block-size %d: the checkpoint drafts %d tokens a step",
@@ -96,6 +97,7 @@ bt_status_t bt_service_engine_open_tp(const char *model_path, const char *served
         return st;
     }
     eng->compat_hash = bt_kv_compat_hash(eng->cfg, &eng->layout, bt_model_tp_size(eng->model));
+    if (dev && dev->activation_quant) eng->compat_hash ^= BT_AQ_COMPAT_MARKER;
     BT_LOG_INFO("model %s: %d layers, hidden %d, vocab %d; context %lld, KV slot %.1f KiB",
                 eng->model_dir, eng->cfg->n_layers, eng->cfg->hidden, eng->cfg->vocab,
                 (long long)context_length, (double)eng->layout.slot_bytes / 1024.0);

@@ -48,7 +48,12 @@ typedef struct {
     int draft_block;        /* proposals a step: 0 = the checkpoint's block, else at most that */
     float draft_confidence; /* verify up to the first proposal the draft doubts
                                (bt_spec_set_confidence) */
+    bool activation_quant;  /* --activation-quant fp8 (bt_model_options_t.activation_quant) */
 } bt_service_device_t;
+
+/* XORed into the KV compatibility hash of a group that quantizes activations: its KV states
+ * are another forward's, so groups that differ refuse each other's */
+#define BT_AQ_COMPAT_MARKER 0x4143545f51464538ull /* "ACT_QFE8" */
 
 /* The same as one rank of a tensor-parallel group: the model keeps its shard (comm may be
  * NULL for TP 1) and the compatibility hash carries the TP size. dev NULL: the CPU. */

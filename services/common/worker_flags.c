@@ -20,6 +20,7 @@ bt_worker_flags_t bt_worker_flags_default(void)
     w.drain_s = 30.0;
     w.device = "cpu";
     w.dtype = "auto";
+    w.act_quant = "none";
     return w;
 }
 
@@ -47,6 +48,8 @@ bool bt_worker_flags_check(const bt_worker_flags_t *w, bool simulate, char *err,
     else if (w->gpu < 0) bad = "--base-gpu-id must be 0 or more";
     else if (bt_weights_parse(w->dtype) < 0)
         bad = "--dtype must be auto (weights as stored), float32 or bfloat16";
+    else if (bt_act_quant_parse(w->act_quant) < 0)
+        bad = "--activation-quant must be none or fp8";
     else if (w->spec_algo && strcmp(w->spec_algo, "DSPARK") && strcmp(w->spec_algo, "NONE"))
         bad = "--speculative-algorithm must be DSPARK or NONE";
     else if (!(w->spec_conf >= 0.0 && w->spec_conf <= 1.0))
@@ -64,8 +67,9 @@ bool bt_worker_flags_draft(const bt_worker_flags_t *w, bool simulate)
 
 bt_service_device_t bt_worker_flags_device(const bt_worker_flags_t *w, bool simulate)
 {
-    bt_service_device_t d = {bt_device_parse(w->device), (int)w->gpu,
-                             bt_weights_parse(w->dtype), bt_worker_flags_draft(w, simulate),
-                             (int)w->spec_block,         (float)w->spec_conf};
+    bt_service_device_t d = {
+        bt_device_parse(w->device),           (int)w->gpu,        bt_weights_parse(w->dtype),
+        bt_worker_flags_draft(w, simulate),   (int)w->spec_block, (float)w->spec_conf,
+        bt_act_quant_parse(w->act_quant) == 1};
     return d;
 }

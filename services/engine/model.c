@@ -132,6 +132,22 @@ static float *load_cols(loader_t *ld, const char *name, int64_t rows, int64_t co
     return dst;
 }
 
+/* whether tensor `name` is stored FP8 e4m3 or packed FP4 (I8): the linears whose inputs the
+ * reference deployment quantizes (bt_model_options_t.activation_quant) */
+static bool stored_lowp(const loader_t *ld, const char *name)
+{
+    const bt_tensor_view_t *t = bt_safetensors_find(ld->st, name);
+    return t && (t->dtype == BT_DTYPE_F8_E4M3 || t->dtype == BT_DTYPE_I8);
+}
+
+/* AQ_* bit `bit` when prefix.suffix is stored FP8/FP4 */
+static unsigned lowp_bit(const loader_t *ld, const char *prefix, const char *suffix, unsigned bit)
+{
+    char name[256];
+    snprintf(name, sizeof name, "%s.%s", prefix, suffix);
+    return stored_lowp(ld, name) ? bit : 0u;
+}
+
 /* prefix.suffix, e.g. layers.3 + attn_norm.weight */
 static float *loadp(loader_t *ld, int ndim, int64_t d0, int64_t d1, const char *prefix,
                     const char *suffix)
@@ -163,6 +179,19 @@ static void load_layer(loader_t *ld, int l)
     w->hc_ffn_base = loadp(ld, 1, mix, 0, P, "hc_ffn_base");
     w->hc_ffn_scale = loadp(ld, 1, 3, 0, P, "hc_ffn_scale");
 
+    /* wo_a is not among them: the reference runs it dequantized, its input as is */
+    w->lowp = lowp_bit(ld, P, "attn.wq_a.weight", AQ_WQ_A) |
+              lowp_bit(ld, P, "attn.wq_b.weight", AQ_WQ_B) |
+              lowp_bit(ld, P, "attn.wkv.weight", AQ_WKV) |
+              lowp_bit(ld, P, "attn.wo_b.weight", AQ_WO_B) |
+              lowp_bit(ld, P, "attn.compressor.wkv.weight", AQ_C_WKV) |
+              lowp_bit(ld, P, "attn.compressor.wgate.weight", AQ_C_WGATE) |
+              lowp_bit(ld, P, "attn.indexer.wq_b.weight", AQ_I_WQ_B) |
+              lowp_bit(ld, P, "attn.indexer.weights_proj.weight", AQ_I_WPROJ) |
+              lowp_bit(ld, P, "attn.indexer.wk.weight", AQ_I_WK) |
+              lowp_bit(ld, P, "ffn.shared_experts.w1.weight", AQ_SHARED13) |
+              lowp_bit(ld, P, "ffn.shared_experts.w2.weight", AQ_SHARED2) |
+              lowp_bit(ld, P, "engram.wkv.weight", AQ_E_WKV);
     w->wq_a = loadp(ld, 2, c->q_lora_rank, D, P, "attn.wq_a.weight");
     w->q_norm = loadp(ld, 1, c->q_lora_rank, 0, P, "attn.q_norm.weight");
     char nm[256];
@@ -208,9 +237,12 @@ static void load_layer(loader_t *ld, int l)
     w->w3 = alloc_floats(m, (size_t)E * Il * D);
     for (int e = 0; e < E && ld->st_code == BT_OK; e++) {
         char name[256];
+        /* (the checkpoints store every expert alike; any stored low-precision counts) */
         snprintf(name, sizeof name, "%s.ffn.experts.%d.w1.weight", P, e);
+        if (stored_lowp(ld, name)) w->lowp |= AQ_W13;
         load_rows(ld, name, I, D, m->i0, Il, w->w1 + (size_t)e * Il * D);
         snprintf(name, sizeof name, "%s.ffn.experts.%d.w2.weight", P, e);
+        if (stored_lowp(ld, name)) w->lowp |= AQ_W2;
         load_cols(ld, name, D, I, m->i0, Il, w->w2 + (size_t)e * Il * D);
         snprintf(name, sizeof name, "%s.ffn.experts.%d.w3.weight", P, e);
         load_rows(ld, name, I, D, m->i0, Il, w->w3 + (size_t)e * Il * D);
@@ -287,6 +319,14 @@ static void alloc_scratch(bt_model_t *m)
         (size_t)c->window + (topk > (size_t)c->draft_block ? topk : (size_t)c->draft_block);
     s->probs = alloc_floats(m, N * s->probs_stride);
     s->hidden = alloc_floats(m, N * D);
+    if (m->opt.activation_quant) { /* the widest input of a quantized linear */
+        size_t k = D, q = (size_t)c->q_lora_rank, o = (size_t)m->gl * (size_t)c->o_lora_rank;
+        size_t dm = (size_t)c->n_draft_targets * D;
+        s->aq_cols = k > q ? k : q;
+        if (o > s->aq_cols) s->aq_cols = o;
+        if (c->n_draft && dm > s->aq_cols) s->aq_cols = dm;
+        s->aq_rows = alloc_floats(m, N * s->aq_cols);
+    }
     if (c->n_draft) {
         s->main_hidden = alloc_floats(m, N * (size_t)c->n_draft_targets * D);
         s->main_x = alloc_floats(m, N * D);
@@ -312,11 +352,19 @@ static void alloc_scratch(bt_model_t *m)
     if (K > heap) heap = K;
     s->task_idx = track(m, bt_calloc_or_die((size_t)s->n_tasks * heap, sizeof(int32_t)));
     s->task_bscore = alloc_floats(m, (size_t)s->n_tasks * heap);
-    m->moe_task_floats = 2 * (size_t)c->moe_inter + E + D;
+    m->moe_task_floats = 2 * (size_t)c->moe_inter + E + 2 * D; /* (+ D: the input quantized) */
     m->heap_len = heap;
     s->task_moe = alloc_floats(m, (size_t)s->n_tasks * m->moe_task_floats);
     size_t eng = cols * (size_t)c->engram_head_dim + (hc + 1) * D;
     s->task_engram = alloc_floats(m, (size_t)s->n_tasks * eng);
+}
+
+int bt_act_quant_parse(const char *name)
+{
+    if (!name) return -1;
+    if (!strcmp(name, "none")) return 0;
+    if (!strcmp(name, "fp8")) return 1;
+    return -1;
 }
 
 int bt_device_parse(const char *name)
@@ -468,6 +516,21 @@ static bt_status_t load_cpu(const char *dir, const bt_model_options_t *opt, bt_m
         m->g0 = m->group_split ? r * m->gl : 0;
         m->il = c->moe_inter / T;
         m->i0 = r * m->il;
+        /* The activation quantization rounds each rank's slice of a row-parallel input (the
+         * experts' hidden, wo_b's groups) in blocks of 32: the whole row's blocks only where
+         * the slice holds whole blocks */
+        int ko = c->o_groups * c->o_lora_rank;
+        if (m->opt.activation_quant && T > 1 &&
+            ((c->moe_inter % 32 == 0 && m->il % 32) ||
+             (m->group_split && ko % 32 == 0 && (m->gl * c->o_lora_rank) % 32))) {
+            snprintf(
+                err, errlen,
+                "%s: --activation-quant fp8 with TP %d: each rank's share of the expert width "
+                "(%d) and of wo_b's input (%d) must be a multiple of 32, the quantizer's block",
+                dir, T, m->il, m->group_split ? m->gl * c->o_lora_rank : ko);
+            rc = BT_ERR_UNSUPPORTED;
+            goto fail;
+        }
         m->vpad = (c->vocab + T - 1) / T;
         m->v0 = r * m->vpad;
         m->vl = c->vocab - m->v0 < m->vpad ? c->vocab - m->v0 : m->vpad;
@@ -553,6 +616,7 @@ static bt_status_t load_cpu(const char *dir, const bt_model_options_t *opt, bt_m
         for (int k = 0; k < T; k++)
             m->target_slot[c->draft_targets[k]] = k;
         m->main_proj = load(&ld, "mtp.0.main_proj.weight", 2, D, (int64_t)T * D, NULL);
+        m->main_proj_lowp = stored_lowp(&ld, "mtp.0.main_proj.weight");
         m->main_norm = load(&ld, "mtp.0.main_norm.weight", 1, D, 0, NULL);
         m->draft_norm = loadp(&ld, 1, D, 0, last, "norm.weight");
         m->markov_embed = loadp(&ld, 2, c->vocab, R, last, "markov_head.embed.weight");
@@ -650,6 +714,20 @@ static void strided_task(void *p, size_t task)
 {
     strided_t *s = p;
     for (int t = (int)task; t < s->f->N; t += s->tasks) s->fn(s->f, t, (int)task);
+}
+
+/* x's rows as the input of a linear: with opt.activation_quant and the linear's weights stored
+ * FP8/FP4 (lowp), a copy rounded as the reference deployment's kernels round activations (FP8
+ * e4m3 with a UE8M0 scale per 32 values of a row; a row whose length is no multiple of 32 as it
+ * is, as the reference's quantizers leave such shapes); else x itself */
+static const float *aq_input(bt_model_t *m, const float *x, int rows, int K, bool lowp)
+{
+    if (!m->opt.activation_quant || !lowp || K % 32) return x;
+    float *q = m->s.aq_rows;
+    memcpy(q, x, (size_t)rows * (size_t)K * sizeof(float));
+    for (int r = 0; r < rows; r++)
+        bt_fake_quant_fp8_ue8m0(q + (size_t)r * K, K, 32);
+    return q;
 }
 
 static void for_tokens(fwd_t *f, token_fn fn)
@@ -905,6 +983,7 @@ static void engram_token(fwd_t *f, int t, int task)
     const int64_t *ids = m->s.hash + ((size_t)t * c->n_engram + ei) * cols;
     for (int j = 0; j < cols; j++)
         memcpy(e + (size_t)j * ehd, w->e_embed + (size_t)ids[j] * ehd, (size_t)ehd * sizeof(float));
+    if (m->opt.activation_quant && (w->lowp & AQ_E_WKV)) bt_fake_quant_fp8_ue8m0(e, cols * ehd, 32);
     for (int o = 0; o < (hc + 1) * D; o++)
         kv[o] = bt_cpu_dot(w->e_wkv + (size_t)o * cols * ehd, e, cols * ehd);
     const float *value = kv + (size_t)hc * D;
@@ -1044,7 +1123,15 @@ static void emit_entry(bt_model_t *m, int l, uint8_t *state, const bt_kv_layout_
     bt_cpu_rope_angles(cs, sn, m->inv_freq_comp, half, e * L->compress_ratio);
     if (L->is_index_source) {
         float *k = bt_kv_region(state, lay->ikey_off[l]) + (size_t)e * ihd;
-        for (int o = 0; o < ihd; o++) k[o] = bt_cpu_dot(w->i_wk + (size_t)o * hd, latent, hd);
+        float lq[MAX_HEAD_DIM]; /* the latent as wk's input (activation_quant) */
+        const float *kin = latent;
+        if (m->opt.activation_quant && (w->lowp & AQ_I_WK)) {
+            memcpy(lq, latent, (size_t)hd * sizeof(float));
+            bt_fake_quant_fp8_ue8m0(lq, hd, 32);
+            kin = lq;
+        }
+        for (int o = 0; o < ihd; o++)
+            k[o] = bt_cpu_dot(w->i_wk + (size_t)o * hd, kin, hd);
         bt_cpu_rmsnorm(k, k, w->i_k_norm, ihd, (float)c->rms_eps);
         bt_cpu_rope(k, ihd, cs, sn, half, 0);
         bt_fake_quant_fp4_ue8m0(k, ihd, 32);
@@ -1301,7 +1388,8 @@ static bool attention_out(fwd_t *f)
                        m->gather + ((size_t)r * N + t) * per, per * sizeof(float));
     }
     for_tokens(f, woa_token);
-    bt_cpu_matmul(m->pool, s->out, s->oa, w->wo_b, N, D, m->gl * c->o_lora_rank);
+    int ko = m->gl * c->o_lora_rank;
+    bt_cpu_matmul(m->pool, s->out, aq_input(m, s->oa, N, ko, w->lowp & AQ_WO_B), w->wo_b, N, D, ko);
     return !(m->tp_size > 1 && m->group_split &&
              !tp_ok(f, bt_comm_all_reduce_f32(m->comm, s->out, (size_t)N * D)));
 }
@@ -1315,10 +1403,12 @@ static void qkv_project(fwd_t *f)
     const layer_weights_t *w = &m->layer[f->l];
     scratch_t *s = &m->s;
     int N = f->N, D = c->hidden, hd = c->head_dim;
-    bt_cpu_matmul(m->pool, s->q_res, s->xin, w->wq_a, N, c->q_lora_rank, D);
+    bt_cpu_matmul(m->pool, s->q_res, aq_input(m, s->xin, N, D, w->lowp & AQ_WQ_A), w->wq_a, N,
+                  c->q_lora_rank, D);
     for_tokens(f, q_norm_token);
-    bt_cpu_matmul(m->pool, s->q, s->q_res, w->wq_b, N, m->hl * hd, c->q_lora_rank);
-    bt_cpu_matmul(m->pool, s->kv, s->xin, w->wkv, N, hd, D);
+    bt_cpu_matmul(m->pool, s->q, aq_input(m, s->q_res, N, c->q_lora_rank, w->lowp & AQ_WQ_B),
+                  w->wq_b, N, m->hl * hd, c->q_lora_rank);
+    bt_cpu_matmul(m->pool, s->kv, aq_input(m, s->xin, N, D, w->lowp & AQ_WKV), w->wkv, N, hd, D);
     for_tokens(f, qkv_token);
 }
 
@@ -1334,14 +1424,19 @@ static void attention(fwd_t *f)
     qkv_project(f);
     if (L->compress_ratio) {
         if (L->is_kv_source) {
-            bt_cpu_matmul(m->pool, s->ckv, s->xin, w->c_wkv, N, hd, D);
-            if (w->c_wgate) bt_cpu_matmul(m->pool, s->cgate, s->xin, w->c_wgate, N, hd, D);
+            bt_cpu_matmul(m->pool, s->ckv, aq_input(m, s->xin, N, D, w->lowp & AQ_C_WKV), w->c_wkv,
+                          N, hd, D);
+            if (w->c_wgate)
+                bt_cpu_matmul(m->pool, s->cgate, aq_input(m, s->xin, N, D, w->lowp & AQ_C_WGATE),
+                              w->c_wgate, N, hd, D);
             bt_threads_for(f->n_seqs > 1 ? m->pool : NULL, (size_t)f->n_seqs, compress_seq, f);
         }
         if (L->is_index_source && L->index_key_owner >= 0) {
-            bt_cpu_matmul(m->pool, s->qi, s->q_res, w->i_wq_b, N, c->index_heads * c->index_head_dim,
-                          c->q_lora_rank);
-            bt_cpu_matmul(m->pool, s->iw, s->xin, w->i_weights_proj, N, c->index_heads, D);
+            bt_cpu_matmul(m->pool, s->qi,
+                          aq_input(m, s->q_res, N, c->q_lora_rank, w->lowp & AQ_I_WQ_B), w->i_wq_b,
+                          N, c->index_heads * c->index_head_dim, c->q_lora_rank);
+            bt_cpu_matmul(m->pool, s->iw, aq_input(m, s->xin, N, D, w->lowp & AQ_I_WPROJ),
+                          w->i_weights_proj, N, c->index_heads, D);
             for_tokens(f, index_q_token);
             for_tokens(f, index_token);
         }
@@ -1363,8 +1458,9 @@ static void attention(fwd_t *f)
 
 /* ---- MoE ----------------------------------------------------------------------------- */
 
-static void expert(const float *x, const float *w1, const float *w2, const float *w3, int D,
-                   int I, float limit, float weight, bool weighted, float *hbuf, float *acc)
+/* quant_h: w2's input rounded as the activation quantization rounds (x comes rounded) */
+static void expert(const float *x, const float *w1, const float *w2, const float *w3, int D, int I,
+                   float limit, float weight, bool weighted, bool quant_h, float *hbuf, float *acc)
 {
     for (int i = 0; i < I; i++) {
         float g = bt_cpu_dot(w1 + (size_t)i * D, x, D);
@@ -1376,6 +1472,7 @@ static void expert(const float *x, const float *w1, const float *w2, const float
         float y = bt_siluf(g) * u;
         hbuf[i] = weighted ? weight * y : y;
     }
+    if (quant_h) bt_fake_quant_fp8_ue8m0(hbuf, I, 32);
     for (int d = 0; d < D; d++) acc[d] += bt_cpu_dot(w2 + (size_t)d * I, hbuf, I);
 }
 
@@ -1387,8 +1484,14 @@ static void moe_token(fwd_t *f, int t, int task)
     scratch_t *s = &m->s;
     int D = c->hidden, I = m->il, E = w->n_experts, K = w->n_active;
     float *buf = s->task_moe + (size_t)task * m->moe_task_floats;
-    float *hbuf = buf, *scores = buf + 2 * I, *acc = scores + E;
+    float *hbuf = buf, *scores = buf + 2 * I, *acc = scores + E, *xq = acc + D;
     const float *x = s->xin + (size_t)t * D;
+    /* the activation quantization's inputs: x rounded for the experts stored FP8/FP4 */
+    bool aq = m->opt.activation_quant;
+    if (aq && (w->lowp & (AQ_W13 | AQ_SHARED13))) {
+        memcpy(xq, x, (size_t)D * sizeof(float));
+        bt_fake_quant_fp8_ue8m0(xq, D, 32);
+    }
 
     size_t heap = m->heap_len;
     topk_t hp = {s->task_bscore + (size_t)task * heap, s->task_idx + (size_t)task * heap, 0, K};
@@ -1430,14 +1533,16 @@ static void moe_token(fwd_t *f, int t, int task)
         for (int i = 0; i < n; i++) {
             if (sel[i] != e) continue;
             size_t off = (size_t)e * I * D;
-            expert(x, w->w1 + off, w->w2 + off, w->w3 + off, D, I, limit, wts[i], true, hbuf, acc);
+            expert(aq && (w->lowp & AQ_W13) ? xq : x, w->w1 + off, w->w2 + off, w->w3 + off, D, I,
+                   limit, wts[i], true, aq && (w->lowp & AQ_W2), hbuf, acc);
         }
     }
     float *out = s->out + (size_t)t * D;
     if (w->sw1) {
         float sh[BT_MAX_HIDDEN];
         for (int d = 0; d < D; d++) sh[d] = 0.0f;
-        expert(x, w->sw1, w->sw2, w->sw3, D, I, limit, 1.0f, false, hbuf, sh);
+        expert(aq && (w->lowp & AQ_SHARED13) ? xq : x, w->sw1, w->sw2, w->sw3, D, I, limit, 1.0f,
+               false, aq && (w->lowp & AQ_SHARED2), hbuf, sh);
         for (int d = 0; d < D; d++) out[d] = acc[d] + sh[d];
     } else {
         for (int d = 0; d < D; d++) out[d] = acc[d];
@@ -1499,14 +1604,18 @@ static void draft_rings(fwd_t *f)
         int n = f->seqs[q].n, from = n > c->window ? n - c->window : 0;
         int t0 = f->seq_first[q] + from, rows = n - from;
         float *mx = s->main_x + (size_t)t0 * D;
-        bt_cpu_matmul(m->pool, mx, s->main_hidden + (size_t)t0 * T * D, m->main_proj, rows, D,
-                      T * D);
+        bt_cpu_matmul(
+            m->pool, mx,
+            aq_input(m, s->main_hidden + (size_t)t0 * T * D, rows, T * D, m->main_proj_lowp),
+            m->main_proj, rows, D, T * D);
         for (int i = 0; i < rows; i++)
             bt_cpu_rmsnorm(mx + (size_t)i * D, mx + (size_t)i * D, m->main_norm, D,
                            (float)c->rms_eps);
         for (int j = 0; j < c->n_draft; j++) {
             f->l = c->n_layers + j;
-            bt_cpu_matmul(m->pool, s->kv + (size_t)t0 * hd, mx, m->layer[f->l].wkv, rows, hd, D);
+            bt_cpu_matmul(m->pool, s->kv + (size_t)t0 * hd,
+                          aq_input(m, mx, rows, D, m->layer[f->l].lowp & AQ_WKV),
+                          m->layer[f->l].wkv, rows, hd, D);
             for (int i = 0; i < rows; i++)
                 draft_ring_row(f, t0 + i);
         }

@@ -70,12 +70,20 @@ typedef struct {
      * then also keeps their window rings in the KV slots, which the layout holds only for such
      * a model (groups with and without them refuse each other's slots). */
     bool draft;
+    /* The reference deployment's activation quantization (MODEL-DS41.md): the input rows of
+     * every linear whose weights are stored FP8 or FP4 (wo_a excepted) rounded to FP8 e4m3 with
+     * a UE8M0 scale per 32 values of K before the product, as its kernels do on the fly. Off,
+     * the inputs stay as computed, as in the transformers port and the golden fixtures. */
+    bool activation_quant;
 } bt_model_options_t;
 
 enum { BT_DEVICE_CPU = 0, BT_DEVICE_CUDA = 1 };
 enum { BT_WEIGHTS_AUTO = 0, BT_WEIGHTS_F32 = 1, BT_WEIGHTS_BF16 = 2 };
 /* "auto" / "float32" / "bfloat16" -> BT_WEIGHTS_*; -1 for anything else. */
 int bt_weights_parse(const char *name);
+
+/* "none" -> 0, "fp8" -> 1 (bt_model_options_t.activation_quant); -1 for anything else. */
+int bt_act_quant_parse(const char *name);
 
 /* "cpu" / "cuda" -> BT_DEVICE_*; -1 for anything else. */
 int bt_device_parse(const char *name);

@@ -75,6 +75,7 @@ typedef struct {
     int N, K;
     void *w;        /* f32, bf16 or e4m3 bytes */
     uint8_t *scale; /* FP8: UE8M0 [ceil(N/32), ceil(K/32)] */
+    bool aq;        /* its input rounds as the activation quantization rounds (stored FP8/FP4) */
 } dev_mat_t;
 
 typedef struct {
@@ -93,6 +94,7 @@ typedef struct {
     uint8_t *e_embed_q, *e_embed_s; /* FP8 rows with per-row-block scales [rows, ehd/32] */
     dev_mat_t wq_a, wq_b, wkv, wo_a, wo_b, c_wkv, c_wgate, i_wq_b, i_weights_proj, i_wk;
     dev_mat_t sw1, sw2, sw3, e_wkv;
+    bool w13_aq, w2_aq;      /* the routed experts' inputs round (activation quantization) */
     int n_experts, n_active; /* the draft stages route over their own experts */
 } dev_layer_t;
 
@@ -131,6 +133,7 @@ struct bt_model_cuda {
     float *e_cat, *e_kv, *hidden, *hsel, *dlogits, *ytmp;
     uint16_t *xb, *hb;       /* bf16 activations on their way into FP8/FP4/BF16 GEMMs */
     size_t xb_cap, ytmp_cap; /* elements */
+    float *aqf; /* --dtype float32 with the activation quantization: a product's rounded input */
     /* a second stream for a decode step's independent chains (the KV row and the indexer's
      * head weights beside the q_lora product, the queries beside the compressor and the
      * indexer: queries_and_kv; the shared expert beside routing and the routed
@@ -488,6 +491,13 @@ static void upload_layer(up_t *u, int l)
     load_mat(u, &d->sw2, w->sw2, (int64_t)D, (int64_t)I, P, "ffn.shared_experts.w2.weight");
     load_mat(u, &d->sw3, w->sw3, (int64_t)I, (int64_t)D, P, "ffn.shared_experts.w3.weight");
     if (u->rc != BT_OK) return;
+    /* the inputs the activation quantization rounds (model.c's rule: stored FP8/FP4) */
+    const unsigned aq = m->opt.activation_quant ? w->lowp : 0u;
+    d->wq_a.aq = aq & AQ_WQ_A, d->wq_b.aq = aq & AQ_WQ_B, d->wkv.aq = aq & AQ_WKV;
+    d->wo_b.aq = aq & AQ_WO_B, d->c_wkv.aq = aq & AQ_C_WKV, d->c_wgate.aq = aq & AQ_C_WGATE;
+    d->i_wq_b.aq = aq & AQ_I_WQ_B, d->i_weights_proj.aq = aq & AQ_I_WPROJ;
+    d->i_wk.aq = aq & AQ_I_WK, d->sw1.aq = d->sw3.aq = aq & AQ_SHARED13;
+    d->sw2.aq = aq & AQ_SHARED2, d->w13_aq = aq & AQ_W13, d->w2_aq = aq & AQ_W2;
     u->c->bf16_experts = u->c->weights == BT_WEIGHTS_BF16;
     if (!load_fp4_experts(u, l, P)) {
         /* gate and up side by side per expert: [E][2I][D] */
@@ -526,6 +536,7 @@ static void upload_layer(up_t *u, int l)
         }
         load_mat(u, &d->e_wkv, w->e_wkv, (int64_t)((hc + 1) * D), (int64_t)(cols * ehd), P,
                  "engram.wkv.weight");
+        d->e_wkv.aq = aq & AQ_E_WKV;
         d->e_qk = upload(u, w->e_qk, hc * D);
     }
     memset(w, 0, sizeof *w); /* the host copies are gone */
@@ -542,6 +553,7 @@ static void upload_draft_head(up_t *u)
     char last[32];
     snprintf(last, sizeof last, "mtp.%d", c->n_draft - 1);
     load_mat(u, &cu->main_proj, m->main_proj, D, T * D, "mtp.0", "main_proj.weight");
+    cu->main_proj.aq = m->opt.activation_quant && m->main_proj_lowp;
     load_mat(u, &cu->markov_head, m->markov_head, V, R, last, "markov_head.head.weight");
     cu->main_norm = upload(u, m->main_norm, (size_t)D);
     cu->draft_norm = upload(u, m->draft_norm, (size_t)D);
@@ -696,6 +708,8 @@ static void alloc_scratch(up_t *u)
         for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++) kmax = ks[i] > kmax ? ks[i] : kmax;
         cu->xb_cap = N * (kmax > K * D ? kmax : K * D); /* bf16 experts convert every routed row */
         cu->xb = (uint16_t *)dev_alloc(u, cu->xb_cap * 2, &cu->scratch_bytes);
+        if (m->opt.activation_quant && cu->weights == BT_WEIGHTS_F32)
+            cu->aqf = scratch(u, cu->xb_cap);
         cu->hb = (uint16_t *)dev_alloc(u, N * K * I * 2, &cu->scratch_bytes);
         cu->ytmp_cap = N * (R > I ? R : I);
         cu->ytmp = scratch(u, cu->ytmp_cap);
@@ -1156,12 +1170,25 @@ static bt_status_t mm_on(fwd_t *f, bool side, float *y, int ldy, const float *x,
     float *ytmp = side ? cu->ytmp_side : cu->ytmp;
     size_t xb_cap = side ? cu->xb_side_cap : cu->xb_cap, ytmp_cap = side ? cu->ytmp_side_cap : cu->ytmp_cap;
     int N = w->N, K = w->K;
+    /* the activation quantization's rounding, as model.c's aq_input (K in whole blocks) */
+    const bool aq = w->aq && K % 32 == 0;
+    if (w->kind == MAT_F32 && aq) {
+        if (side || !cu->aqf || (size_t)M * K > cu->xb_cap) {
+            snprintf(err, errlen, "cuda forward: a %dx%dx%d product exceeds the scratch", M, N, K);
+            return BT_ERR_INTERNAL;
+        }
+        CK(bt_cuda_act_quant(cu->aqf, BT_CUDA_F32, x, BT_CUDA_F32, M, K, ldx, st));
+        x = cu->aqf, ldx = K;
+    }
     if (w->kind == MAT_F32) return bt_cuda_gemm_f32(cu->blas, y, ldy, x, ldx, (const float *)w->w, M, N, K, st);
     if ((size_t)M * K > xb_cap || (ldy != N && (size_t)M * N > ytmp_cap)) {
         snprintf(err, errlen, "cuda forward: a %dx%dx%d product exceeds the scratch", M, N, K);
         return BT_ERR_INTERNAL;
     }
-    CK(bt_cuda_to_bf16(xb, x, M, K, ldx, st));
+    if (aq) /* (the rounded values are bf16s: exact) */
+        CK(bt_cuda_act_quant(xb, BT_CUDA_BF16, x, BT_CUDA_F32, M, K, ldx, st));
+    else
+        CK(bt_cuda_to_bf16(xb, x, M, K, ldx, st));
     float *out = ldy == N ? y : ytmp;
     if (w->kind == MAT_FP8 && fp8_via_cublas(cu, M)) {
         CK(bt_cuda_dequant_fp8(cu->wdq, (const uint8_t *)w->w, w->scale, N, K, st));
@@ -1779,10 +1806,15 @@ static bt_status_t fp4_experts(fwd_t *f, int l, const int32_t *xrow_d, const int
     size_t errlen = f->errlen;
     cudaStream_t st = cu->stream;
     int N = f->N, D = c->hidden, I = f->m->il, total = N * w->n_active;
-    CK(bt_cuda_to_bf16(cu->xb, cu->xin, N, D, D, st));
+    if (w->w13_aq && D % 32 == 0)
+        CK(bt_cuda_act_quant(cu->xb, BT_CUDA_BF16, cu->xin, BT_CUDA_F32, N, D, D, st));
+    else
+        CK(bt_cuda_to_bf16(cu->xb, cu->xin, N, D, D, st));
     CK(bt_cuda_gemm_fp4_grouped_list(cu->gu, BT_CUDA_F32, cu->xb, xrow_d, offs_d, experts_d, n_listed, max_rows,
                                      w->w13_q, w->w13_s, 2 * I, D, st));
     CK(bt_cuda_swiglu(cu->hb, BT_CUDA_BF16, cu->gu, wt_d, total, I, (float)c->swiglu_limit, st));
+    if (w->w2_aq && I % 32 == 0)
+        CK(bt_cuda_act_quant(cu->hb, BT_CUDA_BF16, cu->hb, BT_CUDA_BF16, total, I, I, st));
     CK(bt_cuda_gemm_fp4_grouped_list(cu->yg, BT_CUDA_F32, cu->hb, NULL, offs_d, experts_d, n_listed, max_rows,
                                      w->w2_q, w->w2_s, D, I, st));
     return BT_OK;
@@ -1885,7 +1917,10 @@ static bt_status_t moe(fwd_t *f, int l)
             snprintf(err, errlen, "cuda forward: %d expert rows exceed the scratch", total);
             return BT_ERR_INTERNAL;
         }
-        CK(bt_cuda_to_bf16(cu->xb, cu->xg, total, D, D, st));
+        if (w->w13_aq && D % 32 == 0)
+            CK(bt_cuda_act_quant(cu->xb, BT_CUDA_BF16, cu->xg, BT_CUDA_F32, total, D, D, st));
+        else
+            CK(bt_cuda_to_bf16(cu->xb, cu->xg, total, D, D, st));
         for (int e = 0; e < E; e++) {
             int rc = off[e + 1] - off[e];
             if (!rc) continue;
@@ -1893,6 +1928,8 @@ static bt_status_t moe(fwd_t *f, int l)
                                  w->w13_bf + (size_t)e * 2 * I * D, rc, 2 * I, D, st));
         }
         CK(bt_cuda_swiglu(cu->hb, BT_CUDA_BF16, cu->gu, wt_d, total, I, limit, st));
+        if (w->w2_aq && I % 32 == 0)
+            CK(bt_cuda_act_quant(cu->hb, BT_CUDA_BF16, cu->hb, BT_CUDA_BF16, total, I, I, st));
         for (int e = 0; e < E; e++) {
             int rc = off[e + 1] - off[e];
             if (!rc) continue;
@@ -1902,6 +1939,8 @@ static bt_status_t moe(fwd_t *f, int l)
     } else {
         CK(plan_send(cu, xrow, xrow_d, (size_t)total * sizeof(int64_t), err, errlen));
         CK(bt_cuda_gather_rows(cu->xg, cu->xin, xrow_d, total, D, st));
+        if (w->w13_aq && D % 32 == 0)
+            CK(bt_cuda_act_quant(cu->xg, BT_CUDA_F32, cu->xg, BT_CUDA_F32, total, D, D, st));
         for (int e = 0; e < E; e++) {
             int rc = off[e + 1] - off[e];
             if (!rc) continue;
@@ -1909,6 +1948,8 @@ static bt_status_t moe(fwd_t *f, int l)
                                 w->w13 + (size_t)e * 2 * I * D, rc, 2 * I, D, st));
         }
         CK(bt_cuda_swiglu(cu->hbuf, BT_CUDA_F32, cu->gu, wt_d, total, I, limit, st));
+        if (w->w2_aq && I % 32 == 0)
+            CK(bt_cuda_act_quant(cu->hbuf, BT_CUDA_F32, cu->hbuf, BT_CUDA_F32, total, I, I, st));
         for (int e = 0; e < E; e++) {
             int rc = off[e + 1] - off[e];
             if (!rc) continue;

@@ -31,7 +31,27 @@ typedef struct {
     /* engram */
     float *e_embed, *e_wkv, *e_qk;
     int n_experts, n_active; /* the draft stages route over their own experts */
+    unsigned lowp;           /* AQ_* bits: the linears whose weights were stored FP8/FP4 */
 } layer_weights_t;
+
+/* A layer's linears whose inputs the activation quantization may round (layer_weights_t.lowp,
+ * set from the stored dtypes; wo_a is never among them) */
+enum {
+    AQ_WQ_A = 1u << 0,
+    AQ_WQ_B = 1u << 1,
+    AQ_WKV = 1u << 2,
+    AQ_WO_B = 1u << 3,
+    AQ_C_WKV = 1u << 4,
+    AQ_C_WGATE = 1u << 5,
+    AQ_I_WQ_B = 1u << 6,
+    AQ_I_WPROJ = 1u << 7,
+    AQ_I_WK = 1u << 8,
+    AQ_W13 = 1u << 9, /* routed experts' w1 and w3 (any expert's) */
+    AQ_W2 = 1u << 10, /* routed experts' w2 */
+    AQ_SHARED13 = 1u << 11,
+    AQ_SHARED2 = 1u << 12,
+    AQ_E_WKV = 1u << 13,
+};
 
 typedef struct {
     /* per token */
@@ -71,7 +91,9 @@ typedef struct {
     /* per task (strided over tokens) */
     int n_tasks;
     float *task_scores;  /* [tasks][max(comp_cap, blocks)] */
-    float *task_moe;     /* [tasks][2*inter + E + hidden] */
+    float *task_moe;     /* [tasks][2*inter + E + 2*hidden] */
+    float *aq_rows;      /* [N][aq_cols] a linear's input rows, quantized (activation_quant) */
+    size_t aq_cols;
     const float **task_keys; /* [tasks][probs_stride] the keys a query attends */
     float *task_engram;  /* [tasks][cols*ehd + (hc+1)*D] */
     int32_t *task_idx;   /* [tasks][max(topk, blocks)] heap */
@@ -109,6 +131,7 @@ struct bt_model {
     float *tp_logits;     /* TP scratch: this rank's vocabulary slice of the logits */
     /* DSpark draft (cfg n_draft > 0): its context input, head and scratch */
     float *main_proj, *main_norm, *draft_norm, *markov_embed, *markov_head, *conf_proj;
+    bool main_proj_lowp; /* main_proj stored FP8/FP4 (its input quantized like a layer's) */
     float *draft_logits; /* [max_batch_seqs * block + 1][vocab] */
     int32_t *draft_ids;  /* [max_batch_seqs * block] */
     int target_slot[BT_MAX_LAYERS];   /* index among the draft's target layers, -1 */

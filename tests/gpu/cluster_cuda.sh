@@ -5,27 +5,29 @@
 # beginning the prefill group's prefix cache holds (restored into a device slot). Needs a GPU;
 # run by hand or on the device machine:
 #   tests/gpu/cluster_cuda.sh BIN_DIR [--device cuda|cpu] [--dtype auto|float32|bfloat16] [--tp N]
-#                             [--dspark]
+#                             [--dspark] [--activation-quant fp8]
 # With --dspark the cluster decodes speculatively (--speculative-algorithm DSPARK, the demo
 # model's draft stages); the reference stays plain `baton generate`, whose greedy ids it must give.
 # With --tp N both groups are N ranks (processes) on the same GPU; the reference stays TP 1,
 # so use --dtype float32 there (sharded projections are dequantized under TP).
+# --activation-quant fp8 goes to the cluster and to every `baton generate` alike.
 set -uo pipefail
 bin=${1:?usage: cluster_cuda.sh BIN_DIR [--device cuda|cpu] [--dtype D] [--tp N]}
 shift
-device=cuda dtype=auto tp=1 spec=()
+device=cuda dtype=auto tp=1 spec=() aq=()
 while [ $# -gt 0 ]; do
   case $1 in
     --dspark) spec=(--speculative-algorithm DSPARK); shift ;;
     --device) device=$2; shift 2 ;;
     --dtype) dtype=$2; shift 2 ;;
     --tp) tp=$2; shift 2 ;;
+    --activation-quant) aq=(--activation-quant "$2"); shift 2 ;;
     *) echo "cluster_cuda.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
 work=$(mktemp -d)
 port=$((20000 + RANDOM % 20000)) router=$((port + 1))
-"$bin/baton" up --device "$device" --dtype "$dtype" --tp "$tp" --port "$port" --router-port "$router" \
+"$bin/baton" up --device "$device" --dtype "$dtype" "${aq[@]}" --tp "$tp" --port "$port" --router-port "$router" \
   --ucx-tls tcp --max-new-tokens 64 "${spec[@]}" >"$work/up.log" 2>&1 &
 up=$!
 cleanup() { kill -TERM "$up" 2>/dev/null; wait "$up" 2>/dev/null; rm -rf "$work"; }
@@ -48,7 +50,7 @@ prompts=("1,2,3,4,5,6,7,8,9" "42" "7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7
          "5,4,3,2,1" "11,22,33,44,55,66" "250,251,252,253,254,255,256,257,258,259,260" "3,1,4,1,5,9,2,6,5,3,5,8,9,7,9,3,2,3,8,4,6,2,6,4,3,3,8,3,2,7,9,5")
 fail=0
 for i in "${!prompts[@]}"; do
-  "$bin/baton" generate --device "$device" --dtype "$dtype" --input-ids "${prompts[$i]}" --max-new-tokens 48 \
+  "$bin/baton" generate --device "$device" --dtype "$dtype" "${aq[@]}" --input-ids "${prompts[$i]}" --max-new-tokens 48 \
     --temperature 0 --ignore-eos 2>/dev/null | tail -1 >"$work/ref.$i"
 done
 check() {  # $1: label
@@ -87,7 +89,7 @@ want_cached=(0 256 256)
 for k in 0 1 2; do
   p=$long
   [ $k = 2 ] && p=$branch
-  "$bin/baton" generate --device "$device" --dtype "$dtype" --input-ids "$p" --max-new-tokens 24 \
+  "$bin/baton" generate --device "$device" --dtype "$dtype" "${aq[@]}" --input-ids "$p" --max-new-tokens 24 \
     --chunked-prefill-size 256 --temperature 0 --ignore-eos 2>/dev/null | tail -1 >"$work/ref.c$k"
   "$bin/baton" complete --router "127.0.0.1:$router" --input-ids "$p" --max-new-tokens 24 \
     --temperature 0 --ignore-eos --timeout 60 2>"$work/err.c$k" | tail -1 >"$work/got.c$k"
@@ -104,7 +106,7 @@ done
 # A sampled request (one at a time): the same seed gives `baton generate`'s tokens (drawn as the
 # decode group draws them: on the GPU, or through speculative steps with --dspark).
 sampling=(--temperature 0.8 --top-p 0.95 --seed 11 --max-new-tokens 24 --ignore-eos)
-"$bin/baton" generate --device "$device" --dtype "$dtype" --input-ids "${prompts[3]}" "${sampling[@]}" \
+"$bin/baton" generate --device "$device" --dtype "$dtype" "${aq[@]}" --input-ids "${prompts[3]}" "${sampling[@]}" \
   "${spec[@]}" 2>/dev/null | tail -1 >"$work/ref.s"
 "$bin/baton" complete --router "127.0.0.1:$router" --input-ids "${prompts[3]}" "${sampling[@]}" \
   --timeout 60 2>"$work/err.s" | tail -1 >"$work/got.s"
@@ -124,5 +126,5 @@ if [ ${#spec[@]} -gt 0 ]; then
   fi
 fi
 if [ $fail != 0 ]; then keep_log; echo "--- baton up log (tail)"; tail -20 "$work/up.log"; fi
-if [ $fail = 0 ]; then echo "cluster on --device $device --dtype $dtype --tp $tp${spec[*]:+ ${spec[*]}}: ${#prompts[@]} prompts x 2 rounds, greedy ids identical to baton generate --device $device --dtype $dtype; prefix cache hits of 256 tokens twice, ids identical; a sampled request's ids identical${proposed:+; $proposed proposals verified}"; fi
+if [ $fail = 0 ]; then echo "cluster on --device $device --dtype $dtype --tp $tp${spec[*]:+ ${spec[*]}}${aq[*]:+ ${aq[*]}}: ${#prompts[@]} prompts x 2 rounds, greedy ids identical to baton generate --device $device --dtype $dtype; prefix cache hits of 256 tokens twice, ids identical; a sampled request's ids identical${proposed:+; $proposed proposals verified}"; fi
 exit $fail

@@ -51,4 +51,5 @@ step cluster_auto_tp1 200 bash "$here/cluster_cuda.sh" "$bundle/bin"
 step cluster_auto_tp1_dspark 200 bash "$here/cluster_cuda.sh" "$bundle/bin" --dspark
 step cluster_f32_tp2 200 bash "$here/cluster_cuda.sh" "$bundle/bin" --dtype float32 --tp 2
 step cluster_f32_tp2_dspark 200 bash "$here/cluster_cuda.sh" "$bundle/bin" --dtype float32 --tp 2 --dspark
+step cluster_auto_tp1_aq 200 bash "$here/cluster_cuda.sh" "$bundle/bin" --activation-quant fp8
 exit $failed

@@ -86,6 +86,8 @@ typedef enum {
     OP_LOGIT_MASK,  /* s: rows V ld-pad words-pad (constrained decoding's masks) */
     OP_HC_MEAN,     /* s: T hc D ld-pad weighted: bt_cuda_hc_collapse (DSpark's capture) */
     OP_ADD_ROWS,    /* s: rows width y-pad x-pad: bt_cuda_add_rows (DSpark's Markov bias) */
+    OP_ACT_QUANT,   /* s: rows K x-pad x-bf16 y-bf16 mode (1: special values, 2: in place, 3: both):
+                     * bt_cuda_act_quant (the activation quantization) */
 } op_t;
 
 static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped", "rmsnorm",
@@ -100,7 +102,7 @@ static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped
                                  "attention_tc_ws", "gemm_fp8_batched", "head_finish", "hc_mix_collapse",
                                  "attention_batch", "attention_tc_batch", "scatter_rows",
                                  "copy_ranges", "logit_adjust", "attention_flash", "fp4_frag",
-                                 "logit_mask", "hc_mean", "add_rows"};
+                                 "logit_mask", "hc_mean", "add_rows", "act_quant"};
 
 typedef struct {
     op_t op;
@@ -317,6 +319,13 @@ static const case_t cases[] = {
     {OP_ADD_ROWS, F32, {16, 129280, 4 * 129280, 0}, 0}, /* 16 sequences' rows of a block of 5 */
     {OP_ADD_ROWS, F32, {3, 1001, 7, 13}, 0},
     {OP_ADD_ROWS, F32, {1, 1, 0, 0}, 0},
+    {OP_ACT_QUANT, BF16, {1, 5120, 0, 0, 1, 0}, 0},   /* a decode row into the products' bf16 */
+    {OP_ACT_QUANT, BF16, {17, 1280, 96, 0, 1, 0}, 0}, /* rows ldx apart */
+    {OP_ACT_QUANT, F32, {5, 2304, 0, 0, 0, 0}, 0},
+    {OP_ACT_QUANT, BF16, {9, 2304, 0, 1, 1, 2}, 0},   /* the experts' hidden, in place */
+    {OP_ACT_QUANT, F32, {3, 96, 0, 0, 0, 3}, 0},      /* in place, NaN, inf, zeros, ties */
+    {OP_ACT_QUANT, BF16, {4, 512, 32, 0, 1, 1}, 0},
+    {OP_ACT_QUANT, F32, {2, 64, 0, 1, 0, 0}, 0},
     {OP_SCALE, F32, {1}, 0},
     {OP_SCALE, F32, {100003}, 0},
     {OP_MOE_COMBINE, F32, {5, 64, 6, 1}, 0},
@@ -1461,6 +1470,65 @@ static void run_add_rows(const case_t *cs, result_t *r)
         if (memcmp(&y[i], &ref[i], 4)) r->exact_ok = 0;
     snprintf(r->note, sizeof r->note, "bit-exact, the pads untouched");
     free(y0), free(x), free(y), free(ref);
+}
+
+/* bt_cuda_act_quant against kernels/cpu/quant.c's bt_fake_quant_fp8_ue8m0 on the same values
+ * (bf16 inputs widened): bit for bit, NaNs as NaNs; the output poisoned first */
+static void run_act_quant(const case_t *cs, result_t *r)
+{
+    const int rows = cs->s[0], K = cs->s[1], ldx = K + cs->s[2], xbf = cs->s[3], ybf = cs->s[4];
+    const int special = cs->s[5] & 1, in_place = (cs->s[5] & 2) != 0;
+    const size_t nx = (size_t)rows * ldx, ny = (size_t)rows * K;
+    float *x = xmalloc(nx * 4), *ref = xmalloc(ny * 4), *y = xmalloc(ny * 4);
+    for (size_t i = 0; i < nx; i++) /* a magnitude per block of 32, 2^-20 .. 2^20 */
+        x[i] = ldexpf(frand(), (int)((i % (size_t)ldx) / 32 * 7 % 41) - 20);
+    if (special) {
+        static const float ties[] = {0.5f, 1.0625f, 3.25f, 448.0f, 464.0f, 240.0f, 15.5f, 1e-6f};
+        for (size_t i = 0; i < nx; i++) {
+            const size_t b = (i % (size_t)ldx) / 32;
+            switch (b % 5) {
+            case 0: x[i] = i % 32 == 3 ? NAN : x[i]; break;
+            case 1: x[i] = i % 32 == 5 ? -INFINITY : x[i]; break;
+            case 2: x[i] = 0.0f; break;
+            case 3: x[i] = ties[i % 8] * (i & 1 ? -1.0f : 1.0f); break;
+            default: break;
+            }
+        }
+    }
+    uint16_t *xb = xmalloc(nx * 2);
+    for (size_t i = 0; i < nx; i++) {
+        xb[i] = bt_f32_to_bf16(x[i]);
+        if (xbf) x[i] = bt_bf16_to_f32(xb[i]); /* the values the kernel reads */
+    }
+    for (int i = 0; i < rows; i++) {
+        memcpy(ref + (size_t)i * K, x + (size_t)i * ldx, (size_t)K * 4);
+        bt_fake_quant_fp8_ue8m0(ref + (size_t)i * K, K, 32);
+    }
+    void *dx = xbf ? dup(xb, nx * 2) : dup(x, nx * 4), *dy = dx;
+    if (!in_place) {
+        dy = dalloc(ny * (ybf ? 2 : 4));
+        poison(dy, ny * (ybf ? 2 : 4));
+    }
+    BT_OK_OR_DIE(bt_cuda_act_quant(dy, ybf ? BF16 : F32, dx, xbf ? BF16 : F32, rows, K, ldx, 0));
+    if (ybf) {
+        uint16_t *yb = xmalloc(ny * 2);
+        get(yb, dy, ny * 2);
+        for (size_t i = 0; i < ny; i++) y[i] = bt_bf16_to_f32(yb[i]);
+        free(yb);
+    } else {
+        get(y, dy, ny * 4);
+    }
+    size_t diff = 0;
+    for (size_t i = 0; i < ny; i++) {
+        if (!isnan(y[i]) || !isnan(ref[i]))
+            diff += memcmp(&y[i], &ref[i], 4) != 0;
+        if (!isfinite(y[i]) && isfinite(ref[i])) r->finite = 0;
+    }
+    r->bound = 0.0;
+    r->err = (double)diff;
+    r->exact_ok = diff == 0;
+    snprintf(r->note, sizeof r->note, "bit-exact with the CPU: %zu of %zu differ", diff, ny);
+    free(x), free(xb), free(ref), free(y);
 }
 
 static void run_hc_expand(const case_t *cs, result_t *r)
@@ -2680,6 +2748,7 @@ static void run_case(const case_t *cs, result_t *r)
     case OP_LOGIT_MASK: run_logit_mask(cs, r); break;
     case OP_HC_MEAN: run_hc_mean(cs, r); break;
     case OP_ADD_ROWS: run_add_rows(cs, r); break;
+    case OP_ACT_QUANT: run_act_quant(cs, r); break;
     case OP_ATTENTION_BATCH: run_attention(cs, r); break;
     case OP_ATTENTION_TC_BATCH: run_attention(cs, r); break;
     case OP_ATTENTION_FLASH: run_attention(cs, r); break;

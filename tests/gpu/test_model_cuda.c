@@ -800,7 +800,7 @@ static void test_two_streams_match_one(void)
 /* The built-in demo model (services/engine/demo_model.c: its QAT shapes put the indexer and
  * the FP4 experts on the MMA kernels, which the golden fixtures' 40-wide heads do not). */
 static bt_model_t *load_demo_with(const char *dir, int device, int weights, bool graphs_off,
-                                  bool draft)
+                                  bool draft, bool act_quant)
 {
     char err[512];
     int32_t *map = NULL;
@@ -817,6 +817,7 @@ static bt_model_t *load_demo_with(const char *dir, int device, int weights, bool
     opt.engram_token_map = map;
     opt.engram_classes = classes;
     opt.draft = draft;
+    opt.activation_quant = act_quant;
     bt_model_t *m = NULL;
     if (bt_model_load(dir, &opt, &m, err, sizeof err) != BT_OK) {
         fprintf(stderr, "load demo (%s%s): %s\n", device == BT_DEVICE_CUDA ? "cuda" : "cpu",
@@ -829,7 +830,7 @@ static bt_model_t *load_demo_with(const char *dir, int device, int weights, bool
 
 static bt_model_t *load_demo(const char *dir, bool graphs_off)
 {
-    return load_demo_with(dir, BT_DEVICE_CUDA, BT_WEIGHTS_AUTO, graphs_off, false);
+    return load_demo_with(dir, BT_DEVICE_CUDA, BT_WEIGHTS_AUTO, graphs_off, false, false);
 }
 
 /* A sequence decoded alone and in a batch of three gives bit-identical logits at every step
@@ -970,7 +971,7 @@ static void test_batch_equals_single(void)
 
 static bt_model_t *load_demo_draft(const char *dir, int device, int weights)
 {
-    return load_demo_with(dir, device, weights, false, true);
+    return load_demo_with(dir, device, weights, false, true, false);
 }
 
 /* the rows a draft's picks were made from (after the Markov bias), and greedy picks */
@@ -1227,6 +1228,119 @@ static void test_dspark(void)
     BT_CHECK(system(cmd) == 0);
 }
 
+/* ---- the activation quantization --------------------------------------------------------- */
+
+/* A position's error: max |a - ref| over its logits, over the largest |ref| of all */
+static void position_errors(const float *a, const float *ref, int rows, int V, double *err)
+{
+    const double big = max_abs(ref, (size_t)rows * V);
+    for (int i = 0; i < rows; i++) {
+        double d = 0;
+        for (int v = 0; v < V; v++)
+            d = fmax(d, fabs((double)a[(size_t)i * V + v] - ref[(size_t)i * V + v]));
+        err[i] = d / big;
+    }
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The reference deployment's activation rounding (--activation-quant fp8) on the GPU against
+ * the CPU engine's, on the demo model (every projection but wo_a FP8, the experts FP4, K in
+ * whole blocks of 32): a prompt's logits at every position, then GEN greedy steps. The
+ * rounding is a step function: an input whose f32 sums differ in their last bits on the two
+ * sides of an FP8 step rounds apart, and this small random model carries such a step far. So
+ * the measure is per position, beside the same comparison without the rounding: with f32
+ * weights most positions agree as closely as without it and the greedy ids are the same;
+ * with the checkpoint's formats (bf16 inputs to the products) the median position stays
+ * within a few times its error without it. The rounding itself moves the logits far more. */
+static void test_activation_quant(void)
+{
+    enum { PL = 24, GEN = 8, ROWS = PL + GEN };
+    char dir[1024], err[256];
+    const char *tmp = getenv("TMPDIR");
+    snprintf(dir, sizeof dir, "%s/baton-demo-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    BT_CHECK(mkdtemp(dir) != NULL);
+    BT_CHECK(bt_demo_model_write(dir, "demo", err, sizeof err) == BT_OK);
+    enum { CPU_ON, CPU_OFF, F32_ON, F32_OFF, AUTO_ON, AUTO_OFF, NRUNS };
+    const struct {
+        int device, weights;
+        bool quant;
+    } runs[NRUNS] = {
+        {BT_DEVICE_CPU, BT_WEIGHTS_AUTO, true},  {BT_DEVICE_CPU, BT_WEIGHTS_AUTO, false},
+        {BT_DEVICE_CUDA, BT_WEIGHTS_F32, true},  {BT_DEVICE_CUDA, BT_WEIGHTS_F32, false},
+        {BT_DEVICE_CUDA, BT_WEIGHTS_AUTO, true}, {BT_DEVICE_CUDA, BT_WEIGHTS_AUTO, false}};
+    float *lg[NRUNS] = {NULL};
+    int32_t ids[NRUNS][GEN];
+    int V = 0;
+    bool all = true;
+    for (int k = 0; k < NRUNS; k++) {
+        bt_model_t *m =
+            load_demo_with(dir, runs[k].device, runs[k].weights, false, false, runs[k].quant);
+        BT_CHECK_MSG(m != NULL, "demo run %d did not load", k);
+        all = all && m;
+        if (!m) continue;
+        const bt_model_config_t *c = bt_model_config(m);
+        V = c->vocab;
+        bt_kv_layout_t lay;
+        BT_CHECK(bt_kv_layout_init(&lay, c, MAX_CTX) == BT_OK);
+        uint8_t *state = bt_aligned_alloc(64, lay.slot_bytes);
+        int32_t prompt[PL];
+        for (int i = 0; i < PL; i++)
+            prompt[i] = (int32_t)((i * 37 + 11) % V);
+        lg[k] = malloc((size_t)ROWS * V * sizeof(float));
+        BT_CHECK(run(m, &lay, state, prompt, PL, 0, lg[k], true) == 0);
+        for (int g = 0; g < GEN; g++) {
+            float *row = lg[k] + (size_t)(PL + g) * V;
+            int32_t t = golden_argmax(row - V, V);
+            ids[k][g] = t;
+            bt_forward_seq_t seq = {state, &t, 1, true, NULL};
+            BT_CHECK(bt_model_forward(m, &lay, &seq, 1, row, err, sizeof err) == BT_OK);
+        }
+        bt_aligned_free(state);
+        bt_model_destroy(m);
+    }
+    if (all) {
+        /* pairs: the GPU against the CPU, on and off; the rounding's own effect on the CPU */
+        const int pa[] = {F32_ON, F32_OFF, AUTO_ON, AUTO_OFF, CPU_ON};
+        const int pb[] = {CPU_ON, CPU_OFF, CPU_ON, CPU_OFF, CPU_OFF};
+        const char *what[] = {"f32, on", "f32, off", "checkpoint formats, on",
+                              "checkpoint formats, off", "the CPU, on against off"};
+        double med[5], worst[5];
+        int close[5];
+        for (int k = 0; k < 5; k++) {
+            double e[ROWS];
+            position_errors(lg[pa[k]], lg[pb[k]], ROWS, V, e);
+            close[k] = 0;
+            for (int i = 0; i < ROWS; i++)
+                close[k] += e[i] <= 1e-4;
+            qsort(e, ROWS, sizeof e[0], cmp_double);
+            med[k] = e[ROWS / 2];
+            worst[k] = e[ROWS - 1];
+            fprintf(stderr,
+                    "  activation quantization, demo, %s: positions within 1e-4 of the largest "
+                    "logit %d of %d, median %.2g, worst %.2g; greedy ids %s\n",
+                    what[k], close[k], ROWS, med[k], worst[k],
+                    memcmp(ids[pa[k]], ids[pb[k]], sizeof ids[0]) ? "differ" : "equal");
+        }
+        BT_CHECK_MSG(close[0] * 4 >= ROWS * 3, "f32: %d of %d positions close", close[0], ROWS);
+        BT_CHECK_MSG(!memcmp(ids[F32_ON], ids[CPU_ON], sizeof ids[0]), "f32: greedy ids differ");
+        BT_CHECK_MSG(med[2] <= 4.0 * med[3] + 1e-4, "checkpoint formats: median %g, off %g", med[2],
+                     med[3]);
+        BT_CHECK_MSG(ids[AUTO_ON][0] == ids[CPU_ON][0], "checkpoint formats: the first id differs");
+        BT_CHECK_MSG(med[4] > 10.0 * med[2] && med[4] > 1e-3,
+                     "the rounding moved the median by %g only", med[4]);
+    }
+    for (int k = 0; k < NRUNS; k++)
+        free(lg[k]);
+    char cmd[1100];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    BT_CHECK(system(cmd) == 0);
+}
+
 int main(void)
 {
     BT_RUN(test_golden_a_exact);
@@ -1239,5 +1353,6 @@ int main(void)
     BT_RUN(test_two_streams_match_one);
     BT_RUN(test_batch_equals_single);
     BT_RUN(test_dspark);
+    BT_RUN(test_activation_quant);
     return bt_test_summary();
 }

@@ -8,6 +8,7 @@
 #include "common/log.h"
 #include "common/text/tokenizer.h"
 #include "services/common/service.h"
+#include "services/engine/model.h"
 #include "services/engine/demo_model.h"
 
 #include <stdio.h>
@@ -89,6 +90,29 @@ static void test_more_rows_than_tokenizer_ids(void)
     bt_service_engine_close(&eng);
 }
 
+/* A group that quantizes activations (--activation-quant fp8) computes another forward: its KV
+ * compatibility hash differs from the same model's without, so prefill and decode groups that
+ * differ refuse each other's KV states instead of mixing the two */
+static void test_activation_quant_hash(void)
+{
+    char err[512];
+    BT_ASSERT(bt_demo_model_write(dir, "demo", err, sizeof err) == BT_OK);
+    uint64_t hash[2] = {0, 0};
+    for (int q = 0; q < 2; q++) {
+        bt_service_device_t dev = {BT_DEVICE_CPU, 0, BT_WEIGHTS_AUTO, false, 0, 0.0f, q == 1};
+        bt_service_engine_t eng;
+        memset(&eng, 0, sizeof eng);
+        bt_status_t st =
+            bt_service_engine_open_tp(dir, "demo", 64, 2, 64, 1, NULL, &dev, &eng, err, sizeof err);
+        BT_CHECK_MSG(st == BT_OK, "engine open: %s", err);
+        if (st != BT_OK) return;
+        hash[q] = eng.compat_hash;
+        bt_service_engine_close(&eng);
+    }
+    BT_CHECK(hash[0] != hash[1]);
+    BT_CHECK(hash[1] == (hash[0] ^ BT_AQ_COMPAT_MARKER));
+}
+
 int main(void)
 {
     if (!mkdtemp(dir)) {
@@ -96,6 +120,7 @@ int main(void)
         return 1;
     }
     BT_RUN(test_more_rows_than_tokenizer_ids);
+    BT_RUN(test_activation_quant_hash);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
