@@ -239,10 +239,14 @@ static const char *const bounds[] = {"minimum", "maximum", "exclusiveMinimum", "
 static const char *const lengths[] = {"minLength", "maxLength"};
 static const char *const shapes[] = {"pattern", "format"};
 
-/* The formats kept to, as patterns (RFC 3339 dates and times, RFC 1123 host names, dotted IPv4,
- * RFC 4291's IPv6 text (every :: form, an IPv4 tail; no zone), RFC 4122's textual UUID, e-mail
- * addresses as RFC 5321's dot-atom@domain, and an absolute URI as RFC 3986 spells its
- * characters: a scheme, ':', then unreserved, reserved or %-escaped ones). */
+/* The formats kept to, as patterns (RFC 3339 dates and times, and its durations (appendix A:
+ * P then years, months, days, a T and hours, minutes, seconds, each optional but in that order,
+ * none skipped between two given, at least one after P and after T; or weeks alone), RFC 1123
+ * host names, dotted IPv4, RFC 4291's IPv6 text (every :: form, an IPv4 tail; no zone), RFC
+ * 4122's textual UUID, e-mail addresses as RFC 5321's dot-atom@domain, an absolute URI as RFC
+ * 3986 spells its characters: a scheme, ':', then unreserved, reserved or %-escaped ones; and
+ * a URI reference: such a URI, or the same characters without a scheme, where no ':' comes
+ * before the first '/', '?' or '#' (RFC 3986's path-noscheme)). */
 #define LABEL "[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 #define DATE "\\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\\d|3[01])"
 #define TIME                                                                                       \
@@ -251,6 +255,9 @@ static const char *const shapes[] = {"pattern", "format"};
 #define ATOM "[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+"
 #define H16 "[0-9a-fA-F]{1,4}"
 #define V4 OCTET "(\\." OCTET "){3}"
+#define DUR_TIME "T(\\d+H(\\d+M(\\d+S)?)?|\\d+M(\\d+S)?|\\d+S)"
+#define URI_CH "([A-Za-z0-9._~!$&'()*+,;=:@/?#\\[\\]-]|%[0-9A-Fa-f]{2})"
+#define URI_NC "([A-Za-z0-9._~!$&'()*+,;=@\\[\\]-]|%[0-9A-Fa-f]{2})"
 static const struct {
     const char *name, *pattern;
 } formats[] = {
@@ -266,7 +273,10 @@ static const struct {
              "|::(" H16 ":){0,5}" V4 "|" H16 "::(" H16 ":){0,4}" V4 "|(" H16 ":){1}" H16 "::(" H16
              ":){0,3}" V4 "|(" H16 ":){2}" H16 "::(" H16 ":){0,2}" V4 "|(" H16 ":){3}" H16 "::(" H16
              ":)?" V4 "|(" H16 ":){4}" H16 "::" V4 ")$"},
-    {"uri", "^[A-Za-z][A-Za-z0-9+.-]*:([A-Za-z0-9._~!$&'()*+,;=:@/?#\\[\\]-]|%[0-9A-Fa-f]{2})*$"},
+    {"uri", "^[A-Za-z][A-Za-z0-9+.-]*:" URI_CH "*$"},
+    {"uri-reference", "^([A-Za-z][A-Za-z0-9+.-]*:" URI_CH "*|" URI_NC "*([/?#]" URI_CH "*)?)$"},
+    {"duration",
+     "^P((\\d+Y(\\d+M(\\d+D)?)?|\\d+M(\\d+D)?|\\d+D)(" DUR_TIME ")?|" DUR_TIME "|\\d+W)$"},
     {"uuid", "^[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$"},
 };
 #undef LABEL
@@ -276,6 +286,9 @@ static const struct {
 #undef ATOM
 #undef H16
 #undef V4
+#undef DUR_TIME
+#undef URI_CH
+#undef URI_NC
 enum { MAX_PATTERNS = 32, MAX_PATTERN_STATES = 16384 }; /* a schema's: 512 B a state */
 
 /* The first of the n keywords k that s has, or NULL. */

@@ -455,8 +455,8 @@ test('errors: 401 and 400', async () => {
     (e) => e instanceof OpenAI.BadRequestError && /'n'/.test(e.message));
   await assert.rejects(client.chat.completions.create({
     model: MODEL, messages: [{ role: 'user', content: 'x' }],
-    response_format: { type: 'json_schema', json_schema: { name: 'r', schema: { type: 'object', properties: { a: { type: 'string', format: 'duration' } } } } },
-  }), (e) => e instanceof OpenAI.BadRequestError && /response_format/.test(e.message) && /format 'duration' is not supported/.test(e.message));
+    response_format: { type: 'json_schema', json_schema: { name: 'r', schema: { type: 'object', properties: { a: { type: 'string', format: 'idn-email' } } } } },
+  }), (e) => e instanceof OpenAI.BadRequestError && /response_format/.test(e.message) && /format 'idn-email' is not supported/.test(e.message));
   await assert.rejects(client.chat.completions.create({ model: MODEL, messages: [] }),
     (e) => e instanceof OpenAI.BadRequestError && /messages/.test(e.message));
   await assert.rejects(client.chat.completions.create({ model: 'no-such-model', messages: [{ role: 'user', content: 'x' }] }),
