@@ -216,14 +216,30 @@ static void check_conf(const char *path)
     BT_CHECK(bt_conf_load(path, &c, err, sizeof err) == BT_OK);
     if (!c) return;
     static const char *want[][2] = {
-        {"model-path", "/models/DeepSeek-V4.1-Flash"}, {"served-model-name", "deepseek-v4.1-flash"},
-        {"tp", "4"}, {"nnodes", "4"}, {"node-rank", "0"}, {"dist-init-addr", "10.0.0.1:20000"},
-        {"max-running-requests", "16"}, {"chunked-prefill-size", "4096"}, {"context-length", "1048576"},
-        {"mem-fraction-static", "0.80"}, {"max-total-tokens", "8000000"}, {"cuda-graph-max-bs", "16"},
-        {"speculative-algorithm", "DSPARK"}, {"speculative-dspark-block-size", "5"},
-        {"tool-call-parser", "deepseekv41"}, {"reasoning-parser", "deepseek-v41"}, {"host", "0.0.0.0"},
-        {"port", "8888"}, {"random-seed", "0"}, {"watchdog-timeout", "1800"}, {"enable-cache-report", "true"},
-        {"max-new-tokens", "32768"}, {"ucx-net-devices", "rocep1s0f0:1,roceP2p1s0f0:1"},
+        {"model-path", "/models/DeepSeek-V4.1-Flash"},
+        {"served-model-name", "deepseek-v4.1-flash"},
+        {"tp", "4"},
+        {"nnodes", "4"},
+        {"node-rank", "0"},
+        {"dist-init-addr", "10.0.0.1:20000"},
+        {"max-running-requests", "16"},
+        {"chunked-prefill-size", "4096"},
+        {"context-length", "1048576"},
+        {"mem-fraction-static", "0.80"},
+        {"max-total-tokens", "8000000"},
+        {"cuda-graph-max-bs", "16"},
+        {"speculative-algorithm", "DSPARK"},
+        {"speculative-dspark-block-size", "5"},
+        {"tool-call-parser", "deepseekv41"},
+        {"reasoning-parser", "deepseek-v41"},
+        {"host", "0.0.0.0"},
+        {"port", "8888"},
+        {"random-seed", "0"},
+        {"watchdog-timeout", "1800"},
+        {"enable-cache-report", "true"},
+        {"max-new-tokens", "32768"},
+        {"ucx-net-devices", "rocep1s0f0:1,roceP2p1s0f0:1"},
+        {"activation-quant", "fp8"}, /* from --fp8-gemm-backend: SGLang's FP8 GEMMs quantize */
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         const char *v = bt_conf_get(c, "cluster", want[i][0]);
