@@ -889,22 +889,19 @@ static int compile_typed(rules_t *r, compile_t *cc, const cJSON *s, const char *
     if (kind == K_OBJECT) return compile_object(r, cc, s, depth);
     if (kind == K_ARRAY) {
         const cJSON *items = cJSON_GetObjectItemCaseSensitive(s, "items");
-        const cJSON *mn = cJSON_GetObjectItemCaseSensitive(s, "minItems");
-        const cJSON *mx = cJSON_GetObjectItemCaseSensitive(s, "maxItems");
-        if ((mn && (!cJSON_IsNumber(mn) || mn->valuedouble < 0 || mn->valuedouble > 255)) ||
-            (mx && (!cJSON_IsNumber(mx) || mx->valuedouble < 0 || mx->valuedouble > 255)) ||
-            (mn && mx && mn->valuedouble > mx->valuedouble)) {
-            cfail(cc, "json_schema: minItems and maxItems must be 0..255, min <= max");
-            return -1;
-        }
+        /* (whole numbers: a fraction had been cut, 1.5 letting one item pass) */
+        int64_t lo_i, hi_i;
+        if (!count_bounds(cc, s, "minItems", "maxItems", 255, &lo_i, &hi_i)) return -1;
         const int it = items ? compile_node(r, cc, items, depth + 1) : NODE_ANY;
         if (it < 0) return -1;
-        if (it == NODE_ANY && !mn && !mx) return NODE_ANY_ARRAY;
+        if (it == NODE_ANY && !cJSON_GetObjectItemCaseSensitive(s, "minItems") &&
+            !cJSON_GetObjectItemCaseSensitive(s, "maxItems"))
+            return NODE_ANY_ARRAY;
         const int a = new_snode(r, cc, K_ARRAY);
         if (a < 0) return -1;
         r->nodes[a].items = (uint16_t)it;
-        r->nodes[a].min_items = mn ? (int16_t)mn->valuedouble : 0;
-        r->nodes[a].max_items = mx ? (int16_t)mx->valuedouble : -1;
+        r->nodes[a].min_items = (int16_t)lo_i;
+        r->nodes[a].max_items = (int16_t)hi_i;
         starts_of_kind(K_ARRAY, r->nodes[a].starts);
         return a;
     }

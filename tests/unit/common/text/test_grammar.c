@@ -987,6 +987,11 @@ static void test_schema_table(void)
          "format 'idn-email' is not supported"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"(?=a)\"}}}",
          "pattern: lookaround"},
+        /* a fraction was cut to 1, letting one item pass where the schema needs two */
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"array\",\"minItems\":1.5}}}",
+         "minItems and maxItems must be whole numbers 0..255"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"array\",\"maxItems\":256}}}",
+         "minItems and maxItems must be whole numbers 0..255"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"^ab$\","
          "\"minLength\":3}}}",
          "pattern '^ab$' matches no string of 3 characters or more"},
