@@ -707,12 +707,14 @@ static int compile_object(rules_t *r, compile_t *cc, const cJSON *s, int depth)
     if (!count_bounds(cc, s, "minProperties", "maxProperties", 255, &lo_p, &hi_p)) return -1;
     const bool counted = lo_p > 0 || hi_p >= 0;
     const int16_t min_p = (int16_t)lo_p, max_p = (int16_t)hi_p;
+    /* Beside listed properties, additionalProperties as a schema is held as true is: only the
+     * listed ones are generated, so no additional one is ever there to break it (the schema
+     * itself is still compiled, so a bad one is refused by name) */
+    if (cJSON_IsObject(extra) && props) {
+        if (compile_node(r, cc, extra, depth + 1) < 0) return -1;
+        extra = NULL;
+    }
     if (cJSON_IsObject(extra)) { /* a map: any keys, each value of one schema */
-        if (props) {
-            cfail(cc, "json_schema: additionalProperties as a schema beside properties is not "
-                      "supported (true or false there)");
-            return -1;
-        }
         if (req && cJSON_GetArraySize(req) > 0) {
             cfail(cc, "json_schema: required names properties the schema does not describe");
             return -1;

@@ -925,6 +925,21 @@ static void test_schema_table(void)
         BT_CHECK_MSG((got == 1) == (formatted[i].want == 1), "%s '%s': %d, want %d",
                      formatted[i].format, formatted[i].value, got, formatted[i].want);
     }
+    /* additionalProperties as a schema beside properties: the listed ones only, as with true
+     * (an instance without additional properties always holds to it) */
+    {
+        const char *beside = "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},"
+                             "\"additionalProperties\":{\"type\":\"string\"},\"required\":[\"a\"]}";
+        static const struct {
+            const char *text;
+            int want;
+        } extra[] = {{"{\"a\":1}", 1}, {"{\"a\":1,\"b\":\"x\"}", -1}, {"{\"b\":\"x\"}", -1}};
+        for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) {
+            const int got = judge_schema(s.v, beside, extra[i].text, strlen(extra[i].text));
+            BT_CHECK_MSG(got == extra[i].want, "'%s': %d, want %d", extra[i].text, got,
+                         extra[i].want);
+        }
+    }
     /* ipv6 against glibc's inet_pton on random strings of hex digits, colons and dots (each
      * verdict both ways; about one in sixty is an address) */
     {
@@ -1060,8 +1075,11 @@ static void test_schema_table(void)
          "start alike"}, /* (an object of any keys beside a described one) */
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#/$defs/Nope\"}}}", "Nope"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{}},\"additionalProperties\":{\"type\":"
-         "\"string\"}}",
-         "additionalProperties as a schema beside properties"},
+         "\"strung\"}}",
+         "strung"}, /* (beside properties too, the schema is compiled) */
+        {"{\"type\":\"object\",\"properties\":{\"a\":{}},\"additionalProperties\":{\"type\":"
+         "\"string\"},\"required\":[\"b\"]}",
+         "not among the properties"}, /* (b would have to be generated) */
         {"{\"type\":\"object\",\"additionalProperties\":7}", "true, false or a schema"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{}},\"minProperties\":1}",
          "only where they always hold"},
