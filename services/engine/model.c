@@ -626,6 +626,19 @@ static bt_status_t load_cpu(const char *dir, const bt_model_options_t *opt, bt_m
     if (show) fprintf(stderr, "\n");
     rc = ld.st_code;
     if (rc != BT_OK) goto fail;
+    if (m->opt.activation_quant && m->tp_rank == 0) { /* what the switch does to this checkpoint */
+        int n_lowp = m->main_proj_lowp;
+        for (int l = 0; l < c->n_layers + c->n_draft; l++)
+            n_lowp += __builtin_popcount(m->layer[l].lowp);
+        if (n_lowp)
+            BT_LOG_INFO("activation quantization: the inputs of %d linears (those stored FP8/FP4; "
+                        "a layer's experts count as two) round to FP8 e4m3 per 32",
+                        n_lowp);
+        else
+            BT_LOG_WARN("--activation-quant fp8: %s stores no linear in FP8 or FP4, so nothing "
+                        "is rounded",
+                        dir);
+    }
     bt_safetensors_close(st);
     st = NULL;
 
