@@ -70,7 +70,9 @@ typedef struct {
     uint16_t lit;   /* object: the keys' literal trie; enum: the values' (root nodes); object
                      * union: the keys its branches may start with, term 64 * branch + key */
     uint16_t items; /* array: the items' node; object without properties: its values' */
-    int16_t min_items, max_items; /* array; max -1: none */
+    int16_t min_items, max_items; /* array; object: its key count's (minProperties ..); max -1:
+                                   * none. A described object counts its keys (frame_t.n) only
+                                   * where they may bind. */
     bool bounded;    /* integer: its value in lo..hi; number: in nlo..nhi; string: its length */
     bool empty_ok;   /* object union: some branch may be {} */
     uint8_t rx;      /* string: 1 + its pattern's index in rx[]; 0: none */
@@ -619,6 +621,13 @@ static int object_union(rules_t *r, compile_t *cc, const int *obj, int n, const 
     for (int i = 0; i < n; i++) {
         list_push(r, (uint16_t)obj[i]);
         const snode_t o = r->nodes[obj[i]]; /* (a copy: the literals may move the nodes) */
+        if (o.min_items > 0 || o.max_items >= 0) {
+            cfail(cc,
+                  "json_schema: %s of objects where one bounds its property count "
+                  "(minProperties, maxProperties) is not supported",
+                  what);
+            return -1;
+        }
         if (!o.required) r->nodes[u].empty_ok = true;
         if (!union_keys(r, cc, (uint16_t)root, i, &o, o.lit, buf, 0, what)) return -1;
     }
@@ -804,11 +813,24 @@ static int compile_object(rules_t *r, compile_t *cc, const cJSON *s, int depth)
         }
         r->nodes[o].required |= 1ull << k;
     }
-    if (min_p > __builtin_popcountll(r->nodes[o].required) || (max_p >= 0 && max_p < n)) {
-        cfail(cc, "json_schema: minProperties / maxProperties beside listed properties are "
-                  "supported only where they always hold (min at most the required ones, max "
-                  "at least the properties)");
+    /* Beside listed properties the count binds only between the required ones and all of
+     * them: past either end no instance of the listed keys has it */
+    const int n_req = __builtin_popcountll(r->nodes[o].required);
+    if (min_p > n) {
+        cfail(cc,
+              "json_schema: minProperties %d, but the object lists %d properties (no others "
+              "are generated)",
+              min_p, n);
         return -1;
+    }
+    if (max_p >= 0 && max_p < n_req) {
+        cfail(cc, "json_schema: maxProperties %d, but the object requires %d properties", max_p,
+              n_req);
+        return -1;
+    }
+    if (min_p > n_req || (max_p >= 0 && max_p < n)) {
+        r->nodes[o].min_items = min_p;
+        r->nodes[o].max_items = max_p;
     }
     return o;
 }
@@ -1274,6 +1296,8 @@ typedef struct {
     uint16_t node;
     uint8_t p; /* object: the next property it may have; array: elements so far (to 255) */
     uint8_t dsml; /* a tool call's parameters (an object written as DSML parameters) */
+    uint8_t n;    /* a described object that bounds its key count: keys so far */
+    uint8_t spare; /* (0: no padding, as states are compared and hashed as bytes) */
 } frame_t;
 
 /* Every byte is meaningful (fields unused in a mode stay 0): the state is its own cache key. */
@@ -1386,10 +1410,40 @@ static bool must_go_on(const snode_t *o, unsigned p) /* a required property stil
     return p < o->n && (o->required >> p) != 0;
 }
 
+/* A described object bounds its key count where it may bind (compile_object) */
+static bool bounds_keys(const snode_t *o)
+{
+    return !o->generic && (o->min_items > 0 || o->max_items >= 0);
+}
+
+/* The keys a described object may take next at frame f: keys_allowed, and where it bounds its
+ * key count, only those after which the count can still end within the bounds (the required
+ * ones after the key still fit under the max, the rest can still reach the min) */
+static uint64_t keys_open(const snode_t *o, const frame_t *f)
+{
+    const uint64_t m = keys_allowed(o, f->p);
+    if (!m || !bounds_keys(o)) return m;
+    uint64_t open = 0;
+    for (unsigned j = f->p; j < o->n; j++) {
+        if (!((m >> j) & 1)) continue;
+        const int after = f->n + 1, rest = o->n - 1 - (int)j;
+        const int req_rest = j + 1 < 64 ? __builtin_popcountll(o->required >> (j + 1)) : 0;
+        if ((o->max_items < 0 || after + req_rest <= o->max_items) && after + rest >= o->min_items)
+            open |= 1ull << j;
+    }
+    return open;
+}
+
+/* A described object may end at frame f: nothing required missing, and its count reached */
+static bool may_close(const snode_t *o, const frame_t *f)
+{
+    return !must_go_on(o, f->p) && (!bounds_keys(o) || f->n >= o->min_items);
+}
+
 static bool push(const rules_t *r, jstate_t *s, uint16_t node)
 {
     if (s->depth >= BT_GRAMMAR_MAX_DEPTH) return false;
-    s->stack[s->depth++] = (frame_t){node, 0, 0};
+    s->stack[s->depth++] = (frame_t){node, 0, 0, 0, 0};
     set_mode(s, r->nodes[node].kind == K_ARRAY ? M_ARR_FIRST : M_OBJ_FIRST);
     s->vnode = s->tpos = 0;
     return true;
@@ -1418,7 +1472,7 @@ static void value_end(const rules_t *r, jstate_t *s)
 
 static void pop(const rules_t *r, jstate_t *s)
 {
-    s->stack[--s->depth] = (frame_t){0, 0, 0};
+    s->stack[--s->depth] = (frame_t){0, 0, 0, 0, 0};
     value_end(r, s);
 }
 
@@ -1441,7 +1495,7 @@ static uint64_t choices_allowed(const rules_t *r, const jstate_t *s, int which)
     if (o->generic) /* any parameters, up to 16 (and minProperties .. maxProperties) */
         return (f->p < FREE_PARAMS && (o->max_items < 0 || f->p < o->max_items) ? 1u : 0u) |
                (f->p >= o->min_items ? 2u : 0u);
-    return (keys_allowed(o, f->p) ? 1u : 0u) | (must_go_on(o, f->p) ? 0u : 2u);
+    return (keys_open(o, f) ? 1u : 0u) | (may_close(o, f) ? 2u : 0u);
 }
 
 static void enter_choice(const rules_t *r, jstate_t *s, int which)
@@ -1464,7 +1518,7 @@ static bool dsml_choice_step(const rules_t *r, jstate_t *s, uint8_t c)
         set_mode(s, r->nodes[f->node].generic ? M_DANYNAME : M_KEYLIT);
         s->tpos = r->nodes[f->node].generic ? 0 : r->nodes[f->node].lit;
     } else if (s->lit == 0) { /* the invoke's end */
-        s->stack[--s->depth] = (frame_t){0, 0, 0};
+        s->stack[--s->depth] = (frame_t){0, 0, 0, 0, 0};
         memset(s->names, 0, sizeof s->names);
         enter_choice(r, s, 1);
     } else if (t == 0) { /* another invoke */
@@ -1537,7 +1591,7 @@ static bool dsml_lit_step(const rules_t *r, jstate_t *s, uint8_t c)
         return true;
     case D_NAME_END: /* the parameters, an object written as DSML */
         if (s->depth >= BT_GRAMMAR_MAX_DEPTH) return false;
-        s->stack[s->depth++] = (frame_t){vnode, 0, 1};
+        s->stack[s->depth++] = (frame_t){vnode, 0, 1, 0, 0};
         enter_choice(r, s, 0);
         return true;
     case D_STR_TRUE:
@@ -1890,7 +1944,7 @@ static bool step(const rules_t *r, jstate_t *s, uint8_t c)
         const frame_t *f = &s->stack[s->depth - 1];
         const snode_t *o = &r->nodes[f->node];
         const uint16_t k = lit_find(r, s->tpos, c);
-        if (!k || !(r->lit[k].below & keys_allowed(o, f->p))) return false;
+        if (!k || !(r->lit[k].below & keys_open(o, f))) return false;
         s->tpos = k;
         int16_t j = r->lit[k].term;
         if (j >= 0 && o->kind == K_OBJUNION) { /* the first key: the branch it is */
@@ -1901,6 +1955,7 @@ static bool step(const rules_t *r, jstate_t *s, uint8_t c)
         }
         if (j >= 0) { /* the key's closing quote */
             s->stack[s->depth - 1].p = (uint8_t)(j + 1);
+            if (bounds_keys(o)) s->stack[s->depth - 1].n++; /* (at most 64) */
             const bool dsml = f->dsml;
             set_mode(s, dsml ? M_DLIT : M_COLON);
             s->tpos = 0;
@@ -1960,7 +2015,7 @@ static bool step(const rules_t *r, jstate_t *s, uint8_t c)
         if (c == '}') {
             if (o->kind == K_OBJUNION ? !o->empty_ok
                 : o->generic          ? o->min_items > 0
-                                      : must_go_on(o, 0))
+                                      : !may_close(o, f))
                 return false;
             pop(r, s);
             return true;
@@ -1975,7 +2030,7 @@ static bool step(const rules_t *r, jstate_t *s, uint8_t c)
             s->key = 1;
             return true;
         }
-        if (!keys_allowed(o, f->p)) return false;
+        if (!keys_open(o, f)) return false;
         set_mode(s, M_KEYLIT);
         s->tpos = o->lit;
         return step(r, s, c);
@@ -1985,12 +2040,12 @@ static bool step(const rules_t *r, jstate_t *s, uint8_t c)
         return true;
     case M_OBJ_NEXT:
         if (c == ',') {
-            if (o->generic ? o->max_items >= 0 && f->p >= o->max_items : !keys_allowed(o, f->p))
+            if (o->generic ? o->max_items >= 0 && f->p >= o->max_items : !keys_open(o, f))
                 return false;
             set_mode(s, M_OBJ_KEY);
             return true;
         }
-        if (c != '}' || (o->generic ? f->p < o->min_items : must_go_on(o, f->p))) return false;
+        if (c != '}' || (o->generic ? f->p < o->min_items : !may_close(o, f))) return false;
         pop(r, s);
         return true;
     case M_ARR_FIRST:

@@ -500,6 +500,12 @@ static void test_golden_tokenizer(void)
     "\"House\":{\"type\":\"object\",\"properties\":{\"street\":{\"type\":\"string\"},"             \
     "\"garden\":{\"type\":\"boolean\"}}}}}"
 
+/* Listed properties whose count bounds bind: 2..3 of a, b, c (required), d */
+#define COUNTED                                                                                    \
+    "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":"           \
+    "\"string\",\"maxLength\":3},\"c\":{\"type\":\"boolean\"},\"d\":{\"type\":\"null\"}},"         \
+    "\"required\":[\"c\"],\"minProperties\":2,\"maxProperties\":3}"
+
 /* Strings held to patterns and formats: note, a pattern whose strings need escapes ("ab",
  * "q" in quotes and backslashes, nothing else); memo, one anchored at neither end (a digit
  * somewhere). */
@@ -670,6 +676,28 @@ static void test_schema_table(void)
         const char *holds = "{\"type\":\"object\",\"properties\":{\"a\":{},\"b\":{}},\"required\":"
                             "[\"a\"],\"minProperties\":1,\"maxProperties\":2}";
         BT_CHECK_EQ_INT(judge_schema(s.v, holds, "{\"a\":1}", 7), 1);
+        /* beside listed properties where the bounds bind: counted, and a key is let in only
+         * while the count can still end within them (properties come in their order) */
+        static const struct {
+            const char *text;
+            int want;
+        } binds[] = {
+            {"{}", -1},           /* min 2 */
+            {"{\"c\":true}", -1}, /* 1 */
+            {"{\"a\":1,\"c\":true}", 1},
+            {"{\"b\":\"x\",\"c\":true,\"d\":null}", 1},
+            {"{\"a\":1,\"b\":\"x\",\"c\":true}", 1},
+            {"{\"a\":1,\"b\":\"x\",\"c\":true,", -1}, /* max 3: no fourth */
+            {"{\"a\":1,\"b\":\"x\",\"d\"", -1},       /* c, required, would make 4 */
+            {"{\"d\"", -1},                           /* c is required before d */
+            {"{\"c\":true,\"d\":null}", 1},
+            {"{\"c\":true,", 1 - 1}, /* d can still make 2 */
+        };
+        for (size_t i = 0; i < sizeof binds / sizeof binds[0]; i++) {
+            const int got = judge_schema(s.v, COUNTED, binds[i].text, strlen(binds[i].text));
+            BT_CHECK_MSG(got == binds[i].want, "'%s': %d, want %d", binds[i].text, got,
+                         binds[i].want);
+        }
         /* the count saturates: 256 keys still have at least one */
         const char *least = "{\"type\":\"object\",\"properties\":{\"o\":{\"type\":\"object\","
                             "\"minProperties\":1}},\"required\":[\"o\"]}";
@@ -1081,8 +1109,16 @@ static void test_schema_table(void)
          "\"string\"},\"required\":[\"b\"]}",
          "not among the properties"}, /* (b would have to be generated) */
         {"{\"type\":\"object\",\"additionalProperties\":7}", "true, false or a schema"},
-        {"{\"type\":\"object\",\"properties\":{\"a\":{}},\"minProperties\":1}",
-         "only where they always hold"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{}},\"minProperties\":2}",
+         "minProperties 2, but the object lists 1 properties"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{},\"b\":{}},\"required\":[\"a\",\"b\"],"
+         "\"maxProperties\":1}",
+         "maxProperties 1, but the object requires 2"},
+        {"{\"type\":\"object\",\"properties\":{\"u\":{\"anyOf\":[{\"type\":\"object\","
+         "\"properties\":"
+         "{\"x\":{},\"z\":{}},\"minProperties\":2},{\"type\":\"object\",\"properties\":{\"y\":{}}}]"
+         "}}}",
+         "where one bounds its property count"},
         {"{\"type\":\"object\",\"maxProperties\":1.5}", "whole numbers 0..255"},
         {"{\"type\":\"objekt\"}", "objekt"},
         {"{\"type\":\"object\",", "not valid JSON"},
@@ -1320,12 +1356,13 @@ typedef struct {
     const char *schema; /* or the pattern of a regex constraint */
     bool regex;
     int vocab, walk, checked;
+    int every; /* steps between two checks (37; short instances take fewer) */
 } brute_t;
 
 static void brute_step(void *ctx, int step, const char *out, size_t n, const uint32_t *mask)
 {
     brute_t *bc = ctx;
-    if (bc->walk >= 30 || step % 37 != 5) return;
+    if (bc->walk >= 30 || step % bc->every != 5 % bc->every) return;
     int diff = 0;
     for (int t = 0; t < bc->vocab; t++) {
         bt_grammar_t *h;
@@ -1342,13 +1379,14 @@ static void brute_step(void *ctx, int step, const char *out, size_t n, const uin
 }
 
 /* Random walks under a schema (the synthetic vocabulary, plus the property names as tokens):
- * every one that ends is an instance the independent check takes. */
-static void schema_walks(const char *text, const char *what)
+ * every one that ends is an instance the independent check takes; every `every` steps of the
+ * first 30 walks, the mask is checked against trying each token alone. */
+static void schema_walks_every(const char *text, const char *what, int every)
 {
     synth_t s;
     synth_make(&s, 800);
     cJSON *schema = cJSON_Parse(text);
-    brute_t bc = {s.v, text, false, s.vocab, 0, 0};
+    brute_t bc = {s.v, text, false, s.vocab, 0, 0, every};
     const walker_t wk = {
         (const char *const *)s.bytes, s.lens, s.vocab, s.eos, 100, s.eos, brute_step, &bc};
     int ended = 0, conforming = 0;
@@ -1381,10 +1419,16 @@ static void schema_walks(const char *text, const char *what)
     synth_free(&s);
 }
 
+static void schema_walks(const char *text, const char *what)
+{
+    schema_walks_every(text, what, 37);
+}
+
 static void test_schema_walks(void)
 {
     schema_walks(PERSON, "nested, optional, enum, $ref, anyOf, bounds, lengths");
     schema_walks(SHAPED, "patterns, formats");
+    schema_walks_every(COUNTED, "listed properties, 2..3 of them", 7);
 }
 
 /* ---- regex constraints ---- */
@@ -1486,7 +1530,7 @@ static void test_regex_walks(void)
     int ended = 0, matching = 0, walks = 0, checked = 0;
     for (size_t pi = 0; pi < sizeof regex_patterns / sizeof regex_patterns[0]; pi++) {
         const char *pattern = regex_patterns[pi];
-        brute_t bc = {s.v, pattern, true, s.vocab, 0, 0};
+        brute_t bc = {s.v, pattern, true, s.vocab, 0, 0, 37};
         const walker_t wk = {
             (const char *const *)s.bytes, s.lens, s.vocab, s.eos, 1 << 30, s.eos, brute_step, &bc};
         int ec;
@@ -1534,7 +1578,8 @@ static void test_regex_walks(void)
     "{\"tools\":[{\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\",\"properties\":{"   \
     "\"city\":{\"type\":\"string\"},\"days\":{\"type\":\"integer\"},\"unit\":{\"enum\":[\"C\","    \
     "\"F\"]},\"code\":{\"type\":\"string\",\"pattern\":\"^[A-Z]{2}(<[0-9])?$\"}},"                 \
-    "\"required\":[\"city\"]}},{\"name\":\"search\",\"parameters\":{\"type\":\"object\","          \
+    "\"required\":[\"city\"],\"maxProperties\":2}},{\"name\":\"search\",\"parameters\":{\"type\":" \
+    "\"object\","                                                                                  \
     "\"properties\":{\"q\":{\"type\":\"string\"},\"opts\":{\"type\":\"object\",\"properties\":{"   \
     "\"k\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"},\"maxItems\":3}}},"                \
     "\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\"}},\"note\":{\"type\":"            \
@@ -1610,6 +1655,11 @@ static void test_tool_call_table(void)
         {"<" D "calls>\n<" D "invoke name=\"get_weather\">\n<" D
          "parameter name=\"city\" string=\"true\">x</" D "parameter>\n<" D
          "parameter name=\"unit\" string=\"false\">\"K\"",
+         -1, -1},
+        /* maxProperties 2: a third parameter of get_weather is not let in */
+        {"<" D "calls>\n<" D "invoke name=\"get_weather\">\n<" D
+         "parameter name=\"city\" string=\"true\">x</" D "parameter>\n<" D
+         "parameter name=\"days\" string=\"false\">3</" D "parameter>\n<" D "parameter",
          -1, -1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
