@@ -1479,7 +1479,7 @@ static void run_act_quant(const case_t *cs, result_t *r)
     const int rows = cs->s[0], K = cs->s[1], ldx = K + cs->s[2], xbf = cs->s[3], ybf = cs->s[4];
     const int special = cs->s[5] & 1, in_place = (cs->s[5] & 2) != 0;
     const size_t nx = (size_t)rows * ldx, ny = (size_t)rows * K;
-    float *x = xmalloc(nx * 4), *ref = xmalloc(ny * 4), *y = xmalloc(ny * 4);
+    float *x = xmalloc(nx * 4), *ref = xmalloc(ny * 4);
     for (size_t i = 0; i < nx; i++) /* a magnitude per block of 32, 2^-20 .. 2^20 */
         x[i] = ldexpf(frand(), (int)((i % (size_t)ldx) / 32 * 7 % 41) - 20);
     if (special) {
@@ -1510,14 +1510,7 @@ static void run_act_quant(const case_t *cs, result_t *r)
         poison(dy, ny * (ybf ? 2 : 4));
     }
     BT_OK_OR_DIE(bt_cuda_act_quant(dy, ybf ? BF16 : F32, dx, xbf ? BF16 : F32, rows, K, ldx, 0));
-    if (ybf) {
-        uint16_t *yb = xmalloc(ny * 2);
-        get(yb, dy, ny * 2);
-        for (size_t i = 0; i < ny; i++) y[i] = bt_bf16_to_f32(yb[i]);
-        free(yb);
-    } else {
-        get(y, dy, ny * 4);
-    }
+    float *y = get_act(dy, ny, ybf ? BF16 : F32);
     size_t diff = 0;
     for (size_t i = 0; i < ny; i++) {
         if (!isnan(y[i]) || !isnan(ref[i]))

@@ -3,6 +3,8 @@
 #ifndef BT_TEST_GOLDEN_UTIL_H
 #define BT_TEST_GOLDEN_UTIL_H
 
+#include "common/alloc.h"
+#include "services/engine/kv_state.h"
 #include "services/engine/model.h"
 #include "services/engine/safetensors.h"
 
@@ -128,6 +130,36 @@ static inline bt_model_t *golden_model(const char *name, const bt_safetensors_t 
     opt.max_ctx = max_ctx;
     opt.max_batch_tokens = (int)max_ctx;
     return golden_model_with(name, gold, &opt);
+}
+
+/* A prompt ids[0..S) prefilled whole into a fresh KV slot (the logits of every position into
+ * logits[0..S)), then gen greedy steps (each step's logits into logits[S + g], its pick into
+ * picks[g]); false, with the reason in err, when a forward fails */
+static inline bool golden_prompt_then_greedy(bt_model_t *m, int64_t max_ctx, const int32_t *ids,
+                                             int S, int gen, float *logits, int32_t *picks,
+                                             char *err, size_t errlen)
+{
+    const bt_model_config_t *c = bt_model_config(m);
+    bt_kv_layout_t lay;
+    if (bt_kv_layout_init(&lay, c, max_ctx) != BT_OK) {
+        snprintf(err, errlen, "no KV layout for %lld positions", (long long)max_ctx);
+        return false;
+    }
+    uint8_t *state = bt_aligned_alloc(64, lay.slot_bytes);
+    bt_kv_state_reset(state);
+    bt_forward_seq_t seq = {state, ids, S, true, NULL};
+    bool ok = bt_model_forward(m, &lay, &seq, 1, logits, err, errlen) == BT_OK;
+    const float *row = logits + (size_t)(S - 1) * c->vocab;
+    for (int g = 0; g < gen && ok; g++) {
+        int32_t t = golden_argmax(row, c->vocab);
+        picks[g] = t;
+        bt_forward_seq_t one = {state, &t, 1, false, NULL};
+        float *next = logits + (size_t)(S + g) * c->vocab;
+        ok = bt_model_forward(m, &lay, &one, 1, next, err, errlen) == BT_OK;
+        row = next;
+    }
+    bt_aligned_free(state);
+    return ok;
 }
 
 #endif

@@ -86,27 +86,12 @@ static void *run_model(void *arg)
         if (gold) bt_safetensors_close(gold);
         return NULL;
     }
-    const bt_model_config_t *c = bt_model_config(m);
     r->S = (int)S;
-    r->V = c->vocab;
-    r->logits = malloc((S + GEN) * (size_t)c->vocab * sizeof(float));
-    bt_kv_layout_t lay;
-    bt_kv_layout_init(&lay, c, CTX);
-    uint8_t *state = bt_aligned_alloc(64, lay.slot_bytes);
-    bt_kv_state_reset(state);
-    bt_forward_seq_t seq = {state, ids, (int)S, true, NULL};
+    r->V = bt_model_config(m)->vocab;
+    r->logits = malloc((S + GEN) * (size_t)r->V * sizeof(float));
     r->ok = S > 0 && S + GEN <= CTX &&
-            bt_model_forward(m, &lay, &seq, 1, r->logits, err, sizeof err) == BT_OK;
-    float *row = r->logits + (S - 1) * (size_t)c->vocab;
-    for (int g = 0; g < GEN && r->ok; g++) {
-        int32_t t = golden_argmax(row, c->vocab);
-        r->gen[g] = t;
-        bt_forward_seq_t one = {state, &t, 1, false, NULL};
-        row = r->logits + (S + g) * (size_t)c->vocab;
-        r->ok = bt_model_forward(m, &lay, &one, 1, row, err, sizeof err) == BT_OK;
-    }
+            golden_prompt_then_greedy(m, CTX, ids, (int)S, GEN, r->logits, r->gen, err, sizeof err);
     if (!r->ok && S > 0) fprintf(stderr, "%s prompt%d: forward: %s\n", r->fixture, r->prompt, err);
-    bt_aligned_free(state);
     bt_model_destroy(m);
     if (gold) bt_safetensors_close(gold);
     return NULL;

@@ -71,29 +71,11 @@ static void *run_model(void *arg)
     int32_t ids[CTX];
     for (size_t i = 0; i < S; i++) ids[i] = (int32_t)ids64[i];
     free(ids64);
-    const bt_model_config_t *c = bt_model_config(m);
     r->S = (int)S;
-    r->V = c->vocab;
-    r->logits = malloc((S + GEN) * (size_t)c->vocab * sizeof(float));
-    bt_kv_layout_t lay;
-    bt_kv_layout_init(&lay, c, CTX);
-    uint8_t *state = bt_aligned_alloc(64, lay.slot_bytes);
-    bt_kv_state_reset(state);
-    bt_forward_seq_t seq = {state, ids, (int)S, true, NULL};
-    r->ok = bt_model_forward(m, &lay, &seq, 1, r->logits, err, sizeof err) == BT_OK;
-    float *row = r->logits + (S - 1) * (size_t)c->vocab;
-    for (int g = 0; g < GEN && r->ok; g++) {
-        int best = 0;
-        for (int v = 1; v < c->vocab; v++)
-            if (row[v] > row[best]) best = v;
-        r->gen[g] = best;
-        int32_t t = best;
-        bt_forward_seq_t one = {state, &t, 1, false, NULL};
-        row = r->logits + (S + g) * (size_t)c->vocab;
-        r->ok = bt_model_forward(m, &lay, &one, 1, row, err, sizeof err) == BT_OK;
-    }
+    r->V = bt_model_config(m)->vocab;
+    r->logits = malloc((S + GEN) * (size_t)r->V * sizeof(float));
+    r->ok = golden_prompt_then_greedy(m, CTX, ids, (int)S, GEN, r->logits, r->gen, err, sizeof err);
     if (!r->ok) fprintf(stderr, "forward: %s\n", err);
-    bt_aligned_free(state);
     bt_model_destroy(m);
     bt_safetensors_close(gold);
     return NULL;
