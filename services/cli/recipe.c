@@ -326,7 +326,6 @@ static bt_status_t map_command(bt_recipe_t *r, const char *command, char *err, s
             /* whichever kernel it names, SGLang's block-FP8 GEMMs quantize their inputs to FP8
              * on the fly: the reference deployment's numerics, which Baton runs as
              * activation-quant fp8 (its own kernels stand for the backend) */
-            snprintf(name, sizeof name, "--fp8-gemm-backend %.64s", value);
             add_applied(r, "activation-quant", "fp8", name);
             continue;
         }
