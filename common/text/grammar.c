@@ -52,7 +52,8 @@ enum {
     K_NULL,
     K_ENUM,
     K_UNION,
-    K_OBJUNION /* anyOf of described objects: told apart by their first key */
+    K_OBJUNION /* anyOf of described objects: told apart by their first key, or by the string
+                * value of a first key they share (a discriminator) */
 };
 enum { NODE_ANY = 0, NODE_ANY_OBJECT = 1, NODE_ANY_ARRAY = 2 }; /* in every schema */
 enum { FREE_PARAMS = 16 }; /* parameters a call of a tool that lists none may have */
@@ -69,7 +70,8 @@ typedef struct {
     uint16_t first; /* object: its first property in props[]; union: first branch */
     uint16_t lit;   /* object: the keys' literal trie; enum: the values' (root nodes); object
                      * union: the keys its branches may start with, term 64 * branch + key */
-    uint16_t items; /* array: the items' node; object without properties: its values' */
+    uint16_t items; /* array: the items' node; object without properties: its values'; object
+                     * union: its discriminator's values (an enum, term 64 * branch + key), 0 */
     int16_t min_items, max_items; /* array; object: its key count's (minProperties ..); max -1:
                                    * none. A described object counts its keys (frame_t.n) only
                                    * where they may bind. */
@@ -578,20 +580,112 @@ static int compile_ref(rules_t *r, compile_t *cc, const char *ref, int depth)
 
 static uint64_t keys_allowed(const snode_t *o, unsigned p);
 
+/* An object union's key term for its discriminator: the branch is told by the key's value
+ * (no union has 255 branches) */
+enum { DISC_TERM = 64 * 255 + 63 };
+
+/* the node of text in the literal trie at root, 0 if absent */
+static uint16_t lit_lookup(const rules_t *r, uint16_t root, const char *text)
+{
+    uint16_t n = root;
+    for (const char *p = text; *p && n; p++)
+        n = lit_find(r, n, (uint8_t)*p);
+    return n;
+}
+
+/* The string values of enum node e (trie at k, text so far in buf) into union u's
+ * discriminator trie with term 64 * i + j (branch i, property j); false (with a message) on a
+ * value that is not a string or that another branch has too */
+static bool disc_values(rules_t *r, compile_t *cc, int u, int i, int j, uint16_t k, char *buf,
+                        int len, const char *key, const char *what)
+{
+    if (r->lit[k].term >= 0) {
+        buf[len] = 0;
+        if (buf[0] != '"') {
+            cfail(cc,
+                  "json_schema: %s of objects that start with the same property (%.100s) "
+                  "is supported only where its values are strings",
+                  what, key);
+            return false;
+        }
+        if (!lit_insert(r, cc, r->nodes[r->nodes[u].items].lit, buf, (int16_t)(64 * i + j), 0)) {
+            if (!cc->failed)
+                cfail(cc,
+                      "json_schema: %s of objects whose first property (%.100s) has the value "
+                      "%.100s in two of them",
+                      what, key, buf);
+            return false;
+        }
+    }
+    for (uint16_t c = r->lit[k].child; c; c = r->lit[c].sibling) {
+        if (len >= 1000) {
+            cfail(cc, "json_schema: an enum value of more than 1000 bytes");
+            return false;
+        }
+        buf[len] = (char)r->lit[c].byte;
+        if (!disc_values(r, cc, u, i, j, c, buf, len + 1, key, what)) return false;
+    }
+    return true;
+}
+
+/* Branch i of union u starts with key `key` (its property j), which an earlier branch starts
+ * with too (term t0 at trie node at): both are told apart by the key's value where every
+ * branch that starts so gives it as const or enum strings, each value in one branch only */
+static bool disc_branch(rules_t *r, compile_t *cc, int u, uint16_t at, int i, int j,
+                        const char *key, const char *what)
+{
+    const int t0 = r->lit[at].term;
+    char buf[1024];
+    if (t0 != DISC_TERM) { /* the union's first shared key: its discriminator from now on */
+        if (r->nodes[u].items) {
+            cfail(cc,
+                  "json_schema: %s of objects that share two first properties is not "
+                  "supported (one may tell them apart: %.100s)",
+                  what, key);
+            return false;
+        }
+        const int e = new_snode(r, cc, K_ENUM);
+        if (e < 0) return false;
+        const int root = new_lnode(r, cc, 0);
+        if (cc->failed) return false;
+        r->nodes[e].lit = (uint16_t)root;
+        set_bit(r->nodes[e].starts, '"');
+        r->nodes[u].items = (uint16_t)e;
+        const int i0 = t0 / 64, j0 = t0 % 64;
+        const uint16_t v0 = r->refs_list[r->nodes[u].first + i0];
+        const uint16_t e0 = r->refs_list[r->nodes[v0].first + j0];
+        if (r->nodes[e0].kind != K_ENUM) goto not_enum;
+        if (!disc_values(r, cc, u, i0, j0, r->nodes[e0].lit, buf, 0, key, what)) return false;
+        r->lit[at].term = DISC_TERM;
+    }
+    {
+        const uint16_t vi = r->refs_list[r->nodes[u].first + i];
+        const uint16_t ei = r->refs_list[r->nodes[vi].first + j];
+        if (r->nodes[ei].kind != K_ENUM) goto not_enum;
+        return disc_values(r, cc, u, i, j, r->nodes[ei].lit, buf, 0, key, what);
+    }
+not_enum:
+    cfail(cc,
+          "json_schema: %s of objects that can start with the same property (%.100s) is "
+          "supported only where each gives it as const or enum strings",
+          what, key);
+    return false;
+}
+
 /* An object union's keys: those of object o (literal trie at node k, text so far in buf) that
- * o allows first, under root with term 64 * i + their index. */
-static bool union_keys(rules_t *r, compile_t *cc, uint16_t root, int i, const snode_t *o,
+ * o allows first, under root with term 64 * i + their index (a key an earlier branch starts
+ * with too: the discriminator) */
+static bool union_keys(rules_t *r, compile_t *cc, int u, uint16_t root, int i, const snode_t *o,
                        uint16_t k, char *buf, int len, const char *what)
 {
     if (r->lit[k].term >= 0 && ((keys_allowed(o, 0) >> r->lit[k].term) & 1)) {
         buf[len] = 0;
         if (!lit_insert(r, cc, root, buf, (int16_t)(64 * i + r->lit[k].term), 1)) {
-            if (!cc->failed)
-                cfail(cc,
-                      "json_schema: %s of objects that can start with the same property (%.100s) "
-                      "is not supported",
-                      what, buf);
-            return false;
+            if (cc->failed) return false;
+            char key[1024];
+            memcpy(key, buf, (size_t)len + 1);
+            if (!disc_branch(r, cc, u, lit_lookup(r, root, key), i, r->lit[k].term, key, what))
+                return false;
         }
     }
     for (uint16_t c = r->lit[k].child; c; c = r->lit[c].sibling) {
@@ -600,7 +694,7 @@ static bool union_keys(rules_t *r, compile_t *cc, uint16_t root, int i, const sn
             return false;
         }
         buf[len] = (char)r->lit[c].byte;
-        if (!union_keys(r, cc, root, i, o, c, buf, len + 1, what)) return false;
+        if (!union_keys(r, cc, u, root, i, o, c, buf, len + 1, what)) return false;
     }
     return true;
 }
@@ -629,7 +723,7 @@ static int object_union(rules_t *r, compile_t *cc, const int *obj, int n, const 
             return -1;
         }
         if (!o.required) r->nodes[u].empty_ok = true;
-        if (!union_keys(r, cc, (uint16_t)root, i, &o, o.lit, buf, 0, what)) return -1;
+        if (!union_keys(r, cc, u, (uint16_t)root, i, &o, o.lit, buf, 0, what)) return -1;
     }
     return u;
 }
@@ -1452,6 +1546,7 @@ static bool push(const rules_t *r, jstate_t *s, uint16_t node)
 /* A value just ended: what its container expects next. */
 static void value_end(const rules_t *r, jstate_t *s)
 {
+    const uint16_t at = s->tpos; /* (an enum's: the value it ended on) */
     s->key = 0;
     s->vnode = s->tpos = 0;
     if (s->depth == 0) {
@@ -1459,6 +1554,12 @@ static void value_end(const rules_t *r, jstate_t *s)
         return;
     }
     frame_t *f = &s->stack[s->depth - 1];
+    if (r->nodes[f->node].kind == K_OBJUNION && s->mode == M_ENUM) {
+        /* a discriminator's value: its branch, past the key (enum_at's node says which) */
+        const int t = r->lit[at].term;
+        f->node = r->refs_list[r->nodes[f->node].first + t / 64];
+        f->p = (uint8_t)(t % 64 + 1);
+    }
     if (f->dsml) { /* a parameter's JSON value: its end tag */
         set_mode(s, M_DLIT);
         s->lit = D_PARAM_CLOSE;
@@ -1947,6 +2048,12 @@ static bool step(const rules_t *r, jstate_t *s, uint8_t c)
         if (!k || !(r->lit[k].below & keys_open(o, f))) return false;
         s->tpos = k;
         int16_t j = r->lit[k].term;
+        if (j == DISC_TERM && o->kind == K_OBJUNION) { /* the branch: the value's */
+            set_mode(s, M_COLON);
+            s->tpos = 0;
+            s->vnode = o->items;
+            return true;
+        }
         if (j >= 0 && o->kind == K_OBJUNION) { /* the first key: the branch it is */
             const uint16_t b = r->refs_list[o->first + j / 64];
             s->stack[s->depth - 1].node = b;

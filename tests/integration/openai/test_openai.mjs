@@ -363,6 +363,29 @@ test('response_format json_object and json_schema: every answer that stops is a 
     assert.ok(typeof v.city === 'string' && [...v.city].length <= 24 && Number.isInteger(v.days) && v.days >= 1 && v.days <= 14 &&
       ['C', 'F'].includes(v.unit), c.message.content);
   }
+  // a discriminated union (Pydantic's Field(discriminator='kind')): each answer that stops is one
+  // branch, the one its kind names
+  const pets = {
+    type: 'object', additionalProperties: false, required: ['pet'], properties: { pet: { anyOf: [
+      { type: 'object', additionalProperties: false, required: ['kind', 'lives'],
+        properties: { kind: { const: 'cat' }, lives: { type: 'integer', minimum: 0, maximum: 9 } } },
+      { type: 'object', additionalProperties: false, required: ['kind', 'breed'],
+        properties: { kind: { const: 'dog' }, breed: { type: 'string', maxLength: 8 } } },
+    ] } },
+  };
+  const told = await ask({ response_format: { type: 'json_schema', json_schema: { name: 'pets', strict: true, schema: pets } } });
+  const told_done = told.choices.filter((c) => c.finish_reason === 'stop');
+  assert.ok(told_done.length >= 3, `${told_done.length} of 6 stopped`);
+  for (const c of told_done) {
+    const { pet } = JSON.parse(c.message.content);
+    if (pet.kind === 'cat') {
+      assert.deepEqual(Object.keys(pet), ['kind', 'lives'], c.message.content);
+      assert.ok(Number.isInteger(pet.lives) && pet.lives >= 0 && pet.lives <= 9, c.message.content);
+    } else {
+      assert.deepEqual(Object.keys(pet), ['kind', 'breed'], c.message.content);
+      assert.ok(pet.kind === 'dog' && typeof pet.breed === 'string' && [...pet.breed].length <= 8, c.message.content);
+    }
+  }
   // patterns, formats and a number's bounds: each answer that stops holds them, as JavaScript's
   // own RegExp and node:net read them
   const shaped = {

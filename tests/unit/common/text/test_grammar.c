@@ -500,6 +500,18 @@ static void test_golden_tokenizer(void)
     "\"House\":{\"type\":\"object\",\"properties\":{\"street\":{\"type\":\"string\"},"             \
     "\"garden\":{\"type\":\"boolean\"}}}}}"
 
+/* A discriminated union (Pydantic's Field(discriminator=...)): two branches start with "kind",
+ * told apart by its value; a third starts otherwise and requires nothing */
+#define PETS                                                                                       \
+    "{\"type\":\"object\",\"properties\":{\"pet\":{\"anyOf\":[{\"type\":\"object\","               \
+    "\"properties\":"                                                                              \
+    "{\"kind\":{\"const\":\"cat\"},\"lives\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":9}}," \
+    "\"required\":[\"kind\",\"lives\"]},{\"type\":\"object\",\"properties\":{\"kind\":{\"enum\":"  \
+    "[\"dog\",\"puppy\"]},\"breed\":{\"type\":\"string\",\"maxLength\":8}},\"required\":["         \
+    "\"kind\"]},"                                                                                  \
+    "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":5}}}]}},"    \
+    "\"required\":[\"pet\"]}"
+
 /* Listed properties whose count bounds bind: 2..3 of a, b, c (required), d */
 #define COUNTED                                                                                    \
     "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":"           \
@@ -661,6 +673,29 @@ static void test_schema_table(void)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const int got = judge_schema(s.v, PERSON, cases[i].text, strlen(cases[i].text));
         BT_CHECK_MSG(got == cases[i].want, "'%s': %d, want %d", cases[i].text, got, cases[i].want);
+    }
+    /* a discriminated union: a first key two branches share, told apart by its value */
+    {
+        static const struct {
+            const char *text;
+            int want;
+        } pets[] = {
+            {"{\"pet\":{\"kind\":\"cat\",\"lives\":3}}", 1},
+            {"{\"pet\":{\"kind\":\"dog\"}}", 1},
+            {"{\"pet\":{\"kind\":\"puppy\",\"breed\":\"lab\"}}", 1},
+            {"{\"pet\":{\"name\":\"x\"}}", 1},
+            {"{\"pet\":{}}", 1},
+            {"{\"pet\":{\"kind\":\"cat\"}}", -1}, /* a cat's lives are required */
+            {"{\"pet\":{\"kind\":\"cat\",\"breed\"", -1},
+            {"{\"pet\":{\"kind\":\"dog\",\"lives\"", -1},
+            {"{\"pet\":{\"kind\":\"cow\"", -1},
+            {"{\"pet\":{\"kind\":\"pup", 0},
+            {"{\"pet\":{\"kind\":3", -1},
+        };
+        for (size_t i = 0; i < sizeof pets / sizeof pets[0]; i++) {
+            const int got = judge_schema(s.v, PETS, pets[i].text, strlen(pets[i].text));
+            BT_CHECK_MSG(got == pets[i].want, "'%s': %d, want %d", pets[i].text, got, pets[i].want);
+        }
     }
     /* minProperties / maxProperties: counted on objects without listed properties, accepted
      * beside listed ones where they always hold */
@@ -1098,6 +1133,27 @@ static void test_schema_table(void)
          "{\"x\":{},\"y\":{}}},{\"type\":\"object\",\"properties\":{\"y\":{}},\"required\":[\"y\"]}"
          "]}}}",
          "can start with the same property (\"y\")"},
+        /* a shared first key tells branches apart by its string values, each in one branch */
+        {"{\"type\":\"object\",\"properties\":{\"u\":{\"anyOf\":[{\"type\":\"object\","
+         "\"properties\":"
+         "{\"k\":{\"const\":1}}},{\"type\":\"object\",\"properties\":{\"k\":{\"const\":2}}}]}}}",
+         "only where its values are strings"},
+        {"{\"type\":\"object\",\"properties\":{\"u\":{\"anyOf\":[{\"type\":\"object\","
+         "\"properties\":"
+         "{\"k\":{\"enum\":[\"a\",\"b\"]}}},{\"type\":\"object\",\"properties\":{\"k\":{\"const\":"
+         "\"b\"}}}]}}}",
+         "has the value \"b\" in two of them"},
+        {"{\"type\":\"object\",\"properties\":{\"u\":{\"anyOf\":[{\"type\":\"object\","
+         "\"properties\":"
+         "{\"k\":{\"const\":\"a\"},\"m\":{\"const\":\"x\"}}},{\"type\":\"object\",\"properties\":{"
+         "\"k\":{\"const\":\"b\"},\"m\":{\"const\":\"y\"}}}]}}}",
+         "share two first properties"}, /* (k optional: m starts both too) */
+        {"{\"type\":\"object\",\"properties\":{\"u\":{\"anyOf\":[{\"type\":\"object\","
+         "\"properties\":"
+         "{\"k\":{\"const\":\"a\"},\"m\":{}}},{\"type\":\"object\",\"properties\":{\"k\":{"
+         "\"const\":"
+         "\"b\"},\"m\":{}}}]}}}",
+         "can start with the same property (\"m\") is supported only where each gives it as const"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"anyOf\":[{\"type\":\"object\"},{\"type\":"
          "\"object\",\"properties\":{\"y\":{}}}]}}}",
          "start alike"}, /* (an object of any keys beside a described one) */
@@ -1429,6 +1485,7 @@ static void test_schema_walks(void)
     schema_walks(PERSON, "nested, optional, enum, $ref, anyOf, bounds, lengths");
     schema_walks(SHAPED, "patterns, formats");
     schema_walks_every(COUNTED, "listed properties, 2..3 of them", 7);
+    schema_walks_every(PETS, "a discriminated union", 7);
 }
 
 /* ---- regex constraints ---- */
