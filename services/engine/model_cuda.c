@@ -133,7 +133,10 @@ struct bt_model_cuda {
     float *e_cat, *e_kv, *hidden, *hsel, *dlogits, *ytmp;
     uint16_t *xb, *hb;       /* bf16 activations on their way into FP8/FP4/BF16 GEMMs */
     size_t xb_cap, ytmp_cap; /* elements */
-    float *aqf; /* --dtype float32 with the activation quantization: a product's rounded input */
+    /* the activation quantization where a product whose input rounds is f32 (--dtype float32,
+     * and TP shards of any dtype): its rounded input; aq_f32 says one is */
+    float *aqf;
+    bool aq_f32;
     /* a second stream for a decode step's independent chains (the KV row and the indexer's
      * head weights beside the q_lora product, the queries beside the compressor and the
      * indexer: queries_and_kv; the shared expert beside routing and the routed
@@ -328,6 +331,12 @@ static const bt_tensor_view_t *scale_of(up_t *u, const char *name)
     return s && s->dtype == BT_DTYPE_F8_E8M0 && s->ndim == 2 ? s : NULL;
 }
 
+/* whether product w rounds its input in f32 (mm_on): then the rounded rows need their scratch */
+static void note_aq_f32(struct bt_model_cuda *cu, const dev_mat_t *w)
+{
+    if (w->aq && w->kind == MAT_F32 && w->K % 32 == 0) cu->aq_f32 = true;
+}
+
 /* A projection [N, K]: FP8 with 32x32 blocks or BF16 as stored (unless every weight goes to
  * f32), else the f32 copy the CPU loader made. The host copy is freed either way. */
 static void load_mat(up_t *u, dev_mat_t *d, float *host, int64_t N, int64_t K, const char *prefix,
@@ -498,6 +507,11 @@ static void upload_layer(up_t *u, int l)
     d->i_wq_b.aq = aq & AQ_I_WQ_B, d->i_weights_proj.aq = aq & AQ_I_WPROJ;
     d->i_wk.aq = aq & AQ_I_WK, d->sw1.aq = d->sw3.aq = aq & AQ_SHARED13;
     d->sw2.aq = aq & AQ_SHARED2, d->w13_aq = aq & AQ_W13, d->w2_aq = aq & AQ_W2;
+    const dev_mat_t *rounded[] = {&d->wq_a,  &d->wq_b,    &d->wkv,    &d->wo_b,
+                                  &d->c_wkv, &d->c_wgate, &d->i_wq_b, &d->i_weights_proj,
+                                  &d->i_wk,  &d->sw1,     &d->sw2,    &d->sw3};
+    for (size_t i = 0; i < sizeof rounded / sizeof rounded[0]; i++)
+        note_aq_f32(u->c, rounded[i]);
     u->c->bf16_experts = u->c->weights == BT_WEIGHTS_BF16;
     if (!load_fp4_experts(u, l, P)) {
         /* gate and up side by side per expert: [E][2I][D] */
@@ -537,6 +551,7 @@ static void upload_layer(up_t *u, int l)
         load_mat(u, &d->e_wkv, w->e_wkv, (int64_t)((hc + 1) * D), (int64_t)(cols * ehd), P,
                  "engram.wkv.weight");
         d->e_wkv.aq = aq & AQ_E_WKV;
+        note_aq_f32(u->c, &d->e_wkv);
         d->e_qk = upload(u, w->e_qk, hc * D);
     }
     memset(w, 0, sizeof *w); /* the host copies are gone */
@@ -554,6 +569,7 @@ static void upload_draft_head(up_t *u)
     snprintf(last, sizeof last, "mtp.%d", c->n_draft - 1);
     load_mat(u, &cu->main_proj, m->main_proj, D, T * D, "mtp.0", "main_proj.weight");
     cu->main_proj.aq = m->opt.activation_quant && m->main_proj_lowp;
+    note_aq_f32(cu, &cu->main_proj);
     load_mat(u, &cu->markov_head, m->markov_head, V, R, last, "markov_head.head.weight");
     cu->main_norm = upload(u, m->main_norm, (size_t)D);
     cu->draft_norm = upload(u, m->draft_norm, (size_t)D);
@@ -708,8 +724,7 @@ static void alloc_scratch(up_t *u)
         for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++) kmax = ks[i] > kmax ? ks[i] : kmax;
         cu->xb_cap = N * (kmax > K * D ? kmax : K * D); /* bf16 experts convert every routed row */
         cu->xb = (uint16_t *)dev_alloc(u, cu->xb_cap * 2, &cu->scratch_bytes);
-        if (m->opt.activation_quant && cu->weights == BT_WEIGHTS_F32)
-            cu->aqf = scratch(u, cu->xb_cap);
+        if (cu->aq_f32) cu->aqf = scratch(u, cu->xb_cap);
         cu->hb = (uint16_t *)dev_alloc(u, N * K * I * 2, &cu->scratch_bytes);
         cu->ytmp_cap = N * (R > I ? R : I);
         cu->ytmp = scratch(u, cu->ytmp_cap);
@@ -1173,8 +1188,10 @@ static bt_status_t mm_on(fwd_t *f, bool side, float *y, int ldy, const float *x,
     /* the activation quantization's rounding, as model.c's aq_input (K in whole blocks) */
     const bool aq = w->aq && K % 32 == 0;
     if (w->kind == MAT_F32 && aq) {
-        if (side || !cu->aqf || (size_t)M * K > cu->xb_cap) {
-            snprintf(err, errlen, "cuda forward: a %dx%dx%d product exceeds the scratch", M, N, K);
+        if (side || !cu->aqf || (size_t)M * K > cu->xb_cap) { /* (side_ok: FP8 products only) */
+            snprintf(err, errlen,
+                     "cuda forward: no scratch for the rounded input of an f32 %dx%dx%d product%s",
+                     M, N, K, side ? " on the side stream" : "");
             return BT_ERR_INTERNAL;
         }
         CK(bt_cuda_act_quant(cu->aqf, BT_CUDA_F32, x, BT_CUDA_F32, M, K, ldx, st));

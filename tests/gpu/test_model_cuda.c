@@ -818,6 +818,7 @@ static bt_model_t *load_demo_with(const char *dir, int device, int weights, bool
     opt.engram_classes = classes;
     opt.draft = draft;
     opt.activation_quant = act_quant;
+    opt.comm = tp_comm_of_thread; /* (NULL: TP 1) */
     bt_model_t *m = NULL;
     if (bt_model_load(dir, &opt, &m, err, sizeof err) != BT_OK) {
         fprintf(stderr, "load demo (%s%s): %s\n", device == BT_DEVICE_CUDA ? "cuda" : "cpu",
@@ -1248,6 +1249,37 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* A rank of a TP group on the demo model, its checkpoint's formats, quantizing activations: the
+ * sharded projections go to the GPU in f32 and round their inputs through their own scratch
+ * (which only --dtype float32 had, so TP groups of --dtype auto failed their first forward) */
+typedef struct {
+    const char *dir;
+    bt_comm_t *comm;
+    float *logits; /* [AQ_PL + AQ_GEN][V] */
+    int32_t gen[8];
+    bool ok;
+} aq_rank_t;
+enum { AQ_PL = 24, AQ_GEN = 8 };
+
+static void *aq_rank(void *arg)
+{
+    aq_rank_t *r = arg;
+    char err[256] = "";
+    tp_comm_of_thread = r->comm;
+    bt_model_t *m = load_demo_with(r->dir, BT_DEVICE_CUDA, BT_WEIGHTS_AUTO, false, false, true);
+    tp_comm_of_thread = NULL;
+    if (!m) return NULL;
+    const int V = bt_model_config(m)->vocab;
+    int32_t prompt[AQ_PL];
+    for (int i = 0; i < AQ_PL; i++) prompt[i] = (int32_t)((i * 37 + 11) % V);
+    r->logits = malloc((size_t)(AQ_PL + AQ_GEN) * V * sizeof(float));
+    r->ok = golden_prompt_then_greedy(m, MAX_CTX, prompt, AQ_PL, AQ_GEN, r->logits, r->gen, err,
+                                      sizeof err);
+    if (!r->ok) fprintf(stderr, "TP rank with --activation-quant: %s\n", err);
+    bt_model_destroy(m);
+    return NULL;
+}
+
 /* The reference deployment's activation rounding (--activation-quant fp8) on the GPU against
  * the CPU engine's, on the demo model (every projection but wo_a FP8, the experts FP4, K in
  * whole blocks of 32): a prompt's logits at every position, then GEN greedy steps. The
@@ -1333,6 +1365,32 @@ static void test_activation_quant(void)
         BT_CHECK_MSG(ids[AUTO_ON][0] == ids[CPU_ON][0], "checkpoint formats: the first id differs");
         BT_CHECK_MSG(med[4] > 10.0 * med[2] && med[4] > 1e-3,
                      "the rounding moved the median by %g only", med[4]);
+    }
+    /* TP 2 (ranks as threads on this GPU), the checkpoint's formats: both ranks run, with finite
+     * logits and the same greedy ids */
+    {
+        bt_comm_t *comms[2];
+        BT_CHECK(bt_comm_threads_create(2, comms) == BT_OK);
+        aq_rank_t rk[2];
+        pthread_t th[2];
+        for (int k = 0; k < 2; k++) {
+            rk[k] = (aq_rank_t){.dir = dir, .comm = comms[k]};
+            pthread_create(&th[k], NULL, aq_rank, &rk[k]);
+        }
+        for (int k = 0; k < 2; k++)
+            pthread_join(th[k], NULL);
+        BT_CHECK_MSG(rk[0].ok && rk[1].ok, "TP2 with --activation-quant fp8 did not run");
+        if (rk[0].ok && rk[1].ok) {
+            BT_CHECK(!memcmp(rk[0].gen, rk[1].gen, sizeof rk[0].gen));
+            bool finite = true;
+            for (size_t i = 0; i < (size_t)(AQ_PL + AQ_GEN) * V; i++)
+                finite = finite && isfinite(rk[0].logits[i]);
+            BT_CHECK_MSG(finite, "TP2 with --activation-quant fp8: a logit not finite");
+        }
+        for (int k = 0; k < 2; k++) {
+            free(rk[k].logits);
+            bt_comm_destroy(comms[k]);
+        }
     }
     for (int k = 0; k < NRUNS; k++)
         free(lg[k]);
