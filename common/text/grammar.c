@@ -593,39 +593,77 @@ static uint16_t lit_lookup(const rules_t *r, uint16_t root, const char *text)
     return n;
 }
 
-/* The string values of enum node e (trie at k, text so far in buf) into union u's
- * discriminator trie with term 64 * i + j (branch i, property j); false (with a message) on a
- * value that is not a string or that another branch has too */
-static bool disc_values(rules_t *r, compile_t *cc, int u, int i, int j, uint16_t k, char *buf,
-                        int len, const char *key, const char *what)
+/* Each text below node k of a literal trie that ends there (its first len bytes already in
+ * buf): visit(r, cc, ctx, text, term), stopping at the first false; `noun` names the texts in
+ * the message for one past 1000 bytes */
+typedef bool (*lit_visit_fn)(rules_t *r, compile_t *cc, void *ctx, const char *text, int16_t term);
+static bool lit_walk(rules_t *r, compile_t *cc, uint16_t k, char *buf, int len, const char *noun,
+                     lit_visit_fn visit, void *ctx)
 {
     if (r->lit[k].term >= 0) {
         buf[len] = 0;
-        if (buf[0] != '"') {
-            cfail(cc,
-                  "json_schema: %s of objects that start with the same property (%.100s) "
-                  "is supported only where its values are strings",
-                  what, key);
-            return false;
-        }
-        if (!lit_insert(r, cc, r->nodes[r->nodes[u].items].lit, buf, (int16_t)(64 * i + j), 0)) {
-            if (!cc->failed)
-                cfail(cc,
-                      "json_schema: %s of objects whose first property (%.100s) has the value "
-                      "%.100s in two of them",
-                      what, key, buf);
-            return false;
-        }
+        if (!visit(r, cc, ctx, buf, r->lit[k].term)) return false;
     }
     for (uint16_t c = r->lit[k].child; c; c = r->lit[c].sibling) {
         if (len >= 1000) {
-            cfail(cc, "json_schema: an enum value of more than 1000 bytes");
+            cfail(cc, "json_schema: %s of more than 1000 bytes", noun);
             return false;
         }
         buf[len] = (char)r->lit[c].byte;
-        if (!disc_values(r, cc, u, i, j, c, buf, len + 1, key, what)) return false;
+        if (!lit_walk(r, cc, c, buf, len + 1, noun, visit, ctx)) return false;
     }
     return true;
+}
+
+/* a discriminator's values from one branch: union u, branch i, its property j (the key) */
+typedef struct {
+    int u, i, j;
+    const char *key, *what;
+} disc_ctx_t;
+
+/* One value of a branch's discriminator into union u's discriminator trie with term
+ * 64 * i + j; false (with a message) on a value that is not a string or that another branch
+ * has too */
+static bool disc_value(rules_t *r, compile_t *cc, void *ctx, const char *text, int16_t term)
+{
+    (void)term;
+    const disc_ctx_t *d = ctx;
+    if (text[0] != '"') {
+        cfail(cc,
+              "json_schema: %s of objects that start with the same property (%.100s) "
+              "is supported only where its values are strings",
+              d->what, d->key);
+        return false;
+    }
+    if (!lit_insert(r, cc, r->nodes[r->nodes[d->u].items].lit, text, (int16_t)(64 * d->i + d->j),
+                    0)) {
+        if (!cc->failed)
+            cfail(cc,
+                  "json_schema: %s of objects whose first property (%.100s) has the value "
+                  "%.100s in two of them",
+                  d->what, d->key, text);
+        return false;
+    }
+    return true;
+}
+
+/* Branch i of union u gives its key (its property j) the values of an enum, into the union's
+ * discriminator; false (with a message) where the property is not an enum */
+static bool disc_values(rules_t *r, compile_t *cc, int u, int i, int j, const char *key,
+                        const char *what)
+{
+    const uint16_t v = r->refs_list[r->nodes[u].first + i];
+    const uint16_t e = r->refs_list[r->nodes[v].first + j];
+    if (r->nodes[e].kind != K_ENUM) {
+        cfail(cc,
+              "json_schema: %s of objects that can start with the same property (%.100s) is "
+              "supported only where each gives it as const or enum strings",
+              what, key);
+        return false;
+    }
+    char buf[1024];
+    disc_ctx_t d = {u, i, j, key, what};
+    return lit_walk(r, cc, r->nodes[e].lit, buf, 0, "an enum value", disc_value, &d);
 }
 
 /* Branch i of union u starts with key `key` (its property j), which an earlier branch starts
@@ -635,7 +673,6 @@ static bool disc_branch(rules_t *r, compile_t *cc, int u, uint16_t at, int i, in
                         const char *key, const char *what)
 {
     const int t0 = r->lit[at].term;
-    char buf[1024];
     if (t0 != DISC_TERM) { /* the union's first shared key: its discriminator from now on */
         if (r->nodes[u].items) {
             cfail(cc,
@@ -651,52 +688,30 @@ static bool disc_branch(rules_t *r, compile_t *cc, int u, uint16_t at, int i, in
         r->nodes[e].lit = (uint16_t)root;
         set_bit(r->nodes[e].starts, '"');
         r->nodes[u].items = (uint16_t)e;
-        const int i0 = t0 / 64, j0 = t0 % 64;
-        const uint16_t v0 = r->refs_list[r->nodes[u].first + i0];
-        const uint16_t e0 = r->refs_list[r->nodes[v0].first + j0];
-        if (r->nodes[e0].kind != K_ENUM) goto not_enum;
-        if (!disc_values(r, cc, u, i0, j0, r->nodes[e0].lit, buf, 0, key, what)) return false;
+        if (!disc_values(r, cc, u, t0 / 64, t0 % 64, key, what)) return false;
         r->lit[at].term = DISC_TERM;
     }
-    {
-        const uint16_t vi = r->refs_list[r->nodes[u].first + i];
-        const uint16_t ei = r->refs_list[r->nodes[vi].first + j];
-        if (r->nodes[ei].kind != K_ENUM) goto not_enum;
-        return disc_values(r, cc, u, i, j, r->nodes[ei].lit, buf, 0, key, what);
-    }
-not_enum:
-    cfail(cc,
-          "json_schema: %s of objects that can start with the same property (%.100s) is "
-          "supported only where each gives it as const or enum strings",
-          what, key);
-    return false;
+    return disc_values(r, cc, u, i, j, key, what);
 }
 
-/* An object union's keys: those of object o (literal trie at node k, text so far in buf) that
- * o allows first, under root with term 64 * i + their index (a key an earlier branch starts
- * with too: the discriminator) */
-static bool union_keys(rules_t *r, compile_t *cc, int u, uint16_t root, int i, const snode_t *o,
-                       uint16_t k, char *buf, int len, const char *what)
+/* an object union's keys from one branch: union u (key trie at root), branch i, object o */
+typedef struct {
+    int u;
+    uint16_t root;
+    int i;
+    const snode_t *o;
+    const char *what;
+} union_ctx_t;
+
+/* One key of branch i into union u's key trie with term 64 * i + its index, where the branch
+ * allows it first (a key an earlier branch starts with too: the discriminator) */
+static bool union_key(rules_t *r, compile_t *cc, void *ctx, const char *text, int16_t term)
 {
-    if (r->lit[k].term >= 0 && ((keys_allowed(o, 0) >> r->lit[k].term) & 1)) {
-        buf[len] = 0;
-        if (!lit_insert(r, cc, root, buf, (int16_t)(64 * i + r->lit[k].term), 1)) {
-            if (cc->failed) return false;
-            char key[1024];
-            memcpy(key, buf, (size_t)len + 1);
-            if (!disc_branch(r, cc, u, lit_lookup(r, root, key), i, r->lit[k].term, key, what))
-                return false;
-        }
-    }
-    for (uint16_t c = r->lit[k].child; c; c = r->lit[c].sibling) {
-        if (len >= 1000) {
-            cfail(cc, "json_schema: a property name of more than 1000 bytes");
-            return false;
-        }
-        buf[len] = (char)r->lit[c].byte;
-        if (!union_keys(r, cc, u, root, i, o, c, buf, len + 1, what)) return false;
-    }
-    return true;
+    const union_ctx_t *x = ctx;
+    if (!((keys_allowed(x->o, 0) >> term) & 1)) return true;
+    if (lit_insert(r, cc, x->root, text, (int16_t)(64 * x->i + term), 1)) return true;
+    return !cc->failed &&
+           disc_branch(r, cc, x->u, lit_lookup(r, x->root, text), x->i, term, text, x->what);
 }
 
 /* Described objects among a union's branches, as one branch: an object's first key says which
@@ -723,7 +738,8 @@ static int object_union(rules_t *r, compile_t *cc, const int *obj, int n, const 
             return -1;
         }
         if (!o.required) r->nodes[u].empty_ok = true;
-        if (!union_keys(r, cc, u, (uint16_t)root, i, &o, o.lit, buf, 0, what)) return -1;
+        const union_ctx_t x = {u, (uint16_t)root, i, &o, what};
+        if (!lit_walk(r, cc, o.lit, buf, 0, "a property name", union_key, (void *)&x)) return -1;
     }
     return u;
 }
@@ -795,6 +811,19 @@ static bool count_bounds(compile_t *cc, const cJSON *s, const char *min_kw, cons
     return true;
 }
 
+/* An object without listed properties: any keys, each value of node v, min..max of them */
+static int generic_object(rules_t *r, compile_t *cc, int v, int16_t min_p, int16_t max_p)
+{
+    const int o = new_snode(r, cc, K_OBJECT);
+    if (o < 0) return -1;
+    r->nodes[o].generic = true;
+    r->nodes[o].items = (uint16_t)v;
+    r->nodes[o].min_items = min_p;
+    r->nodes[o].max_items = max_p;
+    starts_of_kind(K_OBJECT, r->nodes[o].starts);
+    return o;
+}
+
 static int compile_object(rules_t *r, compile_t *cc, const cJSON *s, int depth)
 {
     const cJSON *props = cJSON_GetObjectItemCaseSensitive(s, "properties");
@@ -805,7 +834,7 @@ static int compile_object(rules_t *r, compile_t *cc, const cJSON *s, int depth)
         return -1;
     }
     /* minProperties / maxProperties: counted where no properties are listed (the keys of a
-     * map, a free-form tool's parameters); beside listed ones only where they always hold */
+     * map, a free-form tool's parameters), and beside listed ones where they bind (below) */
     int64_t lo_p, hi_p;
     if (!count_bounds(cc, s, "minProperties", "maxProperties", 255, &lo_p, &hi_p)) return -1;
     const bool counted = lo_p > 0 || hi_p >= 0;
@@ -823,15 +852,7 @@ static int compile_object(rules_t *r, compile_t *cc, const cJSON *s, int depth)
             return -1;
         }
         const int v = compile_node(r, cc, extra, depth + 1);
-        if (v < 0) return -1;
-        const int o = new_snode(r, cc, K_OBJECT);
-        if (o < 0) return -1;
-        r->nodes[o].generic = true;
-        r->nodes[o].items = (uint16_t)v;
-        r->nodes[o].min_items = min_p;
-        r->nodes[o].max_items = max_p;
-        starts_of_kind(K_OBJECT, r->nodes[o].starts);
-        return o;
+        return v < 0 ? -1 : generic_object(r, cc, v, min_p, max_p);
     }
     if (props && !cJSON_IsObject(props)) {
         cfail(cc, "json_schema: properties must be an object");
@@ -846,15 +867,8 @@ static int compile_object(rules_t *r, compile_t *cc, const cJSON *s, int depth)
             cfail(cc, "json_schema: required names properties the schema does not describe");
             return -1;
         }
-        if (!counted) return NODE_ANY_OBJECT;
-        const int o = new_snode(r, cc, K_OBJECT); /* any keys and values, so many of them */
-        if (o < 0) return -1;
-        r->nodes[o].generic = true;
-        r->nodes[o].items = NODE_ANY;
-        r->nodes[o].min_items = min_p;
-        r->nodes[o].max_items = max_p;
-        starts_of_kind(K_OBJECT, r->nodes[o].starts);
-        return o;
+        /* any keys and values, so many of them */
+        return counted ? generic_object(r, cc, NODE_ANY, min_p, max_p) : NODE_ANY_OBJECT;
     }
     const int n = props ? cJSON_GetArraySize(props) : 0;
     if (n > BT_GRAMMAR_MAX_PROPERTIES) {

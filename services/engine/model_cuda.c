@@ -1173,6 +1173,23 @@ static bool fp8_via_cublas(const struct bt_model_cuda *cu, int M)
     return M >= FP8_WIDE_ROWS && cu->wdq;
 }
 
+/* x's rows as a product's bf16 input: where the activation quantization applies (aq, K in whole
+ * blocks of 32) rounded as model.c's aq_input rounds (the rounded values are bf16s: exact),
+ * else rounded to bf16 */
+static bt_status_t product_rows(uint16_t *xb, const float *x, int rows, int K, int ldx, bool aq,
+                                cudaStream_t st)
+{
+    return aq && K % 32 == 0 ? bt_cuda_act_quant(xb, BT_CUDA_BF16, x, BT_CUDA_F32, rows, K, ldx, st)
+                             : bt_cuda_to_bf16(xb, x, rows, K, ldx, st);
+}
+
+/* dense rows x[rows, K] of dtype dt rounded in place where the activation quantization applies */
+static bt_status_t round_rows(void *x, bt_cuda_dtype_t dt, int rows, int K, bool aq,
+                              cudaStream_t st)
+{
+    return aq && K % 32 == 0 ? bt_cuda_act_quant(x, dt, x, dt, rows, K, K, st) : BT_OK;
+}
+
 /* on stream `side`, with its own scratch, when side is true (side_ok's products only) */
 static bt_status_t mm_on(fwd_t *f, bool side, float *y, int ldy, const float *x, int ldx,
                          const dev_mat_t *w, int M)
@@ -1202,10 +1219,7 @@ static bt_status_t mm_on(fwd_t *f, bool side, float *y, int ldy, const float *x,
         snprintf(err, errlen, "cuda forward: a %dx%dx%d product exceeds the scratch", M, N, K);
         return BT_ERR_INTERNAL;
     }
-    if (aq) /* (the rounded values are bf16s: exact) */
-        CK(bt_cuda_act_quant(xb, BT_CUDA_BF16, x, BT_CUDA_F32, M, K, ldx, st));
-    else
-        CK(bt_cuda_to_bf16(xb, x, M, K, ldx, st));
+    CK(product_rows(xb, x, M, K, ldx, aq, st));
     float *out = ldy == N ? y : ytmp;
     if (w->kind == MAT_FP8 && fp8_via_cublas(cu, M)) {
         CK(bt_cuda_dequant_fp8(cu->wdq, (const uint8_t *)w->w, w->scale, N, K, st));
@@ -1823,15 +1837,11 @@ static bt_status_t fp4_experts(fwd_t *f, int l, const int32_t *xrow_d, const int
     size_t errlen = f->errlen;
     cudaStream_t st = cu->stream;
     int N = f->N, D = c->hidden, I = f->m->il, total = N * w->n_active;
-    if (w->w13_aq && D % 32 == 0)
-        CK(bt_cuda_act_quant(cu->xb, BT_CUDA_BF16, cu->xin, BT_CUDA_F32, N, D, D, st));
-    else
-        CK(bt_cuda_to_bf16(cu->xb, cu->xin, N, D, D, st));
+    CK(product_rows(cu->xb, cu->xin, N, D, D, w->w13_aq, st));
     CK(bt_cuda_gemm_fp4_grouped_list(cu->gu, BT_CUDA_F32, cu->xb, xrow_d, offs_d, experts_d, n_listed, max_rows,
                                      w->w13_q, w->w13_s, 2 * I, D, st));
     CK(bt_cuda_swiglu(cu->hb, BT_CUDA_BF16, cu->gu, wt_d, total, I, (float)c->swiglu_limit, st));
-    if (w->w2_aq && I % 32 == 0)
-        CK(bt_cuda_act_quant(cu->hb, BT_CUDA_BF16, cu->hb, BT_CUDA_BF16, total, I, I, st));
+    CK(round_rows(cu->hb, BT_CUDA_BF16, total, I, w->w2_aq, st));
     CK(bt_cuda_gemm_fp4_grouped_list(cu->yg, BT_CUDA_F32, cu->hb, NULL, offs_d, experts_d, n_listed, max_rows,
                                      w->w2_q, w->w2_s, D, I, st));
     return BT_OK;
@@ -1934,10 +1944,7 @@ static bt_status_t moe(fwd_t *f, int l)
             snprintf(err, errlen, "cuda forward: %d expert rows exceed the scratch", total);
             return BT_ERR_INTERNAL;
         }
-        if (w->w13_aq && D % 32 == 0)
-            CK(bt_cuda_act_quant(cu->xb, BT_CUDA_BF16, cu->xg, BT_CUDA_F32, total, D, D, st));
-        else
-            CK(bt_cuda_to_bf16(cu->xb, cu->xg, total, D, D, st));
+        CK(product_rows(cu->xb, cu->xg, total, D, D, w->w13_aq, st));
         for (int e = 0; e < E; e++) {
             int rc = off[e + 1] - off[e];
             if (!rc) continue;
@@ -1945,8 +1952,7 @@ static bt_status_t moe(fwd_t *f, int l)
                                  w->w13_bf + (size_t)e * 2 * I * D, rc, 2 * I, D, st));
         }
         CK(bt_cuda_swiglu(cu->hb, BT_CUDA_BF16, cu->gu, wt_d, total, I, limit, st));
-        if (w->w2_aq && I % 32 == 0)
-            CK(bt_cuda_act_quant(cu->hb, BT_CUDA_BF16, cu->hb, BT_CUDA_BF16, total, I, I, st));
+        CK(round_rows(cu->hb, BT_CUDA_BF16, total, I, w->w2_aq, st));
         for (int e = 0; e < E; e++) {
             int rc = off[e + 1] - off[e];
             if (!rc) continue;
@@ -1956,8 +1962,7 @@ static bt_status_t moe(fwd_t *f, int l)
     } else {
         CK(plan_send(cu, xrow, xrow_d, (size_t)total * sizeof(int64_t), err, errlen));
         CK(bt_cuda_gather_rows(cu->xg, cu->xin, xrow_d, total, D, st));
-        if (w->w13_aq && D % 32 == 0)
-            CK(bt_cuda_act_quant(cu->xg, BT_CUDA_F32, cu->xg, BT_CUDA_F32, total, D, D, st));
+        CK(round_rows(cu->xg, BT_CUDA_F32, total, D, w->w13_aq, st));
         for (int e = 0; e < E; e++) {
             int rc = off[e + 1] - off[e];
             if (!rc) continue;
@@ -1965,8 +1970,7 @@ static bt_status_t moe(fwd_t *f, int l)
                                 w->w13 + (size_t)e * 2 * I * D, rc, 2 * I, D, st));
         }
         CK(bt_cuda_swiglu(cu->hbuf, BT_CUDA_F32, cu->gu, wt_d, total, I, limit, st));
-        if (w->w2_aq && I % 32 == 0)
-            CK(bt_cuda_act_quant(cu->hbuf, BT_CUDA_F32, cu->hbuf, BT_CUDA_F32, total, I, I, st));
+        CK(round_rows(cu->hbuf, BT_CUDA_F32, total, I, w->w2_aq, st));
         for (int e = 0; e < E; e++) {
             int rc = off[e + 1] - off[e];
             if (!rc) continue;
