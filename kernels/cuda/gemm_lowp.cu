@@ -1155,10 +1155,30 @@ static bool wgrs_on(void)
     return bt__env_switch("BT_CUDA_WGRS", &once);
 }
 
+/* An experiment, off by default: BT_CUDA_WGRS_PF=D (even, in 64-k chunks) has gemm_fp4_wgrs ask
+ * L2 for each column's weights D chunks past the ones it copies into shared memory (64 bytes, a
+ * 128-k pair of chunks, at a time). The prefill's experts are about as bound by the weights'
+ * bytes as by the MMAs (an expert's ~64 rows: 241 FLOPs a weight byte against the H100's 257
+ * at the bf16 rate), and the ring keeps only two chunks of weights in flight a block. */
+static int wgrs_pf(void)
+{
+    static int once = -1;
+    static const int allowed[] = {0, 4, 8, 16, 32};
+    return bt__env_choice("BT_CUDA_WGRS_PF", allowed, 5, 0, &once);
+}
+
+/* asks L2 for the 64 bytes at p (16-byte aligned), nothing waits for them (sm_90) */
+__device__ __forceinline__ void prefetch_l2_64(const void *p)
+{
+#ifdef BT_WGMMA
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], 64;\n" ::"l"(p) : "memory");
+#endif
+}
+
 template <int NT, typename OT>
 __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t *ws, int N, int K,
                                           int m0, int mr, int n0, unsigned char *smem,
-                                          const __nv_bfloat16 *const *arow)
+                                          const __nv_bfloat16 *const *arow, int pf)
 {
 #ifdef BT_WGMMA
     const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, c = lane & 3;
@@ -1195,8 +1215,12 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
                 cp_async_sh<16>(sx + x_dst + 4096 * j, x_src[j] + k0, r < mr);
         }
         cp_async_sh<16>(sx + RS_HALVES * RS_X_HALF + 16 * tid, w_src + k0 / 2, wn < N);
-        if (decltype(first_c)::value && tid < RS_COLS)
+        if (decltype(first_c)::value && tid < RS_COLS) {
             cp_async_sh<4>(sx + RS_S_OFF + 4 * tid, s_src + k0 / 128 * 4, sn < N);
+            /* (experiment) column sn's 128 k pf chunks past these into L2 */
+            if (pf && sn < N && k0 + pf * RS_CHUNK < K)
+                prefetch_l2_64(w + (size_t)sn * (K / 2) + (k0 + pf * RS_CHUNK) / 2);
+        }
     };
     static_assert(RS_CHUNK * 2 == 128 && RS_STAGES % 2 == 0,
                   "two chunks a 128-k scale word, taken in the same parity of stages");
@@ -1322,7 +1346,7 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
 template <typename OT>
 __global__ void __launch_bounds__(RS_THREADS, RS_BLOCKS_PER_SM)
     gemm_fp4_wgrs(OT *y, const __nv_bfloat16 *x, const int32_t *rows, const int32_t *offs,
-                  const uint8_t *w, const uint8_t *ws, int N, int K, const int32_t *elist)
+                  const uint8_t *w, const uint8_t *ws, int N, int K, const int32_t *elist, int pf)
 {
 #ifdef BT_WGMMA
     bt_grid_begin();
@@ -1343,7 +1367,7 @@ __global__ void __launch_bounds__(RS_THREADS, RS_BLOCKS_PER_SM)
     unsigned char *smem =
         rs_smem + ((1024 - ((uint32_t)__cvta_generic_to_shared(rs_smem) & 1023)) & 1023);
     /* N: the tile's rows rounded up to 16 */
-#define BT__WGRS_TILE(NT) wgrs_tile<NT>(y, w, ws, N, K, m0, mr, n0, smem, arow)
+#define BT__WGRS_TILE(NT) wgrs_tile<NT>(y, w, ws, N, K, m0, mr, n0, smem, arow, pf)
     /* clang-format off */
     switch ((mr + 15) / 16) {
     case 1: BT__WGRS_TILE(16); break;
@@ -1520,10 +1544,10 @@ static bt_status_t launch(void *y, bt_cuda_dtype_t yd, const uint16_t *x, const 
         dim3 grid(bt__cdiv(N, RS_COLS), bt__cdiv(max_rows, RS_ROWS), groups);
         if (yd == BT_CUDA_BF16)
             bt__launch(gemm_fp4_wgrs<__nv_bfloat16>, grid, RS_THREADS, RS_SMEM, stream,
-                       (__nv_bfloat16 *)y, xb, rows, offs, w, ws, N, K, elist);
+                       (__nv_bfloat16 *)y, xb, rows, offs, w, ws, N, K, elist, wgrs_pf());
         else
             bt__launch(gemm_fp4_wgrs<float>, grid, RS_THREADS, RS_SMEM, stream, (float *)y, xb,
-                       rows, offs, w, ws, N, K, elist);
+                       rows, offs, w, ws, N, K, elist, wgrs_pf());
     } else if (FMT == FMT_FP4 && mma_ok && (uintptr_t)ws % 4 == 0 && ft_smem_ready()) {
         /* (grouped only: rows K and N apart, as the plain layout) */
         dim3 grid(bt__cdiv(N, FT_COLS), bt__cdiv(max_rows, FT_ROWS), groups);
