@@ -53,7 +53,8 @@ enum {
     K_ENUM,
     K_UNION,
     K_OBJUNION /* anyOf of described objects: told apart by their first key, or by the string
-                * value of a first key they share (a discriminator) */
+                * value of a first key they share (a discriminator); first keys counted after
+                * the properties all of them start with alike (prefix) */
 };
 enum { NODE_ANY = 0, NODE_ANY_OBJECT = 1, NODE_ANY_ARRAY = 2 }; /* in every schema */
 enum { FREE_PARAMS = 16 }; /* parameters a call of a tool that lists none may have */
@@ -76,7 +77,9 @@ typedef struct {
                                    * none. A described object counts its keys (frame_t.n) only
                                    * where they may bind. */
     bool bounded;    /* integer: its value in lo..hi; number: in nlo..nhi; string: its length */
-    bool empty_ok;   /* object union: some branch may be {} */
+    bool empty_ok;   /* object union: some branch may end after the prefix (be {} without) */
+    uint8_t prefix;  /* object union: the properties every branch starts with alike (required,
+                      * the same key and schema), read as its first branch's */
     uint8_t rx;      /* string: 1 + its pattern's index in rx[]; 0: none */
     int64_t lo, hi;  /* (a string's in characters, hi -1: none) */
     wide_t nlo, nhi; /* a number's, in units of 10^-NUM_FRAC */
@@ -694,28 +697,115 @@ static bool disc_branch(rules_t *r, compile_t *cc, int u, uint16_t at, int i, in
     return disc_values(r, cc, u, i, j, key, what);
 }
 
-/* an object union's keys from one branch: union u (key trie at root), branch i, object o */
+/* an object union's keys from one branch: union u (key trie at root), branch i, object o,
+ * whose keys count from property p0 (after the union's prefix) */
 typedef struct {
     int u;
     uint16_t root;
-    int i;
+    int i, p0;
     const snode_t *o;
     const char *what;
 } union_ctx_t;
 
 /* One key of branch i into union u's key trie with term 64 * i + its index, where the branch
- * allows it first (a key an earlier branch starts with too: the discriminator) */
+ * allows it first after the prefix (a key an earlier branch has there too: the
+ * discriminator) */
 static bool union_key(rules_t *r, compile_t *cc, void *ctx, const char *text, int16_t term)
 {
     const union_ctx_t *x = ctx;
-    if (!((keys_allowed(x->o, 0) >> term) & 1)) return true;
+    if (!((keys_allowed(x->o, (unsigned)x->p0) >> term) & 1)) return true;
     if (lit_insert(r, cc, x->root, text, (int16_t)(64 * x->i + term), 1)) return true;
     return !cc->failed &&
            disc_branch(r, cc, x->u, lit_lookup(r, x->root, text), x->i, term, text, x->what);
 }
 
-/* Described objects among a union's branches, as one branch: an object's first key says which
- * it is (their first keys must differ); {} where some branch requires nothing. */
+/* Whether two literal tries hold the same texts with the same terms, built alike (the same
+ * texts inserted in the same order, as one schema's text compiled twice does) */
+static bool lit_same(const rules_t *r, uint16_t a, uint16_t b)
+{
+    if (r->lit[a].byte != r->lit[b].byte || r->lit[a].term != r->lit[b].term ||
+        r->lit[a].below != r->lit[b].below)
+        return false;
+    uint16_t x = r->lit[a].child, y = r->lit[b].child;
+    for (; x && y; x = r->lit[x].sibling, y = r->lit[y].sibling)
+        if (!lit_same(r, x, y)) return false;
+    return !x && !y;
+}
+
+/* Whether nodes a and b accept the same values: the same node, or built alike from equal
+ * schemas (a schema repeated in two branches rather than named once in $defs). Conservative:
+ * patterns compiled twice differ, and past a depth (a schema that refers to itself) it says
+ * no. */
+static bool same_schema(const rules_t *r, uint16_t a, uint16_t b, int depth)
+{
+    if (a == b) return true;
+    if (depth > 16) return false;
+    const snode_t *x = &r->nodes[a], *y = &r->nodes[b];
+    if (x->kind != y->kind || x->generic != y->generic || x->n != y->n ||
+        x->min_items != y->min_items || x->max_items != y->max_items || x->bounded != y->bounded ||
+        x->empty_ok != y->empty_ok || x->prefix != y->prefix || x->rx != y->rx || x->lo != y->lo ||
+        x->hi != y->hi || x->nlo != y->nlo || x->nhi != y->nhi || x->mult != y->mult ||
+        x->required != y->required || memcmp(x->starts, y->starts, sizeof x->starts) != 0)
+        return false;
+    const bool listed = (x->kind == K_OBJECT && !x->generic) || x->kind == K_UNION ||
+                        x->kind == K_OBJUNION; /* children in refs_list */
+    if ((listed && x->kind != K_UNION) || x->kind == K_ENUM) {
+        if (!lit_same(r, x->lit, y->lit)) return false;
+    }
+    if (x->kind == K_ARRAY || (x->kind == K_OBJECT && x->generic) ||
+        (x->kind == K_OBJUNION && (x->items || y->items))) {
+        if (!x->items || !y->items ? x->items != y->items
+                                   : !same_schema(r, x->items, y->items, depth + 1))
+            return false;
+    }
+    if (listed)
+        for (int i = 0; i < x->n; i++)
+            if (!same_schema(r, r->refs_list[x->first + i], r->refs_list[y->first + i], depth + 1))
+                return false;
+    return true;
+}
+
+/* the key of property j of described object o, as a JSON string (quotes included), into buf
+ * (of 1024 bytes); false if not found */
+static bool key_text(const rules_t *r, uint16_t k, int j, char *buf, int len)
+{
+    if (r->lit[k].term == j && len > 0) {
+        buf[len] = 0;
+        return true;
+    }
+    for (uint16_t c = r->lit[k].child; c; c = r->lit[c].sibling) {
+        if (len >= 1023) return false;
+        buf[len] = (char)r->lit[c].byte;
+        if (key_text(r, c, j, buf, len + 1)) return true;
+    }
+    return false;
+}
+
+/* The properties every one of n described objects starts with alike: required, under the same
+ * key, of the same schema (compiled alike), in the same place. Such a union is read as its
+ * first branch through them, and told apart by the keys that follow (a Pydantic model whose
+ * discriminator comes after fields its variants share). */
+static int shared_prefix(const rules_t *r, const int *obj, int n)
+{
+    const snode_t *lead = &r->nodes[obj[0]];
+    int p = 0;
+    char k0[1024], k1[1024];
+    for (; p < lead->n && p < 63; p++) {
+        if (!((lead->required >> p) & 1) || !key_text(r, lead->lit, p, k0, 0)) return p;
+        const uint16_t v0 = r->refs_list[lead->first + p];
+        for (int i = 1; i < n; i++) {
+            const snode_t *o = &r->nodes[obj[i]];
+            if (p >= o->n || !((o->required >> p) & 1) || !key_text(r, o->lit, p, k1, 0) ||
+                strcmp(k0, k1) != 0 || !same_schema(r, v0, r->refs_list[o->first + p], 0))
+                return p;
+        }
+    }
+    return p;
+}
+
+/* Described objects among a union's branches, as one branch: after the properties they all
+ * start with alike (shared_prefix), an object's next key says which it is (those keys must
+ * differ, or be a discriminator); {} there where some branch requires nothing more. */
 static int object_union(rules_t *r, compile_t *cc, const int *obj, int n, const char *what)
 {
     const int u = new_snode(r, cc, K_OBJUNION);
@@ -726,6 +816,8 @@ static int object_union(rules_t *r, compile_t *cc, const int *obj, int n, const 
     r->nodes[u].n = (uint8_t)n;
     r->nodes[u].lit = (uint16_t)root;
     starts_of_kind(K_OBJECT, r->nodes[u].starts);
+    const int p0 = shared_prefix(r, obj, n);
+    r->nodes[u].prefix = (uint8_t)p0;
     char buf[1024];
     for (int i = 0; i < n; i++) {
         list_push(r, (uint16_t)obj[i]);
@@ -737,8 +829,8 @@ static int object_union(rules_t *r, compile_t *cc, const int *obj, int n, const 
                   what);
             return -1;
         }
-        if (!o.required) r->nodes[u].empty_ok = true;
-        const union_ctx_t x = {u, (uint16_t)root, i, &o, what};
+        if (!(o.required >> p0)) r->nodes[u].empty_ok = true;
+        const union_ctx_t x = {u, (uint16_t)root, i, p0, &o, what};
         if (!lit_walk(r, cc, o.lit, buf, 0, "a property name", union_key, (void *)&x)) return -1;
     }
     return u;
@@ -1405,7 +1497,8 @@ typedef struct {
     uint8_t p; /* object: the next property it may have; array: elements so far (to 255) */
     uint8_t dsml; /* a tool call's parameters (an object written as DSML parameters) */
     uint8_t n;    /* a described object that bounds its key count: keys so far */
-    uint8_t spare; /* (0: no padding, as states are compared and hashed as bytes) */
+    uint8_t disc; /* an object union reading its discriminator's value (also: no padding, as
+                   * states are compared and hashed as bytes) */
 } frame_t;
 
 /* Every byte is meaningful (fields unused in a mode stay 0): the state is its own cache key. */
@@ -1529,6 +1622,7 @@ static bool bounds_keys(const snode_t *o)
  * ones after the key still fit under the max, the rest can still reach the min) */
 static uint64_t keys_open(const snode_t *o, const frame_t *f)
 {
+    if (o->kind == K_OBJUNION) return keys_allowed(o, 0); /* (its trie: bit 0 on every key) */
     const uint64_t m = keys_allowed(o, f->p);
     if (!m || !bounds_keys(o)) return m;
     uint64_t open = 0;
@@ -1545,7 +1639,17 @@ static uint64_t keys_open(const snode_t *o, const frame_t *f)
 /* A described object may end at frame f: nothing required missing, and its count reached */
 static bool may_close(const snode_t *o, const frame_t *f)
 {
+    if (o->kind == K_OBJUNION) return o->empty_ok;
     return !must_go_on(o, f->p) && (!bounds_keys(o) || f->n >= o->min_items);
+}
+
+/* The object a frame reads keys as: an object union through its prefix reads its first
+ * branch's (the same in every branch) */
+static const snode_t *frame_object(const rules_t *r, const frame_t *f)
+{
+    const snode_t *o = &r->nodes[f->node];
+    if (o->kind == K_OBJUNION && f->p < o->prefix) return &r->nodes[r->refs_list[o->first]];
+    return o;
 }
 
 static bool push(const rules_t *r, jstate_t *s, uint16_t node)
@@ -1568,16 +1672,17 @@ static void value_end(const rules_t *r, jstate_t *s)
         return;
     }
     frame_t *f = &s->stack[s->depth - 1];
-    if (r->nodes[f->node].kind == K_OBJUNION && s->mode == M_ENUM) {
+    if (f->disc) {
         /* a discriminator's value: its branch, past the key (enum_at's node says which) */
         const int t = r->lit[at].term;
         f->node = r->refs_list[r->nodes[f->node].first + t / 64];
         f->p = (uint8_t)(t % 64 + 1);
+        f->disc = 0;
     }
     if (f->dsml) { /* a parameter's JSON value: its end tag */
         set_mode(s, M_DLIT);
         s->lit = D_PARAM_CLOSE;
-    } else if (r->nodes[f->node].kind == K_OBJECT) {
+    } else if (r->nodes[f->node].kind == K_OBJECT || r->nodes[f->node].kind == K_OBJUNION) {
         set_mode(s, M_OBJ_NEXT);
     } else {
         if (f->p < 255) f->p++;
@@ -2057,7 +2162,7 @@ static bool step(const rules_t *r, jstate_t *s, uint8_t c)
     }
     case M_KEYLIT: {
         const frame_t *f = &s->stack[s->depth - 1];
-        const snode_t *o = &r->nodes[f->node];
+        const snode_t *o = frame_object(r, f);
         const uint16_t k = lit_find(r, s->tpos, c);
         if (!k || !(r->lit[k].below & keys_open(o, f))) return false;
         s->tpos = k;
@@ -2066,9 +2171,10 @@ static bool step(const rules_t *r, jstate_t *s, uint8_t c)
             set_mode(s, M_COLON);
             s->tpos = 0;
             s->vnode = o->items;
+            s->stack[s->depth - 1].disc = 1;
             return true;
         }
-        if (j >= 0 && o->kind == K_OBJUNION) { /* the first key: the branch it is */
+        if (j >= 0 && o->kind == K_OBJUNION) { /* the first key after the prefix: its branch */
             const uint16_t b = r->refs_list[o->first + j / 64];
             s->stack[s->depth - 1].node = b;
             o = &r->nodes[b];
@@ -2128,16 +2234,13 @@ static bool step(const rules_t *r, jstate_t *s, uint8_t c)
     }
     s->run = 0;
     const frame_t *f = s->depth ? &s->stack[s->depth - 1] : NULL;
-    const snode_t *o = f ? &r->nodes[f->node] : NULL;
+    const snode_t *o = f ? frame_object(r, f) : NULL;
     switch (s->mode) {
     case M_VALUE:
         return value_start(r, s, c, s->vnode);
     case M_OBJ_FIRST:
         if (c == '}') {
-            if (o->kind == K_OBJUNION ? !o->empty_ok
-                : o->generic          ? o->min_items > 0
-                                      : !may_close(o, f))
-                return false;
+            if (o->generic ? o->min_items > 0 : !may_close(o, f)) return false;
             pop(r, s);
             return true;
         }

@@ -512,6 +512,24 @@ static void test_golden_tokenizer(void)
     "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":5}}}]}},"    \
     "\"required\":[\"pet\"]}"
 
+/* A union told apart after properties its branches share (a Pydantic model whose
+ * discriminator follows common fields): each branch starts with id, name and a tag object,
+ * written out in each (not one $ref), then pet_type tells cat from dog; a third branch goes on
+ * with wings, which it may leave out */
+#define PETS_LATE_COMMON                                                                           \
+    "\"id\":{\"type\":\"integer\",\"minimum\":0},\"name\":{\"type\":\"string\",\"maxLength\":6},"  \
+    "\"tag\":{\"type\":\"object\",\"properties\":{\"x\":{\"enum\":[1,2]}},\"required\":[\"x\"]},"
+#define PETS_LATE                                                                                  \
+    "{\"type\":\"object\",\"properties\":{\"pet\":{\"anyOf\":[{\"type\":\"object\","               \
+    "\"properties\":{" PETS_LATE_COMMON "\"pet_type\":{\"const\":\"cat\"},"                        \
+    "\"lives\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":9}},"                               \
+    "\"required\":[\"id\",\"name\",\"tag\",\"pet_type\",\"lives\"]},"                              \
+    "{\"type\":\"object\",\"properties\":{" PETS_LATE_COMMON "\"pet_type\":{\"const\":\"dog\"},"   \
+    "\"breed\":{\"type\":\"string\",\"maxLength\":8}},\"required\":[\"id\",\"name\",\"tag\","      \
+    "\"pet_type\"]},"                                                                              \
+    "{\"type\":\"object\",\"properties\":{" PETS_LATE_COMMON "\"wings\":{\"type\":\"integer\"}},"  \
+    "\"required\":[\"id\",\"name\",\"tag\"]}]}},\"required\":[\"pet\"]}"
+
 /* Listed properties whose count bounds bind: 2..3 of a, b, c (required), d */
 #define COUNTED                                                                                    \
     "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":"           \
@@ -695,6 +713,35 @@ static void test_schema_table(void)
         for (size_t i = 0; i < sizeof pets / sizeof pets[0]; i++) {
             const int got = judge_schema(s.v, PETS, pets[i].text, strlen(pets[i].text));
             BT_CHECK_MSG(got == pets[i].want, "'%s': %d, want %d", pets[i].text, got, pets[i].want);
+        }
+    }
+    /* a union told apart after the properties its branches share */
+    {
+#define AT "{\"pet\":{\"id\":1,\"name\":\"a\",\"tag\":{\"x\":2}"
+        static const struct {
+            const char *text;
+            int want;
+        } late[] = {
+            {AT ",\"pet_type\":\"cat\",\"lives\":3}}", 1},
+            {AT ",\"pet_type\":\"dog\"}}", 1},
+            {AT ",\"pet_type\":\"dog\",\"breed\":\"lab\"}}", 1},
+            {AT ",\"wings\":2}}", 1},
+            {AT "}}", 1},                               /* the third branch, without wings */
+            {AT ",\"pet_type\":\"cat\"}", -1},          /* a cat's lives are required */
+            {AT ",\"pet_type\":\"cat\",\"breed\"", -1}, /* a dog's */
+            {AT ",\"pet_type\":\"cow\"", -1},
+            {AT ",\"lives\"", -1}, /* not before pet_type */
+            {AT ",\"pet_type\":\"ca", 0},
+            {"{\"pet\":{\"id\":1,\"tag\"", -1}, /* name first, in every branch */
+            {"{\"pet\":{\"id\":1,\"name\":\"abcdefg\"", -1},
+            {"{\"pet\":{\"id\":1,\"name\":\"a\",\"tag\":{\"x\":3", -1},
+            {"{\"pet\":{\"id\":1}", -1},
+            {"{\"pet\":{}", -1},
+        };
+#undef AT
+        for (size_t i = 0; i < sizeof late / sizeof late[0]; i++) {
+            const int got = judge_schema(s.v, PETS_LATE, late[i].text, strlen(late[i].text));
+            BT_CHECK_MSG(got == late[i].want, "'%s': %d, want %d", late[i].text, got, late[i].want);
         }
     }
     /* minProperties / maxProperties: counted on objects without listed properties, accepted
@@ -1154,6 +1201,18 @@ static void test_schema_table(void)
          "\"const\":"
          "\"b\"},\"m\":{}}}]}}}",
          "can start with the same property (\"m\") is supported only where each gives it as const"},
+        /* after a property both require alike, the next is shared too but not a discriminator */
+        {"{\"type\":\"object\",\"properties\":{\"u\":{\"anyOf\":[{\"type\":\"object\","
+         "\"properties\":{\"k\":{\"type\":\"integer\"},\"m\":{\"type\":\"string\"}},\"required\":"
+         "[\"k\",\"m\"]},{\"type\":\"object\",\"properties\":{\"k\":{\"type\":\"integer\"},\"m\":"
+         "{\"type\":\"boolean\"}},\"required\":[\"k\"]}]}}}",
+         "can start with the same property (\"m\")"},
+        /* a shared first key whose schemas differ is no shared prefix */
+        {"{\"type\":\"object\",\"properties\":{\"u\":{\"anyOf\":[{\"type\":\"object\","
+         "\"properties\":{\"k\":{\"type\":\"integer\"},\"m\":{\"const\":\"a\"}},\"required\":"
+         "[\"k\",\"m\"]},{\"type\":\"object\",\"properties\":{\"k\":{\"type\":\"integer\","
+         "\"minimum\":0},\"m\":{\"const\":\"b\"}},\"required\":[\"k\",\"m\"]}]}}}",
+         "can start with the same property (\"k\")"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"anyOf\":[{\"type\":\"object\"},{\"type\":"
          "\"object\",\"properties\":{\"y\":{}}}]}}}",
          "start alike"}, /* (an object of any keys beside a described one) */
@@ -1486,6 +1545,7 @@ static void test_schema_walks(void)
     schema_walks(SHAPED, "patterns, formats");
     schema_walks_every(COUNTED, "listed properties, 2..3 of them", 7);
     schema_walks_every(PETS, "a discriminated union", 7);
+    schema_walks_every(PETS_LATE, "a union told apart after shared properties", 7);
 }
 
 /* ---- regex constraints ---- */
