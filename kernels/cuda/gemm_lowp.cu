@@ -1238,6 +1238,95 @@ __device__ __forceinline__ void wgrs_convert(unsigned (*A)[4], const uint4 *sw, 
     }
 }
 
+/* One chunk's MMAs, a warpgroup's, from a landed stage sx (the rows from 0, the packed weights
+ * from RS_X_HALF, the scale words from s_off): on the pair's FIRST chunk its scale words read
+ * (fast, s_lo, s_hi kept for the second), the A fragments converted, the MMAs issued and
+ * committed (not waited for) */
+template <int NT, bool FIRST>
+__device__ __forceinline__ void wgrs_multiply(float *d, unsigned (*A)[4], const unsigned char *sx,
+                                              int s_off, int f, int c, bool &fast, uint32_t &s_lo,
+                                              uint32_t &s_hi)
+{
+#ifdef BT_WGMMA
+    const uint4 *sw = (const uint4 *)(sx + RS_HALVES * RS_X_HALF);
+    if (FIRST) fast = wgrs_scale_words((const uint32_t *)(sx + s_off), f, s_lo, s_hi);
+    if (fast) {
+        wgrs_convert<true, FIRST>(A, sw, f, c, s_lo, s_hi);
+    } else {
+        /* (kept from being computed ahead of the branch, for the fast path's registers) */
+        asm volatile("" : "+r"(s_lo), "+r"(s_hi));
+        wgrs_convert<false, FIRST>(A, sw, f, c, s_lo, s_hi);
+    }
+    wgmma_fence();
+    const uint64_t desc = wg_desc(sx); /* (a step's 32 bytes: 2 in the address field) */
+#pragma unroll
+    for (int s = 0; s < RS_STEPS; s++)
+        wgmma_rs<NT>(d, A[s], desc + (s >> 2) * (RS_X_HALF >> 4) + (s & 3) * 2);
+    wgmma_commit();
+#endif
+}
+
+/* A grouped FP4 block's tile, for gemm_fp4_wgrs and gemm_fp4_wsp: expert e (slot blockIdx.z of
+ * elist, or blockIdx.z), its rows m0 .. m0 + mr - 1 (tile blockIdx.y of RS_ROWS), columns from
+ * n0 (tile blockIdx.x of `cols`); w and ws moved to the expert's, the rows' sources into arow
+ * (x past mr; the caller's barrier publishes them). False: nothing to do (the whole block). */
+__device__ __forceinline__ bool expert_tile(const __nv_bfloat16 *x, const int32_t *rows,
+                                            const int32_t *offs, const uint8_t *&w,
+                                            const uint8_t *&ws, int N, int K, const int32_t *elist,
+                                            int cols, const __nv_bfloat16 **arow, int &m0, int &mr,
+                                            int &n0)
+{
+    const int tid = threadIdx.x;
+    const int e = elist ? elist[blockIdx.z] : blockIdx.z;
+    if (e < 0) return false; /* a padded slot of the expert list */
+    const int r0 = offs[e], r1 = offs[e + 1];
+    m0 = r0 + blockIdx.y * RS_ROWS;
+    if (m0 >= r1) return false;
+    mr = min(RS_ROWS, r1 - m0);
+    n0 = blockIdx.x * cols;
+    w += (size_t)e * N * (K / 2);
+    ws += (size_t)e * N * (K / 32);
+    if (tid < RS_ROWS)
+        arow[tid] = tid < mr ? x + (size_t)(rows ? rows[m0 + tid] : m0 + tid) * K : x;
+    return true;
+}
+
+/* A warpgroup's accumulators of a tile (its MMAs waited for) into y: d[4j + t] is column
+ * nf + 8 (t >> 1), row 8j + 2c + (t & 1) of the tile's mr from row m0 */
+template <int NT, typename OT>
+__device__ __forceinline__ void wgrs_store(OT *y, float *d, int N, int m0, int mr, int nf, int c)
+{
+#pragma unroll
+    for (int i = 0; i < NT / 2; i++) { /* (read after the wait) */
+        asm volatile("" : "+f"(d[i])::"memory");
+    }
+#pragma unroll
+    for (int j = 0; j < NT / 8; j++)
+#pragma unroll
+        for (int t = 0; t < 4; t++) {
+            const int r = 8 * j + 2 * c + (t & 1), n = nf + 8 * (t >> 1);
+            if (r < mr && n < N) bt_st(y, (size_t)(m0 + r) * N + n, d[4 * j + t]);
+        }
+}
+
+/* tile(std::integral_constant<int, NT>()) for a tile of mr rows: NT, the rows rounded up to 16
+ * (the MMAs' N, an instance each), at most RS_ROWS */
+template <typename F> __device__ __forceinline__ void with_tile_rows(int mr, F tile)
+{
+    using std::integral_constant;
+    /* clang-format off */
+    switch ((mr + 15) / 16) {
+    case 1: tile(integral_constant<int, 16>()); break;
+    case 2: tile(integral_constant<int, 32>()); break;
+    case 3: tile(integral_constant<int, 48>()); break;
+    case 4: tile(integral_constant<int, 64>()); break;
+    case 5: tile(integral_constant<int, 80>()); break;
+    case 6: tile(integral_constant<int, 96>()); break;
+    default: tile(integral_constant<int, RS_ROWS>()); break;
+    }
+    /* clang-format on */
+}
+
 template <int NT, typename OT>
 __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t *ws, int N, int K,
                                           int m0, int mr, int n0, unsigned char *smem,
@@ -1319,22 +1408,7 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
         __syncthreads();
         if (ch + RS_STAGES - 2 < chunks) load(ch + RS_STAGES - 2, first_c); /* (same parity) */
         cp_async_commit(); /* (empty past the end: keeps the count) */
-        const unsigned char *sx = stage(ch);
-        const uint4 *sw = (const uint4 *)(sx + RS_HALVES * RS_X_HALF);
-        if (FIRST) fast = wgrs_scale_words((const uint32_t *)(sx + RS_S_OFF), f, s_lo, s_hi);
-        if (fast) {
-            wgrs_convert<true, FIRST>(A, sw, f, c, s_lo, s_hi);
-        } else {
-            /* (kept from being computed ahead of the branch, for the fast path's registers) */
-            asm volatile("" : "+r"(s_lo), "+r"(s_hi));
-            wgrs_convert<false, FIRST>(A, sw, f, c, s_lo, s_hi);
-        }
-        wgmma_fence();
-        const uint64_t desc = wg_desc(sx); /* (a step's 32 bytes: 2 in the address field) */
-#pragma unroll
-        for (int s = 0; s < RS_STEPS; s++)
-            wgmma_rs<NT>(d, A[s], desc + (s >> 2) * (RS_X_HALF >> 4) + (s & 3) * 2);
-        wgmma_commit();
+        wgrs_multiply<NT, FIRST>(d, A, stage(ch), RS_S_OFF, f, c, fast, s_lo, s_hi);
         wgmma_wait<1>(); /* chunk ch - 1's products: done */
     };
     for (int ch = 0; ch < chunks; ch += 2) {
@@ -1343,18 +1417,7 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
     }
     wgmma_wait<0>();
     asm volatile("cp.async.wait_group 0;\n" ::);
-#pragma unroll
-    for (int i = 0; i < NT / 2; i++) { /* (read after the wait) */
-        asm volatile("" : "+f"(d[i])::"memory");
-    }
-    /* d[4j + t]: column f + 8 (t >> 1), row 8j + 2c + (t & 1) */
-#pragma unroll
-    for (int j = 0; j < NT / 8; j++)
-#pragma unroll
-        for (int t = 0; t < 4; t++) {
-            const int r = 8 * j + 2 * c + (t & 1), n = n0 + f + 8 * (t >> 1);
-            if (r < mr && n < N) bt_st(y, (size_t)(m0 + r) * N + n, d[4 * j + t]);
-        }
+    wgrs_store<NT>(y, d, N, m0, mr, n0 + f, c);
 #endif
 }
 
@@ -1367,34 +1430,15 @@ __global__ void __launch_bounds__(RS_THREADS, RS_BLOCKS_PER_SM)
     bt_grid_begin();
     extern __shared__ __align__(128) unsigned char rs_smem[];
     __shared__ const __nv_bfloat16 *arow[RS_ROWS];
-    const int tid = threadIdx.x;
-    const int e = elist ? elist[blockIdx.z] : blockIdx.z;
-    if (e < 0) return; /* a padded slot of the expert list (the whole block) */
-    const int r0 = offs[e], m0 = r0 + blockIdx.y * RS_ROWS, r1 = offs[e + 1];
-    if (m0 >= r1) return; /* the whole block */
-    const int mr = min(RS_ROWS, r1 - m0), n0 = blockIdx.x * RS_COLS;
-    w += (size_t)e * N * (K / 2);
-    ws += (size_t)e * N * (K / 32);
-    if (tid < RS_ROWS)
-        arow[tid] = tid < mr ? x + (size_t)(rows ? rows[m0 + tid] : m0 + tid) * K : x;
+    int m0, mr, n0;
+    if (!expert_tile(x, rows, offs, w, ws, N, K, elist, RS_COLS, arow, m0, mr, n0)) return;
     __syncthreads();
     /* from a 1024-byte boundary: the swizzle's */
     unsigned char *smem =
         rs_smem + ((1024 - ((uint32_t)__cvta_generic_to_shared(rs_smem) & 1023)) & 1023);
-    /* N: the tile's rows rounded up to 16 */
-#define BT__WGRS_TILE(NT) wgrs_tile<NT>(y, w, ws, N, K, m0, mr, n0, smem, arow, pf)
-    /* clang-format off */
-    switch ((mr + 15) / 16) {
-    case 1: BT__WGRS_TILE(16); break;
-    case 2: BT__WGRS_TILE(32); break;
-    case 3: BT__WGRS_TILE(48); break;
-    case 4: BT__WGRS_TILE(64); break;
-    case 5: BT__WGRS_TILE(80); break;
-    case 6: BT__WGRS_TILE(96); break;
-    default: BT__WGRS_TILE(RS_ROWS); break;
-    }
-    /* clang-format on */
-#undef BT__WGRS_TILE
+    with_tile_rows(mr, [&](auto nt) {
+        wgrs_tile<decltype(nt)::value>(y, w, ws, N, K, m0, mr, n0, smem, arow, pf);
+    });
 #else
     __trap(); /* launched only where wgrs_ready() found the sm_90a image */
 #endif
@@ -1521,21 +1565,8 @@ wsp_tile(OT *y, const uint8_t *w, const uint8_t *ws, int N, int K, int m0, int m
         constexpr bool FIRST = decltype(first_c)::value;
         const int st = ch % WS_STAGES;
         mbar_wait(&full[st], (ch / WS_STAGES) & 1);
-        const unsigned char *sx = smem + st * WS_STAGE_BYTES;
-        const uint4 *sw = (const uint4 *)(sx + RS_X_HALF);
-        if (FIRST) fast = wgrs_scale_words((const uint32_t *)(sx + WS_S_OFF), f, s_lo, s_hi);
-        if (fast) {
-            wgrs_convert<true, FIRST>(A, sw, f, c, s_lo, s_hi);
-        } else {
-            asm volatile("" : "+r"(s_lo), "+r"(s_hi));
-            wgrs_convert<false, FIRST>(A, sw, f, c, s_lo, s_hi);
-        }
-        wgmma_fence();
-        const uint64_t desc = wg_desc(sx);
-#pragma unroll
-        for (int k = 0; k < RS_STEPS; k++)
-            wgmma_rs<NT>(d, A[k], desc + (k >> 2) * (RS_X_HALF >> 4) + (k & 3) * 2);
-        wgmma_commit();
+        wgrs_multiply<NT, FIRST>(d, A, smem + st * WS_STAGE_BYTES, WS_S_OFF, f, c, fast, s_lo,
+                                 s_hi);
         wgmma_wait<1>(); /* chunk ch - 1's products: done, its stage free */
         if (ch > 0) mbar_arrive(&empty[(ch - 1) % WS_STAGES]);
     };
@@ -1544,17 +1575,7 @@ wsp_tile(OT *y, const uint8_t *w, const uint8_t *ws, int N, int K, int m0, int m
         if (ch + 1 < chunks) step(ch + 1, a[1], std::false_type());
     }
     wgmma_wait<0>();
-#pragma unroll
-    for (int i = 0; i < NT / 2; i++) { /* (read after the wait) */
-        asm volatile("" : "+f"(d[i])::"memory");
-    }
-#pragma unroll
-    for (int j = 0; j < NT / 8; j++)
-#pragma unroll
-        for (int t = 0; t < 4; t++) {
-            const int r = 8 * j + 2 * c + (t & 1), n = n0 + f + 8 * (t >> 1);
-            if (r < mr && n < N) bt_st(y, (size_t)(m0 + r) * N + n, d[4 * j + t]);
-        }
+    wgrs_store<NT>(y, d, N, m0, mr, n0 + f, c);
 #endif
 }
 
@@ -1568,37 +1589,19 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
     extern __shared__ __align__(128) unsigned char ws_smem[];
     __shared__ const __nv_bfloat16 *arow[RS_ROWS];
     __shared__ uint64_t full[WS_STAGES], empty[WS_STAGES];
-    const int tid = threadIdx.x;
-    const int e = elist ? elist[blockIdx.z] : blockIdx.z;
-    if (e < 0) return; /* a padded slot of the expert list (the whole block) */
-    const int r0 = offs[e], m0 = r0 + blockIdx.y * RS_ROWS, r1 = offs[e + 1];
-    if (m0 >= r1) return; /* the whole block */
-    const int mr = min(RS_ROWS, r1 - m0), n0 = blockIdx.x * WS_COLS;
-    w += (size_t)e * N * (K / 2);
-    ws += (size_t)e * N * (K / 32);
-    if (tid < RS_ROWS)
-        arow[tid] = tid < mr ? x + (size_t)(rows ? rows[m0 + tid] : m0 + tid) * K : x;
-    if (tid == 0)
+    int m0, mr, n0;
+    if (!expert_tile(x, rows, offs, w, ws, N, K, elist, WS_COLS, arow, m0, mr, n0)) return;
+    if (threadIdx.x == 0)
         for (int s = 0; s < WS_STAGES; s++) {
             mbar_init(&full[s], WS_THREADS - WS_CONSUMERS);
             mbar_init(&empty[s], WS_CONSUMERS);
         }
     __syncthreads(); /* (the barriers' initialization too) */
-    unsigned char *smem =
+    unsigned char *smem = /* (from a 1024-byte boundary, as gemm_fp4_wgrs') */
         ws_smem + ((1024 - ((uint32_t)__cvta_generic_to_shared(ws_smem) & 1023)) & 1023);
-#define BT__WSP_TILE(NT) wsp_tile<NT>(y, w, ws, N, K, m0, mr, n0, smem, arow, full, empty)
-    /* clang-format off */
-    switch ((mr + 15) / 16) {
-    case 1: BT__WSP_TILE(16); break;
-    case 2: BT__WSP_TILE(32); break;
-    case 3: BT__WSP_TILE(48); break;
-    case 4: BT__WSP_TILE(64); break;
-    case 5: BT__WSP_TILE(80); break;
-    case 6: BT__WSP_TILE(96); break;
-    default: BT__WSP_TILE(RS_ROWS); break;
-    }
-    /* clang-format on */
-#undef BT__WSP_TILE
+    with_tile_rows(mr, [&](auto nt) {
+        wsp_tile<decltype(nt)::value>(y, w, ws, N, K, m0, mr, n0, smem, arow, full, empty);
+    });
 #else
     __trap(); /* launched only where wsp_ready() found the sm_90a image */
 #endif
