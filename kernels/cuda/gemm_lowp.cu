@@ -1115,7 +1115,9 @@ static bool ft_smem_ready(void)
  * applied by the copy engine, one row a thread) in place of eight cp.async a row: 0.63 -> 1.12 ms
  * for [4608, 5120] x 64 experts x 64 rows; 3 stages of 128 k (half the barriers and copy
  * bookkeeping a k): the layer's 4096-token prefill 11.04 ms against 10.98 (bench/RESULTS.md,
- * session 20). */
+ * session 20); each column's weights 8 chunks ahead asked of L2 (c41b3f8): experts 5.90 ->
+ * 7.38 ms; warp-specialized, a copier warpgroup feeding three through mbarriers in a 9-stage
+ * ring, one block an SM (1794168): 5.90 -> 6.53 ms (session 27, an H100). */
 enum {
     RS_COLS = 128,
     RS_ROWS = 112,
@@ -1155,182 +1157,10 @@ static bool wgrs_on(void)
     return bt__env_switch("BT_CUDA_WGRS", &once);
 }
 
-/* An experiment, off by default: BT_CUDA_WGRS_PF=D (even, in 64-k chunks) has gemm_fp4_wgrs ask
- * L2 for each column's weights D chunks past the ones it copies into shared memory (64 bytes, a
- * 128-k pair of chunks, at a time). The prefill's experts are about as bound by the weights'
- * bytes as by the MMAs (an expert's ~64 rows: 241 FLOPs a weight byte against the H100's 257
- * at the bf16 rate), and the ring keeps only two chunks of weights in flight a block. */
-static int wgrs_pf(void)
-{
-    static int once = -1;
-    static const int allowed[] = {0, 4, 8, 16, 32};
-    return bt__env_choice("BT_CUDA_WGRS_PF", allowed, 5, 0, &once);
-}
-
-/* asks L2 for the 64 bytes at p (16-byte aligned), nothing waits for them (sm_90) */
-__device__ __forceinline__ void prefetch_l2_64(const void *p)
-{
-#ifdef BT_WGMMA
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], 64;\n" ::"l"(p) : "memory");
-#endif
-}
-
-/* Columns f and f + 8's scale words of a 128-k pair of chunks (their 4 bytes as stored, from
- * a stage's scales): whether every lane's bytes take the fast path (then each byte has had
- * bt_fp4_scale_bf16's 126 added: no carry between bytes 8..127) */
-__device__ __forceinline__ bool wgrs_scale_words(const uint32_t *scales, int f, uint32_t &s_lo,
-                                                 uint32_t &s_hi)
-{
-    s_lo = scales[f];
-    s_hi = scales[f + 8];
-    const bool fast =
-        __all_sync(0xffffffffu, (fp4_scales_fast4(s_lo) & fp4_scales_fast4(s_hi)) == 0x80808080u);
-    if (fast) {
-        s_lo += 0x7e7e7e7eu;
-        s_hi += 0x7e7e7e7eu;
-    }
-    return fast;
-}
-
-/* A warpgroup's A fragments of one 64-k chunk: columns f and f + 8 of a stage's packed weights
- * (sw: RS_CHUNK / 32 units of 16 bytes a column, fragment order), lane c's words, times their
- * scales (bytes 0, 1 of the 128-k scale words for the pair's FIRST chunk, else 2, 3; FAST: as
- * wgrs_scale_words left them) */
-template <bool FAST, bool FIRST>
-__device__ __forceinline__ void wgrs_convert(unsigned (*A)[4], const uint4 *sw, int f, int c,
-                                             uint32_t s_lo, uint32_t s_hi)
-{
-    constexpr int UNITS = RS_CHUNK / 32;
-    constexpr int sb0 = FIRST ? 0 : UNITS; /* the chunk's first scale byte */
-#pragma unroll
-    for (int q = 0; q < UNITS; q++) { /* k 32q .. 32q + 31: steps 2q, 2q + 1 */
-        /* word c of the run: (fragment order) this lane's pairs, k 2c + 8t */
-        const unsigned wl = ((const uint32_t *)(sw + UNITS * f + q))[c];
-        const unsigned wh = ((const uint32_t *)(sw + UNITS * (f + 8) + q))[c];
-        __nv_bfloat162 s2l, s2h;
-        uint8_t sl = 0, sh = 0;
-        if (FAST) {                /* bt_fp4_scale_bf16 of byte sb0 + q, the 126 added */
-            const int b = sb0 + q; /* (a constant once unrolled) */
-            const unsigned el = (b ? s_lo >> (8 * b - 7) : s_lo << 7) & 0x7f80u,
-                           eh = (b ? s_hi >> (8 * b - 7) : s_hi << 7) & 0x7f80u;
-            s2l = __halves2bfloat162(__ushort_as_bfloat16((unsigned short)el),
-                                     __ushort_as_bfloat16((unsigned short)el));
-            s2h = __halves2bfloat162(__ushort_as_bfloat16((unsigned short)eh),
-                                     __ushort_as_bfloat16((unsigned short)eh));
-        } else {
-            sl = (uint8_t)(s_lo >> 8 * (sb0 + q));
-            sh = (uint8_t)(s_hi >> 8 * (sb0 + q));
-        }
-#pragma unroll
-        for (int t = 0; t < 4; t++) { /* step 2q + (t >> 1), fragment words 0, 2 */
-            unsigned pl = bt_e2m1_spread_pair(wl, t);
-            unsigned ph = bt_e2m1_spread_pair(wh, t);
-            if (FAST) {
-                pl = bf16x2_mul(pl, s2l);
-                ph = bf16x2_mul(ph, s2h);
-            } else {
-                pl = fp4x2_scaled_slow(pl, sl);
-                ph = fp4x2_scaled_slow(ph, sh);
-            }
-            A[2 * q + (t >> 1)][2 * (t & 1)] = pl;
-            A[2 * q + (t >> 1)][2 * (t & 1) + 1] = ph;
-        }
-    }
-}
-
-/* One chunk's MMAs, a warpgroup's, from a landed stage sx (the rows from 0, the packed weights
- * from RS_X_HALF, the scale words from s_off): on the pair's FIRST chunk its scale words read
- * (fast, s_lo, s_hi kept for the second), the A fragments converted, the MMAs issued and
- * committed (not waited for) */
-template <int NT, bool FIRST>
-__device__ __forceinline__ void wgrs_multiply(float *d, unsigned (*A)[4], const unsigned char *sx,
-                                              int s_off, int f, int c, bool &fast, uint32_t &s_lo,
-                                              uint32_t &s_hi)
-{
-#ifdef BT_WGMMA
-    const uint4 *sw = (const uint4 *)(sx + RS_HALVES * RS_X_HALF);
-    if (FIRST) fast = wgrs_scale_words((const uint32_t *)(sx + s_off), f, s_lo, s_hi);
-    if (fast) {
-        wgrs_convert<true, FIRST>(A, sw, f, c, s_lo, s_hi);
-    } else {
-        /* (kept from being computed ahead of the branch, for the fast path's registers) */
-        asm volatile("" : "+r"(s_lo), "+r"(s_hi));
-        wgrs_convert<false, FIRST>(A, sw, f, c, s_lo, s_hi);
-    }
-    wgmma_fence();
-    const uint64_t desc = wg_desc(sx); /* (a step's 32 bytes: 2 in the address field) */
-#pragma unroll
-    for (int s = 0; s < RS_STEPS; s++)
-        wgmma_rs<NT>(d, A[s], desc + (s >> 2) * (RS_X_HALF >> 4) + (s & 3) * 2);
-    wgmma_commit();
-#endif
-}
-
-/* A grouped FP4 block's tile, for gemm_fp4_wgrs and gemm_fp4_wsp: expert e (slot blockIdx.z of
- * elist, or blockIdx.z), its rows m0 .. m0 + mr - 1 (tile blockIdx.y of RS_ROWS), columns from
- * n0 (tile blockIdx.x of `cols`); w and ws moved to the expert's, the rows' sources into arow
- * (x past mr; the caller's barrier publishes them). False: nothing to do (the whole block). */
-__device__ __forceinline__ bool expert_tile(const __nv_bfloat16 *x, const int32_t *rows,
-                                            const int32_t *offs, const uint8_t *&w,
-                                            const uint8_t *&ws, int N, int K, const int32_t *elist,
-                                            int cols, const __nv_bfloat16 **arow, int &m0, int &mr,
-                                            int &n0)
-{
-    const int tid = threadIdx.x;
-    const int e = elist ? elist[blockIdx.z] : blockIdx.z;
-    if (e < 0) return false; /* a padded slot of the expert list */
-    const int r0 = offs[e], r1 = offs[e + 1];
-    m0 = r0 + blockIdx.y * RS_ROWS;
-    if (m0 >= r1) return false;
-    mr = min(RS_ROWS, r1 - m0);
-    n0 = blockIdx.x * cols;
-    w += (size_t)e * N * (K / 2);
-    ws += (size_t)e * N * (K / 32);
-    if (tid < RS_ROWS)
-        arow[tid] = tid < mr ? x + (size_t)(rows ? rows[m0 + tid] : m0 + tid) * K : x;
-    return true;
-}
-
-/* A warpgroup's accumulators of a tile (its MMAs waited for) into y: d[4j + t] is column
- * nf + 8 (t >> 1), row 8j + 2c + (t & 1) of the tile's mr from row m0 */
-template <int NT, typename OT>
-__device__ __forceinline__ void wgrs_store(OT *y, float *d, int N, int m0, int mr, int nf, int c)
-{
-#pragma unroll
-    for (int i = 0; i < NT / 2; i++) { /* (read after the wait) */
-        asm volatile("" : "+f"(d[i])::"memory");
-    }
-#pragma unroll
-    for (int j = 0; j < NT / 8; j++)
-#pragma unroll
-        for (int t = 0; t < 4; t++) {
-            const int r = 8 * j + 2 * c + (t & 1), n = nf + 8 * (t >> 1);
-            if (r < mr && n < N) bt_st(y, (size_t)(m0 + r) * N + n, d[4 * j + t]);
-        }
-}
-
-/* tile(std::integral_constant<int, NT>()) for a tile of mr rows: NT, the rows rounded up to 16
- * (the MMAs' N, an instance each), at most RS_ROWS */
-template <typename F> __device__ __forceinline__ void with_tile_rows(int mr, F tile)
-{
-    using std::integral_constant;
-    /* clang-format off */
-    switch ((mr + 15) / 16) {
-    case 1: tile(integral_constant<int, 16>()); break;
-    case 2: tile(integral_constant<int, 32>()); break;
-    case 3: tile(integral_constant<int, 48>()); break;
-    case 4: tile(integral_constant<int, 64>()); break;
-    case 5: tile(integral_constant<int, 80>()); break;
-    case 6: tile(integral_constant<int, 96>()); break;
-    default: tile(integral_constant<int, RS_ROWS>()); break;
-    }
-    /* clang-format on */
-}
-
 template <int NT, typename OT>
 __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t *ws, int N, int K,
                                           int m0, int mr, int n0, unsigned char *smem,
-                                          const __nv_bfloat16 *const *arow, int pf)
+                                          const __nv_bfloat16 *const *arow)
 {
 #ifdef BT_WGMMA
     const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, c = lane & 3;
@@ -1367,12 +1197,8 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
                 cp_async_sh<16>(sx + x_dst + 4096 * j, x_src[j] + k0, r < mr);
         }
         cp_async_sh<16>(sx + RS_HALVES * RS_X_HALF + 16 * tid, w_src + k0 / 2, wn < N);
-        if (decltype(first_c)::value && tid < RS_COLS) {
+        if (decltype(first_c)::value && tid < RS_COLS)
             cp_async_sh<4>(sx + RS_S_OFF + 4 * tid, s_src + k0 / 128 * 4, sn < N);
-            /* (experiment) column sn's 128 k pf chunks past these into L2 */
-            if (pf && sn < N && k0 + pf * RS_CHUNK < K)
-                prefetch_l2_64(w + (size_t)sn * (K / 2) + (k0 + pf * RS_CHUNK) / 2);
-        }
     };
     static_assert(RS_CHUNK * 2 == 128 && RS_STAGES % 2 == 0,
                   "two chunks a 128-k scale word, taken in the same parity of stages");
@@ -1408,7 +1234,70 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
         __syncthreads();
         if (ch + RS_STAGES - 2 < chunks) load(ch + RS_STAGES - 2, first_c); /* (same parity) */
         cp_async_commit(); /* (empty past the end: keeps the count) */
-        wgrs_multiply<NT, FIRST>(d, A, stage(ch), RS_S_OFF, f, c, fast, s_lo, s_hi);
+        const unsigned char *sx = stage(ch);
+        const uint4 *sw = (const uint4 *)(sx + RS_HALVES * RS_X_HALF);
+        if (FIRST) {
+            s_lo = ((const uint32_t *)(sx + RS_S_OFF))[f];
+            s_hi = ((const uint32_t *)(sx + RS_S_OFF))[f + 8];
+            fast = __all_sync(0xffffffffu,
+                              (fp4_scales_fast4(s_lo) & fp4_scales_fast4(s_hi)) == 0x80808080u);
+            if (fast) {
+                s_lo += 0x7e7e7e7eu;
+                s_hi += 0x7e7e7e7eu;
+            }
+        }
+        constexpr int UNITS = RS_CHUNK / 32;
+        constexpr int sb0 = FIRST ? 0 : UNITS; /* the chunk's first scale byte */
+        auto convert = [&](auto fast_c) {
+            constexpr bool FAST = decltype(fast_c)::value;
+#pragma unroll
+            for (int q = 0; q < UNITS; q++) { /* k 32q .. 32q + 31: steps 2q, 2q + 1 */
+                /* word c of the run: (fragment order) this lane's pairs, k 2c + 8t */
+                const unsigned wl = ((const uint32_t *)(sw + UNITS * f + q))[c];
+                const unsigned wh = ((const uint32_t *)(sw + UNITS * (f + 8) + q))[c];
+                __nv_bfloat162 s2l, s2h;
+                uint8_t sl = 0, sh = 0;
+                if (FAST) { /* bt_fp4_scale_bf16 of byte sb0 + q, the 126 added above */
+                    const int b = sb0 + q; /* (a constant once unrolled) */
+                    const unsigned el = (b ? s_lo >> (8 * b - 7) : s_lo << 7) & 0x7f80u,
+                                   eh = (b ? s_hi >> (8 * b - 7) : s_hi << 7) & 0x7f80u;
+                    s2l = __halves2bfloat162(__ushort_as_bfloat16((unsigned short)el),
+                                             __ushort_as_bfloat16((unsigned short)el));
+                    s2h = __halves2bfloat162(__ushort_as_bfloat16((unsigned short)eh),
+                                             __ushort_as_bfloat16((unsigned short)eh));
+                } else {
+                    sl = (uint8_t)(s_lo >> 8 * (sb0 + q));
+                    sh = (uint8_t)(s_hi >> 8 * (sb0 + q));
+                }
+#pragma unroll
+                for (int t = 0; t < 4; t++) { /* step 2q + (t >> 1), fragment words 0, 2 */
+                    unsigned pl = bt_e2m1_spread_pair(wl, t);
+                    unsigned ph = bt_e2m1_spread_pair(wh, t);
+                    if (FAST) {
+                        pl = bf16x2_mul(pl, s2l);
+                        ph = bf16x2_mul(ph, s2h);
+                    } else {
+                        pl = fp4x2_scaled_slow(pl, sl);
+                        ph = fp4x2_scaled_slow(ph, sh);
+                    }
+                    A[2 * q + (t >> 1)][2 * (t & 1)] = pl;
+                    A[2 * q + (t >> 1)][2 * (t & 1) + 1] = ph;
+                }
+            }
+        };
+        if (fast) {
+            convert(std::true_type());
+        } else {
+            /* (kept from being computed ahead of the branch, for the fast path's registers) */
+            asm volatile("" : "+r"(s_lo), "+r"(s_hi));
+            convert(std::false_type());
+        }
+        wgmma_fence();
+        const uint64_t desc = wg_desc(sx); /* (a step's 32 bytes: 2 in the address field) */
+#pragma unroll
+        for (int s = 0; s < RS_STEPS; s++)
+            wgmma_rs<NT>(d, A[s], desc + (s >> 2) * (RS_X_HALF >> 4) + (s & 3) * 2);
+        wgmma_commit();
         wgmma_wait<1>(); /* chunk ch - 1's products: done */
     };
     for (int ch = 0; ch < chunks; ch += 2) {
@@ -1417,209 +1306,61 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
     }
     wgmma_wait<0>();
     asm volatile("cp.async.wait_group 0;\n" ::);
-    wgrs_store<NT>(y, d, N, m0, mr, n0 + f, c);
+#pragma unroll
+    for (int i = 0; i < NT / 2; i++) { /* (read after the wait) */
+        asm volatile("" : "+f"(d[i])::"memory");
+    }
+    /* d[4j + t]: column f + 8 (t >> 1), row 8j + 2c + (t & 1) */
+#pragma unroll
+    for (int j = 0; j < NT / 8; j++)
+#pragma unroll
+        for (int t = 0; t < 4; t++) {
+            const int r = 8 * j + 2 * c + (t & 1), n = n0 + f + 8 * (t >> 1);
+            if (r < mr && n < N) bt_st(y, (size_t)(m0 + r) * N + n, d[4 * j + t]);
+        }
 #endif
 }
 
 template <typename OT>
 __global__ void __launch_bounds__(RS_THREADS, RS_BLOCKS_PER_SM)
     gemm_fp4_wgrs(OT *y, const __nv_bfloat16 *x, const int32_t *rows, const int32_t *offs,
-                  const uint8_t *w, const uint8_t *ws, int N, int K, const int32_t *elist, int pf)
+                  const uint8_t *w, const uint8_t *ws, int N, int K, const int32_t *elist)
 {
 #ifdef BT_WGMMA
     bt_grid_begin();
     extern __shared__ __align__(128) unsigned char rs_smem[];
     __shared__ const __nv_bfloat16 *arow[RS_ROWS];
-    int m0, mr, n0;
-    if (!expert_tile(x, rows, offs, w, ws, N, K, elist, RS_COLS, arow, m0, mr, n0)) return;
+    const int tid = threadIdx.x;
+    const int e = elist ? elist[blockIdx.z] : blockIdx.z;
+    if (e < 0) return; /* a padded slot of the expert list (the whole block) */
+    const int r0 = offs[e], m0 = r0 + blockIdx.y * RS_ROWS, r1 = offs[e + 1];
+    if (m0 >= r1) return; /* the whole block */
+    const int mr = min(RS_ROWS, r1 - m0), n0 = blockIdx.x * RS_COLS;
+    w += (size_t)e * N * (K / 2);
+    ws += (size_t)e * N * (K / 32);
+    if (tid < RS_ROWS)
+        arow[tid] = tid < mr ? x + (size_t)(rows ? rows[m0 + tid] : m0 + tid) * K : x;
     __syncthreads();
     /* from a 1024-byte boundary: the swizzle's */
     unsigned char *smem =
         rs_smem + ((1024 - ((uint32_t)__cvta_generic_to_shared(rs_smem) & 1023)) & 1023);
-    with_tile_rows(mr, [&](auto nt) {
-        wgrs_tile<decltype(nt)::value>(y, w, ws, N, K, m0, mr, n0, smem, arow, pf);
-    });
+    /* N: the tile's rows rounded up to 16 */
+#define BT__WGRS_TILE(NT) wgrs_tile<NT>(y, w, ws, N, K, m0, mr, n0, smem, arow)
+    /* clang-format off */
+    switch ((mr + 15) / 16) {
+    case 1: BT__WGRS_TILE(16); break;
+    case 2: BT__WGRS_TILE(32); break;
+    case 3: BT__WGRS_TILE(48); break;
+    case 4: BT__WGRS_TILE(64); break;
+    case 5: BT__WGRS_TILE(80); break;
+    case 6: BT__WGRS_TILE(96); break;
+    default: BT__WGRS_TILE(RS_ROWS); break;
+    }
+    /* clang-format on */
+#undef BT__WGRS_TILE
 #else
     __trap(); /* launched only where wgrs_ready() found the sm_90a image */
 #endif
-}
-
-/* gemm_fp4_wsp: gemm_fp4_wgrs with its copies taken off the warps that convert and multiply
- * (an experiment, BT_CUDA_WGRS_WS=1; off by default until measured). In gemm_fp4_wgrs each
- * 64-k chunk costs a thread ~133 instructions, ~50 of them the ring's (barrier, proxy fence,
- * the next chunk's copies and their addresses), and a barrier every chunk; Nsight Compute had
- * issue 54-56% busy with stalls spread over fixed-latency waits, shared loads, barriers and
- * ready warps not selected. Here a warpgroup of its own copies (the rows, the packed weights
- * and the scales, gemm_fp4_wgrs' stage layout) and three warpgroups (192 columns) only wait
- * on a stage's "full" mbarrier, convert and multiply, then arrive on its "empty" one once
- * their products of it are done: no block-wide barrier in the loop. The copiers keep WS_LEAD
- * chunks in flight behind the one they signal (each lane waits for its own copies, fences them
- * for the MMAs' proxy, then arrives), and WS_STAGES stages let them run that far ahead: 6
- * chunks of weights in flight an SM where gemm_fp4_wgrs has 4. One block an SM: a 9th warp
- * beside two blocks' 8 would have left 96 registers a thread (an SM sub-partition's file
- * shared by 5 warps), where the multiplies need ~120; with 16 warps, 128. */
-enum {
-    WS_COLS = 192,
-    WS_CONSUMERS = 3 * 128,
-    WS_THREADS = WS_CONSUMERS + 128,
-    WS_W_BYTES = WS_COLS * RS_CHUNK / 2,
-    WS_S_OFF = RS_X_HALF + WS_W_BYTES,
-    WS_STAGE_BYTES = (WS_S_OFF + 4 * WS_COLS + 1023) / 1024 * 1024,
-    WS_STAGES = 9,
-    WS_LEAD = 6,
-    WS_SMEM = WS_STAGES * WS_STAGE_BYTES + 1024 /* alignment */
-};
-static_assert(WS_LEAD <= WS_STAGES - 2, "the copiers signal a stage before they wait for it");
-static_assert(WS_SMEM + 2048 <= 227 * 1024, "one block an SM");
-static_assert(RS_CHUNK == 64 && RS_HALVES == 1, "one 128-byte row unit a chunk");
-
-#ifdef BT_WGMMA
-__device__ __forceinline__ uint32_t smem_addr(const void *p)
-{
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-__device__ __forceinline__ void mbar_init(uint64_t *bar, unsigned count)
-{
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count)
-                 : "memory");
-}
-/* arrives (release, CTA scope) */
-__device__ __forceinline__ void mbar_arrive(uint64_t *bar)
-{
-    asm volatile(
-        "{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(smem_addr(bar))
-        : "memory");
-}
-/* waits (acquire, CTA scope) until the phase of this parity has completed */
-__device__ __forceinline__ void mbar_wait(uint64_t *bar, unsigned parity)
-{
-    asm volatile("{\n.reg .pred done;\nWAIT:\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-                 "@!done bra WAIT;\n}\n" ::"r"(smem_addr(bar)),
-                 "r"(parity)
-                 : "memory");
-}
-#endif
-
-template <int NT, typename OT>
-__device__ __forceinline__ void
-wsp_tile(OT *y, const uint8_t *w, const uint8_t *ws, int N, int K, int m0, int mr, int n0,
-         unsigned char *smem, const __nv_bfloat16 *const *arow, uint64_t *full, uint64_t *empty)
-{
-#ifdef BT_WGMMA
-    const int tid = threadIdx.x, chunks = K / RS_CHUNK;
-    if (tid >= WS_CONSUMERS) {               /* the copiers */
-        const int lane = tid - WS_CONSUMERS; /* 0..127 */
-        const uint32_t sbase = smem_addr(smem);
-        for (int ch = 0; ch < chunks; ch++) {
-            const int st = ch % WS_STAGES, k0 = ch * RS_CHUNK;
-            if (ch >= WS_STAGES) mbar_wait(&empty[st], (ch / WS_STAGES - 1) & 1);
-            const uint32_t sx = sbase + st * WS_STAGE_BYTES;
-            /* the rows: 8 lanes a row's 128 bytes (whole lines), 16 rows a round */
-#pragma unroll
-            for (int i = 0; i < NT / 16; i++) {
-                const int r = (lane >> 3) + 16 * i;
-                cp_async_sh<16>(sx + wg_sw(r, lane & 7), arow[r] + k0 + 8 * (lane & 7), r < mr);
-            }
-            /* the weights: unit u = lane + 128 i is half u & 1 of column u / 2 (gemm_fp4_wgrs'
-             * order), 16 columns' 32 bytes a warp's copy */
-#pragma unroll
-            for (int i = 0; i < WS_COLS / 64; i++) {
-                const int n = n0 + (lane >> 1) + 64 * i;
-                cp_async_sh<16>(sx + RS_X_HALF + 16 * (lane + 128 * i),
-                                w + (size_t)(n < N ? n : 0) * (K / 2) + 16 * (lane & 1) + k0 / 2,
-                                n < N);
-            }
-            if (ch % 2 == 0) /* the 128 k's scale words, with its first chunk */
-#pragma unroll
-                for (int i = 0; i < (WS_COLS + 127) / 128; i++) {
-                    const int j = lane + 128 * i, n = n0 + j;
-                    if (j < WS_COLS)
-                        cp_async_sh<4>(sx + WS_S_OFF + 4 * j,
-                                       ws + (size_t)(n < N ? n : 0) * (K / 32) + k0 / 128 * 4,
-                                       n < N);
-                }
-            cp_async_commit();
-            if (ch >= WS_LEAD) { /* chunk ch - WS_LEAD has landed: to the multiplies */
-                asm volatile("cp.async.wait_group %0;\n" ::"n"((int)WS_LEAD) : "memory");
-                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-                mbar_arrive(&full[(ch - WS_LEAD) % WS_STAGES]);
-            }
-        }
-        asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        for (int ch = chunks > WS_LEAD ? chunks - WS_LEAD : 0; ch < chunks; ch++)
-            mbar_arrive(&full[ch % WS_STAGES]);
-        return;
-    }
-    const int lane = tid & 31, g = lane >> 2, c = lane & 3;
-    const int f = 64 * (tid >> 7) + 16 * ((tid >> 5) & 3) + g; /* columns f and f + 8 */
-    float d[NT / 2];
-#pragma unroll
-    for (int i = 0; i < NT / 2; i++)
-        d[i] = 0.0f;
-    unsigned a[2][RS_STEPS][4]; /* one chunk's converted while the other's multiply */
-    bool fast = false;
-    uint32_t s_lo = 0, s_hi = 0;
-    auto step = [&](int ch, unsigned(*A)[4], auto first_c) {
-        constexpr bool FIRST = decltype(first_c)::value;
-        const int st = ch % WS_STAGES;
-        mbar_wait(&full[st], (ch / WS_STAGES) & 1);
-        wgrs_multiply<NT, FIRST>(d, A, smem + st * WS_STAGE_BYTES, WS_S_OFF, f, c, fast, s_lo,
-                                 s_hi);
-        wgmma_wait<1>(); /* chunk ch - 1's products: done, its stage free */
-        if (ch > 0) mbar_arrive(&empty[(ch - 1) % WS_STAGES]);
-    };
-    for (int ch = 0; ch < chunks; ch += 2) {
-        step(ch, a[0], std::true_type());
-        if (ch + 1 < chunks) step(ch + 1, a[1], std::false_type());
-    }
-    wgmma_wait<0>();
-    wgrs_store<NT>(y, d, N, m0, mr, n0 + f, c);
-#endif
-}
-
-template <typename OT>
-__global__ void __launch_bounds__(WS_THREADS, 1)
-    gemm_fp4_wsp(OT *y, const __nv_bfloat16 *x, const int32_t *rows, const int32_t *offs,
-                 const uint8_t *w, const uint8_t *ws, int N, int K, const int32_t *elist)
-{
-#ifdef BT_WGMMA
-    bt_grid_begin();
-    extern __shared__ __align__(128) unsigned char ws_smem[];
-    __shared__ const __nv_bfloat16 *arow[RS_ROWS];
-    __shared__ uint64_t full[WS_STAGES], empty[WS_STAGES];
-    int m0, mr, n0;
-    if (!expert_tile(x, rows, offs, w, ws, N, K, elist, WS_COLS, arow, m0, mr, n0)) return;
-    if (threadIdx.x == 0)
-        for (int s = 0; s < WS_STAGES; s++) {
-            mbar_init(&full[s], WS_THREADS - WS_CONSUMERS);
-            mbar_init(&empty[s], WS_CONSUMERS);
-        }
-    __syncthreads(); /* (the barriers' initialization too) */
-    unsigned char *smem = /* (from a 1024-byte boundary, as gemm_fp4_wgrs') */
-        ws_smem + ((1024 - ((uint32_t)__cvta_generic_to_shared(ws_smem) & 1023)) & 1023);
-    with_tile_rows(mr, [&](auto nt) {
-        wsp_tile<decltype(nt)::value>(y, w, ws, N, K, m0, mr, n0, smem, arow, full, empty);
-    });
-#else
-    __trap(); /* launched only where wsp_ready() found the sm_90a image */
-#endif
-}
-
-/* BT_CUDA_WGRS_WS=1 takes gemm_fp4_wsp where gemm_fp4_wgrs would run (an experiment) */
-static bool wsp_on(void)
-{
-    static int once = -1;
-    static const int allowed[] = {0, 1};
-    return bt__env_choice("BT_CUDA_WGRS_WS", allowed, 2, 0, &once) == 1;
-}
-
-static bool wsp_ready(void)
-{
-    static signed char bf16_out[BT__MAX_DEVICES], f32_out[BT__MAX_DEVICES];
-    return bt__smem_allowed((const void *)gemm_fp4_wsp<__nv_bfloat16>, WS_SMEM, bf16_out) &&
-           bt__smem_allowed((const void *)gemm_fp4_wsp<float>, WS_SMEM, f32_out);
 }
 
 /* gemm_fp4_wgrs runs here: a Hopper device, this binary's device code built for sm_90a, and
@@ -1779,20 +1520,12 @@ static bt_status_t launch(void *y, bt_cuda_dtype_t yd, const uint16_t *x, const 
                        rows, offs, w, ws, M, N, K, elist, io);
     } else if (FMT == FMT_FP4 && mma_ok && (uintptr_t)ws % 4 == 0 && wgrs_on() && wgrs_ready()) {
         dim3 grid(bt__cdiv(N, RS_COLS), bt__cdiv(max_rows, RS_ROWS), groups);
-        if (wsp_on() && wsp_ready()) {
-            grid.x = bt__cdiv(N, WS_COLS);
-            if (yd == BT_CUDA_BF16)
-                bt__launch(gemm_fp4_wsp<__nv_bfloat16>, grid, WS_THREADS, WS_SMEM, stream,
-                           (__nv_bfloat16 *)y, xb, rows, offs, w, ws, N, K, elist);
-            else
-                bt__launch(gemm_fp4_wsp<float>, grid, WS_THREADS, WS_SMEM, stream, (float *)y, xb,
-                           rows, offs, w, ws, N, K, elist);
-        } else if (yd == BT_CUDA_BF16)
+        if (yd == BT_CUDA_BF16)
             bt__launch(gemm_fp4_wgrs<__nv_bfloat16>, grid, RS_THREADS, RS_SMEM, stream,
-                       (__nv_bfloat16 *)y, xb, rows, offs, w, ws, N, K, elist, wgrs_pf());
+                       (__nv_bfloat16 *)y, xb, rows, offs, w, ws, N, K, elist);
         else
             bt__launch(gemm_fp4_wgrs<float>, grid, RS_THREADS, RS_SMEM, stream, (float *)y, xb,
-                       rows, offs, w, ws, N, K, elist, wgrs_pf());
+                       rows, offs, w, ws, N, K, elist);
     } else if (FMT == FMT_FP4 && mma_ok && (uintptr_t)ws % 4 == 0 && ft_smem_ready()) {
         /* (grouped only: rows K and N apart, as the plain layout) */
         dim3 grid(bt__cdiv(N, FT_COLS), bt__cdiv(max_rows, FT_ROWS), groups);

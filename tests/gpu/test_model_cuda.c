@@ -1363,8 +1363,11 @@ static void test_activation_quant(void)
         BT_CHECK_MSG(med[2] <= 4.0 * med[3] + 1e-4, "checkpoint formats: median %g, off %g", med[2],
                      med[3]);
         BT_CHECK_MSG(ids[AUTO_ON][0] == ids[CPU_ON][0], "checkpoint formats: the first id differs");
-        BT_CHECK_MSG(med[4] > 10.0 * med[2] && med[4] > 1e-3,
-                     "the rounding moved the median by %g only", med[4]);
+        /* against the f32 comparison: with the checkpoint's formats the GPU's bf16 inputs
+         * already move this random model's median by ~0.06 without the rounding (0.19 with
+         * it, on an H100), so only f32 shows the rounding's own size against the agreement */
+        BT_CHECK_MSG(med[4] > 1000.0 * med[0] && med[4] > 1e-3,
+                     "the rounding moved the median by %g only (f32 agreement %g)", med[4], med[0]);
     }
     /* TP 2 (ranks as threads on this GPU), the checkpoint's formats: both ranks run, with finite
      * logits and the same greedy ids */
