@@ -833,6 +833,9 @@ static int object_union(rules_t *r, compile_t *cc, const int *obj, int n, const 
         const union_ctx_t x = {u, (uint16_t)root, i, p0, &o, what};
         if (!lit_walk(r, cc, o.lit, buf, 0, "a property name", union_key, (void *)&x)) return -1;
     }
+    /* no key after the prefix in any branch: the branches are one object (a ',' after the
+     * prefix would lead nowhere) */
+    if (!r->lit[root].child) return obj[0];
     return u;
 }
 

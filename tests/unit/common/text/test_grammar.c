@@ -743,6 +743,21 @@ static void test_schema_table(void)
             const int got = judge_schema(s.v, PETS_LATE, late[i].text, strlen(late[i].text));
             BT_CHECK_MSG(got == late[i].want, "'%s': %d, want %d", late[i].text, got, late[i].want);
         }
+        /* two branches alike to the end: one object (a ',' after its keys would lead nowhere) */
+        static const char same[] =
+            "{\"type\":\"object\",\"properties\":{\"u\":{\"anyOf\":[{\"type\":\"object\","
+            "\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]},{\"type\":"
+            "\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]}]}},"
+            "\"required\":[\"u\"]}";
+        static const struct {
+            const char *text;
+            int want;
+        } alike[] = {{"{\"u\":{\"a\":1}}", 1}, {"{\"u\":{\"a\":1,", -1}, {"{\"u\":{}", -1}};
+        for (size_t i = 0; i < sizeof alike / sizeof alike[0]; i++) {
+            const int got = judge_schema(s.v, same, alike[i].text, strlen(alike[i].text));
+            BT_CHECK_MSG(got == alike[i].want, "'%s': %d, want %d", alike[i].text, got,
+                         alike[i].want);
+        }
     }
     /* minProperties / maxProperties: counted on objects without listed properties, accepted
      * beside listed ones where they always hold */
