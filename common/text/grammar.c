@@ -122,11 +122,21 @@ typedef struct bt_grammar_rules {
     cache_entry_t *cache;
 } rules_t;
 
+/* A pattern or format compiled for a string node: its text (the schema's, or the formats
+ * table's, alive through the compile) and the node's length bounds the DFA took in */
+typedef struct {
+    const char *text;
+    bool bounded;
+    int64_t lo, hi;
+    uint8_t rx; /* 1 + its index in rx[] */
+} rx_memo_t;
+
 typedef struct {
     const cJSON *root;
     const cJSON **memo_at; /* $ref targets compiled, and their nodes */
     uint16_t *memo_node;
     int n_memo, cap_memo;
+    rx_memo_t *rx_memo; /* the patterns compiled so far (as many as rx[]) */
     char *err;
     size_t errlen;
     bool failed;
@@ -1065,8 +1075,20 @@ static bool compile_shape(rules_t *r, compile_t *cc, const cJSON *s, int x)
             return false;
         }
     }
+    /* a pattern (with the same length bounds) compiled before: its DFA again, which also
+     * keeps the schema's 32 patterns and its states for different ones */
+    snode_t *n = &r->nodes[x];
+    for (int i = 0; i < r->n_rx; i++) {
+        const rx_memo_t *m = &cc->rx_memo[i];
+        if (!strcmp(m->text, text) && m->bounded == n->bounded &&
+            (!n->bounded || (m->lo == n->lo && m->hi == n->hi))) {
+            n->bounded = false;
+            n->rx = m->rx;
+            return true;
+        }
+    }
     if (r->n_rx >= MAX_PATTERNS) {
-        cfail(cc, "json_schema: more than %d patterns and formats", MAX_PATTERNS);
+        cfail(cc, "json_schema: more than %d different patterns and formats", MAX_PATTERNS);
         return false;
     }
     char why[200];
@@ -1078,7 +1100,7 @@ static bool compile_shape(rules_t *r, compile_t *cc, const cJSON *s, int x)
     /* minLength / maxLength beside it: the DFA counts the characters too (a count apart, the
      * two could each let a string go on where together nothing can finish), and the node's own
      * count is off */
-    snode_t *n = &r->nodes[x];
+    const rx_memo_t memo = {text, n->bounded, n->lo, n->hi, (uint8_t)(r->n_rx + 1)};
     if (n->bounded &&
         bt_regex_limit_length(re, (long)n->lo, (long)n->hi, MAX_PATTERN_STATES - r->rx_states, why,
                               sizeof why) != BT_OK) {
@@ -1094,9 +1116,11 @@ static bool compile_shape(rules_t *r, compile_t *cc, const cJSON *s, int x)
         return false;
     }
     r->rx = bt_realloc_or_die(r->rx, (size_t)(r->n_rx + 1) * sizeof *r->rx);
+    cc->rx_memo = bt_realloc_or_die(cc->rx_memo, (size_t)(r->n_rx + 1) * sizeof *cc->rx_memo);
+    cc->rx_memo[r->n_rx] = memo;
     r->rx[r->n_rx++] = re;
     r->rx_states += re->n_states;
-    r->nodes[x].rx = (uint8_t)r->n_rx;
+    r->nodes[x].rx = memo.rx;
     return true;
 }
 
@@ -1315,6 +1339,7 @@ static bt_status_t rules_compile(const char *schema, size_t len, rules_t **r_p, 
     cJSON_Delete(doc);
     free(cc.memo_at);
     free(cc.memo_node);
+    free(cc.rx_memo);
     if (root < 0) {
         rules_free(r);
         return BT_ERR_INVALID_ARG;
@@ -1434,6 +1459,7 @@ out:
     cJSON_Delete(doc);
     free(cc.memo_at);
     free(cc.memo_node);
+    free(cc.rx_memo);
     if (cc.failed) {
         rules_free(r);
         return BT_ERR_INVALID_ARG;

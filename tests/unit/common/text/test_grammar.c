@@ -513,22 +513,23 @@ static void test_golden_tokenizer(void)
     "\"required\":[\"pet\"]}"
 
 /* A union told apart after properties its branches share (a Pydantic model whose
- * discriminator follows common fields): each branch starts with id, name and a tag object,
- * written out in each (not one $ref), then pet_type tells cat from dog; a third branch goes on
- * with wings, which it may leave out */
+ * discriminator follows common fields): each branch starts with id, name, a tag object and a
+ * date, written out in each (not one $ref), then pet_type tells cat from dog; a third branch
+ * goes on with wings, which it may leave out */
 #define PETS_LATE_COMMON                                                                           \
     "\"id\":{\"type\":\"integer\",\"minimum\":0},\"name\":{\"type\":\"string\",\"maxLength\":6},"  \
-    "\"tag\":{\"type\":\"object\",\"properties\":{\"x\":{\"enum\":[1,2]}},\"required\":[\"x\"]},"
+    "\"tag\":{\"type\":\"object\",\"properties\":{\"x\":{\"enum\":[1,2]}},\"required\":[\"x\"]},"  \
+    "\"born\":{\"type\":\"string\",\"format\":\"date\"},"
 #define PETS_LATE                                                                                  \
     "{\"type\":\"object\",\"properties\":{\"pet\":{\"anyOf\":[{\"type\":\"object\","               \
     "\"properties\":{" PETS_LATE_COMMON "\"pet_type\":{\"const\":\"cat\"},"                        \
     "\"lives\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":9}},"                               \
-    "\"required\":[\"id\",\"name\",\"tag\",\"pet_type\",\"lives\"]},"                              \
+    "\"required\":[\"id\",\"name\",\"tag\",\"born\",\"pet_type\",\"lives\"]},"                     \
     "{\"type\":\"object\",\"properties\":{" PETS_LATE_COMMON "\"pet_type\":{\"const\":\"dog\"},"   \
     "\"breed\":{\"type\":\"string\",\"maxLength\":8}},\"required\":[\"id\",\"name\",\"tag\","      \
-    "\"pet_type\"]},"                                                                              \
+    "\"born\",\"pet_type\"]},"                                                                     \
     "{\"type\":\"object\",\"properties\":{" PETS_LATE_COMMON "\"wings\":{\"type\":\"integer\"}},"  \
-    "\"required\":[\"id\",\"name\",\"tag\"]}]}},\"required\":[\"pet\"]}"
+    "\"required\":[\"id\",\"name\",\"tag\",\"born\"]}]}},\"required\":[\"pet\"]}"
 
 /* Listed properties whose count bounds bind: 2..3 of a, b, c (required), d */
 #define COUNTED                                                                                    \
@@ -717,7 +718,7 @@ static void test_schema_table(void)
     }
     /* a union told apart after the properties its branches share */
     {
-#define AT "{\"pet\":{\"id\":1,\"name\":\"a\",\"tag\":{\"x\":2}"
+#define AT "{\"pet\":{\"id\":1,\"name\":\"a\",\"tag\":{\"x\":2},\"born\":\"2020-02-29\""
         static const struct {
             const char *text;
             int want;
@@ -737,6 +738,7 @@ static void test_schema_table(void)
             {"{\"pet\":{\"id\":1,\"name\":\"a\",\"tag\":{\"x\":3", -1},
             {"{\"pet\":{\"id\":1}", -1},
             {"{\"pet\":{}", -1},
+            {"{\"pet\":{\"id\":1,\"name\":\"a\",\"tag\":{\"x\":2},\"born\":\"2020-13", -1},
         };
 #undef AT
         for (size_t i = 0; i < sizeof late / sizeof late[0]; i++) {
@@ -1563,6 +1565,46 @@ static void test_schema_walks(void)
     schema_walks_every(PETS_LATE, "a union told apart after shared properties", 7);
 }
 
+/* A format or pattern used by many fields is compiled once: 40 date-time fields (more than
+ * the 32 patterns a schema may hold, and they had been 40 DFAs), each still held to its format;
+ * 33 different patterns are still refused by name. */
+static void test_pattern_reuse(void)
+{
+    synth_t s;
+    synth_make(&s, 0);
+    char schema[8192], err[256];
+    for (int kind = 0; kind < 2; kind++) {
+        int len = snprintf(schema, sizeof schema, "{\"type\":\"object\",\"properties\":{");
+        const int n = kind ? 33 : 40;
+        for (int i = 0; i < n; i++) {
+            if (kind)
+                len += snprintf(schema + len, sizeof schema - len,
+                                "%s\"f%d\":{\"type\":\"string\",\"pattern\":\"^a{%d}$\"}",
+                                i ? "," : "", i, i + 1);
+            else
+                len += snprintf(schema + len, sizeof schema - len,
+                                "%s\"f%d\":{\"type\":\"string\",\"format\":\"date-time\"}",
+                                i ? "," : "", i);
+        }
+        len += snprintf(schema + len, sizeof schema - len, "},\"required\":[\"f0\"]}");
+        BT_CHECK(len < (int)sizeof schema);
+        bt_grammar_t *g = NULL;
+        const bt_status_t st =
+            bt_grammar_json_schema(s.v, schema, strlen(schema), -1, &g, err, sizeof err);
+        if (kind == 0) {
+            BT_CHECK_MSG(st == BT_OK, "40 date-time fields refused: %s", err);
+            bt_grammar_destroy(g);
+            static const char *const texts[] = {"{\"f0\":\"2024-01-02T03:04:05Z\",\"f39\":\"2024",
+                                                "{\"f0\":\"2024-01-02T03:04:05Z\",\"f39\":\"x"};
+            BT_CHECK(judge_schema(s.v, schema, texts[0], strlen(texts[0])) == 0);
+            BT_CHECK(judge_schema(s.v, schema, texts[1], strlen(texts[1])) == -1);
+        } else {
+            BT_CHECK(st != BT_OK && strstr(err, "more than 32 different patterns"));
+        }
+    }
+    synth_free(&s);
+}
+
 /* ---- regex constraints ---- */
 
 /* 1: the output may end (eos taken); 0: a valid prefix; -1: refused at some byte */
@@ -2070,6 +2112,7 @@ int main(void)
     BT_RUN(test_golden_tokenizer);
     BT_RUN(test_schema_table);
     BT_RUN(test_schema_walks);
+    BT_RUN(test_pattern_reuse);
     BT_RUN(test_regex_table);
     BT_RUN(test_regex_walks);
     BT_RUN(test_tool_call_table);
