@@ -136,7 +136,8 @@ typedef struct {
     const cJSON **memo_at; /* $ref targets compiled, and their nodes */
     uint16_t *memo_node;
     int n_memo, cap_memo;
-    rx_memo_t *rx_memo; /* the patterns compiled so far (as many as rx[]) */
+    rx_memo_t *rx_memo; /* the patterns this compile added to rx[] */
+    int n_rx_memo;
     char *err;
     size_t errlen;
     bool failed;
@@ -1078,7 +1079,7 @@ static bool compile_shape(rules_t *r, compile_t *cc, const cJSON *s, int x)
     /* a pattern (with the same length bounds) compiled before: its DFA again, which also
      * keeps the schema's 32 patterns and its states for different ones */
     snode_t *n = &r->nodes[x];
-    for (int i = 0; i < r->n_rx; i++) {
+    for (int i = 0; i < cc->n_rx_memo; i++) {
         const rx_memo_t *m = &cc->rx_memo[i];
         if (!strcmp(m->text, text) && m->bounded == n->bounded &&
             (!n->bounded || (m->lo == n->lo && m->hi == n->hi))) {
@@ -1116,8 +1117,8 @@ static bool compile_shape(rules_t *r, compile_t *cc, const cJSON *s, int x)
         return false;
     }
     r->rx = bt_realloc_or_die(r->rx, (size_t)(r->n_rx + 1) * sizeof *r->rx);
-    cc->rx_memo = bt_realloc_or_die(cc->rx_memo, (size_t)(r->n_rx + 1) * sizeof *cc->rx_memo);
-    cc->rx_memo[r->n_rx] = memo;
+    cc->rx_memo = bt_realloc_or_die(cc->rx_memo, (size_t)(cc->n_rx_memo + 1) * sizeof *cc->rx_memo);
+    cc->rx_memo[cc->n_rx_memo++] = memo;
     r->rx[r->n_rx++] = re;
     r->rx_states += re->n_states;
     r->nodes[x].rx = memo.rx;
