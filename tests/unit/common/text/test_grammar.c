@@ -115,14 +115,26 @@ static int judge(bt_grammar_vocab_t *v, const char *text, size_t len)
     return judge_schema(v, NULL, text, len);
 }
 
+/* a text and its verdict under a schema (judge_schema's: 1 ends, 0 a valid prefix, -1 refused) */
+typedef struct {
+    const char *text;
+    int want;
+} judged_t;
+
+/* each case judged under schema (NULL: any JSON object) */
+static void judge_each(bt_grammar_vocab_t *v, const char *schema, const judged_t *cases, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        const int got = judge_schema(v, schema, cases[i].text, strlen(cases[i].text));
+        BT_CHECK_MSG(got == cases[i].want, "'%s': %d, want %d", cases[i].text, got, cases[i].want);
+    }
+}
+
 static void test_table(void)
 {
     synth_t s;
     synth_make(&s, 0);
-    static const struct {
-        const char *text;
-        int want;
-    } cases[] = {
+    static const judged_t cases[] = {
         {"{}", 1},
         {" \n{ }", 1},
         {"{\"a\":1}", 1},
@@ -164,10 +176,7 @@ static void test_table(void)
         {"{\"a\":[}", -1},
         {"{\"a\":{]}", -1},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        const int got = judge(s.v, cases[i].text, strlen(cases[i].text));
-        BT_CHECK_MSG(got == cases[i].want, "'%s': %d, want %d", cases[i].text, got, cases[i].want);
-    }
+    judge_each(s.v, NULL, cases, sizeof cases / sizeof cases[0]);
     /* caps: nesting, whitespace, numbers */
     char deep[2 * BT_GRAMMAR_MAX_DEPTH + 16];
     size_t n = 0;
@@ -619,10 +628,7 @@ static void test_schema_table(void)
 {
     synth_t s;
     synth_make(&s, 0);
-    static const struct {
-        const char *text;
-        int want;
-    } cases[] = {
+    static const judged_t cases[] = {
         {"{\"name\":\"a\",\"age\":3,\"tags\":[\"x\"]}", 1},
         {"{ \"name\" : \"a\" , \"age\" : 30 , \"email\" : null , \"role\" : \"user\" , "
          "\"tags\" : [ \"x\" , \"y\" ] , \"score\" : 1.5e3 , \"ok\" : true , "
@@ -689,16 +695,10 @@ static void test_schema_table(void)
         {PERSON_AT "{\"a\":1,\"b\":2,\"c\":3,", -1}, /* maxProperties */
 #undef PERSON_AT
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        const int got = judge_schema(s.v, PERSON, cases[i].text, strlen(cases[i].text));
-        BT_CHECK_MSG(got == cases[i].want, "'%s': %d, want %d", cases[i].text, got, cases[i].want);
-    }
+    judge_each(s.v, PERSON, cases, sizeof cases / sizeof cases[0]);
     /* a discriminated union: a first key two branches share, told apart by its value */
     {
-        static const struct {
-            const char *text;
-            int want;
-        } pets[] = {
+        static const judged_t pets[] = {
             {"{\"pet\":{\"kind\":\"cat\",\"lives\":3}}", 1},
             {"{\"pet\":{\"kind\":\"dog\"}}", 1},
             {"{\"pet\":{\"kind\":\"puppy\",\"breed\":\"lab\"}}", 1},
@@ -711,18 +711,12 @@ static void test_schema_table(void)
             {"{\"pet\":{\"kind\":\"pup", 0},
             {"{\"pet\":{\"kind\":3", -1},
         };
-        for (size_t i = 0; i < sizeof pets / sizeof pets[0]; i++) {
-            const int got = judge_schema(s.v, PETS, pets[i].text, strlen(pets[i].text));
-            BT_CHECK_MSG(got == pets[i].want, "'%s': %d, want %d", pets[i].text, got, pets[i].want);
-        }
+        judge_each(s.v, PETS, pets, sizeof pets / sizeof pets[0]);
     }
     /* a union told apart after the properties its branches share */
     {
 #define AT "{\"pet\":{\"id\":1,\"name\":\"a\",\"tag\":{\"x\":2},\"born\":\"2020-02-29\""
-        static const struct {
-            const char *text;
-            int want;
-        } late[] = {
+        static const judged_t late[] = {
             {AT ",\"pet_type\":\"cat\",\"lives\":3}}", 1},
             {AT ",\"pet_type\":\"dog\"}}", 1},
             {AT ",\"pet_type\":\"dog\",\"breed\":\"lab\"}}", 1},
@@ -741,25 +735,15 @@ static void test_schema_table(void)
             {"{\"pet\":{\"id\":1,\"name\":\"a\",\"tag\":{\"x\":2},\"born\":\"2020-13", -1},
         };
 #undef AT
-        for (size_t i = 0; i < sizeof late / sizeof late[0]; i++) {
-            const int got = judge_schema(s.v, PETS_LATE, late[i].text, strlen(late[i].text));
-            BT_CHECK_MSG(got == late[i].want, "'%s': %d, want %d", late[i].text, got, late[i].want);
-        }
+        judge_each(s.v, PETS_LATE, late, sizeof late / sizeof late[0]);
         /* two branches alike to the end: one object (a ',' after its keys would lead nowhere) */
         static const char same[] =
             "{\"type\":\"object\",\"properties\":{\"u\":{\"anyOf\":[{\"type\":\"object\","
             "\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]},{\"type\":"
             "\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]}]}},"
             "\"required\":[\"u\"]}";
-        static const struct {
-            const char *text;
-            int want;
-        } alike[] = {{"{\"u\":{\"a\":1}}", 1}, {"{\"u\":{\"a\":1,", -1}, {"{\"u\":{}", -1}};
-        for (size_t i = 0; i < sizeof alike / sizeof alike[0]; i++) {
-            const int got = judge_schema(s.v, same, alike[i].text, strlen(alike[i].text));
-            BT_CHECK_MSG(got == alike[i].want, "'%s': %d, want %d", alike[i].text, got,
-                         alike[i].want);
-        }
+        static const judged_t alike[] = {{"{\"u\":{\"a\":1}}", 1}, {"{\"u\":{\"a\":1,", -1}, {"{\"u\":{}", -1}};
+        judge_each(s.v, same, alike, sizeof alike / sizeof alike[0]);
     }
     /* minProperties / maxProperties: counted on objects without listed properties, accepted
      * beside listed ones where they always hold */
@@ -777,10 +761,7 @@ static void test_schema_table(void)
         BT_CHECK_EQ_INT(judge_schema(s.v, holds, "{\"a\":1}", 7), 1);
         /* beside listed properties where the bounds bind: counted, and a key is let in only
          * while the count can still end within them (properties come in their order) */
-        static const struct {
-            const char *text;
-            int want;
-        } binds[] = {
+        static const judged_t binds[] = {
             {"{}", -1},           /* min 2 */
             {"{\"c\":true}", -1}, /* 1 */
             {"{\"a\":1,\"c\":true}", 1},
@@ -792,11 +773,7 @@ static void test_schema_table(void)
             {"{\"c\":true,\"d\":null}", 1},
             {"{\"c\":true,", 1 - 1}, /* d can still make 2 */
         };
-        for (size_t i = 0; i < sizeof binds / sizeof binds[0]; i++) {
-            const int got = judge_schema(s.v, COUNTED, binds[i].text, strlen(binds[i].text));
-            BT_CHECK_MSG(got == binds[i].want, "'%s': %d, want %d", binds[i].text, got,
-                         binds[i].want);
-        }
+        judge_each(s.v, COUNTED, binds, sizeof binds / sizeof binds[0]);
         /* the count saturates: 256 keys still have at least one */
         const char *least = "{\"type\":\"object\",\"properties\":{\"o\":{\"type\":\"object\","
                             "\"minProperties\":1}},\"required\":[\"o\"]}";
@@ -932,10 +909,7 @@ static void test_schema_table(void)
                      ranged[i].want);
     }
     /* patterns and formats */
-    static const struct {
-        const char *text;
-        int want;
-    } shaped[] = {
+    static const judged_t shaped[] = {
         {"{\"code\":\"ABC-1234\",\"day\":\"2026-12-05\",\"note\":\"ab\"}", 1},
         {"{\"code\":\"ABC-1234\",\"day\":\"2026-12-05\",\"host\":\"10.0.0.255\","
          "\"id\":\"123e4567-e89b-12d3-A456-426614174000\",\"note\":\"\\\\ab\","
@@ -986,11 +960,7 @@ static void test_schema_table(void)
         {SHAPED_AT "\"mail\":\"abcdefgh@", 0},
 #undef SHAPED_AT
     };
-    for (size_t i = 0; i < sizeof shaped / sizeof shaped[0]; i++) {
-        const int got = judge_schema(s.v, SHAPED, shaped[i].text, strlen(shaped[i].text));
-        BT_CHECK_MSG(got == shaped[i].want, "'%s': %d, want %d", shaped[i].text, got,
-                     shaped[i].want);
-    }
+    judge_each(s.v, SHAPED, shaped, sizeof shaped / sizeof shaped[0]);
     /* each format's pattern takes what it should */
     static const struct {
         const char *format, *value;
@@ -1057,15 +1027,8 @@ static void test_schema_table(void)
     {
         const char *beside = "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},"
                              "\"additionalProperties\":{\"type\":\"string\"},\"required\":[\"a\"]}";
-        static const struct {
-            const char *text;
-            int want;
-        } extra[] = {{"{\"a\":1}", 1}, {"{\"a\":1,\"b\":\"x\"}", -1}, {"{\"b\":\"x\"}", -1}};
-        for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) {
-            const int got = judge_schema(s.v, beside, extra[i].text, strlen(extra[i].text));
-            BT_CHECK_MSG(got == extra[i].want, "'%s': %d, want %d", extra[i].text, got,
-                         extra[i].want);
-        }
+        static const judged_t extra[] = {{"{\"a\":1}", 1}, {"{\"a\":1,\"b\":\"x\"}", -1}, {"{\"b\":\"x\"}", -1}};
+        judge_each(s.v, beside, extra, sizeof extra / sizeof extra[0]);
     }
     /* ipv6 against glibc's inet_pton on random strings of hex digits, colons and dots (each
      * verdict both ways; about one in sixty is an address) */
