@@ -653,8 +653,8 @@ static bool disc_value(rules_t *r, compile_t *cc, void *ctx, const char *text, i
                     0)) {
         if (!cc->failed)
             cfail(cc,
-                  "json_schema: %s of objects whose first property (%.100s) has the value "
-                  "%.100s in two of them",
+                  "json_schema: %s of objects: the property that tells them apart (%.100s, "
+                  "the first after any they share alike) has the value %.100s in two of them",
                   d->what, d->key, text);
         return false;
     }
