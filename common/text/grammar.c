@@ -758,17 +758,15 @@ static bool same_schema(const rules_t *r, uint16_t a, uint16_t b, int depth)
         x->hi != y->hi || x->nlo != y->nlo || x->nhi != y->nhi || x->mult != y->mult ||
         x->required != y->required || memcmp(x->starts, y->starts, sizeof x->starts) != 0)
         return false;
-    const bool listed = (x->kind == K_OBJECT && !x->generic) || x->kind == K_UNION ||
-                        x->kind == K_OBJUNION; /* children in refs_list */
-    if ((listed && x->kind != K_UNION) || x->kind == K_ENUM) {
-        if (!lit_same(r, x->lit, y->lit)) return false;
-    }
-    if (x->kind == K_ARRAY || (x->kind == K_OBJECT && x->generic) ||
-        (x->kind == K_OBJUNION && (x->items || y->items))) {
-        if (!x->items || !y->items ? x->items != y->items
-                                   : !same_schema(r, x->items, y->items, depth + 1))
-            return false;
-    }
+    const bool described = x->kind == K_OBJECT && !x->generic;
+    const bool listed = described || x->kind == K_UNION || x->kind == K_OBJUNION; /* refs_list */
+    if ((described || x->kind == K_OBJUNION || x->kind == K_ENUM) && !lit_same(r, x->lit, y->lit))
+        return false;
+    /* (items 0: none for an object union, any value elsewhere; node 0 is the any node, so the
+     * same comparison serves) */
+    if ((x->kind == K_ARRAY || (x->kind == K_OBJECT && x->generic) || x->kind == K_OBJUNION) &&
+        !same_schema(r, x->items, y->items, depth + 1))
+        return false;
     if (listed)
         for (int i = 0; i < x->n; i++)
             if (!same_schema(r, r->refs_list[x->first + i], r->refs_list[y->first + i], depth + 1))
