@@ -13,7 +13,9 @@
  * 128 tokens plus the 512 compressed entries that the layer's own indexer selects from the
  * kv source's cache. The compressor (the kv source's job) and the candidate-block mask are not
  * part of it. Per token, in the order of services/engine/model.c:
- *   mHC   mix (attention site), collapse + attn_norm           hc_mix_collapse
+ *   mHC   mix (attention site), collapse + attn_norm           hc_mix_collapse (decode: the
+ *                                                              collapse, the mix on a third
+ *                                                              stream: hc_collapse_norm, hc_mix)
  *   proj  qr = q_norm(wq_a x); q = rope(wq_b qr);              gemm_fp8, rmsnorm, rope
  *         kv = fq8(rope(kv_norm(wkv x))) into the window ring  gemm_fp8, head_finish,
  *                                                              kv_store (here)
@@ -23,7 +25,7 @@
  *   proj  wo_a per group (8 x 1024), wo_b                      gemm_fp8_batched (decode) or
  *                                                               swap12 (here) + gemm_fp8 x8,
  *                                                               gemm_fp8
- *   mHC   expand; mix (FFN site), collapse + ffn_norm           hc_expand, hc_mix_collapse
+ *   mHC   expand; mix (FFN site), collapse + ffn_norm           hc_expand_collapse, hc_mix
  *   route router logits (bf16 weights, fp32 out), top-6        gemm_bf16, moe_route,
  *         rows grouped by expert                                moe_dispatch (here)
  *   exp   384 routed FP4 experts (grouped), 1 FP8 shared       gemm_fp4_grouped, swiglu,
@@ -612,6 +614,20 @@ static cudaEvent_t g_fork[2], g_join[2], g_edge[2];
  * BT_BENCH_EARLY_FORK=0: the fork after the norm (the engine before session 25); =1: only the
  * KV row before it (comparisons). */
 static int g_early = 2;
+/* With two streams, a third takes the mHC mixes (the split sums and their fold: the next
+ * expand's post and comb, the next collapse's pre) beside the collapse and the sublayer on the
+ * main stream, joined before the expand, as model_cuda.c's site() and expand() do: the
+ * collapse reads the earlier site's pre, so it need not wait for this site's mix.
+ * BT_BENCH_MIX_STREAM=0: the mix's fold and the collapse in one launch on the main stream
+ * (the engine before session 28). */
+static cudaStream_t g_mix_stream;
+static cudaEvent_t g_mix_fork[2], g_mix_join[2];
+static int g_mix = 1;
+/* The attention's expand and the FFN site's collapse in one launch (bt_cuda_hc_expand_collapse),
+ * as the engine's site() takes the pending expand; BT_BENCH_FUSE=0: apart (before session 28).
+ * (The engine also takes the FFN's expand into the next layer's first collapse; this one-layer
+ * bench keeps that expand apart, so that the layer's output stays whole.) */
+static int g_fuse = 1;
 
 /* stream `waiter` goes on only past what `from` has queued so far (ev recorded on from) */
 static bt_status_t stream_after(cudaStream_t waiter, cudaStream_t from, cudaEvent_t ev)
@@ -666,17 +682,42 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
     const int thr = 256;
 
     BT_TRY(mark(ev, 0, st, capture));
+    /* Two streams (g_side set): the queries and the KV row (s2) beside the indexer (st),
+     * joined before the attention core; the part events are then not recorded (ev NULL); s2
+     * forked from the mHC collapse on unless g_early is 0. The mixes on a third when g_mix. */
+    const int two = g_side && !fp8_via_cublas(c, T), early = two && g_early, mixs = two && g_mix;
+    /* mHC site i: the collapse with pre_w and the norm, after the last sublayer's output o
+     * is expanded into the streams (o NULL: nothing pending; else in the collapse's launch when
+     * g_fuse), then the site's mix (into pre_out, post, comb), on the mix stream when mixs */
+    auto site = [&](int i, float *pre_out, const float *pre_w, const float *norm, const void *o,
+                    bt_cuda_dtype_t ot) -> bt_status_t {
+        float *ws = g_tensor_cores ? c->hc_ws : NULL;
+        if (o && mixs) BT_TRY(stream_after(st, g_mix_stream, g_mix_join[i - 1])); /* post, comb */
+        if (o && !g_fuse) {
+            BT_TRY(bt_cuda_hc_expand(c->x, o, ot, c->post, c->comb, T, HC, HID, st));
+            o = NULL;
+        }
+        if (!mixs && !o)
+            return bt_cuda_hc_mix_collapse_ws(pre_out, c->post, c->comb, c->x, W->hc_fn[i],
+                                              W->hc_base[i], W->hc_scale[i], T, HC, HID, RMS_EPS,
+                                              HC_EPS, HC_ITERS, ws, c->hc_ws_n, c->xin, BF16, pre_w,
+                                              norm, RMS_EPS, st);
+        if (o)
+            BT_TRY(bt_cuda_hc_expand_collapse(c->x, o, ot, c->post, c->comb, c->xin, BF16, pre_w,
+                                              norm, T, HC, HID, RMS_EPS, st));
+        else
+            BT_TRY(
+                bt_cuda_hc_collapse_norm(c->xin, BF16, c->x, pre_w, norm, T, HC, HID, RMS_EPS, st));
+        if (mixs) BT_TRY(stream_after(g_mix_stream, st, g_mix_fork[i]));
+        return bt_cuda_hc_mix_ws(pre_out, c->post, c->comb, c->x, W->hc_fn[i], W->hc_base[i],
+                                 W->hc_scale[i], T, HC, HID, RMS_EPS, HC_EPS, HC_ITERS, ws,
+                                 c->hc_ws_n, mixs ? g_mix_stream : st);
+    };
     /* mHC, attention site: the attention collapses with the previous layer's FFN pre */
-    BT_TRY(bt_cuda_hc_mix_collapse_ws(c->pre_a, c->post, c->comb, c->x, W->hc_fn[0], W->hc_base[0],
-                                      W->hc_scale[0], T, HC, HID, RMS_EPS, HC_EPS, HC_ITERS,
-                                      g_tensor_cores ? c->hc_ws : NULL, c->hc_ws_n, c->xin, BF16,
-                                      c->pre_in, W->attn_norm, RMS_EPS, st));
+    BT_TRY(site(0, c->pre_a, c->pre_in, W->attn_norm, NULL, F32));
     BT_TRY(mark(ev, 1, st, capture));
 
-    /* attention projections (in). Two streams: the queries and the KV row (s2) beside the
-     * indexer (st), joined before the attention core; the part events are then not recorded
-     * (ev NULL); s2 forked from the mHC collapse on unless g_early is 0. */
-    const int two = g_side && !fp8_via_cublas(c, T), early = two && g_early;
+    /* attention projections (in) */
     cudaStream_t s2 = two ? g_side : st;
     auto kv_row = [&](cudaStream_t s) -> bt_status_t {
         BT_TRY(fp8_mm(blas, c, c->kv, F32, c->xin, W->wkv.w, W->wkv.s, T, HD, HID, s));
@@ -766,11 +807,7 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
     BT_TRY(mark(ev, 5, st, capture));
 
     /* mHC: attention output into the streams; FFN site mix and collapse */
-    BT_TRY(bt_cuda_hc_expand(c->x, c->o_attn, BF16, c->post, c->comb, T, HC, HID, st));
-    BT_TRY(bt_cuda_hc_mix_collapse_ws(c->pre_f, c->post, c->comb, c->x, W->hc_fn[1], W->hc_base[1],
-                                      W->hc_scale[1], T, HC, HID, RMS_EPS, HC_EPS, HC_ITERS,
-                                      g_tensor_cores ? c->hc_ws : NULL, c->hc_ws_n, c->xin, BF16,
-                                      c->pre_a, W->ffn_norm, RMS_EPS, st));
+    BT_TRY(site(1, c->pre_f, c->pre_a, W->ffn_norm, c->o_attn, BF16));
     BT_TRY(mark(ev, 6, st, capture));
 
     /* the shared expert (FP8), on s2 beside the routing and the routed experts when two */
@@ -816,6 +853,7 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
     BT_TRY(bt_cuda_moe_combine(c->moe, c->y2, c->row_of, c->topk_n, TOPK, c->sy, T, HID, st));
     BT_TRY(mark(ev, 8, st, capture));
 
+    if (mixs) BT_TRY(stream_after(st, g_mix_stream, g_mix_join[1])); /* post, comb */
     BT_TRY(bt_cuda_hc_expand(c->x, c->moe, F32, c->post, c->comb, T, HC, HID, st));
     BT_TRY(mark(ev, 9, st, capture));
     return BT_OK;
@@ -1559,6 +1597,8 @@ int main(int argc, char **argv)
         i++;
     }
     if (getenv("BT_BENCH_EARLY_FORK")) g_early = atoi(getenv("BT_BENCH_EARLY_FORK"));
+    if (getenv("BT_BENCH_MIX_STREAM")) g_mix = atoi(getenv("BT_BENCH_MIX_STREAM"));
+    if (getenv("BT_BENCH_FUSE")) g_fuse = atoi(getenv("BT_BENCH_FUSE"));
     /* a prefill chunk sits at the end of the cached entries, and the top-k must be full */
     if (o.reps < 20 || o.warmup < 1 || entries < ITOPK || prefill < 1 || prefill > entries ||
         prefill + WIN > (1 << 30)) {
@@ -1588,8 +1628,11 @@ int main(int argc, char **argv)
     }
     if (cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) != cudaSuccess) goto out;
     if (cudaStreamCreateWithFlags(&g_side_stream, cudaStreamNonBlocking) != cudaSuccess) goto out;
+    if (cudaStreamCreateWithFlags(&g_mix_stream, cudaStreamNonBlocking) != cudaSuccess) goto out;
     for (int i = 0; i < 2; i++)
         if (cudaEventCreateWithFlags(&g_fork[i], cudaEventDisableTiming) != cudaSuccess ||
+            cudaEventCreateWithFlags(&g_mix_fork[i], cudaEventDisableTiming) != cudaSuccess ||
+            cudaEventCreateWithFlags(&g_mix_join[i], cudaEventDisableTiming) != cudaSuccess ||
             cudaEventCreateWithFlags(&g_join[i], cudaEventDisableTiming) != cudaSuccess ||
             cudaEventCreateWithFlags(&g_edge[i], cudaEventDisableTiming) != cudaSuccess)
             goto out;
@@ -1665,8 +1708,11 @@ out:
         if (g_fork[i]) cudaEventDestroy(g_fork[i]);
         if (g_join[i]) cudaEventDestroy(g_join[i]);
         if (g_edge[i]) cudaEventDestroy(g_edge[i]);
+        if (g_mix_fork[i]) cudaEventDestroy(g_mix_fork[i]);
+        if (g_mix_join[i]) cudaEventDestroy(g_mix_join[i]);
     }
     if (g_side_stream) cudaStreamDestroy(g_side_stream);
+    if (g_mix_stream) cudaStreamDestroy(g_mix_stream);
     if (st) cudaStreamDestroy(st);
     return rc;
 }

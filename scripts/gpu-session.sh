@@ -38,7 +38,7 @@ pack() {
   JOBS=2 bash bench/run_layer_bench.sh --build-only | tail -1
   rm -rf "$bundle" && mkdir -p .dev/cb
   scripts/device-bundle.sh build-cuda "$bundle" --golden test_cuda_ops test_model_cuda baton \
-    baton-router baton-prefill baton-decode baton-gateway bench_decode > /dev/null
+    baton-router baton-prefill baton-decode baton-gateway > /dev/null
   mkdir -p "$bundle/bench" "$bundle/cubin"
   strip -o "$bundle/bench/bench_layer_cuda" build-gpu-bench/bench_layer_cuda
   for rev in "${revs[@]}"; do

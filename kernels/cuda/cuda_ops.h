@@ -183,6 +183,15 @@ bt_status_t bt_cuda_hc_expand(float *x, const void *o, bt_cuda_dtype_t o_dtype,
                               const float *post, const float *comb, int T, int hc, int D,
                               cudaStream_t stream);
 
+/* bt_cuda_hc_expand and then bt_cuda_hc_collapse_norm of the expanded streams (weights w
+ * mixed earlier, into out) in one launch, the same results. out, o, w and norm_w must not lie
+ * in x. */
+bt_status_t bt_cuda_hc_expand_collapse(float *x, const void *o, bt_cuda_dtype_t o_dtype,
+                                       const float *post, const float *comb, void *out,
+                                       bt_cuda_dtype_t out_dtype, const float *w,
+                                       const float *norm_w, int T, int hc, int D, float eps,
+                                       cudaStream_t stream);
+
 /* ---- attention -------------------------------------------------------------------------- */
 
 /* One query row per token, K = V: token t attends win_n[t] rows win_idx[t, 0..) of win_kv

@@ -648,21 +648,18 @@ extern "C" bt_status_t bt_cuda_hc_mix(float *pre, float *post, float *comb, cons
  * rest is read again. */
 enum { HC_PER = 8 };
 
+/* token t's collapse from the streams' values at this thread's first HC_PER places (d =
+ * threadIdx.x + i * blockDim.x, zero past D) in xv, the rest read from x */
 template <int HC, typename OT>
-__device__ void hc_collapse(OT *out, const float *x, const float *w, const float *norm_w, int D,
-                            float eps, int t)
+__device__ void hc_collapse_xv(OT *out, const float (&xv)[HC_PER][HC], const float *x,
+                               const float *w, const float *norm_w, int D, float eps, int t)
 {
     __shared__ float red[32];
     const float *xt = x + (size_t)t * HC * D, *wt = w + (size_t)t * HC;
-    float ws[HC], xv[HC_PER][HC], v[HC_PER], ss = 0.0f;
+    float ws[HC], v[HC_PER], ss = 0.0f;
 #pragma unroll
-    for (int s = 0; s < HC; s++) ws[s] = wt[s];
-#pragma unroll
-    for (int i = 0; i < HC_PER; i++) {
-        const int d = threadIdx.x + i * blockDim.x;
-#pragma unroll
-        for (int s = 0; s < HC; s++) xv[i][s] = d < D ? xt[(size_t)s * D + d] : 0.0f;
-    }
+    for (int s = 0; s < HC; s++)
+        ws[s] = wt[s];
 #pragma unroll
     for (int i = 0; i < HC_PER; i++) {
         v[i] = 0.0f;
@@ -689,6 +686,22 @@ __device__ void hc_collapse(OT *out, const float *x, const float *w, const float
         for (int s = 0; s < HC; s++) acc += ws[s] * xt[(size_t)s * D + d];
         bt_st(out, (size_t)t * D + d, norm_w ? norm_w[d] * (acc * r) : acc * r);
     }
+}
+
+template <int HC, typename OT>
+__device__ void hc_collapse(OT *out, const float *x, const float *w, const float *norm_w, int D,
+                            float eps, int t)
+{
+    const float *xt = x + (size_t)t * HC * D;
+    float xv[HC_PER][HC];
+#pragma unroll
+    for (int i = 0; i < HC_PER; i++) {
+        const int d = threadIdx.x + i * blockDim.x;
+#pragma unroll
+        for (int s = 0; s < HC; s++)
+            xv[i][s] = d < D ? xt[(size_t)s * D + d] : 0.0f;
+    }
+    hc_collapse_xv<HC>(out, xv, x, w, norm_w, D, eps, t);
 }
 
 template <int HC, typename OT>
@@ -773,6 +786,22 @@ extern "C" bt_status_t bt_cuda_hc_mix_collapse_ws(
     return bt__cuda_launched("hc_mix_collapse");
 }
 
+/* the streams' values res at one place -> their expanded values nx: the sublayer's output
+ * ov times post, plus the streams mixed by comb */
+template <int HC>
+__device__ __forceinline__ void hc_expand_at(float *nx, const float *res, float ov, const float *ct,
+                                             const float *pt)
+{
+#pragma unroll
+    for (int k = 0; k < HC; k++) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int j = 0; j < HC; j++)
+            acc += ct[j * HC + k] * res[j];
+        nx[k] = pt[k] * ov + acc;
+    }
+}
+
 template <int HC, typename OT>
 __global__ void hc_expand_kernel(float *x, const OT *o, const float *post, const float *comb,
                                  int T, int D)
@@ -784,17 +813,60 @@ __global__ void hc_expand_kernel(float *x, const OT *o, const float *post, const
     int d = (int)(i % D);
     float *xt = x + t * HC * D;
     const float *ct = comb + t * HC * HC, *pt = post + t * HC;
-    float res[HC];
+    float res[HC], nx[HC];
 #pragma unroll
     for (int j = 0; j < HC; j++) res[j] = xt[(size_t)j * D + d];
-    float ov = bt_ld(o, i);
+    hc_expand_at<HC>(nx, res, bt_ld(o, i), ct, pt);
 #pragma unroll
-    for (int k = 0; k < HC; k++) {
-        float acc = 0.0f;
+    for (int k = 0; k < HC; k++)
+        xt[(size_t)k * D + d] = nx[k];
+}
+
+/* The expand and then the next site's collapse (weights w mixed earlier) in one launch, a
+ * block a token with the collapse's threads: each thread expands the places it then
+ * collapses, in place (no other thread reads them), so the collapse reads the first HC_PER
+ * from registers; the same arithmetic as the two launches, the same bits. MAXT: the most
+ * threads it is launched with (1024 left the 4-stream instances 64 registers, and they
+ * spilled; up to 640, D <= 5120, they have 96). */
+template <int HC, typename IT, typename OT, int MAXT>
+__global__ void __launch_bounds__(MAXT)
+    hc_expand_collapse_kernel(float *x, const IT *o, const float *post, const float *comb, OT *out,
+                              const float *w, const float *norm_w, int D, float eps)
+{
+    bt_grid_begin();
+    const int t = blockIdx.x;
+    float *xt = x + (size_t)t * HC * D;
+    const float *ct = comb + (size_t)t * HC * HC, *pt = post + (size_t)t * HC;
+    float xv[HC_PER][HC], ov[HC_PER];
 #pragma unroll
-        for (int j = 0; j < HC; j++) acc += ct[j * HC + k] * res[j];
-        xt[(size_t)k * D + d] = pt[k] * ov + acc;
+    for (int i = 0; i < HC_PER; i++) { /* every load first */
+        const int d = threadIdx.x + i * blockDim.x;
+#pragma unroll
+        for (int s = 0; s < HC; s++)
+            xv[i][s] = d < D ? xt[(size_t)s * D + d] : 0.0f;
+        ov[i] = d < D ? bt_ld(o, (size_t)t * D + d) : 0.0f;
     }
+#pragma unroll
+    for (int i = 0; i < HC_PER; i++) {
+        const int d = threadIdx.x + i * blockDim.x;
+        if (d >= D) continue; /* (zeros past D, as the collapse needs) */
+        float nx[HC];
+        hc_expand_at<HC>(nx, xv[i], ov[i], ct, pt);
+#pragma unroll
+        for (int k = 0; k < HC; k++)
+            xv[i][k] = nx[k], xt[(size_t)k * D + d] = nx[k];
+    }
+    for (int d = threadIdx.x + HC_PER * blockDim.x; d < D; d += blockDim.x) {
+        float res[HC], nx[HC];
+#pragma unroll
+        for (int j = 0; j < HC; j++)
+            res[j] = xt[(size_t)j * D + d];
+        hc_expand_at<HC>(nx, res, bt_ld(o, (size_t)t * D + d), ct, pt);
+#pragma unroll
+        for (int k = 0; k < HC; k++)
+            xt[(size_t)k * D + d] = nx[k];
+    }
+    hc_collapse_xv<HC>(out, xv, x, w, norm_w, D, eps, t);
 }
 
 extern "C" bt_status_t bt_cuda_hc_expand(float *x, const void *o, bt_cuda_dtype_t o_dtype,
@@ -813,4 +885,37 @@ extern "C" bt_status_t bt_cuda_hc_expand(float *x, const void *o, bt_cuda_dtype_
                    });
     });
     return bt__cuda_launched("hc_expand");
+}
+
+extern "C" bt_status_t bt_cuda_hc_expand_collapse(float *x, const void *o, bt_cuda_dtype_t o_dtype,
+                                                  const float *post, const float *comb, void *out,
+                                                  bt_cuda_dtype_t out_dtype, const float *w,
+                                                  const float *norm_w, int T, int hc, int D,
+                                                  float eps, cudaStream_t stream)
+{
+    BT_CUDA_REQUIRE(x && o && post && comb && out && w);
+    BT_CUDA_REQUIRE(bt__dtype_ok(o_dtype) && bt__dtype_ok(out_dtype));
+    BT_CUDA_REQUIRE(T > 0 && D > 0 && (hc == 1 || hc == 2 || hc == 4));
+    /* (x is rewritten in place while other tokens' blocks run: nothing else may live in it) */
+    BT_CUDA_REQUIRE(out != (void *)x && o != (const void *)x && w != x && norm_w != x);
+    const int threads = collapse_threads(D);
+    with_hc(hc, [&](auto h) {
+        with_dtype(const_cast<void *>(o), o_dtype,
+                   [&](auto *ov) { /* (read only) */
+                                   with_dtype(out, out_dtype, [&](auto *op) {
+                                       using IT = std::remove_pointer_t<decltype(ov)>;
+                                       using OT = std::remove_pointer_t<decltype(op)>;
+                                       constexpr int H = decltype(h)::value;
+                                       if (threads <= 640)
+                                           bt__launch(hc_expand_collapse_kernel<H, IT, OT, 640>, T,
+                                                      threads, 0, stream, x, ov, post, comb, op, w,
+                                                      norm_w, D, eps);
+                                       else
+                                           bt__launch(hc_expand_collapse_kernel<H, IT, OT, 1024>, T,
+                                                      threads, 0, stream, x, ov, post, comb, op, w,
+                                                      norm_w, D, eps);
+                                   });
+                   });
+    });
+    return bt__cuda_launched("hc_expand_collapse");
 }

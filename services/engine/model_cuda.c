@@ -149,6 +149,13 @@ struct bt_model_cuda {
     size_t xb_side_cap, ytmp_side_cap;
     size_t side_min_bytes; /* the least weight bytes a forked chain's products move */
     uint64_t side_forks;
+    /* a third stream for a decode step's mHC mixes (the split sums and their fold, which only
+     * the next expand and the next site's collapse read) beside the collapse and the sublayer
+     * on the main stream, joined before the expand: the collapse takes the earlier site's
+     * weights, so the mix was never on the sublayer's path. Made with side; NULL with
+     * BT_CUDA_MIX_STREAM=0. */
+    cudaStream_t mix;
+    cudaEvent_t mix_fork, mix_join;
     /* a dequantized FP8 weight (bf16) for products of at least FP8_WIDE_ROWS rows; fp8_max:
      * the largest FP8 weight's elements, counted while loading */
     uint16_t *wdq;
@@ -857,6 +864,12 @@ bt_status_t bt_model_cuda_attach(bt_model_t *m, const char *dir, char *err, size
         CK_CUDA(cudaEventCreateWithFlags(&cu->side_fork, cudaEventDisableTiming));
         CK_CUDA(cudaEventCreateWithFlags(&cu->side_join, cudaEventDisableTiming));
         CK_CUDA(cudaEventCreateWithFlags(&cu->side_mark, cudaEventDisableTiming));
+        const char *mix_env = getenv("BT_CUDA_MIX_STREAM");
+        if (!(mix_env && strcmp(mix_env, "0") == 0)) {
+            CK_CUDA(cudaStreamCreateWithFlags(&cu->mix, cudaStreamNonBlocking));
+            CK_CUDA(cudaEventCreateWithFlags(&cu->mix_fork, cudaEventDisableTiming));
+            CK_CUDA(cudaEventCreateWithFlags(&cu->mix_join, cudaEventDisableTiming));
+        }
     }
     bt_status_t rc = bt_cuda_blas_create(&cu->blas);
     if (rc != BT_OK) {
@@ -957,6 +970,7 @@ void bt_model_cuda_destroy(struct bt_model_cuda *cu)
     cudaSetDevice(cu->gpu);
     if (cu->stream) cudaStreamSynchronize(cu->stream);
     if (cu->side) cudaStreamSynchronize(cu->side);
+    if (cu->mix) cudaStreamSynchronize(cu->mix);
     for (int l = 0; l < BT_MAX_LAYERS; l++) dev_free_layer(&cu->layer[l]);
     float *bufs[] = {cu->embed, cu->head, cu->norm, cu->inv_main, cu->inv_comp, cu->x,
                      cu->pre_mix, cu->attn_pre, cu->post, cu->comb, cu->xin, cu->out, cu->q_res,
@@ -1035,6 +1049,11 @@ void bt_model_cuda_destroy(struct bt_model_cuda *cu)
         cudaEventDestroy(cu->side_join);
         cudaEventDestroy(cu->side_mark);
     }
+    if (cu->mix) {
+        cudaStreamDestroy(cu->mix);
+        cudaEventDestroy(cu->mix_fork);
+        cudaEventDestroy(cu->mix_join);
+    }
     free(cu);
 }
 
@@ -1065,6 +1084,9 @@ typedef struct {
     int64_t *slot_off_d, *ring_at_d;
     int64_t *eng_ids_d;          /* [n_engram][N][cols] */
     bool undo;                   /* a verification: sequences with undo records (DSpark) */
+    bool mix_forked;             /* a site's mix runs on cu->mix, not yet joined */
+    bool expand_pending;         /* cu->out awaits its expand into the streams (x_ready, or
+                                    the next site's collapse in the same launch) */
     char *err;
     size_t errlen;
 } fwd_t;
@@ -1981,8 +2003,37 @@ static bt_status_t moe(fwd_t *f, int l)
     return moe_finish(f, l, rows_d, cnt_d, two);
 }
 
-/* One mHC site: the mapping from the streams, then the sublayer input collapsed with the
- * previous site's pre. */
+/* The streams as the last sublayer left them: its pending expand launched. */
+static bt_status_t x_ready(fwd_t *f)
+{
+    const bt_model_config_t *c = &f->m->cfg;
+    struct bt_model_cuda *cu = f->cu;
+    if (!f->expand_pending) return BT_OK;
+    f->expand_pending = false;
+    return bt_cuda_hc_expand(cu->x, cu->out, BT_CUDA_F32, cu->post, cu->comb, f->N, c->hc_mult,
+                             c->hidden, cu->stream);
+}
+
+/* out = RMSNorm(the streams collapsed by w) with norm_w, after the pending expand (in the
+ * same launch when there is one) */
+static bt_status_t collapse(fwd_t *f, float *out, const float *w, const float *norm_w)
+{
+    const bt_model_config_t *c = &f->m->cfg;
+    struct bt_model_cuda *cu = f->cu;
+    const int N = f->N, hc = c->hc_mult, D = c->hidden;
+    if (!f->expand_pending)
+        return bt_cuda_hc_collapse_norm(out, BT_CUDA_F32, cu->x, w, norm_w, N, hc, D,
+                                        (float)c->rms_eps, cu->stream);
+    f->expand_pending = false;
+    return bt_cuda_hc_expand_collapse(cu->x, cu->out, BT_CUDA_F32, cu->post, cu->comb, out,
+                                      BT_CUDA_F32, w, norm_w, N, hc, D, (float)c->rms_eps,
+                                      cu->stream);
+}
+
+/* One mHC site: the sublayer input collapsed with the previous site's pre (the last
+ * sublayer's expand in the same launch), then the mapping from the streams: a decode-sized
+ * batch's on the mix stream, joined by expand (the collapse reads the earlier site's pre, so
+ * it need not wait for this one's mix). */
 static bt_status_t site(fwd_t *f, const float *fn, const float *base, const float *scale,
                         float *pre_out, const float *collapse_w, const float *norm_w)
 {
@@ -1990,15 +2041,40 @@ static bt_status_t site(fwd_t *f, const float *fn, const float *base, const floa
     struct bt_model_cuda *cu = f->cu;
     char *err = f->err;
     size_t errlen = f->errlen;
-    /* (a decode step's fold of the mix and the collapse share a launch) */
-    CK(bt_cuda_hc_mix_collapse_ws(pre_out, cu->post, cu->comb, cu->x, fn, base, scale, f->N, c->hc_mult,
-                                  c->hidden, (float)c->rms_eps, (float)c->hc_eps, c->sinkhorn_iters, cu->hc_ws,
-                                  cu->hc_ws_cap, cu->xin, BT_CUDA_F32, collapse_w, norm_w, (float)c->rms_eps,
-                                  cu->stream));
+    const int N = f->N, hc = c->hc_mult, D = c->hidden;
+    const bool mixs = cu->mix && N <= GRAPH_MAX_SEQS;
+    if (!mixs && !f->expand_pending) { /* (a decode step's fold and the collapse share a launch) */
+        CK(bt_cuda_hc_mix_collapse_ws(pre_out, cu->post, cu->comb, cu->x, fn, base, scale, N, hc, D,
+                                      (float)c->rms_eps, (float)c->hc_eps, c->sinkhorn_iters,
+                                      cu->hc_ws, cu->hc_ws_cap, cu->xin, BT_CUDA_F32, collapse_w,
+                                      norm_w, (float)c->rms_eps, cu->stream));
+        return BT_OK;
+    }
+    CK(collapse(f, cu->xin, collapse_w, norm_w));
+    if (mixs) {
+        CK(stream_after(f, cu->mix, cu->stream, cu->mix_fork));
+        f->mix_forked = true;
+    }
+    CK(bt_cuda_hc_mix_ws(pre_out, cu->post, cu->comb, cu->x, fn, base, scale, N, hc, D,
+                         (float)c->rms_eps, (float)c->hc_eps, c->sinkhorn_iters, cu->hc_ws,
+                         cu->hc_ws_cap, mixs ? cu->mix : cu->stream));
     return BT_OK;
 }
 
-/* Finds (or makes) the mirror of each sequence's slot, uploading slots the GPU does not hold. */
+/* The sublayer's output (cu->out) into the streams with the site's post and comb, the mix
+ * joined: left pending for the next collapse (x_ready launches it alone). */
+static bt_status_t expand(fwd_t *f)
+{
+    struct bt_model_cuda *cu = f->cu;
+    if (f->mix_forked) {
+        bt_status_t st = stream_after(f, cu->stream, cu->mix, cu->mix_join);
+        if (st != BT_OK) return st;
+        f->mix_forked = false;
+    }
+    f->expand_pending = true;
+    return BT_OK;
+}
+
 static bt_status_t bind_mirrors(fwd_t *f)
 {
     struct bt_model_cuda *cu = f->cu;
@@ -2297,24 +2373,27 @@ static bt_status_t forward_body(fwd_t *f, float *logits, bt_kv_header_t *before)
             else
                 CK(bt_cuda_gather_rows(cu->e_cat, w->e_embed, ids_e, N * cols, ehd, st));
             CK(mm(f, cu->e_kv, (hc + 1) * D, cu->e_cat, cols * ehd, &w->e_wkv, N));
+            CK(x_ready(f));
             CK(bt_cuda_engram_inject(cu->x, cu->e_kv, w->e_qk, N, hc, D, (float)c->rms_eps, st));
         }
-        if (m->target_slot[l] >= 0) /* DSpark's context: the streams entering the layer, averaged */
+        if (m->target_slot[l] >=
+            0) { /* DSpark's context: the streams entering the layer, averaged */
+            CK(x_ready(f));
             CK(bt_cuda_hc_collapse(cu->main_hidden + (size_t)m->target_slot[l] * D,
                                    (int64_t)c->n_draft_targets * D, cu->x, NULL, N, hc, D, st));
+        }
         CK(site(f, w->hc_attn_fn, w->hc_attn_base, w->hc_attn_scale, cu->attn_pre, cu->pre_mix, w->attn_norm));
         CK(attention(f, l));
-        CK(bt_cuda_hc_expand(cu->x, cu->out, BT_CUDA_F32, cu->post, cu->comb, N, hc, D, st));
+        CK(expand(f));
         /* the FFN collapses with the attention site's pre; its own pre goes to the next layer */
         CK(site(f, w->hc_ffn_fn, w->hc_ffn_base, w->hc_ffn_scale, cu->pre_mix, cu->attn_pre, w->ffn_norm));
         CK(moe(f, l));
-        CK(bt_cuda_hc_expand(cu->x, cu->out, BT_CUDA_F32, cu->post, cu->comb, N, hc, D, st));
+        CK(expand(f));
         /* pieces end after layers 0, 2, 6, 14, ...: l + 2 a power of two */
         if (f->graph && ((l + 2) & (l + 1)) == 0 && l + 1 < c->n_layers && f->piece + 1 < GRAPH_PIECES)
             CK(graph_cut(f));
     }
-    CK(bt_cuda_hc_collapse_norm(cu->hidden, BT_CUDA_F32, cu->x, cu->pre_mix, cu->norm, N, hc, D,
-                                (float)c->rms_eps, st));
+    CK(collapse(f, cu->hidden, cu->pre_mix, cu->norm));
     if (c->n_draft) CK(draft_rings(f));
 
     if (logits || f->draw) {
@@ -2831,12 +2910,13 @@ static bt_status_t draft_forward(fwd_t *f, const int32_t *ids)
         CK(site(f, w->hc_attn_fn, w->hc_attn_base, w->hc_attn_scale, cu->attn_pre, cu->pre_mix,
                 w->attn_norm));
         CK(draft_attention(f, l, idx_d, idx_n_d, stride, B));
-        CK(bt_cuda_hc_expand(cu->x, cu->out, BT_CUDA_F32, cu->post, cu->comb, N, hc, D, st));
+        CK(expand(f));
         CK(site(f, w->hc_ffn_fn, w->hc_ffn_base, w->hc_ffn_scale, cu->pre_mix, cu->attn_pre,
                 w->ffn_norm));
         CK(moe(f, l));
-        CK(bt_cuda_hc_expand(cu->x, cu->out, BT_CUDA_F32, cu->post, cu->comb, N, hc, D, st));
+        CK(expand(f));
     }
+    CK(x_ready(f));
     CK(bt_cuda_hc_collapse(cu->draft_pre, D, cu->x, cu->pre_mix, N, hc, D, st));
     CK(bt_cuda_rmsnorm(cu->hidden, BT_CUDA_F32, cu->draft_pre, BT_CUDA_F32, cu->draft_norm, N, D,
                        (float)c->rms_eps, st));
