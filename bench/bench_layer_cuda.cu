@@ -29,8 +29,8 @@
  *   route router logits (bf16 weights, fp32 out), top-6        gemm_bf16, moe_route,
  *         rows grouped by expert                                moe_dispatch (here)
  *   exp   384 routed FP4 experts (grouped), 1 FP8 shared       gemm_fp4_grouped, swiglu,
- *                                                              gemm_fp8, moe_combine
- *   mHC   expand                                                hc_expand
+ *                                                              gemm_fp8
+ *   mHC   combine and expand                                    hc_expand_collapse
  * "(here)": small glue kernels of this file; the rest are bt_cuda_* launchers.
  *
  * Inputs come from a counter-based generator that bench/layer_torch.py reproduces bit for bit,
@@ -623,10 +623,11 @@ static int g_early = 2;
 static cudaStream_t g_mix_stream;
 static cudaEvent_t g_mix_fork[2], g_mix_join[2];
 static int g_mix = 1;
-/* The attention's expand and the FFN site's collapse in one launch (bt_cuda_hc_expand_collapse),
- * as the engine's site() takes the pending expand; BT_BENCH_FUSE=0: apart (before session 28).
- * (The engine also takes the FFN's expand into the next layer's first collapse; this one-layer
- * bench keeps that expand apart, so that the layer's output stays whole.) */
+/* The attention's expand and the FFN site's collapse in one launch, and the MoE's combine in
+ * the FFN's expand (bt_cuda_hc_expand_collapse), as the engine's site() and expand_collapse()
+ * do; BT_BENCH_FUSE=0: apart (before session 28). (The engine also takes the FFN's expand
+ * into the next layer's first collapse; this one-layer bench ends with that expand, so that
+ * the layer's output is whole.) */
 static int g_fuse = 1;
 
 /* stream `waiter` goes on only past what `from` has queued so far (ev recorded on from) */
@@ -702,10 +703,13 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
                                               W->hc_base[i], W->hc_scale[i], T, HC, HID, RMS_EPS,
                                               HC_EPS, HC_ITERS, ws, c->hc_ws_n, c->xin, BF16, pre_w,
                                               norm, RMS_EPS, st);
-        if (o)
-            BT_TRY(bt_cuda_hc_expand_collapse(c->x, o, ot, c->post, c->comb, c->xin, BF16, pre_w,
+        if (o) {
+            bt_cuda_hc_src_t src = {};
+            src.o = o;
+            src.o_dtype = ot;
+            BT_TRY(bt_cuda_hc_expand_collapse(c->x, &src, c->post, c->comb, c->xin, BF16, pre_w,
                                               norm, T, HC, HID, RMS_EPS, st));
-        else
+        } else
             BT_TRY(
                 bt_cuda_hc_collapse_norm(c->xin, BF16, c->x, pre_w, norm, T, HC, HID, RMS_EPS, st));
         if (mixs) BT_TRY(stream_after(g_mix_stream, st, g_mix_fork[i]));
@@ -849,12 +853,25 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
         BT_TRY(join_side(st, 1));
     else
         BT_TRY(shared_expert(st));
-    /* the token's routed rows in slot order, then the shared expert (the engine's combine) */
-    BT_TRY(bt_cuda_moe_combine(c->moe, c->y2, c->row_of, c->topk_n, TOPK, c->sy, T, HID, st));
+    /* the token's routed rows in slot order, then the shared expert (the engine's combine);
+     * when g_fuse summed by the expand's launch, as the engine does */
+    if (!g_fuse)
+        BT_TRY(bt_cuda_moe_combine(c->moe, c->y2, c->row_of, c->topk_n, TOPK, c->sy, T, HID, st));
     BT_TRY(mark(ev, 8, st, capture));
 
     if (mixs) BT_TRY(stream_after(st, g_mix_stream, g_mix_join[1])); /* post, comb */
-    BT_TRY(bt_cuda_hc_expand(c->x, c->moe, F32, c->post, c->comb, T, HC, HID, st));
+    if (g_fuse) {
+        bt_cuda_hc_src_t src = {};
+        src.y = c->y2;
+        src.rows = c->row_of;
+        src.n = c->topk_n;
+        src.stride = TOPK;
+        src.shared = c->sy;
+        BT_TRY(bt_cuda_hc_expand_collapse(c->x, &src, c->post, c->comb, NULL, F32, NULL, NULL, T,
+                                          HC, HID, RMS_EPS, st));
+    } else {
+        BT_TRY(bt_cuda_hc_expand(c->x, c->moe, F32, c->post, c->comb, T, HC, HID, st));
+    }
     BT_TRY(mark(ev, 9, st, capture));
     return BT_OK;
 }
@@ -1209,6 +1226,9 @@ static bt_status_t dump_case(const case_t *c, const char *dir, const int *rows, 
         fprintf(stderr, "dump %s attn: %s\n", c->name, bt_status_str(rc));
         return rc;
     }
+    /* (the layer's own combine is summed inside its last expand when g_fuse) */
+    BT_TRY(bt_cuda_moe_combine(c->moe, c->y2, c->row_of, c->topk_n, TOPK, c->sy, c->T, HID, 0));
+    CU_TRY(cudaDeviceSynchronize());
     BT_TRY(write_rows(dir, c->name, "moe", c->moe, HID * 4, rows, nrows));
     BT_TRY(write_rows(dir, c->name, "x", c->x, (size_t)HC * HID * 4, rows, nrows));
     BT_TRY(write_rows(dir, c->name, "idx", c->ridx, TOPK * 4, rows, nrows));

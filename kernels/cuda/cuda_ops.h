@@ -183,14 +183,26 @@ bt_status_t bt_cuda_hc_expand(float *x, const void *o, bt_cuda_dtype_t o_dtype,
                               const float *post, const float *comb, int T, int hc, int D,
                               cudaStream_t stream);
 
-/* bt_cuda_hc_expand and then bt_cuda_hc_collapse_norm of the expanded streams (weights w
- * mixed earlier, into out) in one launch, the same results. out, o, w and norm_w must not lie
+/* A sublayer's output [T, D] for bt_cuda_hc_expand_collapse: o (f32 or bf16), or where o is
+ * NULL the MoE's combine of y's rows as bt_cuda_moe_combine takes them (rows, n, stride, shared).
+ */
+typedef struct {
+    const void *o;
+    bt_cuda_dtype_t o_dtype;
+    const float *y;
+    const int32_t *rows, *n;
+    int stride;
+    const float *shared;
+} bt_cuda_hc_src_t;
+
+/* bt_cuda_hc_expand of src's output (for a combine: bt_cuda_moe_combine then the expand) and
+ * then, unless out is NULL, bt_cuda_hc_collapse_norm of the expanded streams (weights w mixed
+ * earlier) into out, in one launch: the same results. Nothing it reads or writes but x may lie
  * in x. */
-bt_status_t bt_cuda_hc_expand_collapse(float *x, const void *o, bt_cuda_dtype_t o_dtype,
-                                       const float *post, const float *comb, void *out,
-                                       bt_cuda_dtype_t out_dtype, const float *w,
-                                       const float *norm_w, int T, int hc, int D, float eps,
-                                       cudaStream_t stream);
+bt_status_t bt_cuda_hc_expand_collapse(float *x, const bt_cuda_hc_src_t *src, const float *post,
+                                       const float *comb, void *out, bt_cuda_dtype_t out_dtype,
+                                       const float *w, const float *norm_w, int T, int hc, int D,
+                                       float eps, cudaStream_t stream);
 
 /* ---- attention -------------------------------------------------------------------------- */
 

@@ -822,15 +822,90 @@ __global__ void hc_expand_kernel(float *x, const OT *o, const float *post, const
         xt[(size_t)k * D + d] = nx[k];
 }
 
-/* The expand and then the next site's collapse (weights w mixed earlier) in one launch, a
- * block a token with the collapse's threads: each thread expands the places it then
- * collapses, in place (no other thread reads them), so the collapse reads the first HC_PER
- * from registers; the same arithmetic as the two launches, the same bits. MAXT: the most
- * threads it is launched with (1024 left the 4-stream instances 64 registers, and they
- * spilled; up to 640, D <= 5120, they have 96). */
-template <int HC, typename IT, typename OT, int MAXT>
+/* A sublayer's output at token t, place d, for the fused expand: a row of o ... */
+template <typename IT> struct hc_src_row {
+    const IT *o;
+    __device__ float at(int t, int D, int d) const
+    {
+        return bt_ld(o, (size_t)t * D + d);
+    }
+    /* this thread's first HC_PER places (every load issued before the first is used) */
+    __device__ void first(float (&ov)[HC_PER], int t, int D) const
+    {
+#pragma unroll
+        for (int i = 0; i < HC_PER; i++) {
+            const int d = threadIdx.x + i * blockDim.x;
+            ov[i] = d < D ? at(t, D, d) : 0.0f;
+        }
+    }
+};
+
+/* ... or the MoE's combine (bt_cuda_moe_combine): token t's routed rows of y in their listed
+ * order, then the shared expert's row; the same sums in the same order */
+struct hc_src_combine {
+    const float *y;
+    const int32_t *rows, *n;
+    int stride;
+    const float *shared;
+    __device__ float at(int t, int D, int d) const
+    {
+        const int32_t *rl = rows + (size_t)t * stride;
+        const int cnt = n[t];
+        float acc = 0.0f;
+        for (int j = 0; j < cnt; j++)
+            acc += y[(size_t)rl[j] * D + d];
+        return shared ? acc + shared[(size_t)t * D + d] : acc;
+    }
+    /* two rows' loads in flight at once (more spilled the 4-stream instances) */
+    __device__ void first(float (&ov)[HC_PER], int t, int D) const
+    {
+        const int32_t *rl = rows + (size_t)t * stride;
+        const int cnt = n[t];
+        int j = 0;
+#pragma unroll
+        for (int i = 0; i < HC_PER; i++)
+            ov[i] = 0.0f;
+        for (; j + 1 < cnt; j += 2) {
+            const float *y0 = y + (size_t)rl[j] * D, *y1 = y + (size_t)rl[j + 1] * D;
+            float a[HC_PER], b[HC_PER];
+#pragma unroll
+            for (int i = 0; i < HC_PER; i++) {
+                const int d = threadIdx.x + i * blockDim.x;
+                a[i] = d < D ? y0[d] : 0.0f;
+                b[i] = d < D ? y1[d] : 0.0f;
+            }
+#pragma unroll
+            for (int i = 0; i < HC_PER; i++) {
+                ov[i] += a[i];
+                ov[i] += b[i];
+            }
+        }
+        if (j < cnt) {
+            const float *y0 = y + (size_t)rl[j] * D;
+#pragma unroll
+            for (int i = 0; i < HC_PER; i++) {
+                const int d = threadIdx.x + i * blockDim.x;
+                ov[i] += d < D ? y0[d] : 0.0f;
+            }
+        }
+        if (shared)
+#pragma unroll
+            for (int i = 0; i < HC_PER; i++) {
+                const int d = threadIdx.x + i * blockDim.x;
+                ov[i] = ov[i] + (d < D ? shared[(size_t)t * D + d] : 0.0f);
+            }
+    }
+};
+
+/* The expand and then the next site's collapse (weights w mixed earlier; out NULL: none) in
+ * one launch, a block a token with the collapse's threads: each thread expands the places it
+ * then collapses, in place (no other thread reads them), so the collapse reads the first
+ * HC_PER from registers; the same arithmetic as the separate launches, the same bits. MAXT:
+ * the most threads it is launched with (1024 left the 4-stream instances 64 registers, and
+ * they spilled; up to 640, D <= 5120, they have 96). */
+template <int HC, typename SRC, typename OT, int MAXT>
 __global__ void __launch_bounds__(MAXT)
-    hc_expand_collapse_kernel(float *x, const IT *o, const float *post, const float *comb, OT *out,
+    hc_expand_collapse_kernel(float *x, SRC src, const float *post, const float *comb, OT *out,
                               const float *w, const float *norm_w, int D, float eps)
 {
     bt_grid_begin();
@@ -844,8 +919,8 @@ __global__ void __launch_bounds__(MAXT)
 #pragma unroll
         for (int s = 0; s < HC; s++)
             xv[i][s] = d < D ? xt[(size_t)s * D + d] : 0.0f;
-        ov[i] = d < D ? bt_ld(o, (size_t)t * D + d) : 0.0f;
     }
+    src.first(ov, t, D);
 #pragma unroll
     for (int i = 0; i < HC_PER; i++) {
         const int d = threadIdx.x + i * blockDim.x;
@@ -861,12 +936,12 @@ __global__ void __launch_bounds__(MAXT)
 #pragma unroll
         for (int j = 0; j < HC; j++)
             res[j] = xt[(size_t)j * D + d];
-        hc_expand_at<HC>(nx, res, bt_ld(o, (size_t)t * D + d), ct, pt);
+        hc_expand_at<HC>(nx, res, src.at(t, D, d), ct, pt);
 #pragma unroll
         for (int k = 0; k < HC; k++)
             xt[(size_t)k * D + d] = nx[k];
     }
-    hc_collapse_xv<HC>(out, xv, x, w, norm_w, D, eps, t);
+    if (out) hc_collapse_xv<HC>(out, xv, x, w, norm_w, D, eps, t);
 }
 
 extern "C" bt_status_t bt_cuda_hc_expand(float *x, const void *o, bt_cuda_dtype_t o_dtype,
@@ -887,35 +962,48 @@ extern "C" bt_status_t bt_cuda_hc_expand(float *x, const void *o, bt_cuda_dtype_
     return bt__cuda_launched("hc_expand");
 }
 
-extern "C" bt_status_t bt_cuda_hc_expand_collapse(float *x, const void *o, bt_cuda_dtype_t o_dtype,
+extern "C" bt_status_t bt_cuda_hc_expand_collapse(float *x, const bt_cuda_hc_src_t *src,
                                                   const float *post, const float *comb, void *out,
                                                   bt_cuda_dtype_t out_dtype, const float *w,
                                                   const float *norm_w, int T, int hc, int D,
                                                   float eps, cudaStream_t stream)
 {
-    BT_CUDA_REQUIRE(x && o && post && comb && out && w);
-    BT_CUDA_REQUIRE(bt__dtype_ok(o_dtype) && bt__dtype_ok(out_dtype));
+    BT_CUDA_REQUIRE(x && src && post && comb && (!out || (w && bt__dtype_ok(out_dtype))));
+    BT_CUDA_REQUIRE(src->o ? bt__dtype_ok(src->o_dtype) : src->y && src->rows && src->n);
+    BT_CUDA_REQUIRE(src->o || src->stride >= 0);
     BT_CUDA_REQUIRE(T > 0 && D > 0 && (hc == 1 || hc == 2 || hc == 4));
     /* (x is rewritten in place while other tokens' blocks run: nothing else may live in it) */
-    BT_CUDA_REQUIRE(out != (void *)x && o != (const void *)x && w != x && norm_w != x);
+    const float *xe = x + (size_t)T * hc * D;
+    auto in_x = [&](const void *p) { return p && (const float *)p >= x && (const float *)p < xe; };
+    BT_CUDA_REQUIRE(!in_x(out) && !in_x(src->o) && !in_x(src->y) && !in_x(src->shared));
+    BT_CUDA_REQUIRE(!in_x(w) && !in_x(norm_w) && !in_x(post) && !in_x(comb));
     const int threads = collapse_threads(D);
+    auto launch = [&](auto h, auto sv, auto *op) {
+        constexpr int H = decltype(h)::value;
+        using SRC = decltype(sv);
+        using OT = std::remove_pointer_t<decltype(op)>;
+        if (threads <= 640)
+            bt__launch(hc_expand_collapse_kernel<H, SRC, OT, 640>, T, threads, 0, stream, x, sv,
+                       post, comb, op, w, norm_w, D, eps);
+        else
+            bt__launch(hc_expand_collapse_kernel<H, SRC, OT, 1024>, T, threads, 0, stream, x, sv,
+                       post, comb, op, w, norm_w, D, eps);
+    };
+    auto with_out = [&](auto h, auto sv) {
+        if (!out)
+            launch(h, sv, (float *)NULL);
+        else
+            with_dtype(out, out_dtype, [&](auto *op) { launch(h, sv, op); });
+    };
     with_hc(hc, [&](auto h) {
-        with_dtype(const_cast<void *>(o), o_dtype,
-                   [&](auto *ov) { /* (read only) */
-                                   with_dtype(out, out_dtype, [&](auto *op) {
+        if (src->o)
+            with_dtype(const_cast<void *>(src->o), src->o_dtype,
+                       [&](auto *ov) { /* (read only) */
                                        using IT = std::remove_pointer_t<decltype(ov)>;
-                                       using OT = std::remove_pointer_t<decltype(op)>;
-                                       constexpr int H = decltype(h)::value;
-                                       if (threads <= 640)
-                                           bt__launch(hc_expand_collapse_kernel<H, IT, OT, 640>, T,
-                                                      threads, 0, stream, x, ov, post, comb, op, w,
-                                                      norm_w, D, eps);
-                                       else
-                                           bt__launch(hc_expand_collapse_kernel<H, IT, OT, 1024>, T,
-                                                      threads, 0, stream, x, ov, post, comb, op, w,
-                                                      norm_w, D, eps);
-                                   });
-                   });
+                                       with_out(h, hc_src_row<IT>{ov});
+                       });
+        else
+            with_out(h, hc_src_combine{src->y, src->rows, src->n, src->stride, src->shared});
     });
     return bt__cuda_launched("hc_expand_collapse");
 }

@@ -1085,8 +1085,10 @@ typedef struct {
     int64_t *eng_ids_d;          /* [n_engram][N][cols] */
     bool undo;                   /* a verification: sequences with undo records (DSpark) */
     bool mix_forked;             /* a site's mix runs on cu->mix, not yet joined */
-    bool expand_pending;         /* cu->out awaits its expand into the streams (x_ready, or
-                                    the next site's collapse in the same launch) */
+    bool expand_pending;         /* the sublayer's output awaits its expand into the streams
+                                    (x_ready, or the next site's collapse in the same launch) */
+    bool out_combine;            /* that output is the MoE's combine, not yet in cu->out */
+    bt_cuda_hc_src_t combine;    /* (its rows) */
     char *err;
     size_t errlen;
 } fwd_t;
@@ -1840,9 +1842,16 @@ static bt_status_t moe_finish(fwd_t *f, int l, const int32_t *rows_d, const int3
         CK(side_join(f));
     else if (shared)
         CK(shared_expert(f, l, false));
-    CK(bt_cuda_moe_combine(cu->out, cu->yg, rows_d, cnt_d, K, shared ? cu->sh : NULL, N, D, st));
+    const bt_cuda_hc_src_t rows = {
+        .y = cu->yg, .rows = rows_d, .n = cnt_d, .stride = K, .shared = shared ? cu->sh : NULL};
+    if (cu->tp == 1) { /* summed by the launch that expands it (expand_collapse) */
+        f->out_combine = true;
+        f->combine = rows;
+        return BT_OK;
+    }
+    CK(bt_cuda_moe_combine(cu->out, cu->yg, rows_d, cnt_d, K, rows.shared, N, D, st));
     /* each rank summed its slice of every expert's width */
-    if (cu->tp > 1) CK(tp_all_reduce(f, cu->out, (size_t)N * D));
+    CK(tp_all_reduce(f, cu->out, (size_t)N * D));
     return BT_OK;
 }
 
@@ -2003,12 +2012,26 @@ static bt_status_t moe(fwd_t *f, int l)
     return moe_finish(f, l, rows_d, cnt_d, two);
 }
 
+/* The pending expand, and with out (not NULL) the collapse of the streams by w into out,
+ * RMSNorm'd with norm_w, in one launch; the sublayer's output from cu->out or the combine. */
+static bt_status_t expand_collapse(fwd_t *f, float *out, const float *w, const float *norm_w)
+{
+    const bt_model_config_t *c = &f->m->cfg;
+    struct bt_model_cuda *cu = f->cu;
+    const bt_cuda_hc_src_t plain = {.o = cu->out, .o_dtype = BT_CUDA_F32};
+    const bt_cuda_hc_src_t *src = f->out_combine ? &f->combine : &plain;
+    f->expand_pending = f->out_combine = false;
+    return bt_cuda_hc_expand_collapse(cu->x, src, cu->post, cu->comb, out, BT_CUDA_F32, w, norm_w,
+                                      f->N, c->hc_mult, c->hidden, (float)c->rms_eps, cu->stream);
+}
+
 /* The streams as the last sublayer left them: its pending expand launched. */
 static bt_status_t x_ready(fwd_t *f)
 {
     const bt_model_config_t *c = &f->m->cfg;
     struct bt_model_cuda *cu = f->cu;
     if (!f->expand_pending) return BT_OK;
+    if (f->out_combine) return expand_collapse(f, NULL, NULL, NULL);
     f->expand_pending = false;
     return bt_cuda_hc_expand(cu->x, cu->out, BT_CUDA_F32, cu->post, cu->comb, f->N, c->hc_mult,
                              c->hidden, cu->stream);
@@ -2020,14 +2043,9 @@ static bt_status_t collapse(fwd_t *f, float *out, const float *w, const float *n
 {
     const bt_model_config_t *c = &f->m->cfg;
     struct bt_model_cuda *cu = f->cu;
-    const int N = f->N, hc = c->hc_mult, D = c->hidden;
-    if (!f->expand_pending)
-        return bt_cuda_hc_collapse_norm(out, BT_CUDA_F32, cu->x, w, norm_w, N, hc, D,
-                                        (float)c->rms_eps, cu->stream);
-    f->expand_pending = false;
-    return bt_cuda_hc_expand_collapse(cu->x, cu->out, BT_CUDA_F32, cu->post, cu->comb, out,
-                                      BT_CUDA_F32, w, norm_w, N, hc, D, (float)c->rms_eps,
-                                      cu->stream);
+    if (f->expand_pending) return expand_collapse(f, out, w, norm_w);
+    return bt_cuda_hc_collapse_norm(out, BT_CUDA_F32, cu->x, w, norm_w, f->N, c->hc_mult, c->hidden,
+                                    (float)c->rms_eps, cu->stream);
 }
 
 /* One mHC site: the sublayer input collapsed with the previous site's pre (the last
