@@ -153,9 +153,12 @@ struct bt_model_cuda {
      * the next expand and the next site's collapse read) beside the collapse and the sublayer
      * on the main stream, joined before the expand: the collapse takes the earlier site's
      * weights, so the mix was never on the sublayer's path. Made with side; NULL with
-     * BT_CUDA_MIX_STREAM=0. */
+     * BT_CUDA_MIX_STREAM=0 or without hc_fuse. */
     cudaStream_t mix;
     cudaEvent_t mix_fork, mix_join;
+    /* a sublayer's expand (and the MoE's combine) taken into the next collapse's launch;
+     * false with cuda_hc_apart (then also no mix stream) */
+    bool hc_fuse;
     /* a dequantized FP8 weight (bf16) for products of at least FP8_WIDE_ROWS rows; fp8_max:
      * the largest FP8 weight's elements, counted while loading */
     uint16_t *wdq;
@@ -857,6 +860,8 @@ bt_status_t bt_model_cuda_attach(bt_model_t *m, const char *dir, char *err, size
     cu->gpu = m->opt.gpu;
     CK_CUDA(cudaSetDevice(cu->gpu));
     CK_CUDA(cudaStreamCreateWithFlags(&cu->stream, cudaStreamNonBlocking));
+    const char *fuse_env = getenv("BT_CUDA_HC_FUSE");
+    cu->hc_fuse = !m->opt.cuda_hc_apart && !(fuse_env && strcmp(fuse_env, "0") == 0);
     const char *side_env = getenv("BT_CUDA_SIDE");
     cu->side_min_bytes = m->opt.cuda_streams == 2 ? 0 : (size_t)1 << 20;
     if (m->opt.cuda_streams != 1 && !(side_env && strcmp(side_env, "0") == 0)) {
@@ -865,7 +870,7 @@ bt_status_t bt_model_cuda_attach(bt_model_t *m, const char *dir, char *err, size
         CK_CUDA(cudaEventCreateWithFlags(&cu->side_join, cudaEventDisableTiming));
         CK_CUDA(cudaEventCreateWithFlags(&cu->side_mark, cudaEventDisableTiming));
         const char *mix_env = getenv("BT_CUDA_MIX_STREAM");
-        if (!(mix_env && strcmp(mix_env, "0") == 0)) {
+        if (cu->hc_fuse && !(mix_env && strcmp(mix_env, "0") == 0)) {
             CK_CUDA(cudaStreamCreateWithFlags(&cu->mix, cudaStreamNonBlocking));
             CK_CUDA(cudaEventCreateWithFlags(&cu->mix_fork, cudaEventDisableTiming));
             CK_CUDA(cudaEventCreateWithFlags(&cu->mix_join, cudaEventDisableTiming));
@@ -1844,14 +1849,14 @@ static bt_status_t moe_finish(fwd_t *f, int l, const int32_t *rows_d, const int3
         CK(shared_expert(f, l, false));
     const bt_cuda_hc_src_t rows = {
         .y = cu->yg, .rows = rows_d, .n = cnt_d, .stride = K, .shared = shared ? cu->sh : NULL};
-    if (cu->tp == 1) { /* summed by the launch that expands it (expand_collapse) */
+    if (cu->tp == 1 && cu->hc_fuse) { /* summed by the launch that expands it (expand_collapse) */
         f->out_combine = true;
         f->combine = rows;
         return BT_OK;
     }
     CK(bt_cuda_moe_combine(cu->out, cu->yg, rows_d, cnt_d, K, rows.shared, N, D, st));
     /* each rank summed its slice of every expert's width */
-    CK(tp_all_reduce(f, cu->out, (size_t)N * D));
+    if (cu->tp > 1) CK(tp_all_reduce(f, cu->out, (size_t)N * D));
     return BT_OK;
 }
 
@@ -2090,6 +2095,7 @@ static bt_status_t expand(fwd_t *f)
         f->mix_forked = false;
     }
     f->expand_pending = true;
+    if (!cu->hc_fuse) return x_ready(f);
     return BT_OK;
 }
 

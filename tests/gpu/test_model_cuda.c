@@ -797,6 +797,27 @@ static void test_two_streams_match_one(void)
     }
 }
 
+/* The mHC mixes on their own stream and each expand (and the MoE's combine) inside the next
+ * collapse's launch give the same logits, bit for bit, as every mix beside its collapse and
+ * each expand and combine launched apart (cuda_hc_apart), as graphs and eagerly. */
+static void test_fused_expands_match_apart(void)
+{
+    for (int graphs_off = 0; graphs_off < 2; graphs_off++) {
+        bt_model_options_t opt[2] = {test_options(BT_DEVICE_CUDA, BT_WEIGHTS_AUTO),
+                                     test_options(BT_DEVICE_CUDA, BT_WEIGHTS_AUTO)};
+        opt[0].cuda_streams = opt[1].cuda_streams = 2;
+        opt[1].cuda_hc_apart = true;
+        opt[0].cuda_graphs_off = opt[1].cuda_graphs_off = graphs_off;
+        twins_t tw;
+        if (!twins_decode("golden-a-quant", opt, &tw)) return;
+        fprintf(stderr, "  fused expands, mixes beside (%s): %d decode steps, %d with other logits than apart\n",
+                graphs_off ? "eager" : "graphs", tw.steps, tw.differ);
+        BT_CHECK_MSG(tw.differ == 0, "%d of %d decode steps gave other logits with the expands fused",
+                     tw.differ, tw.steps);
+        twins_close(&tw);
+    }
+}
+
 /* The built-in demo model (services/engine/demo_model.c: its QAT shapes put the indexer and
  * the FP4 experts on the MMA kernels, which the golden fixtures' 40-wide heads do not). */
 static bt_model_t *load_demo_with(const char *dir, int device, int weights, bool graphs_off,
@@ -1412,6 +1433,7 @@ int main(void)
     BT_RUN(test_golden_a_quant_native);
     BT_RUN(test_graphs_match_eager);
     BT_RUN(test_two_streams_match_one);
+    BT_RUN(test_fused_expands_match_apart);
     BT_RUN(test_batch_equals_single);
     BT_RUN(test_dspark);
     BT_RUN(test_activation_quant);
