@@ -2099,6 +2099,7 @@ static bt_status_t expand(fwd_t *f)
     return BT_OK;
 }
 
+/* Finds (or makes) the mirror of each sequence's slot, uploading slots the GPU does not hold. */
 static bt_status_t bind_mirrors(fwd_t *f)
 {
     struct bt_model_cuda *cu = f->cu;
@@ -2400,8 +2401,8 @@ static bt_status_t forward_body(fwd_t *f, float *logits, bt_kv_header_t *before)
             CK(x_ready(f));
             CK(bt_cuda_engram_inject(cu->x, cu->e_kv, w->e_qk, N, hc, D, (float)c->rms_eps, st));
         }
-        if (m->target_slot[l] >=
-            0) { /* DSpark's context: the streams entering the layer, averaged */
+        if (m->target_slot[l] >= 0) {
+            /* DSpark's context: the streams entering the layer, averaged */
             CK(x_ready(f));
             CK(bt_cuda_hc_collapse(cu->main_hidden + (size_t)m->target_slot[l] * D,
                                    (int64_t)c->n_draft_targets * D, cu->x, NULL, N, hc, D, st));
