@@ -13,9 +13,9 @@
  * 128 tokens plus the 512 compressed entries that the layer's own indexer selects from the
  * kv source's cache. The compressor (the kv source's job) and the candidate-block mask are not
  * part of it. Per token, in the order of services/engine/model.c:
- *   mHC   mix (attention site), collapse + attn_norm           hc_mix_collapse (decode: the
- *                                                              collapse, the mix on a third
- *                                                              stream: hc_collapse_norm, hc_mix)
+ *   mHC   mix (attention site), collapse + attn_norm           hc_mix_collapse (decode, two
+ *                                                              streams: hc_collapse_norm, the
+ *                                                              mix beside it: hc_mix)
  *   proj  qr = q_norm(wq_a x); q = rope(wq_b qr);              gemm_fp8, rmsnorm, rope
  *         kv = fq8(rope(kv_norm(wkv x))) into the window ring  gemm_fp8, head_finish,
  *                                                              kv_store (here)
@@ -25,12 +25,13 @@
  *   proj  wo_a per group (8 x 1024), wo_b                      gemm_fp8_batched (decode) or
  *                                                               swap12 (here) + gemm_fp8 x8,
  *                                                               gemm_fp8
- *   mHC   expand; mix (FFN site), collapse + ffn_norm           hc_expand_collapse, hc_mix
+ *   mHC   expand; mix (FFN site), collapse + ffn_norm           hc_expand, hc_mix_collapse
+ *                                                              (decode: as the attention site)
  *   route router logits (bf16 weights, fp32 out), top-6        gemm_bf16, moe_route,
  *         rows grouped by expert                                moe_dispatch (here)
  *   exp   384 routed FP4 experts (grouped), 1 FP8 shared       gemm_fp4_grouped, swiglu,
- *                                                              gemm_fp8
- *   mHC   combine and expand                                    hc_expand_collapse
+ *                                                              gemm_fp8, moe_combine
+ *   mHC   expand                                                hc_expand
  * "(here)": small glue kernels of this file; the rest are bt_cuda_* launchers.
  *
  * Inputs come from a counter-based generator that bench/layer_torch.py reproduces bit for bit,
@@ -625,10 +626,11 @@ static cudaEvent_t g_mix_fork[2], g_mix_join[2];
 static int g_mix = 1;
 /* The attention's expand and the FFN site's collapse in one launch, and the MoE's combine in
  * the FFN's expand (bt_cuda_hc_expand_collapse), as the engine's site() and expand_collapse()
- * do; BT_BENCH_FUSE=0: apart (before session 28). (The engine also takes the FFN's expand
+ * do with BT_CUDA_HC_FUSE=1; BT_BENCH_FUSE=1 (a block a token then does the expand's work:
+ * slower on an H100, session 28). (The engine then also takes the FFN's expand
  * into the next layer's first collapse; this one-layer bench ends with that expand, so that
  * the layer's output is whole.) */
-static int g_fuse = 1;
+static int g_fuse = 0;
 
 /* stream `waiter` goes on only past what `from` has queued so far (ev recorded on from) */
 static bt_status_t stream_after(cudaStream_t waiter, cudaStream_t from, cudaEvent_t ev)

@@ -153,11 +153,12 @@ struct bt_model_cuda {
      * the next expand and the next site's collapse read) beside the collapse and the sublayer
      * on the main stream, joined before the expand: the collapse takes the earlier site's
      * weights, so the mix was never on the sublayer's path. Made with side; NULL with
-     * BT_CUDA_MIX_STREAM=0 or without hc_fuse. */
+     * BT_CUDA_MIX_STREAM=0 or cuda_hc_apart. */
     cudaStream_t mix;
     cudaEvent_t mix_fork, mix_join;
-    /* a sublayer's expand (and the MoE's combine) taken into the next collapse's launch;
-     * false with cuda_hc_apart (then also no mix stream) */
+    /* a sublayer's expand (and the MoE's combine) taken into the next collapse's launch, with
+     * BT_CUDA_HC_FUSE=1: a block a token then does the expand's work, and on an H100 that was
+     * slower than the expand's many blocks (session 28: decode b1 0.2099 ms against 0.2097) */
     bool hc_fuse;
     /* a dequantized FP8 weight (bf16) for products of at least FP8_WIDE_ROWS rows; fp8_max:
      * the largest FP8 weight's elements, counted while loading */
@@ -861,7 +862,7 @@ bt_status_t bt_model_cuda_attach(bt_model_t *m, const char *dir, char *err, size
     CK_CUDA(cudaSetDevice(cu->gpu));
     CK_CUDA(cudaStreamCreateWithFlags(&cu->stream, cudaStreamNonBlocking));
     const char *fuse_env = getenv("BT_CUDA_HC_FUSE");
-    cu->hc_fuse = !m->opt.cuda_hc_apart && !(fuse_env && strcmp(fuse_env, "0") == 0);
+    cu->hc_fuse = !m->opt.cuda_hc_apart && fuse_env && strcmp(fuse_env, "1") == 0;
     const char *side_env = getenv("BT_CUDA_SIDE");
     cu->side_min_bytes = m->opt.cuda_streams == 2 ? 0 : (size_t)1 << 20;
     if (m->opt.cuda_streams != 1 && !(side_env && strcmp(side_env, "0") == 0)) {
@@ -870,7 +871,7 @@ bt_status_t bt_model_cuda_attach(bt_model_t *m, const char *dir, char *err, size
         CK_CUDA(cudaEventCreateWithFlags(&cu->side_join, cudaEventDisableTiming));
         CK_CUDA(cudaEventCreateWithFlags(&cu->side_mark, cudaEventDisableTiming));
         const char *mix_env = getenv("BT_CUDA_MIX_STREAM");
-        if (cu->hc_fuse && !(mix_env && strcmp(mix_env, "0") == 0)) {
+        if (!m->opt.cuda_hc_apart && !(mix_env && strcmp(mix_env, "0") == 0)) {
             CK_CUDA(cudaStreamCreateWithFlags(&cu->mix, cudaStreamNonBlocking));
             CK_CUDA(cudaEventCreateWithFlags(&cu->mix_fork, cudaEventDisableTiming));
             CK_CUDA(cudaEventCreateWithFlags(&cu->mix_join, cudaEventDisableTiming));
