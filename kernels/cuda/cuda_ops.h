@@ -163,14 +163,14 @@ bt_status_t bt_cuda_hc_mix_ws(float *pre, float *post, float *comb, const float 
                               int hc, int D, float eps, float hc_eps, int iters, float *work,
                               size_t work_floats, cudaStream_t stream);
 
-/* out[T,D] = RMSNorm(sum_s w[t,s] x[t,s,:]) with weight norm_w (may be NULL); hc 1, 2 or 4. */
+/* out[T,D] = RMSNorm(sum_s w[t,s] x[t,s,:]) with weight norm_w (may be NULL); hc 1, 2 or 4;
+ * T <= 65535 (a cluster of blocks a token). */
 bt_status_t bt_cuda_hc_collapse_norm(void *out, bt_cuda_dtype_t out_dtype, const float *x,
                                      const float *w, const float *norm_w, int T, int hc, int D,
                                      float eps, cudaStream_t stream);
 
 /* bt_cuda_hc_mix_ws and then bt_cuda_hc_collapse_norm of the same streams with weights w mixed
- * earlier (not this mix's pre), the same results; for few tokens the mix's fold and the
- * collapse share one launch (2 launches where there were 3). */
+ * earlier (not this mix's pre). */
 bt_status_t bt_cuda_hc_mix_collapse_ws(float *pre, float *post, float *comb, const float *x,
                                        const float *fn, const float *base, const float *scale,
                                        int T, int hc, int D, float mix_eps, float hc_eps,

@@ -3,7 +3,11 @@
  * expansion of a sub-layer's output back into the streams. */
 #include "kernels/cuda/common.cuh"
 
+#include <cooperative_groups.h>
+
 #include <type_traits>
+
+namespace cg = cooperative_groups;
 
 enum { MIX_THREADS = 256, FOLD_WARPS = 8 };
 
@@ -640,152 +644,6 @@ extern "C" bt_status_t bt_cuda_hc_mix(float *pre, float *post, float *comb, cons
                              NULL, 0, stream);
 }
 
-/* A block per token, HC_PER values a thread (up to 1024 threads), the collapsed row kept in
- * registers between the norm's sum and the store: one read of the streams (a decode step's
- * few blocks were latency-bound at 256 threads reading them twice). The stream count is a
- * template argument so a thread's HC_PER x HC loads are all issued before the first sum
- * (a loop over a runtime count left them one latency each). Past 1024 * HC_PER values the
- * rest is read again. */
-enum { HC_PER = 8 };
-
-/* token t's collapse from the streams' values at this thread's first HC_PER places (d =
- * threadIdx.x + i * blockDim.x, zero past D) in xv, the rest read from x */
-template <int HC, typename OT>
-__device__ void hc_collapse_xv(OT *out, const float (&xv)[HC_PER][HC], const float *x,
-                               const float *w, const float *norm_w, int D, float eps, int t)
-{
-    __shared__ float red[32];
-    const float *xt = x + (size_t)t * HC * D, *wt = w + (size_t)t * HC;
-    float ws[HC], v[HC_PER], ss = 0.0f;
-#pragma unroll
-    for (int s = 0; s < HC; s++)
-        ws[s] = wt[s];
-#pragma unroll
-    for (int i = 0; i < HC_PER; i++) {
-        v[i] = 0.0f;
-#pragma unroll
-        for (int s = 0; s < HC; s++) v[i] += ws[s] * xv[i][s];
-        ss += v[i] * v[i]; /* zero past D */
-    }
-    for (int d = threadIdx.x + HC_PER * blockDim.x; d < D; d += blockDim.x) {
-        float acc = 0.0f;
-#pragma unroll
-        for (int s = 0; s < HC; s++) acc += ws[s] * xt[(size_t)s * D + d];
-        ss += acc * acc;
-    }
-    ss = bt_block_sum(ss, red);
-    const float r = 1.0f / sqrtf(ss / (float)D + eps);
-#pragma unroll
-    for (int i = 0; i < HC_PER; i++) {
-        const int d = threadIdx.x + i * blockDim.x;
-        if (d < D) bt_st(out, (size_t)t * D + d, norm_w ? norm_w[d] * (v[i] * r) : v[i] * r);
-    }
-    for (int d = threadIdx.x + HC_PER * blockDim.x; d < D; d += blockDim.x) {
-        float acc = 0.0f;
-#pragma unroll
-        for (int s = 0; s < HC; s++) acc += ws[s] * xt[(size_t)s * D + d];
-        bt_st(out, (size_t)t * D + d, norm_w ? norm_w[d] * (acc * r) : acc * r);
-    }
-}
-
-template <int HC, typename OT>
-__device__ void hc_collapse(OT *out, const float *x, const float *w, const float *norm_w, int D,
-                            float eps, int t)
-{
-    const float *xt = x + (size_t)t * HC * D;
-    float xv[HC_PER][HC];
-#pragma unroll
-    for (int i = 0; i < HC_PER; i++) {
-        const int d = threadIdx.x + i * blockDim.x;
-#pragma unroll
-        for (int s = 0; s < HC; s++)
-            xv[i][s] = d < D ? xt[(size_t)s * D + d] : 0.0f;
-    }
-    hc_collapse_xv<HC>(out, xv, x, w, norm_w, D, eps, t);
-}
-
-template <int HC, typename OT>
-__global__ void __launch_bounds__(1024) hc_collapse_kernel(OT *out, const float *x, const float *w,
-                                                           const float *norm_w, int D, float eps)
-{
-    bt_grid_begin();
-    hc_collapse<HC>(out, x, w, norm_w, D, eps, blockIdx.x);
-}
-
-/* A decode step's mix fold and the collapse beside it (which uses weights mixed earlier, not
- * these) in one launch: blocks [0, T) collapse, blocks [T, 2T) fold. */
-template <int HC, typename OT>
-__global__ void __launch_bounds__(1024) hc_fold_collapse_kernel(
-    float *pre, float *post, float *comb, const float *work, const float *base,
-    const float *scale, float mix_eps, float hc_eps, int iters, int splits, OT *out,
-    const float *x, const float *w, const float *norm_w, int T, int D, float eps)
-{
-    bt_grid_begin();
-    if (blockIdx.x < T)
-        hc_collapse<HC>(out, x, w, norm_w, D, eps, blockIdx.x);
-    else
-        hc_mix_fold<HC>(pre, post, comb, work, base, scale, D, mix_eps, hc_eps, iters, splits,
-                        blockIdx.x - T);
-}
-
-/* the collapse's threads: D / HC_PER rounded up to warps, from the fold's FOLD_WARPS warps
- * (the fused launch's fold blocks need them; the norm's sum is split the same way in either
- * launch, so both give the same bits) to 1024 */
-static int collapse_threads(int D)
-{
-    int threads = (bt__cdiv(D, HC_PER) + 31) / 32 * 32;
-    return threads > 1024 ? 1024 : threads < FOLD_WARPS * 32 ? FOLD_WARPS * 32 : threads;
-}
-
-extern "C" bt_status_t bt_cuda_hc_collapse_norm(void *out, bt_cuda_dtype_t out_dtype,
-                                                const float *x, const float *w,
-                                                const float *norm_w, int T, int hc, int D,
-                                                float eps, cudaStream_t stream)
-{
-    BT_CUDA_REQUIRE(out && x && w && bt__dtype_ok(out_dtype));
-    BT_CUDA_REQUIRE(T > 0 && D > 0 && (hc == 1 || hc == 2 || hc == 4));
-    const int threads = collapse_threads(D);
-    with_hc(hc, [&](auto h) {
-        with_dtype(out, out_dtype, [&](auto *o) {
-            bt__launch(hc_collapse_kernel<decltype(h)::value, std::remove_pointer_t<decltype(o)>>,
-                       T, threads, 0, stream, o, x, w, norm_w, D, eps);
-        });
-    });
-    return bt__cuda_launched("hc_collapse_norm");
-}
-
-extern "C" bt_status_t bt_cuda_hc_mix_collapse_ws(
-    float *pre, float *post, float *comb, const float *x, const float *fn, const float *base,
-    const float *scale, int T, int hc, int D, float mix_eps, float hc_eps, int iters,
-    float *work, size_t work_floats, void *out, bt_cuda_dtype_t out_dtype, const float *w,
-    const float *norm_w, float eps, cudaStream_t stream)
-{
-    BT_CUDA_REQUIRE(pre && post && comb && x && fn && base && scale && out && w);
-    /* (the collapse's weights are earlier ones: the fold writes pre, post and comb beside it) */
-    BT_CUDA_REQUIRE(w != pre && w != post && w != comb);
-    BT_CUDA_REQUIRE(T > 0 && D > 0 && iters >= 0 && bt__dtype_ok(out_dtype));
-    BT_CUDA_REQUIRE(hc == 1 || hc == 2 || hc == 4);
-    int splits = hc_splits(T, hc, D);
-    if (splits == 1 || !work || work_floats < bt_cuda_hc_mix_ws_floats(T, hc, D)) {
-        /* (no split: the mix is one launch of its own) */
-        bt_status_t st = bt_cuda_hc_mix_ws(pre, post, comb, x, fn, base, scale, T, hc, D,
-                                           mix_eps, hc_eps, iters, work, work_floats, stream);
-        if (st != BT_OK) return st;
-        return bt_cuda_hc_collapse_norm(out, out_dtype, x, w, norm_w, T, hc, D, eps, stream);
-    }
-    const int threads = collapse_threads(D);
-    with_hc(hc, [&](auto h) {
-        constexpr int H = decltype(h)::value;
-        hc_mix_split_launch<H>(work, x, fn, T, D, splits, stream);
-        with_dtype(out, out_dtype, [&](auto *o) {
-            bt__launch(hc_fold_collapse_kernel<H, std::remove_pointer_t<decltype(o)>>, 2 * T,
-                       threads, 0, stream, pre, post, comb, work, base, scale, mix_eps, hc_eps,
-                       iters, splits, o, x, w, norm_w, T, D, eps);
-        });
-    });
-    return bt__cuda_launched("hc_mix_collapse");
-}
-
 /* the streams' values res at one place -> their expanded values nx: the sublayer's output
  * ov times post, plus the streams mixed by comb */
 template <int HC>
@@ -822,20 +680,45 @@ __global__ void hc_expand_kernel(float *x, const OT *o, const float *post, const
         xt[(size_t)k * D + d] = nx[k];
 }
 
-/* A sublayer's output at token t, place d, for the fused expand: a row of o ... */
+extern "C" bt_status_t bt_cuda_hc_expand(float *x, const void *o, bt_cuda_dtype_t o_dtype,
+                                         const float *post, const float *comb, int T, int hc, int D,
+                                         cudaStream_t stream)
+{
+    BT_CUDA_REQUIRE(x && o && post && comb && bt__dtype_ok(o_dtype));
+    BT_CUDA_REQUIRE(T > 0 && D > 0 && (hc == 1 || hc == 2 || hc == 4));
+    int blocks = bt__cdiv((long long)T * D, 256);
+    with_hc(hc, [&](auto h) {
+        with_dtype(const_cast<void *>(o), o_dtype,
+                   [&](auto *ov) { /* (read only) */
+                                   bt__launch(hc_expand_kernel<decltype(h)::value,
+                                                               std::remove_pointer_t<decltype(ov)>>,
+                                              blocks, 256, 0, stream, x, ov, post, comb, T, D);
+                   });
+    });
+    return bt__cuda_launched("hc_expand");
+}
+
+/* The collapse: a token's places over a cluster of HCL blocks of HCL_THREADS threads, CL_PER
+ * places a thread kept in registers between the norm's sum and the store (past them read
+ * again). A decode token's collapse had been one block reading and writing its whole row:
+ * the one SM's latency-bound loads were most of that launch. */
+enum { HCL = 8, HCL_THREADS = 128, CL_PER = 8 };
+
+/* A sublayer's output at token t, place d, for the collapse that expands first: a row of o,
+ * ... */
 template <typename IT> struct hc_src_row {
     const IT *o;
     __device__ float at(int t, int D, int d) const
     {
         return bt_ld(o, (size_t)t * D + d);
     }
-    /* this thread's first HC_PER places (every load issued before the first is used) */
-    __device__ void first(float (&ov)[HC_PER], int t, int D) const
+    /* this thread's first CL_PER places of [d0, d1) (every load issued before one is used) */
+    __device__ void first(float (&ov)[CL_PER], int t, int D, int d0, int d1) const
     {
 #pragma unroll
-        for (int i = 0; i < HC_PER; i++) {
-            const int d = threadIdx.x + i * blockDim.x;
-            ov[i] = d < D ? at(t, D, d) : 0.0f;
+        for (int i = 0; i < CL_PER; i++) {
+            const int d = d0 + threadIdx.x + i * HCL_THREADS;
+            ov[i] = d < d1 ? at(t, D, d) : 0.0f;
         }
     }
 };
@@ -856,26 +739,26 @@ struct hc_src_combine {
             acc += y[(size_t)rl[j] * D + d];
         return shared ? acc + shared[(size_t)t * D + d] : acc;
     }
-    /* two rows' loads in flight at once (more spilled the 4-stream instances) */
-    __device__ void first(float (&ov)[HC_PER], int t, int D) const
+    /* two rows' loads in flight at once */
+    __device__ void first(float (&ov)[CL_PER], int t, int D, int d0, int d1) const
     {
         const int32_t *rl = rows + (size_t)t * stride;
         const int cnt = n[t];
         int j = 0;
 #pragma unroll
-        for (int i = 0; i < HC_PER; i++)
+        for (int i = 0; i < CL_PER; i++)
             ov[i] = 0.0f;
         for (; j + 1 < cnt; j += 2) {
             const float *y0 = y + (size_t)rl[j] * D, *y1 = y + (size_t)rl[j + 1] * D;
-            float a[HC_PER], b[HC_PER];
+            float a[CL_PER], b[CL_PER];
 #pragma unroll
-            for (int i = 0; i < HC_PER; i++) {
-                const int d = threadIdx.x + i * blockDim.x;
-                a[i] = d < D ? y0[d] : 0.0f;
-                b[i] = d < D ? y1[d] : 0.0f;
+            for (int i = 0; i < CL_PER; i++) {
+                const int d = d0 + threadIdx.x + i * HCL_THREADS;
+                a[i] = d < d1 ? y0[d] : 0.0f;
+                b[i] = d < d1 ? y1[d] : 0.0f;
             }
 #pragma unroll
-            for (int i = 0; i < HC_PER; i++) {
+            for (int i = 0; i < CL_PER; i++) {
                 ov[i] += a[i];
                 ov[i] += b[i];
             }
@@ -883,83 +766,160 @@ struct hc_src_combine {
         if (j < cnt) {
             const float *y0 = y + (size_t)rl[j] * D;
 #pragma unroll
-            for (int i = 0; i < HC_PER; i++) {
-                const int d = threadIdx.x + i * blockDim.x;
-                ov[i] += d < D ? y0[d] : 0.0f;
+            for (int i = 0; i < CL_PER; i++) {
+                const int d = d0 + threadIdx.x + i * HCL_THREADS;
+                ov[i] += d < d1 ? y0[d] : 0.0f;
             }
         }
         if (shared)
 #pragma unroll
-            for (int i = 0; i < HC_PER; i++) {
-                const int d = threadIdx.x + i * blockDim.x;
-                ov[i] = ov[i] + (d < D ? shared[(size_t)t * D + d] : 0.0f);
+            for (int i = 0; i < CL_PER; i++) {
+                const int d = d0 + threadIdx.x + i * HCL_THREADS;
+                ov[i] = ov[i] + (d < d1 ? shared[(size_t)t * D + d] : 0.0f);
             }
     }
 };
 
-/* The expand and then the next site's collapse (weights w mixed earlier; out NULL: none) in
- * one launch, a block a token with the collapse's threads: each thread expands the places it
- * then collapses, in place (no other thread reads them), so the collapse reads the first
- * HC_PER from registers; the same arithmetic as the separate launches, the same bits. MAXT:
- * the most threads it is launched with (1024 left the 4-stream instances 64 registers, and
- * they spilled; up to 640, D <= 5120, they have 96). */
-template <int HC, typename SRC, typename OT, int MAXT>
-__global__ void __launch_bounds__(MAXT)
-    hc_expand_collapse_kernel(float *x, SRC src, const float *post, const float *comb, OT *out,
-                              const float *w, const float *norm_w, int D, float eps)
+/* ... or nothing to expand (the plain collapse) */
+struct hc_src_none {
+};
+
+/* out[t] = RMSNorm(sum_s w[t,s] x[t,s,:]) * norm_w over the cluster (blockIdx.y = t, the
+ * cluster's rank b takes places [b * chunk, b * chunk + chunk)); each block's share of the
+ * sum of squares is added up in rank order from the cluster's shared memory, so every block
+ * scales by the same factor, and a token's bits do not depend on T. EXPAND: each block first
+ * expands its places of x in place from src, post and comb (no other block reads them), the
+ * same arithmetic as hc_expand_kernel; out NULL: only that. */
+template <int HC, typename SRC, typename OT, bool EXPAND>
+__global__ void __cluster_dims__(HCL, 1, 1) __launch_bounds__(HCL_THREADS)
+    hc_collapse_cl_kernel(float *x, SRC src, const float *post, const float *comb, OT *out,
+                          const float *w, const float *norm_w, int D, float eps)
 {
+    __shared__ float red[32], part;
+    cg::cluster_group cluster = cg::this_cluster();
     bt_grid_begin();
-    const int t = blockIdx.x;
+    const int b = (int)cluster.block_rank(), t = blockIdx.y;
+    const int chunk = (D + HCL - 1) / HCL, d0 = min(D, b * chunk), d1 = min(D, d0 + chunk);
     float *xt = x + (size_t)t * HC * D;
-    const float *ct = comb + (size_t)t * HC * HC, *pt = post + (size_t)t * HC;
-    float xv[HC_PER][HC], ov[HC_PER];
+    float xv[CL_PER][HC];
 #pragma unroll
-    for (int i = 0; i < HC_PER; i++) { /* every load first */
-        const int d = threadIdx.x + i * blockDim.x;
+    for (int i = 0; i < CL_PER; i++) { /* every load first */
+        const int d = d0 + threadIdx.x + i * HCL_THREADS;
 #pragma unroll
         for (int s = 0; s < HC; s++)
-            xv[i][s] = d < D ? xt[(size_t)s * D + d] : 0.0f;
+            xv[i][s] = d < d1 ? xt[(size_t)s * D + d] : 0.0f;
     }
-    src.first(ov, t, D);
+    if constexpr (EXPAND) {
+        const float *ct = comb + (size_t)t * HC * HC, *pt = post + (size_t)t * HC;
+        float ov[CL_PER];
+        src.first(ov, t, D, d0, d1);
 #pragma unroll
-    for (int i = 0; i < HC_PER; i++) {
-        const int d = threadIdx.x + i * blockDim.x;
-        if (d >= D) continue; /* (zeros past D, as the collapse needs) */
-        float nx[HC];
-        hc_expand_at<HC>(nx, xv[i], ov[i], ct, pt);
+        for (int i = 0; i < CL_PER; i++) {
+            const int d = d0 + threadIdx.x + i * HCL_THREADS;
+            if (d >= d1) continue; /* (zeros past the block's places, as the sums need) */
+            float nx[HC];
+            hc_expand_at<HC>(nx, xv[i], ov[i], ct, pt);
 #pragma unroll
-        for (int k = 0; k < HC; k++)
-            xv[i][k] = nx[k], xt[(size_t)k * D + d] = nx[k];
+            for (int k = 0; k < HC; k++)
+                xv[i][k] = nx[k], xt[(size_t)k * D + d] = nx[k];
+        }
+        for (int d = d0 + threadIdx.x + CL_PER * HCL_THREADS; d < d1; d += HCL_THREADS) {
+            float res[HC], nx[HC];
+#pragma unroll
+            for (int j = 0; j < HC; j++)
+                res[j] = xt[(size_t)j * D + d];
+            hc_expand_at<HC>(nx, res, src.at(t, D, d), ct, pt);
+#pragma unroll
+            for (int k = 0; k < HC; k++)
+                xt[(size_t)k * D + d] = nx[k];
+        }
+        if (!out) return; /* (the whole grid: no cluster barrier is left waiting) */
     }
-    for (int d = threadIdx.x + HC_PER * blockDim.x; d < D; d += blockDim.x) {
-        float res[HC], nx[HC];
+    const float *wt = w + (size_t)t * HC;
+    float ws[HC], v[CL_PER], ss = 0.0f;
 #pragma unroll
-        for (int j = 0; j < HC; j++)
-            res[j] = xt[(size_t)j * D + d];
-        hc_expand_at<HC>(nx, res, src.at(t, D, d), ct, pt);
+    for (int s = 0; s < HC; s++)
+        ws[s] = wt[s];
 #pragma unroll
-        for (int k = 0; k < HC; k++)
-            xt[(size_t)k * D + d] = nx[k];
+    for (int i = 0; i < CL_PER; i++) {
+        v[i] = 0.0f;
+#pragma unroll
+        for (int s = 0; s < HC; s++)
+            v[i] += ws[s] * xv[i][s];
+        ss += v[i] * v[i]; /* zero past the block's places */
     }
-    if (out) hc_collapse_xv<HC>(out, xv, x, w, norm_w, D, eps, t);
+    for (int d = d0 + threadIdx.x + CL_PER * HCL_THREADS; d < d1; d += HCL_THREADS) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int s = 0; s < HC; s++)
+            acc += ws[s] * xt[(size_t)s * D + d];
+        ss += acc * acc;
+    }
+    ss = bt_block_sum(ss, red);
+    if (threadIdx.x == 0) part = ss;
+    cluster.sync();
+    float tot = 0.0f;
+#pragma unroll
+    for (int r = 0; r < HCL; r++)
+        tot += *cluster.map_shared_rank(&part, r);
+    cluster.sync(); /* (a block's part stays until every block of the cluster has read it) */
+    const float r = 1.0f / sqrtf(tot / (float)D + eps);
+#pragma unroll
+    for (int i = 0; i < CL_PER; i++) {
+        const int d = d0 + threadIdx.x + i * HCL_THREADS;
+        if (d < d1) bt_st(out, (size_t)t * D + d, norm_w ? norm_w[d] * (v[i] * r) : v[i] * r);
+    }
+    for (int d = d0 + threadIdx.x + CL_PER * HCL_THREADS; d < d1; d += HCL_THREADS) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int s = 0; s < HC; s++)
+            acc += ws[s] * xt[(size_t)s * D + d];
+        bt_st(out, (size_t)t * D + d, norm_w ? norm_w[d] * (acc * r) : acc * r);
+    }
 }
 
-extern "C" bt_status_t bt_cuda_hc_expand(float *x, const void *o, bt_cuda_dtype_t o_dtype,
-                                         const float *post, const float *comb, int T, int hc,
-                                         int D, cudaStream_t stream)
+/* the collapse's launch: T clusters (grid rows of 65535 at most) */
+template <int HC, bool EXPAND, typename SRC, typename OT>
+static void hc_collapse_launch(float *x, SRC src, const float *post, const float *comb, OT *out,
+                               const float *w, const float *norm_w, int T, int D, float eps,
+                               cudaStream_t stream)
 {
-    BT_CUDA_REQUIRE(x && o && post && comb && bt__dtype_ok(o_dtype));
-    BT_CUDA_REQUIRE(T > 0 && D > 0 && (hc == 1 || hc == 2 || hc == 4));
-    int blocks = bt__cdiv((long long)T * D, 256);
+    bt__launch(hc_collapse_cl_kernel<HC, SRC, OT, EXPAND>, dim3(HCL, T), HCL_THREADS, 0, stream, x,
+               src, post, comb, out, w, norm_w, D, eps);
+}
+
+extern "C" bt_status_t bt_cuda_hc_collapse_norm(void *out, bt_cuda_dtype_t out_dtype,
+                                                const float *x, const float *w, const float *norm_w,
+                                                int T, int hc, int D, float eps,
+                                                cudaStream_t stream)
+{
+    BT_CUDA_REQUIRE(out && x && w && bt__dtype_ok(out_dtype));
+    BT_CUDA_REQUIRE(T > 0 && T <= 65535 && D > 0 && (hc == 1 || hc == 2 || hc == 4));
     with_hc(hc, [&](auto h) {
-        with_dtype(const_cast<void *>(o), o_dtype,
-                   [&](auto *ov) { /* (read only) */
-                                   bt__launch(hc_expand_kernel<decltype(h)::value,
-                                                               std::remove_pointer_t<decltype(ov)>>,
-                                              blocks, 256, 0, stream, x, ov, post, comb, T, D);
-                   });
+        with_dtype(out, out_dtype, [&](auto *o) {
+            hc_collapse_launch<decltype(h)::value, false>(
+                const_cast<float *>(x), hc_src_none{}, NULL, NULL, o, w, norm_w, T, D, eps, stream);
+        });
     });
-    return bt__cuda_launched("hc_expand");
+    return bt__cuda_launched("hc_collapse_norm");
+}
+
+extern "C" bt_status_t
+bt_cuda_hc_mix_collapse_ws(float *pre, float *post, float *comb, const float *x, const float *fn,
+                           const float *base, const float *scale, int T, int hc, int D,
+                           float mix_eps, float hc_eps, int iters, float *work, size_t work_floats,
+                           void *out, bt_cuda_dtype_t out_dtype, const float *w,
+                           const float *norm_w, float eps, cudaStream_t stream)
+{
+    BT_CUDA_REQUIRE(pre && post && comb && x && fn && base && scale && out && w);
+    /* (the collapse's weights are earlier ones, not the pre the mix writes) */
+    BT_CUDA_REQUIRE(w != pre && w != post && w != comb);
+    BT_CUDA_REQUIRE(T > 0 && D > 0 && iters >= 0 && bt__dtype_ok(out_dtype));
+    BT_CUDA_REQUIRE(hc == 1 || hc == 2 || hc == 4);
+    bt_status_t st = bt_cuda_hc_mix_ws(pre, post, comb, x, fn, base, scale, T, hc, D, mix_eps,
+                                       hc_eps, iters, work, work_floats, stream);
+    if (st != BT_OK) return st;
+    return bt_cuda_hc_collapse_norm(out, out_dtype, x, w, norm_w, T, hc, D, eps, stream);
 }
 
 extern "C" bt_status_t bt_cuda_hc_expand_collapse(float *x, const bt_cuda_hc_src_t *src,
@@ -971,29 +931,21 @@ extern "C" bt_status_t bt_cuda_hc_expand_collapse(float *x, const bt_cuda_hc_src
     BT_CUDA_REQUIRE(x && src && post && comb && (!out || (w && bt__dtype_ok(out_dtype))));
     BT_CUDA_REQUIRE(src->o ? bt__dtype_ok(src->o_dtype) : src->y && src->rows && src->n);
     BT_CUDA_REQUIRE(src->o || src->stride >= 0);
-    BT_CUDA_REQUIRE(T > 0 && D > 0 && (hc == 1 || hc == 2 || hc == 4));
+    BT_CUDA_REQUIRE(T > 0 && T <= 65535 && D > 0 && (hc == 1 || hc == 2 || hc == 4));
     /* (x is rewritten in place while other tokens' blocks run: nothing else may live in it) */
     const float *xe = x + (size_t)T * hc * D;
     auto in_x = [&](const void *p) { return p && (const float *)p >= x && (const float *)p < xe; };
     BT_CUDA_REQUIRE(!in_x(out) && !in_x(src->o) && !in_x(src->y) && !in_x(src->shared));
     BT_CUDA_REQUIRE(!in_x(w) && !in_x(norm_w) && !in_x(post) && !in_x(comb));
-    const int threads = collapse_threads(D);
-    auto launch = [&](auto h, auto sv, auto *op) {
-        constexpr int H = decltype(h)::value;
-        using SRC = decltype(sv);
-        using OT = std::remove_pointer_t<decltype(op)>;
-        if (threads <= 640)
-            bt__launch(hc_expand_collapse_kernel<H, SRC, OT, 640>, T, threads, 0, stream, x, sv,
-                       post, comb, op, w, norm_w, D, eps);
-        else
-            bt__launch(hc_expand_collapse_kernel<H, SRC, OT, 1024>, T, threads, 0, stream, x, sv,
-                       post, comb, op, w, norm_w, D, eps);
-    };
     auto with_out = [&](auto h, auto sv) {
+        constexpr int H = decltype(h)::value;
         if (!out)
-            launch(h, sv, (float *)NULL);
+            hc_collapse_launch<H, true>(x, sv, post, comb, (float *)NULL, w, norm_w, T, D, eps,
+                                        stream);
         else
-            with_dtype(out, out_dtype, [&](auto *op) { launch(h, sv, op); });
+            with_dtype(out, out_dtype, [&](auto *op) {
+                hc_collapse_launch<H, true>(x, sv, post, comb, op, w, norm_w, T, D, eps, stream);
+            });
     };
     with_hc(hc, [&](auto h) {
         if (src->o)
