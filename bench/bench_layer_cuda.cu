@@ -26,7 +26,6 @@
  *                                                               swap12 (here) + gemm_fp8 x8,
  *                                                               gemm_fp8
  *   mHC   expand; mix (FFN site), collapse + ffn_norm           hc_expand, hc_mix_collapse
- *                                                              (decode: as the attention site)
  *   route router logits (bf16 weights, fp32 out), top-6        gemm_bf16, moe_route,
  *         rows grouped by expert                                moe_dispatch (here)
  *   exp   384 routed FP4 experts (grouped), 1 FP8 shared       gemm_fp4_grouped, swiglu,
@@ -624,13 +623,6 @@ static int g_early = 2;
 static cudaStream_t g_mix_stream;
 static cudaEvent_t g_mix_fork[2], g_mix_join[2];
 static int g_mix = 1;
-/* The attention's expand and the FFN site's collapse in one launch, and the MoE's combine in
- * the FFN's expand (bt_cuda_hc_expand_collapse), as the engine's site() and expand_collapse()
- * do with BT_CUDA_HC_FUSE=1; BT_BENCH_FUSE=1 (a block a token then does the expand's work:
- * slower on an H100, session 28). (The engine then also takes the FFN's expand
- * into the next layer's first collapse; this one-layer bench ends with that expand, so that
- * the layer's output is whole.) */
-static int g_fuse = 0;
 
 /* stream `waiter` goes on only past what `from` has queued so far (ev recorded on from) */
 static bt_status_t stream_after(cudaStream_t waiter, cudaStream_t from, cudaEvent_t ev)
@@ -689,38 +681,27 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
      * joined before the attention core; the part events are then not recorded (ev NULL); s2
      * forked from the mHC collapse on unless g_early is 0. The mixes on a third when g_mix. */
     const int two = g_side && !fp8_via_cublas(c, T), early = two && g_early, mixs = two && g_mix;
-    /* mHC site i: the collapse with pre_w and the norm, after the last sublayer's output o
-     * is expanded into the streams (o NULL: nothing pending; else in the collapse's launch when
-     * g_fuse), then the site's mix (into pre_out, post, comb), on the mix stream when mixs */
-    auto site = [&](int i, float *pre_out, const float *pre_w, const float *norm, const void *o,
-                    bt_cuda_dtype_t ot) -> bt_status_t {
+    /* mHC site i: its mix (into pre_out, post, comb), the collapse with pre_w and the norm */
+    auto site = [&](int i, float *pre_out, const float *pre_w, const float *norm) -> bt_status_t {
         float *ws = g_tensor_cores ? c->hc_ws : NULL;
-        if (o && mixs) BT_TRY(stream_after(st, g_mix_stream, g_mix_join[i - 1])); /* post, comb */
-        if (o && !g_fuse) {
-            BT_TRY(bt_cuda_hc_expand(c->x, o, ot, c->post, c->comb, T, HC, HID, st));
-            o = NULL;
-        }
-        if (!mixs && !o)
+        if (!mixs)
             return bt_cuda_hc_mix_collapse_ws(pre_out, c->post, c->comb, c->x, W->hc_fn[i],
                                               W->hc_base[i], W->hc_scale[i], T, HC, HID, RMS_EPS,
                                               HC_EPS, HC_ITERS, ws, c->hc_ws_n, c->xin, BF16, pre_w,
                                               norm, RMS_EPS, st);
-        if (o) {
-            bt_cuda_hc_src_t src = {};
-            src.o = o;
-            src.o_dtype = ot;
-            BT_TRY(bt_cuda_hc_expand_collapse(c->x, &src, c->post, c->comb, c->xin, BF16, pre_w,
-                                              norm, T, HC, HID, RMS_EPS, st));
-        } else
-            BT_TRY(
-                bt_cuda_hc_collapse_norm(c->xin, BF16, c->x, pre_w, norm, T, HC, HID, RMS_EPS, st));
-        if (mixs) BT_TRY(stream_after(g_mix_stream, st, g_mix_fork[i]));
-        return bt_cuda_hc_mix_ws(pre_out, c->post, c->comb, c->x, W->hc_fn[i], W->hc_base[i],
+        BT_TRY(stream_after(g_mix_stream, st, g_mix_fork[i]));
+        BT_TRY(bt_cuda_hc_mix_ws(pre_out, c->post, c->comb, c->x, W->hc_fn[i], W->hc_base[i],
                                  W->hc_scale[i], T, HC, HID, RMS_EPS, HC_EPS, HC_ITERS, ws,
-                                 c->hc_ws_n, mixs ? g_mix_stream : st);
+                                 c->hc_ws_n, g_mix_stream));
+        return bt_cuda_hc_collapse_norm(c->xin, BF16, c->x, pre_w, norm, T, HC, HID, RMS_EPS, st);
+    };
+    /* a sublayer's output o into the streams, site i's mix joined */
+    auto expand = [&](int i, const void *o, bt_cuda_dtype_t ot) -> bt_status_t {
+        if (mixs) BT_TRY(stream_after(st, g_mix_stream, g_mix_join[i]));
+        return bt_cuda_hc_expand(c->x, o, ot, c->post, c->comb, T, HC, HID, st);
     };
     /* mHC, attention site: the attention collapses with the previous layer's FFN pre */
-    BT_TRY(site(0, c->pre_a, c->pre_in, W->attn_norm, NULL, F32));
+    BT_TRY(site(0, c->pre_a, c->pre_in, W->attn_norm));
     BT_TRY(mark(ev, 1, st, capture));
 
     /* attention projections (in) */
@@ -813,7 +794,8 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
     BT_TRY(mark(ev, 5, st, capture));
 
     /* mHC: attention output into the streams; FFN site mix and collapse */
-    BT_TRY(site(1, c->pre_f, c->pre_a, W->ffn_norm, c->o_attn, BF16));
+    BT_TRY(expand(0, c->o_attn, BF16));
+    BT_TRY(site(1, c->pre_f, c->pre_a, W->ffn_norm));
     BT_TRY(mark(ev, 6, st, capture));
 
     /* the shared expert (FP8), on s2 beside the routing and the routed experts when two */
@@ -855,25 +837,11 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
         BT_TRY(join_side(st, 1));
     else
         BT_TRY(shared_expert(st));
-    /* the token's routed rows in slot order, then the shared expert (the engine's combine);
-     * when g_fuse summed by the expand's launch, as the engine does */
-    if (!g_fuse)
-        BT_TRY(bt_cuda_moe_combine(c->moe, c->y2, c->row_of, c->topk_n, TOPK, c->sy, T, HID, st));
+    /* the token's routed rows in slot order, then the shared expert (the engine's combine) */
+    BT_TRY(bt_cuda_moe_combine(c->moe, c->y2, c->row_of, c->topk_n, TOPK, c->sy, T, HID, st));
     BT_TRY(mark(ev, 8, st, capture));
 
-    if (mixs) BT_TRY(stream_after(st, g_mix_stream, g_mix_join[1])); /* post, comb */
-    if (g_fuse) {
-        bt_cuda_hc_src_t src = {};
-        src.y = c->y2;
-        src.rows = c->row_of;
-        src.n = c->topk_n;
-        src.stride = TOPK;
-        src.shared = c->sy;
-        BT_TRY(bt_cuda_hc_expand_collapse(c->x, &src, c->post, c->comb, NULL, F32, NULL, NULL, T,
-                                          HC, HID, RMS_EPS, st));
-    } else {
-        BT_TRY(bt_cuda_hc_expand(c->x, c->moe, F32, c->post, c->comb, T, HC, HID, st));
-    }
+    BT_TRY(expand(1, c->moe, F32));
     BT_TRY(mark(ev, 9, st, capture));
     return BT_OK;
 }
@@ -1228,9 +1196,6 @@ static bt_status_t dump_case(const case_t *c, const char *dir, const int *rows, 
         fprintf(stderr, "dump %s attn: %s\n", c->name, bt_status_str(rc));
         return rc;
     }
-    /* (the layer's own combine is summed inside its last expand when g_fuse) */
-    BT_TRY(bt_cuda_moe_combine(c->moe, c->y2, c->row_of, c->topk_n, TOPK, c->sy, c->T, HID, 0));
-    CU_TRY(cudaDeviceSynchronize());
     BT_TRY(write_rows(dir, c->name, "moe", c->moe, HID * 4, rows, nrows));
     BT_TRY(write_rows(dir, c->name, "x", c->x, (size_t)HC * HID * 4, rows, nrows));
     BT_TRY(write_rows(dir, c->name, "idx", c->ridx, TOPK * 4, rows, nrows));
@@ -1620,7 +1585,6 @@ int main(int argc, char **argv)
     }
     if (getenv("BT_BENCH_EARLY_FORK")) g_early = atoi(getenv("BT_BENCH_EARLY_FORK"));
     if (getenv("BT_BENCH_MIX_STREAM")) g_mix = atoi(getenv("BT_BENCH_MIX_STREAM"));
-    if (getenv("BT_BENCH_FUSE")) g_fuse = atoi(getenv("BT_BENCH_FUSE"));
     /* a prefill chunk sits at the end of the cached entries, and the top-k must be full */
     if (o.reps < 20 || o.warmup < 1 || entries < ITOPK || prefill < 1 || prefill > entries ||
         prefill + WIN > (1 << 30)) {

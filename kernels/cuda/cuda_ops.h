@@ -170,7 +170,8 @@ bt_status_t bt_cuda_hc_collapse_norm(void *out, bt_cuda_dtype_t out_dtype, const
                                      float eps, cudaStream_t stream);
 
 /* bt_cuda_hc_mix_ws and then bt_cuda_hc_collapse_norm of the same streams with weights w mixed
- * earlier (not this mix's pre). */
+ * earlier (not this mix's pre), the same results; for few tokens the mix's fold and the
+ * collapse share one launch (2 launches where there were 3). */
 bt_status_t bt_cuda_hc_mix_collapse_ws(float *pre, float *post, float *comb, const float *x,
                                        const float *fn, const float *base, const float *scale,
                                        int T, int hc, int D, float mix_eps, float hc_eps,
@@ -182,27 +183,6 @@ bt_status_t bt_cuda_hc_mix_collapse_ws(float *pre, float *post, float *comb, con
 bt_status_t bt_cuda_hc_expand(float *x, const void *o, bt_cuda_dtype_t o_dtype,
                               const float *post, const float *comb, int T, int hc, int D,
                               cudaStream_t stream);
-
-/* A sublayer's output [T, D] for bt_cuda_hc_expand_collapse: o (f32 or bf16), or where o is
- * NULL the MoE's combine of y's rows as bt_cuda_moe_combine takes them (rows, n, stride, shared).
- */
-typedef struct {
-    const void *o;
-    bt_cuda_dtype_t o_dtype;
-    const float *y;
-    const int32_t *rows, *n;
-    int stride;
-    const float *shared;
-} bt_cuda_hc_src_t;
-
-/* bt_cuda_hc_expand of src's output (for a combine: bt_cuda_moe_combine then the expand) and
- * then, unless out is NULL, bt_cuda_hc_collapse_norm of the expanded streams (weights w mixed
- * earlier) into out, in one launch: the same results. Nothing it reads or writes but x may lie
- * in x. */
-bt_status_t bt_cuda_hc_expand_collapse(float *x, const bt_cuda_hc_src_t *src, const float *post,
-                                       const float *comb, void *out, bt_cuda_dtype_t out_dtype,
-                                       const float *w, const float *norm_w, int T, int hc, int D,
-                                       float eps, cudaStream_t stream);
 
 /* ---- attention -------------------------------------------------------------------------- */
 

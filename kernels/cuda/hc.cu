@@ -644,164 +644,30 @@ extern "C" bt_status_t bt_cuda_hc_mix(float *pre, float *post, float *comb, cons
                              NULL, 0, stream);
 }
 
-/* the streams' values res at one place -> their expanded values nx: the sublayer's output
- * ov times post, plus the streams mixed by comb */
-template <int HC>
-__device__ __forceinline__ void hc_expand_at(float *nx, const float *res, float ov, const float *ct,
-                                             const float *pt)
-{
-#pragma unroll
-    for (int k = 0; k < HC; k++) {
-        float acc = 0.0f;
-#pragma unroll
-        for (int j = 0; j < HC; j++)
-            acc += ct[j * HC + k] * res[j];
-        nx[k] = pt[k] * ov + acc;
-    }
-}
-
-template <int HC, typename OT>
-__global__ void hc_expand_kernel(float *x, const OT *o, const float *post, const float *comb,
-                                 int T, int D)
-{
-    bt_grid_begin();
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)T * D) return;
-    size_t t = i / D;
-    int d = (int)(i % D);
-    float *xt = x + t * HC * D;
-    const float *ct = comb + t * HC * HC, *pt = post + t * HC;
-    float res[HC], nx[HC];
-#pragma unroll
-    for (int j = 0; j < HC; j++) res[j] = xt[(size_t)j * D + d];
-    hc_expand_at<HC>(nx, res, bt_ld(o, i), ct, pt);
-#pragma unroll
-    for (int k = 0; k < HC; k++)
-        xt[(size_t)k * D + d] = nx[k];
-}
-
-extern "C" bt_status_t bt_cuda_hc_expand(float *x, const void *o, bt_cuda_dtype_t o_dtype,
-                                         const float *post, const float *comb, int T, int hc, int D,
-                                         cudaStream_t stream)
-{
-    BT_CUDA_REQUIRE(x && o && post && comb && bt__dtype_ok(o_dtype));
-    BT_CUDA_REQUIRE(T > 0 && D > 0 && (hc == 1 || hc == 2 || hc == 4));
-    int blocks = bt__cdiv((long long)T * D, 256);
-    with_hc(hc, [&](auto h) {
-        with_dtype(const_cast<void *>(o), o_dtype,
-                   [&](auto *ov) { /* (read only) */
-                                   bt__launch(hc_expand_kernel<decltype(h)::value,
-                                                               std::remove_pointer_t<decltype(ov)>>,
-                                              blocks, 256, 0, stream, x, ov, post, comb, T, D);
-                   });
-    });
-    return bt__cuda_launched("hc_expand");
-}
-
 /* The collapse: a token's places over a cluster of HCL blocks of HCL_THREADS threads, CL_PER
  * places a thread kept in registers between the norm's sum and the store (past them read
  * again). A decode token's collapse had been one block reading and writing its whole row:
- * the one SM's latency-bound loads were most of that launch. */
-enum { HCL = 8, HCL_THREADS = 128, CL_PER = 8 };
+ * the one SM's latency-bound loads were most of that launch. (HCL_THREADS: the fold's
+ * FOLD_WARPS warps, for the launch they share.) */
+enum { HCL = 8, HCL_THREADS = FOLD_WARPS * 32, CL_PER = 8 };
 
-/* A sublayer's output at token t, place d, for the collapse that expands first: a row of o,
- * ... */
-template <typename IT> struct hc_src_row {
-    const IT *o;
-    __device__ float at(int t, int D, int d) const
-    {
-        return bt_ld(o, (size_t)t * D + d);
-    }
-    /* this thread's first CL_PER places of [d0, d1) (every load issued before one is used) */
-    __device__ void first(float (&ov)[CL_PER], int t, int D, int d0, int d1) const
-    {
-#pragma unroll
-        for (int i = 0; i < CL_PER; i++) {
-            const int d = d0 + threadIdx.x + i * HCL_THREADS;
-            ov[i] = d < d1 ? at(t, D, d) : 0.0f;
-        }
-    }
-};
-
-/* ... or the MoE's combine (bt_cuda_moe_combine): token t's routed rows of y in their listed
- * order, then the shared expert's row; the same sums in the same order */
-struct hc_src_combine {
-    const float *y;
-    const int32_t *rows, *n;
-    int stride;
-    const float *shared;
-    __device__ float at(int t, int D, int d) const
-    {
-        const int32_t *rl = rows + (size_t)t * stride;
-        const int cnt = n[t];
-        float acc = 0.0f;
-        for (int j = 0; j < cnt; j++)
-            acc += y[(size_t)rl[j] * D + d];
-        return shared ? acc + shared[(size_t)t * D + d] : acc;
-    }
-    /* two rows' loads in flight at once */
-    __device__ void first(float (&ov)[CL_PER], int t, int D, int d0, int d1) const
-    {
-        const int32_t *rl = rows + (size_t)t * stride;
-        const int cnt = n[t];
-        int j = 0;
-#pragma unroll
-        for (int i = 0; i < CL_PER; i++)
-            ov[i] = 0.0f;
-        for (; j + 1 < cnt; j += 2) {
-            const float *y0 = y + (size_t)rl[j] * D, *y1 = y + (size_t)rl[j + 1] * D;
-            float a[CL_PER], b[CL_PER];
-#pragma unroll
-            for (int i = 0; i < CL_PER; i++) {
-                const int d = d0 + threadIdx.x + i * HCL_THREADS;
-                a[i] = d < d1 ? y0[d] : 0.0f;
-                b[i] = d < d1 ? y1[d] : 0.0f;
-            }
-#pragma unroll
-            for (int i = 0; i < CL_PER; i++) {
-                ov[i] += a[i];
-                ov[i] += b[i];
-            }
-        }
-        if (j < cnt) {
-            const float *y0 = y + (size_t)rl[j] * D;
-#pragma unroll
-            for (int i = 0; i < CL_PER; i++) {
-                const int d = d0 + threadIdx.x + i * HCL_THREADS;
-                ov[i] += d < d1 ? y0[d] : 0.0f;
-            }
-        }
-        if (shared)
-#pragma unroll
-            for (int i = 0; i < CL_PER; i++) {
-                const int d = d0 + threadIdx.x + i * HCL_THREADS;
-                ov[i] = ov[i] + (d < d1 ? shared[(size_t)t * D + d] : 0.0f);
-            }
-    }
-};
-
-/* ... or nothing to expand (the plain collapse) */
-struct hc_src_none {
-};
-
-/* out[t] = RMSNorm(sum_s w[t,s] x[t,s,:]) * norm_w over the cluster (blockIdx.y = t, the
- * cluster's rank b takes places [b * chunk, b * chunk + chunk)); each block's share of the
- * sum of squares is added up in rank order from the cluster's shared memory, so every block
- * scales by the same factor, and a token's bits do not depend on T. EXPAND: each block first
- * expands its places of x in place from src, post and comb (no other block reads them), the
- * same arithmetic as hc_expand_kernel; out NULL: only that. */
-template <int HC, typename SRC, typename OT, bool EXPAND>
-__global__ void __cluster_dims__(HCL, 1, 1) __launch_bounds__(HCL_THREADS)
-    hc_collapse_cl_kernel(float *x, SRC src, const float *post, const float *comb, OT *out,
-                          const float *w, const float *norm_w, int D, float eps)
+/* out[t] = RMSNorm(sum_s w[t,s] x[t,s,:]) * norm_w over cluster t (its rank b takes places
+ * [b * chunk, b * chunk + chunk)); each block's share of the sum of squares is added up in rank
+ * order from the cluster's shared memory, so every block scales by the same factor, and a
+ * token's bits do not depend on T. */
+template <int HC, typename OT>
+__device__ void hc_collapse_cl(OT *out, const float *x, const float *w, const float *norm_w, int D,
+                               float eps, int t)
 {
     __shared__ float red[32], part;
     cg::cluster_group cluster = cg::this_cluster();
-    bt_grid_begin();
-    const int b = (int)cluster.block_rank(), t = blockIdx.y;
+    const int b = (int)cluster.block_rank();
     const int chunk = (D + HCL - 1) / HCL, d0 = min(D, b * chunk), d1 = min(D, d0 + chunk);
-    float *xt = x + (size_t)t * HC * D;
-    float xv[CL_PER][HC];
+    const float *xt = x + (size_t)t * HC * D, *wt = w + (size_t)t * HC;
+    float ws[HC], xv[CL_PER][HC], v[CL_PER], ss = 0.0f;
+#pragma unroll
+    for (int s = 0; s < HC; s++)
+        ws[s] = wt[s];
 #pragma unroll
     for (int i = 0; i < CL_PER; i++) { /* every load first */
         const int d = d0 + threadIdx.x + i * HCL_THREADS;
@@ -809,37 +675,6 @@ __global__ void __cluster_dims__(HCL, 1, 1) __launch_bounds__(HCL_THREADS)
         for (int s = 0; s < HC; s++)
             xv[i][s] = d < d1 ? xt[(size_t)s * D + d] : 0.0f;
     }
-    if constexpr (EXPAND) {
-        const float *ct = comb + (size_t)t * HC * HC, *pt = post + (size_t)t * HC;
-        float ov[CL_PER];
-        src.first(ov, t, D, d0, d1);
-#pragma unroll
-        for (int i = 0; i < CL_PER; i++) {
-            const int d = d0 + threadIdx.x + i * HCL_THREADS;
-            if (d >= d1) continue; /* (zeros past the block's places, as the sums need) */
-            float nx[HC];
-            hc_expand_at<HC>(nx, xv[i], ov[i], ct, pt);
-#pragma unroll
-            for (int k = 0; k < HC; k++)
-                xv[i][k] = nx[k], xt[(size_t)k * D + d] = nx[k];
-        }
-        for (int d = d0 + threadIdx.x + CL_PER * HCL_THREADS; d < d1; d += HCL_THREADS) {
-            float res[HC], nx[HC];
-#pragma unroll
-            for (int j = 0; j < HC; j++)
-                res[j] = xt[(size_t)j * D + d];
-            hc_expand_at<HC>(nx, res, src.at(t, D, d), ct, pt);
-#pragma unroll
-            for (int k = 0; k < HC; k++)
-                xt[(size_t)k * D + d] = nx[k];
-        }
-        if (!out) return; /* (the whole grid: no cluster barrier is left waiting) */
-    }
-    const float *wt = w + (size_t)t * HC;
-    float ws[HC], v[CL_PER], ss = 0.0f;
-#pragma unroll
-    for (int s = 0; s < HC; s++)
-        ws[s] = wt[s];
 #pragma unroll
     for (int i = 0; i < CL_PER; i++) {
         v[i] = 0.0f;
@@ -878,14 +713,32 @@ __global__ void __cluster_dims__(HCL, 1, 1) __launch_bounds__(HCL_THREADS)
     }
 }
 
-/* the collapse's launch: T clusters (grid rows of 65535 at most) */
-template <int HC, bool EXPAND, typename SRC, typename OT>
-static void hc_collapse_launch(float *x, SRC src, const float *post, const float *comb, OT *out,
-                               const float *w, const float *norm_w, int T, int D, float eps,
-                               cudaStream_t stream)
+/* grid (HCL, T): cluster y collapses token y */
+template <int HC, typename OT>
+__global__ void __cluster_dims__(HCL, 1, 1) __launch_bounds__(HCL_THREADS)
+    hc_collapse_kernel(OT *out, const float *x, const float *w, const float *norm_w, int D,
+                       float eps)
 {
-    bt__launch(hc_collapse_cl_kernel<HC, SRC, OT, EXPAND>, dim3(HCL, T), HCL_THREADS, 0, stream, x,
-               src, post, comb, out, w, norm_w, D, eps);
+    bt_grid_begin();
+    hc_collapse_cl<HC>(out, x, w, norm_w, D, eps, blockIdx.y);
+}
+
+/* A decode step's mix fold and the collapse beside it (which uses weights mixed earlier, not
+ * these) in one launch, grid (HCL, 2T): clusters [0, T) collapse, the first block of each of
+ * clusters [T, 2T) folds (the others have nothing to do; no cluster barrier in those). */
+template <int HC, typename OT>
+__global__ void __cluster_dims__(HCL, 1, 1) __launch_bounds__(HCL_THREADS)
+    hc_fold_collapse_kernel(float *pre, float *post, float *comb, const float *work,
+                            const float *base, const float *scale, float mix_eps, float hc_eps,
+                            int iters, int splits, OT *out, const float *x, const float *w,
+                            const float *norm_w, int T, int D, float eps)
+{
+    bt_grid_begin();
+    if ((int)blockIdx.y < T)
+        hc_collapse_cl<HC>(out, x, w, norm_w, D, eps, blockIdx.y);
+    else if (blockIdx.x % HCL == 0)
+        hc_mix_fold<HC>(pre, post, comb, work, base, scale, D, mix_eps, hc_eps, iters, splits,
+                        blockIdx.y - T);
 }
 
 extern "C" bt_status_t bt_cuda_hc_collapse_norm(void *out, bt_cuda_dtype_t out_dtype,
@@ -897,8 +750,8 @@ extern "C" bt_status_t bt_cuda_hc_collapse_norm(void *out, bt_cuda_dtype_t out_d
     BT_CUDA_REQUIRE(T > 0 && T <= 65535 && D > 0 && (hc == 1 || hc == 2 || hc == 4));
     with_hc(hc, [&](auto h) {
         with_dtype(out, out_dtype, [&](auto *o) {
-            hc_collapse_launch<decltype(h)::value, false>(
-                const_cast<float *>(x), hc_src_none{}, NULL, NULL, o, w, norm_w, T, D, eps, stream);
+            bt__launch(hc_collapse_kernel<decltype(h)::value, std::remove_pointer_t<decltype(o)>>,
+                       dim3(HCL, T), HCL_THREADS, 0, stream, o, x, w, norm_w, D, eps);
         });
     });
     return bt__cuda_launched("hc_collapse_norm");
@@ -912,50 +765,73 @@ bt_cuda_hc_mix_collapse_ws(float *pre, float *post, float *comb, const float *x,
                            const float *norm_w, float eps, cudaStream_t stream)
 {
     BT_CUDA_REQUIRE(pre && post && comb && x && fn && base && scale && out && w);
-    /* (the collapse's weights are earlier ones, not the pre the mix writes) */
+    /* (the collapse's weights are earlier ones: the fold writes pre, post and comb beside it) */
     BT_CUDA_REQUIRE(w != pre && w != post && w != comb);
     BT_CUDA_REQUIRE(T > 0 && D > 0 && iters >= 0 && bt__dtype_ok(out_dtype));
     BT_CUDA_REQUIRE(hc == 1 || hc == 2 || hc == 4);
-    bt_status_t st = bt_cuda_hc_mix_ws(pre, post, comb, x, fn, base, scale, T, hc, D, mix_eps,
-                                       hc_eps, iters, work, work_floats, stream);
-    if (st != BT_OK) return st;
-    return bt_cuda_hc_collapse_norm(out, out_dtype, x, w, norm_w, T, hc, D, eps, stream);
+    int splits = hc_splits(T, hc, D);
+    if (splits == 1 || !work || work_floats < bt_cuda_hc_mix_ws_floats(T, hc, D)) {
+        /* (no split: the mix is one launch of its own) */
+        bt_status_t st = bt_cuda_hc_mix_ws(pre, post, comb, x, fn, base, scale, T, hc, D, mix_eps,
+                                           hc_eps, iters, work, work_floats, stream);
+        if (st != BT_OK) return st;
+        return bt_cuda_hc_collapse_norm(out, out_dtype, x, w, norm_w, T, hc, D, eps, stream);
+    }
+    with_hc(hc,
+            [&](auto h) { /* (splits: T * 2 <= 132) */
+                          constexpr int H = decltype(h)::value;
+                          hc_mix_split_launch<H>(work, x, fn, T, D, splits, stream);
+                          with_dtype(out, out_dtype, [&](auto *o) {
+                              bt__launch(
+                                  hc_fold_collapse_kernel<H, std::remove_pointer_t<decltype(o)>>,
+                                  dim3(HCL, 2 * T), HCL_THREADS, 0, stream, pre, post, comb, work,
+                                  base, scale, mix_eps, hc_eps, iters, splits, o, x, w, norm_w, T,
+                                  D, eps);
+                          });
+            });
+    return bt__cuda_launched("hc_mix_collapse");
 }
 
-extern "C" bt_status_t bt_cuda_hc_expand_collapse(float *x, const bt_cuda_hc_src_t *src,
-                                                  const float *post, const float *comb, void *out,
-                                                  bt_cuda_dtype_t out_dtype, const float *w,
-                                                  const float *norm_w, int T, int hc, int D,
-                                                  float eps, cudaStream_t stream)
+template <int HC, typename OT>
+__global__ void hc_expand_kernel(float *x, const OT *o, const float *post, const float *comb, int T,
+                                 int D)
 {
-    BT_CUDA_REQUIRE(x && src && post && comb && (!out || (w && bt__dtype_ok(out_dtype))));
-    BT_CUDA_REQUIRE(src->o ? bt__dtype_ok(src->o_dtype) : src->y && src->rows && src->n);
-    BT_CUDA_REQUIRE(src->o || src->stride >= 0);
-    BT_CUDA_REQUIRE(T > 0 && T <= 65535 && D > 0 && (hc == 1 || hc == 2 || hc == 4));
-    /* (x is rewritten in place while other tokens' blocks run: nothing else may live in it) */
-    const float *xe = x + (size_t)T * hc * D;
-    auto in_x = [&](const void *p) { return p && (const float *)p >= x && (const float *)p < xe; };
-    BT_CUDA_REQUIRE(!in_x(out) && !in_x(src->o) && !in_x(src->y) && !in_x(src->shared));
-    BT_CUDA_REQUIRE(!in_x(w) && !in_x(norm_w) && !in_x(post) && !in_x(comb));
-    auto with_out = [&](auto h, auto sv) {
-        constexpr int H = decltype(h)::value;
-        if (!out)
-            hc_collapse_launch<H, true>(x, sv, post, comb, (float *)NULL, w, norm_w, T, D, eps,
-                                        stream);
-        else
-            with_dtype(out, out_dtype, [&](auto *op) {
-                hc_collapse_launch<H, true>(x, sv, post, comb, op, w, norm_w, T, D, eps, stream);
-            });
-    };
+    bt_grid_begin();
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)T * D) return;
+    size_t t = i / D;
+    int d = (int)(i % D);
+    float *xt = x + t * HC * D;
+    const float *ct = comb + t * HC * HC, *pt = post + t * HC;
+    float res[HC];
+#pragma unroll
+    for (int j = 0; j < HC; j++)
+        res[j] = xt[(size_t)j * D + d];
+    float ov = bt_ld(o, i);
+#pragma unroll
+    for (int k = 0; k < HC; k++) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int j = 0; j < HC; j++)
+            acc += ct[j * HC + k] * res[j];
+        xt[(size_t)k * D + d] = pt[k] * ov + acc;
+    }
+}
+
+extern "C" bt_status_t bt_cuda_hc_expand(float *x, const void *o, bt_cuda_dtype_t o_dtype,
+                                         const float *post, const float *comb, int T, int hc, int D,
+                                         cudaStream_t stream)
+{
+    BT_CUDA_REQUIRE(x && o && post && comb && bt__dtype_ok(o_dtype));
+    BT_CUDA_REQUIRE(T > 0 && D > 0 && (hc == 1 || hc == 2 || hc == 4));
+    int blocks = bt__cdiv((long long)T * D, 256);
     with_hc(hc, [&](auto h) {
-        if (src->o)
-            with_dtype(const_cast<void *>(src->o), src->o_dtype,
-                       [&](auto *ov) { /* (read only) */
-                                       using IT = std::remove_pointer_t<decltype(ov)>;
-                                       with_out(h, hc_src_row<IT>{ov});
-                       });
-        else
-            with_out(h, hc_src_combine{src->y, src->rows, src->n, src->stride, src->shared});
+        with_dtype(const_cast<void *>(o), o_dtype,
+                   [&](auto *ov) { /* (read only) */
+                                   bt__launch(hc_expand_kernel<decltype(h)::value,
+                                                               std::remove_pointer_t<decltype(ov)>>,
+                                              blocks, 256, 0, stream, x, ov, post, comb, T, D);
+                   });
     });
-    return bt__cuda_launched("hc_expand_collapse");
+    return bt__cuda_launched("hc_expand");
 }

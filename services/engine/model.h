@@ -66,9 +66,9 @@ typedef struct {
      * that the fork costs the host more than it saves), 1: one stream, 2: two wherever they may
      * (tests). The environment's BT_CUDA_SIDE=0 makes it 1. */
     int cuda_streams;
-    /* CUDA: each mHC mix beside its collapse on the main stream, as before the mixes' own
-     * stream (and no fused expands, which BT_CUDA_HC_FUSE=1 asks for); for comparisons (the
-     * environment's BT_CUDA_MIX_STREAM=0 does the same). */
+    /* CUDA, decode-sized batches with two streams: each mHC mix beside its collapse on the main
+     * stream instead of on a stream of its own; for comparisons (the environment's
+     * BT_CUDA_MIX_STREAM=0 does the same). */
     bool cuda_hc_apart;
     /* Load and run the checkpoint's DSpark draft stages (speculative decoding): every forward
      * then also keeps their window rings in the KV slots, which the layout holds only for such

@@ -153,13 +153,9 @@ struct bt_model_cuda {
      * the next expand and the next site's collapse read) beside the collapse and the sublayer
      * on the main stream, joined before the expand: the collapse takes the earlier site's
      * weights, so the mix was never on the sublayer's path. Made with side; NULL with
-     * BT_CUDA_MIX_STREAM=0 or cuda_hc_apart. */
+     * cuda_hc_apart or BT_CUDA_MIX_STREAM=0. */
     cudaStream_t mix;
     cudaEvent_t mix_fork, mix_join;
-    /* a sublayer's expand (and the MoE's combine) taken into the next collapse's launch, with
-     * BT_CUDA_HC_FUSE=1: a block a token then does the expand's work, and on an H100 that was
-     * slower than the expand's many blocks (session 28: decode b1 0.2099 ms against 0.2097) */
-    bool hc_fuse;
     /* a dequantized FP8 weight (bf16) for products of at least FP8_WIDE_ROWS rows; fp8_max:
      * the largest FP8 weight's elements, counted while loading */
     uint16_t *wdq;
@@ -861,8 +857,6 @@ bt_status_t bt_model_cuda_attach(bt_model_t *m, const char *dir, char *err, size
     cu->gpu = m->opt.gpu;
     CK_CUDA(cudaSetDevice(cu->gpu));
     CK_CUDA(cudaStreamCreateWithFlags(&cu->stream, cudaStreamNonBlocking));
-    const char *fuse_env = getenv("BT_CUDA_HC_FUSE");
-    cu->hc_fuse = !m->opt.cuda_hc_apart && fuse_env && strcmp(fuse_env, "1") == 0;
     const char *side_env = getenv("BT_CUDA_SIDE");
     cu->side_min_bytes = m->opt.cuda_streams == 2 ? 0 : (size_t)1 << 20;
     if (m->opt.cuda_streams != 1 && !(side_env && strcmp(side_env, "0") == 0)) {
@@ -1091,10 +1085,6 @@ typedef struct {
     int64_t *eng_ids_d;          /* [n_engram][N][cols] */
     bool undo;                   /* a verification: sequences with undo records (DSpark) */
     bool mix_forked;             /* a site's mix runs on cu->mix, not yet joined */
-    bool expand_pending;         /* the sublayer's output awaits its expand into the streams
-                                    (x_ready, or the next site's collapse in the same launch) */
-    bool out_combine;            /* that output is the MoE's combine, not yet in cu->out */
-    bt_cuda_hc_src_t combine;    /* (its rows) */
     char *err;
     size_t errlen;
 } fwd_t;
@@ -1848,14 +1838,7 @@ static bt_status_t moe_finish(fwd_t *f, int l, const int32_t *rows_d, const int3
         CK(side_join(f));
     else if (shared)
         CK(shared_expert(f, l, false));
-    const bt_cuda_hc_src_t rows = {
-        .y = cu->yg, .rows = rows_d, .n = cnt_d, .stride = K, .shared = shared ? cu->sh : NULL};
-    if (cu->tp == 1 && cu->hc_fuse) { /* summed by the launch that expands it (expand_collapse) */
-        f->out_combine = true;
-        f->combine = rows;
-        return BT_OK;
-    }
-    CK(bt_cuda_moe_combine(cu->out, cu->yg, rows_d, cnt_d, K, rows.shared, N, D, st));
+    CK(bt_cuda_moe_combine(cu->out, cu->yg, rows_d, cnt_d, K, shared ? cu->sh : NULL, N, D, st));
     /* each rank summed its slice of every expert's width */
     if (cu->tp > 1) CK(tp_all_reduce(f, cu->out, (size_t)N * D));
     return BT_OK;
@@ -2018,46 +2001,9 @@ static bt_status_t moe(fwd_t *f, int l)
     return moe_finish(f, l, rows_d, cnt_d, two);
 }
 
-/* The pending expand, and with out (not NULL) the collapse of the streams by w into out,
- * RMSNorm'd with norm_w, in one launch; the sublayer's output from cu->out or the combine. */
-static bt_status_t expand_collapse(fwd_t *f, float *out, const float *w, const float *norm_w)
-{
-    const bt_model_config_t *c = &f->m->cfg;
-    struct bt_model_cuda *cu = f->cu;
-    const bt_cuda_hc_src_t plain = {.o = cu->out, .o_dtype = BT_CUDA_F32};
-    const bt_cuda_hc_src_t *src = f->out_combine ? &f->combine : &plain;
-    f->expand_pending = f->out_combine = false;
-    return bt_cuda_hc_expand_collapse(cu->x, src, cu->post, cu->comb, out, BT_CUDA_F32, w, norm_w,
-                                      f->N, c->hc_mult, c->hidden, (float)c->rms_eps, cu->stream);
-}
-
-/* The streams as the last sublayer left them: its pending expand launched. */
-static bt_status_t x_ready(fwd_t *f)
-{
-    const bt_model_config_t *c = &f->m->cfg;
-    struct bt_model_cuda *cu = f->cu;
-    if (!f->expand_pending) return BT_OK;
-    if (f->out_combine) return expand_collapse(f, NULL, NULL, NULL);
-    f->expand_pending = false;
-    return bt_cuda_hc_expand(cu->x, cu->out, BT_CUDA_F32, cu->post, cu->comb, f->N, c->hc_mult,
-                             c->hidden, cu->stream);
-}
-
-/* out = RMSNorm(the streams collapsed by w) with norm_w, after the pending expand (in the
- * same launch when there is one) */
-static bt_status_t collapse(fwd_t *f, float *out, const float *w, const float *norm_w)
-{
-    const bt_model_config_t *c = &f->m->cfg;
-    struct bt_model_cuda *cu = f->cu;
-    if (f->expand_pending) return expand_collapse(f, out, w, norm_w);
-    return bt_cuda_hc_collapse_norm(out, BT_CUDA_F32, cu->x, w, norm_w, f->N, c->hc_mult, c->hidden,
-                                    (float)c->rms_eps, cu->stream);
-}
-
-/* One mHC site: the sublayer input collapsed with the previous site's pre (the last
- * sublayer's expand in the same launch), then the mapping from the streams: a decode-sized
- * batch's on the mix stream, joined by expand (the collapse reads the earlier site's pre, so
- * it need not wait for this one's mix). */
+/* One mHC site: the mapping from the streams, then the sublayer input collapsed with the
+ * previous site's pre. A decode-sized batch's mapping goes to the mix stream (joined by
+ * expand): the collapse reads the earlier site's pre, so it need not wait for this one. */
 static bt_status_t site(fwd_t *f, const float *fn, const float *base, const float *scale,
                         float *pre_out, const float *collapse_w, const float *norm_w)
 {
@@ -2066,38 +2012,37 @@ static bt_status_t site(fwd_t *f, const float *fn, const float *base, const floa
     char *err = f->err;
     size_t errlen = f->errlen;
     const int N = f->N, hc = c->hc_mult, D = c->hidden;
-    const bool mixs = cu->mix && N <= GRAPH_MAX_SEQS;
-    if (!mixs && !f->expand_pending) { /* (a decode step's fold and the collapse share a launch) */
-        CK(bt_cuda_hc_mix_collapse_ws(pre_out, cu->post, cu->comb, cu->x, fn, base, scale, N, hc, D,
-                                      (float)c->rms_eps, (float)c->hc_eps, c->sinkhorn_iters,
-                                      cu->hc_ws, cu->hc_ws_cap, cu->xin, BT_CUDA_F32, collapse_w,
-                                      norm_w, (float)c->rms_eps, cu->stream));
-        return BT_OK;
-    }
-    CK(collapse(f, cu->xin, collapse_w, norm_w));
-    if (mixs) {
+    if (cu->mix && N <= GRAPH_MAX_SEQS) {
         CK(stream_after(f, cu->mix, cu->stream, cu->mix_fork));
         f->mix_forked = true;
+        CK(bt_cuda_hc_mix_ws(pre_out, cu->post, cu->comb, cu->x, fn, base, scale, N, hc, D,
+                             (float)c->rms_eps, (float)c->hc_eps, c->sinkhorn_iters, cu->hc_ws,
+                             cu->hc_ws_cap, cu->mix));
+        CK(bt_cuda_hc_collapse_norm(cu->xin, BT_CUDA_F32, cu->x, collapse_w, norm_w, N, hc, D,
+                                    (float)c->rms_eps, cu->stream));
+        return BT_OK;
     }
-    CK(bt_cuda_hc_mix_ws(pre_out, cu->post, cu->comb, cu->x, fn, base, scale, N, hc, D,
-                         (float)c->rms_eps, (float)c->hc_eps, c->sinkhorn_iters, cu->hc_ws,
-                         cu->hc_ws_cap, mixs ? cu->mix : cu->stream));
+    /* (a decode step's fold of the mix and the collapse share a launch) */
+    CK(bt_cuda_hc_mix_collapse_ws(pre_out, cu->post, cu->comb, cu->x, fn, base, scale, N, hc, D,
+                                  (float)c->rms_eps, (float)c->hc_eps, c->sinkhorn_iters, cu->hc_ws,
+                                  cu->hc_ws_cap, cu->xin, BT_CUDA_F32, collapse_w, norm_w,
+                                  (float)c->rms_eps, cu->stream));
     return BT_OK;
 }
 
-/* The sublayer's output (cu->out) into the streams with the site's post and comb, the mix
- * joined: left pending for the next collapse (x_ready launches it alone). */
+/* The sublayer's output (cu->out) into the streams with the site's post and comb (its mix
+ * joined). */
 static bt_status_t expand(fwd_t *f)
 {
+    const bt_model_config_t *c = &f->m->cfg;
     struct bt_model_cuda *cu = f->cu;
     if (f->mix_forked) {
         bt_status_t st = stream_after(f, cu->stream, cu->mix, cu->mix_join);
         if (st != BT_OK) return st;
         f->mix_forked = false;
     }
-    f->expand_pending = true;
-    if (!cu->hc_fuse) return x_ready(f);
-    return BT_OK;
+    return bt_cuda_hc_expand(cu->x, cu->out, BT_CUDA_F32, cu->post, cu->comb, f->N, c->hc_mult,
+                             c->hidden, cu->stream);
 }
 
 /* Finds (or makes) the mirror of each sequence's slot, uploading slots the GPU does not hold. */
@@ -2399,15 +2344,11 @@ static bt_status_t forward_body(fwd_t *f, float *logits, bt_kv_header_t *before)
             else
                 CK(bt_cuda_gather_rows(cu->e_cat, w->e_embed, ids_e, N * cols, ehd, st));
             CK(mm(f, cu->e_kv, (hc + 1) * D, cu->e_cat, cols * ehd, &w->e_wkv, N));
-            CK(x_ready(f));
             CK(bt_cuda_engram_inject(cu->x, cu->e_kv, w->e_qk, N, hc, D, (float)c->rms_eps, st));
         }
-        if (m->target_slot[l] >= 0) {
-            /* DSpark's context: the streams entering the layer, averaged */
-            CK(x_ready(f));
+        if (m->target_slot[l] >= 0) /* DSpark's context: the streams entering the layer, averaged */
             CK(bt_cuda_hc_collapse(cu->main_hidden + (size_t)m->target_slot[l] * D,
                                    (int64_t)c->n_draft_targets * D, cu->x, NULL, N, hc, D, st));
-        }
         CK(site(f, w->hc_attn_fn, w->hc_attn_base, w->hc_attn_scale, cu->attn_pre, cu->pre_mix, w->attn_norm));
         CK(attention(f, l));
         CK(expand(f));
@@ -2419,7 +2360,8 @@ static bt_status_t forward_body(fwd_t *f, float *logits, bt_kv_header_t *before)
         if (f->graph && ((l + 2) & (l + 1)) == 0 && l + 1 < c->n_layers && f->piece + 1 < GRAPH_PIECES)
             CK(graph_cut(f));
     }
-    CK(collapse(f, cu->hidden, cu->pre_mix, cu->norm));
+    CK(bt_cuda_hc_collapse_norm(cu->hidden, BT_CUDA_F32, cu->x, cu->pre_mix, cu->norm, N, hc, D,
+                                (float)c->rms_eps, st));
     if (c->n_draft) CK(draft_rings(f));
 
     if (logits || f->draw) {
@@ -2942,7 +2884,6 @@ static bt_status_t draft_forward(fwd_t *f, const int32_t *ids)
         CK(moe(f, l));
         CK(expand(f));
     }
-    CK(x_ready(f));
     CK(bt_cuda_hc_collapse(cu->draft_pre, D, cu->x, cu->pre_mix, N, hc, D, st));
     CK(bt_cuda_rmsnorm(cu->hidden, BT_CUDA_F32, cu->draft_pre, BT_CUDA_F32, cu->draft_norm, N, D,
                        (float)c->rms_eps, st));

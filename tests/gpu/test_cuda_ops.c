@@ -88,8 +88,6 @@ typedef enum {
     OP_ADD_ROWS,    /* s: rows width y-pad x-pad: bt_cuda_add_rows (DSpark's Markov bias) */
     OP_ACT_QUANT,   /* s: rows K x-pad x-bf16 y-bf16 mode (1: special values, 2: in place, 3: both):
                      * bt_cuda_act_quant (the activation quantization) */
-    OP_HC_EXPAND_COLLAPSE, /* s: T hc D source no-collapse: bt_cuda_hc_expand_collapse against
-                            * the combine, the expand and the collapse launched apart */
 } op_t;
 
 static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped", "rmsnorm",
@@ -104,8 +102,7 @@ static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped
                                  "attention_tc_ws", "gemm_fp8_batched", "head_finish", "hc_mix_collapse",
                                  "attention_batch", "attention_tc_batch", "scatter_rows",
                                  "copy_ranges", "logit_adjust", "attention_flash", "fp4_frag",
-                                 "logit_mask", "hc_mean", "add_rows", "act_quant",
-                                 "hc_expand_collapse"};
+                                 "logit_mask", "hc_mean", "add_rows", "act_quant"};
 
 typedef struct {
     op_t op;
@@ -244,17 +241,6 @@ static const case_t cases[] = {
     {OP_HC_MIX_COLLAPSE, BF16, {3, 2, 300}, 0},  /* fewer threads than the fold's warps */
     {OP_HC_MIX_COLLAPSE, F32, {2, 1, 700}, 0},
     {OP_HC_MIX_COLLAPSE, F32, {70, 4, 64}, 0},   /* no split: the separate launches */
-    /* (the case's dtype is the collapse's output's; s[3]: the source, 0 f32, 1 bf16, 2 the
-     * combine; s[4] 1: no collapse) */
-    {OP_HC_EXPAND_COLLAPSE, F32, {1, 4, 5120, 2, 0}, 0}, /* a decode step's FFN end */
-    {OP_HC_EXPAND_COLLAPSE, F32, {1, 4, 5120, 0, 0}, 0}, /* the attention's */
-    {OP_HC_EXPAND_COLLAPSE, BF16, {16, 4, 5120, 1, 0}, 0},
-    {OP_HC_EXPAND_COLLAPSE, F32, {16, 4, 5120, 2, 1}, 0}, /* the combine and the expand */
-    {OP_HC_EXPAND_COLLAPSE, F32, {3, 2, 300, 0, 0}, 0},   /* fewer threads than places a thread */
-    {OP_HC_EXPAND_COLLAPSE, BF16, {5, 1, 700, 2, 0}, 0},
-    {OP_HC_EXPAND_COLLAPSE, F32, {2, 4, 9000, 2, 0}, 0},  /* past the values a thread keeps */
-    {OP_HC_EXPAND_COLLAPSE, F32, {3, 4, 9000, 1, 1}, 0},
-    {OP_HC_EXPAND_COLLAPSE, F32, {70, 4, 64, 1, 0}, 0},
     {OP_HC_COLLAPSE, F32, {3, 4, 5120}, 0},
     {OP_HC_COLLAPSE, BF16, {2, 4, 37}, 0},
     {OP_HC_COLLAPSE, F32, {2, 4, 9000}, 0}, /* past the values a thread keeps */
@@ -1410,86 +1396,6 @@ static void run_hc_mix_collapse(const case_t *cs, result_t *r)
     r->exact_ok = diff == 0;
     snprintf(r->note, sizeof(r->note), "bit-exact vs the separate launches: %s",
              diff ? "DIFFERENT" : "same");
-}
-
-/* s = T hc D source no-collapse: bt_cuda_hc_expand_collapse against bt_cuda_hc_expand then
- * bt_cuda_hc_collapse_norm (each checked against the CPU on its own), the source o in f32
- * (source 0) or bf16 (1), or the MoE combine (2: bt_cuda_moe_combine first; tokens with 0..7
- * routed rows of 40, every other one with a shared row); no-collapse 1: out NULL, the expand
- * alone. The streams and the collapse bit for bit. */
-static void run_hc_expand_collapse(const case_t *cs, result_t *r)
-{
-    const int T = cs->s[0], hc = cs->s[1], D = cs->s[2], source = cs->s[3], nocol = cs->s[4];
-    const int R = 40, K = 7; /* the combine's rows and most rows a token */
-    const bt_cuda_dtype_t ot = source == 1 ? BF16 : F32;
-    const size_t n = (size_t)T * hc * D, esz = cs->dt == BF16 ? 2 : 4;
-    float *x = frandv(n, 2.0f);
-    float *post = dup_free(frandv((size_t)T * hc, 1.0f), (size_t)T * hc);
-    float *comb = dup_free(frandv((size_t)T * hc * hc, 1.0f), (size_t)T * hc * hc);
-    float *w = dup_free(frandv((size_t)T * hc, 1.0f), (size_t)T * hc);
-    float *nw = dup_free(frandv((size_t)D, 1.0f), (size_t)D);
-    bt_cuda_hc_src_t src = {0};
-    float *od = NULL; /* the apart launches' output of the combine */
-    if (source < 2) {
-        float *o = frandv((size_t)T * D, 1.0f);
-        src.o = dup_act(o, (size_t)T * D, ot);
-        src.o_dtype = ot;
-        free(o);
-    } else {
-        int32_t *rows = xmalloc((size_t)T * K * 4), *cnt = xmalloc((size_t)T * 4);
-        for (int t = 0; t < T; t++) {
-            cnt[t] = (t * 3 + 1) % (K + 1);
-            for (int j = 0; j < K; j++) rows[t * K + j] = (t * 13 + j * 7) % R;
-        }
-        src.y = dup_free(frandv((size_t)R * D, 1.0f), (size_t)R * D);
-        src.rows = dup(rows, (size_t)T * K * 4);
-        src.n = dup(cnt, (size_t)T * 4);
-        src.stride = K;
-        src.shared = dup_free(frandv((size_t)T * D, 1.0f), (size_t)T * D);
-        od = dalloc((size_t)T * D * 4);
-        free(rows), free(cnt);
-    }
-    float *xs[2];
-    void *outs[2] = {NULL, NULL};
-    for (int v = 0; v < 2; v++) { /* [fused, apart] */
-        xs[v] = dup(x, n * 4);
-        if (!nocol) {
-            outs[v] = dalloc((size_t)T * D * esz);
-            poison(outs[v], (size_t)T * D * esz);
-        }
-        if (v == 0) {
-            BT_OK_OR_DIE(bt_cuda_hc_expand_collapse(xs[v], &src, post, comb, outs[v], cs->dt, w,
-                                                    nw, T, hc, D, 1e-6f, 0));
-            continue;
-        }
-        if (od) {
-            poison(od, (size_t)T * D * 4);
-            BT_OK_OR_DIE(bt_cuda_moe_combine(od, src.y, src.rows, src.n, K, src.shared, T, D, 0));
-        }
-        BT_OK_OR_DIE(bt_cuda_hc_expand(xs[v], od ? od : src.o, od ? F32 : ot, post, comb, T, hc, D, 0));
-        if (!nocol)
-            BT_OK_OR_DIE(bt_cuda_hc_collapse_norm(outs[v], cs->dt, xs[v], w, nw, T, hc, D, 1e-6f, 0));
-    }
-    size_t diff = 0, sizes[2] = {n * 4, (size_t)T * D * esz};
-    for (int k = 0; k < (nocol ? 1 : 2); k++) {
-        unsigned char *a = xmalloc(sizes[k]), *b = xmalloc(sizes[k]);
-        get(a, k ? outs[0] : xs[0], sizes[k]);
-        get(b, k ? outs[1] : xs[1], sizes[k]);
-        diff += memcmp(a, b, sizes[k]) != 0;
-        if (k == 0)
-            for (size_t i = 0; i < n; i++) r->finite &= isfinite(((float *)a)[i]) != 0;
-        else
-            for (size_t i = 0; i < (size_t)T * D; i++)
-                r->finite &= isfinite(esz == 4 ? ((float *)a)[i] : bt_bf16_to_f32(((uint16_t *)a)[i])) != 0;
-        free(a), free(b);
-    }
-    r->bound = 0.0;
-    r->err = (double)diff;
-    r->exact_ok = diff == 0;
-    static const char *names[] = {"f32 output", "bf16 output", "the combine"};
-    snprintf(r->note, sizeof(r->note), "bit-exact vs the separate launches (%s%s): %s",
-             names[source], nocol ? ", no collapse" : "", diff ? "DIFFERENT" : "same");
-    free(x);
 }
 
 static void run_hc_collapse(const case_t *cs, result_t *r)
@@ -2817,7 +2723,6 @@ static void run_case(const case_t *cs, result_t *r)
     case OP_HC_COLLAPSE: run_hc_collapse(cs, r); break;
     case OP_HEAD_FINISH: run_head_finish(cs, r); break;
     case OP_HC_MIX_COLLAPSE: run_hc_mix_collapse(cs, r); break;
-    case OP_HC_EXPAND_COLLAPSE: run_hc_expand_collapse(cs, r); break;
     case OP_HC_EXPAND: run_hc_expand(cs, r); break;
     case OP_ATTENTION: run_attention(cs, r); break;
     case OP_INDEX: run_index(cs, r); break;
@@ -2987,15 +2892,6 @@ static int check_refusals(void)
     bad += REFUSED(bt_cuda_hc_collapse_norm(d, BT_CUDA_F32, d, d, NULL, 1, 3, 8, 1e-6f, 0));
     /* more tokens than a grid's rows (a cluster a token) */
     bad += REFUSED(bt_cuda_hc_collapse_norm(d, BT_CUDA_F32, d, d, NULL, 70000, 1, 8, 1e-6f, 0));
-    /* the fused expand and collapse: its output inside the streams it rewrites */
-    {
-        const bt_cuda_hc_src_t o_src = {.o = d + 64, .o_dtype = BT_CUDA_F32};
-        const bt_cuda_hc_src_t no_rows = {.y = d + 64, .n = (int32_t *)d + 200, .stride = 1};
-        bad += REFUSED(bt_cuda_hc_expand_collapse(d, &o_src, d + 96, d + 100, d + 4, BT_CUDA_F32,
-                                                  d + 120, NULL, 1, 1, 8, 1e-6f, 0));
-        bad += REFUSED(bt_cuda_hc_expand_collapse(d, &no_rows, d + 96, d + 100, NULL, BT_CUDA_F32,
-                                                  NULL, NULL, 1, 1, 8, 1e-6f, 0));
-    }
     bad += REFUSED(bt_cuda_copy_ranges(NULL, 1, 0));
     bad += REFUSED(bt_cuda_logit_adjust((float *)d, 10, NULL, 1, 0));
     bad += REFUSED(bt_cuda_logit_adjust((float *)d, 10, (const bt_cuda_logit_adjust_t *)d, 0, 0));
