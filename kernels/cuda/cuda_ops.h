@@ -163,8 +163,7 @@ bt_status_t bt_cuda_hc_mix_ws(float *pre, float *post, float *comb, const float 
                               int hc, int D, float eps, float hc_eps, int iters, float *work,
                               size_t work_floats, cudaStream_t stream);
 
-/* out[T,D] = RMSNorm(sum_s w[t,s] x[t,s,:]) with weight norm_w (may be NULL); hc 1, 2 or 4;
- * T <= 65535 (a cluster of blocks a token). */
+/* out[T,D] = RMSNorm(sum_s w[t,s] x[t,s,:]) with weight norm_w (may be NULL); hc 1, 2 or 4. */
 bt_status_t bt_cuda_hc_collapse_norm(void *out, bt_cuda_dtype_t out_dtype, const float *x,
                                      const float *w, const float *norm_w, int T, int hc, int D,
                                      float eps, cudaStream_t stream);

@@ -3,11 +3,7 @@
  * expansion of a sub-layer's output back into the streams. */
 #include "kernels/cuda/common.cuh"
 
-#include <cooperative_groups.h>
-
 #include <type_traits>
-
-namespace cg = cooperative_groups;
 
 enum { MIX_THREADS = 256, FOLD_WARPS = 8 };
 
@@ -644,125 +640,112 @@ extern "C" bt_status_t bt_cuda_hc_mix(float *pre, float *post, float *comb, cons
                              NULL, 0, stream);
 }
 
-/* The collapse: a token's places over a cluster of HCL blocks of HCL_THREADS threads, CL_PER
- * places a thread kept in registers between the norm's sum and the store (past them read
- * again). A decode token's collapse had been one block reading and writing its whole row:
- * the one SM's latency-bound loads were most of that launch. (HCL_THREADS: the fold's
- * FOLD_WARPS warps, for the launch they share.) */
-enum { HCL = 8, HCL_THREADS = FOLD_WARPS * 32, CL_PER = 8 };
+/* A block per token, HC_PER values a thread (up to 1024 threads), the collapsed row kept in
+ * registers between the norm's sum and the store: one read of the streams (a decode step's
+ * few blocks were latency-bound at 256 threads reading them twice). The stream count is a
+ * template argument so a thread's HC_PER x HC loads are all issued before the first sum
+ * (a loop over a runtime count left them one latency each). Past 1024 * HC_PER values the
+ * rest is read again. */
+enum { HC_PER = 8 };
 
-/* out[t] = RMSNorm(sum_s w[t,s] x[t,s,:]) * norm_w over cluster t (its rank b takes places
- * [b * chunk, b * chunk + chunk)); each block's share of the sum of squares is added up in rank
- * order from the cluster's shared memory, so every block scales by the same factor, and a
- * token's bits do not depend on T. */
 template <int HC, typename OT>
-__device__ void hc_collapse_cl(OT *out, const float *x, const float *w, const float *norm_w, int D,
-                               float eps, int t)
+__device__ void hc_collapse(OT *out, const float *x, const float *w, const float *norm_w, int D,
+                            float eps, int t)
 {
-    __shared__ float red[32], part;
-    cg::cluster_group cluster = cg::this_cluster();
-    const int b = (int)cluster.block_rank();
-    const int chunk = (D + HCL - 1) / HCL, d0 = min(D, b * chunk), d1 = min(D, d0 + chunk);
+    __shared__ float red[32];
     const float *xt = x + (size_t)t * HC * D, *wt = w + (size_t)t * HC;
-    float ws[HC], xv[CL_PER][HC], v[CL_PER], ss = 0.0f;
+    float ws[HC], xv[HC_PER][HC], v[HC_PER], ss = 0.0f;
 #pragma unroll
-    for (int s = 0; s < HC; s++)
-        ws[s] = wt[s];
+    for (int s = 0; s < HC; s++) ws[s] = wt[s];
 #pragma unroll
-    for (int i = 0; i < CL_PER; i++) { /* every load first */
-        const int d = d0 + threadIdx.x + i * HCL_THREADS;
+    for (int i = 0; i < HC_PER; i++) {
+        const int d = threadIdx.x + i * blockDim.x;
 #pragma unroll
-        for (int s = 0; s < HC; s++)
-            xv[i][s] = d < d1 ? xt[(size_t)s * D + d] : 0.0f;
+        for (int s = 0; s < HC; s++) xv[i][s] = d < D ? xt[(size_t)s * D + d] : 0.0f;
     }
 #pragma unroll
-    for (int i = 0; i < CL_PER; i++) {
+    for (int i = 0; i < HC_PER; i++) {
         v[i] = 0.0f;
 #pragma unroll
-        for (int s = 0; s < HC; s++)
-            v[i] += ws[s] * xv[i][s];
-        ss += v[i] * v[i]; /* zero past the block's places */
+        for (int s = 0; s < HC; s++) v[i] += ws[s] * xv[i][s];
+        ss += v[i] * v[i]; /* zero past D */
     }
-    for (int d = d0 + threadIdx.x + CL_PER * HCL_THREADS; d < d1; d += HCL_THREADS) {
+    for (int d = threadIdx.x + HC_PER * blockDim.x; d < D; d += blockDim.x) {
         float acc = 0.0f;
 #pragma unroll
-        for (int s = 0; s < HC; s++)
-            acc += ws[s] * xt[(size_t)s * D + d];
+        for (int s = 0; s < HC; s++) acc += ws[s] * xt[(size_t)s * D + d];
         ss += acc * acc;
     }
     ss = bt_block_sum(ss, red);
-    if (threadIdx.x == 0) part = ss;
-    cluster.sync();
-    float tot = 0.0f;
+    const float r = 1.0f / sqrtf(ss / (float)D + eps);
 #pragma unroll
-    for (int r = 0; r < HCL; r++)
-        tot += *cluster.map_shared_rank(&part, r);
-    cluster.sync(); /* (a block's part stays until every block of the cluster has read it) */
-    const float r = 1.0f / sqrtf(tot / (float)D + eps);
-#pragma unroll
-    for (int i = 0; i < CL_PER; i++) {
-        const int d = d0 + threadIdx.x + i * HCL_THREADS;
-        if (d < d1) bt_st(out, (size_t)t * D + d, norm_w ? norm_w[d] * (v[i] * r) : v[i] * r);
+    for (int i = 0; i < HC_PER; i++) {
+        const int d = threadIdx.x + i * blockDim.x;
+        if (d < D) bt_st(out, (size_t)t * D + d, norm_w ? norm_w[d] * (v[i] * r) : v[i] * r);
     }
-    for (int d = d0 + threadIdx.x + CL_PER * HCL_THREADS; d < d1; d += HCL_THREADS) {
+    for (int d = threadIdx.x + HC_PER * blockDim.x; d < D; d += blockDim.x) {
         float acc = 0.0f;
 #pragma unroll
-        for (int s = 0; s < HC; s++)
-            acc += ws[s] * xt[(size_t)s * D + d];
+        for (int s = 0; s < HC; s++) acc += ws[s] * xt[(size_t)s * D + d];
         bt_st(out, (size_t)t * D + d, norm_w ? norm_w[d] * (acc * r) : acc * r);
     }
 }
 
-/* grid (HCL, T): cluster y collapses token y */
 template <int HC, typename OT>
-__global__ void __cluster_dims__(HCL, 1, 1) __launch_bounds__(HCL_THREADS)
-    hc_collapse_kernel(OT *out, const float *x, const float *w, const float *norm_w, int D,
-                       float eps)
+__global__ void __launch_bounds__(1024) hc_collapse_kernel(OT *out, const float *x, const float *w,
+                                                           const float *norm_w, int D, float eps)
 {
     bt_grid_begin();
-    hc_collapse_cl<HC>(out, x, w, norm_w, D, eps, blockIdx.y);
+    hc_collapse<HC>(out, x, w, norm_w, D, eps, blockIdx.x);
 }
 
 /* A decode step's mix fold and the collapse beside it (which uses weights mixed earlier, not
- * these) in one launch, grid (HCL, 2T): clusters [0, T) collapse, the first block of each of
- * clusters [T, 2T) folds (the others have nothing to do; no cluster barrier in those). */
+ * these) in one launch: blocks [0, T) collapse, blocks [T, 2T) fold. */
 template <int HC, typename OT>
-__global__ void __cluster_dims__(HCL, 1, 1) __launch_bounds__(HCL_THREADS)
-    hc_fold_collapse_kernel(float *pre, float *post, float *comb, const float *work,
-                            const float *base, const float *scale, float mix_eps, float hc_eps,
-                            int iters, int splits, OT *out, const float *x, const float *w,
-                            const float *norm_w, int T, int D, float eps)
+__global__ void __launch_bounds__(1024) hc_fold_collapse_kernel(
+    float *pre, float *post, float *comb, const float *work, const float *base,
+    const float *scale, float mix_eps, float hc_eps, int iters, int splits, OT *out,
+    const float *x, const float *w, const float *norm_w, int T, int D, float eps)
 {
     bt_grid_begin();
-    if ((int)blockIdx.y < T)
-        hc_collapse_cl<HC>(out, x, w, norm_w, D, eps, blockIdx.y);
-    else if (blockIdx.x % HCL == 0)
+    if (blockIdx.x < T)
+        hc_collapse<HC>(out, x, w, norm_w, D, eps, blockIdx.x);
+    else
         hc_mix_fold<HC>(pre, post, comb, work, base, scale, D, mix_eps, hc_eps, iters, splits,
-                        blockIdx.y - T);
+                        blockIdx.x - T);
+}
+
+/* the collapse's threads: D / HC_PER rounded up to warps, from the fold's FOLD_WARPS warps
+ * (the fused launch's fold blocks need them; the norm's sum is split the same way in either
+ * launch, so both give the same bits) to 1024 */
+static int collapse_threads(int D)
+{
+    int threads = (bt__cdiv(D, HC_PER) + 31) / 32 * 32;
+    return threads > 1024 ? 1024 : threads < FOLD_WARPS * 32 ? FOLD_WARPS * 32 : threads;
 }
 
 extern "C" bt_status_t bt_cuda_hc_collapse_norm(void *out, bt_cuda_dtype_t out_dtype,
-                                                const float *x, const float *w, const float *norm_w,
-                                                int T, int hc, int D, float eps,
-                                                cudaStream_t stream)
+                                                const float *x, const float *w,
+                                                const float *norm_w, int T, int hc, int D,
+                                                float eps, cudaStream_t stream)
 {
     BT_CUDA_REQUIRE(out && x && w && bt__dtype_ok(out_dtype));
-    BT_CUDA_REQUIRE(T > 0 && T <= 65535 && D > 0 && (hc == 1 || hc == 2 || hc == 4));
+    BT_CUDA_REQUIRE(T > 0 && D > 0 && (hc == 1 || hc == 2 || hc == 4));
+    const int threads = collapse_threads(D);
     with_hc(hc, [&](auto h) {
         with_dtype(out, out_dtype, [&](auto *o) {
             bt__launch(hc_collapse_kernel<decltype(h)::value, std::remove_pointer_t<decltype(o)>>,
-                       dim3(HCL, T), HCL_THREADS, 0, stream, o, x, w, norm_w, D, eps);
+                       T, threads, 0, stream, o, x, w, norm_w, D, eps);
         });
     });
     return bt__cuda_launched("hc_collapse_norm");
 }
 
-extern "C" bt_status_t
-bt_cuda_hc_mix_collapse_ws(float *pre, float *post, float *comb, const float *x, const float *fn,
-                           const float *base, const float *scale, int T, int hc, int D,
-                           float mix_eps, float hc_eps, int iters, float *work, size_t work_floats,
-                           void *out, bt_cuda_dtype_t out_dtype, const float *w,
-                           const float *norm_w, float eps, cudaStream_t stream)
+extern "C" bt_status_t bt_cuda_hc_mix_collapse_ws(
+    float *pre, float *post, float *comb, const float *x, const float *fn, const float *base,
+    const float *scale, int T, int hc, int D, float mix_eps, float hc_eps, int iters,
+    float *work, size_t work_floats, void *out, bt_cuda_dtype_t out_dtype, const float *w,
+    const float *norm_w, float eps, cudaStream_t stream)
 {
     BT_CUDA_REQUIRE(pre && post && comb && x && fn && base && scale && out && w);
     /* (the collapse's weights are earlier ones: the fold writes pre, post and comb beside it) */
@@ -772,29 +755,27 @@ bt_cuda_hc_mix_collapse_ws(float *pre, float *post, float *comb, const float *x,
     int splits = hc_splits(T, hc, D);
     if (splits == 1 || !work || work_floats < bt_cuda_hc_mix_ws_floats(T, hc, D)) {
         /* (no split: the mix is one launch of its own) */
-        bt_status_t st = bt_cuda_hc_mix_ws(pre, post, comb, x, fn, base, scale, T, hc, D, mix_eps,
-                                           hc_eps, iters, work, work_floats, stream);
+        bt_status_t st = bt_cuda_hc_mix_ws(pre, post, comb, x, fn, base, scale, T, hc, D,
+                                           mix_eps, hc_eps, iters, work, work_floats, stream);
         if (st != BT_OK) return st;
         return bt_cuda_hc_collapse_norm(out, out_dtype, x, w, norm_w, T, hc, D, eps, stream);
     }
-    with_hc(hc,
-            [&](auto h) { /* (splits: T * 2 <= 132) */
-                          constexpr int H = decltype(h)::value;
-                          hc_mix_split_launch<H>(work, x, fn, T, D, splits, stream);
-                          with_dtype(out, out_dtype, [&](auto *o) {
-                              bt__launch(
-                                  hc_fold_collapse_kernel<H, std::remove_pointer_t<decltype(o)>>,
-                                  dim3(HCL, 2 * T), HCL_THREADS, 0, stream, pre, post, comb, work,
-                                  base, scale, mix_eps, hc_eps, iters, splits, o, x, w, norm_w, T,
-                                  D, eps);
-                          });
-            });
+    const int threads = collapse_threads(D);
+    with_hc(hc, [&](auto h) {
+        constexpr int H = decltype(h)::value;
+        hc_mix_split_launch<H>(work, x, fn, T, D, splits, stream);
+        with_dtype(out, out_dtype, [&](auto *o) {
+            bt__launch(hc_fold_collapse_kernel<H, std::remove_pointer_t<decltype(o)>>, 2 * T,
+                       threads, 0, stream, pre, post, comb, work, base, scale, mix_eps, hc_eps,
+                       iters, splits, o, x, w, norm_w, T, D, eps);
+        });
+    });
     return bt__cuda_launched("hc_mix_collapse");
 }
 
 template <int HC, typename OT>
-__global__ void hc_expand_kernel(float *x, const OT *o, const float *post, const float *comb, int T,
-                                 int D)
+__global__ void hc_expand_kernel(float *x, const OT *o, const float *post, const float *comb,
+                                 int T, int D)
 {
     bt_grid_begin();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -805,22 +786,20 @@ __global__ void hc_expand_kernel(float *x, const OT *o, const float *post, const
     const float *ct = comb + t * HC * HC, *pt = post + t * HC;
     float res[HC];
 #pragma unroll
-    for (int j = 0; j < HC; j++)
-        res[j] = xt[(size_t)j * D + d];
+    for (int j = 0; j < HC; j++) res[j] = xt[(size_t)j * D + d];
     float ov = bt_ld(o, i);
 #pragma unroll
     for (int k = 0; k < HC; k++) {
         float acc = 0.0f;
 #pragma unroll
-        for (int j = 0; j < HC; j++)
-            acc += ct[j * HC + k] * res[j];
+        for (int j = 0; j < HC; j++) acc += ct[j * HC + k] * res[j];
         xt[(size_t)k * D + d] = pt[k] * ov + acc;
     }
 }
 
 extern "C" bt_status_t bt_cuda_hc_expand(float *x, const void *o, bt_cuda_dtype_t o_dtype,
-                                         const float *post, const float *comb, int T, int hc, int D,
-                                         cudaStream_t stream)
+                                         const float *post, const float *comb, int T, int hc,
+                                         int D, cudaStream_t stream)
 {
     BT_CUDA_REQUIRE(x && o && post && comb && bt__dtype_ok(o_dtype));
     BT_CUDA_REQUIRE(T > 0 && D > 0 && (hc == 1 || hc == 2 || hc == 4));

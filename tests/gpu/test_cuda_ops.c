@@ -2890,8 +2890,6 @@ static int check_refusals(void)
     bad += REFUSED(bt_cuda_head_finish(d, 1, 1, 4097, 0, NULL, 1e-6f, NULL, NULL, 0, 0, 0, 0));
     /* three streams: the collapse is built for 1, 2 and 4 (as the mix) */
     bad += REFUSED(bt_cuda_hc_collapse_norm(d, BT_CUDA_F32, d, d, NULL, 1, 3, 8, 1e-6f, 0));
-    /* more tokens than a grid's rows (a cluster a token) */
-    bad += REFUSED(bt_cuda_hc_collapse_norm(d, BT_CUDA_F32, d, d, NULL, 70000, 1, 8, 1e-6f, 0));
     bad += REFUSED(bt_cuda_copy_ranges(NULL, 1, 0));
     bad += REFUSED(bt_cuda_logit_adjust((float *)d, 10, NULL, 1, 0));
     bad += REFUSED(bt_cuda_logit_adjust((float *)d, 10, (const bt_cuda_logit_adjust_t *)d, 0, 0));
