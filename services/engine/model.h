@@ -69,7 +69,7 @@ typedef struct {
     /* CUDA, decode-sized batches with two streams: each mHC mix beside its collapse on the main
      * stream instead of on a stream of its own; for comparisons (the environment's
      * BT_CUDA_MIX_STREAM=0 does the same). */
-    bool cuda_hc_apart;
+    bool cuda_mix_on_main;
     /* Load and run the checkpoint's DSpark draft stages (speculative decoding): every forward
      * then also keeps their window rings in the KV slots, which the layout holds only for such
      * a model (groups with and without them refuse each other's slots). */

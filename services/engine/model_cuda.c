@@ -153,7 +153,7 @@ struct bt_model_cuda {
      * the next expand and the next site's collapse read) beside the collapse and the sublayer
      * on the main stream, joined before the expand: the collapse takes the earlier site's
      * weights, so the mix was never on the sublayer's path. Made with side; NULL with
-     * cuda_hc_apart or BT_CUDA_MIX_STREAM=0. */
+     * cuda_mix_on_main or BT_CUDA_MIX_STREAM=0. */
     cudaStream_t mix;
     cudaEvent_t mix_fork, mix_join;
     /* a dequantized FP8 weight (bf16) for products of at least FP8_WIDE_ROWS rows; fp8_max:
@@ -821,6 +821,13 @@ static uint64_t random_tag(void)
     return t & ~(uint64_t)0xffffffffull; /* the low half counts forwards */
 }
 
+/* whether the environment turns a default off: NAME=0 */
+static bool env_off(const char *name)
+{
+    const char *v = getenv(name);
+    return v && strcmp(v, "0") == 0;
+}
+
 bt_status_t bt_model_cuda_attach(bt_model_t *m, const char *dir, char *err, size_t errlen)
 {
     const bt_model_config_t *c = &m->cfg;
@@ -857,15 +864,13 @@ bt_status_t bt_model_cuda_attach(bt_model_t *m, const char *dir, char *err, size
     cu->gpu = m->opt.gpu;
     CK_CUDA(cudaSetDevice(cu->gpu));
     CK_CUDA(cudaStreamCreateWithFlags(&cu->stream, cudaStreamNonBlocking));
-    const char *side_env = getenv("BT_CUDA_SIDE");
     cu->side_min_bytes = m->opt.cuda_streams == 2 ? 0 : (size_t)1 << 20;
-    if (m->opt.cuda_streams != 1 && !(side_env && strcmp(side_env, "0") == 0)) {
+    if (m->opt.cuda_streams != 1 && !env_off("BT_CUDA_SIDE")) {
         CK_CUDA(cudaStreamCreateWithFlags(&cu->side, cudaStreamNonBlocking));
         CK_CUDA(cudaEventCreateWithFlags(&cu->side_fork, cudaEventDisableTiming));
         CK_CUDA(cudaEventCreateWithFlags(&cu->side_join, cudaEventDisableTiming));
         CK_CUDA(cudaEventCreateWithFlags(&cu->side_mark, cudaEventDisableTiming));
-        const char *mix_env = getenv("BT_CUDA_MIX_STREAM");
-        if (!m->opt.cuda_hc_apart && !(mix_env && strcmp(mix_env, "0") == 0)) {
+        if (!m->opt.cuda_mix_on_main && !env_off("BT_CUDA_MIX_STREAM")) {
             CK_CUDA(cudaStreamCreateWithFlags(&cu->mix, cudaStreamNonBlocking));
             CK_CUDA(cudaEventCreateWithFlags(&cu->mix_fork, cudaEventDisableTiming));
             CK_CUDA(cudaEventCreateWithFlags(&cu->mix_join, cudaEventDisableTiming));
@@ -884,10 +889,7 @@ bt_status_t bt_model_cuda_attach(bt_model_t *m, const char *dir, char *err, size
         if (c->layer[l].compress_ratio > cu->rmax) cu->rmax = c->layer[l].compress_ratio;
     cu->tag_base = random_tag();
     cu->weights = m->opt.cuda_weights;
-    {
-        const char *g = getenv("BT_CUDA_GRAPHS");
-        cu->graphs = !m->opt.cuda_graphs_off && !(g && !strcmp(g, "0"));
-    }
+    cu->graphs = !m->opt.cuda_graphs_off && !env_off("BT_CUDA_GRAPHS");
     bt_safetensors_t *st = NULL;
     rc = bt_safetensors_open_dir(dir, &st, err, errlen);
     if (rc != BT_OK) return rc;

@@ -798,14 +798,14 @@ static void test_two_streams_match_one(void)
 }
 
 /* The mHC mixes on their own stream (the default) give the same logits, bit for bit, as
- * every mix beside its collapse on the main stream (cuda_hc_apart), as graphs and eagerly. */
-static void test_mix_stream_matches_apart(void)
+ * every mix beside its collapse on the main stream (cuda_mix_on_main), as graphs and eagerly. */
+static void test_mix_stream_matches_main(void)
 {
     for (int graphs_off = 0; graphs_off < 2; graphs_off++) {
         bt_model_options_t opt[2] = {test_options(BT_DEVICE_CUDA, BT_WEIGHTS_AUTO),
                                      test_options(BT_DEVICE_CUDA, BT_WEIGHTS_AUTO)};
         opt[0].cuda_streams = opt[1].cuda_streams = 2;
-        opt[1].cuda_hc_apart = true;
+        opt[1].cuda_mix_on_main = true;
         opt[0].cuda_graphs_off = opt[1].cuda_graphs_off = graphs_off;
         twins_t tw;
         if (!twins_decode("golden-a-quant", opt, &tw)) return;
@@ -1432,7 +1432,7 @@ int main(void)
     BT_RUN(test_golden_a_quant_native);
     BT_RUN(test_graphs_match_eager);
     BT_RUN(test_two_streams_match_one);
-    BT_RUN(test_mix_stream_matches_apart);
+    BT_RUN(test_mix_stream_matches_main);
     BT_RUN(test_batch_equals_single);
     BT_RUN(test_dspark);
     BT_RUN(test_activation_quant);
