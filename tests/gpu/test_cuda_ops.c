@@ -149,6 +149,12 @@ static const case_t cases[] = {
     {OP_GEMM_FP8, F32, {3, 512, 5120}, 0},
     {OP_GEMM_FP8, BF16, {16, 1280, 5120}, 0},
     {OP_GEMM_FP8, F32, {1, 200, 2048}, 0},
+    /* gemm_rows_bulk (<= 8 rows) against gemm_rows (9..16) through the sub-batches' bits: 32
+     * columns a tile, ks 4, N off the tiles; ks 8 with a short last stage; ks 2, both routes */
+    {OP_GEMM_FP8, F32, {16, 9000, 2304}, 0},
+    {OP_GEMM_FP8, BF16, {16, 300, 1344}, 0},
+    {OP_GEMM_FP8, F32, {13, 200, 640, 1}, 0},
+    {OP_GEMM_FP8_BATCHED, BF16, {5, 7, 100, 640, 1}, 0},
     {OP_GEMM_FP8_BATCHED, F32, {2, 5, 64, 4096}, 0},
     {OP_GEMM_FP8, BF16, {16, 8470, 256, 1}, 0}, /* the same, 4 tiles a block */
     {OP_GEMM_FP8_BATCHED, BF16, {8, 1, 1024, 4096}, 0}, /* the output groups at decode */
