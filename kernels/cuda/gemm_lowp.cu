@@ -29,6 +29,7 @@
 
 #include <cooperative_groups.h>
 #include <cuda_fp8.h>
+#include <cudaTypedefs.h>
 #include <mma.h>
 
 #include <type_traits>
@@ -950,23 +951,19 @@ __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
  * gemm_rows reads each warp's next chunk into registers, one chunk ahead: with 16-24 warps an
  * SM that is ~25 KB in flight, and its decode products ran at 49-59% of the DRAM peak with the
  * issue slots 37-45% used (bench/RESULTS.md, sessions 14 and 25): neither bound, each warp
- * waiting on its own loads. Here one copier warp a block keeps a ring of stages full with
- * bulk copies (cp.async.bulk, completing on the stage's "full" mbarrier): a stage is, for each
- * warp group's column tile, its ks chunks of 64 k of every column (one copy a column, rows
- * padded 64 bytes so a quarter warp's 16-byte reads meet all banks), the rows' bf16 of the same
- * k (one copy a row) and the scale bytes (plain loads, one stage ahead). The 8 multiplying
- * warps read their operands from the stage, release it on its "empty" mbarrier and convert and
- * multiply exactly as gemm_rows does (rows_fp8_mmas, the same chunk to the same warp, the same
- * sums in the same order): a row's outputs are the same bits as gemm_rows' for 9..16 rows, so
- * a decode batch stays batch-invariant. Up to 8 rows, plain and batched products; the weight
- * copies of the first stages go out before the grid waits on the kernel before it.
- * BT_CUDA_FP8BULK=0 keeps gemm_rows. */
-enum {
-    RB_THREADS = (MT_WARPS + 1) * 32,
-    RB_MAX_ROWS = 8,
-    RB_MAX_STAGES = 8,
-    RB_SMEM_CAP = 80 * 1024
-};
+ * waiting on its own loads. Here one copier warp a block keeps a ring of stages full with the
+ * tensor copy engine (cp.async.bulk.tensor, completing on the stage's "full" mbarrier): a stage
+ * is, for each warp group's column tile, its ks chunks of 64 k of every column, in boxes of up
+ * to 256 k x the tile's columns. The rows (<= RB_X_CAP bytes) are copied once, whole, and the
+ * block's scale rows loaded once into a table.
+ * The 8 multiplying warps read their operands from shared memory, release the stage on its
+ * "empty" mbarrier and convert and multiply exactly as gemm_rows does (rows_fp8_mmas, the same
+ * chunk to the same warp, the same sums in the same order): a row's outputs are the same bits
+ * as gemm_rows' for 9..16 rows, so a decode batch stays batch-invariant. Plain and batched
+ * products; the first stages' weight copies go out before the grid waits on the kernel before
+ * it. BT_CUDA_FP8BULK=0 keeps gemm_rows. */
+enum { RB_THREADS = (MT_WARPS + 1) * 32, RB_MAX_STAGES = 8, RB_SMEM_CAP = 96 * 1024,
+       RB_X_CAP = 32 * 1024, RB_BOX_K = 256, RB_SCALE_CAP = 2048 };
 
 __device__ __forceinline__ unsigned bt_smem_u32(const void *p)
 {
@@ -979,20 +976,20 @@ __device__ __forceinline__ void mbar_init(uint64_t *bar, unsigned count)
                  : "memory");
 }
 
-/* bytes the phase still waits for, without an arrival */
+/* bytes the phase also waits for, without an arrival */
 __device__ __forceinline__ void mbar_expect_tx(uint64_t *bar, unsigned bytes)
 {
-    asm volatile(
-        "mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(bt_smem_u32(bar)),
-        "r"(bytes)
-        : "memory");
+    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(
+                     bt_smem_u32(bar)),
+                 "r"(bytes)
+                 : "memory");
 }
 
 __device__ __forceinline__ void mbar_arrive(uint64_t *bar)
 {
-    asm volatile(
-        "{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bt_smem_u32(bar))
-        : "memory");
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(
+                     bt_smem_u32(bar))
+                 : "memory");
 }
 
 /* until the phase of this parity has completed */
@@ -1018,34 +1015,45 @@ __device__ __forceinline__ void bulk_copy(void *dst, const void *src, unsigned b
                  : "memory");
 }
 
-/* a stage's bytes: ngr tiles of 16 * MT columns, a row of ks chunks (64 bytes each) plus 64 a
- * column; M rows of 2 * 64 * ks bytes plus 16; 16 scale bytes; in 128s */
-static inline int rb_stage_bytes(int MT, int ks, int M)
+/* the box of a 2D tensor map at (x, y) (x innermost) into shared memory (128-byte aligned),
+ * counted on bar: out-of-bounds elements land as zeros and count too */
+__device__ __forceinline__ void tensor_copy_2d(void *dst, const CUtensorMap *map, int x, int y,
+                                               uint64_t *bar)
 {
-    const int w = MT_WARPS / ks * 16 * MT * (64 * ks + 64), x = M * (128 * ks + 16);
-    return (w + x + 16 + 127) / 128 * 128;
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(bt_smem_u32(dst)),
+                 "l"((uint64_t)map), "r"(x), "r"(y), "r"(bt_smem_u32(bar))
+                 : "memory");
 }
+
+/* the box's k: 64 a warp of a group, at most RB_BOX_K */
+static inline int rb_box_k(int ks) { return 64 * ks < RB_BOX_K ? 64 * ks : RB_BOX_K; }
+
+/* a stage's bytes: every warp's 64 k of 16 * MT columns */
+static inline int rb_stage_bytes(int MT) { return MT_WARPS * 64 * 16 * MT; }
 
 template <int MT, typename OT>
 __global__ void __launch_bounds__(RB_THREADS, 2)
-    gemm_rows_bulk(OT *y, const __nv_bfloat16 *x, const uint8_t *w, const uint8_t *ws, int M, int N,
-                   int K, gemm_io io, int tiles, int ks, int nst, int stage_bytes)
+    gemm_rows_bulk(OT *y, const __nv_bfloat16 *x, const __grid_constant__ CUtensorMap wmap,
+                   const uint8_t *ws, int M, int N, int K, gemm_io io, int tiles, int ks, int nst)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    constexpr int NC = 2 * MT, COLS = 16 * MT;
-    extern __shared__ __align__(128) uint8_t rb_ring[];
+    constexpr int NC = 2 * MT, COLS = 16 * MT, STAGE = MT_WARPS * 64 * COLS;
+    extern __shared__ __align__(128) uint8_t rb_ring[]; /* nst stages, then the rows */
     __shared__ float red[MT_WARPS][8][COLS + 1];
     __shared__ uint64_t full[RB_MAX_STAGES], empty[RB_MAX_STAGES];
+    __shared__ uint8_t scale[RB_SCALE_CAP]; /* the block's 32-column blocks' scale rows */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int ngr = MT_WARPS / ks, nch = K / 64, spt = (nch + ks - 1) / ks; /* stages a tile */
-    const int wrow = 64 * ks + 64, xrow = 128 * ks + 16;
-    const int w_bytes = ngr * COLS * wrow, x_bytes = M * xrow, ks32 = K / 32;
+    const int bk = min(64 * ks, (int)RB_BOX_K), nbox = 64 * ks / bk, ks32 = K / 32;
     const int nb = blockIdx.x * tiles * COLS; /* the block's first column */
     tiles = min(tiles, (N - nb + COLS - 1) / COLS);
     const int total = (tiles + ngr - 1) / ngr * spt; /* the block's stages */
-    expert_weights<FMT_FP8>(w, ws, blockIdx.y, N, K);
-    x += (size_t)blockIdx.y * io.x_group;
-    y += (size_t)blockIdx.y * io.y_group;
+    const int e = blockIdx.y;                        /* the batch's matrix */
+    ws += (size_t)e * ((N + 31) / 32) * ks32;
+    x += (size_t)e * io.x_group;
+    y += (size_t)e * io.y_group;
+    uint8_t *xs = rb_ring + (size_t)nst * STAGE;
     if (threadIdx.x == 0) {
         for (int s = 0; s < nst; s++) {
             mbar_init(&full[s], 1);
@@ -1055,63 +1063,60 @@ __global__ void __launch_bounds__(RB_THREADS, 2)
     __syncthreads();
 
     if (warp == MT_WARPS) { /* the copier */
-        uint8_t sc = 0;     /* this lane's scale byte of the stage being filled */
-        /* lane l < 2 * ks * (groups with a tile): group l / (2 ks)'s k block l % (2 ks) */
-        auto scale_of = [&](int s) -> uint8_t {
-            const int r = s / spt, j = s % spt, grp = lane / (2 * ks);
-            const int t = r * ngr + grp, kb = j * 2 * ks + lane % (2 * ks);
-            if (lane >= 2 * ks * ngr || t >= tiles || kb >= ks32) return 0;
-            return __ldg(ws + (size_t)(min(nb + t * COLS, N - 1) / 32) * ks32 + kb);
+        if (lane == 0) asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&wmap) : "memory");
+        /* the scale rows of the block's column blocks, contiguous, 8 loads a lane in flight (a
+         * load a stage, each waited for, had held the ring to a stage a memory latency) */
+        const uint8_t *src = ws + (size_t)(nb / 32) * ks32;
+        const int nsc = ((min(nb + tiles * COLS, N) - 1) / 32 - nb / 32 + 1) * ks32;
+        for (int b = 0; b < nsc; b += 8 * 32) {
+            uint8_t v[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) v[u] = b + 32 * u + lane < nsc ? __ldg(src + b + 32 * u + lane) : 0;
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                if (b + 32 * u + lane < nsc) scale[b + 32 * u + lane] = v[u];
+        }
+        auto weights = [&](int s) { /* stage s's weights and scales, its bytes expected */
+            const int r = s / spt, j = s % spt, ng = min(ngr, tiles - r * ngr);
+            uint8_t *st = rb_ring + (size_t)(s % nst) * STAGE;
+            uint64_t *bar = &full[s % nst];
+            if (lane == 0) mbar_expect_tx(bar, (unsigned)(ng * 64 * ks * COLS));
+            __syncwarp();
+            if (lane < ng * nbox) { /* box b of group q: k j * 64 ks + b * bk, its tile's columns */
+                const int q = lane / nbox, b = lane % nbox;
+                tensor_copy_2d(st + (q * nbox + b) * bk * COLS, &wmap, 64 * ks * j + bk * b,
+                               e * N + nb + (r * ngr + q) * COLS, bar);
+            }
         };
-        auto weights =
-            [&](int s) { /* stage s's weights and scales, its bytes expected */
-                         const int r = s / spt, j = s % spt, k0 = 64 * ks * j,
-                                   kk = min(64 * ks, K - k0);
-                         const int ng = min(ngr, tiles - r * ngr);
-                         uint8_t *st = rb_ring + (size_t)(s % nst) * stage_bytes;
-                         uint64_t *bar = &full[s % nst];
-                         if (lane == 0)
-                             mbar_expect_tx(bar, (unsigned)(ng * COLS * kk + M * 2 * kk));
-                         __syncwarp();
-                         for (int q = lane; q < ng * COLS; q += 32) {
-                             const int n = min(nb + (r * ngr + q / COLS) * COLS + q % COLS, N - 1);
-                             bulk_copy(st + q * wrow, w + (size_t)n * K + k0, (unsigned)kk, bar);
-                         }
-                         if (lane < 2 * ks * ngr) st[w_bytes + x_bytes + lane] = sc;
-                         if (s + 1 < total) sc = scale_of(s + 1);
-            };
-        auto copy_rows =
-            [&](int s) { /* stage s's rows; then its arrival */
-                         const int j = s % spt, k0 = 64 * ks * j, kk = min(64 * ks, K - k0);
-                         uint8_t *st = rb_ring + (size_t)(s % nst) * stage_bytes;
-                         uint64_t *bar = &full[s % nst];
-                         for (int q = lane; q < M; q += 32)
-                             bulk_copy(st + w_bytes + q * xrow, x + (size_t)q * io.ldx + k0,
-                                       (unsigned)(2 * kk), bar);
-                         __syncwarp(); /* (the scale bytes stored before the arrival) */
-                         if (lane == 0) mbar_arrive(bar);
-            };
+        auto arrive = [&](int s) {
+            __syncwarp(); /* (the scale table stored before the first arrival) */
+            if (lane == 0) mbar_arrive(&full[s % nst]);
+        };
         const int pre = min(nst, total);
-        sc = scale_of(0);
-        for (int s = 0; s < pre; s++)
-            weights(s); /* the weights are known before the wait */
+        for (int s = 0; s < pre; s++) weights(s); /* the weights are known before the wait */
         bt_grid_begin();
-        for (int s = 0; s < pre; s++)
-            copy_rows(s);
+        if (lane == 0) mbar_expect_tx(&full[0], (unsigned)(M * K * 2));
+        __syncwarp();
+        for (int q = lane; q < M; q += 32) /* the rows, whole, with stage 0 */
+            bulk_copy(xs + (size_t)q * K * 2, x + (size_t)q * io.ldx, (unsigned)(K * 2), &full[0]);
+        for (int s = 0; s < pre; s++) arrive(s);
         for (int s = pre; s < total; s++) {
             mbar_wait(&empty[s % nst], (unsigned)(s / nst - 1) & 1);
             weights(s);
-            copy_rows(s);
+            arrive(s);
         }
         return;
     }
 
     bt_grid_begin();
     const int g = lane >> 2, c = lane & 3, grp = warp / ks, wi = warp % ks;
+    /* this lane's bytes in a stage (column 8i + g of the group's tile: + 8 i bk) and in the rows */
+    const int w_at = (grp * nbox + 64 * wi / bk) * bk * COLS + g * bk + 64 * wi % bk + 16 * c;
+    const uint8_t *xl = xs + (size_t)min(g, M - 1) * K * 2 + 128 * wi + 32 * c;
     float acc[1][MT][4] = {};
     for (int s = 0; s < total; s++) {
         const int r = s / spt, j = s % spt, t = r * ngr + grp;
-        const uint8_t *st = rb_ring + (size_t)(s % nst) * stage_bytes;
+        const uint8_t *st = rb_ring + (size_t)(s % nst) * STAGE + w_at;
         const bool mine = t < tiles && j * ks + wi < nch; /* (the warp's) */
         uint4 wc[NC];
         unsigned xw[1][8];
@@ -1119,13 +1124,12 @@ __global__ void __launch_bounds__(RB_THREADS, 2)
         mbar_wait(&full[s % nst], (unsigned)(s / nst) & 1);
         if (mine) {
 #pragma unroll
-            for (int i = 0; i < NC; i++)
-                wc[i] = *(const uint4 *)(st + (grp * COLS + 8 * i + g) * wrow + 64 * wi + 16 * c);
-            const uint8_t *xs = st + w_bytes + min(g, M - 1) * xrow + 128 * wi + 32 * c;
-            const uint4 x0 = *(const uint4 *)xs, x1 = *(const uint4 *)(xs + 16);
+            for (int i = 0; i < NC; i++) wc[i] = *(const uint4 *)(st + 8 * i * bk);
+            const uint8_t *xk = xl + (size_t)j * 128 * ks;
+            const uint4 x0 = *(const uint4 *)xk, x1 = *(const uint4 *)(xk + 16);
             xw[0][0] = x0.x, xw[0][1] = x0.y, xw[0][2] = x0.z, xw[0][3] = x0.w;
             xw[0][4] = x1.x, xw[0][5] = x1.y, xw[0][6] = x1.z, xw[0][7] = x1.w;
-            sc = st[w_bytes + x_bytes + 2 * ks * grp + 2 * wi + c / 2];
+            sc = scale[((nb + t * COLS) / 32 - nb / 32) * ks32 + 2 * ks * j + 2 * wi + c / 2];
         }
         __syncwarp();
         if (lane == 0) mbar_arrive(&empty[s % nst]);
@@ -1136,7 +1140,7 @@ __global__ void __launch_bounds__(RB_THREADS, 2)
                 rows_fp8_mmas<MT, 1, false>(acc, wc, sc, xw);
         }
         if (j + 1 < spt || t >= tiles) continue;
-            /* tile t done: its sums over the group's warps in gemm_rows' order, stored */
+        /* tile t done: its sums over the group's warps in gemm_rows' order, stored */
 #pragma unroll
         for (int tt = 0; tt < MT; tt++) { /* C: column 16tt + g (+ 8), rows 2c, 2c + 1 */
             red[warp][2 * c][16 * tt + g] = acc[0][tt][0];
@@ -1144,16 +1148,14 @@ __global__ void __launch_bounds__(RB_THREADS, 2)
             red[warp][2 * c][16 * tt + g + 8] = acc[0][tt][2];
             red[warp][2 * c + 1][16 * tt + g + 8] = acc[0][tt][3];
 #pragma unroll
-            for (int q = 0; q < 4; q++)
-                acc[0][tt][q] = 0.0f;
+            for (int q = 0; q < 4; q++) acc[0][tt][q] = 0.0f;
         }
         asm volatile("bar.sync %0, %1;\n" ::"r"(1 + grp), "r"(ks * 32) : "memory");
         for (int o = wi * 32 + lane; o < 8 * COLS; o += ks * 32) {
             const int rr = o / COLS, col = o % COLS, n = nb + t * COLS + col;
             if (rr >= M || n >= N) continue;
             float v = 0.0f;
-            for (int q = grp * ks; q < grp * ks + ks; q++)
-                v += red[q][rr][col];
+            for (int q = grp * ks; q < grp * ks + ks; q++) v += red[q][rr][col];
             bt_st(y, (size_t)rr * io.ldy + n, v);
         }
         asm volatile("bar.sync %0, %1;\n" ::"r"(1 + grp), "r"(ks * 32) : "memory");
@@ -1707,9 +1709,29 @@ template <int MT> static bool rows_bulk_ready(void)
            bt__smem_allowed((const void *)gemm_rows_bulk<MT, float>, RB_SMEM_CAP, f32_out);
 }
 
-/* An FP8 product of <= 8 rows (plain or batched) through gemm_rows_bulk: as many stages as
- * RB_SMEM_CAP holds (BT_CUDA_BULK_STAGES, 2..8, fewer: experiments), column tiles spread so that
- * every block is resident at once (two an SM). False when it cannot run here. */
+/* the driver's tensor map encoder (through the runtime: nothing links libcuda), looked up once */
+static PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder(void)
+{
+    static PFN_cuTensorMapEncodeTiled_v12000 fn;
+    static int looked; /* (threads that race here store the same values) */
+    if (!looked) {
+        void *p = NULL;
+        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
+                                             &q) == cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            fn = (PFN_cuTensorMapEncodeTiled_v12000)p;
+        else
+            cudaGetLastError();
+        looked = 1;
+    }
+    return fn;
+}
+
+/* An FP8 product of <= 8 rows (plain or batched, the rows <= RB_X_CAP bytes) through
+ * gemm_rows_bulk: as many stages as RB_SMEM_CAP holds beside the rows (BT_CUDA_BULK_STAGES,
+ * 2..8, fewer: experiments), column tiles spread so that every block is resident at once (two
+ * an SM). False when it cannot run here. */
 template <int MT>
 static bool rows_bulk_launch(void *y, bt_cuda_dtype_t yd, const __nv_bfloat16 *xb, int groups,
                              const uint8_t *w, const uint8_t *ws, int M, int N, int K, gemm_io io,
@@ -1717,21 +1739,33 @@ static bool rows_bulk_launch(void *y, bt_cuda_dtype_t yd, const __nv_bfloat16 *x
 {
     static int forced = -1;
     static const int stages_allowed[] = {2, 3, 4, 5, 6, 7, 8};
-    const int ks = rows_ks(FMT_FP8, K), ngr = MT_WARPS / ks, sb = rb_stage_bytes(MT, ks, M);
-    int nst = min((int)RB_MAX_STAGES, RB_SMEM_CAP / sb);
-    const int want = bt__env_choice("BT_CUDA_BULK_STAGES", stages_allowed, 7, 0, &forced);
-    if (want) nst = min(nst, want);
-    if (nst < 2 || !rows_bulk_ready<MT>()) return false;
+    const int ks = rows_ks(FMT_FP8, K), ngr = MT_WARPS / ks, sb = rb_stage_bytes(MT);
+    const int xbytes = M * K * 2;
     const int nt = bt__cdiv(N, 16 * MT);
     const int tpb = bt__cdiv(bt__cdiv((long long)nt * groups, 2 * sm_count()), ngr) * ngr;
+    /* (a block's column blocks: its first may be shared with the block before) */
+    if (xbytes > RB_X_CAP || (tpb * 16 * MT / 32 + 1) * (K / 32) > RB_SCALE_CAP) return false;
+    int nst = min((int)RB_MAX_STAGES, (RB_SMEM_CAP - xbytes) / sb);
+    const int want = bt__env_choice("BT_CUDA_BULK_STAGES", stages_allowed, 7, 0, &forced);
+    if (want) nst = min(nst, want);
+    PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+    if (nst < 2 || !encode || !rows_bulk_ready<MT>()) return false;
+    /* the weights as a [groups * N, K] byte matrix, in boxes of a tile's columns x rb_box_k */
+    CUtensorMap map;
+    const cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)N * groups}, strides[1] = {(cuuint64_t)K};
+    const cuuint32_t box[2] = {(cuuint32_t)rb_box_k(ks), (cuuint32_t)(16 * MT)}, steps[2] = {1, 1};
+    if (encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, (void *)w, dims, strides, box, steps,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+        return false;
     dim3 grid(bt__cdiv(nt, tpb), groups);
-    const size_t smem = (size_t)nst * sb;
+    const size_t smem = (size_t)nst * sb + xbytes;
     if (yd == BT_CUDA_BF16)
         bt__launch(gemm_rows_bulk<MT, __nv_bfloat16>, grid, RB_THREADS, smem, stream,
-                   (__nv_bfloat16 *)y, xb, w, ws, M, N, K, io, tpb, ks, nst, sb);
+                   (__nv_bfloat16 *)y, xb, map, ws, M, N, K, io, tpb, ks, nst);
     else
-        bt__launch(gemm_rows_bulk<MT, float>, grid, RB_THREADS, smem, stream, (float *)y, xb, w, ws,
-                   M, N, K, io, tpb, ks, nst, sb);
+        bt__launch(gemm_rows_bulk<MT, float>, grid, RB_THREADS, smem, stream, (float *)y, xb, map,
+                   ws, M, N, K, io, tpb, ks, nst);
     return true;
 }
 
@@ -1748,7 +1782,7 @@ static bt_status_t few_rows_launch(void *y, bt_cuda_dtype_t yd, const __nv_bfloa
     bool wide = (long)bt__cdiv(N, 32) * groups >= 264; /* two blocks an SM */
     const int split =
         FMT != FMT_FP4 && !wide && !offs ? mma16_ksplit(N, K, groups, FMT == FMT_FP8 ? 64 : 32) : 1;
-    if (FMT == FMT_FP8 && split == 1 && !offs && !rows && !elist && M <= RB_MAX_ROWS &&
+    if (FMT == FMT_FP8 && split == 1 && !offs && !rows && !elist && M <= 8 &&
         rows_on<FMT>() && bulk_on() &&
         (wide ? rows_bulk_launch<2>(y, yd, xb, groups, w, ws, M, N, K, io, stream)
               : rows_bulk_launch<1>(y, yd, xb, groups, w, ws, M, N, K, io, stream)))

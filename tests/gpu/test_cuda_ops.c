@@ -459,6 +459,8 @@ static const case_t cases[] = {
     {OP_GEMM_BF16, BF16, {8, 32768, 1280}, 1},
     {OP_GEMM_FP8, BF16, {1, 32768, 1280}, 1},
     {OP_GEMM_FP8, BF16, {8, 5120, 8192}, 1},
+    {OP_GEMM_FP8, BF16, {1, 5120, 8192}, 1},
+    {OP_GEMM_FP8, F32, {1, 4608, 5120}, 1},
     {OP_GEMM_FP8, BF16, {16, 32768, 1280}, 1},
     {OP_GEMM_FP8, BF16, {16, 1280, 5120}, 1},
     {OP_GEMM_FP8_BATCHED, BF16, {8, 1, 1024, 4096}, 1},
