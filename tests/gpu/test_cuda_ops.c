@@ -149,8 +149,9 @@ static const case_t cases[] = {
     {OP_GEMM_FP8, F32, {3, 512, 5120}, 0},
     {OP_GEMM_FP8, BF16, {16, 1280, 5120}, 0},
     {OP_GEMM_FP8, F32, {1, 200, 2048}, 0},
-    /* gemm_rows_bulk (<= 8 rows) against gemm_rows (9..16) through the sub-batches' bits: 32
-     * columns a tile, ks 4, N off the tiles; ks 8 with a short last stage; ks 2, both routes */
+    /* gemm_rows' 8-row instances against its 16-row ones through the sub-batches' bits: 32
+     * columns a tile, 4 warps a tile's K, N off the tiles; 8 warps with K not a multiple of
+     * their chunks; 2 warps, both dequantization routes */
     {OP_GEMM_FP8, F32, {16, 9000, 2304}, 0},
     {OP_GEMM_FP8, BF16, {16, 300, 1344}, 0},
     {OP_GEMM_FP8, F32, {13, 200, 640, 1}, 0},
