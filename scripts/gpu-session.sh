@@ -12,6 +12,7 @@
 #     sass   the SASS of every packed cubin
 #     check  tests/gpu/run_all.sh (operators, fallbacks, model, two clusters)
 #     bench  the layer against its floors and PyTorch (bench/run_layer_bench.sh)
+#     paths  bench/bench_read_paths: DRAM read paths at one product's size and at 1 GiB
 #     ab     bench/ab_layer.py, two rounds: the packed bench, each bench_layer_cuda_REV, and
 #            each --ab CONFIG (a bench binary's name in the bundle, with :NAME=VALUE,...
 #            environment switches, e.g. bench_layer_cuda:BT_CUDA_ROWS_KS=4)
@@ -52,6 +53,8 @@ pack() {
   done
   local nvcc
   nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+  "$nvcc" -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a bench/bench_read_paths.cu \
+    -o "$bundle/bench/bench_read_paths"
   for cu in "${cus[@]}"; do
     "$nvcc" -cubin -O3 -std=c++17 -I. -gencode arch=compute_90a,code=sm_90a "$cu" \
       -o "$bundle/cubin/$(basename "$cu" .cu).cubin"
@@ -67,7 +70,7 @@ run() {
   while [ $# -gt 0 ]; do
     case $1 in
       --ab) configs+=("$2"); shift 2 ;;
-      sass | check | bench | ab) steps+=("$1"); shift ;;
+      sass | check | bench | ab | paths) steps+=("$1"); shift ;;
       *) echo "gpu-session.sh run: unknown argument $1" >&2; exit 2 ;;
     esac
   done
@@ -93,6 +96,11 @@ run() {
         timeout 200 bash bench/run_layer_bench.sh --no-build --out "$bundle/bench" --save "$r/layer" \
           > "$r/bench.txt" 2>&1
         tail -25 "$r/bench.txt" ;;
+      paths)
+        for mib in 40 1024; do
+          timeout 150 "$bundle/bench/bench_read_paths" --mib $mib > "$r/read_paths-$mib.txt" 2>&1
+          tail -12 "$r/read_paths-$mib.txt"
+        done ;;
       ab)
         local all=("$bundle/bench/bench_layer_cuda")
         for b in "$bundle"/bench/bench_layer_cuda_*; do [ -f "$b" ] && all+=("$b"); done

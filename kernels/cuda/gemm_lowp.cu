@@ -29,7 +29,6 @@
 
 #include <cooperative_groups.h>
 #include <cuda_fp8.h>
-#include <cudaTypedefs.h>
 #include <mma.h>
 
 #include <type_traits>
@@ -690,42 +689,6 @@ static int rows_ks(int fmt, int K)
  * 60 bytes) */
 #define ROWS_MIN_BLOCKS(FMT, MT, R16) ((FMT) == FMT_FP4 || (MT) == 2 || (R16) ? 2 : 3)
 
-/* One 64-k chunk of FP8 weights against RP groups of 8 rows, for gemm_rows and
- * gemm_rows_bulk (one code, so a row's sums are the same bits through either): wc holds the
- * lane's 16 bytes of its 2 * MT columns (16tt + g, then + 8), sc their scale byte, xw the rows'
- * bf16 pairs of the same k. Word q of a column's bytes has its pairs 2q, 2q + 1: MMA q. */
-template <int MT, int RP, bool FAST>
-__device__ __forceinline__ void rows_fp8_mmas(float (&acc)[RP][MT][4], const uint4 *wc, uint8_t sc,
-                                              const unsigned (&xw)[RP][8])
-{
-#pragma unroll
-    for (int tt = 0; tt < MT; tt++) {
-        const uint4 va = wc[2 * tt], vb = wc[2 * tt + 1];
-        const unsigned ua[4] = {va.x, va.y, va.z, va.w}, ub[4] = {vb.x, vb.y, vb.z, vb.w};
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-            unsigned ba[2], bb[2];
-            if (FAST) {
-                const __nv_bfloat162 s2 = fp8_scale2(sc);
-                ba[0] = e4m3x2_to_bf16_scaled(ua[q], s2);
-                ba[1] = e4m3x2_to_bf16_scaled(ua[q] >> 16, s2);
-                bb[0] = e4m3x2_to_bf16_scaled(ub[q], s2);
-                bb[1] = e4m3x2_to_bf16_scaled(ub[q] >> 16, s2);
-            } else {
-                const float s = bt_e8m0(sc);
-                ba[0] = e4m3x2_to_bf16_f32(ua[q], s);
-                ba[1] = e4m3x2_to_bf16_f32(ua[q] >> 16, s);
-                bb[0] = e4m3x2_to_bf16_f32(ub[q], s);
-                bb[1] = e4m3x2_to_bf16_f32(ub[q] >> 16, s);
-            }
-            const unsigned a[4] = {ba[0], bb[0], ba[1], bb[1]};
-#pragma unroll
-            for (int r = 0; r < RP; r++)
-                mma_bf16_16816(acc[r][tt], a, xw[r][2 * q], xw[r][2 * q + 1]);
-        }
-    }
-}
-
 template <int FMT, int MT, bool R16, typename OT>
 __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
     gemm_rows(OT *y, const __nv_bfloat16 *x, const int32_t *rows, const int32_t *offs,
@@ -834,19 +797,16 @@ __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
             fast = fast && (FP4 ? bt_fp4_scale_fast(sc[i]) : bt_fp8_scale_fast(sc[i]));
         auto mmas = [&](auto fast_c) {
             constexpr bool FAST = decltype(fast_c)::value;
-            if constexpr (!FP4) {
-                rows_fp8_mmas<MT, RP, FAST>(acc, wc, sc[0], xw);
-            } else {
 #pragma unroll
-                for (int tt = 0; tt < MT; tt++) {
-                    const uint4 va = wc[2 * tt], vb = wc[2 * tt + 1];
-                    const unsigned ua[4] = {va.x, va.y, va.z, va.w},
-                                   ub[4] = {vb.x, vb.y, vb.z, vb.w};
-                    /* word q of columns g and g + 8: pairs of the lane's k 2q + 8j, j = 0..3 (MMAs
-                     * 2q, 2q + 1: j = 2h, 2h + 1) */
+            for (int tt = 0; tt < MT; tt++) {
+                const uint4 va = wc[2 * tt], vb = wc[2 * tt + 1];
+                const unsigned ua[4] = {va.x, va.y, va.z, va.w}, ub[4] = {vb.x, vb.y, vb.z, vb.w};
+                /* word q of columns g and g + 8: FP4 pairs of the lane's k 2q + 8j, j = 0..3
+                 * (MMAs 2q, 2q + 1: j = 2h, 2h + 1), FP8 pairs 2q, 2q + 1 (MMA q) */
 #pragma unroll
-                    for (int q = 0; q < 4; q++) {
-                        unsigned ba[4], bb[4];
+                for (int q = 0; q < 4; q++) {
+                    unsigned ba[4], bb[4];
+                    if constexpr (FP4) {
                         if (FAST) {
                             fp4x8_to_bf16_fast(ua[q], fp4_scale2(sc[2 * tt]), ba);
                             fp4x8_to_bf16_fast(ub[q], fp4_scale2(sc[2 * tt + 1]), bb);
@@ -854,16 +814,27 @@ __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
                             fp4x8_to_bf16_scaled(ua[q], sc[2 * tt], ba);
                             fp4x8_to_bf16_scaled(ub[q], sc[2 * tt + 1], bb);
                         }
+                    } else if (FAST) {
+                        const __nv_bfloat162 s2 = fp8_scale2(sc[0]);
+                        ba[0] = e4m3x2_to_bf16_scaled(ua[q], s2);
+                        ba[1] = e4m3x2_to_bf16_scaled(ua[q] >> 16, s2);
+                        bb[0] = e4m3x2_to_bf16_scaled(ub[q], s2);
+                        bb[1] = e4m3x2_to_bf16_scaled(ub[q] >> 16, s2);
+                    } else {
+                        const float s = bt_e8m0(sc[0]);
+                        ba[0] = e4m3x2_to_bf16_f32(ua[q], s);
+                        ba[1] = e4m3x2_to_bf16_f32(ua[q] >> 16, s);
+                        bb[0] = e4m3x2_to_bf16_f32(ub[q], s);
+                        bb[1] = e4m3x2_to_bf16_f32(ub[q] >> 16, s);
+                    }
 #pragma unroll
-                        for (int h = 0; h < 2; h++) {
-                            const unsigned a[4] = {ba[2 * h], bb[2 * h], ba[2 * h + 1],
-                                                   bb[2 * h + 1]};
-                            /* the rows' pairs of the same k: words q + 8h and q + 8h + 4 */
-                            const int p0 = q + 8 * h, p1 = p0 + 4;
+                    for (int h = 0; h < (FP4 ? 2 : 1); h++) {
+                        const unsigned a[4] = {ba[2 * h], bb[2 * h], ba[2 * h + 1], bb[2 * h + 1]};
+                        /* the rows' pairs of the same k: FP4 words q + 8h and q + 8h + 4 */
+                        const int p0 = FP4 ? q + 8 * h : 2 * q, p1 = FP4 ? p0 + 4 : p0 + 1;
 #pragma unroll
-                            for (int r = 0; r < RP; r++)
-                                mma_bf16_16816(acc[r][tt], a, xw[r][p0], xw[r][p1]);
-                        }
+                        for (int r = 0; r < RP; r++)
+                            mma_bf16_16816(acc[r][tt], a, xw[r][p0], xw[r][p1]);
                     }
                 }
             }
@@ -946,235 +917,6 @@ __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
         }
     }
 }
-
-/* ---- few rows of FP8 weights fed by the copy engine: gemm_rows_bulk (Hopper and later) ----
- * gemm_rows reads each warp's next chunk into registers, one chunk ahead: with 16-24 warps an
- * SM that is ~25 KB in flight, and its decode products ran at 49-59% of the DRAM peak with the
- * issue slots 37-45% used (bench/RESULTS.md, sessions 14 and 25): neither bound, each warp
- * waiting on its own loads. Here one copier warp a block keeps a ring of stages full with the
- * tensor copy engine (cp.async.bulk.tensor, completing on the stage's "full" mbarrier): a stage
- * is, for each warp group's column tile, its ks chunks of 64 k of every column, in boxes of up
- * to 256 k x the tile's columns. The rows (<= RB_X_CAP bytes) are copied once, whole, and the
- * block's scale rows loaded once into a table.
- * The 8 multiplying warps read their operands from shared memory, release the stage on its
- * "empty" mbarrier and convert and multiply exactly as gemm_rows does (rows_fp8_mmas, the same
- * chunk to the same warp, the same sums in the same order): a row's outputs are the same bits
- * as gemm_rows' for 9..16 rows, so a decode batch stays batch-invariant. Plain and batched
- * products; the first stages' weight copies go out before the grid waits on the kernel before
- * it. BT_CUDA_FP8BULK=0 keeps gemm_rows. */
-enum { RB_THREADS = (MT_WARPS + 1) * 32, RB_MAX_STAGES = 8, RB_SMEM_CAP = 48 * 1024,
-       RB_X_CAP = 32 * 1024, RB_BOX_K = 256, RB_SCALE_CAP = 2048 };
-
-__device__ __forceinline__ unsigned bt_smem_u32(const void *p)
-{
-    return (unsigned)__cvta_generic_to_shared(p);
-}
-
-__device__ __forceinline__ void mbar_init(uint64_t *bar, unsigned count)
-{
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bt_smem_u32(bar)), "r"(count)
-                 : "memory");
-}
-
-/* bytes the phase also waits for, without an arrival */
-__device__ __forceinline__ void mbar_expect_tx(uint64_t *bar, unsigned bytes)
-{
-    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(
-                     bt_smem_u32(bar)),
-                 "r"(bytes)
-                 : "memory");
-}
-
-__device__ __forceinline__ void mbar_arrive(uint64_t *bar)
-{
-    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(
-                     bt_smem_u32(bar))
-                 : "memory");
-}
-
-/* until the phase of this parity has completed */
-__device__ __forceinline__ void mbar_wait(uint64_t *bar, unsigned parity)
-{
-    unsigned done;
-    do {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done)
-                     : "r"(bt_smem_u32(bar)), "r"(parity)
-                     : "memory");
-    } while (!done);
-}
-
-/* bytes (a multiple of 16, both ends 16-byte aligned) from global memory into this block's
- * shared memory, counted on bar when they have landed */
-__device__ __forceinline__ void bulk_copy(void *dst, const void *src, unsigned bytes, uint64_t *bar)
-{
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], "
-                 "%2, [%3];\n" ::"r"(bt_smem_u32(dst)),
-                 "l"(src), "r"(bytes), "r"(bt_smem_u32(bar))
-                 : "memory");
-}
-
-/* the box of a 2D tensor map at (x, y) (x innermost) into shared memory (128-byte aligned),
- * counted on bar: out-of-bounds elements land as zeros and count too */
-__device__ __forceinline__ void tensor_copy_2d(void *dst, const CUtensorMap *map, int x, int y,
-                                               uint64_t *bar)
-{
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-                 " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(bt_smem_u32(dst)),
-                 "l"((uint64_t)map), "r"(x), "r"(y), "r"(bt_smem_u32(bar))
-                 : "memory");
-}
-
-/* the box's k: 64 a warp of a group, at most RB_BOX_K */
-static inline int rb_box_k(int ks) { return 64 * ks < RB_BOX_K ? 64 * ks : RB_BOX_K; }
-
-/* a stage's bytes: every warp's 64 k of 16 * MT columns */
-static inline int rb_stage_bytes(int MT) { return MT_WARPS * 64 * 16 * MT; }
-
-template <int MT, typename OT>
-__global__ void __launch_bounds__(RB_THREADS, 3)
-    gemm_rows_bulk(OT *y, const __nv_bfloat16 *x, const __grid_constant__ CUtensorMap wmap,
-                   const uint8_t *ws, int M, int N, int K, gemm_io io, int tiles, int ks, int nst)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    constexpr int NC = 2 * MT, COLS = 16 * MT, STAGE = MT_WARPS * 64 * COLS;
-    extern __shared__ __align__(128) uint8_t rb_ring[]; /* nst stages, then the rows */
-    __shared__ float red[MT_WARPS][8][COLS + 1];
-    __shared__ uint64_t full[RB_MAX_STAGES], empty[RB_MAX_STAGES];
-    __shared__ uint8_t scale[RB_SCALE_CAP]; /* the block's 32-column blocks' scale rows */
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int ngr = MT_WARPS / ks, nch = K / 64, spt = (nch + ks - 1) / ks; /* stages a tile */
-    const int bk = min(64 * ks, (int)RB_BOX_K), nbox = 64 * ks / bk, ks32 = K / 32;
-    const int nb = blockIdx.x * tiles * COLS; /* the block's first column */
-    tiles = min(tiles, (N - nb + COLS - 1) / COLS);
-    const int total = (tiles + ngr - 1) / ngr * spt; /* the block's stages */
-    const int e = blockIdx.y;                        /* the batch's matrix */
-    ws += (size_t)e * ((N + 31) / 32) * ks32;
-    x += (size_t)e * io.x_group;
-    y += (size_t)e * io.y_group;
-    uint8_t *xs = rb_ring + (size_t)nst * STAGE;
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < nst; s++) {
-            mbar_init(&full[s], 1);
-            mbar_init(&empty[s], MT_WARPS);
-        }
-    }
-    __syncthreads();
-
-    if (warp == MT_WARPS) { /* the copier */
-        if (lane == 0) asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&wmap) : "memory");
-        auto weights = [&](int s) { /* stage s's weights and scales, its bytes expected */
-            const int r = s / spt, j = s % spt, ng = min(ngr, tiles - r * ngr);
-            uint8_t *st = rb_ring + (size_t)(s % nst) * STAGE;
-            uint64_t *bar = &full[s % nst];
-            if (lane == 0) mbar_expect_tx(bar, (unsigned)(ng * 64 * ks * COLS));
-            __syncwarp();
-            if (lane < ng * nbox) { /* box b of group q: k j * 64 ks + b * bk, its tile's columns */
-                const int q = lane / nbox, b = lane % nbox;
-                tensor_copy_2d(st + (q * nbox + b) * bk * COLS, &wmap, 64 * ks * j + bk * b,
-                               e * N + nb + (r * ngr + q) * COLS, bar);
-            }
-        };
-        auto arrive = [&](int s) {
-            __syncwarp(); /* (the scale table stored before the first arrival) */
-            if (lane == 0) mbar_arrive(&full[s % nst]);
-        };
-        const int pre = min(nst, total);
-        for (int s = 0; s < pre; s++) weights(s); /* the weights are known before the wait */
-        /* the scale rows of the block's column blocks, contiguous, 8 loads a lane in flight (a
-         * load a stage, each waited for, had held the ring to a stage a memory latency) */
-        const uint8_t *src = ws + (size_t)(nb / 32) * ks32;
-        const int nsc = ((min(nb + tiles * COLS, N) - 1) / 32 - nb / 32 + 1) * ks32;
-        for (int b = 0; b < nsc; b += 8 * 32) {
-            uint8_t v[8];
-#pragma unroll
-            for (int u = 0; u < 8; u++) v[u] = b + 32 * u + lane < nsc ? __ldg(src + b + 32 * u + lane) : 0;
-#pragma unroll
-            for (int u = 0; u < 8; u++)
-                if (b + 32 * u + lane < nsc) scale[b + 32 * u + lane] = v[u];
-        }
-        bt_grid_begin();
-        if (lane == 0) mbar_expect_tx(&full[0], (unsigned)(M * K * 2));
-        __syncwarp();
-        for (int q = lane; q < M; q += 32) /* the rows, whole, with stage 0 */
-            bulk_copy(xs + (size_t)q * K * 2, x + (size_t)q * io.ldx, (unsigned)(K * 2), &full[0]);
-        for (int s = 0; s < pre; s++) arrive(s);
-        for (int s = pre; s < total; s++) {
-            mbar_wait(&empty[s % nst], (unsigned)(s / nst - 1) & 1);
-            weights(s);
-            arrive(s);
-        }
-        return;
-    }
-
-    bt_grid_begin();
-    const int g = lane >> 2, c = lane & 3, grp = warp / ks, wi = warp % ks;
-    /* this lane's bytes in a stage (column 8i + g of the group's tile: + 8 i bk) and in the rows */
-    const int w_at = (grp * nbox + 64 * wi / bk) * bk * COLS + g * bk + 64 * wi % bk + 16 * c;
-    const uint8_t *xl = xs + (size_t)min(g, M - 1) * K * 2 + 128 * wi + 32 * c;
-    float acc[1][MT][4] = {};
-    int slot = 0, ph = 0, j = 0, t = grp;
-    for (int s = 0; s < total; s++) {
-        const uint8_t *st = rb_ring + (size_t)slot * STAGE + w_at;
-        const bool mine = t < tiles && j * ks + wi < nch; /* (the warp's) */
-        uint4 wc[NC];
-        unsigned xw[1][8];
-        uint8_t sc = 0;
-        mbar_wait(&full[slot], ph);
-        if (mine) {
-#pragma unroll
-            for (int i = 0; i < NC; i++) wc[i] = *(const uint4 *)(st + 8 * i * bk);
-            const uint8_t *xk = xl + (size_t)j * 128 * ks;
-            const uint4 x0 = *(const uint4 *)xk, x1 = *(const uint4 *)(xk + 16);
-            xw[0][0] = x0.x, xw[0][1] = x0.y, xw[0][2] = x0.z, xw[0][3] = x0.w;
-            xw[0][4] = x1.x, xw[0][5] = x1.y, xw[0][6] = x1.z, xw[0][7] = x1.w;
-            sc = scale[((nb + t * COLS) / 32 - nb / 32) * ks32 + 2 * ks * j + 2 * wi + c / 2];
-        }
-        __syncwarp();
-        if (lane == 0) mbar_arrive(&empty[slot]);
-        if (++slot == nst) slot = 0, ph ^= 1;
-        if (mine) {
-            if (__all_sync(0xffffffffu, bt_fp8_scale_fast(sc)))
-                rows_fp8_mmas<MT, 1, true>(acc, wc, sc, xw);
-            else
-                rows_fp8_mmas<MT, 1, false>(acc, wc, sc, xw);
-        }
-        if (++j < spt) continue;
-        const int td = t; /* (the tile just done) */
-        j = 0;
-        t += ngr;
-        if (td >= tiles) continue;
-        /* tile t done: its sums over the group's warps in gemm_rows' order, stored */
-#pragma unroll
-        for (int tt = 0; tt < MT; tt++) { /* C: column 16tt + g (+ 8), rows 2c, 2c + 1 */
-            red[warp][2 * c][16 * tt + g] = acc[0][tt][0];
-            red[warp][2 * c + 1][16 * tt + g] = acc[0][tt][1];
-            red[warp][2 * c][16 * tt + g + 8] = acc[0][tt][2];
-            red[warp][2 * c + 1][16 * tt + g + 8] = acc[0][tt][3];
-#pragma unroll
-            for (int q = 0; q < 4; q++) acc[0][tt][q] = 0.0f;
-        }
-        asm volatile("bar.sync %0, %1;\n" ::"r"(1 + grp), "r"(ks * 32) : "memory");
-        for (int o = wi * 32 + lane; o < 8 * COLS; o += ks * 32) {
-            const int rr = o / COLS, col = o % COLS, n = nb + td * COLS + col;
-            if (rr >= M || n >= N) continue;
-            float v = 0.0f;
-            for (int q = grp * ks; q < grp * ks + ks; q++) v += red[q][rr][col];
-            bt_st(y, (size_t)rr * io.ldy + n, v);
-        }
-        asm volatile("bar.sync %0, %1;\n" ::"r"(1 + grp), "r"(ks * 32) : "memory");
-    }
-#else
-    bt_grid_begin(); /* (never launched below sm_90: rows_bulk_ready) */
-#endif
-}
-
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-__device__ int rows_bulk_built = 0;
-#else
-__device__ int rows_bulk_built = 1;
-#endif
 
 /* ---- many rows of FP4 experts on the tensor cores ------------------------------------------
  * A prefill's routed experts: an expert's rows (about 64 at 4096 tokens) against its weights.
@@ -1669,111 +1411,6 @@ static int mma16_ksplit(int N, int K, int groups, int chunk)
     return s;
 }
 
-static bool bulk_on(void)
-{
-    static int once = -1;
-    return bt__env_switch("BT_CUDA_FP8BULK", &once);
-}
-
-/* the device's multiprocessor count, read once a device */
-static int sm_count(void)
-{
-    static int count[BT__MAX_DEVICES];
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= BT__MAX_DEVICES) {
-        cudaGetLastError();
-        return 132;
-    }
-    if (!count[dev] &&
-        cudaDeviceGetAttribute(&count[dev], cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-        cudaGetLastError();
-        count[dev] = 132;
-    }
-    return count[dev];
-}
-
-/* gemm_rows_bulk runs here: its code built for this device (sm_90 on) and its ring allowed */
-template <int MT> static bool rows_bulk_ready(void)
-{
-    static signed char built[BT__MAX_DEVICES], bf16_out[BT__MAX_DEVICES], f32_out[BT__MAX_DEVICES];
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= BT__MAX_DEVICES) {
-        cudaGetLastError();
-        return false;
-    }
-    if (!built[dev]) {
-        int flag = 0;
-        const bool ok =
-            cudaMemcpyFromSymbol(&flag, rows_bulk_built, sizeof flag) == cudaSuccess && flag == 1;
-        if (!ok) cudaGetLastError();
-        built[dev] = ok ? 1 : -1;
-    }
-    return built[dev] > 0 &&
-           bt__smem_allowed((const void *)gemm_rows_bulk<MT, __nv_bfloat16>, RB_SMEM_CAP,
-                            bf16_out) &&
-           bt__smem_allowed((const void *)gemm_rows_bulk<MT, float>, RB_SMEM_CAP, f32_out);
-}
-
-/* the driver's tensor map encoder (through the runtime: nothing links libcuda), looked up once */
-static PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder(void)
-{
-    static PFN_cuTensorMapEncodeTiled_v12000 fn;
-    static int looked; /* (threads that race here store the same values) */
-    if (!looked) {
-        void *p = NULL;
-        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
-                                             &q) == cudaSuccess &&
-            q == cudaDriverEntryPointSuccess)
-            fn = (PFN_cuTensorMapEncodeTiled_v12000)p;
-        else
-            cudaGetLastError();
-        looked = 1;
-    }
-    return fn;
-}
-
-/* An FP8 product of <= 8 rows (plain or batched, the rows <= RB_X_CAP bytes) through
- * gemm_rows_bulk: as many stages as RB_SMEM_CAP holds beside the rows (BT_CUDA_BULK_STAGES,
- * 2..8, fewer: experiments), column tiles spread so that every block is resident at once (two
- * an SM). False when it cannot run here. */
-template <int MT>
-static bool rows_bulk_launch(void *y, bt_cuda_dtype_t yd, const __nv_bfloat16 *xb, int groups,
-                             const uint8_t *w, const uint8_t *ws, int M, int N, int K, gemm_io io,
-                             cudaStream_t stream)
-{
-    static int forced = -1;
-    static const int stages_allowed[] = {2, 3, 4, 5, 6, 7, 8};
-    const int ks = rows_ks(FMT_FP8, K), ngr = MT_WARPS / ks, sb = rb_stage_bytes(MT);
-    const int xbytes = M * K * 2;
-    const int nt = bt__cdiv(N, 16 * MT);
-    const int tpb = bt__cdiv(bt__cdiv((long long)nt * groups, 3 * sm_count()), ngr) * ngr;
-    /* (a block's column blocks: its first may be shared with the block before) */
-    if (xbytes > RB_X_CAP || (tpb * 16 * MT / 32 + 1) * (K / 32) > RB_SCALE_CAP) return false;
-    int nst = min((int)RB_MAX_STAGES, (RB_SMEM_CAP - xbytes) / sb);
-    const int want = bt__env_choice("BT_CUDA_BULK_STAGES", stages_allowed, 7, 0, &forced);
-    if (want) nst = min(nst, want);
-    PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-    if (nst < 2 || !encode || !rows_bulk_ready<MT>()) return false;
-    /* the weights as a [groups * N, K] byte matrix, in boxes of a tile's columns x rb_box_k */
-    CUtensorMap map;
-    const cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)N * groups}, strides[1] = {(cuuint64_t)K};
-    const cuuint32_t box[2] = {(cuuint32_t)rb_box_k(ks), (cuuint32_t)(16 * MT)}, steps[2] = {1, 1};
-    if (encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, (void *)w, dims, strides, box, steps,
-               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
-        return false;
-    dim3 grid(bt__cdiv(nt, tpb), groups);
-    const size_t smem = (size_t)nst * sb + xbytes;
-    if (yd == BT_CUDA_BF16)
-        bt__launch(gemm_rows_bulk<MT, __nv_bfloat16>, grid, RB_THREADS, smem, stream,
-                   (__nv_bfloat16 *)y, xb, map, ws, M, N, K, io, tpb, ks, nst);
-    else
-        bt__launch(gemm_rows_bulk<MT, float>, grid, RB_THREADS, smem, stream, (float *)y, xb, map,
-                   ws, M, N, K, io, tpb, ks, nst);
-    return true;
-}
-
 /* The few-row kernels' launch. FP4 and FP8 weights: gemm_rows, blocks of rows_tiles() tiles of
  * 32 columns when that leaves two blocks an SM, else 16; but FP8 products whose column tiles
  * fill less than a wave take gemm_mma16 with K in slices over a cluster, as bf16 weights do
@@ -1787,10 +1424,6 @@ static bt_status_t few_rows_launch(void *y, bt_cuda_dtype_t yd, const __nv_bfloa
     bool wide = (long)bt__cdiv(N, 32) * groups >= 264; /* two blocks an SM */
     const int split =
         FMT != FMT_FP4 && !wide && !offs ? mma16_ksplit(N, K, groups, FMT == FMT_FP8 ? 64 : 32) : 1;
-    if (FMT == FMT_FP8 && split == 1 && !offs && !rows && !elist && M <= 8 &&
-        rows_on<FMT>() && bulk_on() &&
-        rows_bulk_launch<1>(y, yd, xb, groups, w, ws, M, N, K, io, stream))
-        return BT_OK;
     if (FMT != FMT_BF16 && split == 1 && rows_on<FMT>()) {
         constexpr int F = FMT == FMT_FP4 ? FMT_FP4 : FMT_FP8; /* (no bf16 instance) */
 #define BT__ROWS(MT, R16)                                                                          \

@@ -43,10 +43,9 @@ step() { # name seconds command...
 }
 step test_cuda_ops 300 "$bundle/bin/test_cuda_ops" $perf
 step test_cuda_ops_fallbacks 300 env BT_CUDA_FLASHWG=0 BT_CUDA_IXWG=0 BT_CUDA_WGRS=0 BT_CUDA_HCTC=0 \
-  BT_CUDA_FP8BULK=0 \
   "$bundle/bin/test_cuda_ops" --only "attention_flash,attention_tc,attention_tc_ws,attention_tc_batch,\
 index_scores,index_scores_sets,index_scores_tc,index_sets_tc,gemm_fp4_grouped,gemm_fp4_listed,\
-hc_mix,hc_mix_ws,hc_mix_collapse,gemm_fp8,gemm_fp8_batched"
+hc_mix,hc_mix_ws,hc_mix_collapse"
 step test_model_cuda 300 "$bundle/bin/test_model_cuda"
 step cluster_auto_tp1 200 bash "$here/cluster_cuda.sh" "$bundle/bin"
 step cluster_auto_tp1_dspark 200 bash "$here/cluster_cuda.sh" "$bundle/bin" --dspark
