@@ -52,9 +52,13 @@ enum {
     K_NULL,
     K_ENUM,
     K_UNION,
-    K_OBJUNION /* anyOf of described objects: told apart by their first key, or by the string
-                * value of a first key they share (a discriminator); first keys counted after
-                * the properties all of them start with alike (prefix) */
+    K_OBJUNION, /* anyOf of described objects: told apart by their first key, or by the
+                 * value of a first key they share (a discriminator: string values, or values
+                 * that start apart); first keys counted after the properties all of them
+                 * start with alike (prefix) */
+    K_KEYTYPE   /* an object union's shared first key whose values start apart (a string, a
+                 * number, an object...): n values (refs_list from first), then each one's
+                 * term, 64 * branch + key; read as the branch its value's first byte says */
 };
 enum { NODE_ANY = 0, NODE_ANY_OBJECT = 1, NODE_ANY_ARRAY = 2 }; /* in every schema */
 enum { FREE_PARAMS = 16 }; /* parameters a call of a tool that lists none may have */
@@ -72,7 +76,8 @@ typedef struct {
     uint16_t lit;   /* object: the keys' literal trie; enum: the values' (root nodes); object
                      * union: the keys its branches may start with, term 64 * branch + key */
     uint16_t items; /* array: the items' node; object without properties: its values'; object
-                     * union: its discriminator's values (an enum, term 64 * branch + key), 0 */
+                     * union: its discriminator's values (an enum, term 64 * branch + key, or a
+                     * K_KEYTYPE), 0 */
     int16_t min_items, max_items; /* array; object: its key count's (minProperties ..); max -1:
                                    * none. A described object counts its keys (frame_t.n) only
                                    * where they may bind. */
@@ -680,43 +685,99 @@ static bool disc_values(rules_t *r, compile_t *cc, int u, int i, int j, const ch
     return lit_walk(r, cc, r->nodes[e].lit, buf, 0, "an enum value", disc_value, &d);
 }
 
-/* Branch i of union u starts with key `key` (its property j), which an earlier branch starts
- * with too (term t0 at trie node at): both are told apart by the key's value where every
- * branch that starts so gives it as const or enum strings, each value in one branch only */
-static bool disc_branch(rules_t *r, compile_t *cc, int u, uint16_t at, int i, int j,
-                        const char *key, const char *what)
-{
-    const int t0 = r->lit[at].term;
-    if (t0 != DISC_TERM) { /* the union's first shared key: its discriminator from now on */
-        if (r->nodes[u].items) {
-            cfail(cc,
-                  "json_schema: %s of objects that share two first properties is not "
-                  "supported (one may tell them apart: %.100s)",
-                  what, key);
-            return false;
-        }
-        const int e = new_snode(r, cc, K_ENUM);
-        if (e < 0) return false;
-        const int root = new_lnode(r, cc, 0);
-        if (cc->failed) return false;
-        r->nodes[e].lit = (uint16_t)root;
-        set_bit(r->nodes[e].starts, '"');
-        r->nodes[u].items = (uint16_t)e;
-        if (!disc_values(r, cc, u, t0 / 64, t0 % 64, key, what)) return false;
-        r->lit[at].term = DISC_TERM;
-    }
-    return disc_values(r, cc, u, i, j, key, what);
-}
-
 /* an object union's keys from one branch: union u (key trie at root), branch i, object o,
- * whose keys count from property p0 (after the union's prefix) */
+ * whose keys count from property p0 (after the union's prefix); the branches that start with
+ * a key another one starts with too (their terms, in shared[]) */
 typedef struct {
     int u;
     uint16_t root;
     int i, p0;
     const snode_t *o;
     const char *what;
+    uint16_t *shared;
+    int *n_shared;
+    char *key; /* (1024 bytes) the shared key */
 } union_ctx_t;
+
+/* Branch i of union x->u starts with key `text` (its property j), which an earlier branch
+ * starts with too: both are recorded, to be told apart by the key's value (shared_key_apart);
+ * a second such key is refused */
+static bool shared_key(rules_t *r, compile_t *cc, const union_ctx_t *x, const char *text, int j)
+{
+    const uint16_t at = lit_lookup(r, x->root, text);
+    const int t0 = r->lit[at].term;
+    if (t0 != DISC_TERM) { /* the union's first shared key: its discriminator from now on */
+        if (*x->n_shared) {
+            cfail(cc,
+                  "json_schema: %s of objects that share two first properties is not "
+                  "supported (one may tell them apart: %.100s)",
+                  x->what, text);
+            return false;
+        }
+        x->shared[(*x->n_shared)++] = (uint16_t)t0;
+        snprintf(x->key, 1024, "%s", text);
+        r->lit[at].term = DISC_TERM;
+    }
+    x->shared[(*x->n_shared)++] = (uint16_t)(64 * x->i + j);
+    return true;
+}
+
+/* the value node of the branch and property a shared key's term names, in union u */
+static uint16_t shared_value(const rules_t *r, int u, int term)
+{
+    const uint16_t v = r->refs_list[r->nodes[u].first + term / 64];
+    return r->refs_list[r->nodes[v].first + term % 64];
+}
+
+/* Union u's branches that start with its shared key (n terms): told apart by the value's first
+ * byte where their values start apart (a K_KEYTYPE), else by their const or enum strings, each
+ * in one branch */
+static bool shared_key_apart(rules_t *r, compile_t *cc, int u, const uint16_t *terms, int n,
+                             const char *key, const char *what)
+{
+    bool apart = true, enums = true;
+    for (int a = 0; a < n; a++) {
+        const snode_t *va = &r->nodes[shared_value(r, u, terms[a])];
+        enums = enums && va->kind == K_ENUM;
+        for (int b = a + 1; b < n && apart; b++)
+            for (int w = 0; w < 8; w++)
+                if (va->starts[w] & r->nodes[shared_value(r, u, terms[b])].starts[w]) apart = false;
+    }
+    if (apart) {
+        const int t = new_snode(r, cc, K_KEYTYPE);
+        if (t < 0) return false;
+        r->nodes[t].first = (uint16_t)r->n_list;
+        r->nodes[t].n = (uint8_t)n;
+        for (int a = 0; a < n; a++) {
+            const uint16_t v = shared_value(r, u, terms[a]);
+            list_push(r, v);
+            for (int w = 0; w < 8; w++)
+                r->nodes[t].starts[w] |= r->nodes[v].starts[w];
+        }
+        for (int a = 0; a < n; a++)
+            list_push(r, terms[a]);
+        r->nodes[u].items = (uint16_t)t;
+        return !cc->failed;
+    }
+    if (!enums) {
+        cfail(cc,
+              "json_schema: %s of objects that can start with the same property (%.100s) is "
+              "supported only where each gives it as const or enum strings, or where their "
+              "values start apart (a string, a number, a boolean, null, an object, an array)",
+              what, key);
+        return false;
+    }
+    const int e = new_snode(r, cc, K_ENUM);
+    if (e < 0) return false;
+    const int root = new_lnode(r, cc, 0);
+    if (cc->failed) return false;
+    r->nodes[e].lit = (uint16_t)root;
+    set_bit(r->nodes[e].starts, '"');
+    r->nodes[u].items = (uint16_t)e;
+    for (int a = 0; a < n; a++)
+        if (!disc_values(r, cc, u, terms[a] / 64, terms[a] % 64, key, what)) return false;
+    return true;
+}
 
 /* One key of branch i into union u's key trie with term 64 * i + its index, where the branch
  * allows it first after the prefix (a key an earlier branch has there too: the
@@ -726,8 +787,7 @@ static bool union_key(rules_t *r, compile_t *cc, void *ctx, const char *text, in
     const union_ctx_t *x = ctx;
     if (!((keys_allowed(x->o, (unsigned)x->p0) >> term) & 1)) return true;
     if (lit_insert(r, cc, x->root, text, (int16_t)(64 * x->i + term), 1)) return true;
-    return !cc->failed &&
-           disc_branch(r, cc, x->u, lit_lookup(r, x->root, text), x->i, term, text, x->what);
+    return !cc->failed && shared_key(r, cc, x, text, term);
 }
 
 /* Whether two literal tries hold the same texts with the same terms, built alike (the same
@@ -767,9 +827,13 @@ static bool same_schema(const rules_t *r, uint16_t a, uint16_t b, int depth)
     if ((x->kind == K_ARRAY || (x->kind == K_OBJECT && x->generic) || x->kind == K_OBJUNION) &&
         !same_schema(r, x->items, y->items, depth + 1))
         return false;
-    if (listed)
+    if (listed || x->kind == K_KEYTYPE)
         for (int i = 0; i < x->n; i++)
             if (!same_schema(r, r->refs_list[x->first + i], r->refs_list[y->first + i], depth + 1))
+                return false;
+    if (x->kind == K_KEYTYPE) /* (and the branches they lead to) */
+        for (int i = 0; i < x->n; i++)
+            if (r->refs_list[x->first + x->n + i] != r->refs_list[y->first + y->n + i])
                 return false;
     return true;
 }
@@ -827,7 +891,9 @@ static int object_union(rules_t *r, compile_t *cc, const int *obj, int n, const 
     starts_of_kind(K_OBJECT, r->nodes[u].starts);
     const int p0 = shared_prefix(r, obj, n);
     r->nodes[u].prefix = (uint8_t)p0;
-    char buf[1024];
+    char buf[1024], key[1024] = "";
+    uint16_t shared[255];
+    int n_shared = 0;
     for (int i = 0; i < n; i++) {
         list_push(r, (uint16_t)obj[i]);
         const snode_t o = r->nodes[obj[i]]; /* (a copy: the literals may move the nodes) */
@@ -839,9 +905,10 @@ static int object_union(rules_t *r, compile_t *cc, const int *obj, int n, const 
             return -1;
         }
         if (!(o.required >> p0)) r->nodes[u].empty_ok = true;
-        const union_ctx_t x = {u, (uint16_t)root, i, p0, &o, what};
+        const union_ctx_t x = {u, (uint16_t)root, i, p0, &o, what, shared, &n_shared, key};
         if (!lit_walk(r, cc, o.lit, buf, 0, "a property name", union_key, (void *)&x)) return -1;
     }
+    if (n_shared && !shared_key_apart(r, cc, u, shared, n_shared, key, what)) return -1;
     /* no key after the prefix in any branch: the branches are one object (a ',' after the
      * prefix would lead nowhere) */
     if (!r->lit[root].child) return obj[0];
@@ -1865,6 +1932,18 @@ static bool value_start(const rules_t *r, jstate_t *s, uint8_t c, uint16_t node)
         for (int i = 0; i < n->n; i++) {
             const uint16_t b = r->refs_list[n->first + i];
             if (has_bit(r->nodes[b].starts, c)) return value_start(r, s, c, b);
+        }
+        return false;
+    case K_KEYTYPE: /* an object union's shared key: the value's first byte says the branch */
+        for (int i = 0; i < n->n; i++) {
+            const uint16_t v = r->refs_list[n->first + i];
+            if (!has_bit(r->nodes[v].starts, c)) continue;
+            const int t = r->refs_list[n->first + n->n + i];
+            frame_t *f = &s->stack[s->depth - 1]; /* (the union's) */
+            f->node = r->refs_list[r->nodes[f->node].first + t / 64];
+            f->p = (uint8_t)(t % 64 + 1);
+            f->disc = 0;
+            return value_start(r, s, c, v);
         }
         return false;
     case K_OBJECT:

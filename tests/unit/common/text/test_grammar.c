@@ -540,6 +540,23 @@ static void test_golden_tokenizer(void)
     "{\"type\":\"object\",\"properties\":{" PETS_LATE_COMMON "\"wings\":{\"type\":\"integer\"}},"  \
     "\"required\":[\"id\",\"name\",\"tag\",\"born\"]}]}},\"required\":[\"pet\"]}"
 
+/* A union told apart by the type of a key its branches share: after id (alike in each),
+ * "value" is a string, a number, an object or a boolean, and its first byte says which
+ * branch goes on (with unit, scale or note); the boolean branch may leave it out */
+#define TYPED                                                                                      \
+    "{\"type\":\"object\",\"properties\":{\"v\":{\"anyOf\":["                                      \
+    "{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"integer\"},\"value\":{\"type\":"      \
+    "\"string\",\"maxLength\":3},\"unit\":{\"enum\":[\"m\",\"s\"]}},\"required\":[\"id\","         \
+    "\"value\",\"unit\"]},"                                                                        \
+    "{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"integer\"},\"value\":{\"type\":"      \
+    "\"number\"},\"scale\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":9}},\"required\":"      \
+    "[\"id\",\"value\"]},"                                                                         \
+    "{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"integer\"},\"value\":{\"type\":"      \
+    "\"object\",\"properties\":{\"x\":{\"type\":\"integer\"}},\"required\":[\"x\"]},\"note\":"     \
+    "{\"type\":\"string\",\"maxLength\":4}},\"required\":[\"id\",\"value\"]},"                     \
+    "{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"integer\"},\"value\":{\"type\":"      \
+    "\"boolean\"}},\"required\":[\"id\"]}]}},\"required\":[\"v\"]}"
+
 /* Listed properties whose count bounds bind: 2..3 of a, b, c (required), d */
 #define COUNTED                                                                                    \
     "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":"           \
@@ -744,6 +761,33 @@ static void test_schema_table(void)
             "\"required\":[\"u\"]}";
         static const judged_t alike[] = {{"{\"u\":{\"a\":1}}", 1}, {"{\"u\":{\"a\":1,", -1}, {"{\"u\":{}", -1}};
         judge_each(s.v, same, alike, sizeof alike / sizeof alike[0]);
+    }
+    /* a union told apart by the type of its shared key's value */
+    {
+#define AT "{\"v\":{\"id\":1,\"value\":"
+        static const judged_t typed[] = {
+            {AT "\"ab\",\"unit\":\"m\"}}", 1},
+            {AT "2.5}}", 1},
+            {AT "-3,\"scale\":2}}", 1},
+            {AT "{\"x\":1},\"note\":\"ab\"}}", 1},
+            {AT "{\"x\":1}}}", 1},
+            {AT "true}}", 1},
+            {"{\"v\":{\"id\":1}}", 1}, /* (the boolean branch leaves value out) */
+            {AT "tr", 0},
+            {AT "\"ab\"}}", -1},         /* a string's unit is required */
+            {AT "\"ab\",\"scale\"", -1}, /* a number's */
+            {AT "2,\"unit\"", -1},       /* a string's */
+            {AT "2,\"scale\":10", -1},
+            {AT "{\"x\":1},\"note\":\"abcde", -1},
+            {AT "{}", -1},
+            {AT "true,", -1},
+            {AT "null", -1},
+            {AT "[", -1},
+            {AT "\"abcd", -1},
+            {"{\"v\":{\"value\"", -1}, /* id first, in every branch */
+        };
+#undef AT
+        judge_each(s.v, TYPED, typed, sizeof typed / sizeof typed[0]);
     }
     /* minProperties / maxProperties: counted on objects without listed properties, accepted
      * beside listed ones where they always hold */
@@ -1160,10 +1204,11 @@ static void test_schema_table(void)
          "{\"x\":{},\"y\":{}}},{\"type\":\"object\",\"properties\":{\"y\":{}},\"required\":[\"y\"]}"
          "]}}}",
          "can start with the same property (\"y\")"},
-        /* a shared first key tells branches apart by its string values, each in one branch */
+        /* a shared first key tells branches apart by its string values, each in one branch,
+         * or by values that start apart (1 and 2 would) */
         {"{\"type\":\"object\",\"properties\":{\"u\":{\"anyOf\":[{\"type\":\"object\","
          "\"properties\":"
-         "{\"k\":{\"const\":1}}},{\"type\":\"object\",\"properties\":{\"k\":{\"const\":2}}}]}}}",
+         "{\"k\":{\"const\":10}}},{\"type\":\"object\",\"properties\":{\"k\":{\"const\":1}}}]}}}",
          "only where its values are strings"},
         {"{\"type\":\"object\",\"properties\":{\"u\":{\"anyOf\":[{\"type\":\"object\","
          "\"properties\":"
@@ -1180,13 +1225,13 @@ static void test_schema_table(void)
          "{\"k\":{\"const\":\"a\"},\"m\":{}}},{\"type\":\"object\",\"properties\":{\"k\":{"
          "\"const\":"
          "\"b\"},\"m\":{}}}]}}}",
-         "can start with the same property (\"m\") is supported only where each gives it as const"},
-        /* after a property both require alike, the next is shared too but not a discriminator */
+         "share two first properties"}, /* (k and m, both optional) */
+        /* after a property both require alike, the next is shared too, its values not apart */
         {"{\"type\":\"object\",\"properties\":{\"u\":{\"anyOf\":[{\"type\":\"object\","
          "\"properties\":{\"k\":{\"type\":\"integer\"},\"m\":{\"type\":\"string\"}},\"required\":"
          "[\"k\",\"m\"]},{\"type\":\"object\",\"properties\":{\"k\":{\"type\":\"integer\"},\"m\":"
-         "{\"type\":\"boolean\"}},\"required\":[\"k\"]}]}}}",
-         "can start with the same property (\"m\")"},
+         "{\"enum\":[\"x\"]}},\"required\":[\"k\"]}]}}}",
+         "can start with the same property (\"m\") is supported only where each gives it as const"},
         /* a shared first key whose schemas differ is no shared prefix */
         {"{\"type\":\"object\",\"properties\":{\"u\":{\"anyOf\":[{\"type\":\"object\","
          "\"properties\":{\"k\":{\"type\":\"integer\"},\"m\":{\"const\":\"a\"}},\"required\":"
@@ -1526,6 +1571,7 @@ static void test_schema_walks(void)
     schema_walks_every(COUNTED, "listed properties, 2..3 of them", 7);
     schema_walks_every(PETS, "a discriminated union", 7);
     schema_walks_every(PETS_LATE, "a union told apart after shared properties", 7);
+    schema_walks_every(TYPED, "a union told apart by its shared key's value types", 7);
 }
 
 /* A format or pattern used by many fields is compiled once: 40 date-time fields (more than
