@@ -215,13 +215,20 @@ static bool lit_insert(rules_t *r, compile_t *cc, uint16_t root, const char *tex
     return true;
 }
 
-static void list_push(rules_t *r, uint16_t v)
+/* one entry onto the properties' and branches' list; false (compilation failed) past 65535
+ * entries, where a node's first (16 bits) could no longer say where its own begin */
+static bool list_push(rules_t *r, compile_t *cc, uint16_t v)
 {
+    if (r->n_list >= 65535) {
+        cfail(cc, "json_schema: too large (more than 65535 properties and union branches)");
+        return false;
+    }
     if (r->n_list == r->cap_list) {
         r->cap_list = r->cap_list ? r->cap_list * 2 : 32;
         r->refs_list = bt_realloc_or_die(r->refs_list, (size_t)r->cap_list * sizeof *r->refs_list);
     }
     r->refs_list[r->n_list++] = v;
+    return true;
 }
 
 static void set_bit(uint32_t *set, uint8_t c)
@@ -750,12 +757,12 @@ static bool shared_key_apart(rules_t *r, compile_t *cc, int u, const uint16_t *t
         r->nodes[t].n = (uint8_t)n;
         for (int a = 0; a < n; a++) {
             const uint16_t v = shared_value(r, u, terms[a]);
-            list_push(r, v);
+            if (!list_push(r, cc, v)) return false;
             for (int w = 0; w < 8; w++)
                 r->nodes[t].starts[w] |= r->nodes[v].starts[w];
         }
         for (int a = 0; a < n; a++)
-            list_push(r, terms[a]);
+            if (!list_push(r, cc, terms[a])) return false;
         r->nodes[u].items = (uint16_t)t;
         return !cc->failed;
     }
@@ -895,7 +902,7 @@ static int object_union(rules_t *r, compile_t *cc, const int *obj, int n, const 
     uint16_t shared[255];
     int n_shared = 0;
     for (int i = 0; i < n; i++) {
-        list_push(r, (uint16_t)obj[i]);
+        if (!list_push(r, cc, (uint16_t)obj[i])) return -1;
         const snode_t o = r->nodes[obj[i]]; /* (a copy: the literals may move the nodes) */
         if (o.min_items > 0 || o.max_items >= 0) {
             cfail(cc,
@@ -955,7 +962,7 @@ static int compile_union(rules_t *r, compile_t *cc, const int *branch, int n, co
             }
             r->nodes[u].starts[w] |= b->starts[w];
         }
-        list_push(r, (uint16_t)branch[i]);
+        if (!list_push(r, cc, (uint16_t)branch[i])) return -1;
     }
     return u;
 }
@@ -1075,7 +1082,7 @@ static int compile_object(rules_t *r, compile_t *cc, const cJSON *s, int depth)
             cfail(cc, "json_schema: property '%.100s' given twice", p->string);
             return -1;
         }
-        list_push(r, (uint16_t)value[j]);
+        if (!list_push(r, cc, (uint16_t)value[j])) return -1;
         j++;
     }
     const cJSON *q;
@@ -1512,7 +1519,7 @@ static bt_status_t rules_compile_tools(const char *spec, size_t len, rules_t **r
                      cJSON_GetObjectItemCaseSensitive(t, "name")->valuestring);
             if (!lit_insert(r, &cc, r->names, quoted, (int16_t)i, 0) && !cc.failed)
                 cfail(&cc, "tool calls: tool '%.64s' given twice", quoted);
-            list_push(r, (uint16_t)params[i]);
+            list_push(r, &cc, (uint16_t)params[i]); /* (cc.failed is read below) */
             i++;
         }
         for (int w = 0; w < 2; w++)

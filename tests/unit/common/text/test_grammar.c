@@ -1614,6 +1614,58 @@ static void test_pattern_reuse(void)
     synth_free(&s);
 }
 
+/* A schema whose properties and union branches pass 65535 list entries is refused by name:
+ * 50 objects of M objects of 4 properties, each an anyOf of 6 branches (the branches $refs,
+ * so the nodes stay few): M 50 is ~70600 entries, where a node's 16-bit start in the list had
+ * wrapped, reading other nodes' entries; M 40 (~56500) compiles. */
+static void test_schema_too_large(void)
+{
+    synth_t s;
+    synth_make(&s, 0);
+    static const char head[] =
+        "{\"$defs\":{\"S\":{\"type\":\"string\"},\"I\":{\"type\":\"integer\"},\"B\":{"
+        "\"type\":\"boolean\"},\"N\":{\"type\":\"null\"},\"A\":{\"type\":\"array\"},\"O\":{"
+        "\"type\":\"object\"}},\"type\":\"object\",\"properties\":{";
+    static const char leaf[] =
+        "{\"anyOf\":[{\"$ref\":\"#/$defs/S\"},{\"$ref\":\"#/$defs/I\"},{\"$ref\":\"#/$defs/B\"},"
+        "{\"$ref\":\"#/$defs/N\"},{\"$ref\":\"#/$defs/A\"},{\"$ref\":\"#/$defs/O\"}]}";
+    for (int big = 0; big < 2; big++) {
+        const int m = big ? 50 : 40;
+        const size_t cap = sizeof head + (size_t)50 * m * (4 * (sizeof leaf + 8) + 64) + 4096;
+        char *schema = malloc(cap);
+        BT_CHECK(schema != NULL);
+        if (!schema) break;
+        size_t len = (size_t)snprintf(schema, cap, "%s", head);
+        for (int i = 0; i < 50; i++) {
+            len += (size_t)snprintf(schema + len, cap - len,
+                                    "%s\"a%d\":{\"type\":\"object\",\"properties\":{", i ? "," : "",
+                                    i);
+            for (int j = 0; j < m; j++) {
+                len += (size_t)snprintf(schema + len, cap - len,
+                                        "%s\"b%d\":{\"type\":\"object\",\"properties\":{",
+                                        j ? "," : "", j);
+                for (int k = 0; k < 4; k++)
+                    len += (size_t)snprintf(schema + len, cap - len, "%s\"c%d\":%s", k ? "," : "",
+                                            k, leaf);
+                len += (size_t)snprintf(schema + len, cap - len, "}}");
+            }
+            len += (size_t)snprintf(schema + len, cap - len, "}}");
+        }
+        len += (size_t)snprintf(schema + len, cap - len, "}}");
+        bt_grammar_t *g = NULL;
+        char err[256] = "";
+        const bt_status_t st = bt_grammar_json_schema(s.v, schema, len, -1, &g, err, sizeof err);
+        if (big)
+            BT_CHECK_MSG(st == BT_ERR_INVALID_ARG && strstr(err, "more than 65535 properties"),
+                         "50 x %d x 4 properties of 6 branches: %d '%s'", m, (int)st, err);
+        else
+            BT_CHECK_MSG(st == BT_OK, "50 x %d x 4 properties of 6 branches refused: %s", m, err);
+        if (st == BT_OK) bt_grammar_destroy(g);
+        free(schema);
+    }
+    synth_free(&s);
+}
+
 /* ---- regex constraints ---- */
 
 /* 1: the output may end (eos taken); 0: a valid prefix; -1: refused at some byte */
@@ -2122,6 +2174,7 @@ int main(void)
     BT_RUN(test_schema_table);
     BT_RUN(test_schema_walks);
     BT_RUN(test_pattern_reuse);
+    BT_RUN(test_schema_too_large);
     BT_RUN(test_regex_table);
     BT_RUN(test_regex_walks);
     BT_RUN(test_tool_call_table);
