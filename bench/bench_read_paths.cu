@@ -69,16 +69,24 @@ __device__ __forceinline__ void mbar_arrive_cp(uint64_t *b)
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_u32(b))
                  : "memory");
 }
+/* until the phase of this parity completes; a phase still open after ~2^26 tries (seconds)
+ * means a broken ring: the kernel traps, so the run fails instead of hanging */
 __device__ __forceinline__ void mbar_wait(uint64_t *b, unsigned parity)
 {
     unsigned done;
-    do {
+    for (unsigned tries = 0;; tries++) {
         asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
                      "selp.u32 %0, 1, 0, p;\n}"
                      : "=r"(done)
                      : "r"(smem_u32(b)), "r"(parity)
                      : "memory");
-    } while (!done);
+        if (done) return;
+        if (tries == 1u << 26) {
+            printf("bench_read_paths: block %d thread %d: an mbarrier phase never completed\n",
+                   blockIdx.x, threadIdx.x);
+            __trap();
+        }
+    }
 }
 __device__ __forceinline__ void bulk_1d(void *dst, const void *src, unsigned bytes, uint64_t *b)
 {
@@ -220,6 +228,36 @@ __global__ void __launch_bounds__(256, 2)
     if (acc == 0x123456789ull) atomicAdd(sink, acc);
 }
 
+typedef void (*ring_fn)(const uint8_t *, const CUtensorMap, int, int, int, long long, int,
+                        unsigned long long *);
+
+static ring_fn ring_of(int mode)
+{
+    return mode == MODE_1D   ? ring_kernel<MODE_1D>
+           : mode == MODE_2D ? ring_kernel<MODE_2D>
+           : mode == MODE_CP ? ring_kernel<MODE_CP>
+                             : ring_kernel<MODE_SEQ>;
+}
+
+/* the [total / K, K] bytes at w as a 2D tensor map in boxes of cols rows x min(piece, 256)
+ * bytes; false, saying which box and why, where the driver refuses it */
+static bool tensor_map(PFN_cuTensorMapEncodeTiled_v12000 encode, CUtensorMap *map, uint8_t *w,
+                       size_t total, int cols, int piece)
+{
+    const cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)(total / K)},
+                     strides[1] = {(cuuint64_t)K};
+    const cuuint32_t box[2] = {(cuuint32_t)std::min(piece, 256), (cuuint32_t)cols}, one[2] = {1, 1};
+    const CUresult r =
+        encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, w, dims, strides, box, one,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        fprintf(stderr,
+                "bench_read_paths: a tensor map of %d x %u byte boxes refused (CUresult %d)\n",
+                cols, (unsigned)box[0], (int)r);
+    return r == CUDA_SUCCESS;
+}
+
 static float time_ms(int reps, const std::function<void()> &f);
 
 int main(int argc, char **argv)
@@ -293,18 +331,9 @@ int main(int argc, char **argv)
         const size_t smem = (size_t)c.nst * sb;
         const long long items = N / c.cols * (K / c.piece);
         CUtensorMap map;
-        const cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)(total / K)},
-                         strides[1] = {(cuuint64_t)K};
-        const cuuint32_t box[2] = {(cuuint32_t)std::min(c.piece, 256), (cuuint32_t)c.cols},
-                         one[2] = {1, 1};
-        if (encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, w0, dims, strides, box, one,
-                   CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-                   CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
-            fprintf(stderr, "tensor map refused\n");
-            return 1;
-        }
-        auto launch = [&](auto kernel) {
+        if (!tensor_map(encode, &map, w0, total, c.cols, c.piece)) return 1;
+        auto launch = [&](int mode) {
+            const ring_fn kernel = ring_of(mode);
             CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        (int)smem));
             return time_ms(reps, [&] {
@@ -315,15 +344,15 @@ int main(int argc, char **argv)
         };
         char name[64];
         snprintf(name, sizeof name, "ring-1d %dx%d B, %d stages", c.cols, c.piece, c.nst);
-        row(name, launch(ring_kernel<MODE_1D>));
+        row(name, launch(MODE_1D));
         if (c.piece <= 256) {
             snprintf(name, sizeof name, "ring-2d %dx%d B, %d stages", c.cols, c.piece, c.nst);
-            row(name, launch(ring_kernel<MODE_2D>));
+            row(name, launch(MODE_2D));
         }
         snprintf(name, sizeof name, "ring-cp %dx%d B, %d stages", c.cols, c.piece, c.nst);
-        row(name, launch(ring_kernel<MODE_CP>));
+        row(name, launch(MODE_CP));
         snprintf(name, sizeof name, "ring-seq %d B, %d stages", sb, c.nst);
-        row(name, launch(ring_kernel<MODE_SEQ>));
+        row(name, launch(MODE_SEQ));
     }
     /* a chain of 8 products, each its own window, launched back to back with and without
      * programmatic dependent launch: each kernel's first stages (ring) or loads (ldg) go out
@@ -360,19 +389,8 @@ int main(int argc, char **argv)
             const size_t smem = (size_t)c.nst * sb;
             const long long items = N / c.cols * (K / c.piece);
             CUtensorMap map;
-            const cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)(total / K)},
-                             strides[1] = {(cuuint64_t)K};
-            const cuuint32_t box[2] = {(cuuint32_t)std::min(c.piece, 256), (cuuint32_t)c.cols},
-                             one[2] = {1, 1};
-            if (encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, w0, dims, strides, box, one,
-                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-                       CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
-                return 1;
-            void (*k)(const uint8_t *, const CUtensorMap, int, int, int, long long, int,
-                      unsigned long long *) = c.mode == MODE_2D   ? ring_kernel<MODE_2D>
-                                              : c.mode == MODE_1D ? ring_kernel<MODE_1D>
-                                                                  : ring_kernel<MODE_SEQ>;
+            if (!tensor_map(encode, &map, w0, total, c.cols, c.piece)) return 1;
+            const ring_fn k = ring_of(c.mode);
             CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
             snprintf(name, sizeof name, "ring-%s %dx%d B, %d stages, %s",
                      c.mode == MODE_2D   ? "2d"
