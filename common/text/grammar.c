@@ -236,6 +236,18 @@ static void set_bit(uint32_t *set, uint8_t c)
     set[c >> 5] |= 1u << (c & 31);
 }
 
+/* set into acc (start byte sets); false where they had a byte in common (a union's branches,
+ * or a shared key's values, that the first byte would not tell apart) */
+static bool starts_join(uint32_t *acc, const uint32_t *set)
+{
+    bool apart = true;
+    for (int w = 0; w < 8; w++) {
+        apart = apart && !(acc[w] & set[w]);
+        acc[w] |= set[w];
+    }
+    return apart;
+}
+
 static bool has_bit(const uint32_t *set, uint8_t c)
 {
     return (set[c >> 5] >> (c & 31)) & 1u;
@@ -743,24 +755,20 @@ static bool shared_key_apart(rules_t *r, compile_t *cc, int u, const uint16_t *t
                              const char *key, const char *what)
 {
     bool apart = true, enums = true;
+    uint32_t starts[8] = {0};
     for (int a = 0; a < n; a++) {
         const snode_t *va = &r->nodes[shared_value(r, u, terms[a])];
         enums = enums && va->kind == K_ENUM;
-        for (int b = a + 1; b < n && apart; b++)
-            for (int w = 0; w < 8; w++)
-                if (va->starts[w] & r->nodes[shared_value(r, u, terms[b])].starts[w]) apart = false;
+        apart = starts_join(starts, va->starts) && apart;
     }
     if (apart) {
         const int t = new_snode(r, cc, K_KEYTYPE);
         if (t < 0) return false;
         r->nodes[t].first = (uint16_t)r->n_list;
         r->nodes[t].n = (uint8_t)n;
-        for (int a = 0; a < n; a++) {
-            const uint16_t v = shared_value(r, u, terms[a]);
-            if (!list_push(r, cc, v)) return false;
-            for (int w = 0; w < 8; w++)
-                r->nodes[t].starts[w] |= r->nodes[v].starts[w];
-        }
+        memcpy(r->nodes[t].starts, starts, sizeof starts);
+        for (int a = 0; a < n; a++)
+            if (!list_push(r, cc, shared_value(r, u, terms[a]))) return false;
         for (int a = 0; a < n; a++)
             if (!list_push(r, cc, terms[a])) return false;
         r->nodes[u].items = (uint16_t)t;
@@ -951,16 +959,12 @@ static int compile_union(rules_t *r, compile_t *cc, const int *branch, int n, co
     r->nodes[u].first = (uint16_t)r->n_list;
     r->nodes[u].n = (uint8_t)n;
     for (int i = 0; i < n; i++) {
-        const snode_t *b = &r->nodes[branch[i]];
-        for (int w = 0; w < 8; w++) {
-            if (r->nodes[u].starts[w] & b->starts[w]) {
-                cfail(cc,
-                      "json_schema: %s whose branches can start alike (two of one type) is not "
-                      "supported",
-                      what);
-                return -1;
-            }
-            r->nodes[u].starts[w] |= b->starts[w];
+        if (!starts_join(r->nodes[u].starts, r->nodes[branch[i]].starts)) {
+            cfail(cc,
+                  "json_schema: %s whose branches can start alike (two of one type) is not "
+                  "supported",
+                  what);
+            return -1;
         }
         if (!list_push(r, cc, (uint16_t)branch[i])) return -1;
     }
