@@ -5,6 +5,10 @@
  *
  *   bench_layer_cuda [--cases decode_b1,decode_b16,prefill] [--reps 30] [--warmup 5]
  *                    [--seed 1] [--entries 8192] [--prefill 4096] [--dump DIR] [--no-graph]
+ *                    [--trace DIR]
+ *
+ * --trace DIR: each graph's kernels as they ran in it (CUPTI), DIR/trace-CASE.md
+ * (kernel_trace.cuh).
  *
  * stdout: one JSON line for the device (measured copy bandwidth and tensor-core rates), then
  * one per case; stderr: the same in words.
@@ -51,6 +55,7 @@ extern "C" {
 }
 #include "kernels/cuda/common.cuh" /* bt__launch: the step's own kernels launch as the operators do */
 #include "kernels/cuda/cuda_ops.h"
+#include "bench/kernel_trace.cuh"
 
 #include <cublasLt.h>
 #include <cuda_bf16.h>
@@ -1136,8 +1141,39 @@ static floor_t floor_of(double bytes, double flp, double fhp, const device_rates
 typedef struct {
     int reps, warmup, graph;
     uint32_t seed;
-    const char *dump;
+    const char *dump, *trace;
 } opts_t;
+
+/* --trace DIR: the kernels of 7 replays of graph ge recorded by CUPTI, the median replay's
+ * timeline appended to DIR/trace-CASE.md */
+static void trace_graph(case_t *c, cudaStream_t st, cudaGraphExec_t ge, const opts_t *o,
+                        const char *what)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/trace-%s.md", o->trace, c->name);
+    FILE *f = fopen(path, "a");
+    if (!f) {
+        fprintf(stderr, "trace: %s: %s\n", path, strerror(errno));
+        return;
+    }
+    const size_t xbytes = (size_t)c->T * HC * HID * 4;
+    if (trace_begin()) {
+        for (int i = 0; i < 7; i++) {
+            if (cudaMemcpyAsync(c->x, c->x0, xbytes, cudaMemcpyDeviceToDevice, st) != cudaSuccess ||
+                cudaGraphLaunch(ge, st) != cudaSuccess ||
+                cudaStreamSynchronize(st) != cudaSuccess) {
+                fprintf(stderr, "trace: replay: %s\n", cudaGetErrorString(cudaGetLastError()));
+                break;
+            }
+        }
+        char title[160];
+        snprintf(title, sizeof title, "%s, %s", c->name, what);
+        const double us = trace_end(f, title);
+        if (us > 0)
+            fprintf(stderr, "%s: traced %s (%.1f us a replay) into %s\n", c->name, what, us, path);
+    }
+    fclose(f);
+}
 
 static bt_status_t write_rows(const char *dir, const char *cname, const char *what,
                               const void *dev, size_t row_bytes, const int *rows, int nrows)
@@ -1412,6 +1448,7 @@ static bt_status_t case_measure(const weights_t *W, bt_cuda_blas_t *blas, case_t
         cudaGraphExec_t ge = NULL;
         bt_status_t crc = capture_layer(W, blas, c, st, ev, &g, &ge);
         if (crc == BT_OK) crc = time_layer(W, blas, c, st, ev, ge, o->warmup, o->reps, &graphed);
+        if (crc == BT_OK && o->trace) trace_graph(c, st, ge, o, "graph, one stream");
         if (crc != BT_OK) {
             fprintf(stderr, "%s: CUDA graph capture/replay failed (%s); eager times only\n",
                     c->name, bt_status_str(crc));
@@ -1457,6 +1494,7 @@ static bt_status_t case_measure(const weights_t *W, bt_cuda_blas_t *blas, case_t
         }
         timing_t t2;
         if (crc == BT_OK) crc = time_layer(W, blas, c, st, ev, ge, o->warmup, o->reps, &t2);
+        if (crc == BT_OK && o->trace) trace_graph(c, st, ge, o, "graph, two streams");
         if (crc == BT_OK)
             streams_ms = t2.total_ms;
         else {
@@ -1551,7 +1589,7 @@ static int usage(const char *argv0)
     fprintf(stderr,
             "usage: %s [--cases decode_b1,decode_b16,prefill] [--reps N>=20] [--warmup N]\n"
             "          [--seed N] [--entries N] [--prefill T] [--dump DIR] [--no-graph]\n"
-            "          [--cuda-cores]\n"
+            "          [--cuda-cores] [--trace DIR]\n"
             "environment: BT_BENCH_EARLY_FORK=0|1|2\n",
             argv0);
     return 2;
@@ -1559,7 +1597,7 @@ static int usage(const char *argv0)
 
 int main(int argc, char **argv)
 {
-    opts_t o = {30, 5, 1, 1, NULL};
+    opts_t o = {30, 5, 1, 1, NULL, NULL};
     const char *cases = "decode_b1,decode_b16,prefill";
     int entries = 8192, prefill = 4096;
     for (int i = 1; i < argc; i++) {
@@ -1580,6 +1618,8 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--entries")) entries = atoi(v);
         else if (!strcmp(a, "--prefill")) prefill = atoi(v);
         else if (!strcmp(a, "--dump")) o.dump = v;
+        else if (!strcmp(a, "--trace"))
+            o.trace = v;
         else return usage(argv[0]);
         i++;
     }
@@ -1592,10 +1632,11 @@ int main(int argc, char **argv)
                         "1 <= --prefill <= --entries\n", ITOPK);
         return 2;
     }
-    if (o.dump && mkdir(o.dump, 0755) != 0 && errno != EEXIST) {
-        fprintf(stderr, "%s: %s\n", o.dump, strerror(errno));
-        return 2;
-    }
+    for (const char *d : {o.dump, o.trace})
+        if (d && mkdir(d, 0755) != 0 && errno != EEXIST) {
+            fprintf(stderr, "%s: %s\n", d, strerror(errno));
+            return 2;
+        }
 
     int rc = 1;
     arena_t a = {};

@@ -59,7 +59,7 @@ if [ "$build" = 1 ]; then
            "-c $f -o $out/obj/c_$(basename "$f" .c).o"
     done
   } | xargs -P "${JOBS:-2}" -I{} sh -c '{}'
-  "$nvcc" -o "$bin" "$out"/obj/*.o -lcublasLt -lpthread -lm
+  "$nvcc" -o "$bin" "$out"/obj/*.o -lcublasLt -lpthread -ldl -lm
   echo "built $bin (sm_$arch)" >&2
 fi
 [ "$run" = 1 ] || exit 0

@@ -13,6 +13,7 @@
 #     check  tests/gpu/run_all.sh (operators, fallbacks, model, two clusters)
 #     bench  the layer against its floors and PyTorch (bench/run_layer_bench.sh)
 #     paths  bench/bench_read_paths: DRAM read paths at one product's size and at 1 GiB
+#     trace  the layer's graphs as they run, each kernel's start and length (CUPTI)
 #     ab     bench/ab_layer.py, two rounds: the packed bench, each bench_layer_cuda_REV, and
 #            each --ab CONFIG (a bench binary's name in the bundle, with :NAME=VALUE,...
 #            environment switches, e.g. bench_layer_cuda:BT_CUDA_ROWS_KS=4)
@@ -41,6 +42,11 @@ pack() {
   scripts/device-bundle.sh build-cuda "$bundle" --golden test_cuda_ops test_model_cuda baton \
     baton-router baton-prefill baton-decode baton-gateway > /dev/null
   mkdir -p "$bundle/bench" "$bundle/cubin"
+  # CUPTI for bench_layer_cuda --trace (the toolkit's, beside its cudart)
+  local cupti
+  cupti=$(ls "$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")"/../lib*/libcupti.so.* \
+    2>/dev/null | head -1)
+  [ -n "$cupti" ] && cp -L "$cupti" "$bundle/lib/"
   strip -o "$bundle/bench/bench_layer_cuda" build-gpu-bench/bench_layer_cuda
   for rev in "${revs[@]}"; do
     local wt short
@@ -70,7 +76,7 @@ run() {
   while [ $# -gt 0 ]; do
     case $1 in
       --ab) configs+=("$2"); shift 2 ;;
-      sass | check | bench | ab | paths) steps+=("$1"); shift ;;
+      sass | check | bench | ab | paths | trace) steps+=("$1"); shift ;;
       *) echo "gpu-session.sh run: unknown argument $1" >&2; exit 2 ;;
     esac
   done
@@ -101,6 +107,10 @@ run() {
           timeout 150 "$bundle/bench/bench_read_paths" --mib $mib > "$r/read_paths-$mib.txt" 2>&1
           tail -12 "$r/read_paths-$mib.txt"
         done ;;
+      trace)
+        timeout 240 "$bundle/bench/bench_layer_cuda" --reps 20 --trace "$r/trace" > "$r/trace.txt" 2>&1
+        tail -8 "$r/trace.txt"
+        for f in "$r"/trace/*.md; do grep -h "^span\|^###" "$f"; done ;;
       ab)
         local all=("$bundle/bench/bench_layer_cuda")
         for b in "$bundle"/bench/bench_layer_cuda_*; do [ -f "$b" ] && all+=("$b"); done
