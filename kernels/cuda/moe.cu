@@ -140,6 +140,319 @@ __global__ void __launch_bounds__(RT_MAXE) moe_route_block_kernel(int32_t *idx, 
     if (lane == 0) rt_store_picks(idx, wts, s, sel, t, K, norm, route_scale);
 }
 
+/* ---- MoE rows grouped by expert, on the device -------------------------------------------
+ * One block; item j = t * K + i (token t's i-th pick), one a thread (N * K <= blockDim.x). An
+ * expert's rows keep token order, as the host's counting sort: item j lands at off[e] + (items
+ * before j that chose e). The quadratic rank is fine for the sizes it takes (a decode step).
+ * The offsets and the list of experts hit are block-wide scans over runs of experts, a run a
+ * thread (where one thread had walked all E experts in turn: a chain of E dependent steps).
+ * count: shared, E + 1 ints; pos_of: shared, N * K ints; scan: shared, 64 ints. */
+__device__ void moe_group_block(int32_t *offs, int32_t *xrow, float *wt_g, int32_t *rows,
+                                int32_t *cnt, int32_t *hit, int n_hit_slots, int32_t *bad,
+                                int32_t bad_value, const int32_t *idx, const float *wts, int N,
+                                int K, int E, int *count, int *pos_of, int *scan)
+{
+    const int total = N * K, j = threadIdx.x, nt = blockDim.x;
+    for (int e = j; e <= E; e += nt)
+        count[e] = 0;
+    __syncthreads();
+    int e = j < total ? idx[j] : -1;
+    if (j < total && (e < 0 || e >= E)) {
+        atomicCAS(bad, 0, bad_value); /* the first to report; the caller fails the forward */
+        e = -1;
+    }
+    if (e >= 0) atomicAdd(&count[e], 1);
+    __syncthreads();
+    /* this thread's run of experts [e0, e1): its rows and its experts hit, then both scanned
+     * over the block (exclusive) */
+    const int run = (E + nt - 1) / nt, e0 = min(E, j * run), e1 = min(E, e0 + run);
+    int rows_in = 0, hits_in = 0;
+    for (int x = e0; x < e1; x++) {
+        rows_in += count[x];
+        hits_in += count[x] > 0;
+    }
+    const int lane = j & 31, warp = j >> 5;
+    int r_incl = rows_in, h_incl = hits_in;
+    for (int o = 1; o < 32; o <<= 1) {
+        const int r = __shfl_up_sync(0xffffffffu, r_incl, o),
+                  h = __shfl_up_sync(0xffffffffu, h_incl, o);
+        if (lane >= o) r_incl += r, h_incl += h;
+    }
+    if (lane == 31) scan[warp] = r_incl, scan[32 + warp] = h_incl;
+    __syncthreads();
+    int r_off = r_incl - rows_in, h_off = h_incl - hits_in;
+    for (int w = 0; w < warp; w++)
+        r_off += scan[w], h_off += scan[32 + w];
+    for (int x = e0; x < e1; x++) {
+        const int c = count[x];
+        count[x] = r_off; /* now the expert's first grouped row */
+        offs[x] = r_off;
+        if (c > 0 && h_off < n_hit_slots) hit[h_off] = x;
+        r_off += c;
+        h_off += c > 0;
+    }
+    if (j == nt - 1) offs[E] = r_off; /* the last run ends at the total */
+    __syncthreads();
+    int n_hit = 0; /* experts hit: the block's total, from the warps' sums */
+    for (int w = 0; w < (nt + 31) / 32; w++)
+        n_hit += scan[32 + w];
+    for (int x = n_hit + j; x < n_hit_slots; x += nt)
+        hit[x] = -1;
+    int p = -1;
+    if (e >= 0) {
+        int before = 0;
+        for (int q = 0; q < j; q++)
+            before += idx[q] == e;
+        p = count[e] + before;
+        xrow[p] = j / K;
+        wt_g[p] = wts[j];
+    }
+    if (j < total) pos_of[j] = p;
+    __syncthreads();
+    /* each token's rows in expert order (ascending grouped position) */
+    if (j < total && p >= 0) {
+        int t = j / K, rank = 0;
+        for (int q = t * K; q < t * K + K; q++)
+            rank += pos_of[q] >= 0 && pos_of[q] < p;
+        rows[t * K + rank] = p;
+    }
+    if (j < N) {
+        int c = 0;
+        for (int q = j * K; q < j * K + K; q++)
+            c += pos_of[q] >= 0;
+        cnt[j] = c;
+    }
+}
+
+enum { GROUP_THREADS = 1024 };
+
+__global__ void __launch_bounds__(GROUP_THREADS)
+    moe_group_kernel(int32_t *offs, int32_t *xrow, float *wt_g, int32_t *rows, int32_t *cnt,
+                     int32_t *hit, int n_hit_slots, int32_t *bad, int32_t bad_value,
+                     const int32_t *idx, const float *wts, int N, int K, int E)
+{
+    bt_grid_begin();
+    __shared__ int count[GROUP_THREADS + 1], pos_of[GROUP_THREADS], scan[64];
+    moe_group_block(offs, xrow, wt_g, rows, cnt, hit, n_hit_slots, bad, bad_value, idx, wts, N, K,
+                    E, count, pos_of, scan);
+}
+
+extern "C" bt_status_t bt_cuda_moe_group(int32_t *offs, int32_t *xrow, float *wt_g, int32_t *rows,
+                                         int32_t *cnt, int32_t *hit, int n_hit_slots, int32_t *bad,
+                                         int32_t bad_value, const int32_t *idx, const float *wts,
+                                         int N, int K, int E, cudaStream_t stream)
+{
+    BT_CUDA_REQUIRE(offs && xrow && wt_g && rows && cnt && hit && bad && idx && wts &&
+                    bad_value != 0);
+    BT_CUDA_REQUIRE(N > 0 && K > 0 && E > 0 && E <= GROUP_THREADS && N * K <= GROUP_THREADS);
+    BT_CUDA_REQUIRE(n_hit_slots >= (E < N * K ? E : N * K));
+    bt__launch(moe_group_kernel, 1, GROUP_THREADS, 0, stream, offs, xrow, wt_g, rows, cnt, hit,
+               n_hit_slots, bad, bad_value, idx, wts, N, K, E);
+    return bt__cuda_launched("moe_group");
+}
+
+/* ---- a decode step's router logits -----------------------------------------------------
+ * logits [T, E] = x [T, D] . w [E, D]^T in f32 for a few rows. The product it replaces for
+ * the engine's decode (gemm_f32_rows_kernel: a warp an expert, walking all of K one 128-byte
+ * piece at a time) took ~40 us of a 384 x 5120 router. Here the product is split over blocks
+ * of 64 experts x one slice of K (about a wave of them): a thread takes an expert (column) and
+ * a quarter of the slice, k ascending, for every token at once (the slice of the rows staged in
+ * shared memory as f32); the quarters are added in order, each slice's sums go to a workspace,
+ * and the last block of a column group (a counter, reset by that block for the next launch,
+ * which waits for this grid to end) adds the slices in order into the logits. Every sum's
+ * order depends on E and D alone, so a token's logits are the same bits in any batch. */
+enum {
+    RL_THREADS = 256,
+    RL_COLS = 64,
+    RL_PARTS = RL_THREADS / RL_COLS,
+    RL_MAX_T = BT_CUDA_ROUTER_MAX_TOKENS,
+    RL_WAVE = 132,
+    RL_AHEAD = 16
+};
+static_assert(RT_MAXE / RL_COLS <= BT_CUDA_ROUTER_COUNTERS, "a counter a column group");
+
+/* the split of the product: column groups, K slices of ks (a multiple of 4 a quarter) */
+struct rl_plan {
+    int groups, slices, ks;
+};
+
+static rl_plan rl_plan_of(int E, int D)
+{
+    rl_plan p;
+    p.groups = bt__cdiv(E, RL_COLS);
+    int s = RL_WAVE / p.groups;
+    if (s < 1) s = 1;
+    p.ks = bt__cdiv(bt__cdiv(D, s), 4 * RL_PARTS) * 4 * RL_PARTS;
+    p.slices = bt__cdiv(D, p.ks);
+    return p;
+}
+
+/* 4 weights (read-only path) and 4 values of a row an earlier kernel wrote (plain loads) */
+__device__ __forceinline__ float4 rl_weights4(const float *p)
+{
+    return __ldg((const float4 *)p);
+}
+__device__ __forceinline__ float4 rl_weights4(const __nv_bfloat16 *p)
+{
+    const uint2 v = __ldg((const uint2 *)p);
+    const float2 a = __bfloat1622float2(*(const __nv_bfloat162 *)&v.x),
+                 b = __bfloat1622float2(*(const __nv_bfloat162 *)&v.y);
+    return make_float4(a.x, a.y, b.x, b.y);
+}
+__device__ __forceinline__ float4 rl_row4(const float *p)
+{
+    return *(const float4 *)p;
+}
+__device__ __forceinline__ float4 rl_row4(const __nv_bfloat16 *p)
+{
+    const uint2 v = *(const uint2 *)p;
+    const float2 a = __bfloat1622float2(*(const __nv_bfloat162 *)&v.x),
+                 b = __bfloat1622float2(*(const __nv_bfloat162 *)&v.y);
+    return make_float4(a.x, a.y, b.x, b.y);
+}
+
+template <typename XT>
+__global__ void __launch_bounds__(RL_THREADS)
+    moe_router_logits_kernel(float *logits, const XT *x, int ldx, const XT *w, int T, int E, int D,
+                             float *ws, unsigned *counters, rl_plan plan)
+{
+    extern __shared__ float4 rl_smem[];
+    float *xs = (float *)rl_smem;          /* [T, ks]: the rows' slice */
+    float *red = xs + (size_t)T * plan.ks; /* [PARTS, T, COLS] */
+    __shared__ bool last;
+    const int ks = plan.ks, S = plan.slices;
+    const int s = blockIdx.x, g = blockIdx.y, col = threadIdx.x % RL_COLS,
+              part = threadIdx.x / RL_COLS, e = g * RL_COLS + col;
+    const int k0 = s * ks, k1 = min(D, k0 + ks), q = ks / RL_PARTS;
+    const int pk0 = min(k1, k0 + part * q), pk1 = min(k1, pk0 + q);
+    const XT *wr = w + (size_t)min(e, E - 1) * D;
+    /* the first weights before the wait (they are no kernel's output) */
+    float4 wv = pk0 < pk1 ? rl_weights4(wr + pk0) : make_float4(0.f, 0.f, 0.f, 0.f);
+    bt_grid_begin();
+    for (int t = 0; t < T; t++) /* 4 k a load (k0, ks, D and ldx multiples of 4) */
+        for (int i = 4 * threadIdx.x; i < ks; i += 4 * RL_THREADS)
+            *(float4 *)(xs + (size_t)t * ks + i) = k0 + i < k1
+                                                       ? rl_row4(x + (size_t)t * ldx + k0 + i)
+                                                       : make_float4(0.f, 0.f, 0.f, 0.f);
+    __syncthreads();
+    float acc[RL_MAX_T];
+#pragma unroll
+    for (int t = 0; t < RL_MAX_T; t++)
+        acc[t] = 0.0f;
+    /* RL_AHEAD loads of 4 k at a time, all in flight before their products */
+    for (int kb = pk0; kb < pk1; kb += 4 * RL_AHEAD) {
+        float4 wb[RL_AHEAD];
+        wb[0] = wv;
+#pragma unroll
+        for (int j = 1; j < RL_AHEAD; j++)
+            wb[j] =
+                kb + 4 * j < pk1 ? rl_weights4(wr + kb + 4 * j) : make_float4(0.f, 0.f, 0.f, 0.f);
+        if (kb + 4 * RL_AHEAD < pk1) wv = rl_weights4(wr + kb + 4 * RL_AHEAD);
+#pragma unroll
+        for (int j = 0; j < RL_AHEAD; j++) {
+            const int k = kb + 4 * j;
+            if (k >= pk1) break;
+#pragma unroll
+            for (int t = 0; t < RL_MAX_T; t++) {
+                if (t >= T) break;
+                const float4 xv = *(const float4 *)(xs + (size_t)t * ks + (k - k0));
+                acc[t] = fmaf(wb[j].x, xv.x, acc[t]);
+                acc[t] = fmaf(wb[j].y, xv.y, acc[t]);
+                acc[t] = fmaf(wb[j].z, xv.z, acc[t]);
+                acc[t] = fmaf(wb[j].w, xv.w, acc[t]);
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < RL_MAX_T; t++)
+        if (t < T) red[((size_t)part * T + t) * RL_COLS + col] = acc[t];
+    __syncthreads();
+    /* the slice's sums: the quarters in order */
+    for (int i = threadIdx.x; i < T * RL_COLS; i += RL_THREADS) {
+        const int t = i / RL_COLS, c = i % RL_COLS, ec = g * RL_COLS + c;
+        float v = red[(size_t)t * RL_COLS + c];
+        for (int p = 1; p < RL_PARTS; p++)
+            v += red[((size_t)p * T + t) * RL_COLS + c];
+        if (ec < E) ws[((size_t)s * T + t) * E + ec] = v;
+    }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(&counters[g], 1u) == (unsigned)S - 1;
+    __syncthreads();
+    if (!last) return;
+    /* the group's last slice: the slices in order into the logits */
+    __threadfence();
+    for (int i = threadIdx.x; i < T * RL_COLS; i += RL_THREADS) {
+        const int t = i / RL_COLS, ec = g * RL_COLS + i % RL_COLS;
+        if (ec >= E) continue;
+        const float *p = ws + (size_t)t * E + ec;
+        const size_t step = (size_t)T * E;
+        float v = 0.0f;
+        for (int j0 = 0; j0 < S; j0 += RL_AHEAD) { /* the loads in flight together */
+            float b[RL_AHEAD];
+#pragma unroll
+            for (int j = 0; j < RL_AHEAD; j++)
+                b[j] = j0 + j < S ? __ldcg(p + (j0 + j) * step) : 0.0f;
+#pragma unroll
+            for (int j = 0; j < RL_AHEAD; j++)
+                if (j0 + j < S) v = j0 + j == 0 ? b[j] : v + b[j];
+        }
+        logits[(size_t)t * E + ec] = v;
+    }
+    if (threadIdx.x == 0) counters[g] = 0; /* for the next launch */
+}
+
+extern "C" size_t bt_cuda_moe_router_ws_floats(int T, int E, int D)
+{
+    if (T <= 0 || E <= 0 || D <= 0) return 0;
+    return (size_t)rl_plan_of(E, D).slices * T * E;
+}
+
+extern "C" bt_status_t bt_cuda_moe_router_logits(float *logits, bt_cuda_dtype_t x_dtype,
+                                                 const void *x, int ldx, const void *w, int T,
+                                                 int E, int D, float *ws, size_t ws_floats,
+                                                 unsigned *counters, cudaStream_t stream)
+{
+    BT_CUDA_REQUIRE(logits && x && w && ws && counters && bt__dtype_ok(x_dtype));
+    BT_CUDA_REQUIRE(T > 0 && T <= RL_MAX_T && E > 0 && E <= RT_MAXE && D > 0 && D % 4 == 0 &&
+                    ldx >= D && ldx % 4 == 0 && ws_floats >= bt_cuda_moe_router_ws_floats(T, E, D));
+    const size_t align = x_dtype == BT_CUDA_BF16 ? 8 : 16; /* 4 values a load */
+    BT_CUDA_REQUIRE((uintptr_t)w % align == 0 && (uintptr_t)x % align == 0);
+    const rl_plan plan = rl_plan_of(E, D);
+    const size_t smem = ((size_t)T * plan.ks + (size_t)RL_PARTS * T * RL_COLS) * sizeof(float);
+    /* (~57 KB at most, for E 1024 and D 5120: past the default 48 KB, asked once a device;
+     * two threads may both ask, which is harmless) */
+    static unsigned long long opted[2]; /* a bit a device, per instance */
+    const int inst = x_dtype == BT_CUDA_BF16;
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+        cudaGetLastError();
+        return BT_ERR_DEVICE;
+    }
+    if (smem > 48 * 1024 && !(__atomic_load_n(&opted[inst], __ATOMIC_RELAXED) >> dev & 1ull)) {
+        cudaError_t e =
+            inst ? cudaFuncSetAttribute(moe_router_logits_kernel<__nv_bfloat16>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024)
+                 : cudaFuncSetAttribute(moe_router_logits_kernel<float>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024);
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            fprintf(stderr, "cuda: moe_router_logits: %zu bytes of shared memory refused\n", smem);
+            return BT_ERR_DEVICE;
+        }
+        __atomic_fetch_or(&opted[inst], 1ull << dev, __ATOMIC_RELAXED);
+    }
+    const dim3 grid(plan.slices, plan.groups);
+    if (inst)
+        bt__launch(moe_router_logits_kernel<__nv_bfloat16>, grid, RL_THREADS, smem, stream, logits,
+                   (const __nv_bfloat16 *)x, ldx, (const __nv_bfloat16 *)w, T, E, D, ws, counters,
+                   plan);
+    else
+        bt__launch(moe_router_logits_kernel<float>, grid, RL_THREADS, smem, stream, logits,
+                   (const float *)x, ldx, (const float *)w, T, E, D, ws, counters, plan);
+    return bt__cuda_launched("moe_router_logits");
+}
+
 /* tokens up to which a block per token beats a warp per token */
 enum { RT_BLOCK_TOKENS = 64 };
 

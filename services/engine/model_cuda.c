@@ -175,6 +175,13 @@ struct bt_model_cuda {
     size_t hc_ws_cap;
     /* MoE rows grouped on the device (bt_cuda_moe_group) for up to group_cap routed rows */
     int32_t *g_offs, *g_xrow, *g_rows, *g_cnt, *g_hit, *group_bad, *group_bad_h;
+    /* a decode-sized batch's router logits (bt_cuda_moe_router_logits): the product's partial
+     * sums and its counters (zero between launches); split_router off (BT_CUDA_SPLIT_ROUTER=0):
+     * bt_cuda_gemm_f32's few-row product instead, for comparisons */
+    float *router_ws;
+    size_t router_ws_n;
+    unsigned *router_ctr;
+    bool split_router;
     float *g_wt;
     int group_cap;
     /* decode steps as CUDA graphs: per batch size 1..GRAPH_MAX_SEQS, a few executable graphs
@@ -677,6 +684,22 @@ static void alloc_scratch(up_t *u)
         cu->g_cnt = (int32_t *)scratch(u, N);
         cu->g_wt = scratch(u, gc);
         cu->group_bad = (int32_t *)scratch(u, 1);
+        int rn = (int)(N < BT_CUDA_ROUTER_MAX_TOKENS ? N : BT_CUDA_ROUTER_MAX_TOKENS);
+        /* (the backbone's experts and the draft's, whose split differs) */
+        cu->router_ws_n = bt_cuda_moe_router_ws_floats(rn, c->n_experts, (int)D);
+        if (c->n_draft) {
+            size_t dn = bt_cuda_moe_router_ws_floats(rn, c->draft_experts, (int)D);
+            if (dn > cu->router_ws_n) cu->router_ws_n = dn;
+        }
+        cu->router_ws = scratch(u, cu->router_ws_n);
+        cu->router_ctr = (unsigned *)scratch(u, BT_CUDA_ROUTER_COUNTERS);
+        if (cu->router_ctr &&
+            cudaMemset(cu->router_ctr, 0, BT_CUDA_ROUTER_COUNTERS * sizeof(unsigned)) !=
+                cudaSuccess) {
+            cudaGetLastError();
+            snprintf(u->err, u->errlen, "GPU %d: clearing the router's counter failed", u->c->gpu);
+            u->rc = BT_ERR_DEVICE;
+        }
         if (u->rc == BT_OK && cudaMallocHost((void **)&cu->group_bad_h, sizeof(int32_t)) != cudaSuccess) {
             cudaGetLastError();
             snprintf(u->err, u->errlen, "cannot allocate pinned host memory for the MoE grouping's flag");
@@ -890,6 +913,7 @@ bt_status_t bt_model_cuda_attach(bt_model_t *m, const char *dir, char *err, size
     cu->tag_base = random_tag();
     cu->weights = m->opt.cuda_weights;
     cu->graphs = !m->opt.cuda_graphs_off && !env_off("BT_CUDA_GRAPHS");
+    cu->split_router = !env_off("BT_CUDA_SPLIT_ROUTER");
     bt_safetensors_t *st = NULL;
     rc = bt_safetensors_open_dir(dir, &st, err, errlen);
     if (rc != BT_OK) return rc;
@@ -985,7 +1009,7 @@ void bt_model_cuda_destroy(struct bt_model_cuda *cu)
                      (float *)cu->moe_idx, (float *)cu->meta_d, (float *)cu->mirror_mem, cu->hc_ws,
                      (float *)cu->wdq, (float *)cu->g_offs, (float *)cu->g_xrow, (float *)cu->g_rows,
                      (float *)cu->g_hit, (float *)cu->g_cnt, cu->g_wt, (float *)cu->group_bad,
-                     (float *)cu->xb_side, cu->ytmp_side};
+                     cu->router_ws, (float *)cu->router_ctr, (float *)cu->xb_side, cu->ytmp_side};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cudaFree(bufs[i]);
     float *draft_bufs[] = {cu->main_norm,     cu->draft_norm,
                            cu->markov_embed,  cu->main_hidden,
@@ -1890,7 +1914,14 @@ static bt_status_t moe(fwd_t *f, int l)
         CK(side_fork(f));
         CK(shared_expert(f, l, true));
     }
-    CK(bt_cuda_gemm_f32(b, cu->gate_logits, E, cu->xin, D, w->gate_w, N, E, D, st));
+    /* the router's logits: for a decode step's rows, a product split over the GPU (the same
+     * bits in any batch); bt_cuda_gemm_f32 otherwise */
+    if (N <= BT_CUDA_ROUTER_MAX_TOKENS && cu->split_router && cu->router_ws &&
+        E <= (int)BT_CUDA_ROUTER_COUNTERS * 64 && D % 4 == 0)
+        CK(bt_cuda_moe_router_logits(cu->gate_logits, BT_CUDA_F32, cu->xin, D, w->gate_w, N, E, D,
+                                     cu->router_ws, cu->router_ws_n, cu->router_ctr, st));
+    else
+        CK(bt_cuda_gemm_f32(b, cu->gate_logits, E, cu->xin, D, w->gate_w, N, E, D, st));
     CK(bt_cuda_moe_route(cu->moe_idx, cu->moe_wts, cu->gate_logits, w->gate_bias, N, E, K,
                          (float)c->gate_temp, c->norm_topk_prob, (float)c->route_scale, st));
     if (moe_on_device(f, l)) {

@@ -88,6 +88,8 @@ typedef enum {
     OP_ADD_ROWS,    /* s: rows width y-pad x-pad: bt_cuda_add_rows (DSpark's Markov bias) */
     OP_ACT_QUANT,   /* s: rows K x-pad x-bf16 y-bf16 mode (1: special values, 2: in place, 3: both):
                      * bt_cuda_act_quant (the activation quantization) */
+    OP_ROUTER,      /* s: T E D: bt_cuda_moe_router_logits against the host, batch invariance,
+                     * a relaunch */
 } op_t;
 
 static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped", "rmsnorm",
@@ -102,7 +104,8 @@ static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped
                                  "attention_tc_ws", "gemm_fp8_batched", "head_finish", "hc_mix_collapse",
                                  "attention_batch", "attention_tc_batch", "scatter_rows",
                                  "copy_ranges", "logit_adjust", "attention_flash", "fp4_frag",
-                                 "logit_mask", "hc_mean", "add_rows", "act_quant"};
+                                 "logit_mask", "hc_mean", "add_rows", "act_quant",
+                                 "moe_router_logits"};
 
 typedef struct {
     op_t op;
@@ -353,6 +356,17 @@ static const case_t cases[] = {
     {OP_MOE_GROUP, F32, {16, 6, 8, 0}, 0}, /* fewer experts than picks: every slot used */
     {OP_MOE_GROUP, F32, {170, 6, 1024, 0}, 0},
     {OP_MOE_GROUP, F32, {5, 3, 7, 1}, 0},
+    /* the decode's router logits: real widths, f32 (the engine's) and bf16; 16 x 1024 experts
+     * of 2048 (past 48 KB of shared memory); a part-full column group; D off the quarters */
+    {OP_ROUTER, F32, {1, 384, 5120}, 0},
+    {OP_ROUTER, F32, {16, 384, 5120}, 0},
+    {OP_ROUTER, BF16, {1, 384, 5120}, 0},
+    {OP_ROUTER, BF16, {16, 384, 5120}, 0},
+    {OP_ROUTER, F32, {16, 1024, 2048}, 0},
+    {OP_ROUTER, BF16, {3, 33, 96}, 0},
+    {OP_ROUTER, F32, {7, 100, 204}, 0},
+    {OP_ROUTER, F32, {1, 384, 5120}, 1},
+    {OP_ROUTER, F32, {16, 384, 5120}, 1},
     {OP_TO_BF16, BF16, {7, 40, 3}, 0},
     {OP_TO_BF16, BF16, {64, 5120, 0}, 0},
     {OP_ATTENTION_WS, F32, {1, 64, 512, 32, 128, 512}, 0},
@@ -2699,6 +2713,73 @@ static void run_moe_group(const case_t *cs, result_t *r)
     free(g_offs), free(g_xrow), free(g_rows), free(g_cnt), free(g_hit), free(g_wt);
 }
 
+/* bt_cuda_moe_router_logits for --perf, and the few-row product it replaced (f32) */
+typedef struct {
+    bt_cuda_dtype_t dt;
+    void *x, *w;
+    float *y, *ws;
+    unsigned *ctr;
+    size_t ws_n;
+    int T, E, D;
+} router_ctx_t;
+
+static void launch_router(void *p)
+{
+    router_ctx_t *c = p;
+    BT_OK_OR_DIE(bt_cuda_moe_router_logits(c->y, c->dt, c->x, c->D, c->w, c->T, c->E, c->D, c->ws, c->ws_n,
+                                           c->ctr, 0));
+}
+
+static void launch_router_rows(void *p)
+{
+    router_ctx_t *c = p;
+    BT_OK_OR_DIE(bt_cuda_gemm_f32(g_blas, c->y, c->E, c->x, c->D, c->w, c->T, c->E, c->D, 0));
+}
+
+/* bt_cuda_moe_router_logits against the host's sums (f32 sums of the f32 or bf16 inputs), the
+ * first token launched alone the same bits as in the batch, and a relaunch (its counters left
+ * for it) the same bits */
+static void run_router(const case_t *cs, result_t *r)
+{
+    const int T = cs->s[0], E = cs->s[1], D = cs->s[2];
+    const bt_cuda_dtype_t dt = cs->dt;
+    float *x = frandv((size_t)T * D, 1.0f), *w = frandv((size_t)E * D, 0.05f);
+    void *dx = dup_act(x, (size_t)T * D, dt), *dw = dup_act(w, (size_t)E * D, dt);
+    const size_t ws_n = bt_cuda_moe_router_ws_floats(T, E, D);
+    float *dws = dalloc(ws_n * 4), *dy = dalloc((size_t)T * E * 4);
+    unsigned *dctr = dalloc(BT_CUDA_ROUTER_COUNTERS * 4);
+    CUDA_OK(cudaMemset(dctr, 0, BT_CUDA_ROUTER_COUNTERS * 4));
+    float *y[3], *ref = xmalloc((size_t)T * E * 4);
+    for (int run = 0; run < 3; run++) { /* the batch, again, its first token alone */
+        const int rows = run == 2 ? 1 : T;
+        poison(dy, (size_t)T * E * 4);
+        BT_OK_OR_DIE(bt_cuda_moe_router_logits(dy, dt, dx, D, dw, rows, E, D, dws, ws_n, dctr, 0));
+        y[run] = xmalloc((size_t)T * E * 4);
+        get(y[run], dy, (size_t)rows * E * 4);
+    }
+    for (int t = 0; t < T; t++)
+        for (int e = 0; e < E; e++) {
+            double acc = 0.0;
+            for (int k = 0; k < D; k++) acc += (double)x[(size_t)t * D + k] * w[(size_t)e * D + k];
+            ref[(size_t)t * E + e] = (float)acc;
+        }
+    relerr(r, y[0], ref, (size_t)T * E);
+    r->bound = 1e-5; /* f32 sums either way (bf16 inputs are exact in f32) */
+    const int again = memcmp(y[0], y[1], (size_t)T * E * 4) != 0, alone = memcmp(y[0], y[2], (size_t)E * 4) != 0;
+    r->exact_ok = !again && !alone;
+    snprintf(r->note, sizeof r->note, "relaunch %s, first token alone %s", again ? "OTHER" : "same",
+             alone ? "OTHER" : "same");
+    r->bytes = (double)E * D * (dt == F32 ? 4 : 2);
+    if (g_perf && cs->perf) {
+        router_ctx_t c = {dt, dx, dw, dy, dws, dctr, ws_n, T, E, D};
+        r->ms = time_it(launch_router, &c);
+        if (dt == F32)
+            snprintf(r->note, sizeof r->note, "gemm_f32's few-row product %.4f ms",
+                     time_it(launch_router_rows, &c));
+    }
+    free(y[0]), free(y[1]), free(y[2]), free(ref), free(x), free(w);
+}
+
 static void run_to_bf16(const case_t *cs, result_t *r)
 {
     int rows = cs->s[0], cols = cs->s[1], ld = cols + cs->s[2];
@@ -2761,6 +2842,7 @@ static void run_case(const case_t *cs, result_t *r)
     case OP_MASK_BLOCKS: run_mask_blocks(cs, r); break;
     case OP_TRIM_SEL: run_trim_sel(cs, r); break;
     case OP_MOE_GROUP: run_moe_group(cs, r); break;
+    case OP_ROUTER: run_router(cs, r); break;
     case OP_TO_BF16: run_to_bf16(cs, r); break;
     case OP_ATTENTION_WS: run_attention(cs, r); break;
     case OP_GEMM_FP4_LIST: run_gemm_fp4(cs, r); break;
@@ -2889,6 +2971,14 @@ static int check_refusals(void)
                                             d, (int64_t *)d, NULL, 0, BT_CUDA_BF16, 2, 64, 512, d, 64, &per, 0));
     }
     bad += REFUSED(bt_cuda_gemm_f32(g_blas, d, 4, d, 3, d, 2, 4, 4, 0)); /* ldx < K */
+    /* the router's logits: 17 tokens; D off 4; a workspace one float short */
+    bad += REFUSED(bt_cuda_moe_router_logits(d, BT_CUDA_F32, d, 64, d, 17, 8, 64, d, 1 << 20,
+                                             (unsigned *)d, 0));
+    bad += REFUSED(bt_cuda_moe_router_logits(d, BT_CUDA_F32, d, 66, d, 1, 8, 66, d, 1 << 20,
+                                             (unsigned *)d, 0));
+    bad += REFUSED(bt_cuda_moe_router_logits(d, BT_CUDA_F32, d, 64, d, 2, 8, 64, d,
+                                             bt_cuda_moe_router_ws_floats(2, 8, 64) - 1,
+                                             (unsigned *)d, 0));
     bad += REFUSED(bt_cuda_compress_pool(d, d, d, 0, 4, 8, 0));
     bad += REFUSED(bt_cuda_topk((int32_t *)d, (int32_t *)d, 4, d, 1, 10, 5, 0));
     /* the collapse's weights the mix's own output (the two run side by side) */
