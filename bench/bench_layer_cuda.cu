@@ -628,6 +628,10 @@ static int g_early = 2;
 static cudaStream_t g_mix_stream;
 static cudaEvent_t g_mix_fork[2], g_mix_join[2];
 static int g_mix = 1;
+/* With two streams, where the shared expert forks from the routing: 0 before the gate's product
+ * (the engine before session 30), 1 after it (the engine's: beside the shared expert's products
+ * the gate's ran slower), 2 after the dispatch (BT_BENCH_SHARED_AT, for comparisons) */
+static int g_shared_at = 1;
 
 /* stream `waiter` goes on only past what `from` has queued so far (ev recorded on from) */
 static bt_status_t stream_after(cudaStream_t waiter, cudaStream_t from, cudaEvent_t ev)
@@ -809,18 +813,22 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
         BT_TRY(bt_cuda_swiglu(c->sh, BF16, c->sgu, NULL, T, MI, SWIGLU_LIMIT, s));
         return fp8_mm(blas, c, c->sy, F32, c->sh, W->sw2.w, W->sw2.s, T, HID, MI, s);
     };
-    if (two) {
+    auto fork_shared = [&](int at) -> bt_status_t {
+        if (!two || at != g_shared_at) return BT_OK;
         BT_TRY(fork_side(st, 1));
-        BT_TRY(shared_expert(g_side));
-    }
+        return shared_expert(g_side);
+    };
+    BT_TRY(fork_shared(0));
 
     /* MoE routing */
     BT_TRY(bt_cuda_gemm_bf16(blas, c->logits, F32, c->xin, W->gate_w, T, NE, HID, st));
+    BT_TRY(fork_shared(1));
     BT_TRY(bt_cuda_moe_route(c->ridx, c->rw, c->logits, W->gate_bias, T, NE, TOPK, 1.0f, 1,
                              ROUTE_SCALE, st));
     bt__launch(moe_dispatch_kernel, 1, 1024, 0, st, c->offs, c->rows, c->row_w, c->row_of, c->ridx,
                c->rw, R, TOPK, NE);
     LAUNCHED("moe_dispatch");
+    BT_TRY(fork_shared(2));
     BT_TRY(mark(ev, 7, st, capture));
 
     /* experts: routed (FP4, grouped over the experts hit once the warm-up read them back;
@@ -1590,7 +1598,8 @@ static int usage(const char *argv0)
             "usage: %s [--cases decode_b1,decode_b16,prefill] [--reps N>=20] [--warmup N]\n"
             "          [--seed N] [--entries N] [--prefill T] [--dump DIR] [--no-graph]\n"
             "          [--cuda-cores] [--trace DIR]\n"
-            "environment: BT_BENCH_EARLY_FORK=0|1|2\n",
+            "environment: BT_BENCH_EARLY_FORK=0|1|2, BT_BENCH_MIX_STREAM=0|1, "
+            "BT_BENCH_SHARED_AT=0|1|2\n",
             argv0);
     return 2;
 }
@@ -1625,6 +1634,7 @@ int main(int argc, char **argv)
     }
     if (getenv("BT_BENCH_EARLY_FORK")) g_early = atoi(getenv("BT_BENCH_EARLY_FORK"));
     if (getenv("BT_BENCH_MIX_STREAM")) g_mix = atoi(getenv("BT_BENCH_MIX_STREAM"));
+    if (getenv("BT_BENCH_SHARED_AT")) g_shared_at = atoi(getenv("BT_BENCH_SHARED_AT"));
     /* a prefill chunk sits at the end of the cached entries, and the top-k must be full */
     if (o.reps < 20 || o.warmup < 1 || entries < ITOPK || prefill < 1 || prefill > entries ||
         prefill + WIN > (1 << 30)) {
