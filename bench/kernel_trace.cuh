@@ -136,6 +136,8 @@ static bool trace_begin(void)
         if (g_trace.register_callbacks(trace_buffer_requested, trace_buffer_completed) !=
             CUPTI_SUCCESS) {
             fprintf(stderr, "trace: CUPTI refused the buffer callbacks\n");
+            dlclose(g_trace.lib);
+            g_trace.lib = NULL;
             return false;
         }
     }

@@ -445,12 +445,14 @@ enum { BT_CUDA_ROUTER_MAX_TOKENS = 16, BT_CUDA_ROUTER_COUNTERS = 16 };
  * or bf16 operands (both of one dtype), in an order set by E and D alone (a token's logits do
  * not depend on the batch). ws: bt_cuda_moe_router_ws_floats(T, E, D) floats of partial sums;
  * counters: BT_CUDA_ROUTER_COUNTERS device words, zero before the first launch and left zero
- * by each (one set per stream that launches this at a time). T <= BT_CUDA_ROUTER_MAX_TOKENS,
- * E <= 1024, D and ldx multiples of 4, x and w aligned to 4 values. */
+ * by each (one set per stream that launches this at a time). The shape must fit
+ * (bt_cuda_moe_router_fits: T <= BT_CUDA_ROUTER_MAX_TOKENS, E <= 1024, D a multiple of 4, the
+ * rows' slice within the shared memory); ldx a multiple of 4, x and w aligned to 4 values. */
 bt_status_t bt_cuda_moe_router_logits(float *logits, bt_cuda_dtype_t x_dtype, const void *x,
                                       int ldx, const void *w, int T, int E, int D, float *ws,
                                       size_t ws_floats, unsigned *counters, cudaStream_t stream);
 size_t bt_cuda_moe_router_ws_floats(int T, int E, int D);
+int bt_cuda_moe_router_fits(int T, int E, int D);
 
 /* Compressor pooling: group g of r consecutive rows of kv / gate [g * r .. g * r + r) becomes
  * latent[g, d] = sum_j kv[j, d] * softmax_j(gate[j, d]) (r == 1 or gate NULL: the row). */

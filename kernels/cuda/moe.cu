@@ -267,7 +267,8 @@ enum {
     RL_PARTS = RL_THREADS / RL_COLS,
     RL_MAX_T = BT_CUDA_ROUTER_MAX_TOKENS,
     RL_WAVE = 132,
-    RL_AHEAD = 16
+    RL_AHEAD = 16,
+    RL_MAX_SMEM = 160 * 1024 /* dynamic shared memory a launch may take */
 };
 static_assert(RT_MAXE / RL_COLS <= BT_CUDA_ROUTER_COUNTERS, "a counter a column group");
 
@@ -288,16 +289,19 @@ static rl_plan rl_plan_of(int E, int D)
 }
 
 /* 4 weights (read-only path) and 4 values of a row an earlier kernel wrote (plain loads) */
+__device__ __forceinline__ float4 rl_bf16x4(uint2 v)
+{
+    const float2 a = __bfloat1622float2(*(const __nv_bfloat162 *)&v.x),
+                 b = __bfloat1622float2(*(const __nv_bfloat162 *)&v.y);
+    return make_float4(a.x, a.y, b.x, b.y);
+}
 __device__ __forceinline__ float4 rl_weights4(const float *p)
 {
     return __ldg((const float4 *)p);
 }
 __device__ __forceinline__ float4 rl_weights4(const __nv_bfloat16 *p)
 {
-    const uint2 v = __ldg((const uint2 *)p);
-    const float2 a = __bfloat1622float2(*(const __nv_bfloat162 *)&v.x),
-                 b = __bfloat1622float2(*(const __nv_bfloat162 *)&v.y);
-    return make_float4(a.x, a.y, b.x, b.y);
+    return rl_bf16x4(__ldg((const uint2 *)p));
 }
 __device__ __forceinline__ float4 rl_row4(const float *p)
 {
@@ -305,10 +309,7 @@ __device__ __forceinline__ float4 rl_row4(const float *p)
 }
 __device__ __forceinline__ float4 rl_row4(const __nv_bfloat16 *p)
 {
-    const uint2 v = *(const uint2 *)p;
-    const float2 a = __bfloat1622float2(*(const __nv_bfloat162 *)&v.x),
-                 b = __bfloat1622float2(*(const __nv_bfloat162 *)&v.y);
-    return make_float4(a.x, a.y, b.x, b.y);
+    return rl_bf16x4(*(const uint2 *)p);
 }
 
 template <typename XT>
@@ -316,8 +317,8 @@ __global__ void __launch_bounds__(RL_THREADS)
     moe_router_logits_kernel(float *logits, const XT *x, int ldx, const XT *w, int T, int E, int D,
                              float *ws, unsigned *counters, rl_plan plan)
 {
-    extern __shared__ float4 rl_smem[];
-    float *xs = (float *)rl_smem;          /* [T, ks]: the rows' slice */
+    extern __shared__ float4 rl_shared[];
+    float *xs = (float *)rl_shared;        /* [T, ks]: the rows' slice */
     float *red = xs + (size_t)T * plan.ks; /* [PARTS, T, COLS] */
     __shared__ bool last;
     const int ks = plan.ks, S = plan.slices;
@@ -402,10 +403,22 @@ __global__ void __launch_bounds__(RL_THREADS)
     if (threadIdx.x == 0) counters[g] = 0; /* for the next launch */
 }
 
+/* the dynamic shared memory of a launch: the rows' slice and the quarters' sums */
+static size_t rl_smem(int T, const rl_plan &p)
+{
+    return ((size_t)T * p.ks + (size_t)RL_PARTS * T * RL_COLS) * sizeof(float);
+}
+
 extern "C" size_t bt_cuda_moe_router_ws_floats(int T, int E, int D)
 {
     if (T <= 0 || E <= 0 || D <= 0) return 0;
     return (size_t)rl_plan_of(E, D).slices * T * E;
+}
+
+extern "C" int bt_cuda_moe_router_fits(int T, int E, int D)
+{
+    return T > 0 && T <= RL_MAX_T && E > 0 && E <= RT_MAXE && D > 0 && D % 4 == 0 &&
+           rl_smem(T, rl_plan_of(E, D)) <= RL_MAX_SMEM;
 }
 
 extern "C" bt_status_t bt_cuda_moe_router_logits(float *logits, bt_cuda_dtype_t x_dtype,
@@ -414,36 +427,24 @@ extern "C" bt_status_t bt_cuda_moe_router_logits(float *logits, bt_cuda_dtype_t 
                                                  unsigned *counters, cudaStream_t stream)
 {
     BT_CUDA_REQUIRE(logits && x && w && ws && counters && bt__dtype_ok(x_dtype));
-    BT_CUDA_REQUIRE(T > 0 && T <= RL_MAX_T && E > 0 && E <= RT_MAXE && D > 0 && D % 4 == 0 &&
-                    ldx >= D && ldx % 4 == 0 && ws_floats >= bt_cuda_moe_router_ws_floats(T, E, D));
+    BT_CUDA_REQUIRE(bt_cuda_moe_router_fits(T, E, D) && ldx >= D && ldx % 4 == 0 &&
+                    ws_floats >= bt_cuda_moe_router_ws_floats(T, E, D));
     const size_t align = x_dtype == BT_CUDA_BF16 ? 8 : 16; /* 4 values a load */
     BT_CUDA_REQUIRE((uintptr_t)w % align == 0 && (uintptr_t)x % align == 0);
     const rl_plan plan = rl_plan_of(E, D);
-    const size_t smem = ((size_t)T * plan.ks + (size_t)RL_PARTS * T * RL_COLS) * sizeof(float);
-    /* (~57 KB at most, for E 1024 and D 5120: past the default 48 KB, asked once a device;
-     * two threads may both ask, which is harmless) */
-    static unsigned long long opted[2]; /* a bit a device, per instance */
-    const int inst = x_dtype == BT_CUDA_BF16;
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
-        cudaGetLastError();
+    const size_t smem = rl_smem(T, plan);
+    const bool bf16 = x_dtype == BT_CUDA_BF16;
+    const void *fn = bf16 ? (const void *)moe_router_logits_kernel<__nv_bfloat16>
+                          : (const void *)moe_router_logits_kernel<float>;
+    static signed char allowed[2][BT__MAX_DEVICES]; /* (past the default 48 KB, per instance) */
+    if (smem > 48 * 1024 && !bt__smem_allowed(fn, RL_MAX_SMEM, allowed[bf16])) {
+        fprintf(stderr,
+                "cuda: moe_router_logits: %d bytes of shared memory refused on this device\n",
+                (int)RL_MAX_SMEM);
         return BT_ERR_DEVICE;
     }
-    if (smem > 48 * 1024 && !(__atomic_load_n(&opted[inst], __ATOMIC_RELAXED) >> dev & 1ull)) {
-        cudaError_t e =
-            inst ? cudaFuncSetAttribute(moe_router_logits_kernel<__nv_bfloat16>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024)
-                 : cudaFuncSetAttribute(moe_router_logits_kernel<float>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024);
-        if (e != cudaSuccess) {
-            cudaGetLastError();
-            fprintf(stderr, "cuda: moe_router_logits: %zu bytes of shared memory refused\n", smem);
-            return BT_ERR_DEVICE;
-        }
-        __atomic_fetch_or(&opted[inst], 1ull << dev, __ATOMIC_RELAXED);
-    }
     const dim3 grid(plan.slices, plan.groups);
-    if (inst)
+    if (bf16)
         bt__launch(moe_router_logits_kernel<__nv_bfloat16>, grid, RL_THREADS, smem, stream, logits,
                    (const __nv_bfloat16 *)x, ldx, (const __nv_bfloat16 *)w, T, E, D, ws, counters,
                    plan);

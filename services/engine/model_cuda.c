@@ -697,7 +697,7 @@ static void alloc_scratch(up_t *u)
             cudaMemset(cu->router_ctr, 0, BT_CUDA_ROUTER_COUNTERS * sizeof(unsigned)) !=
                 cudaSuccess) {
             cudaGetLastError();
-            snprintf(u->err, u->errlen, "GPU %d: clearing the router's counter failed", u->c->gpu);
+            snprintf(u->err, u->errlen, "GPU %d: clearing the router's counters failed", u->c->gpu);
             u->rc = BT_ERR_DEVICE;
         }
         if (u->rc == BT_OK && cudaMallocHost((void **)&cu->group_bad_h, sizeof(int32_t)) != cudaSuccess) {
@@ -1914,8 +1914,7 @@ static bt_status_t moe(fwd_t *f, int l)
     const bool two = w->sw1.kind != MAT_NONE && side_ok(f, &w->sw1, &w->sw3, &w->sw2);
     /* the router's logits: for a decode step's rows, a product split over the GPU (the same
      * bits in any batch); bt_cuda_gemm_f32 otherwise */
-    if (N <= BT_CUDA_ROUTER_MAX_TOKENS && cu->split_router && cu->router_ws &&
-        E <= (int)BT_CUDA_ROUTER_COUNTERS * 64 && D % 4 == 0)
+    if (cu->split_router && cu->router_ws && bt_cuda_moe_router_fits(N, E, D))
         CK(bt_cuda_moe_router_logits(cu->gate_logits, BT_CUDA_F32, cu->xin, D, w->gate_w, N, E, D,
                                      cu->router_ws, cu->router_ws_n, cu->router_ctr, st));
     else

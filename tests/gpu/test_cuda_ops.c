@@ -356,13 +356,14 @@ static const case_t cases[] = {
     {OP_MOE_GROUP, F32, {16, 6, 8, 0}, 0}, /* fewer experts than picks: every slot used */
     {OP_MOE_GROUP, F32, {170, 6, 1024, 0}, 0},
     {OP_MOE_GROUP, F32, {5, 3, 7, 1}, 0},
-    /* the decode's router logits: real widths, f32 (the engine's) and bf16; 16 x 1024 experts
-     * of 2048 (past 48 KB of shared memory); a part-full column group; D off the quarters */
+    /* the decode's router logits: real widths, f32 (the engine's) and bf16; 16 x 1024 experts;
+     * a part-full column group; D off the quarters */
     {OP_ROUTER, F32, {1, 384, 5120}, 0},
     {OP_ROUTER, F32, {16, 384, 5120}, 0},
     {OP_ROUTER, BF16, {1, 384, 5120}, 0},
     {OP_ROUTER, BF16, {16, 384, 5120}, 0},
     {OP_ROUTER, F32, {16, 1024, 2048}, 0},
+    {OP_ROUTER, BF16, {16, 1024, 5120}, 0}, /* 56 KB of shared memory: past the default 48 */
     {OP_ROUTER, BF16, {3, 33, 96}, 0},
     {OP_ROUTER, F32, {7, 100, 204}, 0},
     {OP_ROUTER, F32, {1, 384, 5120}, 1},
