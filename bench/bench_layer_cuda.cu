@@ -709,6 +709,24 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
         if (mixs) BT_TRY(stream_after(st, g_mix_stream, g_mix_join[i]));
         return bt_cuda_hc_expand(c->x, o, ot, c->post, c->comb, T, HC, HID, st);
     };
+    /* the same into site i, as the model does for many tokens where a site follows: the
+     * collapse of the new streams in the expand's pass (BT_CUDA_HC_EC=0: two launches), then
+     * the site's mix */
+    auto expand_site = [&](int i, const void *o, bt_cuda_dtype_t ot, float *pre_out,
+                           const float *pre_w, const float *norm) -> bt_status_t {
+        float *ws = g_tensor_cores ? c->hc_ws : NULL;
+        if (mixs) BT_TRY(stream_after(st, g_mix_stream, g_mix_join[i - 1]));
+        BT_TRY(bt_cuda_hc_expand_collapse(c->x, o, ot, c->post, c->comb, c->xin, BF16, pre_w, norm,
+                                          T, HC, HID, RMS_EPS, st));
+        cudaStream_t ms = st;
+        if (mixs) {
+            BT_TRY(stream_after(g_mix_stream, st, g_mix_fork[i]));
+            ms = g_mix_stream;
+        }
+        return bt_cuda_hc_mix_ws(pre_out, c->post, c->comb, c->x, W->hc_fn[i], W->hc_base[i],
+                                 W->hc_scale[i], T, HC, HID, RMS_EPS, HC_EPS, HC_ITERS, ws,
+                                 c->hc_ws_n, ms);
+    };
     /* mHC, attention site: the attention collapses with the previous layer's FFN pre */
     BT_TRY(site(0, c->pre_a, c->pre_in, W->attn_norm));
     BT_TRY(mark(ev, 1, st, capture));
@@ -803,8 +821,12 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
     BT_TRY(mark(ev, 5, st, capture));
 
     /* mHC: attention output into the streams; FFN site mix and collapse */
-    BT_TRY(expand(0, c->o_attn, BF16));
-    BT_TRY(site(1, c->pre_f, c->pre_a, W->ffn_norm));
+    if (T >= BT_CUDA_HC_EC_MIN_TOKENS) {
+        BT_TRY(expand_site(1, c->o_attn, BF16, c->pre_f, c->pre_a, W->ffn_norm));
+    } else { /* (a decode batch: the model's launches are these) */
+        BT_TRY(expand(0, c->o_attn, BF16));
+        BT_TRY(site(1, c->pre_f, c->pre_a, W->ffn_norm));
+    }
     BT_TRY(mark(ev, 6, st, capture));
 
     /* the shared expert (FP8), on s2 beside the routing and the routed experts when two */

@@ -183,6 +183,17 @@ bt_status_t bt_cuda_hc_expand(float *x, const void *o, bt_cuda_dtype_t o_dtype,
                               const float *post, const float *comb, int T, int hc, int D,
                               cudaStream_t stream);
 
+/* bt_cuda_hc_expand and then bt_cuda_hc_collapse_norm of the new streams (weights w, which are
+ * not this expand's post or comb; out does not overlap x or o), bit for bit the same: from
+ * BT_CUDA_HC_EC_MIN_TOKENS tokens in one pass over the streams, fewer (decode) in the two
+ * launches. */
+enum { BT_CUDA_HC_EC_MIN_TOKENS = 65 };
+bt_status_t bt_cuda_hc_expand_collapse(float *x, const void *o, bt_cuda_dtype_t o_dtype,
+                                       const float *post, const float *comb, void *out,
+                                       bt_cuda_dtype_t out_dtype, const float *w,
+                                       const float *norm_w, int T, int hc, int D, float eps,
+                                       cudaStream_t stream);
+
 /* ---- attention -------------------------------------------------------------------------- */
 
 /* One query row per token, K = V: token t attends win_n[t] rows win_idx[t, 0..) of win_kv

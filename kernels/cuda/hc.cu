@@ -814,3 +814,117 @@ extern "C" bt_status_t bt_cuda_hc_expand(float *x, const void *o, bt_cuda_dtype_
     });
     return bt__cuda_launched("hc_expand");
 }
+
+/* ---- a sublayer's expand and the next site's collapse, in one pass ----------------------------
+ * The collapse's norm needs the whole row, so it had to be a launch after the expand's: a
+ * prefill paid for a second read of the streams (hc x 4 bytes a value: 335 MB a site at 4096
+ * tokens). Here a block a token expands each value and collapses it while it is in registers,
+ * with hc_expand_kernel's arithmetic and hc_collapse's thread layout (its HC_PER values at d =
+ * tid + i * threads, the norm's sum by bt_block_sum), so the streams and the output are bit for
+ * bit those of the two launches. A decode batch keeps the two: there the collapse's single
+ * blocks start under the expand (programmatic launch), and on an H100 every one-launch form
+ * measured slower (bench/RESULTS.md, session 31). */
+/* token t's values for thread tid: the expand stored, v[i] the collapsed values (0 past D),
+ * the sum of their squares returned */
+template <int HC, typename IT>
+__device__ __forceinline__ float ec_values(float *x, const IT *o, const float *post,
+                                           const float *comb, const float *w, int D, int t,
+                                           float *v)
+{
+    const int threads = blockDim.x;
+    float *xt = x + (size_t)t * HC * D;
+    const float *ct = comb + (size_t)t * HC * HC, *pt = post + (size_t)t * HC,
+                *wt = w + (size_t)t * HC;
+    float xv[HC_PER][HC], ov[HC_PER], ws[HC];
+#pragma unroll
+    for (int i = 0; i < HC_PER; i++) {
+        const int d = threadIdx.x + i * threads;
+#pragma unroll
+        for (int s = 0; s < HC; s++)
+            xv[i][s] = d < D ? xt[(size_t)s * D + d] : 0.0f;
+        ov[i] = d < D ? bt_ld(o, (size_t)t * D + d) : 0.0f;
+    }
+#pragma unroll
+    for (int s = 0; s < HC; s++)
+        ws[s] = wt[s];
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < HC_PER; i++) {
+        const int d = threadIdx.x + i * threads;
+        v[i] = 0.0f;
+        if (d >= D) continue; /* (zero, as the collapse's loads past D give) */
+        float xn[HC];
+#pragma unroll
+        for (int k = 0; k < HC; k++) { /* hc_expand_kernel */
+            float acc = 0.0f;
+#pragma unroll
+            for (int j = 0; j < HC; j++)
+                acc += ct[j * HC + k] * xv[i][j];
+            xn[k] = pt[k] * ov[i] + acc;
+            xt[(size_t)k * D + d] = xn[k];
+        }
+#pragma unroll
+        for (int s = 0; s < HC; s++)
+            v[i] += ws[s] * xn[s]; /* hc_collapse */
+        ss += v[i] * v[i];
+    }
+    return ss;
+}
+
+template <int HC, typename IT, typename OT>
+__global__ void __launch_bounds__(1024)
+    hc_expand_collapse_kernel(float *x, const IT *o, const float *post, const float *comb, OT *out,
+                              const float *w, const float *norm_w, int D, float eps)
+{
+    bt_grid_begin();
+    __shared__ float red[32];
+    float v[HC_PER];
+    const int t = blockIdx.x;
+    float ss = ec_values<HC>(x, o, post, comb, w, D, t, v);
+    ss = bt_block_sum(ss, red);
+    const float r = 1.0f / sqrtf(ss / (float)D + eps);
+#pragma unroll
+    for (int i = 0; i < HC_PER; i++) {
+        const int d = threadIdx.x + i * blockDim.x;
+        if (d < D) bt_st(out, (size_t)t * D + d, norm_w ? norm_w[d] * (v[i] * r) : v[i] * r);
+    }
+}
+
+/* BT_CUDA_HC_EC=0: the expand and the collapse as two launches for any T (for comparisons),
+ * read once */
+static bool hc_ec_on(void)
+{
+    static int once = -1;
+    return bt__env_switch("BT_CUDA_HC_EC", &once);
+}
+
+extern "C" bt_status_t bt_cuda_hc_expand_collapse(float *x, const void *o, bt_cuda_dtype_t o_dtype,
+                                                  const float *post, const float *comb, void *out,
+                                                  bt_cuda_dtype_t out_dtype, const float *w,
+                                                  const float *norm_w, int T, int hc, int D,
+                                                  float eps, cudaStream_t stream)
+{
+    BT_CUDA_REQUIRE(x && o && post && comb && out && w && bt__dtype_ok(o_dtype) &&
+                    bt__dtype_ok(out_dtype));
+    BT_CUDA_REQUIRE(T > 0 && D > 0 && (hc == 1 || hc == 2 || hc == 4));
+    const int threads = collapse_threads(D);
+    /* (past HC_PER * 1024 values the collapse reads the rest again) */
+    if (!hc_ec_on() || T < BT_CUDA_HC_EC_MIN_TOKENS || D > HC_PER * threads) {
+        bt_status_t st = bt_cuda_hc_expand(x, o, o_dtype, post, comb, T, hc, D, stream);
+        if (st != BT_OK) return st;
+        return bt_cuda_hc_collapse_norm(out, out_dtype, x, w, norm_w, T, hc, D, eps, stream);
+    }
+    with_hc(hc, [&](auto h) {
+        constexpr int H = decltype(h)::value;
+        /* (o is only read) */
+        with_dtype(const_cast<void *>(o), o_dtype, [&](auto *ov) {
+            with_dtype(out, out_dtype, [&](auto *op) {
+                using IT = std::remove_pointer_t<decltype(ov)>;
+                using OT = std::remove_pointer_t<decltype(op)>;
+                bt__launch(hc_expand_collapse_kernel<H, IT, OT>, T, threads, 0, stream, x,
+                           (const IT *)ov, post, comb, op, w, norm_w, D, eps);
+            });
+        });
+    });
+    return bt__cuda_launched("hc_expand_collapse");
+}

@@ -1111,6 +1111,7 @@ typedef struct {
     int64_t *eng_ids_d;          /* [n_engram][N][cols] */
     bool undo;                   /* a verification: sequences with undo records (DSpark) */
     bool mix_forked;             /* a site's mix runs on cu->mix, not yet joined */
+    bool expand_pending;         /* cu->out waits to be expanded into the streams (expand) */
     char *err;
     size_t errlen;
 } fwd_t;
@@ -2035,9 +2036,56 @@ static bt_status_t moe(fwd_t *f, int l)
     return moe_finish(f, l, rows_d, cnt_d, two);
 }
 
-/* One mHC site: the mapping from the streams, then the sublayer input collapsed with the
- * previous site's pre. A decode-sized batch's mapping goes to the mix stream (joined by
- * expand): the collapse reads the earlier site's pre, so it need not wait for this one. */
+/* The sublayer's output (cu->out) into the streams with the site's post and comb (its mix
+ * joined), now (flush_expand) or, where the next site's collapse follows, in its launch. */
+static bt_status_t join_mix(fwd_t *f)
+{
+    if (!f->mix_forked) return BT_OK;
+    f->mix_forked = false;
+    return stream_after(f, f->cu->stream, f->cu->mix, f->cu->mix_join);
+}
+
+static bt_status_t expand(fwd_t *f)
+{
+    f->expand_pending = true;
+    return BT_OK;
+}
+
+/* a pending expand done before anything else reads or writes the streams */
+static bt_status_t flush_expand(fwd_t *f)
+{
+    const bt_model_config_t *c = &f->m->cfg;
+    struct bt_model_cuda *cu = f->cu;
+    if (!f->expand_pending) return BT_OK;
+    f->expand_pending = false;
+    bt_status_t st = join_mix(f);
+    if (st != BT_OK) return st;
+    return bt_cuda_hc_expand(cu->x, cu->out, BT_CUDA_F32, cu->post, cu->comb, f->N, c->hc_mult,
+                             c->hidden, cu->stream);
+}
+
+/* out = the streams collapsed by w and normed by norm_w, a pending expand first (the same
+ * bits as the two launches, in one pass for many tokens) */
+static bt_status_t collapse_norm(fwd_t *f, float *out, const float *w, const float *norm_w)
+{
+    const bt_model_config_t *c = &f->m->cfg;
+    struct bt_model_cuda *cu = f->cu;
+    const int N = f->N, hc = c->hc_mult, D = c->hidden;
+    if (!f->expand_pending)
+        return bt_cuda_hc_collapse_norm(out, BT_CUDA_F32, cu->x, w, norm_w, N, hc, D,
+                                        (float)c->rms_eps, cu->stream);
+    f->expand_pending = false;
+    bt_status_t st = join_mix(f);
+    if (st != BT_OK) return st;
+    return bt_cuda_hc_expand_collapse(cu->x, cu->out, BT_CUDA_F32, cu->post, cu->comb, out,
+                                      BT_CUDA_F32, w, norm_w, N, hc, D, (float)c->rms_eps,
+                                      cu->stream);
+}
+
+/* One mHC site: the mapping from the streams (after the pending expand), then the sublayer
+ * input collapsed with the previous site's pre. A decode-sized batch's mapping goes to the mix
+ * stream (joined by the next expand): the collapse reads the earlier site's pre, so it need
+ * not wait for this one. */
 static bt_status_t site(fwd_t *f, const float *fn, const float *base, const float *scale,
                         float *pre_out, const float *collapse_w, const float *norm_w)
 {
@@ -2046,15 +2094,23 @@ static bt_status_t site(fwd_t *f, const float *fn, const float *base, const floa
     char *err = f->err;
     size_t errlen = f->errlen;
     const int N = f->N, hc = c->hc_mult, D = c->hidden;
+    /* a pending expand and the collapse in one pass for many tokens; a decode batch's expand
+     * as its own launch (the launches as they were) */
+    const bool one_pass = f->expand_pending && N >= BT_CUDA_HC_EC_MIN_TOKENS;
+    if (!one_pass) CK(flush_expand(f));
     if (cu->mix && N <= GRAPH_MAX_SEQS) {
         CK(stream_after(f, cu->mix, cu->stream, cu->mix_fork));
         f->mix_forked = true;
         CK(bt_cuda_hc_mix_ws(pre_out, cu->post, cu->comb, cu->x, fn, base, scale, N, hc, D,
                              (float)c->rms_eps, (float)c->hc_eps, c->sinkhorn_iters, cu->hc_ws,
                              cu->hc_ws_cap, cu->mix));
-        CK(bt_cuda_hc_collapse_norm(cu->xin, BT_CUDA_F32, cu->x, collapse_w, norm_w, N, hc, D,
-                                    (float)c->rms_eps, cu->stream));
-        return BT_OK;
+        return collapse_norm(f, cu->xin, collapse_w, norm_w);
+    }
+    if (one_pass) { /* (the expand reads post and comb before this site's mix writes them) */
+        CK(collapse_norm(f, cu->xin, collapse_w, norm_w));
+        return bt_cuda_hc_mix_ws(pre_out, cu->post, cu->comb, cu->x, fn, base, scale, N, hc, D,
+                                 (float)c->rms_eps, (float)c->hc_eps, c->sinkhorn_iters, cu->hc_ws,
+                                 cu->hc_ws_cap, cu->stream);
     }
     /* (a decode step's fold of the mix and the collapse share a launch) */
     CK(bt_cuda_hc_mix_collapse_ws(pre_out, cu->post, cu->comb, cu->x, fn, base, scale, N, hc, D,
@@ -2062,21 +2118,6 @@ static bt_status_t site(fwd_t *f, const float *fn, const float *base, const floa
                                   cu->hc_ws_cap, cu->xin, BT_CUDA_F32, collapse_w, norm_w,
                                   (float)c->rms_eps, cu->stream));
     return BT_OK;
-}
-
-/* The sublayer's output (cu->out) into the streams with the site's post and comb (its mix
- * joined). */
-static bt_status_t expand(fwd_t *f)
-{
-    const bt_model_config_t *c = &f->m->cfg;
-    struct bt_model_cuda *cu = f->cu;
-    if (f->mix_forked) {
-        bt_status_t st = stream_after(f, cu->stream, cu->mix, cu->mix_join);
-        if (st != BT_OK) return st;
-        f->mix_forked = false;
-    }
-    return bt_cuda_hc_expand(cu->x, cu->out, BT_CUDA_F32, cu->post, cu->comb, f->N, c->hc_mult,
-                             c->hidden, cu->stream);
 }
 
 /* Finds (or makes) the mirror of each sequence's slot, uploading slots the GPU does not hold. */
@@ -2369,6 +2410,8 @@ static bt_status_t forward_body(fwd_t *f, float *logits, bt_kv_header_t *before)
     for (int l = 0; l < c->n_layers; l++) {
         const dev_layer_t *w = &cu->layer[l];
         int ei = c->layer[l].engram_index;
+        /* (the last layer's expand waits for this one's collapse unless these come first) */
+        if (ei >= 0 || m->target_slot[l] >= 0) CK(flush_expand(f));
         if (ei >= 0) {
             int cols = m->engram_cols, ehd = c->engram_head_dim;
             const int64_t *ids_e = f->eng_ids_d + (size_t)ei * N * cols;
@@ -2391,11 +2434,13 @@ static bt_status_t forward_body(fwd_t *f, float *logits, bt_kv_header_t *before)
         CK(moe(f, l));
         CK(expand(f));
         /* pieces end after layers 0, 2, 6, 14, ...: l + 2 a power of two */
-        if (f->graph && ((l + 2) & (l + 1)) == 0 && l + 1 < c->n_layers && f->piece + 1 < GRAPH_PIECES)
+        if (f->graph && ((l + 2) & (l + 1)) == 0 && l + 1 < c->n_layers &&
+            f->piece + 1 < GRAPH_PIECES) {
+            CK(flush_expand(f));
             CK(graph_cut(f));
+        }
     }
-    CK(bt_cuda_hc_collapse_norm(cu->hidden, BT_CUDA_F32, cu->x, cu->pre_mix, cu->norm, N, hc, D,
-                                (float)c->rms_eps, st));
+    CK(collapse_norm(f, cu->hidden, cu->pre_mix, cu->norm));
     if (c->n_draft) CK(draft_rings(f));
 
     if (logits || f->draw) {
@@ -2918,6 +2963,7 @@ static bt_status_t draft_forward(fwd_t *f, const int32_t *ids)
         CK(moe(f, l));
         CK(expand(f));
     }
+    CK(flush_expand(f));
     CK(bt_cuda_hc_collapse(cu->draft_pre, D, cu->x, cu->pre_mix, N, hc, D, st));
     CK(bt_cuda_rmsnorm(cu->hidden, BT_CUDA_F32, cu->draft_pre, BT_CUDA_F32, cu->draft_norm, N, D,
                        (float)c->rms_eps, st));

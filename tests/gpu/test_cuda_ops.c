@@ -90,6 +90,8 @@ typedef enum {
                      * bt_cuda_act_quant (the activation quantization) */
     OP_ROUTER,      /* s: T E D: bt_cuda_moe_router_logits against the host, batch invariance,
                      * a relaunch */
+    OP_HC_EC,       /* s: T hc D o-f32 no-norm: bt_cuda_hc_expand_collapse against the expand
+                     * and the collapse launched apart, bit for bit */
 } op_t;
 
 static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped", "rmsnorm",
@@ -105,7 +107,7 @@ static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped
                                  "attention_batch", "attention_tc_batch", "scatter_rows",
                                  "copy_ranges", "logit_adjust", "attention_flash", "fp4_frag",
                                  "logit_mask", "hc_mean", "add_rows", "act_quant",
-                                 "moe_router_logits"};
+                                 "moe_router_logits", "hc_expand_collapse"};
 
 typedef struct {
     op_t op;
@@ -259,6 +261,14 @@ static const case_t cases[] = {
     {OP_HC_EXPAND, F32, {3, 4, 5120}, 0},
     {OP_HC_EXPAND, BF16, {2, 4, 37}, 0},
     {OP_HC_EXPAND, F32, {1, 2, 7}, 0},
+    /* (from BT_CUDA_HC_EC_MIN_TOKENS = 65 tokens one pass, fewer the two launches) */
+    {OP_HC_EC, BF16, {65, 4, 5120, 0, 0}, 0},  /* the layer bench's prefill: bf16 in and out */
+    {OP_HC_EC, F32, {100, 4, 5120, 1, 0}, 0},  /* the model's: f32 in and out */
+    {OP_HC_EC, F32, {70, 2, 300, 0, 1}, 0},    /* fewer values than threads, no norm weight */
+    {OP_HC_EC, BF16, {66, 1, 1000, 1, 0}, 0},
+    {OP_HC_EC, F32, {67, 4, 37, 1, 0}, 0},
+    {OP_HC_EC, F32, {65, 1, 9000, 0, 0}, 0},   /* past the values a thread keeps: two launches */
+    {OP_HC_EC, F32, {16, 4, 5120, 1, 0}, 0},   /* a decode batch: two launches */
     {OP_ATTENTION, F32, {3, 8, 512, 32, 128, 64}, 0},
     {OP_ATTENTION, F32, {2, 5, 96, 8, 7, 0}, 0},
     {OP_ATTENTION, BF16, {4, 64, 512, 32, 128, 512}, 0},
@@ -1420,6 +1430,51 @@ static void run_hc_mix_collapse(const case_t *cs, result_t *r)
     r->exact_ok = diff == 0;
     snprintf(r->note, sizeof(r->note), "bit-exact vs the separate launches: %s",
              diff ? "DIFFERENT" : "same");
+}
+
+/* s = T hc D o-f32 no-norm: bt_cuda_hc_expand_collapse against bt_cuda_hc_expand then
+ * bt_cuda_hc_collapse_norm (each checked against the CPU on its own): the streams and the
+ * output bit for bit */
+static void run_hc_expand_collapse(const case_t *cs, result_t *r)
+{
+    const int T = cs->s[0], hc = cs->s[1], D = cs->s[2];
+    const bt_cuda_dtype_t odt = cs->s[3] ? F32 : cs->dt;
+    const size_t nx = (size_t)T * hc * D, no = (size_t)T * D, esz = cs->dt == BF16 ? 2 : 4;
+    float *x = frandv(nx, 2.0f), *oh = frandv(no, 1.0f);
+    float *post = dup_free(frandv((size_t)T * hc, 2.0f), (size_t)T * hc);
+    float *comb = dup_free(frandv((size_t)T * hc * hc, 1.0f), (size_t)T * hc * hc);
+    float *w = dup_free(frandv((size_t)T * hc, 1.0f), (size_t)T * hc);
+    float *nw = cs->s[4] ? NULL : dup_free(frandv((size_t)D, 1.0f), (size_t)D);
+    void *o = dup_act(oh, no, odt);
+    unsigned char *h[2][2]; /* [two launches, one][streams, output] */
+    float *dx = dalloc(nx * 4);
+    void *dout = dalloc(no * esz);
+    for (int v = 0; v < 2; v++) {
+        CUDA_OK(cudaMemcpy(dx, x, nx * 4, cudaMemcpyHostToDevice));
+        poison(dout, no * esz);
+        if (v == 0) {
+            BT_OK_OR_DIE(bt_cuda_hc_expand(dx, o, odt, post, comb, T, hc, D, 0));
+            BT_OK_OR_DIE(bt_cuda_hc_collapse_norm(dout, cs->dt, dx, w, nw, T, hc, D, 1e-6f, 0));
+        } else {
+            BT_OK_OR_DIE(bt_cuda_hc_expand_collapse(dx, o, odt, post, comb, dout, cs->dt, w, nw, T,
+                                                    hc, D, 1e-6f, 0));
+        }
+        h[v][0] = xmalloc(nx * 4);
+        h[v][1] = xmalloc(no * esz);
+        get(h[v][0], dx, nx * 4);
+        get(h[v][1], dout, no * esz);
+    }
+    const int xd = memcmp(h[0][0], h[1][0], nx * 4) != 0, od = memcmp(h[0][1], h[1][1], no * esz) != 0;
+    for (size_t i = 0; i < no; i++)
+        r->finite &= isfinite(esz == 4 ? ((float *)h[1][1])[i]
+                                       : bt_bf16_to_f32(((uint16_t *)h[1][1])[i])) != 0;
+    r->bound = 0.0;
+    r->err = (double)(xd + od);
+    r->exact_ok = !xd && !od;
+    snprintf(r->note, sizeof r->note, "bit-exact vs the two launches: streams %s, output %s",
+             xd ? "DIFFERENT" : "same", od ? "DIFFERENT" : "same");
+    free(x), free(oh);
+    for (int v = 0; v < 2; v++) free(h[v][0]), free(h[v][1]);
 }
 
 static void run_hc_collapse(const case_t *cs, result_t *r)
@@ -2814,6 +2869,7 @@ static void run_case(const case_t *cs, result_t *r)
     case OP_HC_COLLAPSE: run_hc_collapse(cs, r); break;
     case OP_HEAD_FINISH: run_head_finish(cs, r); break;
     case OP_HC_MIX_COLLAPSE: run_hc_mix_collapse(cs, r); break;
+    case OP_HC_EC: run_hc_expand_collapse(cs, r); break;
     case OP_HC_EXPAND: run_hc_expand(cs, r); break;
     case OP_ATTENTION: run_attention(cs, r); break;
     case OP_INDEX: run_index(cs, r); break;
@@ -2955,6 +3011,8 @@ static int check_refusals(void)
     float *d = dalloc(BYTES);
     CUDA_OK(cudaMemset(d, 0, BYTES)); /* zero counts and indices: a wrong launch stays in bounds */
     bad += REFUSED(bt_cuda_rmsnorm(d, BT_CUDA_F32, d, (bt_cuda_dtype_t)7, NULL, 1, 4, 1e-6f, 0));
+    bad += REFUSED(bt_cuda_hc_expand_collapse(d, d, BT_CUDA_F32, d, d, d + 64, BT_CUDA_F32, d, NULL,
+                                              100, 3, 4, 1e-6f, 0)); /* hc 3 */
     bad += REFUSED(bt_cuda_gemm_fp4_grouped(d, BT_CUDA_F32, (uint16_t *)d, NULL, (int32_t *)d, 1,
                                             1, (uint8_t *)d, (uint8_t *)d, 4, 33, 0));
     bad += REFUSED(bt_cuda_gemm_fp4_grouped(d, BT_CUDA_F32, (uint16_t *)d, NULL, (int32_t *)d, 1,
