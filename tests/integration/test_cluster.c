@@ -572,10 +572,16 @@ static __attribute__((unused)) void test_cancel_storm(void)
     gen_t g;
     gen_start(&cl, &g, prompt, 3, 2, true, 30000); /* the groups have met (Hello) */
     BT_CHECK(run_until(&cl, gen_done, &g, 30000) && g.code == BT_RPC_OK);
-    const int64_t t_first = ms_now();
-    gen_start(&cl, &g, prompt, 3, 2, true, 30000);
-    BT_CHECK(run_until(&cl, gen_done, &g, 30000) && g.code == BT_RPC_OK);
-    const int64_t full_us = (ms_now() - t_first + 1) * 1000; /* one request, start to end */
+    /* one request, start to end: the fastest of five (one slow sample spread the cancels past
+     * most requests' ends, and too few landed to show anything) */
+    int64_t full_us = INT64_MAX;
+    for (int i = 0; i < 5; i++) {
+        const int64_t t0 = ms_now();
+        gen_start(&cl, &g, prompt, 3, 2, true, 30000);
+        BT_CHECK(run_until(&cl, gen_done, &g, 30000) && g.code == BT_RPC_OK);
+        const int64_t us = (ms_now() - t0 + 1) * 1000;
+        if (us < full_us) full_us = us;
+    }
     int cancelled = 0;
     for (int i = 0; i < 80; i++) {
         prompt[1] = 40 + i;
