@@ -648,6 +648,22 @@ extern "C" bt_status_t bt_cuda_hc_mix(float *pre, float *post, float *comb, cons
  * rest is read again. */
 enum { HC_PER = 8 };
 
+/* The collapsed row's norm from its sum of squares over the block, and this thread's HC_PER
+ * values of the row (at d = tid + i * blockDim.x, 0 past D) normed and stored; returns the
+ * norm's factor */
+template <typename OT>
+__device__ __forceinline__ float collapse_store(OT *out, const float *v, const float *norm_w, int D,
+                                                float eps, int t, float ss)
+{
+    const float r = 1.0f / sqrtf(ss / (float)D + eps);
+#pragma unroll
+    for (int i = 0; i < HC_PER; i++) {
+        const int d = threadIdx.x + i * blockDim.x;
+        if (d < D) bt_st(out, (size_t)t * D + d, norm_w ? norm_w[d] * (v[i] * r) : v[i] * r);
+    }
+    return r;
+}
+
 template <int HC, typename OT>
 __device__ void hc_collapse(OT *out, const float *x, const float *w, const float *norm_w, int D,
                             float eps, int t)
@@ -676,13 +692,7 @@ __device__ void hc_collapse(OT *out, const float *x, const float *w, const float
         for (int s = 0; s < HC; s++) acc += ws[s] * xt[(size_t)s * D + d];
         ss += acc * acc;
     }
-    ss = bt_block_sum(ss, red);
-    const float r = 1.0f / sqrtf(ss / (float)D + eps);
-#pragma unroll
-    for (int i = 0; i < HC_PER; i++) {
-        const int d = threadIdx.x + i * blockDim.x;
-        if (d < D) bt_st(out, (size_t)t * D + d, norm_w ? norm_w[d] * (v[i] * r) : v[i] * r);
-    }
+    const float r = collapse_store(out, v, norm_w, D, eps, t, bt_block_sum(ss, red));
     for (int d = threadIdx.x + HC_PER * blockDim.x; d < D; d += blockDim.x) {
         float acc = 0.0f;
 #pragma unroll
@@ -880,14 +890,8 @@ __global__ void __launch_bounds__(1024)
     __shared__ float red[32];
     float v[HC_PER];
     const int t = blockIdx.x;
-    float ss = ec_values<HC>(x, o, post, comb, w, D, t, v);
-    ss = bt_block_sum(ss, red);
-    const float r = 1.0f / sqrtf(ss / (float)D + eps);
-#pragma unroll
-    for (int i = 0; i < HC_PER; i++) {
-        const int d = threadIdx.x + i * blockDim.x;
-        if (d < D) bt_st(out, (size_t)t * D + d, norm_w ? norm_w[d] * (v[i] * r) : v[i] * r);
-    }
+    const float ss = ec_values<HC>(x, o, post, comb, w, D, t, v);
+    collapse_store(out, v, norm_w, D, eps, t, bt_block_sum(ss, red));
 }
 
 /* BT_CUDA_HC_EC=0: the expand and the collapse as two launches for any T (for comparisons),
