@@ -184,9 +184,10 @@ bt_status_t bt_cuda_hc_expand(float *x, const void *o, bt_cuda_dtype_t o_dtype,
                               cudaStream_t stream);
 
 /* bt_cuda_hc_expand and then bt_cuda_hc_collapse_norm of the new streams (weights w, which are
- * not this expand's post or comb; out does not overlap x or o), bit for bit the same: from
- * BT_CUDA_HC_EC_MIN_TOKENS tokens in one pass over the streams, fewer (decode) in the two
- * launches. */
+ * not this expand's post or comb; out does not overlap x or o), bit for bit the same, in one
+ * pass over the streams: a block a token. Worth it from BT_CUDA_HC_EC_MIN_TOKENS tokens; a
+ * decode batch's two launches measured faster (there the collapse's single blocks start under
+ * the expand by programmatic launch; bench/RESULTS.md, session 31). */
 enum { BT_CUDA_HC_EC_MIN_TOKENS = 65 };
 bt_status_t bt_cuda_hc_expand_collapse(float *x, const void *o, bt_cuda_dtype_t o_dtype,
                                        const float *post, const float *comb, void *out,

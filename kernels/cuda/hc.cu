@@ -831,9 +831,9 @@ extern "C" bt_status_t bt_cuda_hc_expand(float *x, const void *o, bt_cuda_dtype_
  * tokens). Here a block a token expands each value and collapses it while it is in registers,
  * with hc_expand_kernel's arithmetic and hc_collapse's thread layout (its HC_PER values at d =
  * tid + i * threads, the norm's sum by bt_block_sum), so the streams and the output are bit for
- * bit those of the two launches. A decode batch keeps the two: there the collapse's single
- * blocks start under the expand (programmatic launch), and on an H100 every one-launch form
- * measured slower (bench/RESULTS.md, session 31). */
+ * bit those of the two launches. For any T; the callers keep the two launches for a decode
+ * batch (BT_CUDA_HC_EC_MIN_TOKENS). */
+
 /* token t's values for thread tid: the expand stored, v[i] the collapsed values (0 past D),
  * the sum of their squares returned */
 template <int HC, typename IT>
@@ -913,7 +913,7 @@ extern "C" bt_status_t bt_cuda_hc_expand_collapse(float *x, const void *o, bt_cu
     BT_CUDA_REQUIRE(T > 0 && D > 0 && (hc == 1 || hc == 2 || hc == 4));
     const int threads = collapse_threads(D);
     /* (past HC_PER * 1024 values the collapse reads the rest again) */
-    if (!hc_ec_on() || T < BT_CUDA_HC_EC_MIN_TOKENS || D > HC_PER * threads) {
+    if (!hc_ec_on() || D > HC_PER * threads) {
         bt_status_t st = bt_cuda_hc_expand(x, o, o_dtype, post, comb, T, hc, D, stream);
         if (st != BT_OK) return st;
         return bt_cuda_hc_collapse_norm(out, out_dtype, x, w, norm_w, T, hc, D, eps, stream);

@@ -141,18 +141,21 @@ __global__ void __launch_bounds__(RT_MAXE) moe_route_block_kernel(int32_t *idx, 
 }
 
 /* ---- MoE rows grouped by expert, on the device -------------------------------------------
- * One block; item j = t * K + i (token t's i-th pick), one a thread (N * K <= blockDim.x). An
+ * One block; item j = t * K + i (token t's i-th pick), one a thread (N * K <= GROUP_THREADS). An
  * expert's rows keep token order, as the host's counting sort: item j lands at off[e] + (items
  * before j that chose e). The quadratic rank is fine for the sizes it takes (a decode step).
  * The offsets and the list of experts hit are block-wide scans over runs of experts, a run a
- * thread (where one thread had walked all E experts in turn: a chain of E dependent steps).
- * count: shared, E + 1 ints; pos_of: shared, N * K ints; scan: shared, 64 ints. */
-__device__ void moe_group_block(int32_t *offs, int32_t *xrow, float *wt_g, int32_t *rows,
-                                int32_t *cnt, int32_t *hit, int n_hit_slots, int32_t *bad,
-                                int32_t bad_value, const int32_t *idx, const float *wts, int N,
-                                int K, int E, int *count, int *pos_of, int *scan)
+ * thread (where one thread had walked all E experts in turn: a chain of E dependent steps). */
+enum { GROUP_THREADS = 1024 };
+
+__global__ void __launch_bounds__(GROUP_THREADS)
+    moe_group_kernel(int32_t *offs, int32_t *xrow, float *wt_g, int32_t *rows, int32_t *cnt,
+                     int32_t *hit, int n_hit_slots, int32_t *bad, int32_t bad_value,
+                     const int32_t *idx, const float *wts, int N, int K, int E)
 {
-    const int total = N * K, j = threadIdx.x, nt = blockDim.x;
+    bt_grid_begin();
+    __shared__ int count[GROUP_THREADS + 1], pos_of[GROUP_THREADS], scan[64];
+    const int total = N * K, j = threadIdx.x, nt = GROUP_THREADS;
     for (int e = j; e <= E; e += nt)
         count[e] = 0;
     __syncthreads();
@@ -222,19 +225,6 @@ __device__ void moe_group_block(int32_t *offs, int32_t *xrow, float *wt_g, int32
             c += pos_of[q] >= 0;
         cnt[j] = c;
     }
-}
-
-enum { GROUP_THREADS = 1024 };
-
-__global__ void __launch_bounds__(GROUP_THREADS)
-    moe_group_kernel(int32_t *offs, int32_t *xrow, float *wt_g, int32_t *rows, int32_t *cnt,
-                     int32_t *hit, int n_hit_slots, int32_t *bad, int32_t bad_value,
-                     const int32_t *idx, const float *wts, int N, int K, int E)
-{
-    bt_grid_begin();
-    __shared__ int count[GROUP_THREADS + 1], pos_of[GROUP_THREADS], scan[64];
-    moe_group_block(offs, xrow, wt_g, rows, cnt, hit, n_hit_slots, bad, bad_value, idx, wts, N, K,
-                    E, count, pos_of, scan);
 }
 
 extern "C" bt_status_t bt_cuda_moe_group(int32_t *offs, int32_t *xrow, float *wt_g, int32_t *rows,

@@ -2036,8 +2036,7 @@ static bt_status_t moe(fwd_t *f, int l)
     return moe_finish(f, l, rows_d, cnt_d, two);
 }
 
-/* The sublayer's output (cu->out) into the streams with the site's post and comb (its mix
- * joined), now (flush_expand) or, where the next site's collapse follows, in its launch. */
+/* the main stream after the site's mix, when it went to the mix stream */
 static bt_status_t join_mix(fwd_t *f)
 {
     if (!f->mix_forked) return BT_OK;
@@ -2045,13 +2044,15 @@ static bt_status_t join_mix(fwd_t *f)
     return stream_after(f, f->cu->stream, f->cu->mix, f->cu->mix_join);
 }
 
+/* The sublayer's output (cu->out) into the streams with the site's post and comb (its mix
+ * joined): left pending for the collapse after it, which for many tokens does both in one pass
+ * (one_pass); flush_expand does it alone, before anything else reads or writes the streams. */
 static bt_status_t expand(fwd_t *f)
 {
     f->expand_pending = true;
     return BT_OK;
 }
 
-/* a pending expand done before anything else reads or writes the streams */
 static bt_status_t flush_expand(fwd_t *f)
 {
     const bt_model_config_t *c = &f->m->cfg;
@@ -2064,25 +2065,33 @@ static bt_status_t flush_expand(fwd_t *f)
                              c->hidden, cu->stream);
 }
 
-/* out = the streams collapsed by w and normed by norm_w, a pending expand first (the same
- * bits as the two launches, in one pass for many tokens) */
+/* the pending expand and the next collapse in one pass: many tokens (a decode batch's two
+ * launches measured faster) */
+static bool one_pass(const fwd_t *f)
+{
+    return f->expand_pending && f->N >= BT_CUDA_HC_EC_MIN_TOKENS;
+}
+
+/* out = the streams, the pending expand first, collapsed by w and normed by norm_w */
 static bt_status_t collapse_norm(fwd_t *f, float *out, const float *w, const float *norm_w)
 {
     const bt_model_config_t *c = &f->m->cfg;
     struct bt_model_cuda *cu = f->cu;
     const int N = f->N, hc = c->hc_mult, D = c->hidden;
-    if (!f->expand_pending)
+    bt_status_t st;
+    if (!one_pass(f)) {
+        if ((st = flush_expand(f)) != BT_OK) return st;
         return bt_cuda_hc_collapse_norm(out, BT_CUDA_F32, cu->x, w, norm_w, N, hc, D,
                                         (float)c->rms_eps, cu->stream);
+    }
     f->expand_pending = false;
-    bt_status_t st = join_mix(f);
-    if (st != BT_OK) return st;
+    if ((st = join_mix(f)) != BT_OK) return st;
     return bt_cuda_hc_expand_collapse(cu->x, cu->out, BT_CUDA_F32, cu->post, cu->comb, out,
                                       BT_CUDA_F32, w, norm_w, N, hc, D, (float)c->rms_eps,
                                       cu->stream);
 }
 
-/* One mHC site: the mapping from the streams (after the pending expand), then the sublayer
+/* One mHC site: the mapping from the streams (the pending expand first), then the sublayer
  * input collapsed with the previous site's pre. A decode-sized batch's mapping goes to the mix
  * stream (joined by the next expand): the collapse reads the earlier site's pre, so it need
  * not wait for this one. */
@@ -2094,23 +2103,21 @@ static bt_status_t site(fwd_t *f, const float *fn, const float *base, const floa
     char *err = f->err;
     size_t errlen = f->errlen;
     const int N = f->N, hc = c->hc_mult, D = c->hidden;
-    /* a pending expand and the collapse in one pass for many tokens; a decode batch's expand
-     * as its own launch (the launches as they were) */
-    const bool one_pass = f->expand_pending && N >= BT_CUDA_HC_EC_MIN_TOKENS;
-    if (!one_pass) CK(flush_expand(f));
+    if (one_pass(f)) { /* (the expand reads post and comb before this site's mix writes them) */
+        CK(collapse_norm(f, cu->xin, collapse_w, norm_w));
+        return bt_cuda_hc_mix_ws(pre_out, cu->post, cu->comb, cu->x, fn, base, scale, N, hc, D,
+                                 (float)c->rms_eps, (float)c->hc_eps, c->sinkhorn_iters, cu->hc_ws,
+                                 cu->hc_ws_cap, cu->stream);
+    }
+    CK(flush_expand(f));
     if (cu->mix && N <= GRAPH_MAX_SEQS) {
         CK(stream_after(f, cu->mix, cu->stream, cu->mix_fork));
         f->mix_forked = true;
         CK(bt_cuda_hc_mix_ws(pre_out, cu->post, cu->comb, cu->x, fn, base, scale, N, hc, D,
                              (float)c->rms_eps, (float)c->hc_eps, c->sinkhorn_iters, cu->hc_ws,
                              cu->hc_ws_cap, cu->mix));
-        return collapse_norm(f, cu->xin, collapse_w, norm_w);
-    }
-    if (one_pass) { /* (the expand reads post and comb before this site's mix writes them) */
-        CK(collapse_norm(f, cu->xin, collapse_w, norm_w));
-        return bt_cuda_hc_mix_ws(pre_out, cu->post, cu->comb, cu->x, fn, base, scale, N, hc, D,
-                                 (float)c->rms_eps, (float)c->hc_eps, c->sinkhorn_iters, cu->hc_ws,
-                                 cu->hc_ws_cap, cu->stream);
+        return bt_cuda_hc_collapse_norm(cu->xin, BT_CUDA_F32, cu->x, collapse_w, norm_w, N, hc, D,
+                                        (float)c->rms_eps, cu->stream);
     }
     /* (a decode step's fold of the mix and the collapse share a launch) */
     CK(bt_cuda_hc_mix_collapse_ws(pre_out, cu->post, cu->comb, cu->x, fn, base, scale, N, hc, D,

@@ -261,14 +261,14 @@ static const case_t cases[] = {
     {OP_HC_EXPAND, F32, {3, 4, 5120}, 0},
     {OP_HC_EXPAND, BF16, {2, 4, 37}, 0},
     {OP_HC_EXPAND, F32, {1, 2, 7}, 0},
-    /* (from BT_CUDA_HC_EC_MIN_TOKENS = 65 tokens one pass, fewer the two launches) */
+    /* (the model's from BT_CUDA_HC_EC_MIN_TOKENS = 65 tokens; the op takes any) */
     {OP_HC_EC, BF16, {65, 4, 5120, 0, 0}, 0},  /* the layer bench's prefill: bf16 in and out */
     {OP_HC_EC, F32, {100, 4, 5120, 1, 0}, 0},  /* the model's: f32 in and out */
     {OP_HC_EC, F32, {70, 2, 300, 0, 1}, 0},    /* fewer values than threads, no norm weight */
     {OP_HC_EC, BF16, {66, 1, 1000, 1, 0}, 0},
     {OP_HC_EC, F32, {67, 4, 37, 1, 0}, 0},
     {OP_HC_EC, F32, {65, 1, 9000, 0, 0}, 0},   /* past the values a thread keeps: two launches */
-    {OP_HC_EC, F32, {16, 4, 5120, 1, 0}, 0},   /* a decode batch: two launches */
+    {OP_HC_EC, F32, {16, 4, 5120, 1, 0}, 0},   /* a decode batch's size */
     {OP_ATTENTION, F32, {3, 8, 512, 32, 128, 64}, 0},
     {OP_ATTENTION, F32, {2, 5, 96, 8, 7, 0}, 0},
     {OP_ATTENTION, BF16, {4, 64, 512, 32, 128, 512}, 0},
