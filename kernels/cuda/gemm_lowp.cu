@@ -1381,16 +1381,21 @@ template <int FMT> static bool rows_on(void)
     return bt__env_switch(FMT == FMT_FP4 ? "BT_CUDA_FP4ROWS" : "BT_CUDA_FP8ROWS", &once);
 }
 
-/* column tiles a gemm_rows block walks: as many as keep 4 waves of blocks (per_sm an SM);
- * BT_CUDA_ROWS_TILES overrides (experiments) */
-static int rows_tiles(int ntiles, int groups, int per_sm)
+/* column tiles a gemm_rows block walks. FP4 (the routed experts): 2, which measured faster
+ * than 1, 4 and 8 both for a token's 6 experts (where the rule below gives 1) and for 16
+ * tokens' ~86 (where it gives 8; bench/RESULTS.md, session 32). FP8: as many as keep 4 waves
+ * of blocks (per_sm an SM). BT_CUDA_ROWS_TILES overrides both and BT_CUDA_FP4_TILES=0 gives
+ * FP4 the FP8 rule (comparisons). */
+static int rows_tiles(int fmt, int ntiles, int groups, int per_sm)
 {
-    static int forced = -1;
+    static int forced = -1, fp4 = -1;
     if (forced < 0) {
-        const char *v = getenv("BT_CUDA_ROWS_TILES");
+        const char *v = getenv("BT_CUDA_ROWS_TILES"), *v4 = getenv("BT_CUDA_FP4_TILES");
         forced = v ? atoi(v) : 0;
+        fp4 = v4 ? atoi(v4) : 2;
     }
     if (forced > 0) return forced;
+    if (fmt == FMT_FP4 && fp4 > 0) return fp4;
     int tpb = 1;
     while (tpb < 8 && (long)bt__cdiv(ntiles, 2 * tpb) * groups >= 4L * per_sm * 132)
         tpb *= 2;
@@ -1430,7 +1435,8 @@ static bt_status_t few_rows_launch(void *y, bt_cuda_dtype_t yd, const __nv_bfloa
     do {                                                                                           \
         const int nt = bt__cdiv(N, 16 * MT), ks = rows_ks(F, K), ngr = MT_WARPS / ks;              \
         /* (tiles a block: a multiple of its warp groups) */                                       \
-        const int tpb = bt__cdiv(rows_tiles(nt, groups, ROWS_MIN_BLOCKS(F, MT, R16)), ngr) * ngr;  \
+        const int tpb =                                                                            \
+            bt__cdiv(rows_tiles(F, nt, groups, ROWS_MIN_BLOCKS(F, MT, R16)), ngr) * ngr;           \
         dim3 grid(bt__cdiv(nt, tpb), groups);                                                      \
         if (yd == BT_CUDA_BF16)                                                                    \
             bt__launch(gemm_rows<F, MT, R16, __nv_bfloat16>, grid, MT_WARPS * 32, 0, stream,       \
