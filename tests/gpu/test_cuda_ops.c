@@ -476,6 +476,10 @@ static const case_t cases[] = {
      * rows (a second pass for rows 8..15) in the same */
     {OP_GEMM_FP4_LIST, BF16, {384, 2000, 384, 96, 16}, 0},
     {OP_GEMM_FP4, F32, {12, 11200, 256, 96, 40}, 0},
+    /* the same with K of 8 chunks (a tile's K over all 8 warps, as the model's w13), the
+     * experts' 2 tiles a block: 16-column tiles with N off them, then 32-column ones */
+    {OP_GEMM_FP4_LIST, BF16, {64, 200, 1024, 12, 2}, 0},
+    {OP_GEMM_FP4_LIST, F32, {128, 2000, 1024, 96, 16}, 0},
     /* few FP8 rows on gemm_rows' 16-column tiles (K not sliced), scales on both conversion
      * routes: 8 rows, then 9..16 in one pass with K of 3 chunks (5 warps without any) */
     {OP_GEMM_FP8, F32, {5, 1000, 128, 1}, 0},
