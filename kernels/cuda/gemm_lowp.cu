@@ -1382,20 +1382,21 @@ template <int FMT> static bool rows_on(void)
 }
 
 /* column tiles a gemm_rows block walks. FP4 (the routed experts): 2, which measured faster
- * than 1, 4 and 8 both for a token's 6 experts (where the rule below gives 1) and for 16
- * tokens' ~86 (where it gives 8; bench/RESULTS.md, session 32). FP8: as many as keep 4 waves
- * of blocks (per_sm an SM). BT_CUDA_ROWS_TILES overrides both and BT_CUDA_FP4_TILES=0 gives
- * FP4 the FP8 rule (comparisons). */
+ * (with 2 forced for every product) than the rule below at a token's 6 experts (1) and at 16
+ * tokens' ~86 (8), and than 4 at both (bench/RESULTS.md, session 32). FP8: as many as keep 4
+ * waves of blocks (per_sm an SM). BT_CUDA_ROWS_TILES overrides both; BT_CUDA_FP4_TILES=n
+ * gives FP4 n, 0 the FP8 rule (comparisons). */
 static int rows_tiles(int fmt, int ntiles, int groups, int per_sm)
 {
     static int forced = -1, fp4 = -1;
+    static const int fp4_allowed[] = {0, 1, 2, 3, 4, 8};
     if (forced < 0) {
-        const char *v = getenv("BT_CUDA_ROWS_TILES"), *v4 = getenv("BT_CUDA_FP4_TILES");
+        const char *v = getenv("BT_CUDA_ROWS_TILES");
         forced = v ? atoi(v) : 0;
-        fp4 = v4 ? atoi(v4) : 2;
     }
     if (forced > 0) return forced;
-    if (fmt == FMT_FP4 && fp4 > 0) return fp4;
+    if (fmt == FMT_FP4 && bt__env_choice("BT_CUDA_FP4_TILES", fp4_allowed, 6, 2, &fp4) > 0)
+        return fp4;
     int tpb = 1;
     while (tpb < 8 && (long)bt__cdiv(ntiles, 2 * tpb) * groups >= 4L * per_sm * 132)
         tpb *= 2;
