@@ -1427,7 +1427,12 @@ static bt_status_t few_rows_launch(void *y, bt_cuda_dtype_t yd, const __nv_bfloa
                                    const uint8_t *w, const uint8_t *ws, int M, int N, int K,
                                    const int32_t *elist, gemm_io io, cudaStream_t stream)
 {
-    bool wide = (long)bt__cdiv(N, 32) * groups >= 264; /* two blocks an SM */
+    /* two blocks an SM; BT_CUDA_WIDE_MIN moves the bound (comparisons: wo_a's 8 groups of
+     * 1024 columns give 256 tiles of 32, 0.97 of a wave of 2 an SM, but take 16-column tiles) */
+    static int wide_min = -1;
+    static const int wide_allowed[] = {264, 256, 240, 160, 144};
+    const bool wide = (long)bt__cdiv(N, 32) * groups >=
+                      bt__env_choice("BT_CUDA_WIDE_MIN", wide_allowed, 5, 264, &wide_min);
     const int split =
         FMT != FMT_FP4 && !wide && !offs ? mma16_ksplit(N, K, groups, FMT == FMT_FP8 ? 64 : 32) : 1;
     if (FMT != FMT_BF16 && split == 1 && rows_on<FMT>()) {
