@@ -1418,21 +1418,24 @@ static int mma16_ksplit(int N, int K, int groups, int chunk)
 }
 
 /* The few-row kernels' launch. FP4 and FP8 weights: gemm_rows, blocks of rows_tiles() tiles of
- * 32 columns when that leaves two blocks an SM, else 16; but FP8 products whose column tiles
+ * 32 columns when there are at least 144 of them, else 16; but FP8 products whose column tiles
  * fill less than a wave take gemm_mma16 with K in slices over a cluster, as bf16 weights do
- * (gemm_mma16: 32 columns a block when that leaves two blocks an SM, else 8). */
+ * (gemm_mma16: 32 columns a block from the same bound, else 8). */
 template <int FMT>
 static bt_status_t few_rows_launch(void *y, bt_cuda_dtype_t yd, const __nv_bfloat16 *xb,
                                    const int32_t *rows, const int32_t *offs, int groups,
                                    const uint8_t *w, const uint8_t *ws, int M, int N, int K,
                                    const int32_t *elist, gemm_io io, cudaStream_t stream)
 {
-    /* two blocks an SM; BT_CUDA_WIDE_MIN moves the bound (comparisons: wo_a's 8 groups of
-     * 1024 columns give 256 tiles of 32, 0.97 of a wave of 2 an SM, but take 16-column tiles) */
+    /* 32-column tiles from 144 of them (0.55 of a wave of 2 an SM) up: where 16-column tiles
+     * would be 1 to 2 waves of 3 an SM, fewer, longer blocks measured faster (wo_a's 8 x 1024
+     * columns, wo_b and the shared expert's products; the bound was 264, two blocks an SM:
+     * decode b1 0.2018 -> 0.1977 ms, b16 0.8442 -> 0.8381, bench/RESULTS.md session 33).
+     * BT_CUDA_WIDE_MIN=264 restores it (comparisons). */
     static int wide_min = -1;
     static const int wide_allowed[] = {264, 256, 240, 160, 144};
     const bool wide = (long)bt__cdiv(N, 32) * groups >=
-                      bt__env_choice("BT_CUDA_WIDE_MIN", wide_allowed, 5, 264, &wide_min);
+                      bt__env_choice("BT_CUDA_WIDE_MIN", wide_allowed, 5, 144, &wide_min);
     const int split =
         FMT != FMT_FP4 && !wide && !offs ? mma16_ksplit(N, K, groups, FMT == FMT_FP8 ? 64 : 32) : 1;
     if (FMT != FMT_BF16 && split == 1 && rows_on<FMT>()) {
