@@ -14,6 +14,8 @@
 #     bench  the layer against its floors and PyTorch (bench/run_layer_bench.sh)
 #     paths  bench/bench_read_paths: DRAM read paths at one product's size and at 1 GiB
 #     trace  the layer's graphs as they run, each kernel's start and length (CUPTI)
+#     prof   Nsight Compute over the prefill's FP4 expert GEMM (gemm_fp4_wgrs): its sections and
+#            its SASS with each instruction's executions and stall samples (bench/ncu_layer.sh)
 #     ab     bench/ab_layer.py, two rounds: the packed bench, each bench_layer_cuda_REV, and
 #            each --ab CONFIG (a bench binary's name in the bundle, with :NAME=VALUE,...
 #            environment switches, e.g. bench_layer_cuda:BT_CUDA_ROWS_KS=4)
@@ -90,7 +92,7 @@ run() {
   while [ $# -gt 0 ]; do
     case $1 in
       --ab) configs+=("$2"); shift 2 ;;
-      sass | check | bench | ab | paths | trace) steps+=("$1"); shift ;;
+      sass | check | bench | ab | paths | trace | prof) steps+=("$1"); shift ;;
       *) echo "gpu-session.sh run: unknown argument $1" >&2; exit 2 ;;
     esac
   done
@@ -125,6 +127,12 @@ run() {
         timeout 240 "$bundle/bench/bench_layer_cuda" --reps 20 --trace "$r/trace" > "$r/trace.txt" 2>&1
         tail -8 "$r/trace.txt"
         for f in "$r"/trace/*.md; do grep -h "^span\|^###" "$f"; done ;;
+      prof)
+        timeout 400 bash bench/ncu_layer.sh "$bundle/bench/bench_layer_cuda" "$r/ncu-wgrs.txt" \
+          --kernels gemm_fp4_wgrs --count 1 --sass "$r/ncu-wgrs-sass.csv"
+        gzip -f "$r/ncu-wgrs-sass.csv"
+        rm -f "$r/ncu-wgrs-sass.csv.ncu-rep"
+        grep -E "Duration|Issue Slots Busy|Throughput" "$r/ncu-wgrs.txt" | head -12 ;;
       ab)
         local all=("$bundle/bench/bench_layer_cuda")
         for b in "$bundle"/bench/bench_layer_cuda_*; do [ -f "$b" ] && all+=("$b"); done
