@@ -1123,17 +1123,25 @@ enum {
     RS_ROWS = 112,
     RS_CHUNK = 64,
     RS_STEPS = RS_CHUNK / 16,
-    RS_STAGES = 4,
     RS_THREADS = 256,
-    RS_BLOCKS_PER_SM = 2
-};
-enum {
-    RS_X_HALF = RS_ROWS * 128,
-    RS_HALVES = RS_CHUNK / 64,
+    RS_BLOCKS_PER_SM = 2,
     RS_W_BYTES = RS_COLS * RS_CHUNK / 2,
-    RS_S_OFF = RS_HALVES * RS_X_HALF + RS_W_BYTES,
-    RS_STAGE_BYTES = (RS_S_OFF + 4 * RS_COLS + 1023) / 1024 * 1024,
-    RS_SMEM = RS_STAGES * RS_STAGE_BYTES + 1024 /* alignment */
+    /* two blocks' dynamic shared memory, their static 896 bytes and the 1 KB a block the
+     * system keeps within an SM's 228 KB */
+    RS_SMEM = 110 * 1024,
+    RS_MAX_STAGES = 8
+};
+
+/* A stage holds a chunk's NT rows (128 bytes of k a row, 1024-byte aligned for the swizzle),
+ * the columns' packed bytes and, with every other chunk, their scales. Stages are sized by the
+ * tile's rows, so a smaller tile keeps more chunks in flight in the same shared memory: the
+ * Nsight samples of the 4-stage form (bench/RESULTS.md, session 33) had its warps waiting for
+ * the copies (long scoreboard) or on each other at the chunk's barrier 40% of the time. */
+template <int NT> struct rs_stage {
+    static constexpr int X_BYTES = NT * 128, S_OFF = X_BYTES + RS_W_BYTES;
+    static constexpr int BYTES = (S_OFF + 4 * RS_COLS + 1023) / 1024 * 1024;
+    static constexpr int FIT = (RS_SMEM - 1024) / BYTES; /* (1024: alignment) */
+    static constexpr int DEEP = FIT < RS_MAX_STAGES ? FIT : RS_MAX_STAGES;
 };
 
 #ifdef BT_WGMMA
@@ -1157,7 +1165,7 @@ static bool wgrs_on(void)
     return bt__env_switch("BT_CUDA_WGRS", &once);
 }
 
-template <int NT, typename OT>
+template <int NT, int ST, typename OT>
 __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t *ws, int N, int K,
                                           int m0, int mr, int n0, unsigned char *smem,
                                           const __nv_bfloat16 *const *arow)
@@ -1165,7 +1173,9 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
 #ifdef BT_WGMMA
     const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, c = lane & 3;
     const int f = 64 * (tid >> 7) + 16 * ((tid >> 5) & 3) + g; /* columns f and f + 8 */
-    auto stage = [&](int ch) { return smem + (ch % RS_STAGES) * RS_STAGE_BYTES; };
+    using SG = rs_stage<NT>;
+    static_assert(ST >= 3 && ST <= SG::FIT, "stages: 2 chunks in flight at least, in RS_SMEM");
+    auto stage = [&](int ch) { return smem + (ch % ST) * SG::BYTES; };
     /* What does not change from chunk to chunk (shared addresses, the rows', weights' and
      * scales' sources) is computed once. */
     static_assert(RS_CHUNK == 64 && RS_COLS * 2 == RS_THREADS,
@@ -1188,7 +1198,7 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
      * 128 bytes), the columns' packed bytes (RS_CHUNK / 32 threads a column), and, with the
      * first chunk of each 128 k, each column's 4 scale bytes of those 128 k */
     auto load = [&](int ch, auto first_c) {
-        const uint32_t sx = sbase + (ch % RS_STAGES) * RS_STAGE_BYTES;
+        const uint32_t sx = sbase + (ch % ST) * SG::BYTES;
         const int k0 = ch * RS_CHUNK;
 #pragma unroll
         for (int j = 0; j < XJ; j++) {
@@ -1196,12 +1206,11 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
             if (XU % RS_THREADS == 0 || r < NT)
                 cp_async_sh<16>(sx + x_dst + 4096 * j, x_src[j] + k0, r < mr);
         }
-        cp_async_sh<16>(sx + RS_HALVES * RS_X_HALF + 16 * tid, w_src + k0 / 2, wn < N);
+        cp_async_sh<16>(sx + SG::X_BYTES + 16 * tid, w_src + k0 / 2, wn < N);
         if (decltype(first_c)::value && tid < RS_COLS)
-            cp_async_sh<4>(sx + RS_S_OFF + 4 * tid, s_src + k0 / 128 * 4, sn < N);
+            cp_async_sh<4>(sx + SG::S_OFF + 4 * tid, s_src + k0 / 128 * 4, sn < N);
     };
-    static_assert(RS_CHUNK * 2 == 128 && RS_STAGES % 2 == 0,
-                  "two chunks a 128-k scale word, taken in the same parity of stages");
+    static_assert(RS_CHUNK * 2 == 128, "two chunks a 128-k scale word, read with the first");
 
     float d[NT / 2];
 #pragma unroll
@@ -1211,7 +1220,7 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
     unsigned a[2][RS_STEPS][4];
     const int chunks = K / RS_CHUNK;
 #pragma unroll
-    for (int ch = 0; ch < RS_STAGES - 2; ch++) {
+    for (int ch = 0; ch < ST - 2; ch++) {
         if (ch < chunks) {
             if (ch % 2 == 0)
                 load(ch, std::true_type());
@@ -1229,16 +1238,21 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
         constexpr bool FIRST = decltype(first_c)::value;
         /* chunk ch has landed (this thread's copies; the barrier: everyone's), and every
          * warpgroup's products of chunk ch - 1 are done, so its stage may be refilled */
-        asm volatile("cp.async.wait_group %0;\n" ::"n"(RS_STAGES - 3));
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(ST - 3));
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         __syncthreads();
-        if (ch + RS_STAGES - 2 < chunks) load(ch + RS_STAGES - 2, first_c); /* (same parity) */
+        if (ch + ST - 2 < chunks) { /* chunk ch + ST - 2: the first of its 128 k if even */
+            if (FIRST == (ST % 2 == 0))
+                load(ch + ST - 2, std::true_type());
+            else
+                load(ch + ST - 2, std::false_type());
+        }
         cp_async_commit(); /* (empty past the end: keeps the count) */
         const unsigned char *sx = stage(ch);
-        const uint4 *sw = (const uint4 *)(sx + RS_HALVES * RS_X_HALF);
+        const uint4 *sw = (const uint4 *)(sx + SG::X_BYTES);
         if (FIRST) {
-            s_lo = ((const uint32_t *)(sx + RS_S_OFF))[f];
-            s_hi = ((const uint32_t *)(sx + RS_S_OFF))[f + 8];
+            s_lo = ((const uint32_t *)(sx + SG::S_OFF))[f];
+            s_hi = ((const uint32_t *)(sx + SG::S_OFF))[f + 8];
             fast = __all_sync(0xffffffffu,
                               (fp4_scales_fast4(s_lo) & fp4_scales_fast4(s_hi)) == 0x80808080u);
             if (fast) {
@@ -1296,7 +1310,7 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
         const uint64_t desc = wg_desc(sx); /* (a step's 32 bytes: 2 in the address field) */
 #pragma unroll
         for (int s = 0; s < RS_STEPS; s++)
-            wgmma_rs<NT>(d, A[s], desc + (s >> 2) * (RS_X_HALF >> 4) + (s & 3) * 2);
+            wgmma_rs<NT>(d, A[s], desc + s * 2);
         wgmma_commit();
         wgmma_wait<1>(); /* chunk ch - 1's products: done */
     };
@@ -1324,7 +1338,8 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
 template <typename OT>
 __global__ void __launch_bounds__(RS_THREADS, RS_BLOCKS_PER_SM)
     gemm_fp4_wgrs(OT *y, const __nv_bfloat16 *x, const int32_t *rows, const int32_t *offs,
-                  const uint8_t *w, const uint8_t *ws, int N, int K, const int32_t *elist)
+                  const uint8_t *w, const uint8_t *ws, int N, int K, const int32_t *elist,
+                  bool deep)
 {
 #ifdef BT_WGMMA
     bt_grid_begin();
@@ -1345,7 +1360,10 @@ __global__ void __launch_bounds__(RS_THREADS, RS_BLOCKS_PER_SM)
     unsigned char *smem =
         rs_smem + ((1024 - ((uint32_t)__cvta_generic_to_shared(rs_smem) & 1023)) & 1023);
     /* N: the tile's rows rounded up to 16 */
-#define BT__WGRS_TILE(NT) wgrs_tile<NT>(y, w, ws, N, K, m0, mr, n0, smem, arow)
+    /* (deep: as many stages as fit, else 4, for comparisons) */
+#define BT__WGRS_TILE(NT)                                                                          \
+    (deep ? wgrs_tile<NT, rs_stage<NT>::DEEP>(y, w, ws, N, K, m0, mr, n0, smem, arow)              \
+          : wgrs_tile<NT, 4>(y, w, ws, N, K, m0, mr, n0, smem, arow))
     /* clang-format off */
     switch ((mr + 15) / 16) {
     case 1: BT__WGRS_TILE(16); break;
@@ -1364,13 +1382,34 @@ __global__ void __launch_bounds__(RS_THREADS, RS_BLOCKS_PER_SM)
 }
 
 /* gemm_fp4_wgrs runs here: a Hopper device, this binary's device code built for sm_90a, and
- * its shared memory allowed */
+ * its shared memory allowed (with the SM's whole carveout asked for shared memory: two blocks
+ * of RS_SMEM need it) */
 static bool wgrs_ready(void)
 {
     static signed char built[BT__MAX_DEVICES], bf16_out[BT__MAX_DEVICES], f32_out[BT__MAX_DEVICES];
+    static bool carveout;
+    if (!carveout) {
+        carveout = true;
+        if (cudaFuncSetAttribute((const void *)gemm_fp4_wgrs<__nv_bfloat16>,
+                                 cudaFuncAttributePreferredSharedMemoryCarveout,
+                                 cudaSharedmemCarveoutMaxShared) != cudaSuccess ||
+            cudaFuncSetAttribute((const void *)gemm_fp4_wgrs<float>,
+                                 cudaFuncAttributePreferredSharedMemoryCarveout,
+                                 cudaSharedmemCarveoutMaxShared) != cudaSuccess)
+            cudaGetLastError(); /* (a hint: not sticky) */
+    }
     return bt__wgmma_ready(wgrs_built, built) &&
            bt__smem_allowed((const void *)gemm_fp4_wgrs<__nv_bfloat16>, RS_SMEM, bf16_out) &&
            bt__smem_allowed((const void *)gemm_fp4_wgrs<float>, RS_SMEM, f32_out);
+}
+
+/* BT_CUDA_WGRS_STAGES=4 keeps gemm_fp4_wgrs at 4 stages whatever its tile's rows (comparisons);
+ * 0, the default, as many as fit (8 for up to 64 rows, 5 for 112) */
+static bool wgrs_deep(void)
+{
+    static int once = -1;
+    static const int allowed[] = {0, 4};
+    return bt__env_choice("BT_CUDA_WGRS_STAGES", allowed, 2, 0, &once) == 0;
 }
 
 /* BT_CUDA_FP4ROWS=0 / BT_CUDA_FP8ROWS=0 keep gemm_mma16 for few rows of FP4 / FP8 weights
@@ -1537,10 +1576,10 @@ static bt_status_t launch(void *y, bt_cuda_dtype_t yd, const uint16_t *x, const 
         dim3 grid(bt__cdiv(N, RS_COLS), bt__cdiv(max_rows, RS_ROWS), groups);
         if (yd == BT_CUDA_BF16)
             bt__launch(gemm_fp4_wgrs<__nv_bfloat16>, grid, RS_THREADS, RS_SMEM, stream,
-                       (__nv_bfloat16 *)y, xb, rows, offs, w, ws, N, K, elist);
+                       (__nv_bfloat16 *)y, xb, rows, offs, w, ws, N, K, elist, wgrs_deep());
         else
             bt__launch(gemm_fp4_wgrs<float>, grid, RS_THREADS, RS_SMEM, stream, (float *)y, xb,
-                       rows, offs, w, ws, N, K, elist);
+                       rows, offs, w, ws, N, K, elist, wgrs_deep());
     } else if (FMT == FMT_FP4 && mma_ok && (uintptr_t)ws % 4 == 0 && ft_smem_ready()) {
         /* (grouped only: rows K and N apart, as the plain layout) */
         dim3 grid(bt__cdiv(N, FT_COLS), bt__cdiv(max_rows, FT_ROWS), groups);
