@@ -1104,9 +1104,9 @@ static bool ft_smem_ready(void)
  * chunk is converted. (Session 7's gemm_fp4_wgmma put the dequantized weights in shared memory
  * as B and lost to gemm_fp4_tiles: two barriers a chunk.) The MMA's N is the tile's rows
  * rounded up to 16, picked per block, so an expert of 70 rows multiplies 80, not 112.
- * K goes in chunks of 64 through a 4-stage cp.async pipeline, two chunks ahead: the rows'
- * bf16 (gathered, 128-byte swizzled), the columns' packed bytes, and with every other chunk
- * their scales of its 128 k as stored.
+ * K goes in chunks of 64 through a cp.async pipeline of 5..8 stages (rs_stage), all but two
+ * chunks ahead: the rows' bf16 (gathered, 128-byte swizzled), the columns' packed bytes, and
+ * with every other chunk their scales of its 128 k as stored.
  * Both operands take k in natural order: a thread's A pairs of a 32-k run (k 2c + 8t, + 1) are
  * word c of the run in fragment order, converted a word's 4 pairs in 8 operations and 4
  * multiplies (the checkpoint order, where they are byte c of four words, took 6 a pair). Two blocks
@@ -1136,7 +1136,9 @@ enum {
  * the columns' packed bytes and, with every other chunk, their scales. Stages are sized by the
  * tile's rows, so a smaller tile keeps more chunks in flight in the same shared memory: the
  * Nsight samples of the 4-stage form (bench/RESULTS.md, session 33) had its warps waiting for
- * the copies (long scoreboard) or on each other at the chunk's barrier 40% of the time. */
+ * the copies (long scoreboard) or on each other at the chunk's barrier 40% of the time; with
+ * as many stages as fit, the prefill layer's experts part took 5.90-5.96 ms where 4 stages
+ * took 6.06-6.09 (seven rounds each, an H100). */
 template <int NT> struct rs_stage {
     static constexpr int X_BYTES = NT * 128, S_OFF = X_BYTES + RS_W_BYTES;
     static constexpr int BYTES = (S_OFF + 4 * RS_COLS + 1023) / 1024 * 1024;
