@@ -1389,19 +1389,22 @@ __global__ void __launch_bounds__(RS_THREADS, RS_BLOCKS_PER_SM)
 static bool wgrs_ready(void)
 {
     static signed char built[BT__MAX_DEVICES], bf16_out[BT__MAX_DEVICES], f32_out[BT__MAX_DEVICES];
-    static bool carveout;
-    if (!carveout) {
-        carveout = true;
+    static signed char carveout[BT__MAX_DEVICES];
+    int dev = 0;
+    if (!bt__wgmma_ready(wgrs_built, built) || cudaGetDevice(&dev) != cudaSuccess || dev < 0 ||
+        dev >= BT__MAX_DEVICES)
+        return false;
+    if (!carveout[dev]) { /* (a function's attributes are the current device's) */
+        carveout[dev] = 1;
         if (cudaFuncSetAttribute((const void *)gemm_fp4_wgrs<__nv_bfloat16>,
                                  cudaFuncAttributePreferredSharedMemoryCarveout,
                                  cudaSharedmemCarveoutMaxShared) != cudaSuccess ||
             cudaFuncSetAttribute((const void *)gemm_fp4_wgrs<float>,
                                  cudaFuncAttributePreferredSharedMemoryCarveout,
                                  cudaSharedmemCarveoutMaxShared) != cudaSuccess)
-            cudaGetLastError(); /* (a hint: not sticky) */
+            cudaGetLastError(); /* (not sticky) */
     }
-    return bt__wgmma_ready(wgrs_built, built) &&
-           bt__smem_allowed((const void *)gemm_fp4_wgrs<__nv_bfloat16>, RS_SMEM, bf16_out) &&
+    return bt__smem_allowed((const void *)gemm_fp4_wgrs<__nv_bfloat16>, RS_SMEM, bf16_out) &&
            bt__smem_allowed((const void *)gemm_fp4_wgrs<float>, RS_SMEM, f32_out);
 }
 
