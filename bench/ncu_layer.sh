@@ -12,8 +12,9 @@
 # the warps stall, instruction by instruction, and writes the SASS with each instruction's
 # counts (executions, stall samples by reason) to CSV (the report beside it, CSV.ncu-rep).
 set -euo pipefail
-bin=${1:?usage: ncu_layer.sh BENCH_BINARY OUT_FILE [--case C] [--kernels REGEX] [--skip N] [--count N]}
-out=${2:?usage: ncu_layer.sh BENCH_BINARY OUT_FILE [--case C] [--kernels REGEX] [--skip N] [--count N]}
+usage="usage: ncu_layer.sh BENCH_BINARY OUT_FILE [--case C] [--kernels REGEX] [--skip N] [--count N] [--timeout S] [--sass CSV] [-- NCU_ARGS...]"
+bin=${1:?$usage}
+out=${2:?$usage}
 shift 2
 case_=prefill
 kernels='gemm_fp4_wgrs|gemm_rows'
@@ -50,7 +51,7 @@ timeout "$limit" "$ncu" --clock-control none --kernel-name "regex:$kernels" \
 if [ -n "$sass" ]; then
   # (with -o the sections go to the report, not to stdout: print them from it)
   timeout 120 "$ncu" -i "$sass.ncu-rep" >>"$out" 2>&1
-  timeout 120 "$ncu" -i "$sass.ncu-rep" --page source --csv --print-source sass >"$sass" 2>&1
+  timeout 120 "$ncu" -i "$sass.ncu-rep" --page source --csv --print-source sass >"$sass" 2>>"$out"
   echo "ncu_layer.sh: SASS with per-instruction counts in $sass"
 fi
 echo "ncu_layer.sh: $(grep -c '^  [a-z_].*(' "$out" || true) kernel launches profiled into $out"

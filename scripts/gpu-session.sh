@@ -128,8 +128,9 @@ run() {
         tail -8 "$r/trace.txt"
         for f in "$r"/trace/*.md; do grep -h "^span\|^###" "$f"; done ;;
       prof)
-        timeout 400 bash bench/ncu_layer.sh "$bundle/bench/bench_layer_cuda" "$r/ncu-wgrs.txt" \
-          --kernels gemm_fp4_wgrs --count 1 --sass "$r/ncu-wgrs-sass.csv"
+        # (the profile's 240 s and the report's two exports' 120 s each, within the outer bound)
+        timeout 500 bash bench/ncu_layer.sh "$bundle/bench/bench_layer_cuda" "$r/ncu-wgrs.txt" \
+          --kernels gemm_fp4_wgrs --count 1 --timeout 240 --sass "$r/ncu-wgrs-sass.csv"
         gzip -f "$r/ncu-wgrs-sass.csv"
         rm -f "$r/ncu-wgrs-sass.csv.ncu-rep"
         grep -E "Duration|Issue Slots Busy|Throughput" "$r/ncu-wgrs.txt" | head -12 ;;

@@ -1131,6 +1131,8 @@ enum {
     RS_SMEM = 110 * 1024,
     RS_MAX_STAGES = 8
 };
+static_assert(RS_BLOCKS_PER_SM * (RS_SMEM + RS_ROWS * (int)sizeof(void *) + 1024) <= 228 * 1024,
+              "two blocks an SM (Hopper: 228 KB of shared memory an SM, 1 KB a block reserved)");
 
 /* A stage holds a chunk's NT rows (128 bytes of k a row, 1024-byte aligned for the swizzle),
  * the columns' packed bytes and, with every other chunk, their scales. Stages are sized by the
@@ -1239,7 +1241,8 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
     auto step = [&](int ch, unsigned(*A)[4], auto first_c) {
         constexpr bool FIRST = decltype(first_c)::value;
         /* chunk ch has landed (this thread's copies; the barrier: everyone's), and every
-         * warpgroup's products of chunk ch - 1 are done, so its stage may be refilled */
+         * warpgroup's products of chunk ch - 2 are done (the last step's wgmma_wait<1>), so
+         * its stage takes chunk ch + ST - 2 (chunk ch - 1's may still be read) */
         asm volatile("cp.async.wait_group %0;\n" ::"n"(ST - 3));
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         __syncthreads();
@@ -1461,6 +1464,20 @@ static int mma16_ksplit(int N, int K, int groups, int chunk)
     return s;
 }
 
+/* 32-column tiles (gemm_rows; gemm_mma16's 4-tile blocks) from 144 of them up, 16 (8) below.
+ * The bound was 264 (two blocks of one tile an SM on 132 SMs); the decode's FP8 products with
+ * 144..263 (wo_a's 8 x 1024 columns, wo_b, the shared expert's w13 and w2) then ran 288..526
+ * 16-column tiles, and took less time as fewer, longer blocks of 32 columns: decode b1 0.2018 ->
+ * 0.1977 ms, b16 0.8442 -> 0.8381 (bench/RESULTS.md, session 33). The indexer's q product
+ * (128) and the smaller ones keep their forms (bounds of 129..144 were not tried; mma16_ksplit
+ * splits K only below 84). BT_CUDA_WIDE_MIN=264 restores the old bound (comparisons). */
+static int wide_min_tiles(void)
+{
+    static int once = -1;
+    static const int allowed[] = {264, 256, 240, 160, 144};
+    return bt__env_choice("BT_CUDA_WIDE_MIN", allowed, 5, 144, &once);
+}
+
 /* The few-row kernels' launch. FP4 and FP8 weights: gemm_rows, blocks of rows_tiles() tiles of
  * 32 columns when there are at least 144 of them, else 16; but FP8 products whose column tiles
  * fill less than a wave take gemm_mma16 with K in slices over a cluster, as bf16 weights do
@@ -1471,15 +1488,7 @@ static bt_status_t few_rows_launch(void *y, bt_cuda_dtype_t yd, const __nv_bfloa
                                    const uint8_t *w, const uint8_t *ws, int M, int N, int K,
                                    const int32_t *elist, gemm_io io, cudaStream_t stream)
 {
-    /* 32-column tiles from 144 of them (0.55 of a wave of 2 an SM) up: where 16-column tiles
-     * would be 1 to 2 waves of 3 an SM, fewer, longer blocks measured faster (wo_a's 8 x 1024
-     * columns, wo_b and the shared expert's products; the bound was 264, two blocks an SM:
-     * decode b1 0.2018 -> 0.1977 ms, b16 0.8442 -> 0.8381, bench/RESULTS.md session 33).
-     * BT_CUDA_WIDE_MIN=264 restores it (comparisons). */
-    static int wide_min = -1;
-    static const int wide_allowed[] = {264, 256, 240, 160, 144};
-    const bool wide = (long)bt__cdiv(N, 32) * groups >=
-                      bt__env_choice("BT_CUDA_WIDE_MIN", wide_allowed, 5, 144, &wide_min);
+    const bool wide = (long)bt__cdiv(N, 32) * groups >= wide_min_tiles();
     const int split =
         FMT != FMT_FP4 && !wide && !offs ? mma16_ksplit(N, K, groups, FMT == FMT_FP8 ? 64 : 32) : 1;
     if (FMT != FMT_BF16 && split == 1 && rows_on<FMT>()) {

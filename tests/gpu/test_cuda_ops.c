@@ -193,6 +193,12 @@ static const case_t cases[] = {
     {OP_GEMM_FP4, BF16, {12, 136, 512, 500, 200}, 0},
     {OP_GEMM_FP4, F32, {5, 256, 384, 1000, 500, 1}, 0}, /* some tiny scales */
     {OP_GEMM_FP4, F32, {40, 64, 128, 1200, 400}, 0},
+    /* the same with K of 20..32 chunks, so every stage of its 5..8-stage pipelines (by the
+     * tile's rows) is refilled several times: ~30 rows an expert (tiles of 16..48), ~80 (64..112),
+     * ~200 (a tile of 112 and one of the rest), tiny scales among them */
+    {OP_GEMM_FP4, F32, {16, 136, 1280, 480, 240}, 0},
+    {OP_GEMM_FP4, BF16, {8, 136, 2048, 640, 320}, 0},
+    {OP_GEMM_FP4, F32, {6, 200, 1536, 1200, 400, 1}, 0},
     /* many rows, K not whole 128-chunks: the wmma tile kernel */
     {OP_GEMM_FP4, F32, {6, 70, 160, 150, 60}, 0},
     {OP_GEMM_FP4, F32, {300, 256, 256, 600, 300}, 0}, /* more items than resident blocks */
