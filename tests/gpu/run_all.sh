@@ -6,7 +6,8 @@
 # greedy ids against `baton generate` (auto TP 1, float32 TP 2, each again decoding
 # speculatively with the demo model's DSpark stages). The operators whose Hopper
 # kernels have another kernel for other GPUs (or for too little shared memory) run again with
-# those switched off, so the kernels a GB10 takes are checked on the H200 too. Each step is bounded in time;
+# those switched off, so the kernels a GB10 takes are checked on the H200 too, and the FP4 expert
+# GEMM's other forms (switches for comparisons) again. Each step is bounded in time;
 # logs go to OUT_DIR, one summary line per step to stdout; the exit status is the number of
 # steps that failed.
 #   tests/gpu/run_all.sh BUNDLE_DIR OUT_DIR [--perf] [--only NAME]
@@ -46,6 +47,11 @@ step test_cuda_ops_fallbacks 300 env BT_CUDA_FLASHWG=0 BT_CUDA_IXWG=0 BT_CUDA_WG
   "$bundle/bin/test_cuda_ops" --only "attention_flash,attention_tc,attention_tc_ws,attention_tc_batch,\
 index_scores,index_scores_sets,index_scores_tc,index_sets_tc,gemm_fp4_grouped,gemm_fp4_listed,\
 hc_mix,hc_mix_ws,hc_mix_collapse"
+# gemm_fp4_wgrs' other forms: blocks of 4 warpgroups (an experiment) and the 4-stage pipeline
+step test_cuda_ops_wgrs256 120 env BT_CUDA_WGRS_COLS=256 \
+  "$bundle/bin/test_cuda_ops" --only "gemm_fp4_grouped,gemm_fp4_listed"
+step test_cuda_ops_wgrs4st 120 env BT_CUDA_WGRS_STAGES=4 \
+  "$bundle/bin/test_cuda_ops" --only "gemm_fp4_grouped,gemm_fp4_listed"
 step test_model_cuda 300 "$bundle/bin/test_model_cuda"
 step cluster_auto_tp1 200 bash "$here/cluster_cuda.sh" "$bundle/bin"
 step cluster_auto_tp1_dspark 200 bash "$here/cluster_cuda.sh" "$bundle/bin" --dspark
