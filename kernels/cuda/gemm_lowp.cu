@@ -1128,10 +1128,11 @@ template <int WG> struct rs_cfg {
     static constexpr int COLS = 64 * WG, THREADS = 128 * WG, BLOCKS_PER_SM = WG == 2 ? 2 : 1;
     static constexpr int W_BYTES = COLS * RS_CHUNK / 2;
     /* the blocks' dynamic shared memory, their static 896 bytes and the 1 KB a block the
-     * system keeps within an SM's 228 KB */
-    static constexpr int SMEM = WG == 2 ? 110 * 1024 : 220 * 1024;
+     * system keeps within an SM's 228 KB (WG 4: what 8 stages of 112 rows take) */
+    static constexpr int SMEM = WG == 2 ? 110 * 1024 : 185 * 1024;
     static_assert(BLOCKS_PER_SM * (SMEM + RS_ROWS * (int)sizeof(void *) + 1024) <= 228 * 1024,
                   "the blocks an SM (Hopper: 228 KB of shared memory an SM, 1 KB a block kept)");
+    static_assert(SMEM + RS_ROWS * (int)sizeof(void *) <= 227 * 1024, "a block's opt-in limit");
 };
 
 /* A stage holds a chunk's NT rows (128 bytes of k a row, 1024-byte aligned for the swizzle),
@@ -1421,13 +1422,27 @@ template <int WG> static bool wgrs_ready(void)
            bt__smem_allowed(kf, rs_cfg<WG>::SMEM, f32_out);
 }
 
-/* BT_CUDA_WGRS_COLS=256: gemm_fp4_wgrs' blocks of 4 warpgroups (an experiment, rs_cfg); 128,
- * the default, of 2 */
+/* BT_CUDA_WGRS_COLS=256: gemm_fp4_wgrs' blocks of 4 warpgroups (an experiment, rs_cfg; always
+ * as many stages as fit); 128, the default, of 2 */
 static int wgrs_groups(void)
 {
     static int once = -1;
     static const int allowed[] = {128, 256};
     return bt__env_choice("BT_CUDA_WGRS_COLS", allowed, 2, 128, &once) / 64;
+}
+
+/* blocks of 4 warpgroups asked for and runnable here (said once on stderr when they are not,
+ * so a comparison does not measure the default form unawares) */
+static bool wgrs4_ready(void)
+{
+    static int said;
+    const bool ok = wgrs_ready<4>();
+    if (!ok && !said) {
+        said = 1;
+        fprintf(stderr, "cuda: BT_CUDA_WGRS_COLS=256 not runnable here (no sm_90a image or its "
+                        "shared memory refused): blocks of 128 columns\n");
+    }
+    return ok;
 }
 
 template <int WG>
@@ -1446,8 +1461,8 @@ static void wgrs_launch(void *y, bt_cuda_dtype_t yd, const __nv_bfloat16 *xb, co
                    rows, offs, w, ws, N, K, elist, deep);
 }
 
-/* BT_CUDA_WGRS_STAGES=4 keeps gemm_fp4_wgrs at 4 stages whatever its tile's rows (comparisons);
- * 0, the default, as many as fit (8 for up to 64 rows, 5 for 112) */
+/* BT_CUDA_WGRS_STAGES=4 keeps gemm_fp4_wgrs at 4 stages whatever its tile's rows (comparisons;
+ * blocks of 2 warpgroups only); 0, the default, as many as fit (8 for up to 64 rows, 5 for 112) */
 static bool wgrs_deep(void)
 {
     static int once = -1;
@@ -1622,7 +1637,7 @@ static bt_status_t launch(void *y, bt_cuda_dtype_t yd, const uint16_t *x, const 
             bt__launch(gemm_skinny<FMT, float>, grid, SK_WARPS * 32, 0, stream, (float *)y, xb,
                        rows, offs, w, ws, M, N, K, elist, io);
     } else if (FMT == FMT_FP4 && mma_ok && (uintptr_t)ws % 4 == 0 && wgrs_on() &&
-               wgrs_groups() == 4 && wgrs_ready<4>()) {
+               wgrs_groups() == 4 && wgrs4_ready()) {
         wgrs_launch<4>(y, yd, xb, rows, offs, groups, max_rows, w, ws, N, K, elist, true, stream);
     } else if (FMT == FMT_FP4 && mma_ok && (uintptr_t)ws % 4 == 0 && wgrs_on() && wgrs_ready<2>()) {
         wgrs_launch<2>(y, yd, xb, rows, offs, groups, max_rows, w, ws, N, K, elist, wgrs_deep(),
