@@ -56,8 +56,9 @@ enum { BT__MAX_DEVICES = 64 };
  * device and kept in state[BT__MAX_DEVICES] (one array per kernel, zeroed: 0 not asked, 1
  * allowed, -1 refused, its error cleared): no attribute call per launch, where they raced
  * between models of one process and cost every step. Any thread may write the same value: a
- * benign race. */
-static inline bool bt__smem_allowed(const void *fn, size_t bytes, signed char *state)
+ * benign race. max_carveout: also prefer the SM's whole carveout as shared memory. */
+static inline bool bt__smem_allowed_carveout(const void *fn, size_t bytes, signed char *state,
+                                             bool max_carveout)
 {
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= BT__MAX_DEVICES) {
@@ -68,9 +69,20 @@ static inline bool bt__smem_allowed(const void *fn, size_t bytes, signed char *s
         bool ok = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        (int)bytes) == cudaSuccess;
         if (!ok) cudaGetLastError(); /* not sticky */
+        /* a hint (the SM's whole carveout as shared memory, for kernels that need it to keep
+         * several blocks an SM): refused, the kernel still runs */
+        if (ok && max_carveout &&
+            cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                 cudaSharedmemCarveoutMaxShared) != cudaSuccess)
+            cudaGetLastError();
         state[dev] = ok ? 1 : -1;
     }
     return state[dev] > 0;
+}
+
+static inline bool bt__smem_allowed(const void *fn, size_t bytes, signed char *state)
+{
+    return bt__smem_allowed_carveout(fn, bytes, state, false);
 }
 
 static inline int bt__dtype_ok(bt_cuda_dtype_t d)

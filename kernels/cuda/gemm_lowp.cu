@@ -1403,23 +1403,11 @@ __global__ void __launch_bounds__(rs_cfg<WG>::THREADS, rs_cfg<WG>::BLOCKS_PER_SM
 template <int WG> static bool wgrs_ready(void)
 {
     static signed char built[BT__MAX_DEVICES], bf16_out[BT__MAX_DEVICES], f32_out[BT__MAX_DEVICES];
-    static signed char carveout[BT__MAX_DEVICES];
-    const void *kb = (const void *)gemm_fp4_wgrs<__nv_bfloat16, WG>,
-               *kf = (const void *)gemm_fp4_wgrs<float, WG>;
-    int dev = 0;
-    if (!bt__wgmma_ready(wgrs_built, built) || cudaGetDevice(&dev) != cudaSuccess || dev < 0 ||
-        dev >= BT__MAX_DEVICES)
-        return false;
-    if (!carveout[dev]) { /* (a function's attributes are the current device's) */
-        carveout[dev] = 1;
-        if (cudaFuncSetAttribute(kb, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                 cudaSharedmemCarveoutMaxShared) != cudaSuccess ||
-            cudaFuncSetAttribute(kf, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                 cudaSharedmemCarveoutMaxShared) != cudaSuccess)
-            cudaGetLastError(); /* (not sticky) */
-    }
-    return bt__smem_allowed(kb, rs_cfg<WG>::SMEM, bf16_out) &&
-           bt__smem_allowed(kf, rs_cfg<WG>::SMEM, f32_out);
+    return bt__wgmma_ready(wgrs_built, built) &&
+           bt__smem_allowed_carveout((const void *)gemm_fp4_wgrs<__nv_bfloat16, WG>,
+                                     rs_cfg<WG>::SMEM, bf16_out, true) &&
+           bt__smem_allowed_carveout((const void *)gemm_fp4_wgrs<float, WG>, rs_cfg<WG>::SMEM,
+                                     f32_out, true);
 }
 
 /* BT_CUDA_WGRS_COLS=256: gemm_fp4_wgrs' blocks of 4 warpgroups (an experiment, rs_cfg; always
@@ -1481,19 +1469,14 @@ template <int FMT> static bool rows_on(void)
 /* column tiles a gemm_rows block walks. FP4 (the routed experts): 2, which measured faster
  * (with 2 forced for every product) than the rule below at a token's 6 experts (1) and at 16
  * tokens' ~86 (8), and than 4 at both (bench/RESULTS.md, session 32). FP8: as many as keep 4
- * waves of blocks (per_sm an SM). BT_CUDA_ROWS_TILES overrides both; BT_CUDA_FP4_TILES=n
- * gives FP4 n, 0 the FP8 rule (comparisons). */
+ * waves of blocks (per_sm an SM). BT_CUDA_ROWS_TILES=n overrides both; BT_CUDA_FP4_TILES=n
+ * gives FP4 n, 0 the FP8 rule (comparisons; n 1, 2, 3, 4 or 8). */
 static int rows_tiles(int fmt, int ntiles, int groups, int per_sm)
 {
     static int forced = -1, fp4 = -1;
-    static const int fp4_allowed[] = {0, 1, 2, 3, 4, 8};
-    if (forced < 0) {
-        const char *v = getenv("BT_CUDA_ROWS_TILES");
-        forced = v ? atoi(v) : 0;
-    }
-    if (forced > 0) return forced;
-    if (fmt == FMT_FP4 && bt__env_choice("BT_CUDA_FP4_TILES", fp4_allowed, 6, 2, &fp4) > 0)
-        return fp4;
+    static const int allowed[] = {0, 1, 2, 3, 4, 8};
+    if (bt__env_choice("BT_CUDA_ROWS_TILES", allowed, 6, 0, &forced) > 0) return forced;
+    if (fmt == FMT_FP4 && bt__env_choice("BT_CUDA_FP4_TILES", allowed, 6, 2, &fp4) > 0) return fp4;
     int tpb = 1;
     while (tpb < 8 && (long)bt__cdiv(ntiles, 2 * tpb) * groups >= 4L * per_sm * 132)
         tpb *= 2;
