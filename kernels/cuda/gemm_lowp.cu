@@ -1117,23 +1117,25 @@ static bool ft_smem_ready(void)
  * bookkeeping a k): the layer's 4096-token prefill 11.04 ms against 10.98 (bench/RESULTS.md,
  * session 20); each column's weights 8 chunks ahead asked of L2 (c41b3f8): experts 5.90 ->
  * 7.38 ms; warp-specialized, a copier warpgroup feeding three through mbarriers in a 9-stage
- * ring, one block an SM (1794168): 5.90 -> 6.53 ms (session 27, an H100). */
-enum { RS_ROWS = 112, RS_CHUNK = 64, RS_STEPS = RS_CHUNK / 16, RS_MAX_STAGES = 8 };
-
-/* A block of WG warpgroups, 64 columns each. WG 2 (the default): 256 threads, two blocks an SM.
- * WG 4 (BT_CUDA_WGRS_COLS=256, an experiment): 512 threads, one block an SM, the same warps an
- * SM, each chunk of the rows read from L2 once for 256 columns instead of 128 (the profile had
- * L2 69% busy against DRAM 51%: the rows are read again by every column block of an expert). */
-template <int WG> struct rs_cfg {
-    static constexpr int COLS = 64 * WG, THREADS = 128 * WG, BLOCKS_PER_SM = WG == 2 ? 2 : 1;
-    static constexpr int W_BYTES = COLS * RS_CHUNK / 2;
-    /* the blocks' dynamic shared memory, their static 896 bytes and the 1 KB a block the
-     * system keeps within an SM's 228 KB (WG 4: what 8 stages of 112 rows take) */
-    static constexpr int SMEM = WG == 2 ? 110 * 1024 : 185 * 1024;
-    static_assert(BLOCKS_PER_SM * (SMEM + RS_ROWS * (int)sizeof(void *) + 1024) <= 228 * 1024,
-                  "the blocks an SM (Hopper: 228 KB of shared memory an SM, 1 KB a block kept)");
-    static_assert(SMEM + RS_ROWS * (int)sizeof(void *) <= 227 * 1024, "a block's opt-in limit");
+ * ring, one block an SM (1794168): 5.90 -> 6.53 ms (session 27, an H100); blocks of 4
+ * warpgroups, 256 columns and one block an SM, each chunk of an expert's rows read from L2 once
+ * for twice the columns (e59165a; the profile had L2 69% busy against DRAM 51%): the prefill
+ * layer's experts part 5.92 -> 6.08 ms, slower in each of five rounds (session 34, an H200). */
+enum {
+    RS_COLS = 128,
+    RS_ROWS = 112,
+    RS_CHUNK = 64,
+    RS_STEPS = RS_CHUNK / 16,
+    RS_THREADS = 256,
+    RS_BLOCKS_PER_SM = 2,
+    RS_W_BYTES = RS_COLS * RS_CHUNK / 2,
+    /* two blocks' dynamic shared memory, their static 896 bytes and the 1 KB a block the
+     * system keeps within an SM's 228 KB */
+    RS_SMEM = 110 * 1024,
+    RS_MAX_STAGES = 8
 };
+static_assert(RS_BLOCKS_PER_SM * (RS_SMEM + RS_ROWS * (int)sizeof(void *) + 1024) <= 228 * 1024,
+              "two blocks an SM (Hopper: 228 KB of shared memory an SM, 1 KB a block reserved)");
 
 /* A stage holds a chunk's NT rows (128 bytes of k a row, 1024-byte aligned for the swizzle),
  * the columns' packed bytes and, with every other chunk, their scales. Stages are sized by the
@@ -1142,11 +1144,10 @@ template <int WG> struct rs_cfg {
  * the copies (long scoreboard) or on each other at the chunk's barrier 40% of the time; with
  * as many stages as fit, the prefill layer's experts part took 5.90-5.96 ms where 4 stages
  * took 6.06-6.09 (seven rounds each, an H100). */
-template <int NT, int WG> struct rs_stage {
-    using C = rs_cfg<WG>;
-    static constexpr int X_BYTES = NT * 128, S_OFF = X_BYTES + C::W_BYTES;
-    static constexpr int BYTES = (S_OFF + 4 * C::COLS + 1023) / 1024 * 1024;
-    static constexpr int FIT = (C::SMEM - 1024) / BYTES; /* (1024: alignment) */
+template <int NT> struct rs_stage {
+    static constexpr int X_BYTES = NT * 128, S_OFF = X_BYTES + RS_W_BYTES;
+    static constexpr int BYTES = (S_OFF + 4 * RS_COLS + 1023) / 1024 * 1024;
+    static constexpr int FIT = (RS_SMEM - 1024) / BYTES; /* (1024: alignment) */
     static constexpr int DEEP = FIT < RS_MAX_STAGES ? FIT : RS_MAX_STAGES;
 };
 
@@ -1171,7 +1172,7 @@ static bool wgrs_on(void)
     return bt__env_switch("BT_CUDA_WGRS", &once);
 }
 
-template <int NT, int ST, int WG, typename OT>
+template <int NT, int ST, typename OT>
 __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t *ws, int N, int K,
                                           int m0, int mr, int n0, unsigned char *smem,
                                           const __nv_bfloat16 *const *arow)
@@ -1179,9 +1180,9 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
 #ifdef BT_WGMMA
     const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, c = lane & 3;
     const int f = 64 * (tid >> 7) + 16 * ((tid >> 5) & 3) + g; /* columns f and f + 8 */
-    using SG = rs_stage<NT, WG>;
-    constexpr int COLS = rs_cfg<WG>::COLS, THREADS = rs_cfg<WG>::THREADS;
-    static_assert(ST >= 3 && ST <= SG::FIT, "stages: 2 chunks in flight at least, in SMEM");
+    using SG = rs_stage<NT>;
+    constexpr int COLS = RS_COLS, THREADS = RS_THREADS;
+    static_assert(ST >= 3 && ST <= SG::FIT, "stages: 2 chunks in flight at least, in RS_SMEM");
     auto stage = [&](int ch) { return smem + (ch % ST) * SG::BYTES; };
     /* What does not change from chunk to chunk (shared addresses, the rows', weights' and
      * scales' sources) is computed once. */
@@ -1344,8 +1345,8 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
 #endif
 }
 
-template <typename OT, int WG>
-__global__ void __launch_bounds__(rs_cfg<WG>::THREADS, rs_cfg<WG>::BLOCKS_PER_SM)
+template <typename OT>
+__global__ void __launch_bounds__(RS_THREADS, RS_BLOCKS_PER_SM)
     gemm_fp4_wgrs(OT *y, const __nv_bfloat16 *x, const int32_t *rows, const int32_t *offs,
                   const uint8_t *w, const uint8_t *ws, int N, int K, const int32_t *elist,
                   bool deep)
@@ -1359,7 +1360,7 @@ __global__ void __launch_bounds__(rs_cfg<WG>::THREADS, rs_cfg<WG>::BLOCKS_PER_SM
     if (e < 0) return; /* a padded slot of the expert list (the whole block) */
     const int r0 = offs[e], m0 = r0 + blockIdx.y * RS_ROWS, r1 = offs[e + 1];
     if (m0 >= r1) return; /* the whole block */
-    const int mr = min(RS_ROWS, r1 - m0), n0 = blockIdx.x * rs_cfg<WG>::COLS;
+    const int mr = min(RS_ROWS, r1 - m0), n0 = blockIdx.x * RS_COLS;
     w += (size_t)e * N * (K / 2);
     ws += (size_t)e * N * (K / 32);
     if (tid < RS_ROWS)
@@ -1369,17 +1370,10 @@ __global__ void __launch_bounds__(rs_cfg<WG>::THREADS, rs_cfg<WG>::BLOCKS_PER_SM
     unsigned char *smem =
         rs_smem + ((1024 - ((uint32_t)__cvta_generic_to_shared(rs_smem) & 1023)) & 1023);
     /* N: the tile's rows rounded up to 16 */
-    /* (deep: as many stages as fit, else 4, for comparisons; 4 warpgroups: always deep) */
+    /* (deep: as many stages as fit, else 4, for comparisons) */
 #define BT__WGRS_TILE(NT)                                                                          \
-    do {                                                                                           \
-        constexpr int DEEP = rs_stage<NT, WG>::DEEP;                                               \
-        if constexpr (WG != 2)                                                                     \
-            wgrs_tile<NT, DEEP, WG>(y, w, ws, N, K, m0, mr, n0, smem, arow);                       \
-        else if (deep)                                                                             \
-            wgrs_tile<NT, DEEP, WG>(y, w, ws, N, K, m0, mr, n0, smem, arow);                       \
-        else                                                                                       \
-            wgrs_tile<NT, 4, WG>(y, w, ws, N, K, m0, mr, n0, smem, arow);                          \
-    } while (0)
+    (deep ? wgrs_tile<NT, rs_stage<NT>::DEEP>(y, w, ws, N, K, m0, mr, n0, smem, arow)              \
+          : wgrs_tile<NT, 4>(y, w, ws, N, K, m0, mr, n0, smem, arow))
     /* clang-format off */
     switch ((mr + 15) / 16) {
     case 1: BT__WGRS_TILE(16); break;
@@ -1393,64 +1387,38 @@ __global__ void __launch_bounds__(rs_cfg<WG>::THREADS, rs_cfg<WG>::BLOCKS_PER_SM
     /* clang-format on */
 #undef BT__WGRS_TILE
 #else
-    __trap(); /* launched only where wgrs_ready<WG>() found the sm_90a image */
+    __trap(); /* launched only where wgrs_ready() found the sm_90a image */
 #endif
 }
 
-/* gemm_fp4_wgrs<., WG> runs here: a Hopper device, this binary's device code built for sm_90a,
- * and its shared memory allowed (with the SM's whole carveout asked for shared memory: the
- * blocks an SM need it) */
-template <int WG> static bool wgrs_ready(void)
+/* gemm_fp4_wgrs runs here: a Hopper device, this binary's device code built for sm_90a, and
+ * its shared memory allowed (with the SM's whole carveout asked for shared memory: two blocks
+ * of RS_SMEM need it) */
+static bool wgrs_ready(void)
 {
     static signed char built[BT__MAX_DEVICES], bf16_out[BT__MAX_DEVICES], f32_out[BT__MAX_DEVICES];
     return bt__wgmma_ready(wgrs_built, built) &&
-           bt__smem_allowed_carveout((const void *)gemm_fp4_wgrs<__nv_bfloat16, WG>,
-                                     rs_cfg<WG>::SMEM, bf16_out, true) &&
-           bt__smem_allowed_carveout((const void *)gemm_fp4_wgrs<float, WG>, rs_cfg<WG>::SMEM,
-                                     f32_out, true);
+           bt__smem_allowed_carveout((const void *)gemm_fp4_wgrs<__nv_bfloat16>, RS_SMEM, bf16_out,
+                                     true) &&
+           bt__smem_allowed_carveout((const void *)gemm_fp4_wgrs<float>, RS_SMEM, f32_out, true);
 }
 
-/* BT_CUDA_WGRS_COLS=256: gemm_fp4_wgrs' blocks of 4 warpgroups (an experiment, rs_cfg; always
- * as many stages as fit); 128, the default, of 2 */
-static int wgrs_groups(void)
-{
-    static int once = -1;
-    static const int allowed[] = {128, 256};
-    return bt__env_choice("BT_CUDA_WGRS_COLS", allowed, 2, 128, &once) / 64;
-}
-
-/* blocks of 4 warpgroups asked for and runnable here (said once on stderr when they are not,
- * so a comparison does not measure the default form unawares) */
-static bool wgrs4_ready(void)
-{
-    static int said;
-    const bool ok = wgrs_ready<4>();
-    if (!ok && !said) {
-        said = 1;
-        fprintf(stderr, "cuda: BT_CUDA_WGRS_COLS=256 not runnable here (no sm_90a image or its "
-                        "shared memory refused): blocks of 128 columns\n");
-    }
-    return ok;
-}
-
-template <int WG>
 static void wgrs_launch(void *y, bt_cuda_dtype_t yd, const __nv_bfloat16 *xb, const int32_t *rows,
                         const int32_t *offs, int groups, int max_rows, const uint8_t *w,
                         const uint8_t *ws, int N, int K, const int32_t *elist, bool deep,
                         cudaStream_t stream)
 {
-    using C = rs_cfg<WG>;
-    dim3 grid(bt__cdiv(N, C::COLS), bt__cdiv(max_rows, RS_ROWS), groups);
+    dim3 grid(bt__cdiv(N, RS_COLS), bt__cdiv(max_rows, RS_ROWS), groups);
     if (yd == BT_CUDA_BF16)
-        bt__launch(gemm_fp4_wgrs<__nv_bfloat16, WG>, grid, C::THREADS, C::SMEM, stream,
+        bt__launch(gemm_fp4_wgrs<__nv_bfloat16>, grid, RS_THREADS, RS_SMEM, stream,
                    (__nv_bfloat16 *)y, xb, rows, offs, w, ws, N, K, elist, deep);
     else
-        bt__launch(gemm_fp4_wgrs<float, WG>, grid, C::THREADS, C::SMEM, stream, (float *)y, xb,
-                   rows, offs, w, ws, N, K, elist, deep);
+        bt__launch(gemm_fp4_wgrs<float>, grid, RS_THREADS, RS_SMEM, stream, (float *)y, xb, rows,
+                   offs, w, ws, N, K, elist, deep);
 }
 
-/* BT_CUDA_WGRS_STAGES=4 keeps gemm_fp4_wgrs at 4 stages whatever its tile's rows (comparisons;
- * blocks of 2 warpgroups only); 0, the default, as many as fit (8 for up to 64 rows, 5 for 112) */
+/* BT_CUDA_WGRS_STAGES=4 keeps gemm_fp4_wgrs at 4 stages whatever its tile's rows
+ * (comparisons); 0, the default, as many as fit (8 for up to 64 rows, 5 for 112) */
 static bool wgrs_deep(void)
 {
     static int once = -1;
@@ -1619,12 +1587,9 @@ static bt_status_t launch(void *y, bt_cuda_dtype_t yd, const uint16_t *x, const 
         else
             bt__launch(gemm_skinny<FMT, float>, grid, SK_WARPS * 32, 0, stream, (float *)y, xb,
                        rows, offs, w, ws, M, N, K, elist, io);
-    } else if (FMT == FMT_FP4 && mma_ok && (uintptr_t)ws % 4 == 0 && wgrs_on() &&
-               wgrs_groups() == 4 && wgrs4_ready()) {
-        wgrs_launch<4>(y, yd, xb, rows, offs, groups, max_rows, w, ws, N, K, elist, true, stream);
-    } else if (FMT == FMT_FP4 && mma_ok && (uintptr_t)ws % 4 == 0 && wgrs_on() && wgrs_ready<2>()) {
-        wgrs_launch<2>(y, yd, xb, rows, offs, groups, max_rows, w, ws, N, K, elist, wgrs_deep(),
-                       stream);
+    } else if (FMT == FMT_FP4 && mma_ok && (uintptr_t)ws % 4 == 0 && wgrs_on() && wgrs_ready()) {
+        wgrs_launch(y, yd, xb, rows, offs, groups, max_rows, w, ws, N, K, elist, wgrs_deep(),
+                    stream);
     } else if (FMT == FMT_FP4 && mma_ok && (uintptr_t)ws % 4 == 0 && ft_smem_ready()) {
         /* (grouped only: rows K and N apart, as the plain layout) */
         dim3 grid(bt__cdiv(N, FT_COLS), bt__cdiv(max_rows, FT_ROWS), groups);

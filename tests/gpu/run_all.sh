@@ -47,9 +47,7 @@ step test_cuda_ops_fallbacks 300 env BT_CUDA_FLASHWG=0 BT_CUDA_IXWG=0 BT_CUDA_WG
   "$bundle/bin/test_cuda_ops" --only "attention_flash,attention_tc,attention_tc_ws,attention_tc_batch,\
 index_scores,index_scores_sets,index_scores_tc,index_sets_tc,gemm_fp4_grouped,gemm_fp4_listed,\
 hc_mix,hc_mix_ws,hc_mix_collapse"
-# gemm_fp4_wgrs' other forms: blocks of 4 warpgroups (an experiment) and the 4-stage pipeline
-step test_cuda_ops_wgrs256 120 env BT_CUDA_WGRS_COLS=256 \
-  "$bundle/bin/test_cuda_ops" --only "gemm_fp4_grouped,gemm_fp4_listed"
+# gemm_fp4_wgrs' other form: the 4-stage pipeline
 step test_cuda_ops_wgrs4st 120 env BT_CUDA_WGRS_STAGES=4 \
   "$bundle/bin/test_cuda_ops" --only "gemm_fp4_grouped,gemm_fp4_listed"
 step test_model_cuda 300 "$bundle/bin/test_model_cuda"

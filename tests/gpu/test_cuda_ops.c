@@ -199,8 +199,7 @@ static const case_t cases[] = {
     {OP_GEMM_FP4, F32, {16, 136, 1280, 480, 240}, 0},
     {OP_GEMM_FP4, BF16, {8, 136, 2048, 640, 320}, 0},
     {OP_GEMM_FP4, F32, {6, 200, 1536, 1200, 400, 1}, 0},
-    /* N over 256 and off its multiples: a third block of 256 columns (BT_CUDA_WGRS_COLS=256)
-     * with whole warpgroups past N */
+    /* N off the blocks' 128 columns: the fifth block's second warpgroup partly past N */
     {OP_GEMM_FP4, BF16, {4, 600, 512, 400, 200}, 0},
     /* many rows, K not whole 128-chunks: the wmma tile kernel */
     {OP_GEMM_FP4, F32, {6, 70, 160, 150, 60}, 0},
