@@ -660,6 +660,29 @@ __global__ void __launch_bounds__(MT_WARPS * 32, MMA16_MIN_BLOCKS(FMT, TILES)) g
  * Tried and measured slower: also prefetching into L2 the weights one or two chunks past those
  * loaded into registers (cp.async.bulk.prefetch): the layer's decode 25-40% slower at batch 1
  * and 16 (bench/RESULTS.md, session 20). */
+/* A gemm_rows lane's 16 weight bytes, read once: LH 2 (the default) as streaming data
+ * (ld.global.cs: evicted first from L1 and L2); 1 cached in L2 only (ld.global.cg); 0 a
+ * read-only load through L1 (__ldg, the form before). Tried because Nsight over the decode's FP4
+ * experts at 16 tokens (bench/RESULTS.md, session 34) had 36% of the warps' stall samples on the
+ * first use of the rows loaded a chunk ahead and few on the weights loaded beside them, the
+ * weights streaming through L1 where the rows are read again. The same profile with 1 still has
+ * them (Nsight runs each kernel alone, caches flushed), so where 2 gains in the graph, which
+ * keeps everything else in L2 ahead of the weights, is not settled. On an H100, four rounds
+ * each (graph, two streams): decode b1 0.1969 -> 0.1915 ms with 2 (attention projections 0.0847
+ * -> 0.0829, routed FP4 0.0565 -> 0.0528), b16 0.8414 -> 0.8370 (attention projections 0.0985 ->
+ * 0.0906); with 1, b1 0.1972, b16 0.8327. BT_CUDA_ROWS_LH=0|1 for comparisons (rows_lh). (Inline
+ * PTX with L1::no_allocate took the FP4 instance to 128 registers and 48 bytes of spills; these
+ * built-ins keep its 126.) */
+template <int LH> __device__ __forceinline__ uint4 rows_weight_ld(const uint8_t *p)
+{
+    if constexpr (LH == 1)
+        return __ldcg((const uint4 *)p);
+    else if constexpr (LH == 2)
+        return __ldcs((const uint4 *)p);
+    else
+        return __ldg((const uint4 *)p);
+}
+
 template <int FMT> struct rows_fmt {
     static constexpr int CHUNK = FMT == FMT_FP4 ? 128 : 64; /* k a warp's chunk */
     static constexpr int KW = CHUNK / 4;                    /* k a lane's chunk (16 bytes) */
@@ -689,7 +712,7 @@ static int rows_ks(int fmt, int K)
  * 60 bytes) */
 #define ROWS_MIN_BLOCKS(FMT, MT, R16) ((FMT) == FMT_FP4 || (MT) == 2 || (R16) ? 2 : 3)
 
-template <int FMT, int MT, bool R16, typename OT>
+template <int FMT, int MT, bool R16, int LH, typename OT>
 __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
     gemm_rows(OT *y, const __nv_bfloat16 *x, const int32_t *rows, const int32_t *offs,
               const uint8_t *w, const uint8_t *ws, int M, int N, int K, const int32_t *elist,
@@ -744,7 +767,7 @@ __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
 #pragma unroll
         for (int i = 0; i < NC; i++) {
             const unsigned o = woff[i] + kc;
-            v[i] = __ldg((const uint4 *)(w + o));
+            v[i] = rows_weight_ld<LH>(w + o);
             if (FP4) s[i] = __ldg(ws + (o >> 4));
         }
         if (!FP4) s[0] = __ldg(ws + soff + kc / 32);
@@ -1451,6 +1474,15 @@ static int rows_tiles(int fmt, int ntiles, int groups, int per_sm)
     return tpb;
 }
 
+/* gemm_rows' weight loads (rows_weight_ld): 2, streaming, unless BT_CUDA_ROWS_LH says 0 or 1
+ * (comparisons) */
+static int rows_lh(void)
+{
+    static int once = -1;
+    static const int allowed[] = {0, 1, 2};
+    return bt__env_choice("BT_CUDA_ROWS_LH", allowed, 3, 2, &once);
+}
+
 /* K slices for a narrow FP8 or bf16 product whose column tiles fill less than one wave of
  * resident blocks (5 an SM on 132 SMs): the few blocks of e.g. a [512, 5120] projection each
  * walked all of K, one chunk a warp at a time, with most SMs idle. A cluster of 2..8 blocks
@@ -1494,7 +1526,7 @@ static bt_status_t few_rows_launch(void *y, bt_cuda_dtype_t yd, const __nv_bfloa
         FMT != FMT_FP4 && !wide && !offs ? mma16_ksplit(N, K, groups, FMT == FMT_FP8 ? 64 : 32) : 1;
     if (FMT != FMT_BF16 && split == 1 && rows_on<FMT>()) {
         constexpr int F = FMT == FMT_FP4 ? FMT_FP4 : FMT_FP8; /* (no bf16 instance) */
-#define BT__ROWS(MT, R16)                                                                          \
+#define BT__ROWS_LH(MT, R16, LH)                                                                   \
     do {                                                                                           \
         const int nt = bt__cdiv(N, 16 * MT), ks = rows_ks(F, K), ngr = MT_WARPS / ks;              \
         /* (tiles a block: a multiple of its warp groups) */                                       \
@@ -1502,11 +1534,21 @@ static bt_status_t few_rows_launch(void *y, bt_cuda_dtype_t yd, const __nv_bfloa
             bt__cdiv(rows_tiles(F, nt, groups, ROWS_MIN_BLOCKS(F, MT, R16)), ngr) * ngr;           \
         dim3 grid(bt__cdiv(nt, tpb), groups);                                                      \
         if (yd == BT_CUDA_BF16)                                                                    \
-            bt__launch(gemm_rows<F, MT, R16, __nv_bfloat16>, grid, MT_WARPS * 32, 0, stream,       \
+            bt__launch(gemm_rows<F, MT, R16, LH, __nv_bfloat16>, grid, MT_WARPS * 32, 0, stream,   \
                        (__nv_bfloat16 *)y, xb, rows, offs, w, ws, M, N, K, elist, io, tpb, ks);    \
         else                                                                                       \
-            bt__launch(gemm_rows<F, MT, R16, float>, grid, MT_WARPS * 32, 0, stream, (float *)y,   \
-                       xb, rows, offs, w, ws, M, N, K, elist, io, tpb, ks);                        \
+            bt__launch(gemm_rows<F, MT, R16, LH, float>, grid, MT_WARPS * 32, 0, stream,           \
+                       (float *)y, xb, rows, offs, w, ws, M, N, K, elist, io, tpb, ks);            \
+    } while (0)
+#define BT__ROWS(MT, R16)                                                                          \
+    do {                                                                                           \
+        const int lh = rows_lh();                                                                  \
+        if (lh == 1)                                                                               \
+            BT__ROWS_LH(MT, R16, 1);                                                               \
+        else if (lh == 2)                                                                          \
+            BT__ROWS_LH(MT, R16, 2);                                                               \
+        else                                                                                       \
+            BT__ROWS_LH(MT, R16, 0);                                                               \
     } while (0)
         /* FP4 experts: 8 rows a pass (more are rare); FP8 products: all their rows in one */
         if (FMT == FMT_FP8 && !offs && M > 8) {
@@ -1519,6 +1561,7 @@ static bt_status_t few_rows_launch(void *y, bt_cuda_dtype_t yd, const __nv_bfloa
         else
             BT__ROWS(1, false);
 #undef BT__ROWS
+#undef BT__ROWS_LH
         return BT_OK;
     }
 #define BT__MMA16(TL)                                                                              \
