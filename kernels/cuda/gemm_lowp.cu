@@ -1474,13 +1474,16 @@ static int rows_tiles(int fmt, int ntiles, int groups, int per_sm)
     return tpb;
 }
 
-/* gemm_rows' weight loads (rows_weight_ld): 2, streaming, unless BT_CUDA_ROWS_LH says 0 or 1
- * (comparisons) */
-static int rows_lh(void)
+/* gemm_rows' weight loads (rows_weight_ld): 2, streaming, unless BT_CUDA_ROWS_LH says 0 or 1;
+ * BT_CUDA_FP4_LH the same for the FP4 experts alone (comparisons, to tell the formats' shares
+ * apart: at b16 the experts part, routed FP4 and the shared expert's FP8 beside it, was
+ * fastest with 1, the attention projections with 2) */
+static int rows_lh(int fmt)
 {
-    static int once = -1;
+    static int once = -1, fp4 = -1;
     static const int allowed[] = {0, 1, 2};
-    return bt__env_choice("BT_CUDA_ROWS_LH", allowed, 3, 2, &once);
+    const int all = bt__env_choice("BT_CUDA_ROWS_LH", allowed, 3, 2, &once);
+    return fmt == FMT_FP4 ? bt__env_choice("BT_CUDA_FP4_LH", allowed, 3, all, &fp4) : all;
 }
 
 /* K slices for a narrow FP8 or bf16 product whose column tiles fill less than one wave of
@@ -1542,7 +1545,7 @@ static bt_status_t few_rows_launch(void *y, bt_cuda_dtype_t yd, const __nv_bfloa
     } while (0)
 #define BT__ROWS(MT, R16)                                                                          \
     do {                                                                                           \
-        const int lh = rows_lh();                                                                  \
+        const int lh = rows_lh(F);                                                                 \
         if (lh == 1)                                                                               \
             BT__ROWS_LH(MT, R16, 1);                                                               \
         else if (lh == 2)                                                                          \
