@@ -774,27 +774,32 @@ __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
         kc += step_bytes;
     };
     /* this lane's rows (g, and g + 8 when R16): where their first k lies, where the next
-     * chunk's, and that chunk's bf16 as loaded */
+     * chunk's, and a chunk's bf16 as loaded. FP4 (XALT): two register sets taken in turn like
+     * the weights'. With one set, copied at each chunk's start before the next chunk's rows
+     * are loaded into it, that copy waited for the rows: 36% of the FP4 products' stall samples
+     * at 16 tokens (bench/RESULTS.md, session 34). FP8 keeps the one set and the copy (two sets
+     * measured slower for its products in session 14). */
+    constexpr bool XALT = FP4;
     const __nv_bfloat16 *xrow[RP], *xp[RP];
-    uint4 xr[RP][XQ];
-    auto load_x = [&]() {
+    auto load_x = [&](uint4(*xn)[XQ]) {
 #pragma unroll
         for (int r = 0; r < RP; r++) {
 #pragma unroll
             for (int q = 0; q < XQ; q++)
-                xr[r][q] = *(const uint4 *)(xp[r] + 8 * q);
+                xn[r][q] = *(const uint4 *)(xp[r] + 8 * q);
             xp[r] += step;
         }
     };
+    uint4 xa[RP][XQ], xb[RP][XQ];
     uint4 wa[NC], wb[NC];
     uint8_t sa[NS], sb[NS];
     float acc[RP][MT][4];
     int t = grp; /* the tile being walked */
 
     enum { LAST, NEXT_CHUNK, NEXT_TILE }; /* what a chunk loads for the next one */
-    /* one chunk from wc/sc and xr; the next one's weights into wn/sn and its rows into xr
-     * (once they are in xw here) */
-    auto chunk = [&](const uint4 *wc, const uint8_t *sc, uint4 *wn, uint8_t *sn, int next) {
+    /* one chunk from wc/sc and xc; the next one's weights into wn/sn and its rows into xn */
+    auto chunk = [&](const uint4 *wc, const uint8_t *sc, const uint4(*xc)[XQ], uint4 *wn,
+                     uint8_t *sn, uint4(*xn)[XQ], int next) {
         if (next == NEXT_TILE) {
             set_tile(t + ngr);
 #pragma unroll
@@ -802,18 +807,22 @@ __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
                 xp[r] = xrow[r];
         }
         if (next != LAST) load_w(wn, sn);
-        /* the rows' bf16 pairs, in k order (FP4's fragment order needs no re-pairing) */
-        unsigned xw[RP][4 * XQ];
+        uint4 xl[RP][XQ]; /* (one set: the chunk's rows, before the next ones replace them) */
+        if constexpr (!XALT) {
 #pragma unroll
-        for (int r = 0; r < RP; r++) {
+            for (int r = 0; r < RP; r++)
 #pragma unroll
-            for (int q = 0; q < XQ; q++) {
-                const uint4 v = xr[r][q];
-                xw[r][4 * q] = v.x, xw[r][4 * q + 1] = v.y;
-                xw[r][4 * q + 2] = v.z, xw[r][4 * q + 3] = v.w;
-            }
+                for (int q = 0; q < XQ; q++)
+                    xl[r][q] = xc[r][q];
         }
-        if (next != LAST) load_x();
+        if (next != LAST) load_x(xn);
+        const uint4(*xu)[XQ] = XALT ? xc : xl;
+        /* row r's bf16 pair p of the chunk, in k order (FP4's fragment order needs no
+         * re-pairing; p a constant once unrolled) */
+        auto xw = [&](int r, int p) {
+            const uint4 &v = xu[r][p >> 2];
+            return (p & 3) == 0 ? v.x : (p & 3) == 1 ? v.y : (p & 3) == 2 ? v.z : v.w;
+        };
         bool fast = true;
 #pragma unroll
         for (int i = 0; i < NS; i++)
@@ -857,7 +866,7 @@ __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
                         const int p0 = FP4 ? q + 8 * h : 2 * q, p1 = FP4 ? p0 + 4 : p0 + 1;
 #pragma unroll
                         for (int r = 0; r < RP; r++)
-                            mma_bf16_16816(acc[r][tt], a, xw[r][p0], xw[r][p1]);
+                            mma_bf16_16816(acc[r][tt], a, xw(r, p0), xw(r, p1));
                     }
                 }
             }
@@ -916,7 +925,7 @@ __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
                 for (int j = 0; j < 4; j++)
                     acc[r][tt][j] = 0.0f;
         }
-        if (nw > 0) load_x();
+        if (nw > 0) load_x(xa);
         if (nw == 0) { /* K too short for this warp: nothing to add, barriers to keep */
             while (t < tiles)
                 flush(rb);
@@ -932,10 +941,10 @@ __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
             }
         };
         while (t < tiles) {
-            chunk(wa, sa, wb, sb, next());
+            chunk(wa, sa, xa, wb, sb, XALT ? xb : xa, next());
             done();
             if (t >= tiles) break;
-            chunk(wb, sb, wa, sa, next());
+            chunk(wb, sb, XALT ? xb : xa, wa, sa, xa, next());
             done();
         }
     }
