@@ -10,7 +10,8 @@
 # names (default: the FP4 expert GEMMs). NCU (default: ncu on PATH, else the CUDA toolkit's).
 # Environment switches (BT_CUDA_*) pass through to the benchmark. --sass CSV also samples where
 # the warps stall, instruction by instruction, and writes the SASS with each instruction's
-# counts (executions, stall samples by reason) to CSV (the report beside it, CSV.ncu-rep).
+# counts (executions, stall samples by reason) to CSV (the report beside it, CSV.ncu-rep);
+# bench/ncu_sass_summary.py CSV sums it up (mix, stall reasons, hottest instructions).
 set -euo pipefail
 usage="usage: ncu_layer.sh BENCH_BINARY OUT_FILE [--case C] [--kernels REGEX] [--skip N] [--count N] [--timeout S] [--sass CSV] [-- NCU_ARGS...]"
 bin=${1:?$usage}
