@@ -646,8 +646,9 @@ __global__ void __launch_bounds__(MT_WARPS * 32, MMA16_MIN_BLOCKS(FMT, TILES)) g
  * k order, one scale for the lane: a 32-column tile is one 32x32 scale block wide). Half of
  * gemm_mma16's MMAs, and the rows' loads for 8 rows, not 16.
  * - The weights and the rows of the next chunk are loaded before this one is converted (the
- *   rows come from L2: waiting for them each chunk was the FP4 kernel's largest stall), the
- *   weights into a second register set the chunks alternate with: nothing is copied.
+ *   rows come from L2: waiting for them each chunk was the FP4 kernel's largest stall), into
+ *   a second register set the chunks alternate with: nothing is copied (FP8's rows excepted:
+ *   one set, copied each chunk; see XALT).
  * - A block walks `tiles` column tiles of its matrix, the next tile's first chunk loaded during
  *   the last one of the tile before: the chain of loads that starts a block (expert list,
  *   offsets, row indices, rows: ~2 us) was an eighth of a one-tile FP4 block's time.
@@ -660,6 +661,12 @@ __global__ void __launch_bounds__(MT_WARPS * 32, MMA16_MIN_BLOCKS(FMT, TILES)) g
  * Tried and measured slower: also prefetching into L2 the weights one or two chunks past those
  * loaded into registers (cp.async.bulk.prefetch): the layer's decode 25-40% slower at batch 1
  * and 16 (bench/RESULTS.md, session 20). */
+template <int FMT> struct rows_fmt {
+    static constexpr int CHUNK = FMT == FMT_FP4 ? 128 : 64; /* k a warp's chunk */
+    static constexpr int KW = CHUNK / 4;                    /* k a lane's chunk (16 bytes) */
+    static constexpr int CHUNK_BYTES = CHUNK * (FMT == FMT_FP4 ? 1 : 2) / 2; /* 64 either way */
+};
+
 /* A gemm_rows lane's 16 weight bytes, read once: LH 2 (the default) as streaming data
  * (ld.global.cs: evicted first from L1 and L2); 1 cached in L2 only (ld.global.cg); 0 a
  * read-only load through L1 (__ldg, the form before). Tried because Nsight over the decode's FP4
@@ -671,8 +678,7 @@ __global__ void __launch_bounds__(MT_WARPS * 32, MMA16_MIN_BLOCKS(FMT, TILES)) g
  * each (graph, two streams): decode b1 0.1969 -> 0.1915 ms with 2 (attention projections 0.0847
  * -> 0.0829, routed FP4 0.0565 -> 0.0528), b16 0.8414 -> 0.8370 (attention projections 0.0985 ->
  * 0.0906); with 1, b1 0.1972, b16 0.8327. BT_CUDA_ROWS_LH=0|1 for comparisons (rows_lh). (Inline
- * PTX with L1::no_allocate took the FP4 instance to 128 registers and 48 bytes of spills; these
- * built-ins keep its 126.) */
+ * PTX with L1::no_allocate spilled 48 bytes in the FP4 instance; these built-ins spill none.) */
 template <int LH> __device__ __forceinline__ uint4 rows_weight_ld(const uint8_t *p)
 {
     if constexpr (LH == 1)
@@ -682,12 +688,6 @@ template <int LH> __device__ __forceinline__ uint4 rows_weight_ld(const uint8_t 
     else
         return __ldg((const uint4 *)p);
 }
-
-template <int FMT> struct rows_fmt {
-    static constexpr int CHUNK = FMT == FMT_FP4 ? 128 : 64; /* k a warp's chunk */
-    static constexpr int KW = CHUNK / 4;                    /* k a lane's chunk (16 bytes) */
-    static constexpr int CHUNK_BYTES = CHUNK * (FMT == FMT_FP4 ? 1 : 2) / 2; /* 64 either way */
-};
 
 /* Warps that share a tile's K in gemm_rows (the block's warps in groups of ks, each group its own
  * tiles): chunk j of a tile goes to the group's warp j % ks. The most of 8, 4, 2 that divides the
