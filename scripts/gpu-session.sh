@@ -4,7 +4,8 @@
 #
 # Here (builds, then packs .dev/cb/c.tgz for the tool's carry [".dev/cb"], under its 64 MiB):
 #   scripts/gpu-session.sh pack [--rev REV]... [--cubin FILE.cu]...
-#     build-cuda (Release) and the layer bench; the tests, services, golden fixtures and the
+#     build-cuda-sm90a (Release, sm_90a only: the device's code, half the fatbins that five
+#     binaries each carry) and the layer bench; the tests, services, golden fixtures and the
 #     layer bench in one bundle; with --rev, REV's layer bench too (built in a worktree), as
 #     bench_layer_cuda_REV, for same-run A/B; with --cubin, FILE's sm_90a cubin for its SASS.
 # There (the command of one device call; results in $OUT/r.tgz):
@@ -37,11 +38,12 @@ pack() {
     esac
   done
   set -e
-  [ -d build-cuda ] || cmake -S . -B build-cuda -DBT_CUDA=ON -DCMAKE_BUILD_TYPE=Release > /dev/null
-  cmake --build build-cuda -j2 > /dev/null
+  [ -d build-cuda-sm90a ] || cmake -S . -B build-cuda-sm90a -DBT_CUDA=ON \
+    -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a > /dev/null
+  cmake --build build-cuda-sm90a -j2 > /dev/null
   JOBS=2 bash bench/run_layer_bench.sh --build-only | tail -1
   rm -rf "$bundle" && mkdir -p .dev/cb
-  scripts/device-bundle.sh build-cuda "$bundle" --golden test_cuda_ops test_model_cuda baton \
+  scripts/device-bundle.sh build-cuda-sm90a "$bundle" --golden test_cuda_ops test_model_cuda baton \
     baton-router baton-prefill baton-decode baton-gateway > /dev/null
   mkdir -p "$bundle/bench" "$bundle/cubin"
   # CUPTI for bench_layer_cuda --trace (the toolkit's, beside its cudart)
