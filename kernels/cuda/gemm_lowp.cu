@@ -31,7 +31,6 @@
 #include <cuda_fp8.h>
 #include <mma.h>
 
-#include <climits>
 #include <type_traits>
 
 using namespace nvcuda;
@@ -124,38 +123,7 @@ __device__ __forceinline__ void expert_weights(const uint8_t *&w, const uint8_t 
  * y + e * y_group + r * ldy, r < M. Plain: ldx = K, ldy = N. */
 struct gemm_io {
     long long ldx, x_group, ldy, y_group;
-    int l2pf; /* blocks (the first, in launch order) that prefetch their weights: l2_prefetch */
 };
-
-/* A dense product's block asks L2 for all of its weights before its grid wait: cols columns
- * `stride` bytes apart, `bytes` of each from p (16-byte aligned, a multiple of 16; contiguous
- * columns as one range split over the warps). In a decode step most products follow kernels
- * that leave DRAM idle (a norm, RoPE, attention, the router's one block): the blocks launched
- * early by the dependent launch (bt_grid_wait) then fetch the weights they will stream while
- * that kernel runs; later blocks start after it ended and would only duplicate their own
- * loads, so io.l2pf, set by the launcher, names how many of the first blocks do it. */
-__device__ __forceinline__ void l2_prefetch(const uint8_t *p, size_t stride, int cols,
-                                            unsigned bytes)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    auto pf = [](const uint8_t *q, unsigned n) {
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(q), "r"(n) : "memory");
-    };
-    if (stride == bytes) { /* one range: a piece a warp, whole 16-byte units */
-        const size_t all = (size_t)cols * bytes, nw = blockDim.x / 32;
-        const size_t piece = (all / 16 + nw - 1) / nw * 16, beg = (threadIdx.x / 32) * piece;
-        if ((threadIdx.x & 31) == 0 && beg < all) pf(p + beg, (unsigned)min(piece, all - beg));
-    } else {
-        for (int i = threadIdx.x; i < cols; i += blockDim.x)
-            pf(p + i * stride, bytes);
-    }
-#endif
-}
-
-__device__ __forceinline__ bool l2_prefetch_block(const gemm_io &io)
-{
-    return (long long)blockIdx.y * gridDim.x + blockIdx.x < io.l2pf;
-}
 
 static inline gemm_io plain_io(int N, int K) { return gemm_io{K, 0, N, 0}; }
 
@@ -510,13 +478,6 @@ __global__ void __launch_bounds__(MT_WARPS * 32, MMA16_MIN_BLOCKS(FMT, TILES)) g
         return;
     }
     expert_weights<FMT>(w, ws, e, N, K);
-    if (known && l2_prefetch_block(io)) { /* the block's columns, its slice of K */
-        constexpr int BITS = FMT == FMT_BF16 ? 16 : FMT == FMT_FP8 ? 8 : 4; /* an element's */
-        const int cols = min(COLS, N - n0);
-        if (cols > 0)
-            l2_prefetch(w + ((size_t)n0 * K + kbeg) * BITS / 8, (size_t)K * BITS / 8, cols,
-                        (unsigned)(kend - kbeg) * BITS / 8);
-    }
     const int ks8 = (K + 31) / 32;
 
     float acc[TILES][4];
@@ -949,11 +910,6 @@ __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
     };
     /* rows rb..rb + 8 * RP - 1: the warp's chunks of all its tiles as one sequence, two a turn
      * through the two register sets */
-    if (known && l2_prefetch_block(io)) { /* the block's columns, all of K */
-        const unsigned bytes = FP4 ? K / 2 : K;
-        const int cols = min(tiles * COLS, N - nb);
-        if (cols > 0) l2_prefetch(w + (size_t)nb * bytes, bytes, cols, bytes);
-    }
     for (int rb = 0; rb < mr; rb += 8 * RP) {
         t = grp;
         set_tile(t);
@@ -1567,26 +1523,6 @@ static int wide_min_tiles(void)
     return bt__env_choice("BT_CUDA_WIDE_MIN", allowed, 5, 144, &once);
 }
 
-/* How many of a dense product's first blocks prefetch their weights into L2 before the grid
- * wait (l2_prefetch): BT_CUDA_L2PF 0 none (the default until measured), 1 those of the first
- * wave (resident: per_sm a multiprocessor), 2 every block. */
-static int l2pf_blocks(int per_sm)
-{
-    static int once = -1;
-    static const int allowed[] = {0, 1, 2};
-    const int mode = bt__env_choice("BT_CUDA_L2PF", allowed, 3, 0, &once);
-    if (mode != 1) return mode == 2 ? INT_MAX : 0;
-    static int sms[BT__MAX_DEVICES];
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= BT__MAX_DEVICES) return 0;
-    if (!sms[dev] &&
-        cudaDeviceGetAttribute(&sms[dev], cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-        cudaGetLastError(); /* (not sticky) */
-        return 0;
-    }
-    return sms[dev] * per_sm;
-}
-
 /* The few-row kernels' launch. FP4 and FP8 weights: gemm_rows, blocks of rows_tiles() tiles of
  * 32 columns when there are at least 144 of them, else 16; but FP8 products whose column tiles
  * fill less than a wave take gemm_mma16 with K in slices over a cluster, as bf16 weights do
@@ -1609,7 +1545,6 @@ static bt_status_t few_rows_launch(void *y, bt_cuda_dtype_t yd, const __nv_bfloa
         const int tpb =                                                                            \
             bt__cdiv(rows_tiles(F, nt, groups, ROWS_MIN_BLOCKS(F, MT, R16)), ngr) * ngr;           \
         dim3 grid(bt__cdiv(nt, tpb), groups);                                                      \
-        if (!offs && !elist) io.l2pf = l2pf_blocks(ROWS_MIN_BLOCKS(F, MT, R16));                   \
         if (yd == BT_CUDA_BF16)                                                                    \
             bt__launch(gemm_rows<F, MT, R16, LH, __nv_bfloat16>, grid, MT_WARPS * 32, 0, stream,   \
                        (__nv_bfloat16 *)y, xb, rows, offs, w, ws, M, N, K, elist, io, tpb, ks);    \
@@ -1641,7 +1576,6 @@ static bt_status_t few_rows_launch(void *y, bt_cuda_dtype_t yd, const __nv_bfloa
 #undef BT__ROWS_LH
         return BT_OK;
     }
-    if (!offs && !elist) io.l2pf = l2pf_blocks(split > 1 ? 5 : MMA16_MIN_BLOCKS(FMT, wide ? 4 : 1));
 #define BT__MMA16(TL)                                                                              \
     do {                                                                                           \
         dim3 grid(bt__cdiv(N, 8 * TL), groups);                                                    \

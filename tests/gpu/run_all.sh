@@ -55,10 +55,6 @@ step test_cuda_ops_rows_lh0 120 env BT_CUDA_ROWS_LH=0 \
   "$bundle/bin/test_cuda_ops" --only "gemm_fp8,gemm_fp8_batched,gemm_fp4_grouped,gemm_fp4_listed"
 step test_cuda_ops_rows_lh1 120 env BT_CUDA_ROWS_LH=1 \
   "$bundle/bin/test_cuda_ops" --only "gemm_fp8,gemm_fp8_batched,gemm_fp4_grouped,gemm_fp4_listed"
-# the dense products' blocks prefetching their weights into L2 before the grid wait (every
-# block: BT_CUDA_L2PF=2; no arithmetic changes, an unaligned or oversized prefetch would fault)
-step test_cuda_ops_l2pf 120 env BT_CUDA_L2PF=2 \
-  "$bundle/bin/test_cuda_ops" --only "gemm_fp8,gemm_fp8_batched,gemm_bf16"
 step test_model_cuda 300 "$bundle/bin/test_model_cuda"
 step cluster_auto_tp1 200 bash "$here/cluster_cuda.sh" "$bundle/bin"
 step cluster_auto_tp1_dspark 200 bash "$here/cluster_cuda.sh" "$bundle/bin" --dspark
