@@ -646,9 +646,12 @@ __global__ void __launch_bounds__(MT_WARPS * 32, MMA16_MIN_BLOCKS(FMT, TILES)) g
  * k order, one scale for the lane: a 32-column tile is one 32x32 scale block wide). Half of
  * gemm_mma16's MMAs, and the rows' loads for 8 rows, not 16.
  * - The weights and the rows of the next chunk are loaded before this one is converted (the
- *   rows come from L2: waiting for them each chunk was the FP4 kernel's largest stall), into
- *   a second register set the chunks alternate with: nothing is copied (FP8's rows excepted:
- *   one set, copied each chunk; see XALT).
+ *   rows come from L2: waiting for them each chunk was the FP4 kernel's largest stall), the
+ *   weights into a second register set the chunks alternate with. The rows keep one set, read
+ *   out at the chunk's start before the next rows are loaded into it: two sets taken in turn
+ *   (3234d58) moved the FP4 products' waits from that read to the loop's first use of the
+ *   loads and gained nothing (decode b1 0.1917 -> 0.1931 ms, b16 0.8375 -> 0.8352 on an H100,
+ *   bench/RESULTS.md session 35), as two had lost for FP8 in session 14.
  * - A block walks `tiles` column tiles of its matrix, the next tile's first chunk loaded during
  *   the last one of the tile before: the chain of loads that starts a block (expert list,
  *   offsets, row indices, rows: ~2 us) was an eighth of a one-tile FP4 block's time.
@@ -667,7 +670,7 @@ template <int FMT> struct rows_fmt {
     static constexpr int CHUNK_BYTES = CHUNK * (FMT == FMT_FP4 ? 1 : 2) / 2; /* 64 either way */
 };
 
-/* A gemm_rows lane's 16 weight bytes, read once: LH 2 (the default) as streaming data
+/* A gemm_rows lane's 16 weight bytes, read once: LH 2 (FP8's default) as streaming data
  * (ld.global.cs: evicted first from L1 and L2); 1 cached in L2 only (ld.global.cg); 0 a
  * read-only load through L1 (__ldg, the form before). Tried because Nsight over the decode's FP4
  * experts at 16 tokens (bench/RESULTS.md, session 34) had 36% of the warps' stall samples on the
@@ -677,7 +680,8 @@ template <int FMT> struct rows_fmt {
  * keeps everything else in L2 ahead of the weights, is not settled. On an H100, four rounds
  * each (graph, two streams): decode b1 0.1969 -> 0.1915 ms with 2 (attention projections 0.0847
  * -> 0.0829, routed FP4 0.0565 -> 0.0528), b16 0.8414 -> 0.8370 (attention projections 0.0985 ->
- * 0.0906); with 1, b1 0.1972, b16 0.8327. BT_CUDA_ROWS_LH=0|1 for comparisons (rows_lh). (Inline
+ * 0.0906); with 1, b1 0.1972, b16 0.8327. rows_lh picks the form, FP4's by the experts listed
+ * (session 35). (Inline
  * PTX with L1::no_allocate spilled 48 bytes in the FP4 instance; these built-ins spill none.) */
 template <int LH> __device__ __forceinline__ uint4 rows_weight_ld(const uint8_t *p)
 {
@@ -774,32 +778,27 @@ __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
         kc += step_bytes;
     };
     /* this lane's rows (g, and g + 8 when R16): where their first k lies, where the next
-     * chunk's, and a chunk's bf16 as loaded. FP4 (XALT): two register sets taken in turn like
-     * the weights'. With one set, copied at each chunk's start before the next chunk's rows
-     * are loaded into it, that copy waited for the rows: 36% of the FP4 products' stall samples
-     * at 16 tokens (bench/RESULTS.md, session 34). FP8 keeps the one set and the copy (two sets
-     * measured slower for its products in session 14). */
-    constexpr bool XALT = FP4;
+     * chunk's, and that chunk's bf16 as loaded */
     const __nv_bfloat16 *xrow[RP], *xp[RP];
-    auto load_x = [&](uint4(*xn)[XQ]) {
+    uint4 xr[RP][XQ];
+    auto load_x = [&]() {
 #pragma unroll
         for (int r = 0; r < RP; r++) {
 #pragma unroll
             for (int q = 0; q < XQ; q++)
-                xn[r][q] = *(const uint4 *)(xp[r] + 8 * q);
+                xr[r][q] = *(const uint4 *)(xp[r] + 8 * q);
             xp[r] += step;
         }
     };
-    uint4 xa[RP][XQ], xb[RP][XQ];
     uint4 wa[NC], wb[NC];
     uint8_t sa[NS], sb[NS];
     float acc[RP][MT][4];
     int t = grp; /* the tile being walked */
 
     enum { LAST, NEXT_CHUNK, NEXT_TILE }; /* what a chunk loads for the next one */
-    /* one chunk from wc/sc and xc; the next one's weights into wn/sn and its rows into xn */
-    auto chunk = [&](const uint4 *wc, const uint8_t *sc, const uint4(*xc)[XQ], uint4 *wn,
-                     uint8_t *sn, uint4(*xn)[XQ], int next) {
+    /* one chunk from wc/sc and xr; the next one's weights into wn/sn and its rows into xr
+     * (once they are in xw here) */
+    auto chunk = [&](const uint4 *wc, const uint8_t *sc, uint4 *wn, uint8_t *sn, int next) {
         if (next == NEXT_TILE) {
             set_tile(t + ngr);
 #pragma unroll
@@ -807,22 +806,18 @@ __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
                 xp[r] = xrow[r];
         }
         if (next != LAST) load_w(wn, sn);
-        uint4 xl[RP][XQ]; /* (one set: the chunk's rows, before the next ones replace them) */
-        if constexpr (!XALT) {
+        /* the rows' bf16 pairs, in k order (FP4's fragment order needs no re-pairing) */
+        unsigned xw[RP][4 * XQ];
 #pragma unroll
-            for (int r = 0; r < RP; r++)
+        for (int r = 0; r < RP; r++) {
 #pragma unroll
-                for (int q = 0; q < XQ; q++)
-                    xl[r][q] = xc[r][q];
+            for (int q = 0; q < XQ; q++) {
+                const uint4 v = xr[r][q];
+                xw[r][4 * q] = v.x, xw[r][4 * q + 1] = v.y;
+                xw[r][4 * q + 2] = v.z, xw[r][4 * q + 3] = v.w;
+            }
         }
-        if (next != LAST) load_x(xn);
-        const uint4(*xu)[XQ] = XALT ? xc : xl;
-        /* row r's bf16 pair p of the chunk, in k order (FP4's fragment order needs no
-         * re-pairing; p a constant once unrolled) */
-        auto xw = [&](int r, int p) {
-            const uint4 &v = xu[r][p >> 2];
-            return (p & 3) == 0 ? v.x : (p & 3) == 1 ? v.y : (p & 3) == 2 ? v.z : v.w;
-        };
+        if (next != LAST) load_x();
         bool fast = true;
 #pragma unroll
         for (int i = 0; i < NS; i++)
@@ -866,7 +861,7 @@ __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
                         const int p0 = FP4 ? q + 8 * h : 2 * q, p1 = FP4 ? p0 + 4 : p0 + 1;
 #pragma unroll
                         for (int r = 0; r < RP; r++)
-                            mma_bf16_16816(acc[r][tt], a, xw(r, p0), xw(r, p1));
+                            mma_bf16_16816(acc[r][tt], a, xw[r][p0], xw[r][p1]);
                     }
                 }
             }
@@ -909,7 +904,7 @@ __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
         t += ngr;
     };
     /* rows rb..rb + 8 * RP - 1: the warp's chunks of all its tiles as one sequence, two a turn
-     * through the two register sets */
+     * through the two sets of weight registers */
     for (int rb = 0; rb < mr; rb += 8 * RP) {
         t = grp;
         set_tile(t);
@@ -925,7 +920,7 @@ __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
                 for (int j = 0; j < 4; j++)
                     acc[r][tt][j] = 0.0f;
         }
-        if (nw > 0) load_x(xa);
+        if (nw > 0) load_x();
         if (nw == 0) { /* K too short for this warp: nothing to add, barriers to keep */
             while (t < tiles)
                 flush(rb);
@@ -941,10 +936,10 @@ __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
             }
         };
         while (t < tiles) {
-            chunk(wa, sa, xa, wb, sb, XALT ? xb : xa, next());
+            chunk(wa, sa, wb, sb, next());
             done();
             if (t >= tiles) break;
-            chunk(wb, sb, XALT ? xb : xa, wa, sa, xa, next());
+            chunk(wb, sb, wa, sa, next());
             done();
         }
     }
@@ -1483,16 +1478,22 @@ static int rows_tiles(int fmt, int ntiles, int groups, int per_sm)
     return tpb;
 }
 
-/* gemm_rows' weight loads (rows_weight_ld): 2, streaming, unless BT_CUDA_ROWS_LH says 0 or 1;
- * BT_CUDA_FP4_LH the same for the FP4 experts alone (comparisons, to tell the formats' shares
- * apart: at b16 the experts part, routed FP4 and the shared expert's FP8 beside it, was
- * fastest with 1, the attention projections with 2) */
-static int rows_lh(int fmt)
+/* gemm_rows' weight loads (rows_weight_ld). FP8 products: 2, streaming (BT_CUDA_ROWS_LH=0|1
+ * for comparisons). FP4 experts: 1, cached in L2 only, for a list of 32 experts or more, else 2
+ * (BT_CUDA_FP4_LH=0|1|2 forces one). At 16 tokens (86 experts) the graph's experts part, the
+ * routed products beside the shared expert's on the other stream, took less time with 1: decode
+ * b16 0.8352 -> 0.8258 ms (the routed products alone the same, 0.607 -> 0.606); at one token (6
+ * experts) more: b1 0.1931 -> 0.1987, the routed products alone 0.054 -> 0.057 (four rounds
+ * each, an H100, bench/RESULTS.md session 35; session 34's form of 1 for every product had
+ * shown the same split). The bound between was not measured. */
+enum { ROWS_FP4_L2_GROUPS = 32 };
+static int rows_lh(int fmt, int groups)
 {
     static int once = -1, fp4 = -1;
     static const int allowed[] = {0, 1, 2};
-    const int all = bt__env_choice("BT_CUDA_ROWS_LH", allowed, 3, 2, &once);
-    return fmt == FMT_FP4 ? bt__env_choice("BT_CUDA_FP4_LH", allowed, 3, all, &fp4) : all;
+    if (fmt != FMT_FP4) return bt__env_choice("BT_CUDA_ROWS_LH", allowed, 3, 2, &once);
+    const int forced = bt__env_choice("BT_CUDA_FP4_LH", allowed, 3, 3, &fp4); /* 3: unset */
+    return forced < 3 ? forced : groups >= ROWS_FP4_L2_GROUPS ? 1 : 2;
 }
 
 /* K slices for a narrow FP8 or bf16 product whose column tiles fill less than one wave of
@@ -1554,7 +1555,7 @@ static bt_status_t few_rows_launch(void *y, bt_cuda_dtype_t yd, const __nv_bfloa
     } while (0)
 #define BT__ROWS(MT, R16)                                                                          \
     do {                                                                                           \
-        const int lh = rows_lh(F);                                                                 \
+        const int lh = rows_lh(F, groups);                                                         \
         if (lh == 1)                                                                               \
             BT__ROWS_LH(MT, R16, 1);                                                               \
         else if (lh == 2)                                                                          \

@@ -50,10 +50,11 @@ hc_mix,hc_mix_ws,hc_mix_collapse"
 # gemm_fp4_wgrs' other form: the 4-stage pipeline
 step test_cuda_ops_wgrs4st 120 env BT_CUDA_WGRS_STAGES=4 \
   "$bundle/bin/test_cuda_ops" --only "gemm_fp4_grouped,gemm_fp4_listed"
-# gemm_rows' weight loads with BT_CUDA_ROWS_LH's other cache hints (comparisons)
-step test_cuda_ops_rows_lh0 120 env BT_CUDA_ROWS_LH=0 \
+# gemm_rows' weight loads with the other cache hints (the defaults: FP8 2, FP4 1 or 2 by the
+# experts listed; the switches are for comparisons)
+step test_cuda_ops_rows_lh0 120 env BT_CUDA_ROWS_LH=0 BT_CUDA_FP4_LH=0 \
   "$bundle/bin/test_cuda_ops" --only "gemm_fp8,gemm_fp8_batched,gemm_fp4_grouped,gemm_fp4_listed"
-step test_cuda_ops_rows_lh1 120 env BT_CUDA_ROWS_LH=1 \
+step test_cuda_ops_rows_lh1 120 env BT_CUDA_ROWS_LH=1 BT_CUDA_FP4_LH=1 \
   "$bundle/bin/test_cuda_ops" --only "gemm_fp8,gemm_fp8_batched,gemm_fp4_grouped,gemm_fp4_listed"
 step test_model_cuda 300 "$bundle/bin/test_model_cuda"
 step cluster_auto_tp1 200 bash "$here/cluster_cuda.sh" "$bundle/bin"
