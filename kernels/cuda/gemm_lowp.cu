@@ -663,7 +663,10 @@ __global__ void __launch_bounds__(MT_WARPS * 32, MMA16_MIN_BLOCKS(FMT, TILES)) g
  *   the 16-row [32768, 1280] product 0.025 -> 0.033 ms.
  * Tried and measured slower: also prefetching into L2 the weights one or two chunks past those
  * loaded into registers (cp.async.bulk.prefetch): the layer's decode 25-40% slower at batch 1
- * and 16 (bench/RESULTS.md, session 20). */
+ * and 16 (bench/RESULTS.md, session 20); a dense product's blocks (those of the first wave, or
+ * all) asking L2 for all their weights before the grid wait, so that they arrive while the
+ * kernel before runs (787516d, here and in gemm_mma16): decode b1 0.193 -> 0.211 ms, the dense
+ * products alone 0.108 -> 0.125 ms (session 35, an H100). */
 template <int FMT> struct rows_fmt {
     static constexpr int CHUNK = FMT == FMT_FP4 ? 128 : 64; /* k a warp's chunk */
     static constexpr int KW = CHUNK / 4;                    /* k a lane's chunk (16 bytes) */
