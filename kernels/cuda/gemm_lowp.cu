@@ -684,8 +684,8 @@ template <int FMT> struct rows_fmt {
  * each (graph, two streams): decode b1 0.1969 -> 0.1915 ms with 2 (attention projections 0.0847
  * -> 0.0829, routed FP4 0.0565 -> 0.0528), b16 0.8414 -> 0.8370 (attention projections 0.0985 ->
  * 0.0906); with 1, b1 0.1972, b16 0.8327. rows_lh picks the form, FP4's by the experts listed
- * (session 35). (Inline
- * PTX with L1::no_allocate spilled 48 bytes in the FP4 instance; these built-ins spill none.) */
+ * (session 35). (Inline PTX with L1::no_allocate spilled 48 bytes in the FP4 instance; these
+ * built-ins spill none.) */
 template <int LH> __device__ __forceinline__ uint4 rows_weight_ld(const uint8_t *p)
 {
     if constexpr (LH == 1)
