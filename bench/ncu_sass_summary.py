@@ -6,8 +6,10 @@ Compute's source page: each instruction's executions and warp stall samples by r
 
 For each kernel in the file: the warp instructions executed and the MMA instructions among them,
 the instruction mix by opcode, the stall samples by reason and by opcode, and the N instructions
-holding the most stall samples with their two leading reasons. (Session 34 found the decode's
-FP4 products waiting on one register copy this way: bench/RESULTS.md.)
+holding the most stall samples with their two leading reasons. An instruction's samples show
+where warps wait, not what they wait for: session 34 read the decode's FP4 products as waiting
+on one register copy, and session 35, the copy gone, found the same waits on the next use of
+the loads (bench/RESULTS.md).
 """
 import argparse
 import collections

@@ -673,7 +673,7 @@ template <int FMT> struct rows_fmt {
     static constexpr int CHUNK_BYTES = CHUNK * (FMT == FMT_FP4 ? 1 : 2) / 2; /* 64 either way */
 };
 
-/* A gemm_rows lane's 16 weight bytes, read once: LH 2 (FP8's default) as streaming data
+/* A gemm_rows lane's 16 weight bytes, read once (rows_lh picks LH): 2 as streaming data
  * (ld.global.cs: evicted first from L1 and L2); 1 cached in L2 only (ld.global.cg); 0 a
  * read-only load through L1 (__ldg, the form before). Tried because Nsight over the decode's FP4
  * experts at 16 tokens (bench/RESULTS.md, session 34) had 36% of the warps' stall samples on the
