@@ -206,6 +206,11 @@ static const case_t cases[] = {
     {OP_GEMM_FP4, F32, {300, 256, 256, 600, 300}, 0}, /* more items than resident blocks */
     {OP_GEMM_FP4, BF16, {8, 160, 384, 80, 40}, 0},    /* rows 8..15 through the ring */
     {OP_GEMM_FP4, F32, {6, 200, 256, 66, 30, 1}, 0},
+    /* few rows an expert over 144+ column tiles (gemm_rows' 32-column tiles, and
+     * gemm_rows_xs under BT_CUDA_FP4_XS): K 2304 (2 warps a tile) with experts past 8 rows and
+     * N off the tiles; K 5120 (8 warps, 5 chunks each) with tiny scales */
+    {OP_GEMM_FP4, F32, {24, 200, 2304, 200, 60}, 0},
+    {OP_GEMM_FP4, BF16, {24, 192, 5120, 30, 10, 1}, 0},
     {OP_RMSNORM, F32, {1, 7, 1}, 0},
     {OP_RMSNORM, F32, {3, 512, 1}, 0},
     {OP_RMSNORM, F32, {17, 5120, 0}, 0},
@@ -398,6 +403,7 @@ static const case_t cases[] = {
     {OP_GEMM_FP4_LIST, BF16, {16, 130, 2560, 200, 40}, 0},
     {OP_GEMM_FP4_LIST, F32, {40, 77, 256, 24, 12, 2}, 0}, /* padded list, few rows */
     {OP_GEMM_FP4_LIST, F32, {12, 96, 320, 200, 30, 2}, 0}, /* padded list, tile kernel */
+    {OP_GEMM_FP4_LIST, BF16, {48, 160, 1024, 60, 20, 2}, 0}, /* padded, 32-column tiles */
     {OP_GEMM_FP4_LIST, F32, {12, 96, 256, 400, 100, 2}, 0}, /* padded list, MMA tiles */
     {OP_INDEX_SETS, F32, {5, 32, 128, 1000}, 0},
     {OP_INDEX_SETS, F32, {3, 8, 40, 77}, 0},
