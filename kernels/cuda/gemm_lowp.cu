@@ -948,53 +948,71 @@ __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
     }
 }
 
-/* ---- a few rows of FP4 experts with the rows in shared memory ------------------------------
- * gemm_rows' FP4 pass (32-column tiles, 8 rows) with two changes, for the decode's routed
- * experts (BT_CUDA_FP4_XS, an experiment: 0 off, the default until measured; 1 or 2 the
- * weights' depth below). Nsight had most of gemm_rows' FP4 stalls on the rows, loaded from L2
- * a chunk ahead into registers; and on an H200 the products stream at ~72% of the copy
- * bandwidth where an H100's reach ~85%, as if a chunk ahead in registers were too few bytes in
- * flight for the faster memory (bench/RESULTS.md, sessions 34-35). Here a pass's rows are
- * copied once into shared memory (the expert's rows of this pass, all of K, bf16; 16-byte unit
- * u of a row at u ^ bit3(u), rows 32 bytes apart modulo 128, so that a quarter warp's eight
- * 16-byte reads hit distinct banks), read back a chunk at a time; and the registers the rows
- * held take a third set of weights, DEPTH chunks ahead (1: as gemm_rows, 2: two). The same
- * chunks to the same warps, MMAs and sums in the same order: the rows are gemm_rows' bits. */
-template <int DEPTH, int LH, typename OT>
-__global__ void __launch_bounds__(MT_WARPS * 32, 2)
+/* ---- a few rows with the rows in shared memory -----------------------------------------------
+ * gemm_rows' 8-row pass with two changes (BT_CUDA_FP4_XS for the routed FP4 experts'
+ * 32-column tiles, BT_CUDA_FP8_XS for the FP8 products of up to 8 rows: experiments, 0 off, the
+ * default until measured; 1 or 2 the weights' depth below). Nsight had most of gemm_rows'
+ * stalls on the rows, loaded from L2 a chunk ahead into registers (FP8: session 14; FP4:
+ * sessions 34-35); and on an H200 the FP4 products stream at ~72% of the copy bandwidth where
+ * an H100's reach ~85%, as if a chunk ahead in registers were too few bytes in flight for the
+ * faster memory. Here a pass's rows are copied once into shared memory (its rows, all of K,
+ * bf16) and read back a chunk at a time, and the registers the rows held take a third set of
+ * weights, DEPTH chunks ahead (1: as gemm_rows, 2: two). A staged row's 16-byte units lie so
+ * that a quarter warp's eight 16-byte reads hit distinct banks: FP4 lanes read 4 units 4 apart
+ * (unit u at u ^ bit3(u), rows 32 bytes apart modulo 128), FP8 lanes 2 units 2 apart (rows 16
+ * bytes apart). The same chunks to the same warps, MMAs and sums in the same order as
+ * gemm_rows: the same bits. A plain product's first weights go out before the grid wait, as
+ * in gemm_rows. */
+template <int FMT> struct xs_fmt {
+    static constexpr int PAD = FMT == FMT_FP4 ? 2 : 1; /* units past K/8 a staged row */
+    __device__ static int unit(int u)
+    {
+        return FMT == FMT_FP4 ? u ^ ((u >> 3) & 1) : u;
+    }
+};
+
+template <int FMT, int MT, int DEPTH, int LH, typename OT>
+__global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, false))
     gemm_rows_xs(OT *y, const __nv_bfloat16 *x, const int32_t *rows, const int32_t *offs,
                  const uint8_t *w, const uint8_t *ws, int M, int N, int K, const int32_t *elist,
                  gemm_io io, int tiles, int ks)
 {
-    using F = rows_fmt<FMT_FP4>;
-    constexpr int MT = 2, NC = 2 * MT, COLS = 16 * MT, XQ = F::KW / 8;
-    extern __shared__ uint4 xs[]; /* [rows of the pass][K / 8 + 2] */
+    using F = rows_fmt<FMT>;
+    using X = xs_fmt<FMT>;
+    constexpr bool FP4 = FMT == FMT_FP4;
+    constexpr int NC = 2 * MT, COLS = 16 * MT, NS = FP4 ? NC : 1, XQ = F::KW / 8;
+    extern __shared__ uint4 xs[]; /* [rows of the pass][K / 8 + PAD] */
     __shared__ float red[MT_WARPS][8][COLS + 1];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
     const int nb = blockIdx.x * tiles * COLS;
     tiles = min(tiles, (N - nb + COLS - 1) / COLS);
-    bt_grid_begin(); /* (the expert list, offsets, row indices and rows come from before) */
+    const bool known = !elist && !offs; /* weights known before the wait */
+    if (!known) bt_grid_begin();        /* (the expert list and offsets come from before) */
     const int e = elist ? elist[blockIdx.y] : blockIdx.y;
     if (e < 0) return;
     const int r0 = offs ? offs[e] : 0, r1 = offs ? offs[e + 1] : M, mr = r1 - r0;
-    if (mr <= 0) return;
-    expert_weights<FMT_FP4>(w, ws, e, N, K);
+    if (mr <= 0) {
+        if (known) bt_grid_begin();
+        return;
+    }
+    expert_weights<FMT>(w, ws, e, N, K);
     x += (size_t)e * io.x_group;
     y += (size_t)e * io.y_group;
     const int grp = warp / ks, wi = warp % ks, ngr = MT_WARPS / ks;
     const int step_bytes = ks * F::CHUNK_BYTES, k_first = wi * F::CHUNK + F::KW * c;
     const int nw = (K / F::CHUNK - wi + ks - 1) / ks;
-    const int xsu = K / 8 + 2; /* 16-byte units a staged row */
+    const int xsu = K / 8 + X::PAD, ks32 = (K + 31) / 32;
 
     /* the load cursor (tile lt, its chunk lj), DEPTH chunks ahead of the one multiplied */
-    unsigned woff[NC], kc = 0;
+    unsigned woff[NC], soff = 0, kc = 0;
     int lt = grp, lj = 0;
     auto set_tile = [&](int t) {
 #pragma unroll
         for (int i = 0; i < NC; i++) {
             const unsigned n = (unsigned)min(nb + t * COLS + 8 * i + g, N - 1);
-            woff[i] = n * (unsigned)(K / 2) + k_first / 2;
+            woff[i] = FP4 ? n * (unsigned)(K / 2) + k_first / 2 : n * (unsigned)K + k_first;
         }
+        if (!FP4) soff = (unsigned)(min(nb + t * COLS, N - 1) / 32 * ks32 + k_first / 32);
         kc = 0;
     };
     auto load_w = [&](uint4 *v, uint8_t *s) {
@@ -1003,8 +1021,9 @@ __global__ void __launch_bounds__(MT_WARPS * 32, 2)
         for (int i = 0; i < NC; i++) {
             const unsigned o = woff[i] + kc;
             v[i] = rows_weight_ld<LH>(w + o);
-            s[i] = __ldg(ws + (o >> 4));
+            if (FP4) s[i] = __ldg(ws + (o >> 4));
         }
+        if (!FP4) s[0] = __ldg(ws + soff + kc / 32);
         kc += step_bytes;
         if (++lj == nw) {
             lj = 0;
@@ -1023,14 +1042,13 @@ __global__ void __launch_bounds__(MT_WARPS * 32, 2)
         unsigned xw[4 * XQ];
 #pragma unroll
         for (int q = 0; q < XQ; q++) {
-            const int u = u0 + q;
-            const uint4 v = xs[xrow * xsu + (u ^ ((u >> 3) & 1))];
+            const uint4 v = xs[xrow * xsu + X::unit(u0 + q)];
             xw[4 * q] = v.x, xw[4 * q + 1] = v.y, xw[4 * q + 2] = v.z, xw[4 * q + 3] = v.w;
         }
         bool fast = true;
 #pragma unroll
-        for (int i = 0; i < NC; i++)
-            fast = fast && bt_fp4_scale_fast(sc[i]);
+        for (int i = 0; i < NS; i++)
+            fast = fast && (FP4 ? bt_fp4_scale_fast(sc[i]) : bt_fp8_scale_fast(sc[i]));
         auto mmas = [&](auto fast_c) {
             constexpr bool FAST = decltype(fast_c)::value;
 #pragma unroll
@@ -1040,17 +1058,33 @@ __global__ void __launch_bounds__(MT_WARPS * 32, 2)
 #pragma unroll
                 for (int q = 0; q < 4; q++) {
                     unsigned ba[4], bb[4];
-                    if (FAST) {
-                        fp4x8_to_bf16_fast(ua[q], fp4_scale2(sc[2 * tt]), ba);
-                        fp4x8_to_bf16_fast(ub[q], fp4_scale2(sc[2 * tt + 1]), bb);
+                    if constexpr (FP4) {
+                        if (FAST) {
+                            fp4x8_to_bf16_fast(ua[q], fp4_scale2(sc[2 * tt]), ba);
+                            fp4x8_to_bf16_fast(ub[q], fp4_scale2(sc[2 * tt + 1]), bb);
+                        } else {
+                            fp4x8_to_bf16_scaled(ua[q], sc[2 * tt], ba);
+                            fp4x8_to_bf16_scaled(ub[q], sc[2 * tt + 1], bb);
+                        }
+                    } else if (FAST) {
+                        const __nv_bfloat162 s2 = fp8_scale2(sc[0]);
+                        ba[0] = e4m3x2_to_bf16_scaled(ua[q], s2);
+                        ba[1] = e4m3x2_to_bf16_scaled(ua[q] >> 16, s2);
+                        bb[0] = e4m3x2_to_bf16_scaled(ub[q], s2);
+                        bb[1] = e4m3x2_to_bf16_scaled(ub[q] >> 16, s2);
                     } else {
-                        fp4x8_to_bf16_scaled(ua[q], sc[2 * tt], ba);
-                        fp4x8_to_bf16_scaled(ub[q], sc[2 * tt + 1], bb);
+                        const float s = bt_e8m0(sc[0]);
+                        ba[0] = e4m3x2_to_bf16_f32(ua[q], s);
+                        ba[1] = e4m3x2_to_bf16_f32(ua[q] >> 16, s);
+                        bb[0] = e4m3x2_to_bf16_f32(ub[q], s);
+                        bb[1] = e4m3x2_to_bf16_f32(ub[q] >> 16, s);
                     }
 #pragma unroll
-                    for (int h = 0; h < 2; h++) {
+                    for (int h = 0; h < (FP4 ? 2 : 1); h++) {
                         const unsigned a[4] = {ba[2 * h], bb[2 * h], ba[2 * h + 1], bb[2 * h + 1]};
-                        mma_bf16_16816(acc[tt], a, xw[q + 8 * h], xw[q + 8 * h + 4]);
+                        /* the rows' pairs of the same k: FP4 words q + 8h and q + 8h + 4 */
+                        const int p0 = FP4 ? q + 8 * h : 2 * q, p1 = FP4 ? p0 + 4 : p0 + 1;
+                        mma_bf16_16816(acc[tt], a, xw[p0], xw[p1]);
                     }
                 }
             }
@@ -1095,19 +1129,20 @@ __global__ void __launch_bounds__(MT_WARPS * 32, 2)
     for (int rb = 0; rb < mr; rb += 8) {
         const int nr = min(8, mr - rb);
         uint4 wa[NC], wb[NC], wx[NC];
-        uint8_t sa[NC], sb[NC], sx[NC];
+        uint8_t sa[NS], sb[NS], sx[NS];
         lt = grp, lj = 0, t = grp, tj = 0;
         if (nw > 0) {
             set_tile(lt);
             load_w(wa, sa); /* (the weights go out before the rows' copy) */
             if (DEPTH == 2) load_w(wb, sb);
         }
+        if (known && rb == 0) bt_grid_begin(); /* (the rows come from before) */
         __syncthreads(); /* (the pass before is done with the staged rows) */
         const int ku = K / 8;
         for (int u = threadIdx.x; u < nr * ku; u += MT_WARPS * 32) {
             const int r = u / ku, k8 = u % ku, gr = rb + r;
             const __nv_bfloat16 *src = x + (size_t)(rows ? rows[r0 + gr] : r0 + gr) * io.ldx;
-            xs[r * xsu + (k8 ^ ((k8 >> 3) & 1))] = *(const uint4 *)(src + 8 * k8);
+            xs[r * xsu + X::unit(k8)] = *(const uint4 *)(src + 8 * k8);
         }
         __syncthreads();
         xrow = min(g, nr - 1); /* rows past the pass's read its last (never stored) */
@@ -1144,49 +1179,52 @@ __global__ void __launch_bounds__(MT_WARPS * 32, 2)
     }
 }
 
-/* BT_CUDA_FP4_XS: 0 (the default) gemm_rows; 1 or 2 gemm_rows_xs at that depth */
-static int fp4_xs(void)
+/* BT_CUDA_FP4_XS, BT_CUDA_FP8_XS: 0 (the default) gemm_rows; 1 or 2 gemm_rows_xs at that
+ * depth */
+static int rows_xs(int fmt)
 {
-    static int once = -1;
+    static int once4 = -1, once8 = -1;
     static const int allowed[] = {0, 1, 2};
-    return bt__env_choice("BT_CUDA_FP4_XS", allowed, 3, 0, &once);
-}
-
-/* the staged rows' bytes of a pass of up to 8 rows (max_rows bounds an expert's) */
-static size_t xs_smem(int max_rows, int K)
-{
-    return (size_t)min(8, max(1, max_rows)) * (size_t)(K / 8 + 2) * 16;
+    return fmt == FMT_FP4 ? bt__env_choice("BT_CUDA_FP4_XS", allowed, 3, 0, &once4)
+                          : bt__env_choice("BT_CUDA_FP8_XS", allowed, 3, 0, &once8);
 }
 
 enum { XS_MAX_SMEM = 96 * 1024 };
 
-template <int DEPTH, int LH, typename OT> static bool xs_allowed(void)
+template <int FMT, int MT, int DEPTH, int LH, typename OT> static bool xs_allowed(void)
 {
     static signed char state[BT__MAX_DEVICES];
-    return bt__smem_allowed((const void *)gemm_rows_xs<DEPTH, LH, OT>, XS_MAX_SMEM, state);
+    return bt__smem_allowed((const void *)gemm_rows_xs<FMT, MT, DEPTH, LH, OT>, XS_MAX_SMEM, state);
 }
 
-/* gemm_rows_xs in place of gemm_rows' 32-column FP4 launch when asked and its rows fit */
-template <typename OT>
-static bool xs_launch(int depth, int lh, dim3 grid, int max_rows, OT *y, const __nv_bfloat16 *xb,
+/* gemm_rows_xs in place of gemm_rows' 8-row launch (FP4: 32-column tiles; FP8: weights
+ * streamed, LH 2) when asked and a pass's rows fit (max_rows bounds a group's rows) */
+template <int FMT, int MT, typename OT>
+static bool xs_launch(int lh, dim3 grid, int max_rows, OT *y, const __nv_bfloat16 *xb,
                       const int32_t *rows, const int32_t *offs, const uint8_t *w, const uint8_t *ws,
                       int M, int N, int K, const int32_t *elist, gemm_io io, int tpb, int ks,
                       cudaStream_t stream)
 {
-    const size_t bytes = xs_smem(max_rows, K);
-    if (bytes > XS_MAX_SMEM || K % 128) return false;
+    const int depth = rows_xs(FMT);
+    const size_t bytes = (size_t)min(8, max(1, max_rows)) * (size_t)(K / 8 + xs_fmt<FMT>::PAD) * 16;
+    if (!depth || bytes > XS_MAX_SMEM || io.ldx % 8) return false;
 #define BT__XS(D, L)                                                                               \
     do {                                                                                           \
-        if (!xs_allowed<D, L, OT>()) return false;                                                 \
-        bt__launch(gemm_rows_xs<D, L, OT>, grid, MT_WARPS * 32, bytes, stream, y, xb, rows, offs,  \
-                   w, ws, M, N, K, elist, io, tpb, ks);                                            \
+        if (!xs_allowed<FMT, MT, D, L, OT>()) return false;                                        \
+        bt__launch(gemm_rows_xs<FMT, MT, D, L, OT>, grid, MT_WARPS * 32, bytes, stream, y, xb,     \
+                   rows, offs, w, ws, M, N, K, elist, io, tpb, ks);                                \
     } while (0)
-    if (depth == 2 && lh == 1)
-        BT__XS(2, 1);
-    else if (depth == 2)
+    if constexpr (FMT == FMT_FP4) {
+        if (lh == 1) {
+            if (depth == 2)
+                BT__XS(2, 1);
+            else
+                BT__XS(1, 1);
+            return true;
+        }
+    }
+    if (depth == 2)
         BT__XS(2, 2);
-    else if (lh == 1)
-        BT__XS(1, 1);
     else
         BT__XS(1, 2);
 #undef BT__XS
@@ -1798,13 +1836,15 @@ few_rows_launch(void *y, bt_cuda_dtype_t yd, const __nv_bfloat16 *xb, const int3
         const int tpb =                                                                            \
             bt__cdiv(rows_tiles(F, nt, groups, ROWS_MIN_BLOCKS(F, MT, R16)), ngr) * ngr;           \
         dim3 grid(bt__cdiv(nt, tpb), groups);                                                      \
-        if (F == FMT_FP4 && MT == 2 && fp4_xs() &&                                                 \
-            (yd == BT_CUDA_BF16                                                                    \
-                 ? xs_launch(fp4_xs(), LH, grid, max_rows, (__nv_bfloat16 *)y, xb, rows, offs, w,  \
-                             ws, M, N, K, elist, io, tpb, ks, stream)                              \
-                 : xs_launch(fp4_xs(), LH, grid, max_rows, (float *)y, xb, rows, offs, w, ws, M,   \
-                             N, K, elist, io, tpb, ks, stream)))                                   \
-            break;                                                                                 \
+        if constexpr (F == FMT_FP4 ? MT == 2 : !R16) { /* (the forms gemm_rows_xs has) */          \
+            if (rows_xs(F) &&                                                                      \
+                (yd == BT_CUDA_BF16                                                                \
+                     ? xs_launch<F, MT>(LH, grid, max_rows, (__nv_bfloat16 *)y, xb, rows, offs, w, \
+                                        ws, M, N, K, elist, io, tpb, ks, stream)                   \
+                     : xs_launch<F, MT>(LH, grid, max_rows, (float *)y, xb, rows, offs, w, ws, M,  \
+                                        N, K, elist, io, tpb, ks, stream)))                        \
+                break;                                                                             \
+        }                                                                                          \
         if (yd == BT_CUDA_BF16)                                                                    \
             bt__launch(gemm_rows<F, MT, R16, LH, __nv_bfloat16>, grid, MT_WARPS * 32, 0, stream,   \
                        (__nv_bfloat16 *)y, xb, rows, offs, w, ws, M, N, K, elist, io, tpb, ks);    \
