@@ -942,11 +942,8 @@ extern "C" int bt_cuda_attention_tc_fits(int dim, int max_keys)
  * splits of T = 1 (bt_cuda_attention_batch_t.split_per_token). */
 static int tc_splits(int T, int H, int max_keys)
 {
-    static int forced = -1; /* BT_CUDA_ATT_SPLITS=n: n splits before the bounds (comparisons) */
-    static const int allowed[] = {0, 2, 4, 5, 8, 10, 16};
-    const int f = bt__env_choice("BT_CUDA_ATT_SPLITS", allowed, 7, 0, &forced);
     long blocks = (long)T * bt__cdiv(H, TC_HEADS);
-    int s = f ? f : (int)(132 / blocks);
+    int s = (int)(132 / blocks);
     int by_keys = bt__cdiv(max_keys > 0 ? max_keys : 1, TC_KEYS);
     if (s > by_keys) s = by_keys;
     if (s > 16) s = 16;

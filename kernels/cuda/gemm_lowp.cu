@@ -666,7 +666,12 @@ __global__ void __launch_bounds__(MT_WARPS * 32, MMA16_MIN_BLOCKS(FMT, TILES)) g
  * and 16 (bench/RESULTS.md, session 20); a dense product's blocks (those of the first wave, or
  * all) asking L2 for all their weights before the grid wait, so that they arrive while the
  * kernel before runs (787516d, here and in gemm_mma16): decode b1 0.193 -> 0.211 ms, the dense
- * products alone 0.108 -> 0.125 ms (session 35, an H100). */
+ * products alone 0.108 -> 0.125 ms (session 35, an H100); a pass's rows copied once into
+ * shared memory (all of K, bank-spread) and the registers they held given to a third set of
+ * weights, one or two chunks ahead (gemm_rows_xs, c5c9e11, the same bits): FP4 experts b1
+ * 0.200 -> 0.204 / 0.205 ms, b16 0.836 -> 0.866 / 0.875, FP8 products of one row b1 0.202
+ * (session 36, an H100: the routed products alone 0.052 -> 0.058, so the rows' L2 reads were
+ * not what held them). */
 template <int FMT> struct rows_fmt {
     static constexpr int CHUNK = FMT == FMT_FP4 ? 128 : 64; /* k a warp's chunk */
     static constexpr int KW = CHUNK / 4;                    /* k a lane's chunk (16 bytes) */
@@ -946,289 +951,6 @@ __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
             done();
         }
     }
-}
-
-/* ---- a few rows with the rows in shared memory -----------------------------------------------
- * gemm_rows' 8-row pass with two changes (BT_CUDA_FP4_XS for the routed FP4 experts'
- * 32-column tiles, BT_CUDA_FP8_XS for the FP8 products of up to 8 rows: experiments, 0 off, the
- * default until measured; 1 or 2 the weights' depth below). Nsight had most of gemm_rows'
- * stalls on the rows, loaded from L2 a chunk ahead into registers (FP8: session 14; FP4:
- * sessions 34-35); and on an H200 the FP4 products stream at ~72% of the copy bandwidth where
- * an H100's reach ~85%, as if a chunk ahead in registers were too few bytes in flight for the
- * faster memory. Here a pass's rows are copied once into shared memory (its rows, all of K,
- * bf16) and read back a chunk at a time, and the registers the rows held take a third set of
- * weights, DEPTH chunks ahead (1: as gemm_rows, 2: two). A staged row's 16-byte units lie so
- * that a quarter warp's eight 16-byte reads hit distinct banks: FP4 lanes read 4 units 4 apart
- * (unit u at u ^ bit3(u), rows 32 bytes apart modulo 128), FP8 lanes 2 units 2 apart (rows 16
- * bytes apart). The same chunks to the same warps, MMAs and sums in the same order as
- * gemm_rows: the same bits. A plain product's first weights go out before the grid wait, as
- * in gemm_rows. */
-template <int FMT> struct xs_fmt {
-    static constexpr int PAD = FMT == FMT_FP4 ? 2 : 1; /* units past K/8 a staged row */
-    __device__ static int unit(int u)
-    {
-        return FMT == FMT_FP4 ? u ^ ((u >> 3) & 1) : u;
-    }
-};
-
-template <int FMT, int MT, int DEPTH, int LH, typename OT>
-__global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, false))
-    gemm_rows_xs(OT *y, const __nv_bfloat16 *x, const int32_t *rows, const int32_t *offs,
-                 const uint8_t *w, const uint8_t *ws, int M, int N, int K, const int32_t *elist,
-                 gemm_io io, int tiles, int ks)
-{
-    using F = rows_fmt<FMT>;
-    using X = xs_fmt<FMT>;
-    constexpr bool FP4 = FMT == FMT_FP4;
-    constexpr int NC = 2 * MT, COLS = 16 * MT, NS = FP4 ? NC : 1, XQ = F::KW / 8;
-    extern __shared__ uint4 xs[]; /* [rows of the pass][K / 8 + PAD] */
-    __shared__ float red[MT_WARPS][8][COLS + 1];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
-    const int nb = blockIdx.x * tiles * COLS;
-    tiles = min(tiles, (N - nb + COLS - 1) / COLS);
-    const bool known = !elist && !offs; /* weights known before the wait */
-    if (!known) bt_grid_begin();        /* (the expert list and offsets come from before) */
-    const int e = elist ? elist[blockIdx.y] : blockIdx.y;
-    if (e < 0) return;
-    const int r0 = offs ? offs[e] : 0, r1 = offs ? offs[e + 1] : M, mr = r1 - r0;
-    if (mr <= 0) {
-        if (known) bt_grid_begin();
-        return;
-    }
-    expert_weights<FMT>(w, ws, e, N, K);
-    x += (size_t)e * io.x_group;
-    y += (size_t)e * io.y_group;
-    const int grp = warp / ks, wi = warp % ks, ngr = MT_WARPS / ks;
-    const int step_bytes = ks * F::CHUNK_BYTES, k_first = wi * F::CHUNK + F::KW * c;
-    const int nw = (K / F::CHUNK - wi + ks - 1) / ks;
-    const int xsu = K / 8 + X::PAD, ks32 = (K + 31) / 32;
-
-    /* the load cursor (tile lt, its chunk lj), DEPTH chunks ahead of the one multiplied */
-    unsigned woff[NC], soff = 0, kc = 0;
-    int lt = grp, lj = 0;
-    auto set_tile = [&](int t) {
-#pragma unroll
-        for (int i = 0; i < NC; i++) {
-            const unsigned n = (unsigned)min(nb + t * COLS + 8 * i + g, N - 1);
-            woff[i] = FP4 ? n * (unsigned)(K / 2) + k_first / 2 : n * (unsigned)K + k_first;
-        }
-        if (!FP4) soff = (unsigned)(min(nb + t * COLS, N - 1) / 32 * ks32 + k_first / 32);
-        kc = 0;
-    };
-    auto load_w = [&](uint4 *v, uint8_t *s) {
-        if (lt >= tiles) return; /* (uniform: past the block's last chunk) */
-#pragma unroll
-        for (int i = 0; i < NC; i++) {
-            const unsigned o = woff[i] + kc;
-            v[i] = rows_weight_ld<LH>(w + o);
-            if (FP4) s[i] = __ldg(ws + (o >> 4));
-        }
-        if (!FP4) s[0] = __ldg(ws + soff + kc / 32);
-        kc += step_bytes;
-        if (++lj == nw) {
-            lj = 0;
-            lt += ngr;
-            if (lt < tiles) set_tile(lt);
-        }
-    };
-    float acc[MT][4];
-    int t = grp, tj = 0; /* the chunk multiplied: tile t, its chunk tj */
-    int xrow = 0;        /* this lane's staged row */
-
-    /* chunk tj of tile t from wc/sc and the staged rows; the load cursor's next into wn/sn */
-    auto chunk = [&](const uint4 *wc, const uint8_t *sc, uint4 *wn, uint8_t *sn) {
-        load_w(wn, sn);
-        const int u0 = (tj * ks * F::CHUNK + k_first) / 8; /* this lane's first 16-byte unit */
-        unsigned xw[4 * XQ];
-#pragma unroll
-        for (int q = 0; q < XQ; q++) {
-            const uint4 v = xs[xrow * xsu + X::unit(u0 + q)];
-            xw[4 * q] = v.x, xw[4 * q + 1] = v.y, xw[4 * q + 2] = v.z, xw[4 * q + 3] = v.w;
-        }
-        bool fast = true;
-#pragma unroll
-        for (int i = 0; i < NS; i++)
-            fast = fast && (FP4 ? bt_fp4_scale_fast(sc[i]) : bt_fp8_scale_fast(sc[i]));
-        auto mmas = [&](auto fast_c) {
-            constexpr bool FAST = decltype(fast_c)::value;
-#pragma unroll
-            for (int tt = 0; tt < MT; tt++) {
-                const uint4 va = wc[2 * tt], vb = wc[2 * tt + 1];
-                const unsigned ua[4] = {va.x, va.y, va.z, va.w}, ub[4] = {vb.x, vb.y, vb.z, vb.w};
-#pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    unsigned ba[4], bb[4];
-                    if constexpr (FP4) {
-                        if (FAST) {
-                            fp4x8_to_bf16_fast(ua[q], fp4_scale2(sc[2 * tt]), ba);
-                            fp4x8_to_bf16_fast(ub[q], fp4_scale2(sc[2 * tt + 1]), bb);
-                        } else {
-                            fp4x8_to_bf16_scaled(ua[q], sc[2 * tt], ba);
-                            fp4x8_to_bf16_scaled(ub[q], sc[2 * tt + 1], bb);
-                        }
-                    } else if (FAST) {
-                        const __nv_bfloat162 s2 = fp8_scale2(sc[0]);
-                        ba[0] = e4m3x2_to_bf16_scaled(ua[q], s2);
-                        ba[1] = e4m3x2_to_bf16_scaled(ua[q] >> 16, s2);
-                        bb[0] = e4m3x2_to_bf16_scaled(ub[q], s2);
-                        bb[1] = e4m3x2_to_bf16_scaled(ub[q] >> 16, s2);
-                    } else {
-                        const float s = bt_e8m0(sc[0]);
-                        ba[0] = e4m3x2_to_bf16_f32(ua[q], s);
-                        ba[1] = e4m3x2_to_bf16_f32(ua[q] >> 16, s);
-                        bb[0] = e4m3x2_to_bf16_f32(ub[q], s);
-                        bb[1] = e4m3x2_to_bf16_f32(ub[q] >> 16, s);
-                    }
-#pragma unroll
-                    for (int h = 0; h < (FP4 ? 2 : 1); h++) {
-                        const unsigned a[4] = {ba[2 * h], bb[2 * h], ba[2 * h + 1], bb[2 * h + 1]};
-                        /* the rows' pairs of the same k: FP4 words q + 8h and q + 8h + 4 */
-                        const int p0 = FP4 ? q + 8 * h : 2 * q, p1 = FP4 ? p0 + 4 : p0 + 1;
-                        mma_bf16_16816(acc[tt], a, xw[p0], xw[p1]);
-                    }
-                }
-            }
-        };
-        if (__all_sync(0xffffffffu, fast))
-            mmas(std::true_type());
-        else
-            mmas(std::false_type());
-    };
-    auto group_sync = [&]() {
-        asm volatile("bar.sync %0, %1;\n" ::"r"(1 + grp), "r"(ks * 32) : "memory");
-    };
-    auto flush = [&](int rb) {
-#pragma unroll
-        for (int tt = 0; tt < MT; tt++) {
-            red[warp][2 * c][16 * tt + g] = acc[tt][0];
-            red[warp][2 * c + 1][16 * tt + g] = acc[tt][1];
-            red[warp][2 * c][16 * tt + g + 8] = acc[tt][2];
-            red[warp][2 * c + 1][16 * tt + g + 8] = acc[tt][3];
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-                acc[tt][j] = 0.0f;
-        }
-        group_sync();
-        for (int o = wi * 32 + lane; o < 8 * COLS; o += ks * 32) {
-            const int r = o / COLS, col = o % COLS, n = nb + t * COLS + col;
-            if (rb + r >= mr || n >= N) continue;
-            float v = 0.0f;
-            for (int q = grp * ks; q < grp * ks + ks; q++)
-                v += red[q][r][col];
-            bt_st(y, (size_t)(r0 + rb + r) * io.ldy + n, v);
-        }
-        group_sync();
-        t += ngr;
-    };
-    auto done = [&](int rb) {
-        if (++tj == nw) {
-            tj = 0;
-            flush(rb);
-        }
-    };
-    for (int rb = 0; rb < mr; rb += 8) {
-        const int nr = min(8, mr - rb);
-        uint4 wa[NC], wb[NC], wx[NC];
-        uint8_t sa[NS], sb[NS], sx[NS];
-        lt = grp, lj = 0, t = grp, tj = 0;
-        if (nw > 0) {
-            set_tile(lt);
-            load_w(wa, sa); /* (the weights go out before the rows' copy) */
-            if (DEPTH == 2) load_w(wb, sb);
-        }
-        if (known && rb == 0) bt_grid_begin(); /* (the rows come from before) */
-        __syncthreads(); /* (the pass before is done with the staged rows) */
-        const int ku = K / 8;
-        for (int u = threadIdx.x; u < nr * ku; u += MT_WARPS * 32) {
-            const int r = u / ku, k8 = u % ku, gr = rb + r;
-            const __nv_bfloat16 *src = x + (size_t)(rows ? rows[r0 + gr] : r0 + gr) * io.ldx;
-            xs[r * xsu + X::unit(k8)] = *(const uint4 *)(src + 8 * k8);
-        }
-        __syncthreads();
-        xrow = min(g, nr - 1); /* rows past the pass's read its last (never stored) */
-#pragma unroll
-        for (int tt = 0; tt < MT; tt++)
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-                acc[tt][j] = 0.0f;
-        if (nw == 0) { /* K too short for this warp: nothing to add, barriers to keep */
-            while (t < tiles)
-                flush(rb);
-            continue;
-        }
-        if (DEPTH == 1) {
-            while (t < tiles) {
-                chunk(wa, sa, wb, sb);
-                done(rb);
-                if (t >= tiles) break;
-                chunk(wb, sb, wa, sa);
-                done(rb);
-            }
-        } else {
-            while (t < tiles) {
-                chunk(wa, sa, wx, sx);
-                done(rb);
-                if (t >= tiles) break;
-                chunk(wb, sb, wa, sa);
-                done(rb);
-                if (t >= tiles) break;
-                chunk(wx, sx, wb, sb);
-                done(rb);
-            }
-        }
-    }
-}
-
-/* BT_CUDA_FP4_XS, BT_CUDA_FP8_XS: 0 (the default) gemm_rows; 1 or 2 gemm_rows_xs at that
- * depth */
-static int rows_xs(int fmt)
-{
-    static int once4 = -1, once8 = -1;
-    static const int allowed[] = {0, 1, 2};
-    return fmt == FMT_FP4 ? bt__env_choice("BT_CUDA_FP4_XS", allowed, 3, 0, &once4)
-                          : bt__env_choice("BT_CUDA_FP8_XS", allowed, 3, 0, &once8);
-}
-
-enum { XS_MAX_SMEM = 96 * 1024 };
-
-template <int FMT, int MT, int DEPTH, int LH, typename OT> static bool xs_allowed(void)
-{
-    static signed char state[BT__MAX_DEVICES];
-    return bt__smem_allowed((const void *)gemm_rows_xs<FMT, MT, DEPTH, LH, OT>, XS_MAX_SMEM, state);
-}
-
-/* gemm_rows_xs in place of gemm_rows' 8-row launch (FP4: 32-column tiles; FP8: weights
- * streamed, LH 2) when asked and a pass's rows fit (max_rows bounds a group's rows) */
-template <int FMT, int MT, typename OT>
-static bool xs_launch(int lh, dim3 grid, int max_rows, OT *y, const __nv_bfloat16 *xb,
-                      const int32_t *rows, const int32_t *offs, const uint8_t *w, const uint8_t *ws,
-                      int M, int N, int K, const int32_t *elist, gemm_io io, int tpb, int ks,
-                      cudaStream_t stream)
-{
-    const int depth = rows_xs(FMT);
-    const size_t bytes = (size_t)min(8, max(1, max_rows)) * (size_t)(K / 8 + xs_fmt<FMT>::PAD) * 16;
-    if (!depth || bytes > XS_MAX_SMEM || io.ldx % 8) return false;
-#define BT__XS(D, L)                                                                               \
-    do {                                                                                           \
-        if (!xs_allowed<FMT, MT, D, L, OT>()) return false;                                        \
-        bt__launch(gemm_rows_xs<FMT, MT, D, L, OT>, grid, MT_WARPS * 32, bytes, stream, y, xb,     \
-                   rows, offs, w, ws, M, N, K, elist, io, tpb, ks);                                \
-    } while (0)
-    if constexpr (FMT == FMT_FP4) {
-        if (lh == 1) {
-            if (depth == 2)
-                BT__XS(2, 1);
-            else
-                BT__XS(1, 1);
-            return true;
-        }
-    }
-    if (depth == 2)
-        BT__XS(2, 2);
-    else
-        BT__XS(1, 2);
-#undef BT__XS
-    return true;
 }
 
 /* ---- many rows of FP4 experts on the tensor cores ------------------------------------------
@@ -1788,11 +1510,14 @@ static int rows_lh(int fmt, int groups)
  * takes a column tile, a slice of K each (slices of whole chunks, at least a chunk a warp on
  * average; the last may be shorter). A function of the shape alone, so a row sums the same in
  * any batch. */
-static int mma16_ksplit(int N, int K, int groups, int chunk)
+static int mma16_ksplit(int N, int K, int groups, int chunk, bool fp8)
 {
-    static int cap = -1; /* BT_CUDA_KSPLIT_MAX=1|2|4 caps the slices (comparisons) */
+    /* BT_CUDA_KSPLIT_MAX=1|2|4 caps the slices, BT_CUDA_FP8_KSPLIT_MAX an FP8 product's
+     * (comparisons) */
+    static int cap = -1, cap8 = -1;
     static const int caps[] = {1, 2, 4, 8};
-    const int most = bt__env_choice("BT_CUDA_KSPLIT_MAX", caps, 4, 8, &cap);
+    int most = bt__env_choice("BT_CUDA_KSPLIT_MAX", caps, 4, 8, &cap);
+    if (fp8) most = min(most, bt__env_choice("BT_CUDA_FP8_KSPLIT_MAX", caps, 4, 8, &cap8));
     const long tiles = (long)bt__cdiv(N, 8) * groups, wave = 132L * 5;
     int s = 1;
     while (s < most && tiles * s * 2 <= wave && K / (2 * s) >= MT_WARPS * chunk)
@@ -1819,14 +1544,15 @@ static int wide_min_tiles(void)
  * fill less than a wave take gemm_mma16 with K in slices over a cluster, as bf16 weights do
  * (gemm_mma16: 32 columns a block from the same bound, else 8). */
 template <int FMT>
-static bt_status_t
-few_rows_launch(void *y, bt_cuda_dtype_t yd, const __nv_bfloat16 *xb, const int32_t *rows,
-                const int32_t *offs, int groups, const uint8_t *w, const uint8_t *ws, int M, int N,
-                int K, const int32_t *elist, gemm_io io, int max_rows, cudaStream_t stream)
+static bt_status_t few_rows_launch(void *y, bt_cuda_dtype_t yd, const __nv_bfloat16 *xb,
+                                   const int32_t *rows, const int32_t *offs, int groups,
+                                   const uint8_t *w, const uint8_t *ws, int M, int N, int K,
+                                   const int32_t *elist, gemm_io io, cudaStream_t stream)
 {
     const bool wide = (long)bt__cdiv(N, 32) * groups >= wide_min_tiles();
-    const int split =
-        FMT != FMT_FP4 && !wide && !offs ? mma16_ksplit(N, K, groups, FMT == FMT_FP8 ? 64 : 32) : 1;
+    const int split = FMT != FMT_FP4 && !wide && !offs
+                          ? mma16_ksplit(N, K, groups, FMT == FMT_FP8 ? 64 : 32, FMT == FMT_FP8)
+                          : 1;
     if (FMT != FMT_BF16 && split == 1 && rows_on<FMT>()) {
         constexpr int F = FMT == FMT_FP4 ? FMT_FP4 : FMT_FP8; /* (no bf16 instance) */
 #define BT__ROWS_LH(MT, R16, LH)                                                                   \
@@ -1836,15 +1562,6 @@ few_rows_launch(void *y, bt_cuda_dtype_t yd, const __nv_bfloat16 *xb, const int3
         const int tpb =                                                                            \
             bt__cdiv(rows_tiles(F, nt, groups, ROWS_MIN_BLOCKS(F, MT, R16)), ngr) * ngr;           \
         dim3 grid(bt__cdiv(nt, tpb), groups);                                                      \
-        if constexpr (F == FMT_FP4 ? MT == 2 : !R16) { /* (the forms gemm_rows_xs has) */          \
-            if (rows_xs(F) &&                                                                      \
-                (yd == BT_CUDA_BF16                                                                \
-                     ? xs_launch<F, MT>(LH, grid, max_rows, (__nv_bfloat16 *)y, xb, rows, offs, w, \
-                                        ws, M, N, K, elist, io, tpb, ks, stream)                   \
-                     : xs_launch<F, MT>(LH, grid, max_rows, (float *)y, xb, rows, offs, w, ws, M,  \
-                                        N, K, elist, io, tpb, ks, stream)))                        \
-                break;                                                                             \
-        }                                                                                          \
         if (yd == BT_CUDA_BF16)                                                                    \
             bt__launch(gemm_rows<F, MT, R16, LH, __nv_bfloat16>, grid, MT_WARPS * 32, 0, stream,   \
                        (__nv_bfloat16 *)y, xb, rows, offs, w, ws, M, N, K, elist, io, tpb, ks);    \
@@ -1931,8 +1648,8 @@ static bt_status_t launch(void *y, bt_cuda_dtype_t yd, const uint16_t *x, const 
                   (uintptr_t)w % 16 == 0 && io.ldx % 8 == 0 && io.x_group % 8 == 0;
     /* (gemm_mma16's and gemm_rows' offsets in a matrix are 32-bit) */
     if (max_rows <= SKINNY_MAX_ROWS && mma_ok && (long long)N * K < (1ll << 31)) {
-        bt_status_t st = few_rows_launch<FMT>(y, yd, xb, rows, offs, groups, w, ws, M, N, K, elist,
-                                              io, max_rows, stream);
+        bt_status_t st =
+            few_rows_launch<FMT>(y, yd, xb, rows, offs, groups, w, ws, M, N, K, elist, io, stream);
         if (st != BT_OK) return st;
     } else if (max_rows <= SKINNY_MAX_ROWS) {
         dim3 grid(bt__cdiv(N, SK_WARPS), groups);
@@ -2090,8 +1807,8 @@ bool bt__gemm_bf16_rows_fits(const void *x, const void *w, int M, int N, int K)
 bt_status_t bt__gemm_bf16_rows(void *y, bt_cuda_dtype_t yd, const uint16_t *x,
                                const uint16_t *w, int M, int N, int K, cudaStream_t stream)
 {
-    bt_status_t st = few_rows_launch<FMT_BF16>(y, yd, (const __nv_bfloat16 *)x, NULL, NULL, 1,
-                                               (const uint8_t *)w, NULL, M, N, K, NULL,
-                                               plain_io(N, K), M, stream);
+    bt_status_t st =
+        few_rows_launch<FMT_BF16>(y, yd, (const __nv_bfloat16 *)x, NULL, NULL, 1,
+                                  (const uint8_t *)w, NULL, M, N, K, NULL, plain_io(N, K), stream);
     return st != BT_OK ? st : bt__cuda_launched("gemm_bf16 (rows)");
 }

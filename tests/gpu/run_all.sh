@@ -56,12 +56,6 @@ step test_cuda_ops_rows_lh0 120 env BT_CUDA_ROWS_LH=0 BT_CUDA_FP4_LH=0 \
   "$bundle/bin/test_cuda_ops" --only "gemm_fp8,gemm_fp8_batched,gemm_fp4_grouped,gemm_fp4_listed"
 step test_cuda_ops_rows_lh1 120 env BT_CUDA_ROWS_LH=1 BT_CUDA_FP4_LH=1 \
   "$bundle/bin/test_cuda_ops" --only "gemm_fp8,gemm_fp8_batched,gemm_fp4_grouped,gemm_fp4_listed"
-# the few-row products with their rows in shared memory (gemm_rows_xs, an experiment:
-# BT_CUDA_FP4_XS, BT_CUDA_FP8_XS =1|2, the weights a chunk or two ahead)
-step test_cuda_ops_xs1 120 env BT_CUDA_FP4_XS=1 BT_CUDA_FP8_XS=1 \
-  "$bundle/bin/test_cuda_ops" --only "gemm_fp8,gemm_fp8_batched,gemm_fp4_grouped,gemm_fp4_listed"
-step test_cuda_ops_xs2 120 env BT_CUDA_FP4_XS=2 BT_CUDA_FP8_XS=2 \
-  "$bundle/bin/test_cuda_ops" --only "gemm_fp8,gemm_fp8_batched,gemm_fp4_grouped,gemm_fp4_listed"
 step test_model_cuda 300 "$bundle/bin/test_model_cuda"
 # the decode's routing and grouping in one launch (BT_CUDA_ROUTE_GROUP=1, an experiment)
 step test_model_cuda_rg 300 env BT_CUDA_ROUTE_GROUP=1 "$bundle/bin/test_model_cuda"

@@ -208,9 +208,9 @@ static const case_t cases[] = {
     {OP_GEMM_FP4, F32, {300, 256, 256, 600, 300}, 0}, /* more items than resident blocks */
     {OP_GEMM_FP4, BF16, {8, 160, 384, 80, 40}, 0},    /* rows 8..15 through the ring */
     {OP_GEMM_FP4, F32, {6, 200, 256, 66, 30, 1}, 0},
-    /* few rows an expert over 144+ column tiles (gemm_rows' 32-column tiles, and
-     * gemm_rows_xs under BT_CUDA_FP4_XS): K 2304 (2 warps a tile) with experts past 8 rows and
-     * N off the tiles; K 5120 (8 warps, 5 chunks each) with tiny scales */
+    /* few rows an expert over 144+ column tiles (gemm_rows' 32-column tiles): K 2304 (2 warps
+     * a tile) with experts past 8 rows and N off the tiles; K 5120 (8 warps, 5 chunks each)
+     * with tiny scales */
     {OP_GEMM_FP4, F32, {24, 200, 2304, 200, 60}, 0},
     {OP_GEMM_FP4, BF16, {24, 192, 5120, 30, 10, 1}, 0},
     {OP_RMSNORM, F32, {1, 7, 1}, 0},
