@@ -446,7 +446,6 @@ typedef struct {
     int32_t *sel, *sel_n, *win_idx, *win_n, *kv_row, *ridx, *offs, *rows, *row_of;
     int32_t *topk_n; /* TOPK for every token: bt_cuda_moe_combine's row counts */
     int32_t *g_hit, *group_bad; /* a decode batch's grouping (bt_cuda_moe_group): its list, flag */
-    unsigned *rg_ctr;           /* bt_cuda_moe_route_group's counter */
     int64_t *pos, *visible;
     int32_t *offs_zero; /* diagnostics: every expert empty */
     uint16_t *wdq; /* a dequantized FP8 weight (bf16), for products of many rows */
@@ -510,9 +509,7 @@ static bt_status_t case_make(arena_t *a, case_t *c, uint32_t seed, cudaStream_t 
     DALLOC(a, c->topk_n, (size_t)T * 4);
     DALLOC(a, c->g_hit, R * 4);
     DALLOC(a, c->group_bad, 4);
-    DALLOC(a, c->rg_ctr, 4);
     CU_TRY(cudaMemsetAsync(c->group_bad, 0, 4, st));
-    CU_TRY(cudaMemsetAsync(c->rg_ctr, 0, 4, st));
     DALLOC(a, c->gu, R * 2 * MI * 4);
     DALLOC(a, c->h, R * MI * 2);
     DALLOC(a, c->y2, R * HID * 4);
@@ -636,9 +633,6 @@ static int g_early = 2;
 static cudaStream_t g_mix_stream;
 static cudaEvent_t g_mix_fork[2], g_mix_join[2];
 static int g_mix = 1;
-/* A decode batch's routing and grouping: 0 the engine's two launches (bt_cuda_moe_route,
- * bt_cuda_moe_group), 1 one (bt_cuda_moe_route_group; BT_CUDA_ROUTE_GROUP, as the engine) */
-static int g_route_group = 0;
 /* With two streams, where the shared expert forks from the routing: 0 before the gate's product
  * (the engine before session 30), 1 after it (the engine's: beside the shared expert's products
  * the gate's ran slower), 2 after the dispatch (BT_BENCH_SHARED_AT, for comparisons) */
@@ -856,23 +850,16 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
     /* MoE routing */
     BT_TRY(bt_cuda_gemm_bf16(blas, c->logits, F32, c->xin, W->gate_w, T, NE, HID, st));
     BT_TRY(fork_shared(1));
-    if (R <= 1024 && g_route_group) { /* a decode batch: the engine's grouping, one launch */
-        BT_TRY(bt_cuda_moe_route_group(c->ridx, c->rw, c->logits, W->gate_bias, T, NE, TOPK, 1.0f,
-                                       1, ROUTE_SCALE, c->offs, c->rows, c->row_w, c->row_of,
-                                       c->topk_n, c->g_hit, NE < R ? NE : R, c->group_bad, 1,
-                                       c->rg_ctr, st));
+    BT_TRY(bt_cuda_moe_route(c->ridx, c->rw, c->logits, W->gate_bias, T, NE, TOPK, 1.0f, 1,
+                             ROUTE_SCALE, st));
+    if (R <= 1024) { /* a decode batch: the engine's grouping, each token's rows in expert order */
+        BT_TRY(bt_cuda_moe_group(c->offs, c->rows, c->row_w, c->row_of, c->topk_n, c->g_hit,
+                                 NE < R ? NE : R, c->group_bad, 1, c->ridx, c->rw, T, TOPK, NE,
+                                 st));
     } else {
-        BT_TRY(bt_cuda_moe_route(c->ridx, c->rw, c->logits, W->gate_bias, T, NE, TOPK, 1.0f, 1,
-                                 ROUTE_SCALE, st));
-        if (R <= 1024) { /* the engine's grouping: each token's rows in expert order */
-            BT_TRY(bt_cuda_moe_group(c->offs, c->rows, c->row_w, c->row_of, c->topk_n, c->g_hit,
-                                     NE < R ? NE : R, c->group_bad, 1, c->ridx, c->rw, T, TOPK, NE,
-                                     st));
-        } else {
-            bt__launch(moe_dispatch_kernel, 1, 1024, 0, st, c->offs, c->rows, c->row_w, c->row_of,
-                       c->ridx, c->rw, R, TOPK, NE);
-            LAUNCHED("moe_dispatch");
-        }
+        bt__launch(moe_dispatch_kernel, 1, 1024, 0, st, c->offs, c->rows, c->row_w, c->row_of,
+                   c->ridx, c->rw, R, TOPK, NE);
+        LAUNCHED("moe_dispatch");
     }
     BT_TRY(fork_shared(2));
     BT_TRY(mark(ev, 7, st, capture));
@@ -1645,7 +1632,7 @@ static int usage(const char *argv0)
             "          [--seed N] [--entries N] [--prefill T] [--dump DIR] [--no-graph]\n"
             "          [--cuda-cores] [--trace DIR]\n"
             "environment: BT_BENCH_EARLY_FORK=0|1|2, BT_BENCH_MIX_STREAM=0|1, "
-            "BT_BENCH_SHARED_AT=0|1|2, BT_CUDA_ROUTE_GROUP=0|1\n",
+            "BT_BENCH_SHARED_AT=0|1|2\n",
             argv0);
     return 2;
 }
@@ -1681,7 +1668,6 @@ int main(int argc, char **argv)
     if (getenv("BT_BENCH_EARLY_FORK")) g_early = atoi(getenv("BT_BENCH_EARLY_FORK"));
     if (getenv("BT_BENCH_MIX_STREAM")) g_mix = atoi(getenv("BT_BENCH_MIX_STREAM"));
     if (getenv("BT_BENCH_SHARED_AT")) g_shared_at = atoi(getenv("BT_BENCH_SHARED_AT"));
-    if (getenv("BT_CUDA_ROUTE_GROUP")) g_route_group = atoi(getenv("BT_CUDA_ROUTE_GROUP")) == 1;
     /* a prefill chunk sits at the end of the cached entries, and the top-k must be full */
     if (o.reps < 20 || o.warmup < 1 || entries < ITOPK || prefill < 1 || prefill > entries ||
         prefill + WIN > (1 << 30)) {

@@ -451,19 +451,6 @@ bt_status_t bt_cuda_moe_group(int32_t *offs, int32_t *xrow, float *wt_g, int32_t
                               int32_t bad_value, const int32_t *idx, const float *wts, int N, int K,
                               int E, cudaStream_t stream);
 
-enum { BT_CUDA_ROUTE_GROUP_MAX_TOKENS = 64 };
-
-/* bt_cuda_moe_route and bt_cuda_moe_group in one launch (a decode step: N <=
- * BT_CUDA_ROUTE_GROUP_MAX_TOKENS): the
- * same picks, weights and groups. counter: one device word, zero before the first launch and
- * left zero by each (launches that share it must not overlap). */
-bt_status_t bt_cuda_moe_route_group(int32_t *idx, float *wts, const float *logits,
-                                    const float *bias, int N, int E, int k, float temp,
-                                    int normalize, float route_scale, int32_t *offs, int32_t *xrow,
-                                    float *wt_g, int32_t *rows, int32_t *cnt, int32_t *hit,
-                                    int n_hit_slots, int32_t *bad, int32_t bad_value,
-                                    unsigned *counter, cudaStream_t stream);
-
 enum { BT_CUDA_ROUTER_MAX_TOKENS = 16, BT_CUDA_ROUTER_COUNTERS = 16 };
 
 /* A decode step's router logits: logits [T, E] = x [T, D] (ldx) . w [E, D]^T, f32 sums of f32

@@ -96,15 +96,15 @@ __global__ void __launch_bounds__(RT_WARPS * 32) moe_route_kernel(int32_t *idx, 
 /* Few tokens (decode): a block per token, a thread per expert, so the E scores are computed
  * side by side (one warp walking all 384 took ~13 us a token, warm). Each warp picks its own
  * top k by k warp argmaxes; warp 0 then picks the token's k from those candidates the same
- * way. The picks and weights are those of moe_route_kernel. Token t by the block's threads
- * (at least E of them, whole warps; those past E hold no expert); no barrier after the
- * candidates, so a caller's threads may go on. */
-__device__ void rt_route_block(int32_t *idx, float *wts, const float *logits, const float *bias,
-                               int E, int K, float temp, int norm, float route_scale, int t)
+ * way. The picks and weights are those of moe_route_kernel. */
+__global__ void __launch_bounds__(RT_MAXE)
+    moe_route_block_kernel(int32_t *idx, float *wts, const float *logits, const float *bias, int E,
+                           int K, float temp, int norm, float route_scale)
 {
+    bt_grid_begin();
     __shared__ float s[RT_MAXE], cand_v[RT_MAXE / 32 * RT_MAXK];
     __shared__ int cand_i[RT_MAXE / 32 * RT_MAXK];
-    const int e = threadIdx.x, lane = e & 31, warp = e >> 5;
+    const int t = blockIdx.x, e = threadIdx.x, lane = e & 31, warp = e >> 5;
     const int nw = blockDim.x >> 5;
     float v = __int_as_float(0x7fc00000);
     if (e < E) {
@@ -121,7 +121,7 @@ __device__ void rt_route_block(int32_t *idx, float *wts, const float *logits, co
         if (bi == e) v = __int_as_float(0x7fc00000); /* taken */
     }
     __syncthreads();
-    if (warp != 0) return;
+    if (warp != 0) return; /* (no barriers below) */
     const int nc = nw * K; /* candidates; lane l holds l, l + 32, ... */
     int sel[RT_MAXK];
     for (int i = 0; i < K; i++) {
@@ -138,14 +138,6 @@ __device__ void rt_route_block(int32_t *idx, float *wts, const float *logits, co
     if (lane == 0) rt_store_picks(idx, wts, s, sel, t, K, norm, route_scale);
 }
 
-__global__ void __launch_bounds__(RT_MAXE)
-    moe_route_block_kernel(int32_t *idx, float *wts, const float *logits, const float *bias, int E,
-                           int K, float temp, int norm, float route_scale)
-{
-    bt_grid_begin();
-    rt_route_block(idx, wts, logits, bias, E, K, temp, norm, route_scale, blockIdx.x);
-}
-
 /* ---- MoE rows grouped by expert, on the device -------------------------------------------
  * One block; item j = t * K + i (token t's i-th pick), one a thread (N * K <= GROUP_THREADS),
  * expert e a thread (E <= GROUP_THREADS). An expert's rows keep token order, as the host's
@@ -157,19 +149,19 @@ __global__ void __launch_bounds__(RT_MAXE)
  * after the routing at a decode step (layer bench trace, H100, session 36). */
 enum { GROUP_THREADS = 1024 };
 
-/* (idx and wts read through L2: in moe_route_group_kernel other blocks of the grid wrote them) */
-__device__ void moe_group_block(int32_t *offs, int32_t *xrow, float *wt_g, int32_t *rows,
-                                int32_t *cnt, int32_t *hit, int n_hit_slots, int32_t *bad,
-                                int32_t bad_value, const int32_t *idx, const float *wts, int N,
-                                int K, int E)
+__global__ void __launch_bounds__(GROUP_THREADS)
+    moe_group_kernel(int32_t *offs, int32_t *xrow, float *wt_g, int32_t *rows, int32_t *cnt,
+                     int32_t *hit, int n_hit_slots, int32_t *bad, int32_t bad_value,
+                     const int32_t *idx, const float *wts, int N, int K, int E)
 {
+    bt_grid_begin();
     /* count: the experts' rows, then their first grouped rows; seen: rows placed so far */
     __shared__ int count[GROUP_THREADS + 1], seen[GROUP_THREADS], pos_of[GROUP_THREADS];
     __shared__ int scan[66];
     const int total = N * K, j = threadIdx.x, lane = j & 31, warp = j >> 5;
     int e = -1;
     float wv = 0.0f;
-    if (j < total) e = __ldcg(idx + j), wv = __ldcg(wts + j);
+    if (j < total) e = idx[j], wv = wts[j];
     if (j <= E) count[j] = 0;
     if (j < E) seen[j] = 0;
     if (j == 0 && E == GROUP_THREADS) count[E] = 0;
@@ -250,42 +242,6 @@ __device__ void moe_group_block(int32_t *offs, int32_t *xrow, float *wt_g, int32
             cn += pos_of[q] >= 0;
         cnt[j] = cn;
     }
-}
-
-__global__ void __launch_bounds__(GROUP_THREADS)
-    moe_group_kernel(int32_t *offs, int32_t *xrow, float *wt_g, int32_t *rows, int32_t *cnt,
-                     int32_t *hit, int n_hit_slots, int32_t *bad, int32_t bad_value,
-                     const int32_t *idx, const float *wts, int N, int K, int E)
-{
-    bt_grid_begin();
-    moe_group_block(offs, xrow, wt_g, rows, cnt, hit, n_hit_slots, bad, bad_value, idx, wts, N, K,
-                    E);
-}
-
-/* A decode step's routing and grouping in one launch: a block routes its token as
- * moe_route_block_kernel does, and the grid's last block (a counter, reset by that block for
- * the next launch, which waits for this grid to end) groups every token's picks as
- * moe_group_kernel does. The same picks, weights and groups as the two launches. */
-__global__ void __launch_bounds__(GROUP_THREADS)
-    moe_route_group_kernel(int32_t *idx, float *wts, const float *logits, const float *bias, int E,
-                           int K, float temp, int norm, float route_scale, int32_t *offs,
-                           int32_t *xrow, float *wt_g, int32_t *rows, int32_t *cnt, int32_t *hit,
-                           int n_hit_slots, int32_t *bad, int32_t bad_value, unsigned *counter)
-{
-    __shared__ bool last;
-    bt_grid_begin();
-    rt_route_block(idx, wts, logits, bias, E, K, temp, norm, route_scale, blockIdx.x);
-    __syncthreads(); /* (this token's picks are stored) */
-    if (threadIdx.x == 0) {
-        __threadfence();
-        last = atomicAdd(counter, 1u) == gridDim.x - 1;
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    moe_group_block(offs, xrow, wt_g, rows, cnt, hit, n_hit_slots, bad, bad_value, idx, wts,
-                    (int)gridDim.x, K, E);
-    if (threadIdx.x == 0) *counter = 0u;
 }
 
 extern "C" bt_status_t bt_cuda_moe_group(int32_t *offs, int32_t *xrow, float *wt_g, int32_t *rows,
@@ -507,7 +463,6 @@ extern "C" bt_status_t bt_cuda_moe_router_logits(float *logits, bt_cuda_dtype_t 
 
 /* tokens up to which a block per token beats a warp per token */
 enum { RT_BLOCK_TOKENS = 64 };
-static_assert(BT_CUDA_ROUTE_GROUP_MAX_TOKENS <= RT_BLOCK_TOKENS, "a block a token");
 
 extern "C" bt_status_t bt_cuda_moe_route(int32_t *idx, float *wts, const float *logits,
                                          const float *bias, int T, int E, int k, float temp,
@@ -524,25 +479,6 @@ extern "C" bt_status_t bt_cuda_moe_route(int32_t *idx, float *wts, const float *
     bt__launch(moe_route_kernel, bt__cdiv(T, RT_WARPS), RT_WARPS * 32, smem, stream, idx, wts,
                logits, bias, T, E, k, temp, normalize, route_scale);
     return bt__cuda_launched("moe_route");
-}
-
-extern "C" bt_status_t bt_cuda_moe_route_group(int32_t *idx, float *wts, const float *logits,
-                                               const float *bias, int N, int E, int k, float temp,
-                                               int normalize, float route_scale, int32_t *offs,
-                                               int32_t *xrow, float *wt_g, int32_t *rows,
-                                               int32_t *cnt, int32_t *hit, int n_hit_slots,
-                                               int32_t *bad, int32_t bad_value, unsigned *counter,
-                                               cudaStream_t stream)
-{
-    BT_CUDA_REQUIRE(idx && wts && logits && offs && xrow && wt_g && rows && cnt && hit && bad &&
-                    counter && bad_value != 0);
-    BT_CUDA_REQUIRE(N > 0 && N <= BT_CUDA_ROUTE_GROUP_MAX_TOKENS && E > 0 && E <= GROUP_THREADS);
-    BT_CUDA_REQUIRE(k > 0 && k <= RT_MAXK && k <= E && N * k <= GROUP_THREADS && temp > 0.0f);
-    BT_CUDA_REQUIRE(n_hit_slots >= (E < N * k ? E : N * k));
-    bt__launch(moe_route_group_kernel, N, GROUP_THREADS, 0, stream, idx, wts, logits, bias, E, k,
-               temp, normalize, route_scale, offs, xrow, wt_g, rows, cnt, hit, n_hit_slots, bad,
-               bad_value, counter);
-    return bt__cuda_launched("moe_route_group");
 }
 
 template <typename OT>

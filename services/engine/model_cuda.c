@@ -180,11 +180,8 @@ struct bt_model_cuda {
      * bt_cuda_gemm_f32's few-row product instead, for comparisons */
     float *router_ws;
     size_t router_ws_n;
-    unsigned *router_ctr; /* (and one more: bt_cuda_moe_route_group's) */
+    unsigned *router_ctr;
     bool split_router;
-    /* a decode step's routing and grouping in one launch (BT_CUDA_ROUTE_GROUP=1; an experiment,
-     * off until measured) */
-    bool route_group;
     float *g_wt;
     int group_cap;
     /* decode steps as CUDA graphs: per batch size 1..GRAPH_MAX_SEQS, a few executable graphs
@@ -695,9 +692,9 @@ static void alloc_scratch(up_t *u)
             if (dn > cu->router_ws_n) cu->router_ws_n = dn;
         }
         cu->router_ws = scratch(u, cu->router_ws_n);
-        cu->router_ctr = (unsigned *)scratch(u, BT_CUDA_ROUTER_COUNTERS + 1);
+        cu->router_ctr = (unsigned *)scratch(u, BT_CUDA_ROUTER_COUNTERS);
         if (cu->router_ctr &&
-            cudaMemset(cu->router_ctr, 0, (BT_CUDA_ROUTER_COUNTERS + 1) * sizeof(unsigned)) !=
+            cudaMemset(cu->router_ctr, 0, BT_CUDA_ROUTER_COUNTERS * sizeof(unsigned)) !=
                 cudaSuccess) {
             cudaGetLastError();
             snprintf(u->err, u->errlen, "GPU %d: clearing the router's counters failed", u->c->gpu);
@@ -854,13 +851,6 @@ static bool env_off(const char *name)
     return v && strcmp(v, "0") == 0;
 }
 
-/* whether the environment turns an experiment on: NAME=1 */
-static bool env_on(const char *name)
-{
-    const char *v = getenv(name);
-    return v && strcmp(v, "1") == 0;
-}
-
 bt_status_t bt_model_cuda_attach(bt_model_t *m, const char *dir, char *err, size_t errlen)
 {
     const bt_model_config_t *c = &m->cfg;
@@ -924,7 +914,6 @@ bt_status_t bt_model_cuda_attach(bt_model_t *m, const char *dir, char *err, size
     cu->weights = m->opt.cuda_weights;
     cu->graphs = !m->opt.cuda_graphs_off && !env_off("BT_CUDA_GRAPHS");
     cu->split_router = !env_off("BT_CUDA_SPLIT_ROUTER");
-    cu->route_group = env_on("BT_CUDA_ROUTE_GROUP");
     bt_safetensors_t *st = NULL;
     rc = bt_safetensors_open_dir(dir, &st, err, errlen);
     if (rc != BT_OK) return rc;
@@ -1935,21 +1924,9 @@ static bt_status_t moe(fwd_t *f, int l)
         CK(side_fork(f));
         CK(shared_expert(f, l, true));
     }
-    const bool on_device = moe_on_device(f, l);
-    if (on_device && cu->route_group && N <= BT_CUDA_ROUTE_GROUP_MAX_TOKENS) {
-        /* routed and grouped in one launch (the same picks and groups as the two below) */
-        int total = N * K, slots = E < total ? E : total;
-        CK(bt_cuda_moe_route_group(cu->moe_idx, cu->moe_wts, cu->gate_logits, w->gate_bias, N, E, K,
-                                   (float)c->gate_temp, c->norm_topk_prob, (float)c->route_scale,
-                                   cu->g_offs, cu->g_xrow, cu->g_wt, cu->g_rows, cu->g_cnt,
-                                   cu->g_hit, slots, cu->group_bad, l + 1,
-                                   cu->router_ctr + BT_CUDA_ROUTER_COUNTERS, st));
-        CK(fp4_experts(f, l, cu->g_xrow, cu->g_offs, cu->g_hit, slots, N, cu->g_wt));
-        return moe_finish(f, l, cu->g_rows, cu->g_cnt, two);
-    }
     CK(bt_cuda_moe_route(cu->moe_idx, cu->moe_wts, cu->gate_logits, w->gate_bias, N, E, K,
                          (float)c->gate_temp, c->norm_topk_prob, (float)c->route_scale, st));
-    if (on_device) {
+    if (moe_on_device(f, l)) {
         /* grouped on the device: no wait for the host, so a decode step can be one graph. The
          * expert list has a slot per routed row at most (padding skipped by the GEMMs), and an
          * expert holds each token once: N bounds its rows */

@@ -57,8 +57,6 @@ step test_cuda_ops_rows_lh0 120 env BT_CUDA_ROWS_LH=0 BT_CUDA_FP4_LH=0 \
 step test_cuda_ops_rows_lh1 120 env BT_CUDA_ROWS_LH=1 BT_CUDA_FP4_LH=1 \
   "$bundle/bin/test_cuda_ops" --only "gemm_fp8,gemm_fp8_batched,gemm_fp4_grouped,gemm_fp4_listed"
 step test_model_cuda 300 "$bundle/bin/test_model_cuda"
-# the decode's routing and grouping in one launch (BT_CUDA_ROUTE_GROUP=1, an experiment)
-step test_model_cuda_rg 300 env BT_CUDA_ROUTE_GROUP=1 "$bundle/bin/test_model_cuda"
 step cluster_auto_tp1 200 bash "$here/cluster_cuda.sh" "$bundle/bin"
 step cluster_auto_tp1_dspark 200 bash "$here/cluster_cuda.sh" "$bundle/bin" --dspark
 step cluster_f32_tp2 200 bash "$here/cluster_cuda.sh" "$bundle/bin" --dtype float32 --tp 2

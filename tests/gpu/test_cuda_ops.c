@@ -92,8 +92,6 @@ typedef enum {
                      * a relaunch */
     OP_HC_EC,       /* s: T hc D o-f32 no-norm: bt_cuda_hc_expand_collapse against the expand
                      * and the collapse launched apart, bit for bit */
-    OP_MOE_ROUTE_GROUP, /* s: N E K: bt_cuda_moe_route_group against bt_cuda_moe_route and
-                         * bt_cuda_moe_group, bit for bit, launched twice (its counter) */
 } op_t;
 
 static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped", "rmsnorm",
@@ -109,7 +107,7 @@ static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped
                                  "attention_batch", "attention_tc_batch", "scatter_rows",
                                  "copy_ranges", "logit_adjust", "attention_flash", "fp4_frag",
                                  "logit_mask", "hc_mean", "add_rows", "act_quant",
-                                 "moe_router_logits", "hc_expand_collapse", "moe_route_group"};
+                                 "moe_router_logits", "hc_expand_collapse"};
 
 typedef struct {
     op_t op;
@@ -284,10 +282,6 @@ static const case_t cases[] = {
     {OP_HC_EC, F32, {67, 4, 37, 1, 0}, 0},
     {OP_HC_EC, F32, {65, 1, 9000, 0, 0}, 0},   /* past the values a thread keeps: two launches */
     {OP_HC_EC, F32, {16, 4, 5120, 1, 0}, 0},   /* a decode batch's size */
-    {OP_MOE_ROUTE_GROUP, F32, {1, 384, 6}, 0},  /* the model's decode: one token, 16 */
-    {OP_MOE_ROUTE_GROUP, F32, {16, 384, 6}, 0},
-    {OP_MOE_ROUTE_GROUP, F32, {64, 1000, 16}, 0}, /* the most tokens, picks and experts */
-    {OP_MOE_ROUTE_GROUP, F32, {7, 10, 3}, 0},    /* few experts: most hit */
     {OP_ATTENTION, F32, {3, 8, 512, 32, 128, 64}, 0},
     {OP_ATTENTION, F32, {2, 5, 96, 8, 7, 0}, 0},
     {OP_ATTENTION, BF16, {4, 64, 512, 32, 128, 512}, 0},
@@ -2793,71 +2787,6 @@ static void run_moe_group(const case_t *cs, result_t *r)
     free(g_offs), free(g_xrow), free(g_rows), free(g_cnt), free(g_hit), free(g_wt);
 }
 
-/* bt_cuda_moe_route_group against the two launches it stands for, every output bit for bit;
- * launched twice, so that its counter is seen left at zero */
-static void run_moe_route_group(const case_t *cs, result_t *r)
-{
-    int N = cs->s[0], E = cs->s[1], K = cs->s[2], total = N * K;
-    int slots = E < total ? E : total;
-    float *logits = frandv((size_t)N * E, 4.0f), *bias = frandv((size_t)E, 0.3f);
-    const float temp = 1.0f, scale = 1.5f;
-    float *d_logits = dup(logits, (size_t)N * E * 4), *d_bias = dup(bias, (size_t)E * 4);
-    /* two sets of outputs: [0] the two launches, [1] the fused one */
-    int32_t *idx[2], *offs[2], *xrow[2], *rows[2], *cnt[2], *hit[2], *bad[2];
-    float *wts[2], *wt[2];
-    size_t by[9] = {(size_t)total * 4, (size_t)total * 4, ((size_t)E + 1) * 4, (size_t)total * 4,
-                    (size_t)total * 4, (size_t)total * 4, (size_t)N * 4, (size_t)slots * 4, 4};
-    for (int v = 0; v < 2; v++) {
-        idx[v] = dalloc(by[0]), wts[v] = dalloc(by[1]), offs[v] = dalloc(by[2]);
-        xrow[v] = dalloc(by[3]), wt[v] = dalloc(by[4]), rows[v] = dalloc(by[5]);
-        cnt[v] = dalloc(by[6]), hit[v] = dalloc(by[7]), bad[v] = dalloc(by[8]);
-        poison_int(idx[v], by[0]), poison(wts[v], by[1]), poison_int(offs[v], by[2]);
-        poison_int(xrow[v], by[3]), poison(wt[v], by[4]), poison_int(rows[v], by[5]);
-        poison_int(cnt[v], by[6]), poison_int(hit[v], by[7]);
-        CUDA_OK(cudaMemset(bad[v], 0, 4));
-    }
-    unsigned *ctr = dalloc(4);
-    CUDA_OK(cudaMemset(ctr, 0, 4));
-    BT_OK_OR_DIE(bt_cuda_moe_route(idx[0], wts[0], d_logits, d_bias, N, E, K, temp, 1, scale, 0));
-    BT_OK_OR_DIE(bt_cuda_moe_group(offs[0], xrow[0], wt[0], rows[0], cnt[0], hit[0], slots, bad[0],
-                                   42, idx[0], wts[0], N, K, E, 0));
-    int wrong = 0;
-    for (int launch = 0; launch < 2; launch++) {
-        BT_OK_OR_DIE(bt_cuda_moe_route_group(idx[1], wts[1], d_logits, d_bias, N, E, K, temp, 1,
-                                             scale, offs[1], xrow[1], wt[1], rows[1], cnt[1], hit[1],
-                                             slots, bad[1], 42, ctr, 0));
-        void *out[2][9] = {{idx[0], wts[0], offs[0], xrow[0], wt[0], rows[0], cnt[0], hit[0], bad[0]},
-                           {idx[1], wts[1], offs[1], xrow[1], wt[1], rows[1], cnt[1], hit[1], bad[1]}};
-        for (int o = 0; o < 9; o++) {
-            uint8_t *a = xmalloc(by[o]), *b = xmalloc(by[o]);
-            get(a, out[0][o], by[o]);
-            get(b, out[1][o], by[o]);
-            size_t n = by[o];
-            if (o == 3 || o == 4) { /* the grouped rows: as many as placed */
-                int32_t placed;
-                get(&placed, offs[0] + E, 4);
-                n = (size_t)placed * 4;
-            }
-            if (o == 5) { /* each token's rows: cnt of them */
-                int32_t *c = xmalloc((size_t)N * 4);
-                get(c, cnt[0], (size_t)N * 4);
-                for (int t = 0; t < N; t++)
-                    wrong += memcmp(a + (size_t)t * K * 4, b + (size_t)t * K * 4, (size_t)c[t] * 4) != 0;
-                free(c);
-            } else {
-                wrong += memcmp(a, b, n) != 0;
-            }
-            free(a), free(b);
-        }
-        unsigned left;
-        get(&left, ctr, 4);
-        wrong += left != 0;
-    }
-    r->exact_ok = wrong == 0;
-    snprintf(r->note, sizeof r->note, "exact: %d of 20 comparisons differ (two launches)", wrong);
-    free(logits), free(bias);
-}
-
 /* bt_cuda_moe_router_logits for --perf, and the few-row product it replaced (f32) */
 typedef struct {
     bt_cuda_dtype_t dt;
@@ -2989,7 +2918,6 @@ static void run_case(const case_t *cs, result_t *r)
     case OP_TRIM_SEL: run_trim_sel(cs, r); break;
     case OP_MOE_GROUP: run_moe_group(cs, r); break;
     case OP_ROUTER: run_router(cs, r); break;
-    case OP_MOE_ROUTE_GROUP: run_moe_route_group(cs, r); break;
     case OP_TO_BF16: run_to_bf16(cs, r); break;
     case OP_ATTENTION_WS: run_attention(cs, r); break;
     case OP_GEMM_FP4_LIST: run_gemm_fp4(cs, r); break;
@@ -3107,14 +3035,6 @@ static int check_refusals(void)
                                             1, (uint8_t *)d, (uint8_t *)d, 4, 33, 0));
     bad += REFUSED(bt_cuda_gemm_fp4_grouped(d, BT_CUDA_F32, (uint16_t *)d, NULL, (int32_t *)d, 1,
                                             1, (uint8_t *)d + 8, (uint8_t *)d, 4, 32, 0));
-    { /* the fused routing and grouping: past 64 tokens, and without its counter */
-        int32_t *i = (int32_t *)d;
-        float *f = (float *)d;
-        bad += REFUSED(bt_cuda_moe_route_group(i, f, f, NULL, 65, 384, 6, 1.0f, 1, 1.5f, i, i, f, i,
-                                               i, i, 384, i, 1, (unsigned *)d, 0));
-        bad += REFUSED(bt_cuda_moe_route_group(i, f, f, NULL, 1, 384, 6, 1.0f, 1, 1.5f, i, i, f, i,
-                                               i, i, 6, i, 1, NULL, 0));
-    }
     bad += REFUSED(bt_cuda_fp4_to_frag((uint8_t *)d, 24, 0)); /* not whole runs */
     bad += REFUSED(bt_cuda_fp4_to_frag((uint8_t *)d + 8, 16, 0)); /* not 16-byte aligned */
     bad += REFUSED(bt_cuda_attention(d, d, d, (int32_t *)d, (int32_t *)d, 1, NULL, NULL, NULL, 0,
