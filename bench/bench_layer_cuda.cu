@@ -277,11 +277,14 @@ __device__ static int block_excl_scan(int v, int *warp_tot)
     return warp_tot[32 + warp] + incl - v;
 }
 
-/* A prefill's rows grouped by expert (a decode batch takes the engine's bt_cuda_moe_group),
- * for bt_cuda_gemm_fp4_grouped: one block counts the (token, slot)
- * pairs per expert, scans the counts into offs, and places every pair: rows[p] = its token,
- * row_w[p] = its routing weight, row_of[pair] = p (for the combine). Order within an expert
- * follows the atomics; each row is computed on its own, so the result does not depend on it. */
+/* The routed rows bt_cuda_moe_group takes (N * K): a decode batch's grouping is the engine's */
+enum { GROUP_MAX_PAIRS = 1024 };
+
+/* Rows grouped by expert past GROUP_MAX_PAIRS (a prefill), for bt_cuda_gemm_fp4_grouped: one
+ * block counts the (token, slot) pairs per expert, scans the counts into offs, and places every
+ * pair: rows[p] = its token, row_w[p] = its routing weight, row_of[pair] = p (for the combine).
+ * Order within an expert follows the atomics; each row is computed on its own, so the result does
+ * not depend on it. */
 __global__ void __launch_bounds__(1024) moe_dispatch_kernel(int32_t *offs, int32_t *rows,
                                                             float *row_w, int32_t *row_of,
                                                             const int32_t *idx, const float *wts,
@@ -445,7 +448,9 @@ typedef struct {
     float *kv, *ikeys, *qi, *iw, *scores, *logits, *rw, *row_w, *gu, *y2, *sgu, *sy, *moe;
     int32_t *sel, *sel_n, *win_idx, *win_n, *kv_row, *ridx, *offs, *rows, *row_of;
     int32_t *topk_n; /* TOPK for every token: bt_cuda_moe_combine's row counts */
-    int32_t *g_hit, *group_bad; /* a decode batch's grouping (bt_cuda_moe_group): its list, flag */
+    /* a decode batch's grouping (bt_cuda_moe_group): its expert list, and its flag for an
+     * expert id out of range (whose dropped row case_measure's row count reports) */
+    int32_t *g_hit, *group_bad;
     int64_t *pos, *visible;
     int32_t *offs_zero; /* diagnostics: every expert empty */
     uint16_t *wdq; /* a dequantized FP8 weight (bf16), for products of many rows */
@@ -852,7 +857,7 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
     BT_TRY(fork_shared(1));
     BT_TRY(bt_cuda_moe_route(c->ridx, c->rw, c->logits, W->gate_bias, T, NE, TOPK, 1.0f, 1,
                              ROUTE_SCALE, st));
-    if (R <= 1024) { /* a decode batch: the engine's grouping, each token's rows in expert order */
+    if (R <= GROUP_MAX_PAIRS) { /* the engine's grouping: a token's rows in expert order */
         BT_TRY(bt_cuda_moe_group(c->offs, c->rows, c->row_w, c->row_of, c->topk_n, c->g_hit,
                                  NE < R ? NE : R, c->group_bad, 1, c->ridx, c->rw, T, TOPK, NE,
                                  st));
@@ -1434,7 +1439,7 @@ static bt_status_t case_measure(const weights_t *W, bt_cuda_blas_t *blas, case_t
         hit += n > 0;
     }
     if (offs[NE] != c->T * TOPK || mx > c->T) {
-        fprintf(stderr, "%s: dispatch placed %d rows (largest group %d), expected %d\n",
+        fprintf(stderr, "%s: the grouping placed %d rows (largest group %d), expected %d\n",
                 c->name, offs[NE], mx, c->T * TOPK);
         return BT_ERR_INTERNAL;
     }
