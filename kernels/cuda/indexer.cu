@@ -621,9 +621,9 @@ __device__ __forceinline__ int block_prefix(int v, int *warp_tot, int *total)
  * thread TK_PER consecutive scores, so a tile of TK_THREADS * TK_PER scores takes two block
  * scans (the equal keys' ranks, the picks' places): one score a thread took 16 scans (48
  * barriers) for 8192 scores, most of a decode step's top-k. */
-__global__ void __launch_bounds__(TK_THREADS) topk_kernel(int32_t *out, int32_t *out_n,
-                                                          int out_stride, const float *scores,
-                                                          int n, int k)
+template <bool AGG>
+__global__ void __launch_bounds__(TK_THREADS)
+    topk_kernel(int32_t *out, int32_t *out_n, int out_stride, const float *scores, int n, int k)
 {
     bt_grid_begin();
     __shared__ int hist[256];
@@ -663,8 +663,16 @@ __global__ void __launch_bounds__(TK_THREADS) topk_kernel(int32_t *out, int32_t 
 #pragma unroll
             for (int i = 0; i < TK_PER; i++) {
                 const unsigned key = ordered(v[i]);
-                if (TK_PER * threadIdx.x + i < n && (key & mask) == prefix)
-                    atomicAdd(&hist[(key >> shift) & 0xffu], 1);
+                const bool in = TK_PER * threadIdx.x + i < n && (key & mask) == prefix;
+                const int bin = (key >> shift) & 0xffu;
+                if (AGG) { /* a warp's adds to one bin made once: the first pass's bins are
+                            * few (the keys' sign and exponent), so the adds had queued there */
+                    const unsigned same = __match_any_sync(0xffffffffu, in ? bin : -1);
+                    if (in && (threadIdx.x & 31) == __ffs(same) - 1)
+                        atomicAdd(&hist[bin], __popc(same));
+                } else if (in) {
+                    atomicAdd(&hist[bin], 1);
+                }
             }
         } else {
             for (int j = threadIdx.x; j < n; j += TK_THREADS) {
@@ -743,6 +751,14 @@ extern "C" bt_status_t bt_cuda_topk(int32_t *out, int32_t *out_n, int out_stride
                                     const float *scores, int T, int n, int k, cudaStream_t stream)
 {
     BT_CUDA_REQUIRE(out && out_n && scores && T > 0 && n >= 0 && k >= 0 && k <= out_stride);
-    bt__launch(topk_kernel, T, TK_THREADS, 0, stream, out, out_n, out_stride, scores, n, k);
+    /* BT_CUDA_TOPK_AGG=1: the histogram's adds aggregated a warp at a time (comparisons) */
+    static int agg_once = -1;
+    static const int allowed[] = {0, 1};
+    if (bt__env_choice("BT_CUDA_TOPK_AGG", allowed, 2, 0, &agg_once))
+        bt__launch(topk_kernel<true>, T, TK_THREADS, 0, stream, out, out_n, out_stride, scores, n,
+                   k);
+    else
+        bt__launch(topk_kernel<false>, T, TK_THREADS, 0, stream, out, out_n, out_stride, scores, n,
+                   k);
     return bt__cuda_launched("topk");
 }
