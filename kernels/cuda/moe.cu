@@ -97,11 +97,9 @@ __global__ void __launch_bounds__(RT_WARPS * 32) moe_route_kernel(int32_t *idx, 
  * side by side (one warp walking all 384 took ~13 us a token, warm). Each warp picks its own
  * top k by k warp argmaxes; warp 0 then picks the token's k from those candidates the same
  * way. The picks and weights are those of moe_route_kernel. */
-__global__ void __launch_bounds__(RT_MAXE) moe_route_block_kernel(int32_t *idx, float *wts,
-                                                                 const float *logits,
-                                                                 const float *bias, int E, int K,
-                                                                 float temp, int norm,
-                                                                 float route_scale)
+__global__ void __launch_bounds__(RT_MAXE)
+    moe_route_block_kernel(int32_t *idx, float *wts, const float *logits, const float *bias, int E,
+                           int K, float temp, int norm, float route_scale)
 {
     bt_grid_begin();
     __shared__ float s[RT_MAXE], cand_v[RT_MAXE / 32 * RT_MAXK];
@@ -141,11 +139,14 @@ __global__ void __launch_bounds__(RT_MAXE) moe_route_block_kernel(int32_t *idx, 
 }
 
 /* ---- MoE rows grouped by expert, on the device -------------------------------------------
- * One block; item j = t * K + i (token t's i-th pick), one a thread (N * K <= GROUP_THREADS). An
- * expert's rows keep token order, as the host's counting sort: item j lands at off[e] + (items
- * before j that chose e). The quadratic rank is fine for the sizes it takes (a decode step).
- * The offsets and the list of experts hit are block-wide scans over runs of experts, a run a
- * thread (where one thread had walked all E experts in turn: a chain of E dependent steps). */
+ * One block; item j = t * K + i (token t's i-th pick), one a thread (N * K <= GROUP_THREADS),
+ * expert e a thread (E <= GROUP_THREADS). An expert's rows keep token order, as the host's
+ * counting sort: item j lands at off[e] + (items before j that chose e). The offsets and the
+ * list of experts hit are block-wide scans of the experts' counts (the warps' totals scanned
+ * by a warp); an item's rank among its expert's is counted a warp of items at a time, in order
+ * (__match_any_sync within the warp, a running count per expert across warps). The form
+ * before (a thread walking all earlier items, the warps' totals added one by one) took ~10 us
+ * after the routing at a decode step (layer bench trace, H100, session 36). */
 enum { GROUP_THREADS = 1024 };
 
 __global__ void __launch_bounds__(GROUP_THREADS)
@@ -154,61 +155,77 @@ __global__ void __launch_bounds__(GROUP_THREADS)
                      const int32_t *idx, const float *wts, int N, int K, int E)
 {
     bt_grid_begin();
-    __shared__ int count[GROUP_THREADS + 1], pos_of[GROUP_THREADS], scan[64];
-    const int total = N * K, j = threadIdx.x, nt = GROUP_THREADS;
-    for (int e = j; e <= E; e += nt)
-        count[e] = 0;
+    /* count: the experts' rows, then their first grouped rows; seen: rows placed so far */
+    __shared__ int count[GROUP_THREADS + 1], seen[GROUP_THREADS], pos_of[GROUP_THREADS];
+    __shared__ int scan[66];
+    const int total = N * K, j = threadIdx.x, lane = j & 31, warp = j >> 5;
+    int e = -1;
+    float wv = 0.0f;
+    if (j < total) e = idx[j], wv = wts[j];
+    if (j <= E) count[j] = 0;
+    if (j < E) seen[j] = 0;
+    if (j == 0 && E == GROUP_THREADS) count[E] = 0;
     __syncthreads();
-    int e = j < total ? idx[j] : -1;
     if (j < total && (e < 0 || e >= E)) {
         atomicCAS(bad, 0, bad_value); /* the first to report; the caller fails the forward */
         e = -1;
     }
     if (e >= 0) atomicAdd(&count[e], 1);
     __syncthreads();
-    /* this thread's run of experts [e0, e1): its rows and its experts hit, then both scanned
-     * over the block (exclusive) */
-    const int run = (E + nt - 1) / nt, e0 = min(E, j * run), e1 = min(E, e0 + run);
-    int rows_in = 0, hits_in = 0;
-    for (int x = e0; x < e1; x++) {
-        rows_in += count[x];
-        hits_in += count[x] > 0;
-    }
-    const int lane = j & 31, warp = j >> 5;
-    int r_incl = rows_in, h_incl = hits_in;
+    /* expert j's rows and whether it is hit, scanned over the block (exclusive) */
+    const int c = j < E ? count[j] : 0, h = c > 0;
+    int r_incl = c, h_incl = h;
+#pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
         const int r = __shfl_up_sync(0xffffffffu, r_incl, o),
-                  h = __shfl_up_sync(0xffffffffu, h_incl, o);
-        if (lane >= o) r_incl += r, h_incl += h;
+                  g = __shfl_up_sync(0xffffffffu, h_incl, o);
+        if (lane >= o) r_incl += r, h_incl += g;
     }
     if (lane == 31) scan[warp] = r_incl, scan[32 + warp] = h_incl;
     __syncthreads();
-    int r_off = r_incl - rows_in, h_off = h_incl - hits_in;
-    for (int w = 0; w < warp; w++)
-        r_off += scan[w], h_off += scan[32 + w];
-    for (int x = e0; x < e1; x++) {
-        const int c = count[x];
-        count[x] = r_off; /* now the expert's first grouped row */
-        offs[x] = r_off;
-        if (c > 0 && h_off < n_hit_slots) hit[h_off] = x;
-        r_off += c;
-        h_off += c > 0;
+    if (warp == 0) { /* the warps' totals, scanned by a warp */
+        const int a = scan[lane], b = scan[32 + lane];
+        int ai = a, bi = b;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int u = __shfl_up_sync(0xffffffffu, ai, o),
+                      v = __shfl_up_sync(0xffffffffu, bi, o);
+            if (lane >= o) ai += u, bi += v;
+        }
+        scan[lane] = ai - a, scan[32 + lane] = bi - b;
+        if (lane == 31) scan[64] = ai, scan[65] = bi;
     }
-    if (j == nt - 1) offs[E] = r_off; /* the last run ends at the total */
     __syncthreads();
-    int n_hit = 0; /* experts hit: the block's total, from the warps' sums */
-    for (int w = 0; w < (nt + 31) / 32; w++)
-        n_hit += scan[32 + w];
-    for (int x = n_hit + j; x < n_hit_slots; x += nt)
+    const int r_off = scan[warp] + r_incl - c, h_off = scan[32 + warp] + h_incl - h;
+    const int n_hit = scan[65];
+    if (j < E) {
+        count[j] = r_off; /* now the expert's first grouped row */
+        offs[j] = r_off;
+        if (h && h_off < n_hit_slots) hit[h_off] = j;
+    }
+    if (j == 0) offs[E] = scan[64];
+    for (int x = n_hit + j; x < n_hit_slots; x += GROUP_THREADS)
         hit[x] = -1;
+    __syncthreads();
+    /* item j's grouped row: its expert's first, the rows earlier warps placed there, and the
+     * lanes before it in its warp that chose the same */
     int p = -1;
-    if (e >= 0) {
-        int before = 0;
-        for (int q = 0; q < j; q++)
-            before += idx[q] == e;
-        p = count[e] + before;
+    for (int w = 0; w < (total + 31) / 32; w++) {
+        if (warp == w) {
+            const unsigned m = __match_any_sync(0xffffffffu, e);
+            const int before = __popc(m & ((1u << lane) - 1));
+            const int base = e >= 0 ? seen[e] : 0;
+            __syncwarp();
+            if (e >= 0) {
+                p = count[e] + base + before;
+                if (before == 0) seen[e] = base + __popc(m);
+            }
+        }
+        __syncthreads();
+    }
+    if (p >= 0) {
         xrow[p] = j / K;
-        wt_g[p] = wts[j];
+        wt_g[p] = wv;
     }
     if (j < total) pos_of[j] = p;
     __syncthreads();
@@ -220,10 +237,10 @@ __global__ void __launch_bounds__(GROUP_THREADS)
         rows[t * K + rank] = p;
     }
     if (j < N) {
-        int c = 0;
+        int cn = 0;
         for (int q = j * K; q < j * K + K; q++)
-            c += pos_of[q] >= 0;
-        cnt[j] = c;
+            cn += pos_of[q] >= 0;
+        cnt[j] = cn;
     }
 }
 
