@@ -640,49 +640,11 @@ static cudaEvent_t g_mix_fork[2], g_mix_join[2];
 static int g_mix = 1;
 /* With two streams, where the shared expert forks from the routing: 0 before the gate's product
  * (the engine before session 30), 1 after it (the engine's: beside the shared expert's products
- * the gate's ran slower), 2 after the dispatch (BT_BENCH_SHARED_AT, for comparisons) */
+ * the gate's ran slower), 2 after the dispatch (BT_BENCH_SHARED_AT, for comparisons).
+ * (Tried and slower: a fourth stream asking L2 for wq_b's weights from the layer's start and
+ * for wo_a's once wq_b was done, while the chain before each reads little; ba5af38: decode b1
+ * 0.195 -> 0.195..0.202 ms, b16 0.834 -> 0.839..0.841, session 37, an H100.) */
 static int g_shared_at = 1;
-/* With two streams, a fourth may ask L2 for a dense product's weights while the chain before it
- * leaves DRAM idle (BT_BENCH_L2PF, a bit mask for comparisons; 0, the default, none): 1 wq_b's
- * from the layer's start (the mHC mix, wq_a and its norm read ~9 MB), 2 wo_a's once wq_b is
- * done (the indexer, top-k and attention read little), 4 with the evict-last hint. Joined at
- * the layer's end, so the chain never waits for it. */
-static cudaStream_t g_pf_stream;
-static cudaEvent_t g_pf_fork[2], g_pf_join;
-static int g_l2pf = 0;
-
-/* bytes of p (16-byte aligned, a multiple of 16) asked of L2, 8 KB a thread at a time; no
- * outputs, so no grid wait either (launched plainly, never as a dependent launch) */
-enum { PF_PIECE = 8192, PF_THREADS = 128 };
-__global__ void __launch_bounds__(PF_THREADS)
-    l2_prefetch_kernel(const uint8_t *p, size_t bytes, int evict_last)
-{
-    const size_t stride = (size_t)gridDim.x * PF_THREADS * PF_PIECE;
-    for (size_t off = ((size_t)blockIdx.x * PF_THREADS + threadIdx.x) * PF_PIECE; off < bytes;
-         off += stride) {
-        const unsigned n = (unsigned)(bytes - off < PF_PIECE ? bytes - off : PF_PIECE);
-        const uint8_t *a = p + off;
-        if (evict_last) {
-            uint64_t pol;
-            asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
-            asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(a),
-                         "r"(n), "l"(pol)
-                         : "memory");
-        } else {
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"(n) : "memory");
-        }
-    }
-}
-
-static bt_status_t l2_prefetch(const uint8_t *p, size_t bytes, cudaStream_t s)
-{
-    const size_t pieces = (bytes + PF_PIECE - 1) / PF_PIECE;
-    const unsigned blocks =
-        (unsigned)(pieces / PF_THREADS + 1 < 132 ? pieces / PF_THREADS + 1 : 132);
-    l2_prefetch_kernel<<<blocks, PF_THREADS, 0, s>>>(p, bytes / 16 * 16, g_l2pf & 4);
-    CU_TRY(cudaGetLastError());
-    return BT_OK;
-}
 
 /* stream `waiter` goes on only past what `from` has queued so far (ev recorded on from) */
 static bt_status_t stream_after(cudaStream_t waiter, cudaStream_t from, cudaEvent_t ev)
@@ -778,11 +740,6 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
                                  W->hc_scale[i], T, HC, HID, RMS_EPS, HC_EPS, HC_ITERS, ws,
                                  c->hc_ws_n, ms);
     };
-    const int pf = two ? g_l2pf : 0;
-    if (pf & 1) {
-        BT_TRY(stream_after(g_pf_stream, st, g_pf_fork[0]));
-        BT_TRY(l2_prefetch(W->wq_b.w, (size_t)NH * HD * QL, g_pf_stream));
-    }
     /* mHC, attention site: the attention collapses with the previous layer's FFN pre */
     BT_TRY(site(0, c->pre_a, c->pre_in, W->attn_norm));
     BT_TRY(mark(ev, 1, st, capture));
@@ -814,10 +771,6 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
         BT_TRY(fork_side(st, 0));
     }
     BT_TRY(fp8_mm(blas, c, c->q, BF16, c->qr, W->wq_b.w, W->wq_b.s, T, NH * HD, QL, s2));
-    if (pf & 2) {
-        BT_TRY(stream_after(g_pf_stream, s2, g_pf_fork[1]));
-        BT_TRY(l2_prefetch(W->wo_a.w, (size_t)OG * OL * OGIN, g_pf_stream));
-    }
     BT_TRY(bt_cuda_rope(c->q, BF16, T, NH, HD, c->pos, W->inv_freq, ROPE_HALF, 0, s2));
     if (!early) BT_TRY(kv_row(s2));
     BT_TRY(mark(ev, 2, st, capture));
@@ -942,7 +895,6 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
     BT_TRY(bt_cuda_moe_combine(c->moe, c->y2, c->row_of, c->topk_n, TOPK, c->sy, T, HID, st));
     BT_TRY(mark(ev, 8, st, capture));
 
-    if (pf & 3) BT_TRY(stream_after(st, g_pf_stream, g_pf_join));
     BT_TRY(expand(1, c->moe, F32));
     BT_TRY(mark(ev, 9, st, capture));
     return BT_OK;
@@ -1688,7 +1640,7 @@ static int usage(const char *argv0)
             "          [--seed N] [--entries N] [--prefill T] [--dump DIR] [--no-graph]\n"
             "          [--cuda-cores] [--trace DIR]\n"
             "environment: BT_BENCH_EARLY_FORK=0|1|2, BT_BENCH_MIX_STREAM=0|1, "
-            "BT_BENCH_SHARED_AT=0|1|2, BT_BENCH_L2PF=0..7\n",
+            "BT_BENCH_SHARED_AT=0|1|2\n",
             argv0);
     return 2;
 }
@@ -1724,7 +1676,6 @@ int main(int argc, char **argv)
     if (getenv("BT_BENCH_EARLY_FORK")) g_early = atoi(getenv("BT_BENCH_EARLY_FORK"));
     if (getenv("BT_BENCH_MIX_STREAM")) g_mix = atoi(getenv("BT_BENCH_MIX_STREAM"));
     if (getenv("BT_BENCH_SHARED_AT")) g_shared_at = atoi(getenv("BT_BENCH_SHARED_AT"));
-    if (getenv("BT_BENCH_L2PF")) g_l2pf = atoi(getenv("BT_BENCH_L2PF"));
     /* a prefill chunk sits at the end of the cached entries, and the top-k must be full */
     if (o.reps < 20 || o.warmup < 1 || entries < ITOPK || prefill < 1 || prefill > entries ||
         prefill + WIN > (1 << 30)) {
@@ -1756,15 +1707,12 @@ int main(int argc, char **argv)
     if (cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) != cudaSuccess) goto out;
     if (cudaStreamCreateWithFlags(&g_side_stream, cudaStreamNonBlocking) != cudaSuccess) goto out;
     if (cudaStreamCreateWithFlags(&g_mix_stream, cudaStreamNonBlocking) != cudaSuccess) goto out;
-    if (cudaStreamCreateWithFlags(&g_pf_stream, cudaStreamNonBlocking) != cudaSuccess) goto out;
-    if (cudaEventCreateWithFlags(&g_pf_join, cudaEventDisableTiming) != cudaSuccess) goto out;
     for (int i = 0; i < 2; i++)
         if (cudaEventCreateWithFlags(&g_fork[i], cudaEventDisableTiming) != cudaSuccess ||
             cudaEventCreateWithFlags(&g_mix_fork[i], cudaEventDisableTiming) != cudaSuccess ||
             cudaEventCreateWithFlags(&g_mix_join[i], cudaEventDisableTiming) != cudaSuccess ||
             cudaEventCreateWithFlags(&g_join[i], cudaEventDisableTiming) != cudaSuccess ||
-            cudaEventCreateWithFlags(&g_edge[i], cudaEventDisableTiming) != cudaSuccess ||
-            cudaEventCreateWithFlags(&g_pf_fork[i], cudaEventDisableTiming) != cudaSuccess)
+            cudaEventCreateWithFlags(&g_edge[i], cudaEventDisableTiming) != cudaSuccess)
             goto out;
     for (; nev < N_SEGS + 1; nev++)
         if (cudaEventCreate(&ev[nev]) != cudaSuccess) goto out;
@@ -1840,10 +1788,7 @@ out:
         if (g_edge[i]) cudaEventDestroy(g_edge[i]);
         if (g_mix_fork[i]) cudaEventDestroy(g_mix_fork[i]);
         if (g_mix_join[i]) cudaEventDestroy(g_mix_join[i]);
-        if (g_pf_fork[i]) cudaEventDestroy(g_pf_fork[i]);
     }
-    if (g_pf_join) cudaEventDestroy(g_pf_join);
-    if (g_pf_stream) cudaStreamDestroy(g_pf_stream);
     if (g_side_stream) cudaStreamDestroy(g_side_stream);
     if (g_mix_stream) cudaStreamDestroy(g_mix_stream);
     if (st) cudaStreamDestroy(st);

@@ -620,8 +620,10 @@ __device__ __forceinline__ int block_prefix(int v, int *warp_tot, int *total)
  * k-th largest key 8 bits at a time, then one pass writes the picks. That pass gives each
  * thread TK_PER consecutive scores, so a tile of TK_THREADS * TK_PER scores takes two block
  * scans (the equal keys' ranks, the picks' places): one score a thread took 16 scans (48
- * barriers) for 8192 scores, most of a decode step's top-k. */
-template <bool AGG>
+ * barriers) for 8192 scores, most of a decode step's top-k. Tried and measured slower: the
+ * histogram's adds aggregated a warp at a time (__match_any_sync per bin, 1a2e793), as the first
+ * pass's few bins take all 8192: the layer's indexer part 0.027 -> 0.031 ms at decode b1, the
+ * layer 0.195 -> 0.199 (session 37, an H100). */
 __global__ void __launch_bounds__(TK_THREADS)
     topk_kernel(int32_t *out, int32_t *out_n, int out_stride, const float *scores, int n, int k)
 {
@@ -663,16 +665,8 @@ __global__ void __launch_bounds__(TK_THREADS)
 #pragma unroll
             for (int i = 0; i < TK_PER; i++) {
                 const unsigned key = ordered(v[i]);
-                const bool in = TK_PER * threadIdx.x + i < n && (key & mask) == prefix;
-                const int bin = (key >> shift) & 0xffu;
-                if (AGG) { /* a warp's adds to one bin made once: the first pass's bins are
-                            * few (the keys' sign and exponent), so the adds had queued there */
-                    const unsigned same = __match_any_sync(0xffffffffu, in ? bin : -1);
-                    if (in && (threadIdx.x & 31) == __ffs(same) - 1)
-                        atomicAdd(&hist[bin], __popc(same));
-                } else if (in) {
-                    atomicAdd(&hist[bin], 1);
-                }
+                if (TK_PER * threadIdx.x + i < n && (key & mask) == prefix)
+                    atomicAdd(&hist[(key >> shift) & 0xffu], 1);
             }
         } else {
             for (int j = threadIdx.x; j < n; j += TK_THREADS) {
@@ -751,14 +745,6 @@ extern "C" bt_status_t bt_cuda_topk(int32_t *out, int32_t *out_n, int out_stride
                                     const float *scores, int T, int n, int k, cudaStream_t stream)
 {
     BT_CUDA_REQUIRE(out && out_n && scores && T > 0 && n >= 0 && k >= 0 && k <= out_stride);
-    /* BT_CUDA_TOPK_AGG=1: the histogram's adds aggregated a warp at a time (comparisons) */
-    static int agg_once = -1;
-    static const int allowed[] = {0, 1};
-    if (bt__env_choice("BT_CUDA_TOPK_AGG", allowed, 2, 0, &agg_once))
-        bt__launch(topk_kernel<true>, T, TK_THREADS, 0, stream, out, out_n, out_stride, scores, n,
-                   k);
-    else
-        bt__launch(topk_kernel<false>, T, TK_THREADS, 0, stream, out, out_n, out_stride, scores, n,
-                   k);
+    bt__launch(topk_kernel, T, TK_THREADS, 0, stream, out, out_n, out_stride, scores, n, k);
     return bt__cuda_launched("topk");
 }
