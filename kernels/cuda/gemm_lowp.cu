@@ -9,7 +9,7 @@
  * The kernels, by rows per weight matrix (an expert's share for grouped FP4):
  *   <= 16 rows, K whole chunks (64 FP8 / 128 FP4), 16-byte rows: gemm_mma16, m16n8k16 MMAs
  *           with the weights dequantized in registers straight into B fragments (decode;
- *           also bf16 weights for gemm.cu); a product of few column tiles has K sliced over
+ *           also bf16 weights for gemm.cu); a bf16 product of few column tiles has K sliced over
  *           the blocks of a cluster, which add their sums through distributed shared memory;
  *           for FP4 and FP8 gemm_rows instead (where K is not sliced), the weights as A and 8
  *           rows as B, the next chunk's weights and rows loaded ahead (BT_CUDA_FP4ROWS=0,
@@ -1509,15 +1509,18 @@ static int rows_lh(int fmt, int groups)
  * walked all of K, one chunk a warp at a time, with most SMs idle. A cluster of 2..8 blocks
  * takes a column tile, a slice of K each (slices of whole chunks, at least a chunk a warp on
  * average; the last may be shorter). A function of the shape alone, so a row sums the same in
- * any batch. */
+ * any batch. The bf16 products only (the router's, the indexer's head weights): the FP8 ones
+ * (wq_a, wkv) measured faster unsplit in the decode's two-stream graph, where their cluster
+ * launches shared the GPU with the other stream's kernels: b1 0.195 -> 0.185 ms, b16 0.834 ->
+ * 0.828 (session 37, an H100; all products unsplit: b1 0.186, b16 0.834). */
 static int mma16_ksplit(int N, int K, int groups, int chunk, bool fp8)
 {
-    /* BT_CUDA_KSPLIT_MAX=1|2|4 caps the slices, BT_CUDA_FP8_KSPLIT_MAX an FP8 product's
-     * (comparisons) */
+    /* BT_CUDA_KSPLIT_MAX=1|2|4 caps the slices, BT_CUDA_FP8_KSPLIT_MAX=2|4|8 lets FP8 products
+     * split (comparisons, and the tests of the split FP8 form) */
     static int cap = -1, cap8 = -1;
     static const int caps[] = {1, 2, 4, 8};
     int most = bt__env_choice("BT_CUDA_KSPLIT_MAX", caps, 4, 8, &cap);
-    if (fp8) most = min(most, bt__env_choice("BT_CUDA_FP8_KSPLIT_MAX", caps, 4, 8, &cap8));
+    if (fp8) most = min(most, bt__env_choice("BT_CUDA_FP8_KSPLIT_MAX", caps, 4, 1, &cap8));
     const long tiles = (long)bt__cdiv(N, 8) * groups, wave = 132L * 5;
     int s = 1;
     while (s < most && tiles * s * 2 <= wave && K / (2 * s) >= MT_WARPS * chunk)
@@ -1540,9 +1543,10 @@ static int wide_min_tiles(void)
 }
 
 /* The few-row kernels' launch. FP4 and FP8 weights: gemm_rows, blocks of rows_tiles() tiles of
- * 32 columns when there are at least 144 of them, else 16; but FP8 products whose column tiles
- * fill less than a wave take gemm_mma16 with K in slices over a cluster, as bf16 weights do
- * (gemm_mma16: 32 columns a block from the same bound, else 8). */
+ * 32 columns when there are at least 144 of them, else 16 (FP8 products whose column tiles
+ * fill less than a wave took gemm_mma16 with K in slices over a cluster until session 37; with
+ * BT_CUDA_FP8_KSPLIT_MAX they still do). bf16 weights: gemm_mma16, K sliced for such narrow
+ * products (32 columns a block from the same bound, else 8). */
 template <int FMT>
 static bt_status_t few_rows_launch(void *y, bt_cuda_dtype_t yd, const __nv_bfloat16 *xb,
                                    const int32_t *rows, const int32_t *offs, int groups,

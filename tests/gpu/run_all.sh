@@ -56,6 +56,9 @@ step test_cuda_ops_rows_lh0 120 env BT_CUDA_ROWS_LH=0 BT_CUDA_FP4_LH=0 \
   "$bundle/bin/test_cuda_ops" --only "gemm_fp8,gemm_fp8_batched,gemm_fp4_grouped,gemm_fp4_listed"
 step test_cuda_ops_rows_lh1 120 env BT_CUDA_ROWS_LH=1 BT_CUDA_FP4_LH=1 \
   "$bundle/bin/test_cuda_ops" --only "gemm_fp8,gemm_fp8_batched,gemm_fp4_grouped,gemm_fp4_listed"
+# the FP8 products' K slices over a cluster (off by default since session 37; bf16 keeps them)
+step test_cuda_ops_fp8_ksplit 120 env BT_CUDA_FP8_KSPLIT_MAX=8 \
+  "$bundle/bin/test_cuda_ops" --only "gemm_fp8,gemm_fp8_batched"
 step test_model_cuda 300 "$bundle/bin/test_model_cuda"
 step cluster_auto_tp1 200 bash "$here/cluster_cuda.sh" "$bundle/bin"
 step cluster_auto_tp1_dspark 200 bash "$here/cluster_cuda.sh" "$bundle/bin" --dspark
