@@ -645,11 +645,6 @@ static int g_mix = 1;
  * for wo_a's once wq_b was done, while the chain before each reads little; ba5af38: decode b1
  * 0.195 -> 0.195..0.202 ms, b16 0.834 -> 0.839..0.841, session 37, an H100.) */
 static int g_shared_at = 1;
-/* The two-stream graph's time runs from an event-record node at its start, as the one-stream
- * graph's always did, so neither counts the host's submission of the launch (in the engine a
- * step's graph holds every layer, so a layer never waits on it). BT_BENCH_LAUNCH_IN=1: from an
- * event recorded before the launch, the figure before session 37 (comparisons). */
-static int g_launch_in = 0;
 
 /* stream `waiter` goes on only past what `from` has queued so far (ev recorded on from) */
 static bt_status_t stream_after(cudaStream_t waiter, cudaStream_t from, cudaEvent_t ev)
@@ -703,13 +698,11 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
     int T = c->T, R = T * TOPK;
     const int thr = 256;
 
-    /* Two streams (g_side set): the queries and the KV row (s2) beside the indexer (st),
-     * joined before the attention core; only the first and last events are recorded then
-     * (pev NULL: a part's events would span other streams' work); s2 forked from the mHC
-     * collapse on unless g_early is 0. The mixes on a third when g_mix. */
-    const int two = g_side && !fp8_via_cublas(c, T), early = two && g_early, mixs = two && g_mix;
-    cudaEvent_t *pev = two ? NULL : ev;
     BT_TRY(mark(ev, 0, st, capture));
+    /* Two streams (g_side set): the queries and the KV row (s2) beside the indexer (st),
+     * joined before the attention core; the part events are then not recorded (ev NULL); s2
+     * forked from the mHC collapse on unless g_early is 0. The mixes on a third when g_mix. */
+    const int two = g_side && !fp8_via_cublas(c, T), early = two && g_early, mixs = two && g_mix;
     /* mHC site i: its mix (into pre_out, post, comb), the collapse with pre_w and the norm */
     auto site = [&](int i, float *pre_out, const float *pre_w, const float *norm) -> bt_status_t {
         float *ws = g_tensor_cores ? c->hc_ws : NULL;
@@ -749,7 +742,7 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
     };
     /* mHC, attention site: the attention collapses with the previous layer's FFN pre */
     BT_TRY(site(0, c->pre_a, c->pre_in, W->attn_norm));
-    BT_TRY(mark(pev, 1, st, capture));
+    BT_TRY(mark(ev, 1, st, capture));
 
     /* attention projections (in) */
     cudaStream_t s2 = two ? g_side : st;
@@ -780,7 +773,7 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
     BT_TRY(fp8_mm(blas, c, c->q, BF16, c->qr, W->wq_b.w, W->wq_b.s, T, NH * HD, QL, s2));
     BT_TRY(bt_cuda_rope(c->q, BF16, T, NH, HD, c->pos, W->inv_freq, ROPE_HALF, 0, s2));
     if (!early) BT_TRY(kv_row(s2));
-    BT_TRY(mark(pev, 2, st, capture));
+    BT_TRY(mark(ev, 2, st, capture));
 
     /* indexer */
     BT_TRY(fp8_mm(blas, c, c->qi, F32, c->qr, W->iwq_b.w, W->iwq_b.s, T, IH * ID, QL, st));
@@ -802,7 +795,7 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
                                        c->visible, T, IH, ID, c->n, st));
     BT_TRY(bt_cuda_topk(c->sel, c->sel_n, ITOPK, c->scores, T, c->n, ITOPK, st));
     if (two) BT_TRY(join_side(st, 0));
-    BT_TRY(mark(pev, 3, st, capture));
+    BT_TRY(mark(ev, 3, st, capture));
 
     /* attention core: a decode batch as the model's (each sequence's compressed cache where it
      * lies, each token's keys split as they would be alone) */
@@ -816,7 +809,7 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
         BT_TRY(bt_cuda_attention_ws(c->attn, c->q, c->win, c->win_idx, c->win_n, WIN, c->comp,
                                     c->sel, c->sel_n, ITOPK, W->sink, c->pos, W->inv_freq,
                                     ROPE_HALF, BF16, T, NH, HD, c->att_ws, c->att_ws_n, bp, st));
-    BT_TRY(mark(pev, 4, st, capture));
+    BT_TRY(mark(ev, 4, st, capture));
 
     /* attention projections (out): wo_a per group of 8 heads, then wo_b */
     if (!fp8_via_cublas(c, T)) {
@@ -838,7 +831,7 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
         LAUNCHED("swap12 groups");
     }
     BT_TRY(fp8_mm(blas, c, c->o_attn, BF16, c->oa, W->wo_b.w, W->wo_b.s, T, HID, OG * OL, st));
-    BT_TRY(mark(pev, 5, st, capture));
+    BT_TRY(mark(ev, 5, st, capture));
 
     /* mHC: attention output into the streams; FFN site mix and collapse */
     if (T >= BT_CUDA_HC_EC_MIN_TOKENS) {
@@ -847,7 +840,7 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
         BT_TRY(expand(0, c->o_attn, BF16));
         BT_TRY(site(1, c->pre_f, c->pre_a, W->ffn_norm));
     }
-    BT_TRY(mark(pev, 6, st, capture));
+    BT_TRY(mark(ev, 6, st, capture));
 
     /* the shared expert (FP8), on s2 beside the routing and the routed experts when two */
     auto shared_expert = [&](cudaStream_t s) -> bt_status_t {
@@ -877,7 +870,7 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
         LAUNCHED("moe_dispatch");
     }
     BT_TRY(fork_shared(2));
-    BT_TRY(mark(pev, 7, st, capture));
+    BT_TRY(mark(ev, 7, st, capture));
 
     /* experts: routed (FP4, grouped over the experts hit once the warm-up read them back;
      * the routing weight before w2), shared (FP8) after them on one stream */
@@ -900,7 +893,7 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
         BT_TRY(shared_expert(st));
     /* the token's routed rows in slot order, then the shared expert (the engine's combine) */
     BT_TRY(bt_cuda_moe_combine(c->moe, c->y2, c->row_of, c->topk_n, TOPK, c->sy, T, HID, st));
-    BT_TRY(mark(pev, 8, st, capture));
+    BT_TRY(mark(ev, 8, st, capture));
 
     BT_TRY(expand(1, c->moe, F32));
     BT_TRY(mark(ev, 9, st, capture));
@@ -1535,8 +1528,11 @@ static bt_status_t case_measure(const weights_t *W, bt_cuda_blas_t *blas, case_t
                 crc = BT_ERR_DEVICE;
         }
         if (crc == BT_OK) {
+            /* (timed from an event recorded before the launch; from an event-record node at the
+             * graph's start, as the one-stream graph is, it measured the same: decode b1 0.1845
+             * against 0.1835 ms, b16 0.8093 against 0.8058, session 37, an H100) */
             g_side = g_side_stream;
-            crc = capture_layer(W, blas, c, st, g_launch_in ? NULL : ev, &g, &ge);
+            crc = capture_layer(W, blas, c, st, NULL, &g, &ge);
             g_side = NULL;
         }
         if (crc == BT_OK) {
@@ -1647,7 +1643,7 @@ static int usage(const char *argv0)
             "          [--seed N] [--entries N] [--prefill T] [--dump DIR] [--no-graph]\n"
             "          [--cuda-cores] [--trace DIR]\n"
             "environment: BT_BENCH_EARLY_FORK=0|1|2, BT_BENCH_MIX_STREAM=0|1, "
-            "BT_BENCH_SHARED_AT=0|1|2, BT_BENCH_LAUNCH_IN=0|1\n",
+            "BT_BENCH_SHARED_AT=0|1|2\n",
             argv0);
     return 2;
 }
@@ -1683,7 +1679,6 @@ int main(int argc, char **argv)
     if (getenv("BT_BENCH_EARLY_FORK")) g_early = atoi(getenv("BT_BENCH_EARLY_FORK"));
     if (getenv("BT_BENCH_MIX_STREAM")) g_mix = atoi(getenv("BT_BENCH_MIX_STREAM"));
     if (getenv("BT_BENCH_SHARED_AT")) g_shared_at = atoi(getenv("BT_BENCH_SHARED_AT"));
-    if (getenv("BT_BENCH_LAUNCH_IN")) g_launch_in = atoi(getenv("BT_BENCH_LAUNCH_IN"));
     /* a prefill chunk sits at the end of the cached entries, and the top-k must be full */
     if (o.reps < 20 || o.warmup < 1 || entries < ITOPK || prefill < 1 || prefill > entries ||
         prefill + WIN > (1 << 30)) {
