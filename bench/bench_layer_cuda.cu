@@ -277,10 +277,8 @@ __device__ static int block_excl_scan(int v, int *warp_tot)
     return warp_tot[32 + warp] + incl - v;
 }
 
-/* The routed rows bt_cuda_moe_group takes (N * K): a decode batch's grouping is the engine's */
-enum { GROUP_MAX_PAIRS = 1024 };
-
-/* Rows grouped by expert past GROUP_MAX_PAIRS (a prefill), for bt_cuda_gemm_fp4_grouped: one
+/* Rows grouped by expert past BT_CUDA_MOE_GROUP_MAX routed rows (a prefill; a decode batch's
+ * grouping is the engine's, bt_cuda_moe_group), for bt_cuda_gemm_fp4_grouped: one
  * block counts the (token, slot) pairs per expert, scans the counts into offs, and places every
  * pair: rows[p] = its token, row_w[p] = its routing weight, row_of[pair] = p (for the combine).
  * Order within an expert follows the atomics; each row is computed on its own, so the result does
@@ -860,7 +858,7 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
     BT_TRY(fork_shared(1));
     BT_TRY(bt_cuda_moe_route(c->ridx, c->rw, c->logits, W->gate_bias, T, NE, TOPK, 1.0f, 1,
                              ROUTE_SCALE, st));
-    if (R <= GROUP_MAX_PAIRS) { /* the engine's grouping: a token's rows in expert order */
+    if (R <= BT_CUDA_MOE_GROUP_MAX) { /* the engine's grouping: a token's rows in expert order */
         BT_TRY(bt_cuda_moe_group(c->offs, c->rows, c->row_w, c->row_of, c->topk_n, c->g_hit,
                                  NE < R ? NE : R, c->group_bad, 1, c->ridx, c->rw, T, TOPK, NE,
                                  st));

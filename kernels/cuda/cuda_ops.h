@@ -445,7 +445,8 @@ bt_status_t bt_cuda_moe_combine(float *out, const float *y, const int32_t *rows,
  * for moe_combine), cnt [N], hit [n_hit_slots] (the experts with rows, ascending, then -1: the
  * expert list of bt_cuda_gemm_fp4_grouped_list). An expert id out of range drops its item and
  * sets *bad to bad_value (nonzero: the caller's tag, e.g. the layer) unless *bad is set already.
- * N * K <= 1024, E <= 1024, n_hit_slots >= min(E, N * K). */
+ * N * K <= BT_CUDA_MOE_GROUP_MAX, E <= BT_CUDA_MOE_GROUP_MAX, n_hit_slots >= min(E, N * K). */
+enum { BT_CUDA_MOE_GROUP_MAX = 1024 }; /* one block: an item a thread, an expert a thread */
 bt_status_t bt_cuda_moe_group(int32_t *offs, int32_t *xrow, float *wt_g, int32_t *rows,
                               int32_t *cnt, int32_t *hit, int n_hit_slots, int32_t *bad,
                               int32_t bad_value, const int32_t *idx, const float *wts, int N, int K,

@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(RT_MAXE)
  * (__match_any_sync within the warp, a running count per expert across warps). The form
  * before (a thread walking all earlier items, the warps' totals added one by one) took ~10 us
  * after the routing at a decode step (layer bench trace, H100, session 36). */
-enum { GROUP_THREADS = 1024 };
+enum { GROUP_THREADS = BT_CUDA_MOE_GROUP_MAX };
 
 /* a and b each replaced by its inclusive sum over the warp's lanes up to this one */
 __device__ __forceinline__ void warp_scan2(int &a, int &b, int lane)

@@ -69,7 +69,7 @@ enum { FP8_WIDE_ROWS = 64 };
  * GRAPH_PIECES), each launched as soon as it is captured, so the GPU runs one piece while the
  * host captures the next, twice as long (a step captured whole waited for all of its capture
  * and update: ~25% of a real-model step; pieces of equal size would leave the first's) */
-enum { GRAPH_MAX_SEQS = 16, GRAPH_SLOTS = 4, GRAPH_PIECES = 8, GROUP_MAX_ROWS = 1024 };
+enum { GRAPH_MAX_SEQS = 16, GRAPH_SLOTS = 4, GRAPH_PIECES = 8 };
 typedef struct {
     mat_kind_t kind;
     int N, K;
@@ -674,8 +674,8 @@ static void alloc_scratch(up_t *u)
     cu->cand = (int32_t *)scratch(u, N * cb);
     cu->cand_n = (int32_t *)scratch(u, N);
     cu->gate_logits = scratch(u, N * E);
-    cu->group_cap = (int)(N * K < GROUP_MAX_ROWS ? N * K : GROUP_MAX_ROWS);
-    if (E <= GROUP_MAX_ROWS && cu->group_cap > 0) {
+    cu->group_cap = (int)(N * K < BT_CUDA_MOE_GROUP_MAX ? N * K : BT_CUDA_MOE_GROUP_MAX);
+    if (E <= BT_CUDA_MOE_GROUP_MAX && cu->group_cap > 0) {
         size_t gc = (size_t)cu->group_cap;
         cu->g_offs = (int32_t *)scratch(u, E + 1);
         cu->g_xrow = (int32_t *)scratch(u, gc);
@@ -1828,7 +1828,7 @@ static bool moe_on_device(const fwd_t *f, int l)
 {
     const dev_layer_t *w = &f->cu->layer[l];
     return w->w13_q && f->cu->group_cap > 0 && f->N <= GRAPH_MAX_SEQS &&
-           f->N * w->n_active <= f->cu->group_cap && w->n_experts <= GROUP_MAX_ROWS;
+           f->N * w->n_active <= f->cu->group_cap && w->n_experts <= BT_CUDA_MOE_GROUP_MAX;
 }
 
 /* The shared expert of layer l into cu->sh, on the side stream when side. */
