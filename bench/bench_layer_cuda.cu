@@ -258,19 +258,11 @@ __global__ void swap12_kernel(uint4 *out, const uint4 *in, int A, int B, int C8)
 __device__ static int block_excl_scan(int v, int *warp_tot)
 {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int incl = v;
-    for (int o = 1; o < 32; o <<= 1) {
-        int t = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += t;
-    }
+    const int incl = bt_warp_incl_sum(v);
     if (lane == 31) warp_tot[warp] = incl;
     __syncthreads();
     if (warp == 0) {
-        int w = warp_tot[lane], wi = w;
-        for (int o = 1; o < 32; o <<= 1) {
-            int t = __shfl_up_sync(0xffffffffu, wi, o);
-            if (lane >= o) wi += t;
-        }
+        const int w = warp_tot[lane], wi = bt_warp_incl_sum(w);
         warp_tot[32 + lane] = wi - w;
     }
     __syncthreads();

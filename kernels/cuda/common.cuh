@@ -126,6 +126,19 @@ __device__ __forceinline__ float bt_warp_max(float v)
     return v;
 }
 
+/* v's inclusive sum over the warp's lanes up to this one (every lane of the warp calls it). The
+ * same additions in the same order wherever it is called, so the same bits for floating types. */
+template <typename T> __device__ __forceinline__ T bt_warp_incl_sum(T v)
+{
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const T u = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += u;
+    }
+    return v;
+}
+
 /* Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
  * `red` is 32 floats of shared memory; the call has barriers, so every thread must make it. */
 __device__ __forceinline__ float bt_block_sum(float v, float *red)

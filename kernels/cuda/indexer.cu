@@ -590,23 +590,12 @@ __device__ __forceinline__ unsigned ordered(float f)
 __device__ __forceinline__ int block_prefix(int v, int *warp_tot, int *total)
 {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int incl = v;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        int u = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += u;
-    }
+    const int incl = bt_warp_incl_sum(v);
     __syncthreads(); /* (warp_tot's last readers are done) */
     if (lane == 31) warp_tot[warp] = incl;
     __syncthreads();
     if (warp == 0) { /* the 32 warps' sums scanned by a warp, not walked by one thread */
-        const int w = warp_tot[lane];
-        int wi = w;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            int u = __shfl_up_sync(0xffffffffu, wi, o);
-            if (lane >= o) wi += u;
-        }
+        const int w = warp_tot[lane], wi = bt_warp_incl_sum(w);
         warp_tot[lane] = wi - w;
         if (lane == 31) warp_tot[TK_THREADS / 32] = wi;
     }

@@ -149,16 +149,6 @@ __global__ void __launch_bounds__(RT_MAXE)
  * after the routing at a decode step (layer bench trace, H100, session 36). */
 enum { GROUP_THREADS = BT_CUDA_MOE_GROUP_MAX };
 
-/* a and b each replaced by its inclusive sum over the warp's lanes up to this one */
-__device__ __forceinline__ void warp_scan2(int &a, int &b, int lane)
-{
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const int u = __shfl_up_sync(0xffffffffu, a, o), v = __shfl_up_sync(0xffffffffu, b, o);
-        if (lane >= o) a += u, b += v;
-    }
-}
-
 __global__ void __launch_bounds__(GROUP_THREADS)
     moe_group_kernel(int32_t *offs, int32_t *xrow, float *wt_g, int32_t *rows, int32_t *cnt,
                      int32_t *hit, int n_hit_slots, int32_t *bad, int32_t bad_value,
@@ -184,14 +174,12 @@ __global__ void __launch_bounds__(GROUP_THREADS)
     __syncthreads();
     /* expert j's rows and whether it is hit, scanned over the block (exclusive) */
     const int c = j < E ? count[j] : 0, h = c > 0;
-    int r_incl = c, h_incl = h;
-    warp_scan2(r_incl, h_incl, lane);
+    const int r_incl = bt_warp_incl_sum(c), h_incl = bt_warp_incl_sum(h);
     if (lane == 31) scan[warp] = r_incl, scan[32 + warp] = h_incl;
     __syncthreads();
     if (warp == 0) { /* the warps' totals, scanned by a warp */
         const int a = scan[lane], b = scan[32 + lane];
-        int ai = a, bi = b;
-        warp_scan2(ai, bi, lane);
+        const int ai = bt_warp_incl_sum(a), bi = bt_warp_incl_sum(b);
         scan[lane] = ai - a, scan[32 + lane] = bi - b;
         if (lane == 31) scan[64] = ai, scan[65] = bi;
     }

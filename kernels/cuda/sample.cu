@@ -107,11 +107,7 @@ __device__ int sr_find(const float *row, int V, Weight weight, double target, bo
         }
     }
     /* inclusive scan of the runs' sums: in the warp, then over the warps' totals */
-    double incl = s;
-    for (int o = 1; o < 32; o <<= 1) {
-        const double v = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += v;
-    }
+    double incl = bt_warp_incl_sum(s);
     int wl = last;
     for (int o = 16; o > 0; o >>= 1) wl = max(wl, __shfl_xor_sync(0xffffffffu, wl, o));
     __syncthreads();
@@ -120,11 +116,7 @@ __device__ int sr_find(const float *row, int V, Weight weight, double target, bo
     if (threadIdx.x == 0) sh->first = SR_THREADS;
     __syncthreads();
     if (warp == 0) {
-        double t = sh->wsum[lane];
-        for (int o = 1; o < 32; o <<= 1) {
-            const double v = __shfl_up_sync(0xffffffffu, t, o);
-            if (lane >= o) t += v;
-        }
+        const double t = bt_warp_incl_sum(sh->wsum[lane]);
         const double before = __shfl_up_sync(0xffffffffu, t, 1);
         sh->part[lane][0] = lane ? before : 0.0; /* the warps before this one */
         int any = sh->wlast[lane];
@@ -187,11 +179,7 @@ __device__ void sr_select_count(const float *row, int V, int k, uint32_t *K, int
         if (warp == 0) { /* lane l holds digits 255 - 8l down to 248 - 8l */
             uint32_t c = 0;
             for (int j = 0; j < 8; j++) c += sh->bins[255 - 8 * lane - j];
-            uint32_t incl = c;
-            for (int o = 1; o < 32; o <<= 1) {
-                const uint32_t v = __shfl_up_sync(0xffffffffu, incl, o);
-                if (lane >= o) incl += v;
-            }
+            const uint32_t incl = bt_warp_incl_sum(c);
             const bool hit = above + incl >= (uint32_t)k;
             const unsigned b = __ballot_sync(0xffffffffu, hit);
             const int at = b ? __ffs(b) - 1 : 31; /* (always hit: the row holds k) */
