@@ -1504,15 +1504,16 @@ static int rows_lh(int fmt, int groups)
     return forced < 3 ? forced : groups >= ROWS_FP4_L2_GROUPS ? 1 : 2;
 }
 
-/* K slices for a narrow FP8 or bf16 product whose column tiles fill less than one wave of
- * resident blocks (5 an SM on 132 SMs): the few blocks of e.g. a [512, 5120] projection each
- * walked all of K, one chunk a warp at a time, with most SMs idle. A cluster of 2..8 blocks
- * takes a column tile, a slice of K each (slices of whole chunks, at least a chunk a warp on
- * average; the last may be shorter). A function of the shape alone, so a row sums the same in
- * any batch. The bf16 products only (the router's, the indexer's head weights): the FP8 ones
- * (wq_a, wkv) measured faster unsplit in the decode's two-stream graph, where their cluster
- * launches shared the GPU with the other stream's kernels: b1 0.195 -> 0.185 ms, b16 0.834 ->
- * 0.828 (session 37, an H100; all products unsplit: b1 0.186, b16 0.834). */
+/* K slices for a narrow bf16 product (FP8 only under BT_CUDA_FP8_KSPLIT_MAX, see below) whose
+ * column tiles fill less than one wave of resident blocks (5 an SM on 132 SMs): the few blocks
+ * of e.g. a [512, 5120] projection each walked all of K, one chunk a warp at a time, with most
+ * SMs idle. A cluster of 2..8 blocks takes a column tile, a slice of K each (slices of whole
+ * chunks, at least a chunk a warp on average; the last may be shorter). A function of the shape
+ * alone, so a row sums the same in any batch. The FP8 products (wq_a, wkv) measured faster
+ * unsplit in the decode's two-stream graph, where their cluster launches shared the GPU with
+ * the other stream's kernels: b1 0.195 -> 0.185 ms, b16 0.834 -> 0.828 (session 37, an H100;
+ * the bf16 ones, the router's and the indexer's head weights, unsplit too: b1 0.186, b16
+ * 0.834). */
 static int mma16_ksplit(int N, int K, int groups, int chunk, bool fp8)
 {
     /* BT_CUDA_KSPLIT_MAX=1|2|4 caps the slices, BT_CUDA_FP8_KSPLIT_MAX=2|4|8 lets FP8 products

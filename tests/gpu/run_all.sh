@@ -7,7 +7,8 @@
 # speculatively with the demo model's DSpark stages). The operators whose Hopper
 # kernels have another kernel for other GPUs (or for too little shared memory) run again with
 # those switched off, so the kernels a GB10 takes are checked on the H200 too, and the FP4 expert
-# GEMM's other forms (switches for comparisons) again. Each step is bounded in time;
+# GEMM's other forms, the few-row GEMMs' other weight loads and the FP8 products split over K
+# (switches for comparisons) again. Each step is bounded in time;
 # logs go to OUT_DIR, one summary line per step to stdout; the exit status is the number of
 # steps that failed.
 #   tests/gpu/run_all.sh BUNDLE_DIR OUT_DIR [--perf] [--only NAME]
