@@ -230,8 +230,8 @@ static inline int bt__cdiv(long long a, long long b) { return (int)((a + b - 1) 
  * The contract every kernel keeps: bt_grid_wait() before it reads what an earlier kernel wrote
  * or writes anything, on every path (an early return too: a grid that ends without waiting
  * would let the next one past its own wait before the one before it ends). Before the wait a
- * kernel may only read what no kernel writes (weights) and compute. bt_grid_begin releases,
- * then waits: the next kernel may be launched once each block of this one has started.
+ * kernel may only read what no kernel writes (weights) and compute. bt_grid_wait then
+ * bt_grid_release: the next kernel may be launched once each block of this one got that far.
  * Without the launch attribute both are no-ops. BT_CUDA_PDL=0 launches every kernel plainly. */
 __device__ __forceinline__ void bt_grid_wait(void)
 {
@@ -247,20 +247,15 @@ __device__ __forceinline__ void bt_grid_release(void)
 #endif
 }
 
-/* the usual first line of a kernel: nothing of its own to do before the wait. The release comes
- * first: the next kernel may then be launched while this one still waits on the one before it,
- * so a chain of short kernels has its blocks resident ahead (a launch takes a few us, longer
- * than many a decode kernel runs). Safe: the next kernel's wait is for this whole grid, which
- * ends only after each block's own wait. BT_CUDA_PDL_WAIT_FIRST builds the former order. */
+/* the usual first line of a kernel: nothing of its own to do before the wait. Tried and
+ * measured slower: the release before the wait, so that a chain of short kernels has its blocks
+ * resident ahead (decode b1 0.1827 -> 0.1950 ms, b16 0.8064 -> 0.8175, three rounds each, an
+ * H100; bench/RESULTS.md session 38): blocks waiting early hold SM room the running kernels and
+ * the other stream's want. */
 __device__ __forceinline__ void bt_grid_begin(void)
 {
-#ifdef BT_CUDA_PDL_WAIT_FIRST
     bt_grid_wait();
     bt_grid_release();
-#else
-    bt_grid_release();
-    bt_grid_wait();
-#endif
 }
 
 /* An on/off switch from the environment (BT_CUDA_PDL, BT_CUDA_WGRS, ...: off for comparisons):
