@@ -635,6 +635,10 @@ static int g_mix = 1;
  * for wo_a's once wq_b was done, while the chain before each reads little; ba5af38: decode b1
  * 0.195 -> 0.195..0.202 ms, b16 0.834 -> 0.839..0.841, session 37, an H100.) */
 static int g_shared_at = 1;
+/* Stream priorities in the two-stream graph (BT_BENCH_PRIO, comparisons): 0 none; 1 the main
+ * and mix streams high, the side stream low; 2 the side stream high; 3 the mix stream high.
+ * Captured kernel nodes take their stream's priority; the graphs are instantiated to use them. */
+static int g_prio = 0;
 
 /* stream `waiter` goes on only past what `from` has queued so far (ev recorded on from) */
 static bt_status_t stream_after(cudaStream_t waiter, cudaStream_t from, cudaEvent_t ev)
@@ -1404,7 +1408,8 @@ static bt_status_t capture_layer(const weights_t *W, bt_cuda_blas_t *blas, case_
     if (e != cudaSuccess) fprintf(stderr, "end capture: %s\n", cudaGetErrorString(e));
     if (lrc != BT_OK) return lrc;
     if (e != cudaSuccess) return BT_ERR_DEVICE;
-    if ((e = cudaGraphInstantiate(ge, *g, 0)) != cudaSuccess) {
+    if ((e = cudaGraphInstantiateWithFlags(
+             ge, *g, g_prio ? cudaGraphInstantiateFlagUseNodePriority : 0)) != cudaSuccess) {
         fprintf(stderr, "graph instantiate: %s\n", cudaGetErrorString(e));
         return BT_ERR_DEVICE;
     }
@@ -1633,7 +1638,7 @@ static int usage(const char *argv0)
             "          [--seed N] [--entries N] [--prefill T] [--dump DIR] [--no-graph]\n"
             "          [--cuda-cores] [--trace DIR]\n"
             "environment: BT_BENCH_EARLY_FORK=0|1|2, BT_BENCH_MIX_STREAM=0|1, "
-            "BT_BENCH_SHARED_AT=0|1|2\n",
+            "BT_BENCH_SHARED_AT=0|1|2, BT_BENCH_PRIO=0|1|2|3\n",
             argv0);
     return 2;
 }
@@ -1669,6 +1674,7 @@ int main(int argc, char **argv)
     if (getenv("BT_BENCH_EARLY_FORK")) g_early = atoi(getenv("BT_BENCH_EARLY_FORK"));
     if (getenv("BT_BENCH_MIX_STREAM")) g_mix = atoi(getenv("BT_BENCH_MIX_STREAM"));
     if (getenv("BT_BENCH_SHARED_AT")) g_shared_at = atoi(getenv("BT_BENCH_SHARED_AT"));
+    if (getenv("BT_BENCH_PRIO")) g_prio = atoi(getenv("BT_BENCH_PRIO"));
     /* a prefill chunk sits at the end of the cached entries, and the top-k must be full */
     if (o.reps < 20 || o.warmup < 1 || entries < ITOPK || prefill < 1 || prefill > entries ||
         prefill + WIN > (1 << 30)) {
@@ -1697,9 +1703,19 @@ int main(int argc, char **argv)
         fprintf(stderr, "no CUDA device: %s\n", cudaGetErrorString(cudaGetLastError()));
         return 1;
     }
-    if (cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) != cudaSuccess) goto out;
-    if (cudaStreamCreateWithFlags(&g_side_stream, cudaStreamNonBlocking) != cudaSuccess) goto out;
-    if (cudaStreamCreateWithFlags(&g_mix_stream, cudaStreamNonBlocking) != cudaSuccess) goto out;
+    {
+        /* (greatest: the numerically lowest; least, 0, the default) */
+        int least = 0, greatest = 0;
+        if (cudaDeviceGetStreamPriorityRange(&least, &greatest) != cudaSuccess) goto out;
+        const int hi_main = g_prio == 1, hi_side = g_prio == 2, hi_mix = g_prio == 1 || g_prio == 3;
+        if (cudaStreamCreateWithPriority(&st, cudaStreamNonBlocking, hi_main ? greatest : least) !=
+                cudaSuccess ||
+            cudaStreamCreateWithPriority(&g_side_stream, cudaStreamNonBlocking,
+                                         hi_side ? greatest : least) != cudaSuccess ||
+            cudaStreamCreateWithPriority(&g_mix_stream, cudaStreamNonBlocking,
+                                         hi_mix ? greatest : least) != cudaSuccess)
+            goto out;
+    }
     for (int i = 0; i < 2; i++)
         if (cudaEventCreateWithFlags(&g_fork[i], cudaEventDisableTiming) != cudaSuccess ||
             cudaEventCreateWithFlags(&g_mix_fork[i], cudaEventDisableTiming) != cudaSuccess ||
