@@ -636,9 +636,12 @@ static int g_mix = 1;
  * 0.195 -> 0.195..0.202 ms, b16 0.834 -> 0.839..0.841, session 37, an H100.) */
 static int g_shared_at = 1;
 /* Stream priorities in the two-stream graph (BT_BENCH_PRIO, comparisons): 0 none; 1 the main
- * and mix streams high, the side stream low; 2 the side stream high; 3 the mix stream high.
- * Captured kernel nodes take their stream's priority; the graphs are instantiated to use them. */
+ * and mix streams high, the side stream low; 2 the side stream high; 3 the mix stream high;
+ * 4 as 1, but the shared expert's fork on a high side stream (g_side_hi); 5 as 1, but the
+ * attention's fork on it. Captured kernel nodes take their stream's priority; the graphs are
+ * instantiated to use them. */
 static int g_prio = 0;
+static cudaStream_t g_side_hi;
 
 /* stream `waiter` goes on only past what `from` has queued so far (ev recorded on from) */
 static bt_status_t stream_after(cudaStream_t waiter, cudaStream_t from, cudaEvent_t ev)
@@ -697,6 +700,8 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
      * joined before the attention core; the part events are then not recorded (ev NULL); s2
      * forked from the mHC collapse on unless g_early is 0. The mixes on a third when g_mix. */
     const int two = g_side && !fp8_via_cublas(c, T), early = two && g_early, mixs = two && g_mix;
+    cudaStream_t side_low = g_side; /* (BT_BENCH_PRIO 4, 5: one fork on g_side_hi) */
+    if (two && g_prio == 5) g_side = g_side_hi;
     /* mHC site i: its mix (into pre_out, post, comb), the collapse with pre_w and the norm */
     auto site = [&](int i, float *pre_out, const float *pre_w, const float *norm) -> bt_status_t {
         float *ws = g_tensor_cores ? c->hc_ws : NULL;
@@ -844,6 +849,7 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
     };
     auto fork_shared = [&](int at) -> bt_status_t {
         if (!two || at != g_shared_at) return BT_OK;
+        g_side = g_prio == 4 ? g_side_hi : side_low;
         BT_TRY(fork_side(st, 1));
         return shared_expert(g_side);
     };
@@ -881,10 +887,12 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
         BT_TRY(bt_cuda_gemm_fp4_grouped(c->y2, F32, c->h, NULL, c->offs, NE, c->max_rows, W->w2,
                                         W->w2_s, HID, MI, st));
     }
-    if (two)
+    if (two) {
         BT_TRY(join_side(st, 1));
-    else
+        g_side = side_low;
+    } else {
         BT_TRY(shared_expert(st));
+    }
     /* the token's routed rows in slot order, then the shared expert (the engine's combine) */
     BT_TRY(bt_cuda_moe_combine(c->moe, c->y2, c->row_of, c->topk_n, TOPK, c->sy, T, HID, st));
     BT_TRY(mark(ev, 8, st, capture));
@@ -1638,7 +1646,7 @@ static int usage(const char *argv0)
             "          [--seed N] [--entries N] [--prefill T] [--dump DIR] [--no-graph]\n"
             "          [--cuda-cores] [--trace DIR]\n"
             "environment: BT_BENCH_EARLY_FORK=0|1|2, BT_BENCH_MIX_STREAM=0|1, "
-            "BT_BENCH_SHARED_AT=0|1|2, BT_BENCH_PRIO=0|1|2|3\n",
+            "BT_BENCH_SHARED_AT=0|1|2, BT_BENCH_PRIO=0..5\n",
             argv0);
     return 2;
 }
@@ -1707,13 +1715,16 @@ int main(int argc, char **argv)
         /* (greatest: the numerically lowest; least, 0, the default) */
         int least = 0, greatest = 0;
         if (cudaDeviceGetStreamPriorityRange(&least, &greatest) != cudaSuccess) goto out;
-        const int hi_main = g_prio == 1, hi_side = g_prio == 2, hi_mix = g_prio == 1 || g_prio == 3;
+        const int hi_main = g_prio == 1 || g_prio >= 4, hi_side = g_prio == 2;
+        const int hi_mix = hi_main || g_prio == 3;
         if (cudaStreamCreateWithPriority(&st, cudaStreamNonBlocking, hi_main ? greatest : least) !=
                 cudaSuccess ||
             cudaStreamCreateWithPriority(&g_side_stream, cudaStreamNonBlocking,
                                          hi_side ? greatest : least) != cudaSuccess ||
             cudaStreamCreateWithPriority(&g_mix_stream, cudaStreamNonBlocking,
-                                         hi_mix ? greatest : least) != cudaSuccess)
+                                         hi_mix ? greatest : least) != cudaSuccess ||
+            cudaStreamCreateWithPriority(&g_side_hi, cudaStreamNonBlocking, greatest) !=
+                cudaSuccess)
             goto out;
     }
     for (int i = 0; i < 2; i++)
@@ -1800,6 +1811,7 @@ out:
     }
     if (g_side_stream) cudaStreamDestroy(g_side_stream);
     if (g_mix_stream) cudaStreamDestroy(g_mix_stream);
+    if (g_side_hi) cudaStreamDestroy(g_side_hi);
     if (st) cudaStreamDestroy(st);
     return rc;
 }

@@ -156,6 +156,11 @@ struct bt_model_cuda {
      * cuda_mix_on_main or BT_CUDA_MIX_STREAM=0. */
     cudaStream_t mix;
     cudaEvent_t mix_fork, mix_join;
+    /* with side: the main and mix streams at the device's highest priority, side at the
+     * default, and the decode graphs run by their nodes' priorities (their streams'), so the
+     * chain of short kernels on the main stream gets SMs ahead of the side's products: decode
+     * b1 -4% in the layer bench (bench/RESULTS.md session 38). BT_CUDA_STREAM_PRIO=0: none. */
+    bool prio;
     /* a dequantized FP8 weight (bf16) for products of at least FP8_WIDE_ROWS rows; fp8_max:
      * the largest FP8 weight's elements, counted while loading */
     uint16_t *wdq;
@@ -886,15 +891,19 @@ bt_status_t bt_model_cuda_attach(bt_model_t *m, const char *dir, char *err, size
     m->cuda = cu;
     cu->gpu = m->opt.gpu;
     CK_CUDA(cudaSetDevice(cu->gpu));
-    CK_CUDA(cudaStreamCreateWithFlags(&cu->stream, cudaStreamNonBlocking));
+    const bool side = m->opt.cuda_streams != 1 && !env_off("BT_CUDA_SIDE");
+    int prio_low = 0, prio_high = 0; /* (high: the numerically lowest) */
+    cu->prio = side && !env_off("BT_CUDA_STREAM_PRIO");
+    if (cu->prio) CK_CUDA(cudaDeviceGetStreamPriorityRange(&prio_low, &prio_high));
+    CK_CUDA(cudaStreamCreateWithPriority(&cu->stream, cudaStreamNonBlocking, prio_high));
     cu->side_min_bytes = m->opt.cuda_streams == 2 ? 0 : (size_t)1 << 20;
-    if (m->opt.cuda_streams != 1 && !env_off("BT_CUDA_SIDE")) {
-        CK_CUDA(cudaStreamCreateWithFlags(&cu->side, cudaStreamNonBlocking));
+    if (side) {
+        CK_CUDA(cudaStreamCreateWithPriority(&cu->side, cudaStreamNonBlocking, prio_low));
         CK_CUDA(cudaEventCreateWithFlags(&cu->side_fork, cudaEventDisableTiming));
         CK_CUDA(cudaEventCreateWithFlags(&cu->side_join, cudaEventDisableTiming));
         CK_CUDA(cudaEventCreateWithFlags(&cu->side_mark, cudaEventDisableTiming));
         if (!m->opt.cuda_mix_on_main && !env_off("BT_CUDA_MIX_STREAM")) {
-            CK_CUDA(cudaStreamCreateWithFlags(&cu->mix, cudaStreamNonBlocking));
+            CK_CUDA(cudaStreamCreateWithPriority(&cu->mix, cudaStreamNonBlocking, prio_high));
             CK_CUDA(cudaEventCreateWithFlags(&cu->mix_fork, cudaEventDisableTiming));
             CK_CUDA(cudaEventCreateWithFlags(&cu->mix_join, cudaEventDisableTiming));
         }
@@ -2243,7 +2252,8 @@ static bt_status_t graph_run(fwd_t *f, bt_status_t rc)
             if (!ex[i] || (ex[pick] && used[i] < used[pick])) pick = i;
         if (ex[pick]) cudaGraphExecDestroy(ex[pick]);
         ex[pick] = NULL;
-        e = cudaGraphInstantiate(&ex[pick], g, 0);
+        e = cudaGraphInstantiateWithFlags(&ex[pick], g,
+                                          cu->prio ? cudaGraphInstantiateFlagUseNodePriority : 0);
         if (e != cudaSuccess) {
             ex[pick] = NULL;
             cudaGraphDestroy(g);
