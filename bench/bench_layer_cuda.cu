@@ -635,12 +635,12 @@ static int g_mix = 1;
  * for wo_a's once wq_b was done, while the chain before each reads little; ba5af38: decode b1
  * 0.195 -> 0.195..0.202 ms, b16 0.834 -> 0.839..0.841, session 37, an H100.) */
 static int g_shared_at = 1;
-/* Stream priorities in the two-stream graph (BT_BENCH_PRIO, comparisons): 0 none; 1 the main
- * and mix streams high, the side stream low; 2 the side stream high; 3 the mix stream high;
- * 4 as 1, but the shared expert's fork on a high side stream (g_side_hi); 5 as 1, but the
- * attention's fork on it. Captured kernel nodes take their stream's priority; the graphs are
- * instantiated to use them. */
-static int g_prio = 0;
+/* Stream priorities in the two-stream graph: 1, the engine's (model_cuda.c), the main and mix
+ * streams high, the side stream low (decode b1 -4%, session 38). BT_BENCH_PRIO (comparisons):
+ * 0 none; 2 the side stream high; 3 the mix stream high; 4 as 1, but the shared expert's fork
+ * on a high side stream (g_side_hi); 5 as 1, but the attention's fork on it. Captured kernel
+ * nodes take their stream's priority; the graphs are instantiated to use them. */
+static int g_prio = 1;
 static cudaStream_t g_side_hi;
 
 /* stream `waiter` goes on only past what `from` has queued so far (ev recorded on from) */
