@@ -641,6 +641,12 @@ static int g_shared_at = 1;
  * on a high side stream (g_side_hi); 5 as 1, but the attention's fork on it. Captured kernel
  * nodes take their stream's priority; the graphs are instantiated to use them. */
 static int g_prio = 1;
+/* BT_BENCH_KV_MIX=1 (comparisons): the latent KV row (wkv, its norm/RoPE/FP8, the ring store)
+ * on the mix stream once the collapse is done, joined before the attention core, where it held
+ * up the side stream's wq_b (the trace: wq_b launched ~8 us after the q_lora norm, behind the
+ * KV row's three kernels). Two streams with the mix stream and the early fork only. */
+static int g_kv_mix = 0;
+static cudaEvent_t g_kv_ev[2];
 static cudaStream_t g_side_hi;
 
 /* stream `waiter` goes on only past what `from` has queued so far (ev recorded on from) */
@@ -754,13 +760,19 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
         LAUNCHED("kv_store");
         return BT_OK;
     };
+    const int kv_mix = early && mixs && g_kv_mix;
     if (early) {
         BT_TRY(fork_side(st, 0));
         if (g_early == 2) {
             BT_TRY(bt_cuda_gemm_bf16(blas, c->iw, F32, c->xin, W->wproj, T, IH, HID, s2));
             CU_TRY(cudaEventRecord(g_edge[0], s2)); /* the indexer's head weights are ready */
         }
-        BT_TRY(kv_row(s2));
+        if (kv_mix) {
+            BT_TRY(stream_after(g_mix_stream, st, g_kv_ev[0]));
+            BT_TRY(kv_row(g_mix_stream));
+        } else {
+            BT_TRY(kv_row(s2));
+        }
     }
     BT_TRY(fp8_mm(blas, c, c->qr, BF16, c->xin, W->wq_a.w, W->wq_a.s, T, QL, HID, st));
     BT_TRY(bt_cuda_rmsnorm(c->qr, BF16, c->qr, BF16, W->q_norm, T, QL, RMS_EPS, st));
@@ -794,6 +806,7 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
                                        c->visible, T, IH, ID, c->n, st));
     BT_TRY(bt_cuda_topk(c->sel, c->sel_n, ITOPK, c->scores, T, c->n, ITOPK, st));
     if (two) BT_TRY(join_side(st, 0));
+    if (kv_mix) BT_TRY(stream_after(st, g_mix_stream, g_kv_ev[1]));
     BT_TRY(mark(ev, 3, st, capture));
 
     /* attention core: a decode batch as the model's (each sequence's compressed cache where it
@@ -1646,7 +1659,7 @@ static int usage(const char *argv0)
             "          [--seed N] [--entries N] [--prefill T] [--dump DIR] [--no-graph]\n"
             "          [--cuda-cores] [--trace DIR]\n"
             "environment: BT_BENCH_EARLY_FORK=0|1|2, BT_BENCH_MIX_STREAM=0|1, "
-            "BT_BENCH_SHARED_AT=0|1|2, BT_BENCH_PRIO=0..5\n",
+            "BT_BENCH_SHARED_AT=0|1|2, BT_BENCH_PRIO=0..5, BT_BENCH_KV_MIX=0|1\n",
             argv0);
     return 2;
 }
@@ -1683,6 +1696,7 @@ int main(int argc, char **argv)
     if (getenv("BT_BENCH_MIX_STREAM")) g_mix = atoi(getenv("BT_BENCH_MIX_STREAM"));
     if (getenv("BT_BENCH_SHARED_AT")) g_shared_at = atoi(getenv("BT_BENCH_SHARED_AT"));
     if (getenv("BT_BENCH_PRIO")) g_prio = atoi(getenv("BT_BENCH_PRIO"));
+    if (getenv("BT_BENCH_KV_MIX")) g_kv_mix = atoi(getenv("BT_BENCH_KV_MIX"));
     /* a prefill chunk sits at the end of the cached entries, and the top-k must be full */
     if (o.reps < 20 || o.warmup < 1 || entries < ITOPK || prefill < 1 || prefill > entries ||
         prefill + WIN > (1 << 30)) {
@@ -1732,7 +1746,8 @@ int main(int argc, char **argv)
             cudaEventCreateWithFlags(&g_mix_fork[i], cudaEventDisableTiming) != cudaSuccess ||
             cudaEventCreateWithFlags(&g_mix_join[i], cudaEventDisableTiming) != cudaSuccess ||
             cudaEventCreateWithFlags(&g_join[i], cudaEventDisableTiming) != cudaSuccess ||
-            cudaEventCreateWithFlags(&g_edge[i], cudaEventDisableTiming) != cudaSuccess)
+            cudaEventCreateWithFlags(&g_edge[i], cudaEventDisableTiming) != cudaSuccess ||
+            cudaEventCreateWithFlags(&g_kv_ev[i], cudaEventDisableTiming) != cudaSuccess)
             goto out;
     for (; nev < N_SEGS + 1; nev++)
         if (cudaEventCreate(&ev[nev]) != cudaSuccess) goto out;
@@ -1806,6 +1821,7 @@ out:
         if (g_fork[i]) cudaEventDestroy(g_fork[i]);
         if (g_join[i]) cudaEventDestroy(g_join[i]);
         if (g_edge[i]) cudaEventDestroy(g_edge[i]);
+        if (g_kv_ev[i]) cudaEventDestroy(g_kv_ev[i]);
         if (g_mix_fork[i]) cudaEventDestroy(g_mix_fork[i]);
         if (g_mix_join[i]) cudaEventDestroy(g_mix_join[i]);
     }
