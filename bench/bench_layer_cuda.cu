@@ -641,11 +641,13 @@ static int g_shared_at = 1;
  * on a high side stream (g_side_hi); 5 as 1, but the attention's fork on it. Captured kernel
  * nodes take their stream's priority; the graphs are instantiated to use them. */
 static int g_prio = 1;
-/* BT_BENCH_KV_MIX=1 (comparisons): the latent KV row (wkv, its norm/RoPE/FP8, the ring store)
- * on the mix stream once the collapse is done, joined before the attention core, where it held
- * up the side stream's wq_b (the trace: wq_b launched ~8 us after the q_lora norm, behind the
- * KV row's three kernels). Two streams with the mix stream and the early fork only. */
-static int g_kv_mix = 0;
+/* The latent KV row (wkv, its norm/RoPE/FP8, the ring store) on the mix stream once the
+ * collapse is done, joined before the attention core, as model_cuda.c's queries_and_kv has it:
+ * on the side stream it held up wq_b (the trace: wq_b launched ~8 us after the q_lora norm,
+ * behind the KV row's three kernels); decode b16 -1.5%, b1 the same (session 38).
+ * BT_BENCH_KV_MIX=0: on the side stream (comparisons). Two streams with the mix stream and the
+ * early fork only. */
+static int g_kv_mix = 1;
 static cudaEvent_t g_kv_ev[2];
 static cudaStream_t g_side_hi;
 

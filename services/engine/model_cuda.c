@@ -156,6 +156,13 @@ struct bt_model_cuda {
      * cuda_mix_on_main or BT_CUDA_MIX_STREAM=0. */
     cudaStream_t mix;
     cudaEvent_t mix_fork, mix_join;
+    /* with mix and side: a decode layer's latent KV row (wkv, its norm/RoPE/FP8) on the mix
+     * stream once the collapse is done, joined before the attention, with its own product
+     * scratch, so the side stream's wq_b does not queue behind it: decode b16 -1.5% in the
+     * layer bench (bench/RESULTS.md session 38). BT_CUDA_KV_MIX=0: on the side stream. */
+    cudaEvent_t kv_fork, kv_join;
+    uint16_t *xb_mix;
+    size_t xb_mix_cap;
     /* with side: the main and mix streams at the device's highest priority, side at the
      * default, and the decode graphs run by their nodes' priorities (their streams'), so the
      * chain of short kernels on the main stream gets SMs ahead of the side's products: decode
@@ -576,6 +583,13 @@ static void upload_layer(up_t *u, int l)
     memset(w, 0, sizeof *w); /* the host copies are gone */
 }
 
+/* whether environment variable name is "0" (a switch turned off) */
+static bool env_off(const char *name)
+{
+    const char *v = getenv(name);
+    return v && strcmp(v, "0") == 0;
+}
+
 /* The DSpark draft's context projection, norms and Markov head; the confidence head's weights
  * stay on the host, where proposals are picked. */
 static void upload_draft_head(up_t *u)
@@ -769,6 +783,10 @@ static void alloc_scratch(up_t *u)
             cu->xb_side = (uint16_t *)dev_alloc(u, cu->xb_side_cap * 2, &cu->scratch_bytes);
             cu->ytmp_side_cap = rows * I;
             cu->ytmp_side = scratch(u, cu->ytmp_side_cap);
+            if (cu->mix && !env_off("BT_CUDA_KV_MIX")) { /* (the KV row's input: D wide) */
+                cu->xb_mix_cap = rows * D;
+                cu->xb_mix = (uint16_t *)dev_alloc(u, cu->xb_mix_cap * 2, &cu->scratch_bytes);
+            }
         }
         if (N >= FP8_WIDE_ROWS && cu->fp8_max)
             cu->wdq = (uint16_t *)dev_alloc(u, cu->fp8_max * 2, &cu->scratch_bytes);
@@ -850,12 +868,6 @@ static uint64_t random_tag(void)
 }
 
 /* whether the environment turns a default off: NAME=0 */
-static bool env_off(const char *name)
-{
-    const char *v = getenv(name);
-    return v && strcmp(v, "0") == 0;
-}
-
 bt_status_t bt_model_cuda_attach(bt_model_t *m, const char *dir, char *err, size_t errlen)
 {
     const bt_model_config_t *c = &m->cfg;
@@ -906,6 +918,8 @@ bt_status_t bt_model_cuda_attach(bt_model_t *m, const char *dir, char *err, size
             CK_CUDA(cudaStreamCreateWithPriority(&cu->mix, cudaStreamNonBlocking, prio_high));
             CK_CUDA(cudaEventCreateWithFlags(&cu->mix_fork, cudaEventDisableTiming));
             CK_CUDA(cudaEventCreateWithFlags(&cu->mix_join, cudaEventDisableTiming));
+            CK_CUDA(cudaEventCreateWithFlags(&cu->kv_fork, cudaEventDisableTiming));
+            CK_CUDA(cudaEventCreateWithFlags(&cu->kv_join, cudaEventDisableTiming));
         }
     }
     bt_status_t rc = bt_cuda_blas_create(&cu->blas);
@@ -1007,18 +1021,74 @@ void bt_model_cuda_destroy(struct bt_model_cuda *cu)
     if (cu->side) cudaStreamSynchronize(cu->side);
     if (cu->mix) cudaStreamSynchronize(cu->mix);
     for (int l = 0; l < BT_MAX_LAYERS; l++) dev_free_layer(&cu->layer[l]);
-    float *bufs[] = {cu->embed, cu->head, cu->norm, cu->inv_main, cu->inv_comp, cu->x,
-                     cu->pre_mix, cu->attn_pre, cu->post, cu->comb, cu->xin, cu->out, cu->q_res,
-                     cu->q, cu->kv, cu->ckv, cu->cgate, cu->attn, cu->oa, cu->qi, cu->iw,
-                     cu->win_stage, cu->cstage_kv, cu->cstage_gate, cu->latent, cu->ikey,
-                     cu->scores, cu->bmax, cu->gate_logits, cu->moe_wts, cu->xg, cu->gu, cu->hbuf,
-                     cu->yg, cu->sh_gu, cu->sh_h, cu->sh, cu->e_cat, cu->e_kv, cu->hidden,
-                     cu->hsel, cu->dlogits, cu->ytmp, cu->att_ws, (float *)cu->xb, (float *)cu->hb, (float *)cu->topk, (float *)cu->topk_n,
-                     (float *)cu->cand, (float *)cu->cand_n, (float *)cu->sel_n,
-                     (float *)cu->moe_idx, (float *)cu->meta_d, (float *)cu->mirror_mem, cu->hc_ws,
-                     (float *)cu->wdq, (float *)cu->g_offs, (float *)cu->g_xrow, (float *)cu->g_rows,
-                     (float *)cu->g_hit, (float *)cu->g_cnt, cu->g_wt, (float *)cu->group_bad,
-                     cu->router_ws, (float *)cu->router_ctr, (float *)cu->xb_side, cu->ytmp_side};
+    float *bufs[] = {cu->embed,
+                     cu->head,
+                     cu->norm,
+                     cu->inv_main,
+                     cu->inv_comp,
+                     cu->x,
+                     cu->pre_mix,
+                     cu->attn_pre,
+                     cu->post,
+                     cu->comb,
+                     cu->xin,
+                     cu->out,
+                     cu->q_res,
+                     cu->q,
+                     cu->kv,
+                     cu->ckv,
+                     cu->cgate,
+                     cu->attn,
+                     cu->oa,
+                     cu->qi,
+                     cu->iw,
+                     cu->win_stage,
+                     cu->cstage_kv,
+                     cu->cstage_gate,
+                     cu->latent,
+                     cu->ikey,
+                     cu->scores,
+                     cu->bmax,
+                     cu->gate_logits,
+                     cu->moe_wts,
+                     cu->xg,
+                     cu->gu,
+                     cu->hbuf,
+                     cu->yg,
+                     cu->sh_gu,
+                     cu->sh_h,
+                     cu->sh,
+                     cu->e_cat,
+                     cu->e_kv,
+                     cu->hidden,
+                     cu->hsel,
+                     cu->dlogits,
+                     cu->ytmp,
+                     cu->att_ws,
+                     (float *)cu->xb,
+                     (float *)cu->hb,
+                     (float *)cu->topk,
+                     (float *)cu->topk_n,
+                     (float *)cu->cand,
+                     (float *)cu->cand_n,
+                     (float *)cu->sel_n,
+                     (float *)cu->moe_idx,
+                     (float *)cu->meta_d,
+                     (float *)cu->mirror_mem,
+                     cu->hc_ws,
+                     (float *)cu->wdq,
+                     (float *)cu->g_offs,
+                     (float *)cu->g_xrow,
+                     (float *)cu->g_rows,
+                     (float *)cu->g_hit,
+                     (float *)cu->g_cnt,
+                     cu->g_wt,
+                     (float *)cu->group_bad,
+                     cu->router_ws,
+                     (float *)cu->router_ctr,
+                     (float *)cu->xb_side,
+                     cu->ytmp_side,
+                     (float *)cu->xb_mix};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cudaFree(bufs[i]);
     float *draft_bufs[] = {cu->main_norm,     cu->draft_norm,
                            cu->markov_embed,  cu->main_hidden,
@@ -1088,6 +1158,8 @@ void bt_model_cuda_destroy(struct bt_model_cuda *cu)
         cudaStreamDestroy(cu->mix);
         cudaEventDestroy(cu->mix_fork);
         cudaEventDestroy(cu->mix_join);
+        cudaEventDestroy(cu->kv_fork);
+        cudaEventDestroy(cu->kv_join);
     }
     free(cu);
 }
@@ -1247,16 +1319,22 @@ static bt_status_t round_rows(void *x, bt_cuda_dtype_t dt, int rows, int K, bool
 }
 
 /* on stream `side`, with its own scratch, when side is true (side_ok's products only) */
-static bt_status_t mm_on(fwd_t *f, bool side, float *y, int ldy, const float *x, int ldx,
+/* where mm_on runs a product: the main stream, the side stream or the mix stream, each with its
+ * own scratch */
+enum { ON_MAIN, ON_SIDE, ON_MIX };
+
+static bt_status_t mm_on(fwd_t *f, int on, float *y, int ldy, const float *x, int ldx,
                          const dev_mat_t *w, int M)
 {
     struct bt_model_cuda *cu = f->cu;
     char *err = f->err;
     size_t errlen = f->errlen;
-    cudaStream_t st = side ? cu->side : cu->stream;
-    uint16_t *xb = side ? cu->xb_side : cu->xb;
-    float *ytmp = side ? cu->ytmp_side : cu->ytmp;
-    size_t xb_cap = side ? cu->xb_side_cap : cu->xb_cap, ytmp_cap = side ? cu->ytmp_side_cap : cu->ytmp_cap;
+    const bool side = on != ON_MAIN;
+    cudaStream_t st = on == ON_MIX ? cu->mix : side ? cu->side : cu->stream;
+    uint16_t *xb = on == ON_MIX ? cu->xb_mix : side ? cu->xb_side : cu->xb;
+    float *ytmp = on == ON_MIX ? NULL : side ? cu->ytmp_side : cu->ytmp;
+    size_t xb_cap = on == ON_MIX ? cu->xb_mix_cap : side ? cu->xb_side_cap : cu->xb_cap;
+    size_t ytmp_cap = on == ON_MIX ? 0 : side ? cu->ytmp_side_cap : cu->ytmp_cap;
     int N = w->N, K = w->K;
     /* the activation quantization's rounding, as model.c's aq_input (K in whole blocks) */
     const bool aq = w->aq && K % 32 == 0;
@@ -1292,7 +1370,7 @@ static bt_status_t mm_on(fwd_t *f, bool side, float *y, int ldy, const float *x,
 
 static bt_status_t mm(fwd_t *f, float *y, int ldy, const float *x, int ldx, const dev_mat_t *w, int M)
 {
-    return mm_on(f, false, y, ldy, x, ldx, w, M);
+    return mm_on(f, ON_MAIN, y, ldy, x, ldx, w, M);
 }
 
 /* Whether products by a, b, c (NULL: none) may run on the side stream: a decode-sized batch
@@ -1610,17 +1688,22 @@ static bt_status_t queries_and_kv(fwd_t *f, int l, bool *two, bool *iw_side)
     if (iw_side) *iw_side = iw;
     if (side) CK(side_fork(f));
     if (iw) { /* the indexer's head weights first: the scores wait for them */
-        CK(mm_on(f, true, cu->iw, c->index_heads, cu->xin, D, &w->i_weights_proj, N));
+        CK(mm_on(f, ON_SIDE, cu->iw, c->index_heads, cu->xin, D, &w->i_weights_proj, N));
         CK_CUDA(cudaEventRecord(cu->side_mark, cu->side));
     }
-    CK(mm_on(f, side, cu->kv, hd, cu->xin, D, &w->wkv, N));
+    /* the KV row: on the mix stream once the collapse (queued on the main stream) is done,
+     * joined where the side stream is (kv_mix) */
+    const bool kv_mix = side && cu->xb_mix;
+    if (kv_mix) CK(stream_after(f, cu->mix, cu->stream, cu->kv_fork));
+    CK(mm_on(f, kv_mix ? ON_MIX : side ? ON_SIDE : ON_MAIN, cu->kv, hd, cu->xin, D, &w->wkv, N));
     CK(bt_cuda_head_finish(cu->kv, N, 1, hd, 1, w->kv_norm, eps, half ? f->pos_d : NULL, inv, half,
-                           32, BT_CUDA_FQ_FP8_UE8M0, s2));
+                           32, BT_CUDA_FQ_FP8_UE8M0, kv_mix ? cu->mix : s2));
+    if (kv_mix) CK_CUDA(cudaEventRecord(cu->kv_join, cu->mix));
     CK(mm(f, cu->q_res, qlr, cu->xin, D, &w->wq_a, N));
     CK(bt_cuda_rmsnorm(cu->q_res, BT_CUDA_F32, cu->q_res, BT_CUDA_F32, w->q_norm, N, qlr, eps,
                        cu->stream));
     if (side) CK(side_wait_main(f)); /* wq_b reads the normed q_res */
-    CK(mm_on(f, side, cu->q, H * hd, cu->q_res, qlr, &w->wq_b, N));
+    CK(mm_on(f, side ? ON_SIDE : ON_MAIN, cu->q, H * hd, cu->q_res, qlr, &w->wq_b, N));
     if (half) CK(bt_cuda_rope(cu->q, BT_CUDA_F32, N, H, hd, f->pos_d, inv, half, 0, s2));
     return BT_OK;
 }
@@ -1671,6 +1754,7 @@ static bt_status_t attention(fwd_t *f, int l)
         }
     }
     if (two) CK(side_join(f));
+    if (two && cu->xb_mix) CK_CUDA(cudaStreamWaitEvent(st, cu->kv_join, 0)); /* the KV row */
 
     /* a decode step: the new rows into their rings, then every token over its own sequence's
      * ring and compressed cache in one launch (offsets per token; each token's keys split as it
@@ -1848,11 +1932,12 @@ static bt_status_t shared_expert(fwd_t *f, int l, bool side)
     char *err = f->err;
     size_t errlen = f->errlen;
     int N = f->N, D = f->m->cfg.hidden, I = f->m->il;
-    CK(mm_on(f, side, cu->sh_gu, 2 * I, cu->xin, D, &w->sw1, N));
-    CK(mm_on(f, side, cu->sh_gu + I, 2 * I, cu->xin, D, &w->sw3, N));
+    const int on = side ? ON_SIDE : ON_MAIN;
+    CK(mm_on(f, on, cu->sh_gu, 2 * I, cu->xin, D, &w->sw1, N));
+    CK(mm_on(f, on, cu->sh_gu + I, 2 * I, cu->xin, D, &w->sw3, N));
     CK(bt_cuda_swiglu(cu->sh_h, BT_CUDA_F32, cu->sh_gu, NULL, N, I, (float)f->m->cfg.swiglu_limit,
                       side ? cu->side : cu->stream));
-    return mm_on(f, side, cu->sh, D, cu->sh_h, I, &w->sw2, N);
+    return mm_on(f, on, cu->sh, D, cu->sh_h, I, &w->sw2, N);
 }
 
 /* The shared expert (or, side_started: its side stream joined), the routed outputs summed
