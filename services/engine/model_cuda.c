@@ -1021,74 +1021,22 @@ void bt_model_cuda_destroy(struct bt_model_cuda *cu)
     if (cu->side) cudaStreamSynchronize(cu->side);
     if (cu->mix) cudaStreamSynchronize(cu->mix);
     for (int l = 0; l < BT_MAX_LAYERS; l++) dev_free_layer(&cu->layer[l]);
-    float *bufs[] = {cu->embed,
-                     cu->head,
-                     cu->norm,
-                     cu->inv_main,
-                     cu->inv_comp,
-                     cu->x,
-                     cu->pre_mix,
-                     cu->attn_pre,
-                     cu->post,
-                     cu->comb,
-                     cu->xin,
-                     cu->out,
-                     cu->q_res,
-                     cu->q,
-                     cu->kv,
-                     cu->ckv,
-                     cu->cgate,
-                     cu->attn,
-                     cu->oa,
-                     cu->qi,
-                     cu->iw,
-                     cu->win_stage,
-                     cu->cstage_kv,
-                     cu->cstage_gate,
-                     cu->latent,
-                     cu->ikey,
-                     cu->scores,
-                     cu->bmax,
-                     cu->gate_logits,
-                     cu->moe_wts,
-                     cu->xg,
-                     cu->gu,
-                     cu->hbuf,
-                     cu->yg,
-                     cu->sh_gu,
-                     cu->sh_h,
-                     cu->sh,
-                     cu->e_cat,
-                     cu->e_kv,
-                     cu->hidden,
-                     cu->hsel,
-                     cu->dlogits,
-                     cu->ytmp,
-                     cu->att_ws,
-                     (float *)cu->xb,
-                     (float *)cu->hb,
-                     (float *)cu->topk,
-                     (float *)cu->topk_n,
-                     (float *)cu->cand,
-                     (float *)cu->cand_n,
-                     (float *)cu->sel_n,
-                     (float *)cu->moe_idx,
-                     (float *)cu->meta_d,
-                     (float *)cu->mirror_mem,
-                     cu->hc_ws,
-                     (float *)cu->wdq,
-                     (float *)cu->g_offs,
-                     (float *)cu->g_xrow,
-                     (float *)cu->g_rows,
-                     (float *)cu->g_hit,
-                     (float *)cu->g_cnt,
-                     cu->g_wt,
-                     (float *)cu->group_bad,
-                     cu->router_ws,
-                     (float *)cu->router_ctr,
-                     (float *)cu->xb_side,
-                     cu->ytmp_side,
+    /* clang-format off */
+    float *bufs[] = {cu->embed, cu->head, cu->norm, cu->inv_main, cu->inv_comp, cu->x,
+                     cu->pre_mix, cu->attn_pre, cu->post, cu->comb, cu->xin, cu->out, cu->q_res,
+                     cu->q, cu->kv, cu->ckv, cu->cgate, cu->attn, cu->oa, cu->qi, cu->iw,
+                     cu->win_stage, cu->cstage_kv, cu->cstage_gate, cu->latent, cu->ikey,
+                     cu->scores, cu->bmax, cu->gate_logits, cu->moe_wts, cu->xg, cu->gu, cu->hbuf,
+                     cu->yg, cu->sh_gu, cu->sh_h, cu->sh, cu->e_cat, cu->e_kv, cu->hidden,
+                     cu->hsel, cu->dlogits, cu->ytmp, cu->att_ws, (float *)cu->xb, (float *)cu->hb,
+                     (float *)cu->topk, (float *)cu->topk_n,
+                     (float *)cu->cand, (float *)cu->cand_n, (float *)cu->sel_n,
+                     (float *)cu->moe_idx, (float *)cu->meta_d, (float *)cu->mirror_mem, cu->hc_ws,
+                     (float *)cu->wdq, (float *)cu->g_offs, (float *)cu->g_xrow, (float *)cu->g_rows,
+                     (float *)cu->g_hit, (float *)cu->g_cnt, cu->g_wt, (float *)cu->group_bad,
+                     cu->router_ws, (float *)cu->router_ctr, (float *)cu->xb_side, cu->ytmp_side,
                      (float *)cu->xb_mix};
+    /* clang-format on */
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cudaFree(bufs[i]);
     float *draft_bufs[] = {cu->main_norm,     cu->draft_norm,
                            cu->markov_embed,  cu->main_hidden,
@@ -1318,9 +1266,8 @@ static bt_status_t round_rows(void *x, bt_cuda_dtype_t dt, int rows, int K, bool
     return aq && K % 32 == 0 ? bt_cuda_act_quant(x, dt, x, dt, rows, K, K, st) : BT_OK;
 }
 
-/* on stream `side`, with its own scratch, when side is true (side_ok's products only) */
 /* where mm_on runs a product: the main stream, the side stream or the mix stream, each with its
- * own scratch */
+ * own scratch (off the main stream: side_ok's products only) */
 enum { ON_MAIN, ON_SIDE, ON_MIX };
 
 static bt_status_t mm_on(fwd_t *f, int on, float *y, int ldy, const float *x, int ldx,
@@ -1342,7 +1289,7 @@ static bt_status_t mm_on(fwd_t *f, int on, float *y, int ldy, const float *x, in
         if (side || !cu->aqf || (size_t)M * K > cu->xb_cap) { /* (side_ok: FP8 products only) */
             snprintf(err, errlen,
                      "cuda forward: no scratch for the rounded input of an f32 %dx%dx%d product%s",
-                     M, N, K, side ? " on the side stream" : "");
+                     M, N, K, side ? " off the main stream" : "");
             return BT_ERR_INTERNAL;
         }
         CK(bt_cuda_act_quant(cu->aqf, BT_CUDA_F32, x, BT_CUDA_F32, M, K, ldx, st));
