@@ -648,6 +648,11 @@ static int g_prio = 1;
  * BT_BENCH_KV_MIX=0: on the side stream (comparisons). Two streams with the mix stream and the
  * early fork only. */
 static int g_kv_mix = 1;
+/* BT_BENCH_QB_AFTER=1 (comparisons): the side stream's wq_b waits for the indexer's query
+ * product (iwq_b) on the main stream, not just for the q_lora norm, so the indexer's product
+ * has the memory to itself and wq_b streams beside its latency-bound kernels (head finish,
+ * scores, top-k); 2: for the head finish after it too. Early fork only. */
+static int g_qb_after = 0;
 static cudaEvent_t g_kv_ev[2];
 static cudaStream_t g_side_hi;
 
@@ -778,20 +783,33 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
     }
     BT_TRY(fp8_mm(blas, c, c->qr, BF16, c->xin, W->wq_a.w, W->wq_a.s, T, QL, HID, st));
     BT_TRY(bt_cuda_rmsnorm(c->qr, BF16, c->qr, BF16, W->q_norm, T, QL, RMS_EPS, st));
-    if (early) {
+    if (early && !g_qb_after) {
         BT_TRY(stream_after(s2, st, g_edge[1])); /* the q_lora rows are ready */
+    } else if (early) {
+        /* (the edge after the indexer's query product, below) */
     } else if (two) {
         BT_TRY(fork_side(st, 0));
     }
-    BT_TRY(fp8_mm(blas, c, c->q, BF16, c->qr, W->wq_b.w, W->wq_b.s, T, NH * HD, QL, s2));
-    BT_TRY(bt_cuda_rope(c->q, BF16, T, NH, HD, c->pos, W->inv_freq, ROPE_HALF, 0, s2));
+    auto queries = [&]() -> bt_status_t {
+        BT_TRY(fp8_mm(blas, c, c->q, BF16, c->qr, W->wq_b.w, W->wq_b.s, T, NH * HD, QL, s2));
+        return bt_cuda_rope(c->q, BF16, T, NH, HD, c->pos, W->inv_freq, ROPE_HALF, 0, s2);
+    };
+    const int qb_after = early ? g_qb_after : 0;
+    if (!qb_after) BT_TRY(queries());
     if (!early) BT_TRY(kv_row(s2));
     BT_TRY(mark(ev, 2, st, capture));
 
     /* indexer */
     BT_TRY(fp8_mm(blas, c, c->qi, F32, c->qr, W->iwq_b.w, W->iwq_b.s, T, IH * ID, QL, st));
+    auto queries_after = [&](int at) -> bt_status_t {
+        if (qb_after != at) return BT_OK;
+        BT_TRY(stream_after(s2, st, g_edge[1])); /* the q_lora rows and the indexer's product */
+        return queries();
+    };
+    BT_TRY(queries_after(1));
     BT_TRY(bt_cuda_head_finish(c->qi, T, IH, ID, 0, NULL, 0.0f, c->pos, W->inv_freq, ROPE_HALF, 32,
                                BT_CUDA_FQ_FP4_UE8M0, st)); /* rope, FP4 */
+    BT_TRY(queries_after(2));
     if (early && g_early == 2)
         CU_TRY(cudaStreamWaitEvent(st, g_edge[0], 0));
     else
@@ -1661,7 +1679,8 @@ static int usage(const char *argv0)
             "          [--seed N] [--entries N] [--prefill T] [--dump DIR] [--no-graph]\n"
             "          [--cuda-cores] [--trace DIR]\n"
             "environment: BT_BENCH_EARLY_FORK=0|1|2, BT_BENCH_MIX_STREAM=0|1, "
-            "BT_BENCH_SHARED_AT=0|1|2, BT_BENCH_PRIO=0..5, BT_BENCH_KV_MIX=0|1\n",
+            "BT_BENCH_SHARED_AT=0|1|2, BT_BENCH_PRIO=0..5, BT_BENCH_KV_MIX=0|1, "
+            "BT_BENCH_QB_AFTER=0|1|2\n",
             argv0);
     return 2;
 }
@@ -1699,6 +1718,7 @@ int main(int argc, char **argv)
     if (getenv("BT_BENCH_SHARED_AT")) g_shared_at = atoi(getenv("BT_BENCH_SHARED_AT"));
     if (getenv("BT_BENCH_PRIO")) g_prio = atoi(getenv("BT_BENCH_PRIO"));
     if (getenv("BT_BENCH_KV_MIX")) g_kv_mix = atoi(getenv("BT_BENCH_KV_MIX"));
+    if (getenv("BT_BENCH_QB_AFTER")) g_qb_after = atoi(getenv("BT_BENCH_QB_AFTER"));
     /* a prefill chunk sits at the end of the cached entries, and the top-k must be full */
     if (o.reps < 20 || o.warmup < 1 || entries < ITOPK || prefill < 1 || prefill > entries ||
         prefill + WIN > (1 << 30)) {
