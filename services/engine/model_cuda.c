@@ -583,7 +583,7 @@ static void upload_layer(up_t *u, int l)
     memset(w, 0, sizeof *w); /* the host copies are gone */
 }
 
-/* whether environment variable name is "0" (a switch turned off) */
+/* whether the environment turns a default off: NAME=0 */
 static bool env_off(const char *name)
 {
     const char *v = getenv(name);
@@ -867,7 +867,6 @@ static uint64_t random_tag(void)
     return t & ~(uint64_t)0xffffffffull; /* the low half counts forwards */
 }
 
-/* whether the environment turns a default off: NAME=0 */
 bt_status_t bt_model_cuda_attach(bt_model_t *m, const char *dir, char *err, size_t errlen)
 {
     const bt_model_config_t *c = &m->cfg;
