@@ -783,10 +783,8 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
     }
     BT_TRY(fp8_mm(blas, c, c->qr, BF16, c->xin, W->wq_a.w, W->wq_a.s, T, QL, HID, st));
     BT_TRY(bt_cuda_rmsnorm(c->qr, BF16, c->qr, BF16, W->q_norm, T, QL, RMS_EPS, st));
-    if (early && !g_qb_after) {
-        BT_TRY(stream_after(s2, st, g_edge[1])); /* the q_lora rows are ready */
-    } else if (early) {
-        /* (the edge after the indexer's query product, below) */
+    if (early) { /* the q_lora rows are ready (with g_qb_after, the edge comes later) */
+        if (!g_qb_after) BT_TRY(stream_after(s2, st, g_edge[1]));
     } else if (two) {
         BT_TRY(fork_side(st, 0));
     }
