@@ -653,6 +653,10 @@ static int g_kv_mix = 1;
  * has the memory to itself and wq_b streams beside its latency-bound kernels (head finish,
  * scores, top-k); 2: for the head finish after it too. Early fork only. */
 static int g_qb_after = 0;
+/* The indexer's head weights scaled by 1/sqrt(heads) as the engine scales them: on the side
+ * stream right after their product (the engine since session 38), or with
+ * BT_BENCH_IW_SCALE_MAIN=1 on the main stream before the scores (the engine before). */
+static int g_iw_scale_main = 0;
 static cudaEvent_t g_kv_ev[2];
 static cudaStream_t g_side_hi;
 
@@ -772,6 +776,8 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
         BT_TRY(fork_side(st, 0));
         if (g_early == 2) {
             BT_TRY(bt_cuda_gemm_bf16(blas, c->iw, F32, c->xin, W->wproj, T, IH, HID, s2));
+            if (!g_iw_scale_main)
+                BT_TRY(bt_cuda_scale(c->iw, (size_t)T * IH, 1.0f / sqrtf((float)IH), s2));
             CU_TRY(cudaEventRecord(g_edge[0], s2)); /* the indexer's head weights are ready */
         }
         if (kv_mix) {
@@ -808,10 +814,14 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
     BT_TRY(bt_cuda_head_finish(c->qi, T, IH, ID, 0, NULL, 0.0f, c->pos, W->inv_freq, ROPE_HALF, 32,
                                BT_CUDA_FQ_FP4_UE8M0, st)); /* rope, FP4 */
     BT_TRY(queries_after(2));
-    if (early && g_early == 2)
+    if (early && g_early == 2) {
         CU_TRY(cudaStreamWaitEvent(st, g_edge[0], 0));
-    else
+        if (g_iw_scale_main)
+            BT_TRY(bt_cuda_scale(c->iw, (size_t)T * IH, 1.0f / sqrtf((float)IH), st));
+    } else {
         BT_TRY(bt_cuda_gemm_bf16(blas, c->iw, F32, c->xin, W->wproj, T, IH, HID, st));
+        BT_TRY(bt_cuda_scale(c->iw, (size_t)T * IH, 1.0f / sqrtf((float)IH), st));
+    }
     /* every token against its own sequence's keys, in one launch */
     if (!g_tensor_cores)
         BT_TRY(bt_cuda_index_scores_sets(c->scores, c->qi, c->iw, c->ikeys, c->key_off, c->n_keys,
@@ -1678,7 +1688,8 @@ static int usage(const char *argv0)
             "          [--cuda-cores] [--trace DIR]\n"
             "environment: BT_BENCH_EARLY_FORK=0|1|2, BT_BENCH_MIX_STREAM=0|1, "
             "BT_BENCH_SHARED_AT=0|1|2, BT_BENCH_PRIO=0..5, BT_BENCH_KV_MIX=0|1, "
-            "BT_BENCH_QB_AFTER=0|1|2\n",
+            "BT_BENCH_QB_AFTER=0|1|2, "
+            "BT_BENCH_IW_SCALE_MAIN=0|1\n",
             argv0);
     return 2;
 }
@@ -1717,6 +1728,7 @@ int main(int argc, char **argv)
     if (getenv("BT_BENCH_PRIO")) g_prio = atoi(getenv("BT_BENCH_PRIO"));
     if (getenv("BT_BENCH_KV_MIX")) g_kv_mix = atoi(getenv("BT_BENCH_KV_MIX"));
     if (getenv("BT_BENCH_QB_AFTER")) g_qb_after = atoi(getenv("BT_BENCH_QB_AFTER"));
+    if (getenv("BT_BENCH_IW_SCALE_MAIN")) g_iw_scale_main = atoi(getenv("BT_BENCH_IW_SCALE_MAIN"));
     /* a prefill chunk sits at the end of the cached entries, and the top-k must be full */
     if (o.reps < 20 || o.warmup < 1 || entries < ITOPK || prefill < 1 || prefill > entries ||
         prefill + WIN > (1 << 30)) {

@@ -1605,12 +1605,15 @@ static bt_status_t ring_rows(fwd_t *f, int l);
 
 /* Layer l's queries (q_res normed, then cu->q rotated) and its latent KV row (cu->kv: norm,
  * rope, FP8 rounding in one launch). two NULL: all on the main stream; else *two says whether
- * the KV row and the queries' wq_b went to the side stream (when they may), which the caller
+ * the queries' wq_b and the KV row went off the main stream (when they may: wq_b to the side
+ * stream, the KV row to the mix stream where there is one, else the side), which the caller
  * then joins before the attention reads them, and *iw_side whether an indexing layer's head
- * weights (cu->iw, unscaled) did too, done at side_mark. The side stream starts at the mHC
- * collapse: the head weights and the KV row beside the q_lora product and its norm, then
- * wq_b beside the compressor and the indexer. (Forked after the norm, the head weights
- * waited on the main stream: the layer's decode step at batch 1 3% slower in
+ * weights (cu->iw, and their scaling by 1/sqrt(heads)) went to the side stream too, done at
+ * side_mark: the main stream's chain of short kernels (the index queries' product, their
+ * RoPE/FP4, the scores) then has neither the scaling nor a wait before the head finish on it.
+ * The side stream starts at the mHC collapse: the head weights beside the q_lora product and
+ * its norm, then wq_b beside the compressor and the indexer. (Forked after the norm, the head
+ * weights waited on the main stream: the layer's decode step at batch 1 3% slower in
  * bench_layer_cuda, bench/RESULTS.md session 25.) */
 static bt_status_t queries_and_kv(fwd_t *f, int l, bool *two, bool *iw_side)
 {
@@ -1633,8 +1636,10 @@ static bt_status_t queries_and_kv(fwd_t *f, int l, bool *two, bool *iw_side)
                     side_ok_bf16(f, &w->i_weights_proj);
     if (iw_side) *iw_side = iw;
     if (side) CK(side_fork(f));
-    if (iw) { /* the indexer's head weights first: the scores wait for them */
-        CK(mm_on(f, ON_SIDE, cu->iw, c->index_heads, cu->xin, D, &w->i_weights_proj, N));
+    if (iw) { /* the indexer's head weights first, scaled: the scores wait for them */
+        const int ih = c->index_heads;
+        CK(mm_on(f, ON_SIDE, cu->iw, ih, cu->xin, D, &w->i_weights_proj, N));
+        CK(bt_cuda_scale(cu->iw, (size_t)N * ih, 1.0f / sqrtf((float)ih), cu->side));
         CK_CUDA(cudaEventRecord(cu->side_mark, cu->side));
     }
     /* the KV row: on the mix stream once the collapse (queued on the main stream) is done,
@@ -1689,13 +1694,13 @@ static bt_status_t attention(fwd_t *f, int l)
         if (L->is_index_source && L->index_key_owner >= 0) {
             int ih = c->index_heads, ihd = c->index_head_dim;
             CK(mm(f, cu->qi, ih * ihd, cu->q_res, qlr, &w->i_wq_b, N));
-            if (iw_side) /* made on the side stream (queries_and_kv) */
-                CK_CUDA(cudaStreamWaitEvent(st, cu->side_mark, 0));
-            else
-                CK(mm(f, cu->iw, ih, cu->xin, D, &w->i_weights_proj, N));
+            if (!iw_side) CK(mm(f, cu->iw, ih, cu->xin, D, &w->i_weights_proj, N));
             CK(bt_cuda_head_finish(cu->qi, N, ih, ihd, 0, NULL, eps, m->half_comp ? f->pos_d : NULL,
                                    cu->inv_comp, m->half_comp, 32, BT_CUDA_FQ_FP4_UE8M0, st));
-            CK(bt_cuda_scale(cu->iw, (size_t)N * ih, 1.0f / sqrtf((float)ih), st));
+            if (iw_side) /* made and scaled on the side stream (queries_and_kv) */
+                CK_CUDA(cudaStreamWaitEvent(st, cu->side_mark, 0));
+            else
+                CK(bt_cuda_scale(cu->iw, (size_t)N * ih, 1.0f / sqrtf((float)ih), st));
             CK(indexer(f, l));
         }
     }
