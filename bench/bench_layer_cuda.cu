@@ -638,8 +638,7 @@ static int g_shared_at = 1;
 /* Stream priorities in the two-stream graph: 1, the engine's (model_cuda.c), the main and mix
  * streams high, the side stream low (decode b1 -4%, session 38). BT_BENCH_PRIO (comparisons):
  * 0 none; 2 the side stream high; 3 the mix stream high; 4 as 1, but the shared expert's fork
- * on a high side stream (g_side_hi); 5 as 1, but the attention's fork on it; 6 as 1, but the
- * mix stream low (it carries the KV row beside the main stream's chain). Captured kernel
+ * on a high side stream (g_side_hi); 5 as 1, but the attention's fork on it. Captured kernel
  * nodes take their stream's priority; the graphs are instantiated to use them. */
 static int g_prio = 1;
 /* The latent KV row (wkv, its norm/RoPE/FP8, the ring store) on the mix stream once the
@@ -1688,7 +1687,7 @@ static int usage(const char *argv0)
             "          [--seed N] [--entries N] [--prefill T] [--dump DIR] [--no-graph]\n"
             "          [--cuda-cores] [--trace DIR]\n"
             "environment: BT_BENCH_EARLY_FORK=0|1|2, BT_BENCH_MIX_STREAM=0|1, "
-            "BT_BENCH_SHARED_AT=0|1|2, BT_BENCH_PRIO=0..6, BT_BENCH_KV_MIX=0|1, "
+            "BT_BENCH_SHARED_AT=0|1|2, BT_BENCH_PRIO=0..5, BT_BENCH_KV_MIX=0|1, "
             "BT_BENCH_QB_AFTER=0|1|2, "
             "BT_BENCH_IW_SCALE_MAIN=0|1\n",
             argv0);
@@ -1763,7 +1762,7 @@ int main(int argc, char **argv)
         int least = 0, greatest = 0;
         if (cudaDeviceGetStreamPriorityRange(&least, &greatest) != cudaSuccess) goto out;
         const int hi_main = g_prio == 1 || g_prio >= 4, hi_side = g_prio == 2;
-        const int hi_mix = (hi_main && g_prio != 6) || g_prio == 3;
+        const int hi_mix = hi_main || g_prio == 3;
         if (cudaStreamCreateWithPriority(&st, cudaStreamNonBlocking, hi_main ? greatest : least) !=
                 cudaSuccess ||
             cudaStreamCreateWithPriority(&g_side_stream, cudaStreamNonBlocking,
