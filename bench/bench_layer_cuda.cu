@@ -772,12 +772,15 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
         return BT_OK;
     };
     const int kv_mix = early && mixs && g_kv_mix;
+    /* the indexer's head weights scaled by 1/sqrt(heads), as the engine does */
+    auto iw_scale = [&](cudaStream_t s) {
+        return bt_cuda_scale(c->iw, (size_t)T * IH, 1.0f / sqrtf((float)IH), s);
+    };
     if (early) {
         BT_TRY(fork_side(st, 0));
         if (g_early == 2) {
             BT_TRY(bt_cuda_gemm_bf16(blas, c->iw, F32, c->xin, W->wproj, T, IH, HID, s2));
-            if (!g_iw_scale_main)
-                BT_TRY(bt_cuda_scale(c->iw, (size_t)T * IH, 1.0f / sqrtf((float)IH), s2));
+            if (!g_iw_scale_main) BT_TRY(iw_scale(s2));
             CU_TRY(cudaEventRecord(g_edge[0], s2)); /* the indexer's head weights are ready */
         }
         if (kv_mix) {
@@ -816,11 +819,10 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
     BT_TRY(queries_after(2));
     if (early && g_early == 2) {
         CU_TRY(cudaStreamWaitEvent(st, g_edge[0], 0));
-        if (g_iw_scale_main)
-            BT_TRY(bt_cuda_scale(c->iw, (size_t)T * IH, 1.0f / sqrtf((float)IH), st));
+        if (g_iw_scale_main) BT_TRY(iw_scale(st));
     } else {
         BT_TRY(bt_cuda_gemm_bf16(blas, c->iw, F32, c->xin, W->wproj, T, IH, HID, st));
-        BT_TRY(bt_cuda_scale(c->iw, (size_t)T * IH, 1.0f / sqrtf((float)IH), st));
+        BT_TRY(iw_scale(st));
     }
     /* every token against its own sequence's keys, in one launch */
     if (!g_tensor_cores)

@@ -1603,19 +1603,27 @@ typedef bt_status_t attention_fn(void *out, const void *q, const void *win_kv, c
 static bt_status_t attention_out(fwd_t *f, int l);
 static bt_status_t ring_rows(fwd_t *f, int l);
 
+/* the indexer's head weights (cu->iw, N rows) scaled by 1/sqrt(heads), on stream st */
+static bt_status_t index_weights_scale(fwd_t *f, cudaStream_t st)
+{
+    const int ih = f->m->cfg.index_heads;
+    return bt_cuda_scale(f->cu->iw, (size_t)f->N * ih, 1.0f / sqrtf((float)ih), st);
+}
+
 /* Layer l's queries (q_res normed, then cu->q rotated) and its latent KV row (cu->kv: norm,
  * rope, FP8 rounding in one launch). two NULL: all on the main stream; else *two says whether
  * the queries' wq_b and the KV row went off the main stream (when they may: wq_b to the side
  * stream, the KV row to the mix stream where there is one, else the side), which the caller
- * then joins before the attention reads them, and *iw_side whether an indexing layer's head
- * weights (cu->iw, and their scaling by 1/sqrt(heads)) went to the side stream too, done at
- * side_mark: the main stream's chain of short kernels (the index queries' product, their
- * RoPE/FP4, the scores) then has neither the scaling nor a wait before the head finish on it.
+ * then joins before the attention reads them (*kv_mix_out: the KV row went to the mix stream,
+ * done at kv_join), and *iw_side whether an indexing layer's head weights (cu->iw, and their
+ * scaling by 1/sqrt(heads)) went to the side stream too, done at side_mark: the main stream's
+ * chain of short kernels (the index queries' product, their RoPE/FP4, the scores) then has
+ * neither the scaling nor a wait before the head finish on it.
  * The side stream starts at the mHC collapse: the head weights beside the q_lora product and
  * its norm, then wq_b beside the compressor and the indexer. (Forked after the norm, the head
  * weights waited on the main stream: the layer's decode step at batch 1 3% slower in
  * bench_layer_cuda, bench/RESULTS.md session 25.) */
-static bt_status_t queries_and_kv(fwd_t *f, int l, bool *two, bool *iw_side)
+static bt_status_t queries_and_kv(fwd_t *f, int l, bool *two, bool *iw_side, bool *kv_mix_out)
 {
     bt_model_t *m = f->m;
     struct bt_model_cuda *cu = f->cu;
@@ -1637,14 +1645,14 @@ static bt_status_t queries_and_kv(fwd_t *f, int l, bool *two, bool *iw_side)
     if (iw_side) *iw_side = iw;
     if (side) CK(side_fork(f));
     if (iw) { /* the indexer's head weights first, scaled: the scores wait for them */
-        const int ih = c->index_heads;
-        CK(mm_on(f, ON_SIDE, cu->iw, ih, cu->xin, D, &w->i_weights_proj, N));
-        CK(bt_cuda_scale(cu->iw, (size_t)N * ih, 1.0f / sqrtf((float)ih), cu->side));
+        CK(mm_on(f, ON_SIDE, cu->iw, c->index_heads, cu->xin, D, &w->i_weights_proj, N));
+        CK(index_weights_scale(f, cu->side));
         CK_CUDA(cudaEventRecord(cu->side_mark, cu->side));
     }
     /* the KV row: on the mix stream once the collapse (queued on the main stream) is done,
      * joined where the side stream is (kv_mix) */
     const bool kv_mix = side && cu->xb_mix;
+    if (kv_mix_out) *kv_mix_out = kv_mix;
     if (kv_mix) CK(stream_after(f, cu->mix, cu->stream, cu->kv_fork));
     CK(mm_on(f, kv_mix ? ON_MIX : side ? ON_SIDE : ON_MAIN, cu->kv, hd, cu->xin, D, &w->wkv, N));
     CK(bt_cuda_head_finish(cu->kv, N, 1, hd, 1, w->kv_norm, eps, half ? f->pos_d : NULL, inv, half,
@@ -1677,8 +1685,8 @@ static bt_status_t attention(fwd_t *f, int l)
     int half = comp ? m->half_comp : m->half_main;
     attention_fn *attend = cu->att_tc ? bt_cuda_attention_tc_ws : bt_cuda_attention_ws;
     size_t row = (size_t)hd * sizeof(float);
-    bool two, iw_side;
-    CK(queries_and_kv(f, l, &two, &iw_side));
+    bool two, iw_side, kv_mix;
+    CK(queries_and_kv(f, l, &two, &iw_side, &kv_mix));
 
     if (comp) {
         if (L->is_kv_source) {
@@ -1700,12 +1708,12 @@ static bt_status_t attention(fwd_t *f, int l)
             if (iw_side) /* made and scaled on the side stream (queries_and_kv) */
                 CK_CUDA(cudaStreamWaitEvent(st, cu->side_mark, 0));
             else
-                CK(bt_cuda_scale(cu->iw, (size_t)N * ih, 1.0f / sqrtf((float)ih), st));
+                CK(index_weights_scale(f, st));
             CK(indexer(f, l));
         }
     }
     if (two) CK(side_join(f));
-    if (two && cu->xb_mix) CK_CUDA(cudaStreamWaitEvent(st, cu->kv_join, 0)); /* the KV row */
+    if (two && kv_mix) CK_CUDA(cudaStreamWaitEvent(st, cu->kv_join, 0)); /* the KV row */
 
     /* a decode step: the new rows into their rings, then every token over its own sequence's
      * ring and compressed cache in one launch (offsets per token; each token's keys split as it
@@ -2950,7 +2958,7 @@ static bt_status_t draft_attention(fwd_t *f, int l, const int32_t *idx_d, const 
     int hd = c->head_dim, H = m->hl, W = c->window;
     size_t row = (size_t)hd * sizeof(float);
     attention_fn *attend = cu->att_tc ? bt_cuda_attention_tc_ws : bt_cuda_attention_ws;
-    CK(queries_and_kv(f, l, NULL, NULL)); /* (no compressor or indexer to run beside) */
+    CK(queries_and_kv(f, l, NULL, NULL, NULL)); /* (no compressor or indexer to run beside) */
     for (int q = 0; q < f->n_seqs; q++) {
         int first = f->first[q];
         float *stage = cu->win_stage + ((size_t)q * W + first) * hd;
