@@ -1738,6 +1738,12 @@ int main(int argc, char **argv)
                         "1 <= --prefill <= --entries\n", ITOPK);
         return 2;
     }
+    if (g_prio < 0 || g_prio > 5 || g_kv_mix < 0 || g_kv_mix > 1 || g_qb_after < 0 ||
+        g_qb_after > 2 || g_iw_scale_main < 0 || g_iw_scale_main > 1) {
+        fprintf(stderr, "need BT_BENCH_PRIO 0..5, BT_BENCH_KV_MIX 0|1, BT_BENCH_QB_AFTER 0..2, "
+                        "BT_BENCH_IW_SCALE_MAIN 0|1\n");
+        return 2;
+    }
     for (const char *d : {o.dump, o.trace})
         if (d && mkdir(d, 0755) != 0 && errno != EEXIST) {
             fprintf(stderr, "%s: %s\n", d, strerror(errno));
