@@ -441,6 +441,8 @@ typedef struct {
     /* a decode batch's grouping (bt_cuda_moe_group): its expert list, and its flag for an
      * expert id out of range (whose dropped row case_measure's row count reports) */
     int32_t *g_hit, *group_bad;
+    unsigned *rg_ctr; /* bt_cuda_moe_route_group's counter */
+    int keep_moe;     /* the fused expand: still store the MoE's output (for --dump) */
     int64_t *pos, *visible;
     int32_t *offs_zero; /* diagnostics: every expert empty */
     uint16_t *wdq; /* a dequantized FP8 weight (bf16), for products of many rows */
@@ -505,6 +507,8 @@ static bt_status_t case_make(arena_t *a, case_t *c, uint32_t seed, cudaStream_t 
     DALLOC(a, c->g_hit, R * 4);
     DALLOC(a, c->group_bad, 4);
     CU_TRY(cudaMemsetAsync(c->group_bad, 0, 4, st));
+    DALLOC(a, c->rg_ctr, 4);
+    CU_TRY(cudaMemsetAsync(c->rg_ctr, 0, 4, st));
     DALLOC(a, c->gu, R * 2 * MI * 4);
     DALLOC(a, c->h, R * MI * 2);
     DALLOC(a, c->y2, R * HID * 4);
@@ -657,6 +661,15 @@ static int g_qb_after = 0;
  * stream right after their product (the engine since session 38), or with
  * BT_BENCH_IW_SCALE_MAIN=1 on the main stream before the scores (the engine before). */
 static int g_iw_scale_main = 0;
+/* BT_BENCH_FUSE: the decode's MoE launches merged as the engine merges them (session 39), 1
+ * (default) all three: routing with grouping (bt_cuda_moe_route_group), w13 with the SwiGLU
+ * (bt_cuda_gemm_fp4_swiglu_list), the combine in the expand (bt_cuda_hc_expand_moe); 0 none;
+ * 2, 3, 4 only the first, second, third (comparisons) */
+static int g_fuse = 1;
+static bool fused(int which)
+{
+    return g_fuse == 1 || g_fuse == which + 2;
+}
 static cudaEvent_t g_kv_ev[2];
 static cudaStream_t g_side_hi;
 
@@ -901,13 +914,21 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
     /* MoE routing */
     BT_TRY(bt_cuda_gemm_bf16(blas, c->logits, F32, c->xin, W->gate_w, T, NE, HID, st));
     BT_TRY(fork_shared(1));
-    BT_TRY(bt_cuda_moe_route(c->ridx, c->rw, c->logits, W->gate_bias, T, NE, TOPK, 1.0f, 1,
-                             ROUTE_SCALE, st));
-    if (R <= BT_CUDA_MOE_GROUP_MAX) { /* the engine's grouping: a token's rows in expert order */
+    if (fused(0) && bt_cuda_moe_route_group_fits(T, NE, TOPK)) { /* the engine's, one launch */
+        BT_TRY(bt_cuda_moe_route_group(c->ridx, c->rw, c->logits, W->gate_bias, T, NE, TOPK, 1.0f,
+                                       1, ROUTE_SCALE, c->offs, c->rows, c->row_w, c->row_of,
+                                       c->topk_n, c->g_hit, NE < R ? NE : R, c->group_bad, 1,
+                                       c->rg_ctr, st));
+    } else if (R <= BT_CUDA_MOE_GROUP_MAX) { /* the engine's grouping: a token's rows in expert
+                                              * order */
+        BT_TRY(bt_cuda_moe_route(c->ridx, c->rw, c->logits, W->gate_bias, T, NE, TOPK, 1.0f, 1,
+                                 ROUTE_SCALE, st));
         BT_TRY(bt_cuda_moe_group(c->offs, c->rows, c->row_w, c->row_of, c->topk_n, c->g_hit,
                                  NE < R ? NE : R, c->group_bad, 1, c->ridx, c->rw, T, TOPK, NE,
                                  st));
     } else {
+        BT_TRY(bt_cuda_moe_route(c->ridx, c->rw, c->logits, W->gate_bias, T, NE, TOPK, 1.0f, 1,
+                                 ROUTE_SCALE, st));
         bt__launch(moe_dispatch_kernel, 1, 1024, 0, st, c->offs, c->rows, c->row_w, c->row_of,
                    c->ridx, c->rw, R, TOPK, NE);
         LAUNCHED("moe_dispatch");
@@ -917,7 +938,13 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
 
     /* experts: routed (FP4, grouped over the experts hit once the warm-up read them back;
      * the routing weight before w2), shared (FP8) after them on one stream */
-    if (c->elist) {
+    if (c->elist && fused(1) && bt_cuda_gemm_fp4_swiglu_fits(MI, HID, c->max_rows)) {
+        BT_TRY(bt_cuda_gemm_fp4_swiglu_list(c->h, BF16, c->xin, c->rows, c->offs, c->elist,
+                                            c->n_elist, c->max_rows, W->w13, W->w13_s, MI, HID,
+                                            c->row_w, SWIGLU_LIMIT, st));
+        BT_TRY(bt_cuda_gemm_fp4_grouped_list(c->y2, F32, c->h, NULL, c->offs, c->elist, c->n_elist,
+                                             c->max_rows, W->w2, W->w2_s, HID, MI, st));
+    } else if (c->elist) {
         BT_TRY(bt_cuda_gemm_fp4_grouped_list(c->gu, F32, c->xin, c->rows, c->offs, c->elist, c->n_elist,
                                              c->max_rows, W->w13, W->w13_s, 2 * MI, HID, st));
         BT_TRY(bt_cuda_swiglu(c->h, BF16, c->gu, c->row_w, R, MI, SWIGLU_LIMIT, st));
@@ -936,11 +963,21 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
     } else {
         BT_TRY(shared_expert(st));
     }
-    /* the token's routed rows in slot order, then the shared expert (the engine's combine) */
-    BT_TRY(bt_cuda_moe_combine(c->moe, c->y2, c->row_of, c->topk_n, TOPK, c->sy, T, HID, st));
+    /* the token's routed rows in slot order, then the shared expert (the engine's combine);
+     * a decode batch's summed in the expand's pass as the engine does (the dumps' run stores
+     * it too) */
+    const bool expand_moe = fused(2) && T < BT_CUDA_HC_EC_MIN_TOKENS;
+    if (!expand_moe || c->keep_moe)
+        BT_TRY(bt_cuda_moe_combine(c->moe, c->y2, c->row_of, c->topk_n, TOPK, c->sy, T, HID, st));
     BT_TRY(mark(ev, 8, st, capture));
 
-    BT_TRY(expand(1, c->moe, F32));
+    if (expand_moe) {
+        if (mixs) BT_TRY(stream_after(st, g_mix_stream, g_mix_join[1]));
+        BT_TRY(bt_cuda_hc_expand_moe(c->x, c->y2, c->row_of, c->topk_n, TOPK, c->sy, c->post,
+                                     c->comb, T, HC, HID, st));
+    } else {
+        BT_TRY(expand(1, c->moe, F32));
+    }
     BT_TRY(mark(ev, 9, st, capture));
     return BT_OK;
 }
@@ -1506,7 +1543,10 @@ static bt_status_t case_measure(const weights_t *W, bt_cuda_blas_t *blas, case_t
 
     /* the output of one run from the restored X with that bound: finite, dumped on request */
     CU_TRY(cudaMemcpyAsync(c->x, c->x0, xbytes, cudaMemcpyDeviceToDevice, st));
-    BT_TRY(layer_run(W, blas, c, st, NULL, 0));
+    c->keep_moe = 1;
+    bt_status_t out_rc = layer_run(W, blas, c, st, NULL, 0);
+    c->keep_moe = 0;
+    BT_TRY(out_rc);
     CU_TRY(cudaStreamSynchronize(st));
     int rows[16], nrows = 0;
     if (c->T <= 16) {
@@ -1731,6 +1771,7 @@ int main(int argc, char **argv)
     if (getenv("BT_BENCH_KV_MIX")) g_kv_mix = atoi(getenv("BT_BENCH_KV_MIX"));
     if (getenv("BT_BENCH_QB_AFTER")) g_qb_after = atoi(getenv("BT_BENCH_QB_AFTER"));
     if (getenv("BT_BENCH_IW_SCALE_MAIN")) g_iw_scale_main = atoi(getenv("BT_BENCH_IW_SCALE_MAIN"));
+    if (getenv("BT_BENCH_FUSE")) g_fuse = atoi(getenv("BT_BENCH_FUSE"));
     /* a prefill chunk sits at the end of the cached entries, and the top-k must be full */
     if (o.reps < 20 || o.warmup < 1 || entries < ITOPK || prefill < 1 || prefill > entries ||
         prefill + WIN > (1 << 30)) {
@@ -1739,9 +1780,9 @@ int main(int argc, char **argv)
         return 2;
     }
     if (g_prio < 0 || g_prio > 5 || g_kv_mix < 0 || g_kv_mix > 1 || g_qb_after < 0 ||
-        g_qb_after > 2 || g_iw_scale_main < 0 || g_iw_scale_main > 1) {
+        g_qb_after > 2 || g_iw_scale_main < 0 || g_iw_scale_main > 1 || g_fuse < 0 || g_fuse > 4) {
         fprintf(stderr, "need BT_BENCH_PRIO 0..5, BT_BENCH_KV_MIX 0|1, BT_BENCH_QB_AFTER 0..2, "
-                        "BT_BENCH_IW_SCALE_MAIN 0|1\n");
+                        "BT_BENCH_IW_SCALE_MAIN 0|1, BT_BENCH_FUSE 0..4\n");
         return 2;
     }
     for (const char *d : {o.dump, o.trace})

@@ -114,6 +114,18 @@ __device__ __forceinline__ void bt_st_dt(void *p, int bf16, size_t i, float v)
         ((float *)p)[i] = v;
 }
 
+/* The experts' activation (bt_cuda_swiglu): silu(min(g, limit)) * clamp(u, -limit, limit),
+ * no clamping for limit <= 0. One definition for every kernel that computes it, so a fused
+ * product's rows are the bits of the separate launch's. */
+__device__ __forceinline__ float bt_swiglu(float g, float u, float limit)
+{
+    if (limit > 0.0f) {
+        u = fminf(fmaxf(u, -limit), limit);
+        g = fminf(g, limit);
+    }
+    return g / (1.0f + expf(-g)) * u;
+}
+
 __device__ __forceinline__ float bt_warp_sum(float v)
 {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -104,6 +104,19 @@ bt_status_t bt_cuda_gemm_fp4_grouped_list(void *y, bt_cuda_dtype_t y_dtype, cons
                                           const uint8_t *w, const uint8_t *w_scale, int N, int K,
                                           cudaStream_t stream);
 
+/* The listed experts' w13 product and their SwiGLU in one launch: h [rows, I] = what
+ * bt_cuda_gemm_fp4_grouped_list (N = 2I, gate columns then up) and then bt_cuda_swiglu (wt,
+ * limit) give, bit for bit, without the [rows, 2I] sums. For the shapes
+ * bt_cuda_gemm_fp4_swiglu_fits takes (a decode step's: max_rows <= 16, I a multiple of 32, K of
+ * 128 with the few-row kernel's whole block on each column tile; BT_CUDA_SWIGLU_FUSED=0:
+ * none); x and w 16-byte aligned. */
+int bt_cuda_gemm_fp4_swiglu_fits(int I, int K, int max_rows);
+bt_status_t bt_cuda_gemm_fp4_swiglu_list(void *h, bt_cuda_dtype_t h_dtype, const uint16_t *x,
+                                         const int32_t *rows, const int32_t *offs,
+                                         const int32_t *experts, int n_listed, int max_rows,
+                                         const uint8_t *w, const uint8_t *w_scale, int I, int K,
+                                         const float *wt, float limit, cudaStream_t stream);
+
 /* ---- elementwise and per-row ------------------------------------------------------------ */
 
 /* y[rows,n] = w * (x * rsqrt(mean(x^2) + eps)); w (f32 [n]) may be NULL; y may alias x. */
@@ -182,6 +195,15 @@ bt_status_t bt_cuda_hc_mix_collapse_ws(float *pre, float *post, float *comb, con
 bt_status_t bt_cuda_hc_expand(float *x, const void *o, bt_cuda_dtype_t o_dtype,
                               const float *post, const float *comb, int T, int hc, int D,
                               cudaStream_t stream);
+
+/* bt_cuda_moe_combine's sum (y, rows, n, stride, shared as there) expanded into the streams as
+ * bt_cuda_hc_expand does with its o, in one launch and bit for bit the two launches' streams
+ * (the sum itself is not stored). bt_cuda_hc_expand_moe_on: whether callers take it
+ * (BT_CUDA_EXPAND_MOE=0: no, for comparisons). */
+bt_status_t bt_cuda_hc_expand_moe(float *x, const float *y, const int32_t *rows, const int32_t *n,
+                                  int stride, const float *shared, const float *post,
+                                  const float *comb, int T, int hc, int D, cudaStream_t stream);
+int bt_cuda_hc_expand_moe_on(void);
 
 /* bt_cuda_hc_expand and then bt_cuda_hc_collapse_norm of the new streams (weights w, which are
  * not this expand's post or comb; out does not overlap x or o), bit for bit the same, in one
@@ -451,6 +473,19 @@ bt_status_t bt_cuda_moe_group(int32_t *offs, int32_t *xrow, float *wt_g, int32_t
                               int32_t *cnt, int32_t *hit, int n_hit_slots, int32_t *bad,
                               int32_t bad_value, const int32_t *idx, const float *wts, int N, int K,
                               int E, cudaStream_t stream);
+
+/* bt_cuda_moe_route (T tokens, a block each) and then bt_cuda_moe_group of its picks in one
+ * launch, the same outputs bit for bit (idx and wts as well): the last block to finish groups.
+ * counter: one device word, zero before the first launch and left zero by each (one per stream
+ * that launches this at a time). bt_cuda_moe_route_group_fits says whether the shape is taken
+ * (T <= 64, E and T * K within BT_CUDA_MOE_GROUP_MAX, K <= 16; BT_CUDA_ROUTE_GROUP=0: never). */
+int bt_cuda_moe_route_group_fits(int T, int E, int K);
+bt_status_t bt_cuda_moe_route_group(int32_t *idx, float *wts, const float *logits,
+                                    const float *bias, int T, int E, int K, float temp,
+                                    int normalize, float route_scale, int32_t *offs, int32_t *xrow,
+                                    float *wt_g, int32_t *rows, int32_t *cnt, int32_t *hit,
+                                    int n_hit_slots, int32_t *bad, int32_t bad_value,
+                                    unsigned *counter, cudaStream_t stream);
 
 enum { BT_CUDA_ROUTER_MAX_TOKENS = 16, BT_CUDA_ROUTER_COUNTERS = 16 };
 

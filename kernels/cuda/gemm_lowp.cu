@@ -724,12 +724,18 @@ static int rows_ks(int fmt, int K)
  * 60 bytes) */
 #define ROWS_MIN_BLOCKS(FMT, MT, R16) ((FMT) == FMT_FP4 || (MT) == 2 || (R16) ? 2 : 3)
 
-template <int FMT, int MT, bool R16, int LH, typename OT>
+/* SW: the experts' w13 with their SwiGLU (bt_cuda_gemm_fp4_swiglu_list): block b walks gate
+ * columns 32b.. as tile 0 and the up columns N/2 + 32b.. as tile 1, one warp group (ks = 8), a
+ * thread one (row, column) of each tile's sums; it keeps tile 0's and stores
+ * sw_wt[row] * bt_swiglu(gate, up) to y [rows, N/2] with tile 1's, where the plain form stores
+ * both sums for bt_cuda_swiglu to read back. */
+template <int FMT, int MT, bool R16, int LH, typename OT, bool SW = false>
 __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
     gemm_rows(OT *y, const __nv_bfloat16 *x, const int32_t *rows, const int32_t *offs,
               const uint8_t *w, const uint8_t *ws, int M, int N, int K, const int32_t *elist,
-              gemm_io io, int tiles, int ks)
+              gemm_io io, int tiles, int ks, const float *sw_wt, float sw_limit)
 {
+    static_assert(!SW || (FMT == FMT_FP4 && MT == 2 && !R16), "SwiGLU: FP4, 32-column tiles");
     using F = rows_fmt<FMT>;
     constexpr bool FP4 = FMT == FMT_FP4;
     constexpr int NC = 2 * MT, COLS = 16 * MT; /* a lane's columns; a tile's */
@@ -738,8 +744,10 @@ __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
     constexpr int RP = R16 ? 2 : 1;            /* 8-row groups a pass */
     __shared__ float red[MT_WARPS][8 * RP][COLS + 1];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
-    const int nb = blockIdx.x * tiles * COLS; /* the block's first column */
-    tiles = min(tiles, (N - nb + COLS - 1) / COLS);
+    const int nb = blockIdx.x * (SW ? 1 : tiles) * COLS; /* the block's first column */
+    if (!SW) tiles = min(tiles, (N - nb + COLS - 1) / COLS);
+    /* tile t's first column */
+    auto tile_n0 = [&](int t) { return SW ? nb + t * (N / 2) : nb + t * COLS; };
     /* weights known before the wait: a plain product's (no expert list, no offsets) */
     const bool known = !elist && !offs;
     if (!known) bt_grid_begin();
@@ -769,10 +777,10 @@ __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
     auto set_tile = [&](int t) {
 #pragma unroll
         for (int i = 0; i < NC; i++) {
-            const unsigned n = (unsigned)min(nb + t * COLS + 8 * i + g, N - 1);
+            const unsigned n = (unsigned)min(tile_n0(t) + 8 * i + g, N - 1);
             woff[i] = FP4 ? n * (unsigned)(K / 2) + k_first / 2 : n * (unsigned)K + k_first;
         }
-        if (!FP4) soff = (unsigned)(min(nb + t * COLS, N - 1) / 32 * ks32 + k_first / 32);
+        if (!FP4) soff = (unsigned)(min(tile_n0(t), N - 1) / 32 * ks32 + k_first / 32);
         kc = 0;
     };
     auto load_w = [&](uint4 *v, uint8_t *s) {
@@ -885,6 +893,7 @@ __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
     auto group_sync = [&]() {
         asm volatile("bar.sync %0, %1;\n" ::"r"(1 + grp), "r"(ks * 32) : "memory");
     };
+    float sw_gate = 0.0f; /* SW: this thread's sum of tile 0 */
     auto flush = [&](int rb) {
 #pragma unroll
         for (int r = 0; r < RP; r++) {
@@ -900,13 +909,27 @@ __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
             }
         }
         group_sync();
-        for (int o = wi * 32 + lane; o < 8 * RP * COLS; o += ks * 32) {
-            const int r = o / COLS, col = o % COLS, n = nb + t * COLS + col;
-            if (rb + r >= mr || n >= N) continue;
+        if constexpr (SW) { /* (8 rows x 32 columns: the block's 256 threads, one each) */
+            const int r = threadIdx.x / COLS, col = threadIdx.x % COLS;
             float v = 0.0f;
-            for (int q = grp * ks; q < grp * ks + ks; q++)
+            for (int q = 0; q < MT_WARPS; q++)
                 v += red[q][r][col];
-            bt_st(y, (size_t)(r0 + rb + r) * io.ldy + n, v);
+            if (t == 0) {
+                sw_gate = v;
+            } else if (rb + r < mr) {
+                const size_t row = (size_t)(r0 + rb + r);
+                const float h = bt_swiglu(sw_gate, v, sw_limit);
+                bt_st(y, row * (size_t)(N / 2) + nb + col, sw_wt ? sw_wt[row] * h : h);
+            }
+        } else {
+            for (int o = wi * 32 + lane; o < 8 * RP * COLS; o += ks * 32) {
+                const int r = o / COLS, col = o % COLS, n = tile_n0(t) + col;
+                if (rb + r >= mr || n >= N) continue;
+                float v = 0.0f;
+                for (int q = grp * ks; q < grp * ks + ks; q++)
+                    v += red[q][r][col];
+                bt_st(y, (size_t)(r0 + rb + r) * io.ldy + n, v);
+            }
         }
         group_sync();
         t += ngr;
@@ -1569,10 +1592,12 @@ static bt_status_t few_rows_launch(void *y, bt_cuda_dtype_t yd, const __nv_bfloa
         dim3 grid(bt__cdiv(nt, tpb), groups);                                                      \
         if (yd == BT_CUDA_BF16)                                                                    \
             bt__launch(gemm_rows<F, MT, R16, LH, __nv_bfloat16>, grid, MT_WARPS * 32, 0, stream,   \
-                       (__nv_bfloat16 *)y, xb, rows, offs, w, ws, M, N, K, elist, io, tpb, ks);    \
+                       (__nv_bfloat16 *)y, xb, rows, offs, w, ws, M, N, K, elist, io, tpb, ks,     \
+                       (const float *)NULL, 0.0f);                                                 \
         else                                                                                       \
             bt__launch(gemm_rows<F, MT, R16, LH, float>, grid, MT_WARPS * 32, 0, stream,           \
-                       (float *)y, xb, rows, offs, w, ws, M, N, K, elist, io, tpb, ks);            \
+                       (float *)y, xb, rows, offs, w, ws, M, N, K, elist, io, tpb, ks,             \
+                       (const float *)NULL, 0.0f);                                                 \
     } while (0)
 #define BT__ROWS(MT, R16)                                                                          \
     do {                                                                                           \
@@ -1764,6 +1789,55 @@ extern "C" bt_status_t bt_cuda_gemm_fp4_grouped_list(void *y, bt_cuda_dtype_t y_
     BT_CUDA_REQUIRE(K > 0 && K % 32 == 0 && max_rows <= 65535 * BM);
     return launch<FMT_FP4>(y, y_dtype, x, rows, offs, n_listed, max_rows, w, w_scale, 0, N, K,
                            experts, plain_io(N, K), stream);
+}
+
+/* The routed experts' w13 and their SwiGLU in one launch (gemm_rows' SW form): a decode
+ * step's h without its gate and up sums going through memory, and without the activation's own
+ * launch on the critical path between the two expert products. Taken where the plain form
+ * would run gemm_rows with the whole block as one warp group (ks 8: K a multiple of 1024), so
+ * every sum is the plain form's and h is bt_cuda_swiglu's, bit for bit. BT_CUDA_SWIGLU_FUSED=0:
+ * never (comparisons), read once. */
+extern "C" int bt_cuda_gemm_fp4_swiglu_fits(int I, int K, int max_rows)
+{
+    static int once = -1;
+    return bt__env_switch("BT_CUDA_SWIGLU_FUSED", &once) && rows_on<FMT_FP4>() && I > 0 &&
+           I % 32 == 0 && K > 0 && K % 128 == 0 && rows_ks(FMT_FP4, K) == MT_WARPS &&
+           max_rows > 0 && max_rows <= SKINNY_MAX_ROWS && (long long)2 * I * K < (1ll << 31);
+}
+
+extern "C" bt_status_t
+bt_cuda_gemm_fp4_swiglu_list(void *h, bt_cuda_dtype_t h_dtype, const uint16_t *x,
+                             const int32_t *rows, const int32_t *offs, const int32_t *experts,
+                             int n_listed, int max_rows, const uint8_t *w, const uint8_t *w_scale,
+                             int I, int K, const float *wt, float limit, cudaStream_t stream)
+{
+    BT_CUDA_REQUIRE(h && x && offs && experts && w && w_scale && bt__dtype_ok(h_dtype));
+    BT_CUDA_REQUIRE((uintptr_t)w % 16 == 0 && (uintptr_t)x % 16 == 0 && K % 8 == 0);
+    BT_CUDA_REQUIRE(n_listed > 0 && n_listed <= 65535);
+    BT_CUDA_REQUIRE(bt_cuda_gemm_fp4_swiglu_fits(I, K, max_rows));
+    const __nv_bfloat16 *xb = (const __nv_bfloat16 *)x;
+    const int N = 2 * I, groups = n_listed, lh = rows_lh(FMT_FP4, groups);
+    const dim3 grid(I / 32, groups);
+    const gemm_io io = plain_io(N, K);
+#define BT__SW(LH)                                                                                 \
+    do {                                                                                           \
+        if (h_dtype == BT_CUDA_BF16)                                                               \
+            bt__launch(gemm_rows<FMT_FP4, 2, false, LH, __nv_bfloat16, true>, grid, MT_WARPS * 32, \
+                       0, stream, (__nv_bfloat16 *)h, xb, rows, offs, w, w_scale, 0, N, K,         \
+                       experts, io, 2, MT_WARPS, wt, limit);                                       \
+        else                                                                                       \
+            bt__launch(gemm_rows<FMT_FP4, 2, false, LH, float, true>, grid, MT_WARPS * 32, 0,      \
+                       stream, (float *)h, xb, rows, offs, w, w_scale, 0, N, K, experts, io, 2,    \
+                       MT_WARPS, wt, limit);                                                       \
+    } while (0)
+    if (lh == 1)
+        BT__SW(1);
+    else if (lh == 2)
+        BT__SW(2);
+    else
+        BT__SW(0);
+#undef BT__SW
+    return bt__cuda_launched("gemm_fp4_swiglu");
 }
 
 /* ---- dequantization for the many-row path ---------------------------------------------- */

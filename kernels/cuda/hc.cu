@@ -825,6 +825,73 @@ extern "C" bt_status_t bt_cuda_hc_expand(float *x, const void *o, bt_cuda_dtype_
     return bt__cuda_launched("hc_expand");
 }
 
+/* ---- the MoE's combine in the expand (a decode step) ----------------------------------------
+ * The FFN's output is the sum of a token's routed rows and the shared expert's (moe_combine);
+ * here each value of it is summed where the expand reads it, so the decode's chain loses the
+ * combine's launch and its round trip through memory. The sum is moe_combine_kernel's, in its
+ * order (routed rows as listed, the shared row last), and the expand hc_expand_kernel's: the
+ * streams are the two launches' bits. */
+template <int HC>
+__global__ void hc_expand_moe_kernel(float *x, const float *y, const int32_t *rows,
+                                     const int32_t *n, int stride, const float *shared,
+                                     const float *post, const float *comb, int T, int D)
+{
+    bt_grid_begin();
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)T * D) return;
+    size_t t = i / D;
+    int d = (int)(i % D);
+    float *xt = x + t * HC * D;
+    const float *ct = comb + t * HC * HC, *pt = post + t * HC;
+    float res[HC];
+#pragma unroll
+    for (int j = 0; j < HC; j++)
+        res[j] = xt[(size_t)j * D + d];
+    const int cnt = n[t];
+    const int32_t *rl = rows + t * (size_t)stride;
+    float ov = 0.0f;
+    for (int j0 = 0; j0 < cnt; j0 += 4) { /* (4 loads in flight, added in order) */
+        float v[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+            if (j0 + q < cnt) v[q] = y[(size_t)rl[j0 + q] * D + d];
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+            if (j0 + q < cnt) ov += v[q];
+    }
+    if (shared) ov = ov + shared[t * D + d];
+#pragma unroll
+    for (int k = 0; k < HC; k++) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int j = 0; j < HC; j++)
+            acc += ct[j * HC + k] * res[j];
+        xt[(size_t)k * D + d] = pt[k] * ov + acc;
+    }
+}
+
+extern "C" bt_status_t bt_cuda_hc_expand_moe(float *x, const float *y, const int32_t *rows,
+                                             const int32_t *n, int stride, const float *shared,
+                                             const float *post, const float *comb, int T, int hc,
+                                             int D, cudaStream_t stream)
+{
+    BT_CUDA_REQUIRE(x && rows && n && post && comb && stride >= 0);
+    BT_CUDA_REQUIRE(T > 0 && D > 0 && (hc == 1 || hc == 2 || hc == 4));
+    int blocks = bt__cdiv((long long)T * D, 256);
+    with_hc(hc, [&](auto h) {
+        bt__launch(hc_expand_moe_kernel<decltype(h)::value>, blocks, 256, 0, stream, x, y, rows, n,
+                   stride, shared, post, comb, T, D);
+    });
+    return bt__cuda_launched("hc_expand_moe");
+}
+
+/* BT_CUDA_EXPAND_MOE=0: callers combine and expand in two launches (comparisons), read once */
+extern "C" int bt_cuda_hc_expand_moe_on(void)
+{
+    static int once = -1;
+    return bt__env_switch("BT_CUDA_EXPAND_MOE", &once);
+}
+
 /* ---- a sublayer's expand and the next site's collapse, in one pass ----------------------------
  * The collapse's norm needs the whole row, so it had to be a launch after the expand's: a
  * prefill paid for a second read of the streams (hc x 4 bytes a value: 335 MB a site at 4096

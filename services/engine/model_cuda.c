@@ -193,6 +193,7 @@ struct bt_model_cuda {
     float *router_ws;
     size_t router_ws_n;
     unsigned *router_ctr;
+    unsigned *group_ctr; /* bt_cuda_moe_route_group's counter (after the router's) */
     bool split_router;
     float *g_wt;
     int group_cap;
@@ -711,12 +712,14 @@ static void alloc_scratch(up_t *u)
             if (dn > cu->router_ws_n) cu->router_ws_n = dn;
         }
         cu->router_ws = scratch(u, cu->router_ws_n);
-        cu->router_ctr = (unsigned *)scratch(u, BT_CUDA_ROUTER_COUNTERS);
+        cu->router_ctr = (unsigned *)scratch(u, BT_CUDA_ROUTER_COUNTERS + 1);
+        cu->group_ctr = cu->router_ctr ? cu->router_ctr + BT_CUDA_ROUTER_COUNTERS : NULL;
         if (cu->router_ctr &&
-            cudaMemset(cu->router_ctr, 0, BT_CUDA_ROUTER_COUNTERS * sizeof(unsigned)) !=
+            cudaMemset(cu->router_ctr, 0, (BT_CUDA_ROUTER_COUNTERS + 1) * sizeof(unsigned)) !=
                 cudaSuccess) {
             cudaGetLastError();
-            snprintf(u->err, u->errlen, "GPU %d: clearing the router's counters failed", u->c->gpu);
+            snprintf(u->err, u->errlen, "GPU %d: clearing the routing's counters failed",
+                     u->c->gpu);
             u->rc = BT_ERR_DEVICE;
         }
         if (u->rc == BT_OK && cudaMallocHost((void **)&cu->group_bad_h, sizeof(int32_t)) != cudaSuccess) {
@@ -1140,6 +1143,12 @@ typedef struct {
     bool undo;                   /* a verification: sequences with undo records (DSpark) */
     bool mix_forked;             /* a site's mix runs on cu->mix, not yet joined */
     bool expand_pending;         /* cu->out waits to be expanded into the streams (expand) */
+    /* a decode step's MoE output not yet summed into cu->out: the expand sums it as it reads
+     * it (bt_cuda_hc_expand_moe), else moe_out sums it first; the combine's operands */
+    bool moe_pending;
+    const int32_t *moe_rows, *moe_cnt;
+    int moe_stride;
+    const float *moe_shared;
     char *err;
     size_t errlen;
 } fwd_t;
@@ -1918,6 +1927,16 @@ static bt_status_t moe_finish(fwd_t *f, int l, const int32_t *rows_d, const int3
         CK(side_join(f));
     else if (shared)
         CK(shared_expert(f, l, false));
+    /* a decode step on one GPU: summed by the expand that follows (flush_expand), one launch
+     * fewer on the step's chain */
+    if (cu->tp == 1 && N < BT_CUDA_HC_EC_MIN_TOKENS && bt_cuda_hc_expand_moe_on()) {
+        f->moe_pending = true;
+        f->moe_rows = rows_d;
+        f->moe_cnt = cnt_d;
+        f->moe_stride = K;
+        f->moe_shared = shared ? cu->sh : NULL;
+        return BT_OK;
+    }
     CK(bt_cuda_moe_combine(cu->out, cu->yg, rows_d, cnt_d, K, shared ? cu->sh : NULL, N, D, st));
     /* each rank summed its slice of every expert's width */
     if (cu->tp > 1) CK(tp_all_reduce(f, cu->out, (size_t)N * D));
@@ -1938,9 +1957,16 @@ static bt_status_t fp4_experts(fwd_t *f, int l, const int32_t *xrow_d, const int
     cudaStream_t st = cu->stream;
     int N = f->N, D = c->hidden, I = f->m->il, total = N * w->n_active;
     CK(product_rows(cu->xb, cu->xin, N, D, D, w->w13_aq, st));
-    CK(bt_cuda_gemm_fp4_grouped_list(cu->gu, BT_CUDA_F32, cu->xb, xrow_d, offs_d, experts_d, n_listed, max_rows,
-                                     w->w13_q, w->w13_s, 2 * I, D, st));
-    CK(bt_cuda_swiglu(cu->hb, BT_CUDA_BF16, cu->gu, wt_d, total, I, (float)c->swiglu_limit, st));
+    if (bt_cuda_gemm_fp4_swiglu_fits(I, D, max_rows)) { /* (a decode step's: one launch) */
+        CK(bt_cuda_gemm_fp4_swiglu_list(cu->hb, BT_CUDA_BF16, cu->xb, xrow_d, offs_d, experts_d,
+                                        n_listed, max_rows, w->w13_q, w->w13_s, I, D, wt_d,
+                                        (float)c->swiglu_limit, st));
+    } else {
+        CK(bt_cuda_gemm_fp4_grouped_list(cu->gu, BT_CUDA_F32, cu->xb, xrow_d, offs_d, experts_d,
+                                         n_listed, max_rows, w->w13_q, w->w13_s, 2 * I, D, st));
+        CK(bt_cuda_swiglu(cu->hb, BT_CUDA_BF16, cu->gu, wt_d, total, I, (float)c->swiglu_limit,
+                          st));
+    }
     CK(round_rows(cu->hb, BT_CUDA_BF16, total, I, w->w2_aq, st));
     CK(bt_cuda_gemm_fp4_grouped_list(cu->yg, BT_CUDA_F32, cu->hb, NULL, offs_d, experts_d, n_listed, max_rows,
                                      w->w2_q, w->w2_s, D, I, st));
@@ -1977,18 +2003,31 @@ static bt_status_t moe(fwd_t *f, int l)
         CK(side_fork(f));
         CK(shared_expert(f, l, true));
     }
-    CK(bt_cuda_moe_route(cu->moe_idx, cu->moe_wts, cu->gate_logits, w->gate_bias, N, E, K,
-                         (float)c->gate_temp, c->norm_topk_prob, (float)c->route_scale, st));
     if (moe_on_device(f, l)) {
         /* grouped on the device: no wait for the host, so a decode step can be one graph. The
          * expert list has a slot per routed row at most (padding skipped by the GEMMs), and an
-         * expert holds each token once: N bounds its rows */
+         * expert holds each token once: N bounds its rows. Routing and grouping in one launch
+         * where the shape allows (the same outputs) */
         int total = N * K, slots = E < total ? E : total;
-        CK(bt_cuda_moe_group(cu->g_offs, cu->g_xrow, cu->g_wt, cu->g_rows, cu->g_cnt, cu->g_hit, slots,
-                             cu->group_bad, l + 1, cu->moe_idx, cu->moe_wts, N, K, E, st));
+        if (cu->group_ctr && bt_cuda_moe_route_group_fits(N, E, K)) {
+            CK(bt_cuda_moe_route_group(cu->moe_idx, cu->moe_wts, cu->gate_logits, w->gate_bias, N,
+                                       E, K, (float)c->gate_temp, c->norm_topk_prob,
+                                       (float)c->route_scale, cu->g_offs, cu->g_xrow, cu->g_wt,
+                                       cu->g_rows, cu->g_cnt, cu->g_hit, slots, cu->group_bad,
+                                       l + 1, cu->group_ctr, st));
+        } else {
+            CK(bt_cuda_moe_route(cu->moe_idx, cu->moe_wts, cu->gate_logits, w->gate_bias, N, E, K,
+                                 (float)c->gate_temp, c->norm_topk_prob, (float)c->route_scale,
+                                 st));
+            CK(bt_cuda_moe_group(cu->g_offs, cu->g_xrow, cu->g_wt, cu->g_rows, cu->g_cnt, cu->g_hit,
+                                 slots, cu->group_bad, l + 1, cu->moe_idx, cu->moe_wts, N, K, E,
+                                 st));
+        }
         CK(fp4_experts(f, l, cu->g_xrow, cu->g_offs, cu->g_hit, slots, N, cu->g_wt));
         return moe_finish(f, l, cu->g_rows, cu->g_cnt, two);
     }
+    CK(bt_cuda_moe_route(cu->moe_idx, cu->moe_wts, cu->gate_logits, w->gate_bias, N, E, K,
+                         (float)c->gate_temp, c->norm_topk_prob, (float)c->route_scale, st));
     /* the grouping by expert is planned on the host */
     CK_CUDA(cudaMemcpyAsync(cu->moe_idx_h, cu->moe_idx, (size_t)N * K * sizeof(int32_t), cudaMemcpyDeviceToHost, st));
     CK_CUDA(cudaMemcpyAsync(cu->moe_wts_h, cu->moe_wts, (size_t)N * K * sizeof(float), cudaMemcpyDeviceToHost, st));
@@ -2114,8 +2153,24 @@ static bt_status_t flush_expand(fwd_t *f)
     f->expand_pending = false;
     bt_status_t st = join_mix(f);
     if (st != BT_OK) return st;
+    if (f->moe_pending) {
+        f->moe_pending = false;
+        return bt_cuda_hc_expand_moe(cu->x, cu->yg, f->moe_rows, f->moe_cnt, f->moe_stride,
+                                     f->moe_shared, cu->post, cu->comb, f->N, c->hc_mult, c->hidden,
+                                     cu->stream);
+    }
     return bt_cuda_hc_expand(cu->x, cu->out, BT_CUDA_F32, cu->post, cu->comb, f->N, c->hc_mult,
                              c->hidden, cu->stream);
+}
+
+/* the MoE's output summed into cu->out where moe_finish left it to the expand */
+static bt_status_t moe_out(fwd_t *f)
+{
+    struct bt_model_cuda *cu = f->cu;
+    if (!f->moe_pending) return BT_OK;
+    f->moe_pending = false;
+    return bt_cuda_moe_combine(cu->out, cu->yg, f->moe_rows, f->moe_cnt, f->moe_stride,
+                               f->moe_shared, f->N, f->m->cfg.hidden, cu->stream);
 }
 
 /* the pending expand and the next collapse in one pass: many tokens (a decode batch's two
@@ -2139,6 +2194,7 @@ static bt_status_t collapse_norm(fwd_t *f, float *out, const float *w, const flo
     }
     f->expand_pending = false;
     if ((st = join_mix(f)) != BT_OK) return st;
+    if ((st = moe_out(f)) != BT_OK) return st; /* (not left for many tokens; kept safe) */
     return bt_cuda_hc_expand_collapse(cu->x, cu->out, BT_CUDA_F32, cu->post, cu->comb, out,
                                       BT_CUDA_F32, w, norm_w, N, hc, D, (float)c->rms_eps,
                                       cu->stream);

@@ -92,6 +92,12 @@ typedef enum {
                      * a relaunch */
     OP_HC_EC,       /* s: T hc D o-f32 no-norm: bt_cuda_hc_expand_collapse against the expand
                      * and the collapse launched apart, bit for bit */
+    OP_ROUTE_GROUP, /* s: T E K: bt_cuda_moe_route_group against bt_cuda_moe_route then
+                     * bt_cuda_moe_group, bit for bit, launched twice (its counter) */
+    OP_FP4_SWIGLU,  /* s: E N K R T limit: bt_cuda_gemm_fp4_swiglu_list (I = N / 2) against
+                     * bt_cuda_gemm_fp4_grouped_list then bt_cuda_swiglu, bit for bit */
+    OP_EXPAND_MOE,  /* s: T hc D K shared: bt_cuda_hc_expand_moe against bt_cuda_moe_combine
+                     * then bt_cuda_hc_expand, bit for bit */
 } op_t;
 
 static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped", "rmsnorm",
@@ -107,7 +113,8 @@ static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped
                                  "attention_batch", "attention_tc_batch", "scatter_rows",
                                  "copy_ranges", "logit_adjust", "attention_flash", "fp4_frag",
                                  "logit_mask", "hc_mean", "add_rows", "act_quant",
-                                 "moe_router_logits", "hc_expand_collapse"};
+                                 "moe_router_logits", "hc_expand_collapse", "moe_route_group",
+                                 "gemm_fp4_swiglu", "hc_expand_moe"};
 
 typedef struct {
     op_t op;
@@ -405,6 +412,25 @@ static const case_t cases[] = {
     {OP_GEMM_FP4_LIST, F32, {12, 96, 320, 200, 30, 2}, 0}, /* padded list, tile kernel */
     {OP_GEMM_FP4_LIST, BF16, {48, 160, 1024, 60, 20, 2}, 0}, /* padded, 32-column tiles */
     {OP_GEMM_FP4_LIST, F32, {12, 96, 256, 400, 100, 2}, 0}, /* padded list, MMA tiles */
+    /* the decode's routing and grouping in one launch: a token, 16, odd sizes, the limits */
+    {OP_ROUTE_GROUP, F32, {1, 384, 6}, 0},
+    {OP_ROUTE_GROUP, F32, {16, 384, 6}, 0},
+    {OP_ROUTE_GROUP, F32, {7, 40, 3}, 0},
+    {OP_ROUTE_GROUP, F32, {64, 16, 16}, 0},
+    {OP_ROUTE_GROUP, F32, {3, 1024, 6}, 0},
+    /* the experts' w13 with their SwiGLU: a token's 6 experts at the real widths, 16 tokens',
+     * the demo model's K of one chunk (7 of 8 warps without one), 3 chunks, more than 8 rows
+     * an expert (two passes), no limit, f32 out */
+    {OP_FP4_SWIGLU, BF16, {8, 4608, 5120, 6, 1, 7}, 0},
+    {OP_FP4_SWIGLU, BF16, {40, 512, 1024, 96, 16, 7}, 0},
+    {OP_FP4_SWIGLU, BF16, {8, 128, 128, 12, 4, 7}, 0},
+    {OP_FP4_SWIGLU, F32, {3, 192, 384, 30, 20, 0}, 0},
+    {OP_FP4_SWIGLU, BF16, {2, 64, 1024, 26, 16, 7}, 0},
+    /* the MoE's combine in the expand: a decode step's, 16 tokens', odd widths, no shared */
+    {OP_EXPAND_MOE, F32, {1, 4, 5120, 6, 1}, 0},
+    {OP_EXPAND_MOE, F32, {16, 4, 5120, 6, 1}, 0},
+    {OP_EXPAND_MOE, F32, {3, 2, 100, 5, 0}, 0},
+    {OP_EXPAND_MOE, F32, {5, 1, 77, 3, 1}, 0},
     {OP_INDEX_SETS, F32, {5, 32, 128, 1000}, 0},
     {OP_INDEX_SETS, F32, {3, 8, 40, 77}, 0},
     /* tensor-core attention: the model's shape (64 heads, 128 window + 512 selected keys), the
@@ -2787,6 +2813,165 @@ static void run_moe_group(const case_t *cs, result_t *r)
     free(g_offs), free(g_xrow), free(g_rows), free(g_cnt), free(g_hit), free(g_wt);
 }
 
+/* s = T E K: routing and grouping in one launch against the two launches, every output bit
+ * for bit; then again with other logits (the last block leaves its counter zero for the next) */
+static void run_route_group(const case_t *cs, result_t *r)
+{
+    int T = cs->s[0], E = cs->s[1], K = cs->s[2], total = T * K;
+    int slots = E < total ? E : total, wrong = 0;
+    if (!bt_cuda_moe_route_group_fits(T, E, K)) {
+        r->exact_ok = 0;
+        snprintf(r->note, sizeof r->note, "the shape is not taken (bt_cuda_moe_route_group_fits)");
+        return;
+    }
+    float *bias = frandv((size_t)E, 0.5f);
+    const float *d_bias = dup(bias, (size_t)E * 4);
+    unsigned *ctr = dalloc(4);
+    CUDA_OK(cudaMemset(ctr, 0, 4));
+    /* [0]: apart, [1]: in one launch */
+    int32_t *d_idx[2], *d_offs[2], *d_xrow[2], *d_rows[2], *d_cnt[2], *d_hit[2], *d_bad[2];
+    float *d_wts[2], *d_wt[2];
+    for (int v = 0; v < 2; v++) {
+        d_idx[v] = dalloc((size_t)total * 4), d_wts[v] = dalloc((size_t)total * 4);
+        d_offs[v] = dalloc(((size_t)E + 1) * 4), d_xrow[v] = dalloc((size_t)total * 4);
+        d_rows[v] = dalloc((size_t)total * 4), d_cnt[v] = dalloc((size_t)T * 4);
+        d_hit[v] = dalloc((size_t)slots * 4), d_bad[v] = dalloc(4), d_wt[v] = dalloc((size_t)total * 4);
+    }
+    const size_t sz[9] = {(size_t)total * 4, (size_t)total * 4, ((size_t)E + 1) * 4, (size_t)total * 4,
+                          (size_t)total * 4, (size_t)T * 4, (size_t)slots * 4, 4, (size_t)total * 4};
+    for (int round = 0; round < 2; round++) {
+        float *logits = frandv((size_t)T * E, 3.0f);
+        const float *d_logits = dup(logits, (size_t)T * E * 4);
+        for (int v = 0; v < 2; v++) {
+            void *outs[9] = {d_idx[v], d_wts[v], d_offs[v], d_xrow[v], d_rows[v], d_cnt[v], d_hit[v], d_bad[v], d_wt[v]};
+            for (int i = 0; i < 9; i++) poison_int(outs[i], sz[i]);
+            CUDA_OK(cudaMemset(d_bad[v], 0, 4));
+        }
+        BT_OK_OR_DIE(bt_cuda_moe_route(d_idx[0], d_wts[0], d_logits, d_bias, T, E, K, 1.0f, 1, 2.5f, 0));
+        BT_OK_OR_DIE(bt_cuda_moe_group(d_offs[0], d_xrow[0], d_wt[0], d_rows[0], d_cnt[0], d_hit[0], slots,
+                                       d_bad[0], 9, d_idx[0], d_wts[0], T, K, E, 0));
+        BT_OK_OR_DIE(bt_cuda_moe_route_group(d_idx[1], d_wts[1], d_logits, d_bias, T, E, K, 1.0f, 1, 2.5f,
+                                             d_offs[1], d_xrow[1], d_wt[1], d_rows[1], d_cnt[1], d_hit[1],
+                                             slots, d_bad[1], 9, ctr, 0));
+        CUDA_OK(cudaDeviceSynchronize());
+        int32_t cnt[64];
+        get(cnt, d_cnt[0], (size_t)T * 4);
+        for (int i = 0; i < 9; i++) {
+            void *outs0[9] = {d_idx[0], d_wts[0], d_offs[0], d_xrow[0], d_rows[0], d_cnt[0], d_hit[0], d_bad[0], d_wt[0]};
+            void *outs1[9] = {d_idx[1], d_wts[1], d_offs[1], d_xrow[1], d_rows[1], d_cnt[1], d_hit[1], d_bad[1], d_wt[1]};
+            char *a = xmalloc(sz[i]), *b = xmalloc(sz[i]);
+            get(a, outs0[i], sz[i]), get(b, outs1[i], sz[i]);
+            if (i == 4) { /* rows: each token's first cnt entries only are written */
+                for (int t = 0; t < T; t++)
+                    wrong += memcmp(a + (size_t)t * K * 4, b + (size_t)t * K * 4, (size_t)cnt[t] * 4) != 0;
+            } else {
+                wrong += memcmp(a, b, sz[i]) != 0;
+            }
+            free(a), free(b);
+        }
+        unsigned left = 1;
+        get(&left, ctr, 4);
+        wrong += left != 0;
+        free(logits);
+    }
+    r->exact_ok = wrong == 0;
+    snprintf(r->note, sizeof r->note, "exact: %d differences over 2 launches (of 9 outputs + the counter)", wrong);
+    free(bias);
+}
+
+/* s = E N K R T limit: the experts' w13 with their SwiGLU in one launch (h [R, N/2], each row
+ * its own routing weight) against the grouped product's f32 sums and bt_cuda_swiglu, bit for
+ * bit; K and the list as run_gemm_fp4's (OP_GEMM_FP4_LIST), an expert at most 16 rows */
+static void run_fp4_swiglu(const case_t *cs, result_t *r)
+{
+    int E = cs->s[0], N = cs->s[1], K = cs->s[2], R = cs->s[3], T = cs->s[4], I = N / 2;
+    float limit = (float)cs->s[5];
+    float *x = frandv((size_t)T * K, 1.0f), *wt = frandv((size_t)R, 1.0f);
+    size_t wbytes = (size_t)E * N * (K / 2), sbytes = (size_t)E * N * (K / 32);
+    uint8_t *w = xmalloc(wbytes), *s = xmalloc(sbytes);
+    for (size_t i = 0; i < wbytes; i++) w[i] = (uint8_t)rnd();
+    for (size_t i = 0; i < sbytes; i++) s[i] = (uint8_t)(122 + irand(8));
+    int32_t *offs = xmalloc((size_t)(E + 1) * 4), *rows = xmalloc((size_t)R * 4), *el = xmalloc((size_t)(E + 3) * 4);
+    int max_rows = 0, at = 0, nl = 0, *cnt = calloc((size_t)E, sizeof(int));
+    for (int i = 0; i < R; i++) { /* each row a random expert of fewer than 16 so far */
+        int e;
+        do e = irand(E);
+        while (cnt[e] >= 16);
+        cnt[e]++;
+    }
+    for (int e = 0; e < E; e++) {
+        offs[e] = at;
+        for (int i = 0; i < cnt[e]; i++) rows[at++] = irand(T);
+        if (cnt[e] > max_rows) max_rows = cnt[e];
+        if (cnt[e] > 0) el[nl++] = e;
+    }
+    offs[E] = at;
+    free(cnt);
+    for (int k = 0; k < 3; k++) el[nl + k] = -1; /* padded, as bt_cuda_moe_group leaves it */
+    if (!bt_cuda_gemm_fp4_swiglu_fits(I, K, max_rows)) {
+        r->exact_ok = 0;
+        snprintf(r->note, sizeof r->note, "the shape is not taken (bt_cuda_gemm_fp4_swiglu_fits)");
+        free(x), free(wt), free(w), free(s), free(offs), free(rows), free(el);
+        return;
+    }
+    const uint16_t *dx = dup_bf16(x, (size_t)T * K);
+    uint8_t *dw = dup(w, wbytes);
+    BT_OK_OR_DIE(bt_cuda_fp4_to_frag(dw, wbytes, 0));
+    const uint8_t *ds = dup(s, sbytes);
+    const int32_t *drows = dup(rows, (size_t)R * 4), *doffs = dup(offs, (size_t)(E + 1) * 4);
+    const int32_t *del = dup(el, (size_t)(nl + 3) * 4);
+    const float *dwt = dup(wt, (size_t)R * 4);
+    size_t esz = cs->dt == BF16 ? 2 : 4, hsz = (size_t)R * I * esz;
+    float *gu = dalloc((size_t)R * N * 4);
+    void *h0 = dalloc(hsz), *h1 = dalloc(hsz);
+    poison(gu, (size_t)R * N * 4), poison(h0, hsz), poison(h1, hsz);
+    BT_OK_OR_DIE(bt_cuda_gemm_fp4_grouped_list(gu, F32, dx, drows, doffs, del, nl + 3, max_rows, dw, ds, N, K, 0));
+    BT_OK_OR_DIE(bt_cuda_swiglu(h0, cs->dt, gu, dwt, R, I, limit, 0));
+    BT_OK_OR_DIE(bt_cuda_gemm_fp4_swiglu_list(h1, cs->dt, dx, drows, doffs, del, nl + 3, max_rows, dw, ds, I, K,
+                                              dwt, limit, 0));
+    char *a = xmalloc(hsz), *b = xmalloc(hsz);
+    get(a, h0, hsz), get(b, h1, hsz);
+    r->exact_ok = at == R && memcmp(a, b, hsz) == 0;
+    float *hv = get_act(h1, (size_t)R * I, cs->dt);
+    for (size_t i = 0; i < (size_t)R * I; i++)
+        if (!isfinite(hv[i])) r->finite = 0;
+    snprintf(r->note, sizeof r->note, "exact: %s; %d experts listed, at most %d rows", r->exact_ok ? "same bits" : "DIFFER", nl, max_rows);
+    free(x), free(wt), free(w), free(s), free(offs), free(rows), free(el), free(a), free(b), free(hv);
+}
+
+/* s = T hc D K shared: the MoE's combine summed in the expand against bt_cuda_moe_combine then
+ * bt_cuda_hc_expand, bit for bit (each token up to K of the T * K routed rows, in any order) */
+static void run_expand_moe(const case_t *cs, result_t *r)
+{
+    int T = cs->s[0], hc = cs->s[1], D = cs->s[2], K = cs->s[3], total = T * K;
+    float *y = frandv((size_t)total * D, 1.0f), *sh = cs->s[4] ? frandv((size_t)T * D, 1.0f) : NULL;
+    float *x = frandv((size_t)T * hc * D, 1.0f), *post = frandv((size_t)T * hc, 1.0f);
+    float *comb = frandv((size_t)T * hc * hc, 1.0f);
+    int32_t *rows = xmalloc((size_t)total * 4), *n = xmalloc((size_t)T * 4);
+    for (int i = 0; i < total; i++) rows[i] = i;
+    for (int i = total - 1; i > 0; i--) { /* shuffled */
+        int j = irand(i + 1), t = rows[i];
+        rows[i] = rows[j], rows[j] = t;
+    }
+    for (int t = 0; t < T; t++) n[t] = t == 0 ? K : irand(K + 1);
+    const float *dy = dup(y, (size_t)total * D * 4), *dsh = sh ? dup(sh, (size_t)T * D * 4) : NULL;
+    const float *dpost = dup(post, (size_t)T * hc * 4), *dcomb = dup(comb, (size_t)T * hc * hc * 4);
+    const int32_t *drows = dup(rows, (size_t)total * 4), *dn = dup(n, (size_t)T * 4);
+    size_t xsz = (size_t)T * hc * D * 4;
+    float *x0 = dup(x, xsz), *x1 = dup(x, xsz), *out = dalloc((size_t)T * D * 4);
+    poison(out, (size_t)T * D * 4);
+    BT_OK_OR_DIE(bt_cuda_moe_combine(out, dy, drows, dn, K, dsh, T, D, 0));
+    BT_OK_OR_DIE(bt_cuda_hc_expand(x0, out, F32, dpost, dcomb, T, hc, D, 0));
+    BT_OK_OR_DIE(bt_cuda_hc_expand_moe(x1, dy, drows, dn, K, dsh, dpost, dcomb, T, hc, D, 0));
+    float *a = xmalloc(xsz), *b = xmalloc(xsz);
+    get(a, x0, xsz), get(b, x1, xsz);
+    r->exact_ok = memcmp(a, b, xsz) == 0;
+    for (size_t i = 0; i < (size_t)T * hc * D; i++)
+        if (!isfinite(b[i])) r->finite = 0;
+    snprintf(r->note, sizeof r->note, "exact: %s", r->exact_ok ? "same bits" : "DIFFER");
+    free(y), free(sh), free(x), free(post), free(comb), free(rows), free(n), free(a), free(b);
+}
+
 /* bt_cuda_moe_router_logits for --perf, and the few-row product it replaced (f32) */
 typedef struct {
     bt_cuda_dtype_t dt;
@@ -2888,6 +3073,9 @@ static void run_case(const case_t *cs, result_t *r)
     case OP_HEAD_FINISH: run_head_finish(cs, r); break;
     case OP_HC_MIX_COLLAPSE: run_hc_mix_collapse(cs, r); break;
     case OP_HC_EC: run_hc_expand_collapse(cs, r); break;
+    case OP_ROUTE_GROUP: run_route_group(cs, r); break;
+    case OP_FP4_SWIGLU: run_fp4_swiglu(cs, r); break;
+    case OP_EXPAND_MOE: run_expand_moe(cs, r); break;
     case OP_HC_EXPAND: run_hc_expand(cs, r); break;
     case OP_ATTENTION: run_attention(cs, r); break;
     case OP_INDEX: run_index(cs, r); break;
@@ -3057,6 +3245,19 @@ static int check_refusals(void)
                                              bt_cuda_moe_router_ws_floats(2, 8, 64) - 1,
                                              (unsigned *)d, 0));
     bad += REFUSED(bt_cuda_compress_pool(d, d, d, 0, 4, 8, 0));
+    { /* routing and grouping in one launch: no counter; 65 tokens (past a block a token) */
+        int32_t *di = (int32_t *)d;
+        bad += REFUSED(bt_cuda_moe_route_group(di, d, d, NULL, 1, 8, 2, 1.0f, 1, 1.0f, di, di, d, di, di,
+                                               di, 8, di, 1, NULL, 0));
+        bad += REFUSED(bt_cuda_moe_route_group(di, d, d, NULL, 65, 8, 2, 1.0f, 1, 1.0f, di, di, d, di, di,
+                                               di, 8, di, 1, (unsigned *)d, 0));
+    }
+    /* w13 with SwiGLU: I off 32; 17 rows an expert; the combine in an expand of hc 3 */
+    bad += REFUSED(bt_cuda_gemm_fp4_swiglu_list(d, BT_CUDA_BF16, (uint16_t *)d, NULL, (int32_t *)d, (int32_t *)d,
+                                                1, 1, (uint8_t *)d, (uint8_t *)d, 48, 1024, NULL, 0.0f, 0));
+    bad += REFUSED(bt_cuda_gemm_fp4_swiglu_list(d, BT_CUDA_BF16, (uint16_t *)d, NULL, (int32_t *)d, (int32_t *)d,
+                                                1, 17, (uint8_t *)d, (uint8_t *)d, 64, 1024, NULL, 0.0f, 0));
+    bad += REFUSED(bt_cuda_hc_expand_moe(d, d, (int32_t *)d, (int32_t *)d, 2, NULL, d, d, 1, 3, 64, 0));
     bad += REFUSED(bt_cuda_topk((int32_t *)d, (int32_t *)d, 4, d, 1, 10, 5, 0));
     /* the collapse's weights the mix's own output (the two run side by side) */
     bad += REFUSED(bt_cuda_hc_mix_collapse_ws(d, d, d, d, d, d, d, 1, 4, 64, 1e-6f, 1e-6f, 1, d,
