@@ -661,10 +661,11 @@ static int g_qb_after = 0;
  * stream right after their product (the engine since session 38), or with
  * BT_BENCH_IW_SCALE_MAIN=1 on the main stream before the scores (the engine before). */
 static int g_iw_scale_main = 0;
-/* BT_BENCH_FUSE: the decode's MoE launches merged as the engine merges them (session 39), 1
- * (default) all three: routing with grouping (bt_cuda_moe_route_group), w13 with the SwiGLU
- * (bt_cuda_gemm_fp4_swiglu_list), the combine in the expand (bt_cuda_hc_expand_moe); 0 none;
- * 2, 3, 4 only the first, second, third (comparisons) */
+/* BT_BENCH_FUSE: the decode's launches merged as the engine merges them (session 39), 1
+ * (default) all four: routing with grouping (bt_cuda_moe_route_group), w13 with the SwiGLU
+ * (bt_cuda_gemm_fp4_swiglu_list), the combine in the expand (bt_cuda_hc_expand_moe), the
+ * index queries' product with their finish (bt_cuda_gemm_fp8_qfinish); 0 none; 2, 3, 4, 5
+ * only the first, second, third, fourth (comparisons) */
 static int g_fuse = 1;
 static bool fused(int which)
 {
@@ -819,16 +820,24 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
     if (!early) BT_TRY(kv_row(s2));
     BT_TRY(mark(ev, 2, st, capture));
 
-    /* indexer */
-    BT_TRY(fp8_mm(blas, c, c->qi, F32, c->qr, W->iwq_b.w, W->iwq_b.s, T, IH * ID, QL, st));
+    /* indexer: the queries' product, then their RoPE and FP4 rounding (one launch where the
+     * engine makes it one) */
+    const bool qfinish =
+        fused(3) && !fp8_via_cublas(c, T) && bt_cuda_gemm_fp8_qfinish_fits(T, IH * ID, QL, ID);
+    if (qfinish)
+        BT_TRY(bt_cuda_gemm_fp8_qfinish(c->qi, c->qr, W->iwq_b.w, W->iwq_b.s, T, IH * ID, QL, ID,
+                                        c->pos, W->inv_freq, ROPE_HALF, BT_CUDA_FQ_FP4_UE8M0, st));
+    else
+        BT_TRY(fp8_mm(blas, c, c->qi, F32, c->qr, W->iwq_b.w, W->iwq_b.s, T, IH * ID, QL, st));
     auto queries_after = [&](int at) -> bt_status_t {
         if (qb_after != at) return BT_OK;
         BT_TRY(stream_after(s2, st, g_edge[1])); /* the q_lora rows and the indexer's product */
         return queries();
     };
     BT_TRY(queries_after(1));
-    BT_TRY(bt_cuda_head_finish(c->qi, T, IH, ID, 0, NULL, 0.0f, c->pos, W->inv_freq, ROPE_HALF, 32,
-                               BT_CUDA_FQ_FP4_UE8M0, st)); /* rope, FP4 */
+    if (!qfinish)
+        BT_TRY(bt_cuda_head_finish(c->qi, T, IH, ID, 0, NULL, 0.0f, c->pos, W->inv_freq, ROPE_HALF,
+                                   32, BT_CUDA_FQ_FP4_UE8M0, st)); /* rope, FP4 */
     BT_TRY(queries_after(2));
     if (early && g_early == 2) {
         CU_TRY(cudaStreamWaitEvent(st, g_edge[0], 0));
@@ -1780,9 +1789,9 @@ int main(int argc, char **argv)
         return 2;
     }
     if (g_prio < 0 || g_prio > 5 || g_kv_mix < 0 || g_kv_mix > 1 || g_qb_after < 0 ||
-        g_qb_after > 2 || g_iw_scale_main < 0 || g_iw_scale_main > 1 || g_fuse < 0 || g_fuse > 4) {
+        g_qb_after > 2 || g_iw_scale_main < 0 || g_iw_scale_main > 1 || g_fuse < 0 || g_fuse > 5) {
         fprintf(stderr, "need BT_BENCH_PRIO 0..5, BT_BENCH_KV_MIX 0|1, BT_BENCH_QB_AFTER 0..2, "
-                        "BT_BENCH_IW_SCALE_MAIN 0|1, BT_BENCH_FUSE 0..4\n");
+                        "BT_BENCH_IW_SCALE_MAIN 0|1, BT_BENCH_FUSE 0..5\n");
         return 2;
     }
     for (const char *d : {o.dump, o.trace})

@@ -157,6 +157,18 @@ bt_status_t bt_cuda_head_finish(float *x, int rows, int heads, int dim, int norm
                                 const float *inv_freq, int half, int fq_block,
                                 bt_cuda_fake_quant_t fq_kind, cudaStream_t stream);
 
+/* bt_cuda_gemm_fp8 (y f32 [M, N], unstrided) and then bt_cuda_head_finish(y, M, N / dim, dim,
+ * no norm, pos, inv_freq, half, rounding blocks of 32 of fq_kind) in one launch, bit for bit
+ * the two launches' values: the indexer's queries at a decode step. For the shapes
+ * bt_cuda_gemm_fp8_qfinish_fits takes (M <= 16, dim a multiple of 32 dividing N, K a multiple
+ * of 64, the few-row kernel unsplit; BT_CUDA_QFINISH=0: none); x and w 16-byte aligned; pos
+ * NULL: no RoPE. */
+int bt_cuda_gemm_fp8_qfinish_fits(int M, int N, int K, int dim);
+bt_status_t bt_cuda_gemm_fp8_qfinish(float *y, const uint16_t *x, const uint8_t *w,
+                                     const uint8_t *w_scale, int M, int N, int K, int dim,
+                                     const int64_t *pos, const float *inv_freq, int half,
+                                     bt_cuda_fake_quant_t fq_kind, cudaStream_t stream);
+
 /* ---- mHC -------------------------------------------------------------------------------- */
 
 /* One mHC mapping per token from the streams x[T, hc*D] (f32): fn [(2+hc)*hc, hc*D],

@@ -25,6 +25,7 @@
  * (Dense FP8 products of >= 64 rows go through bt_cuda_dequant_fp8 and cuBLASLt instead.) */
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/lowp_bits.h"
+#include "kernels/cuda/quant.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
 #include <cooperative_groups.h>
@@ -724,18 +725,36 @@ static int rows_ks(int fmt, int K)
  * 60 bytes) */
 #define ROWS_MIN_BLOCKS(FMT, MT, R16) ((FMT) == FMT_FP4 || (MT) == 2 || (R16) ? 2 : 3)
 
-/* SW: the experts' w13 with their SwiGLU (bt_cuda_gemm_fp4_swiglu_list): block b walks gate
- * columns 32b.. as tile 0 and the up columns N/2 + 32b.. as tile 1, one warp group (ks = 8), a
- * thread one (row, column) of each tile's sums; it keeps tile 0's and stores
- * sw_wt[row] * bt_swiglu(gate, up) to y [rows, N/2] with tile 1's, where the plain form stores
- * both sums for bt_cuda_swiglu to read back. */
-template <int FMT, int MT, bool R16, int LH, typename OT, bool SW = false>
+/* What gemm_rows does with its sums besides storing them (EPI):
+ * - ROWS_SWIGLU: the experts' w13 with their SwiGLU (bt_cuda_gemm_fp4_swiglu_list): block b
+ *   walks gate columns 32b.. as tile 0 and the up columns N/2 + 32b.. as tile 1, one warp group
+ *   (ks = 8), a thread one (row, column) of each tile's sums; it keeps tile 0's and stores
+ *   epi.wt[row] * bt_swiglu(gate, up) to y [rows, N/2] with tile 1's, where the plain form
+ *   stores both sums for bt_cuda_swiglu to read back.
+ * - ROWS_QFINISH: the index queries' RoPE and rounding (bt_cuda_gemm_fp8_qfinish, heads of
+ *   epi.dim, a multiple of 32): a warp stores a row's 32 columns of a tile, one a lane, which is
+ *   one rounding block of a head and whole channel pairs; the lanes rotate their pairs by
+ *   shuffles (epi.pos[row], the last 2 * epi.half channels) and round the block (epi.fq_kind)
+ *   as bt_cuda_head_finish does after the plain form's store. */
+enum { ROWS_PLAIN, ROWS_SWIGLU, ROWS_QFINISH };
+struct rows_epi {
+    const float *wt; /* ROWS_SWIGLU */
+    float limit;
+    const int64_t *pos; /* ROWS_QFINISH (NULL: no RoPE) */
+    const float *inv_freq;
+    int dim, half, fq_kind;
+};
+
+template <int FMT, int MT, bool R16, int LH, typename OT, int EPI = ROWS_PLAIN>
 __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
     gemm_rows(OT *y, const __nv_bfloat16 *x, const int32_t *rows, const int32_t *offs,
               const uint8_t *w, const uint8_t *ws, int M, int N, int K, const int32_t *elist,
-              gemm_io io, int tiles, int ks, const float *sw_wt, float sw_limit)
+              gemm_io io, int tiles, int ks, rows_epi epi)
 {
+    constexpr bool SW = EPI == ROWS_SWIGLU, QF = EPI == ROWS_QFINISH;
     static_assert(!SW || (FMT == FMT_FP4 && MT == 2 && !R16), "SwiGLU: FP4, 32-column tiles");
+    static_assert(!QF || (FMT == FMT_FP8 && MT == 2 && std::is_same<OT, float>::value),
+                  "query finish: FP8, 32-column tiles, f32 out");
     using F = rows_fmt<FMT>;
     constexpr bool FP4 = FMT == FMT_FP4;
     constexpr int NC = 2 * MT, COLS = 16 * MT; /* a lane's columns; a tile's */
@@ -893,7 +912,7 @@ __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
     auto group_sync = [&]() {
         asm volatile("bar.sync %0, %1;\n" ::"r"(1 + grp), "r"(ks * 32) : "memory");
     };
-    float sw_gate = 0.0f; /* SW: this thread's sum of tile 0 */
+    float sw_gate = 0.0f; /* ROWS_SWIGLU: this thread's sum of tile 0 */
     auto flush = [&](int rb) {
 #pragma unroll
         for (int r = 0; r < RP; r++) {
@@ -918,8 +937,27 @@ __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
                 sw_gate = v;
             } else if (rb + r < mr) {
                 const size_t row = (size_t)(r0 + rb + r);
-                const float h = bt_swiglu(sw_gate, v, sw_limit);
-                bt_st(y, row * (size_t)(N / 2) + nb + col, sw_wt ? sw_wt[row] * h : h);
+                const float h = bt_swiglu(sw_gate, v, epi.limit);
+                bt_st(y, row * (size_t)(N / 2) + nb + col, epi.wt ? epi.wt[row] * h : h);
+            }
+        } else if constexpr (QF) { /* (a warp a row: col is the lane) */
+            for (int o = wi * 32 + lane; o < 8 * RP * COLS; o += ks * 32) {
+                const int r = o / COLS, col = o % COLS, n = tile_n0(t) + col;
+                if (rb + r >= mr) continue; /* (the whole warp) */
+                float v = 0.0f;
+                for (int q = grp * ks; q < grp * ks + ks; q++)
+                    v += red[q][r][col];
+                const int row = r0 + rb + r, d = n % epi.dim, r0c = epi.dim - 2 * epi.half;
+                if (epi.pos) { /* the pair (d & ~1, d | 1), both lanes alike */
+                    const float other = __shfl_xor_sync(0xffffffffu, v, 1);
+                    if ((d & ~1) >= r0c) {
+                        float e = d & 1 ? other : v, od = d & 1 ? v : other;
+                        bt_dev_rope_pair(e, od,
+                                         epi.inv_freq[((d & ~1) - r0c) >> 1] * (float)epi.pos[row]);
+                        v = d & 1 ? od : e;
+                    }
+                }
+                bt_st(y, (size_t)row * io.ldy + n, bt_dev_fake_quant_lane32(v, epi.fq_kind));
             }
         } else {
             for (int o = wi * 32 + lane; o < 8 * RP * COLS; o += ks * 32) {
@@ -1593,11 +1631,11 @@ static bt_status_t few_rows_launch(void *y, bt_cuda_dtype_t yd, const __nv_bfloa
         if (yd == BT_CUDA_BF16)                                                                    \
             bt__launch(gemm_rows<F, MT, R16, LH, __nv_bfloat16>, grid, MT_WARPS * 32, 0, stream,   \
                        (__nv_bfloat16 *)y, xb, rows, offs, w, ws, M, N, K, elist, io, tpb, ks,     \
-                       (const float *)NULL, 0.0f);                                                 \
+                       rows_epi{});                                                                \
         else                                                                                       \
             bt__launch(gemm_rows<F, MT, R16, LH, float>, grid, MT_WARPS * 32, 0, stream,           \
                        (float *)y, xb, rows, offs, w, ws, M, N, K, elist, io, tpb, ks,             \
-                       (const float *)NULL, 0.0f);                                                 \
+                       rows_epi{});                                                                \
     } while (0)
 #define BT__ROWS(MT, R16)                                                                          \
     do {                                                                                           \
@@ -1819,16 +1857,19 @@ bt_cuda_gemm_fp4_swiglu_list(void *h, bt_cuda_dtype_t h_dtype, const uint16_t *x
     const int N = 2 * I, groups = n_listed, lh = rows_lh(FMT_FP4, groups);
     const dim3 grid(I / 32, groups);
     const gemm_io io = plain_io(N, K);
+    rows_epi epi = {};
+    epi.wt = wt;
+    epi.limit = limit;
 #define BT__SW(LH)                                                                                 \
     do {                                                                                           \
         if (h_dtype == BT_CUDA_BF16)                                                               \
-            bt__launch(gemm_rows<FMT_FP4, 2, false, LH, __nv_bfloat16, true>, grid, MT_WARPS * 32, \
-                       0, stream, (__nv_bfloat16 *)h, xb, rows, offs, w, w_scale, 0, N, K,         \
-                       experts, io, 2, MT_WARPS, wt, limit);                                       \
+            bt__launch(gemm_rows<FMT_FP4, 2, false, LH, __nv_bfloat16, ROWS_SWIGLU>, grid,         \
+                       MT_WARPS * 32, 0, stream, (__nv_bfloat16 *)h, xb, rows, offs, w, w_scale,   \
+                       0, N, K, experts, io, 2, MT_WARPS, epi);                                    \
         else                                                                                       \
-            bt__launch(gemm_rows<FMT_FP4, 2, false, LH, float, true>, grid, MT_WARPS * 32, 0,      \
-                       stream, (float *)h, xb, rows, offs, w, w_scale, 0, N, K, experts, io, 2,    \
-                       MT_WARPS, wt, limit);                                                       \
+            bt__launch(gemm_rows<FMT_FP4, 2, false, LH, float, ROWS_SWIGLU>, grid, MT_WARPS * 32,  \
+                       0, stream, (float *)h, xb, rows, offs, w, w_scale, 0, N, K, experts, io, 2, \
+                       MT_WARPS, epi);                                                             \
     } while (0)
     if (lh == 1)
         BT__SW(1);
@@ -1838,6 +1879,68 @@ bt_cuda_gemm_fp4_swiglu_list(void *h, bt_cuda_dtype_t h_dtype, const uint16_t *x
         BT__SW(0);
 #undef BT__SW
     return bt__cuda_launched("gemm_fp4_swiglu");
+}
+
+/* The indexer's query product at a decode step and its queries' finish (bt_cuda_head_finish
+ * without the norm: RoPE, rounding in blocks of 32) in one launch (gemm_rows' ROWS_QFINISH
+ * form), one launch fewer on the indexer's chain. Taken where the plain product runs
+ * gemm_rows unsplit (its 16- or 32-column tiles give each column the same sums in the same
+ * order), so the queries are the two launches' bits. BT_CUDA_QFINISH=0: never (comparisons),
+ * read once. */
+extern "C" int bt_cuda_gemm_fp8_qfinish_fits(int M, int N, int K, int dim)
+{
+    static int once = -1;
+    return bt__env_switch("BT_CUDA_QFINISH", &once) && rows_on<FMT_FP8>() && M > 0 &&
+           M <= SKINNY_MAX_ROWS && dim > 0 && dim % 32 == 0 && N > 0 && N % dim == 0 && K > 0 &&
+           K % 64 == 0 && (long long)N * K < (1ll << 31) &&
+           ((long)(N / 32) >= wide_min_tiles() || mma16_ksplit(N, K, 1, 64, true) == 1);
+}
+
+extern "C" bt_status_t bt_cuda_gemm_fp8_qfinish(float *y, const uint16_t *x, const uint8_t *w,
+                                                const uint8_t *w_scale, int M, int N, int K,
+                                                int dim, const int64_t *pos, const float *inv_freq,
+                                                int half, bt_cuda_fake_quant_t fq_kind,
+                                                cudaStream_t stream)
+{
+    BT_CUDA_REQUIRE(y && x && w && w_scale && bt_cuda_gemm_fp8_qfinish_fits(M, N, K, dim));
+    BT_CUDA_REQUIRE((uintptr_t)x % 16 == 0 && (uintptr_t)w % 16 == 0);
+    BT_CUDA_REQUIRE(!pos || (inv_freq && half > 0 && 2 * half <= dim));
+    BT_CUDA_REQUIRE(fq_kind == BT_CUDA_FQ_FP8_UE8M0 || fq_kind == BT_CUDA_FQ_FP4_UE8M0 ||
+                    fq_kind == BT_CUDA_FQ_FP4_E4M3);
+    const __nv_bfloat16 *xb = (const __nv_bfloat16 *)x;
+    const int nt = N / 32, ks = rows_ks(FMT_FP8, K), ngr = MT_WARPS / ks;
+    const int lh = rows_lh(FMT_FP8, 1);
+    const gemm_io io = plain_io(N, K);
+    rows_epi epi = {};
+    epi.pos = pos;
+    epi.inv_freq = inv_freq;
+    epi.dim = dim;
+    epi.half = pos ? half : 0;
+    epi.fq_kind = (int)fq_kind;
+#define BT__QF(R16, LH)                                                                            \
+    do {                                                                                           \
+        const int tpb =                                                                            \
+            bt__cdiv(rows_tiles(FMT_FP8, nt, 1, ROWS_MIN_BLOCKS(FMT_FP8, 2, R16)), ngr) * ngr;     \
+        bt__launch(gemm_rows<FMT_FP8, 2, R16, LH, float, ROWS_QFINISH>, bt__cdiv(nt, tpb),         \
+                   MT_WARPS * 32, 0, stream, y, xb, (const int32_t *)NULL, (const int32_t *)NULL,  \
+                   w, w_scale, M, N, K, (const int32_t *)NULL, io, tpb, ks, epi);                  \
+    } while (0)
+#define BT__QF_LH(R16)                                                                             \
+    do {                                                                                           \
+        if (lh == 1)                                                                               \
+            BT__QF(R16, 1);                                                                        \
+        else if (lh == 2)                                                                          \
+            BT__QF(R16, 2);                                                                        \
+        else                                                                                       \
+            BT__QF(R16, 0);                                                                        \
+    } while (0)
+    if (M > 8)
+        BT__QF_LH(true);
+    else
+        BT__QF_LH(false);
+#undef BT__QF_LH
+#undef BT__QF
+    return bt__cuda_launched("gemm_fp8_qfinish");
 }
 
 /* ---- dequantization for the many-row path ---------------------------------------------- */

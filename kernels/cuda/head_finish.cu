@@ -39,11 +39,8 @@ __global__ void head_finish_kernel(float *x, int heads, int dim, int norm, const
     if (pos) {
         const float p = (float)pos[r / heads];
         for (int j = threadIdx.x; j < half; j += blockDim.x) {
-            const float f = inv_freq[j] * p, c = cosf(f), s = sinf(f);
             const int at = dim - 2 * half + 2 * j;
-            const float e = v[at], o = v[at + 1];
-            v[at] = e * c - o * s;
-            v[at + 1] = e * s + o * c;
+            bt_dev_rope_pair(v[at], v[at + 1], inv_freq[j] * p);
         }
         __syncthreads();
     }
@@ -80,10 +77,7 @@ __global__ void __launch_bounds__(HF_ROWS * 32)
         for (int q = 0; q < 2; q++) {
             const int at = 4 * lane + 2 * q;
             if (at < r0) continue;
-            const float f = inv_freq[(at - r0) >> 1] * p, c = cosf(f), s = sinf(f);
-            const float e = v[2 * q], o = v[2 * q + 1];
-            v[2 * q] = e * c - o * s;
-            v[2 * q + 1] = e * s + o * c;
+            bt_dev_rope_pair(v[2 * q], v[2 * q + 1], inv_freq[(at - r0) >> 1] * p);
         }
     }
     if (fq_block) { /* blocks of 32: 8 lanes; NaN when any value is, as the reference's max */

@@ -93,4 +93,24 @@ __device__ __forceinline__ void bt_dev_fake_quant_warp(float *xb, int block, int
     for (int i = lane; i < block; i += 32) xb[i] = bt_dev_fake_quant_value(xb[i], scale, kind);
 }
 
+/* A block of 32 values held one a lane of a whole warp (bt_dev_fake_quant_warp's rounding):
+ * this lane's rounded */
+__device__ __forceinline__ float bt_dev_fake_quant_lane32(float v, int kind)
+{
+    const float a = fabsf(v);
+    float amax = bt_warp_max(a);
+    if (__any_sync(0xffffffffu, isnan(a))) amax = __int_as_float(0x7fc00000);
+    return bt_dev_fake_quant_value(v, bt_dev_fake_quant_scale(amax, kind), kind);
+}
+
+/* A channel pair (e, o) rotated by the angle f: one definition for every kernel that rotates
+ * the index queries, so a fused product's values are the separate launch's bits */
+__device__ __forceinline__ void bt_dev_rope_pair(float &e, float &o, float f)
+{
+    const float c = cosf(f), s = sinf(f);
+    const float e2 = e * c - o * s;
+    o = e * s + o * c;
+    e = e2;
+}
+
 #endif

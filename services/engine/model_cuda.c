@@ -1710,10 +1710,25 @@ static bt_status_t attention(fwd_t *f, int l)
         }
         if (L->is_index_source && L->index_key_owner >= 0) {
             int ih = c->index_heads, ihd = c->index_head_dim;
-            CK(mm(f, cu->qi, ih * ihd, cu->q_res, qlr, &w->i_wq_b, N));
+            const int64_t *qpos = m->half_comp ? f->pos_d : NULL;
+            /* a decode step's product and the queries' RoPE and FP4 rounding in one launch (the
+             * same values) where the shape allows */
+            const dev_mat_t *wq = &w->i_wq_b;
+            const bool qfinish = wq->kind == MAT_FP8 && !fp8_via_cublas(cu, N) &&
+                                 (size_t)N * qlr <= cu->xb_cap &&
+                                 bt_cuda_gemm_fp8_qfinish_fits(N, ih * ihd, qlr, ihd);
+            if (qfinish) {
+                CK(product_rows(cu->xb, cu->q_res, N, qlr, qlr, wq->aq && qlr % 32 == 0, st));
+                CK(bt_cuda_gemm_fp8_qfinish(cu->qi, cu->xb, (const uint8_t *)wq->w, wq->scale, N,
+                                            ih * ihd, qlr, ihd, qpos, cu->inv_comp, m->half_comp,
+                                            BT_CUDA_FQ_FP4_UE8M0, st));
+            } else {
+                CK(mm(f, cu->qi, ih * ihd, cu->q_res, qlr, wq, N));
+            }
             if (!iw_side) CK(mm(f, cu->iw, ih, cu->xin, D, &w->i_weights_proj, N));
-            CK(bt_cuda_head_finish(cu->qi, N, ih, ihd, 0, NULL, eps, m->half_comp ? f->pos_d : NULL,
-                                   cu->inv_comp, m->half_comp, 32, BT_CUDA_FQ_FP4_UE8M0, st));
+            if (!qfinish)
+                CK(bt_cuda_head_finish(cu->qi, N, ih, ihd, 0, NULL, eps, qpos, cu->inv_comp,
+                                       m->half_comp, 32, BT_CUDA_FQ_FP4_UE8M0, st));
             if (iw_side) /* made and scaled on the side stream (queries_and_kv) */
                 CK_CUDA(cudaStreamWaitEvent(st, cu->side_mark, 0));
             else

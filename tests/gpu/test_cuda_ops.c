@@ -98,6 +98,8 @@ typedef enum {
                      * bt_cuda_gemm_fp4_grouped_list then bt_cuda_swiglu, bit for bit */
     OP_EXPAND_MOE,  /* s: T hc D K shared: bt_cuda_hc_expand_moe against bt_cuda_moe_combine
                      * then bt_cuda_hc_expand, bit for bit */
+    OP_FP8_QFINISH, /* s: M N K dim half kind: bt_cuda_gemm_fp8_qfinish against bt_cuda_gemm_fp8
+                     * then bt_cuda_head_finish (no norm, blocks of 32), bit for bit */
 } op_t;
 
 static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped", "rmsnorm",
@@ -114,7 +116,7 @@ static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped
                                  "copy_ranges", "logit_adjust", "attention_flash", "fp4_frag",
                                  "logit_mask", "hc_mean", "add_rows", "act_quant",
                                  "moe_router_logits", "hc_expand_collapse", "moe_route_group",
-                                 "gemm_fp4_swiglu", "hc_expand_moe"};
+                                 "gemm_fp4_swiglu", "hc_expand_moe", "gemm_fp8_qfinish"};
 
 typedef struct {
     op_t op;
@@ -431,6 +433,16 @@ static const case_t cases[] = {
     {OP_EXPAND_MOE, F32, {16, 4, 5120, 6, 1}, 0},
     {OP_EXPAND_MOE, F32, {3, 2, 100, 5, 0}, 0},
     {OP_EXPAND_MOE, F32, {5, 1, 77, 3, 1}, 0},
+    /* the index queries' product with their RoPE and rounding: a decode step's at the real
+     * widths (32 heads of 128, the last 64 channels rotated, FP4), 16 rows (one pass of 16),
+     * 9, the demo model's heads of 32 (K one chunk), no RoPE, FP8 and FP4-e4m3 rounding, 3
+     * chunks */
+    {OP_FP8_QFINISH, F32, {1, 4096, 1280, 128, 32, 1}, 0},
+    {OP_FP8_QFINISH, F32, {16, 4096, 1280, 128, 32, 1}, 0},
+    {OP_FP8_QFINISH, F32, {9, 512, 1280, 128, 64, 1}, 0},
+    {OP_FP8_QFINISH, F32, {3, 128, 64, 32, 8, 1}, 0},
+    {OP_FP8_QFINISH, F32, {5, 256, 192, 64, 0, 0}, 0},
+    {OP_FP8_QFINISH, F32, {7, 384, 320, 96, 16, 2}, 0},
     {OP_INDEX_SETS, F32, {5, 32, 128, 1000}, 0},
     {OP_INDEX_SETS, F32, {3, 8, 40, 77}, 0},
     /* tensor-core attention: the model's shape (64 heads, 128 window + 512 selected keys), the
@@ -2972,6 +2984,50 @@ static void run_expand_moe(const case_t *cs, result_t *r)
     free(y), free(sh), free(x), free(post), free(comb), free(rows), free(n), free(a), free(b);
 }
 
+/* s = M N K dim half kind: the index queries' product and their finish in one launch against
+ * bt_cuda_gemm_fp8 then bt_cuda_head_finish (heads of dim, the last 2 * half channels rotated,
+ * half 0: no RoPE; rounding blocks of 32 of kind), bit for bit */
+static void run_fp8_qfinish(const case_t *cs, result_t *r)
+{
+    int M = cs->s[0], N = cs->s[1], K = cs->s[2], dim = cs->s[3], half = cs->s[4], kind = cs->s[5];
+    if (!bt_cuda_gemm_fp8_qfinish_fits(M, N, K, dim)) {
+        r->exact_ok = 0;
+        snprintf(r->note, sizeof r->note, "the shape is not taken (bt_cuda_gemm_fp8_qfinish_fits)");
+        return;
+    }
+    int ks = (K + 31) / 32, ns = (N + 31) / 32;
+    float *x = frandv((size_t)M * K, 1.0f), *freq = xmalloc((size_t)(half > 0 ? half : 1) * 4);
+    uint8_t *w8 = xmalloc((size_t)N * K), *s8 = xmalloc((size_t)ns * ks);
+    for (size_t i = 0; i < (size_t)N * K; i++) w8[i] = rand_e4m3();
+    for (size_t i = 0; i < (size_t)ns * ks; i++) s8[i] = (uint8_t)(120 + irand(8));
+    int64_t *pos = xmalloc((size_t)M * 8);
+    for (int i = 0; i < half; i++) freq[i] = powf(10000.0f, -(float)i / (float)half);
+    for (int i = 0; i < M; i++) pos[i] = (int64_t)(rnd() % 100000);
+    const uint16_t *dx = dup_bf16(x, (size_t)M * K);
+    const uint8_t *dw = dup(w8, (size_t)N * K), *ds = dup(s8, (size_t)ns * ks);
+    const float *dfreq = half ? dup(freq, (size_t)half * 4) : NULL;
+    const int64_t *dpos = half ? dup(pos, (size_t)M * 8) : NULL;
+    size_t ysz = (size_t)M * N * 4;
+    float *a = dalloc(ysz), *b = dalloc(ysz);
+    poison(a, ysz), poison(b, ysz);
+    BT_OK_OR_DIE(bt_cuda_gemm_fp8(a, F32, dx, dw, ds, M, N, K, 0));
+    BT_OK_OR_DIE(bt_cuda_head_finish(a, M, N / dim, dim, 0, NULL, 0.0f, dpos, dfreq, half, 32,
+                                     (bt_cuda_fake_quant_t)kind, 0));
+    BT_OK_OR_DIE(bt_cuda_gemm_fp8_qfinish(b, dx, dw, ds, M, N, K, dim, dpos, dfreq, half,
+                                          (bt_cuda_fake_quant_t)kind, 0));
+    float *ya = xmalloc(ysz), *yb = xmalloc(ysz);
+    get(ya, a, ysz), get(yb, b, ysz);
+    size_t diff = 0, zero = 0;
+    for (size_t i = 0; i < (size_t)M * N; i++) {
+        if (memcmp(&ya[i], &yb[i], 4)) diff++;
+        if (!isfinite(yb[i])) r->finite = 0;
+        zero += yb[i] == 0.0f;
+    }
+    r->exact_ok = diff == 0 && zero < (size_t)M * N; /* (and not all rounded away) */
+    snprintf(r->note, sizeof r->note, "exact: %zu of %zu differ", diff, (size_t)M * N);
+    free(x), free(freq), free(w8), free(s8), free(pos), free(ya), free(yb);
+}
+
 /* bt_cuda_moe_router_logits for --perf, and the few-row product it replaced (f32) */
 typedef struct {
     bt_cuda_dtype_t dt;
@@ -3076,6 +3132,7 @@ static void run_case(const case_t *cs, result_t *r)
     case OP_ROUTE_GROUP: run_route_group(cs, r); break;
     case OP_FP4_SWIGLU: run_fp4_swiglu(cs, r); break;
     case OP_EXPAND_MOE: run_expand_moe(cs, r); break;
+    case OP_FP8_QFINISH: run_fp8_qfinish(cs, r); break;
     case OP_HC_EXPAND: run_hc_expand(cs, r); break;
     case OP_ATTENTION: run_attention(cs, r); break;
     case OP_INDEX: run_index(cs, r); break;
@@ -3258,6 +3315,13 @@ static int check_refusals(void)
     bad += REFUSED(bt_cuda_gemm_fp4_swiglu_list(d, BT_CUDA_BF16, (uint16_t *)d, NULL, (int32_t *)d, (int32_t *)d,
                                                 1, 17, (uint8_t *)d, (uint8_t *)d, 64, 1024, NULL, 0.0f, 0));
     bad += REFUSED(bt_cuda_hc_expand_moe(d, d, (int32_t *)d, (int32_t *)d, 2, NULL, d, d, 1, 3, 64, 0));
+    /* the queries' finish: heads of 48 (not whole rounding blocks); 17 rows; half past the head */
+    bad += REFUSED(bt_cuda_gemm_fp8_qfinish(d, (uint16_t *)d, (uint8_t *)d, (uint8_t *)d, 1, 96, 64, 48, NULL,
+                                            NULL, 0, BT_CUDA_FQ_FP4_UE8M0, 0));
+    bad += REFUSED(bt_cuda_gemm_fp8_qfinish(d, (uint16_t *)d, (uint8_t *)d, (uint8_t *)d, 17, 128, 64, 32, NULL,
+                                            NULL, 0, BT_CUDA_FQ_FP4_UE8M0, 0));
+    bad += REFUSED(bt_cuda_gemm_fp8_qfinish(d, (uint16_t *)d, (uint8_t *)d, (uint8_t *)d, 1, 128, 64, 32,
+                                            (int64_t *)d, d, 17, BT_CUDA_FQ_FP4_UE8M0, 0));
     bad += REFUSED(bt_cuda_topk((int32_t *)d, (int32_t *)d, 4, d, 1, 10, 5, 0));
     /* the collapse's weights the mix's own output (the two run side by side) */
     bad += REFUSED(bt_cuda_hc_mix_collapse_ws(d, d, d, d, d, d, d, 1, 4, 64, 1e-6f, 1e-6f, 1, d,
