@@ -1085,6 +1085,20 @@ template <typename TY> static bool tc_cluster_ok(int splits, size_t bytes)
     return ok;
 }
 
+/* tc_cluster_ok's answer for a per-token split launch of this shape asked now, outside any
+ * stream capture (its occupancy query and attribute calls are not captured work) */
+extern "C" void bt_cuda_attention_tc_warm(int H, int dim, int max_keys, size_t work_floats)
+{
+    if (H <= 0 || !bt_cuda_attention_tc_fits(dim, max_keys)) return;
+    int chunk, ld_s;
+    const int splits = bt__attention_fit_splits(tc_splits(1, H, max_keys), 1, H, dim, max_keys,
+                                                TC_KEYS, work_floats, true, &chunk);
+    if (splits <= 1) return;
+    const size_t bytes = tc_smem(dim, chunk, &ld_s);
+    (void)tc_cluster_ok<float>(splits, bytes);
+    (void)tc_cluster_ok<__nv_bfloat16>(splits, bytes);
+}
+
 extern "C" size_t bt_cuda_attention_tc_ws_floats(int T, int H, int dim, int max_keys)
 {
     int s = tc_splits(T, H, max_keys);
