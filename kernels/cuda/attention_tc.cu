@@ -14,20 +14,17 @@
  * Decode (a token or a few: too few blocks for the GPU) splits a token's keys over blocks
  * (flash-decoding): block z takes keys [z * chunk, z * chunk + chunk), keeps its own exact
  * softmax over them without the sink, and leaves (max, sum, unnormalized output) in a
- * workspace for attention.cu's combine kernel, which folds the splits and the sink; or, where a
- * token's splits of a head group can be one cluster, they fold them inside it (tc_cluster_fold).
+ * workspace for attention.cu's combine kernel, which folds the splits and the sink.
  *
  * Prefill-sized launches of bf16 rows (no splits) take attention_flash_kernel below instead:
  * every key gathered once for 64 heads, the softmax online. */
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
-#include <cooperative_groups.h>
 #include <mma.h>
 #include <type_traits>
 
 using namespace nvcuda;
-namespace cg = cooperative_groups;
 
 enum { TC_WARPS = 8, TC_HEADS = 32, TC_KEYS = 64, TC_PAD = 8, TC_MAXD = 512 };
 
@@ -52,80 +49,13 @@ __device__ __forceinline__ uint4 load8_bf16(const float *p)
 }
 __device__ __forceinline__ uint4 load8_bf16(const __nv_bfloat16 *p) { return *(const uint4 *)p; }
 
-/* A decode launch's splits folded inside their cluster (attention_tc_kernel's CL form: the
- * token's splits of one head group are one cluster, rank z the split z): attention_combine_kernel's
- * arithmetic in its order, on each split's (max, sum) and staged output read from the other
- * blocks' shared memory rather than from a workspace, and the fold itself split over the
- * cluster's blocks, a share of the (head, channel pair) outputs each. So the outputs are the
- * two launches' bits, with the combine's launch and the partials' round trip through memory gone
- * from the step's chain. row_m, sum: this block's per-head max and sum (sum 0: no keys); so its
- * staged output (ldq apart); scratch: 33 x 32 floats of this block's shared memory no longer
- * in use. */
-template <typename T>
-__device__ void tc_cluster_fold(T *out, const float *row_m, const float *sum, const float *so,
-                                int ldq, float *scratch, const float *sink, const int64_t *pos,
-                                const float *inv_freq, int half, int H, int dim, int h0, int t,
-                                int splits)
-{
-    cg::cluster_group cl = cg::this_cluster();
-    cl.sync(); /* (every split's partial staged) */
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, rows = min(TC_HEADS, H - h0);
-    float *ez_s = scratch, *inv_s = scratch + TC_HEADS * 32;
-    unsigned *used_s = (unsigned *)(inv_s + TC_HEADS);
-    for (int r = warp; r < rows; r += TC_WARPS) { /* attention_combine_kernel's first warp */
-        const int z = lane;
-        const float mz = z < splits ? *cl.map_shared_rank(row_m + r, z) : 0.0f;
-        const float lz = z < splits ? *cl.map_shared_rank(sum + r, z) : 0.0f;
-        const bool has = z < splits && lz > 0.0f;
-        const float M = fmaxf(sink[h0 + r], bt_warp_max(has ? mz : -INFINITY));
-        const float ez = has ? expf(mz - M) : 0.0f;
-        const float L = expf(sink[h0 + r] - M) + bt_warp_sum(has ? lz * ez : 0.0f);
-        ez_s[r * 32 + z] = ez;
-        const unsigned used = __ballot_sync(0xffffffffu, has);
-        if (z == 0) {
-            used_s[r] = used;
-            inv_s[r] = 1.0f / L;
-        }
-    }
-    __syncthreads();
-    const int pairs = dim / 2, total = rows * pairs, rank = (int)cl.block_rank();
-    const int lo = (int)((long)total * rank / splits),
-              hi = (int)((long)total * (rank + 1) / splits);
-    const float p64 = (float)pos[t];
-    const int r0 = dim - 2 * half;
-    for (int e = lo + (int)threadIdx.x; e < hi; e += (int)blockDim.x) {
-        const int r = e / pairs, d = (e % pairs) * 2;
-        const unsigned used = used_s[r];
-        float v[2];
-        for (int q = 0; q < 2; q++) {
-            float acc = 0.0f;
-            for (int z = 0; z < splits; z++)
-                if (used >> z & 1)
-                    acc += cl.map_shared_rank(so, z)[(size_t)r * ldq + d + q] * ez_s[r * 32 + z];
-            v[q] = acc * inv_s[r];
-        }
-        if (d >= r0) {
-            float f = inv_freq[(d - r0) >> 1] * p64;
-            float cs = cosf(f), sn = -sinf(f);
-            float a = v[0], b = v[1];
-            v[0] = a * cs - b * sn;
-            v[1] = b * cs + a * sn;
-        }
-        T *oh = out + ((size_t)t * H + h0 + r) * dim;
-        bt_st(oh, d, v[0]);
-        bt_st(oh, d + 1, v[1]);
-    }
-    cl.sync(); /* (the others' shared memory stays until it is read) */
-}
-
-template <typename T, bool SPLIT, bool CL = false>
-__global__ void __launch_bounds__(TC_WARPS * 32)
-    attention_tc_kernel(T *out, const T *q, const T *win_kv, const int64_t *win_off,
-                        const int32_t *win_idx, const int32_t *win_n, int win_stride,
-                        const T *comp_kv, const int64_t *comp_off, const int32_t *sel,
-                        const int32_t *sel_n, int sel_stride, const float *sink, const int64_t *pos,
-                        const float *inv_freq, int half, int H, int dim, int ld_s, int splits,
-                        int chunk, float *work)
+template <typename T, bool SPLIT>
+__global__ void __launch_bounds__(TC_WARPS * 32) attention_tc_kernel(
+    T *out, const T *q, const T *win_kv, const int64_t *win_off, const int32_t *win_idx,
+    const int32_t *win_n, int win_stride, const T *comp_kv, const int64_t *comp_off,
+    const int32_t *sel, const int32_t *sel_n, int sel_stride, const float *sink,
+    const int64_t *pos, const float *inv_freq, int half, int H, int dim, int ld_s, int splits,
+    int chunk, float *work)
 {
     bt_grid_begin();
     extern __shared__ __align__(128) unsigned char smem[];
@@ -146,13 +76,6 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
     const int nw = min(win_n[t], win_stride), nk = nw + (has_sel ? min(sel_n[t], sel_stride) : 0);
     /* this block's keys [kb, ke) of the token's nk (all of them unless SPLIT) */
     const int kb = SPLIT ? blockIdx.z * chunk : 0, ke = SPLIT ? min(nk, kb + chunk) : nk;
-    static_assert(!CL || SPLIT, "a cluster folds splits");
-    if (CL && ke <= kb) { /* no keys here: a sum of 0, left out of the fold */
-        if (tid < TC_HEADS) row_m[tid] = 0.0f, inv_l[tid] = 0.0f;
-        tc_cluster_fold(out, row_m, inv_l, so, ldq, (float *)sq, sink, pos, inv_freq, half, H, dim,
-                        h0, t, splits);
-        return;
-    }
     if (SPLIT && ke <= kb) { /* no keys here: an empty partial, skipped by the combine */
         float *w = work + (((size_t)t * H + h0) * splits + blockIdx.z) * (dim + 2);
         for (int r = tid; r < TC_HEADS && h0 + r < H; r += TC_WARPS * 32)
@@ -299,11 +222,6 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
     }
     __syncthreads();
 
-    if (CL) { /* (Q's shared memory is free now) */
-        tc_cluster_fold(out, row_m, inv_l, so, ldq, (float *)sq, sink, pos, inv_freq, half, H, dim,
-                        h0, t, splits);
-        return;
-    }
     if (SPLIT) { /* the partial: max, sum, unnormalized output */
         for (int r = warp; r < TC_HEADS; r += TC_WARPS) {
             if (h0 + r >= H) break;
@@ -992,17 +910,13 @@ static size_t tc_dynamic_limit(void)
         return 0;
     }
     size_t l = (size_t)optin - fa.sharedSizeBytes;
-    if (cudaFuncSetAttribute(attention_tc_kernel<float, false>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)l) != cudaSuccess ||
+    if (cudaFuncSetAttribute(attention_tc_kernel<float, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)l) != cudaSuccess ||
         cudaFuncSetAttribute(attention_tc_kernel<__nv_bfloat16, false>,
                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)l) != cudaSuccess ||
-        cudaFuncSetAttribute(attention_tc_kernel<float, true>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)l) != cudaSuccess ||
+        cudaFuncSetAttribute(attention_tc_kernel<float, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)l) != cudaSuccess ||
         cudaFuncSetAttribute(attention_tc_kernel<__nv_bfloat16, true>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)l) != cudaSuccess ||
-        cudaFuncSetAttribute(attention_tc_kernel<float, true, true>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)l) != cudaSuccess ||
-        cudaFuncSetAttribute(attention_tc_kernel<__nv_bfloat16, true, true>,
                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)l) != cudaSuccess) {
         cudaGetLastError();
         return 0;
@@ -1034,69 +948,6 @@ static int tc_splits(int T, int H, int max_keys)
     if (s > by_keys) s = by_keys;
     if (s > 16) s = 16;
     return s < 1 ? 1 : s;
-}
-
-/* Whether a decode launch's splits fold inside clusters (tc_cluster_fold): BT_CUDA_ATT_CLUSTER=0
- * never (the combine's launch, for comparisons); else where a cluster of `splits` blocks of
- * `bytes` of shared memory each can be resident (asked once per device, split count and size) */
-template <typename TY> static bool tc_cluster_ok(int splits, size_t bytes)
-{
-    static int once = -1;
-    if (!bt__env_switch("BT_CUDA_ATT_CLUSTER", &once) || splits < 2 || splits > 16) return false;
-    enum { MAX_DEVICES = 64, MEMO = 8 };
-    static struct {
-        int splits;
-        size_t bytes;
-        bool ok;
-    } memo[MAX_DEVICES][MEMO]; /* (a benign race: the same answer from any thread) */
-    static int n_memo[MAX_DEVICES];
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= MAX_DEVICES) {
-        cudaGetLastError();
-        return false;
-    }
-    for (int i = 0; i < n_memo[dev] && i < MEMO; i++)
-        if (memo[dev][i].splits == splits && memo[dev][i].bytes == bytes) return memo[dev][i].ok;
-    auto kernel = attention_tc_kernel<TY, true, true>;
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 1;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = (unsigned)splits;
-    cfg.gridDim = dim3(1, 1, (unsigned)splits);
-    cfg.blockDim = dim3(TC_WARPS * 32);
-    cfg.dynamicSmemBytes = bytes;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    int clusters = 0;
-    bool ok =
-        tc_dynamic_limit() >= bytes &&
-        (splits <= 8 || cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed,
-                                             1) == cudaSuccess) &&
-        cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters >= 1;
-    cudaGetLastError(); /* (a refusal is an answer, not an error) */
-    if (n_memo[dev] < MEMO) {
-        memo[dev][n_memo[dev]].splits = splits;
-        memo[dev][n_memo[dev]].bytes = bytes;
-        memo[dev][n_memo[dev]].ok = ok;
-        n_memo[dev]++;
-    }
-    return ok;
-}
-
-/* tc_cluster_ok's answer for a per-token split launch of this shape asked now, outside any
- * stream capture (its occupancy query and attribute calls are not captured work) */
-extern "C" void bt_cuda_attention_tc_warm(int H, int dim, int max_keys, size_t work_floats)
-{
-    if (H <= 0 || !bt_cuda_attention_tc_fits(dim, max_keys)) return;
-    int chunk, ld_s;
-    const int splits = bt__attention_fit_splits(tc_splits(1, H, max_keys), 1, H, dim, max_keys,
-                                                TC_KEYS, work_floats, true, &chunk);
-    if (splits <= 1) return;
-    const size_t bytes = tc_smem(dim, chunk, &ld_s);
-    (void)tc_cluster_ok<float>(splits, bytes);
-    (void)tc_cluster_ok<__nv_bfloat16>(splits, bytes);
 }
 
 extern "C" size_t bt_cuda_attention_tc_ws_floats(int T, int H, int dim, int max_keys)
@@ -1146,36 +997,6 @@ extern "C" bt_status_t bt_cuda_attention_tc_ws(void *out, const void *q, const v
                                        win_stride, (const uint16_t *)comp_kv, sel, sel_n,
                                        sel_stride, sink, pos, inv_freq, half, T, H, dim, batch,
                                        stream);
-        /* a decode launch: each token's splits of a head group one cluster, folded inside it */
-#define TC_CLUSTER(TY)                                                                             \
-    do {                                                                                           \
-        cudaLaunchConfig_t cfg = {};                                                               \
-        cudaLaunchAttribute attr[2];                                                               \
-        attr[0].id = cudaLaunchAttributeClusterDimension;                                          \
-        attr[0].val.clusterDim.x = 1;                                                              \
-        attr[0].val.clusterDim.y = 1;                                                              \
-        attr[0].val.clusterDim.z = (unsigned)splits;                                               \
-        cfg.gridDim = grid;                                                                        \
-        cfg.blockDim = dim3(TC_WARPS * 32);                                                        \
-        cfg.dynamicSmemBytes = bytes;                                                              \
-        cfg.stream = stream;                                                                       \
-        cfg.attrs = attr;                                                                          \
-        cfg.numAttrs = 1 + bt__pdl_attr(attr + 1);                                                 \
-        (void)cudaLaunchKernelEx(&cfg, attention_tc_kernel<TY, true, true>, (TY *)out,             \
-                                 (const TY *)q, (const TY *)win_kv, win_off, win_idx, win_n,       \
-                                 win_stride, (const TY *)comp_kv, comp_off, sel, sel_n,            \
-                                 sel_stride, sink, pos, inv_freq, half, H, dim, ld_s, splits,      \
-                                 chunk, work);                                                     \
-    } while (0)
-    if (splits > 1 && (dtype == BT_CUDA_F32 ? tc_cluster_ok<float>(splits, bytes)
-                                            : tc_cluster_ok<bf>(splits, bytes))) {
-        if (dtype == BT_CUDA_F32)
-            TC_CLUSTER(float);
-        else
-            TC_CLUSTER(bf);
-        return bt__cuda_launched("attention_tc (clusters)");
-    }
-#undef TC_CLUSTER
     if (dtype == BT_CUDA_F32) {
         if (splits > 1) TC_LAUNCH(float, true);
         else TC_LAUNCH(float, false);

@@ -299,10 +299,6 @@ bt_status_t bt_cuda_attention_tc_ws(void *out, const void *q, const void *win_kv
                                     const float *inv_freq, int half, bt_cuda_dtype_t dtype, int T,
                                     int H, int dim, float *work, size_t work_floats,
                                     const bt_cuda_attention_batch_t *batch, cudaStream_t stream);
-/* Settles, outside any stream capture, whether a decode launch of bt_cuda_attention_tc_ws of
- * this shape (a token's keys split as alone, max_keys = win_stride + sel_stride) folds its
- * splits inside clusters: the first launch asks the device, which a capture must not see. */
-void bt_cuda_attention_tc_warm(int H, int dim, int max_keys, size_t work_floats);
 
 /* bt_cuda_attention_tc for a prefill (no key splits), with the keys already bf16 (the
  * window's and the compressed cache's rows, win_kv and comp_kv) and q and out in q_dtype:

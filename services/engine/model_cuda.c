@@ -654,10 +654,6 @@ static void alloc_scratch(up_t *u)
     size_t alone = S < N ? S : N, verify = c->n_draft ? (size_t)c->draft_block + 1 : 0;
     cu->att_ws_cap *= (verify < N ? verify : N) > alone ? (verify < N ? verify : N) : alone;
     cu->att_ws = scratch(u, cu->att_ws_cap);
-    /* (the decode attention's cluster question asked now, not first inside a graph's capture:
-     * layers with and without compressed picks) */
-    bt_cuda_attention_tc_warm(m->hl, (int)hd, (int)W, cu->att_ws_cap);
-    if (c->index_topk > 0) bt_cuda_attention_tc_warm(m->hl, (int)hd, att_keys, cu->att_ws_cap);
     /* the split mix's partials grow with the tokens until the tokens fill the GPU alone */
     for (size_t t = 1; t <= N; t++) {
         size_t need = bt_cuda_hc_mix_ws_floats((int)t, (int)hc, (int)D);

@@ -44,9 +44,7 @@ step() { # name seconds command...
   [ "$rc" = 0 ] || failed=$((failed + 1))
 }
 step test_cuda_ops 300 "$bundle/bin/test_cuda_ops" $perf
-# (and the decode attention's splits folded by the combine's launch, not inside clusters)
 step test_cuda_ops_fallbacks 300 env BT_CUDA_FLASHWG=0 BT_CUDA_IXWG=0 BT_CUDA_WGRS=0 BT_CUDA_HCTC=0 \
-  BT_CUDA_ATT_CLUSTER=0 \
   "$bundle/bin/test_cuda_ops" --only "attention_flash,attention_tc,attention_tc_ws,attention_tc_batch,\
 index_scores,index_scores_sets,index_scores_tc,index_sets_tc,gemm_fp4_grouped,gemm_fp4_listed,\
 hc_mix,hc_mix_ws,hc_mix_collapse"
