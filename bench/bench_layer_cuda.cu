@@ -441,7 +441,6 @@ typedef struct {
     /* a decode batch's grouping (bt_cuda_moe_group): its expert list, and its flag for an
      * expert id out of range (whose dropped row case_measure's row count reports) */
     int32_t *g_hit, *group_bad;
-    unsigned *rg_ctr; /* bt_cuda_moe_route_group's counter */
     int keep_moe;     /* the fused expand: still store the MoE's output (for --dump) */
     int64_t *pos, *visible;
     int32_t *offs_zero; /* diagnostics: every expert empty */
@@ -507,8 +506,6 @@ static bt_status_t case_make(arena_t *a, case_t *c, uint32_t seed, cudaStream_t 
     DALLOC(a, c->g_hit, R * 4);
     DALLOC(a, c->group_bad, 4);
     CU_TRY(cudaMemsetAsync(c->group_bad, 0, 4, st));
-    DALLOC(a, c->rg_ctr, 4);
-    CU_TRY(cudaMemsetAsync(c->rg_ctr, 0, 4, st));
     DALLOC(a, c->gu, R * 2 * MI * 4);
     DALLOC(a, c->h, R * MI * 2);
     DALLOC(a, c->y2, R * HID * 4);
@@ -662,10 +659,11 @@ static int g_qb_after = 0;
  * BT_BENCH_IW_SCALE_MAIN=1 on the main stream before the scores (the engine before). */
 static int g_iw_scale_main = 0;
 /* BT_BENCH_FUSE: the decode's launches merged as the engine merges them (session 39), 1
- * (default) all four: routing with grouping (bt_cuda_moe_route_group), w13 with the SwiGLU
- * (bt_cuda_gemm_fp4_swiglu_list), the combine in the expand (bt_cuda_hc_expand_moe), the
- * index queries' product with their finish (bt_cuda_gemm_fp8_qfinish); 0 none; 2, 3, 4, 5
- * only the first, second, third, fourth (comparisons) */
+ * (default) all three: w13 with the SwiGLU (bt_cuda_gemm_fp4_swiglu_list), the combine in the
+ * expand (bt_cuda_hc_expand_moe), the index queries' product with their finish
+ * (bt_cuda_gemm_fp8_qfinish, for up to 8 tokens); 0 none; 2, 3, 4 only the first, second,
+ * third (comparisons). (Routing with its grouping in one launch and the attention's splits
+ * folded in clusters were measured slower and taken out: bench/RESULTS.md, session 39.) */
 static int g_fuse = 1;
 static bool fused(int which)
 {
@@ -823,7 +821,7 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
     /* indexer: the queries' product, then their RoPE and FP4 rounding (one launch where the
      * engine makes it one) */
     const bool qfinish =
-        fused(3) && !fp8_via_cublas(c, T) && bt_cuda_gemm_fp8_qfinish_fits(T, IH * ID, QL, ID);
+        fused(2) && !fp8_via_cublas(c, T) && bt_cuda_gemm_fp8_qfinish_fits(T, IH * ID, QL, ID);
     if (qfinish)
         BT_TRY(bt_cuda_gemm_fp8_qfinish(c->qi, c->qr, W->iwq_b.w, W->iwq_b.s, T, IH * ID, QL, ID,
                                         c->pos, W->inv_freq, ROPE_HALF, BT_CUDA_FQ_FP4_UE8M0, st));
@@ -923,21 +921,13 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
     /* MoE routing */
     BT_TRY(bt_cuda_gemm_bf16(blas, c->logits, F32, c->xin, W->gate_w, T, NE, HID, st));
     BT_TRY(fork_shared(1));
-    if (fused(0) && bt_cuda_moe_route_group_fits(T, NE, TOPK)) { /* the engine's, one launch */
-        BT_TRY(bt_cuda_moe_route_group(c->ridx, c->rw, c->logits, W->gate_bias, T, NE, TOPK, 1.0f,
-                                       1, ROUTE_SCALE, c->offs, c->rows, c->row_w, c->row_of,
-                                       c->topk_n, c->g_hit, NE < R ? NE : R, c->group_bad, 1,
-                                       c->rg_ctr, st));
-    } else if (R <= BT_CUDA_MOE_GROUP_MAX) { /* the engine's grouping: a token's rows in expert
-                                              * order */
-        BT_TRY(bt_cuda_moe_route(c->ridx, c->rw, c->logits, W->gate_bias, T, NE, TOPK, 1.0f, 1,
-                                 ROUTE_SCALE, st));
+    BT_TRY(bt_cuda_moe_route(c->ridx, c->rw, c->logits, W->gate_bias, T, NE, TOPK, 1.0f, 1,
+                             ROUTE_SCALE, st));
+    if (R <= BT_CUDA_MOE_GROUP_MAX) { /* the engine's grouping: a token's rows in expert order */
         BT_TRY(bt_cuda_moe_group(c->offs, c->rows, c->row_w, c->row_of, c->topk_n, c->g_hit,
                                  NE < R ? NE : R, c->group_bad, 1, c->ridx, c->rw, T, TOPK, NE,
                                  st));
     } else {
-        BT_TRY(bt_cuda_moe_route(c->ridx, c->rw, c->logits, W->gate_bias, T, NE, TOPK, 1.0f, 1,
-                                 ROUTE_SCALE, st));
         bt__launch(moe_dispatch_kernel, 1, 1024, 0, st, c->offs, c->rows, c->row_w, c->row_of,
                    c->ridx, c->rw, R, TOPK, NE);
         LAUNCHED("moe_dispatch");
@@ -947,7 +937,7 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
 
     /* experts: routed (FP4, grouped over the experts hit once the warm-up read them back;
      * the routing weight before w2), shared (FP8) after them on one stream */
-    if (c->elist && fused(1) && bt_cuda_gemm_fp4_swiglu_fits(MI, HID, c->max_rows)) {
+    if (c->elist && fused(0) && bt_cuda_gemm_fp4_swiglu_fits(MI, HID, c->max_rows)) {
         BT_TRY(bt_cuda_gemm_fp4_swiglu_list(c->h, BF16, c->xin, c->rows, c->offs, c->elist,
                                             c->n_elist, c->max_rows, W->w13, W->w13_s, MI, HID,
                                             c->row_w, SWIGLU_LIMIT, st));
@@ -975,7 +965,7 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
     /* the token's routed rows in slot order, then the shared expert (the engine's combine);
      * a decode batch's summed in the expand's pass as the engine does (the dumps' run stores
      * it too) */
-    const bool expand_moe = fused(2) && T < BT_CUDA_HC_EC_MIN_TOKENS;
+    const bool expand_moe = fused(1) && T < BT_CUDA_HC_EC_MIN_TOKENS;
     if (!expand_moe || c->keep_moe)
         BT_TRY(bt_cuda_moe_combine(c->moe, c->y2, c->row_of, c->topk_n, TOPK, c->sy, T, HID, st));
     BT_TRY(mark(ev, 8, st, capture));
@@ -1789,9 +1779,9 @@ int main(int argc, char **argv)
         return 2;
     }
     if (g_prio < 0 || g_prio > 5 || g_kv_mix < 0 || g_kv_mix > 1 || g_qb_after < 0 ||
-        g_qb_after > 2 || g_iw_scale_main < 0 || g_iw_scale_main > 1 || g_fuse < 0 || g_fuse > 5) {
+        g_qb_after > 2 || g_iw_scale_main < 0 || g_iw_scale_main > 1 || g_fuse < 0 || g_fuse > 4) {
         fprintf(stderr, "need BT_BENCH_PRIO 0..5, BT_BENCH_KV_MIX 0|1, BT_BENCH_QB_AFTER 0..2, "
-                        "BT_BENCH_IW_SCALE_MAIN 0|1, BT_BENCH_FUSE 0..5\n");
+                        "BT_BENCH_IW_SCALE_MAIN 0|1, BT_BENCH_FUSE 0..4\n");
         return 2;
     }
     for (const char *d : {o.dump, o.trace})

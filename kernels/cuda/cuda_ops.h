@@ -160,7 +160,7 @@ bt_status_t bt_cuda_head_finish(float *x, int rows, int heads, int dim, int norm
 /* bt_cuda_gemm_fp8 (y f32 [M, N], unstrided) and then bt_cuda_head_finish(y, M, N / dim, dim,
  * no norm, pos, inv_freq, half, rounding blocks of 32 of fq_kind) in one launch, bit for bit
  * the two launches' values: the indexer's queries at a decode step. For the shapes
- * bt_cuda_gemm_fp8_qfinish_fits takes (M <= 16, dim a multiple of 32 dividing N, K a multiple
+ * bt_cuda_gemm_fp8_qfinish_fits takes (M <= 8, dim a multiple of 32 dividing N, K a multiple
  * of 64, the few-row kernel unsplit; BT_CUDA_QFINISH=0: none); x and w 16-byte aligned; pos
  * NULL: no RoPE. */
 int bt_cuda_gemm_fp8_qfinish_fits(int M, int N, int K, int dim);
@@ -485,19 +485,6 @@ bt_status_t bt_cuda_moe_group(int32_t *offs, int32_t *xrow, float *wt_g, int32_t
                               int32_t *cnt, int32_t *hit, int n_hit_slots, int32_t *bad,
                               int32_t bad_value, const int32_t *idx, const float *wts, int N, int K,
                               int E, cudaStream_t stream);
-
-/* bt_cuda_moe_route (T tokens, a block each) and then bt_cuda_moe_group of its picks in one
- * launch, the same outputs bit for bit (idx and wts as well): the last block to finish groups.
- * counter: one device word, zero before the first launch and left zero by each (one per stream
- * that launches this at a time). bt_cuda_moe_route_group_fits says whether the shape is taken
- * (T <= 64, E and T * K within BT_CUDA_MOE_GROUP_MAX, K <= 16; BT_CUDA_ROUTE_GROUP=0: never). */
-int bt_cuda_moe_route_group_fits(int T, int E, int K);
-bt_status_t bt_cuda_moe_route_group(int32_t *idx, float *wts, const float *logits,
-                                    const float *bias, int T, int E, int K, float temp,
-                                    int normalize, float route_scale, int32_t *offs, int32_t *xrow,
-                                    float *wt_g, int32_t *rows, int32_t *cnt, int32_t *hit,
-                                    int n_hit_slots, int32_t *bad, int32_t bad_value,
-                                    unsigned *counter, cudaStream_t stream);
 
 enum { BT_CUDA_ROUTER_MAX_TOKENS = 16, BT_CUDA_ROUTER_COUNTERS = 16 };
 

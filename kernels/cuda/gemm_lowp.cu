@@ -1883,16 +1883,18 @@ bt_cuda_gemm_fp4_swiglu_list(void *h, bt_cuda_dtype_t h_dtype, const uint16_t *x
 
 /* The indexer's query product at a decode step and its queries' finish (bt_cuda_head_finish
  * without the norm: RoPE, rounding in blocks of 32) in one launch (gemm_rows' ROWS_QFINISH
- * form), one launch fewer on the indexer's chain. Taken where the plain product runs
+ * form), one launch fewer on the indexer's chain. Up to 8 rows: at 16 the 32-column form
+ * (one pass of 16 rows) made the layer bench's indexer part slower, 0.0553 -> 0.0579 ms, for
+ * no gain in the step (bench/RESULTS.md, session 39). Taken where the plain product runs
  * gemm_rows unsplit (its 16- or 32-column tiles give each column the same sums in the same
  * order), so the queries are the two launches' bits. BT_CUDA_QFINISH=0: never (comparisons),
  * read once. */
 extern "C" int bt_cuda_gemm_fp8_qfinish_fits(int M, int N, int K, int dim)
 {
     static int once = -1;
-    return bt__env_switch("BT_CUDA_QFINISH", &once) && rows_on<FMT_FP8>() && M > 0 &&
-           M <= SKINNY_MAX_ROWS && dim > 0 && dim % 32 == 0 && N > 0 && N % dim == 0 && K > 0 &&
-           K % 64 == 0 && (long long)N * K < (1ll << 31) &&
+    return bt__env_switch("BT_CUDA_QFINISH", &once) && rows_on<FMT_FP8>() && M > 0 && M <= 8 &&
+           dim > 0 && dim % 32 == 0 && N > 0 && N % dim == 0 && K > 0 && K % 64 == 0 &&
+           (long long)N * K < (1ll << 31) &&
            ((long)(N / 32) >= wide_min_tiles() || mma16_ksplit(N, K, 1, 64, true) == 1);
 }
 
@@ -1934,10 +1936,7 @@ extern "C" bt_status_t bt_cuda_gemm_fp8_qfinish(float *y, const uint16_t *x, con
         else                                                                                       \
             BT__QF(R16, 0);                                                                        \
     } while (0)
-    if (M > 8)
-        BT__QF_LH(true);
-    else
-        BT__QF_LH(false);
+    BT__QF_LH(false); /* (8 rows at most: one 8-row pass) */
 #undef BT__QF_LH
 #undef BT__QF
     return bt__cuda_launched("gemm_fp8_qfinish");

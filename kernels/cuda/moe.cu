@@ -3,7 +3,6 @@
 #include "kernels/cuda/common.cuh"
 
 enum { RT_WARPS = 4, RT_MAXE = 1024, RT_MAXK = 16 };
-enum { RT_BLOCK_TOKENS = 64 }; /* tokens up to which moe_route takes a block a token */
 
 /* token t's k picks (best first) and their weights: the unbiased scores, normalized to sum 1
  * when asked, times route_scale */
@@ -95,17 +94,18 @@ __global__ void __launch_bounds__(RT_WARPS * 32) moe_route_kernel(int32_t *idx, 
 }
 
 /* Few tokens (decode): a block per token, a thread per expert, so the E scores are computed
- * side by side (one warp walking all 384 took ~13 us a token, warm). Each of the nw warps that
- * hold experts picks its own top k by k warp argmaxes; warp 0 then picks the token's k from
- * those candidates the same way. The picks and weights are those of moe_route_kernel. Every
- * thread of the block comes here (one barrier); warps past nw only pass it. */
-__device__ __forceinline__ void route_block(int32_t *idx, float *wts, const float *logits,
-                                            const float *bias, int E, int K, float temp, int norm,
-                                            float route_scale, int nw)
+ * side by side (one warp walking all 384 took ~13 us a token, warm). Each warp picks its own
+ * top k by k warp argmaxes; warp 0 then picks the token's k from those candidates the same
+ * way. The picks and weights are those of moe_route_kernel. */
+__global__ void __launch_bounds__(RT_MAXE)
+    moe_route_block_kernel(int32_t *idx, float *wts, const float *logits, const float *bias, int E,
+                           int K, float temp, int norm, float route_scale)
 {
+    bt_grid_begin();
     __shared__ float s[RT_MAXE], cand_v[RT_MAXE / 32 * RT_MAXK];
     __shared__ int cand_i[RT_MAXE / 32 * RT_MAXK];
     const int t = blockIdx.x, e = threadIdx.x, lane = e & 31, warp = e >> 5;
+    const int nw = blockDim.x >> 5;
     float v = __int_as_float(0x7fc00000);
     if (e < E) {
         float x = logits[(size_t)t * E + e] / temp;
@@ -113,7 +113,7 @@ __device__ __forceinline__ void route_block(int32_t *idx, float *wts, const floa
         s[e] = sqrtf(sp);
         v = s[e] + (bias ? bias[e] : 0.0f);
     }
-    for (int i = 0; i < K && warp < nw; i++) { /* this warp's k best, best first */
+    for (int i = 0; i < K; i++) { /* this warp's k best, best first */
         float bv = v;
         int bi = isnan(v) ? 0x7fffffff : e;
         rt_warp_best(bv, bi);
@@ -138,14 +138,6 @@ __device__ __forceinline__ void route_block(int32_t *idx, float *wts, const floa
     if (lane == 0) rt_store_picks(idx, wts, s, sel, t, K, norm, route_scale);
 }
 
-__global__ void __launch_bounds__(RT_MAXE)
-    moe_route_block_kernel(int32_t *idx, float *wts, const float *logits, const float *bias, int E,
-                           int K, float temp, int norm, float route_scale)
-{
-    bt_grid_begin();
-    route_block(idx, wts, logits, bias, E, K, temp, norm, route_scale, blockDim.x >> 5);
-}
-
 /* ---- MoE rows grouped by expert, on the device -------------------------------------------
  * One block; item j = t * K + i (token t's i-th pick), one a thread (N * K <= GROUP_THREADS),
  * expert e a thread (E <= GROUP_THREADS). An expert's rows keep token order, as the host's
@@ -157,20 +149,19 @@ __global__ void __launch_bounds__(RT_MAXE)
  * after the routing at a decode step (layer bench trace, H100, session 36). */
 enum { GROUP_THREADS = BT_CUDA_MOE_GROUP_MAX };
 
-/* GROUP_THREADS threads of one block; idx and wts read through L2 (another block of the same
- * grid may have written them: moe_route_group_kernel) */
-__device__ __forceinline__ void group_rows(int32_t *offs, int32_t *xrow, float *wt_g, int32_t *rows,
-                                           int32_t *cnt, int32_t *hit, int n_hit_slots,
-                                           int32_t *bad, int32_t bad_value, const int32_t *idx,
-                                           const float *wts, int N, int K, int E)
+__global__ void __launch_bounds__(GROUP_THREADS)
+    moe_group_kernel(int32_t *offs, int32_t *xrow, float *wt_g, int32_t *rows, int32_t *cnt,
+                     int32_t *hit, int n_hit_slots, int32_t *bad, int32_t bad_value,
+                     const int32_t *idx, const float *wts, int N, int K, int E)
 {
+    bt_grid_begin();
     /* count: the experts' rows, then their first grouped rows; seen: rows placed so far */
     __shared__ int count[GROUP_THREADS + 1], seen[GROUP_THREADS], pos_of[GROUP_THREADS];
     __shared__ int scan[66];
     const int total = N * K, j = threadIdx.x, lane = j & 31, warp = j >> 5;
     int e = -1;
     float wv = 0.0f;
-    if (j < total) e = __ldcg(idx + j), wv = __ldcg(wts + j);
+    if (j < total) e = idx[j], wv = wts[j];
     if (j <= E) count[j] = 0;
     if (j < E) seen[j] = 0;
     if (j == 0 && E == GROUP_THREADS) count[E] = 0;
@@ -241,15 +232,6 @@ __device__ __forceinline__ void group_rows(int32_t *offs, int32_t *xrow, float *
     }
 }
 
-__global__ void __launch_bounds__(GROUP_THREADS)
-    moe_group_kernel(int32_t *offs, int32_t *xrow, float *wt_g, int32_t *rows, int32_t *cnt,
-                     int32_t *hit, int n_hit_slots, int32_t *bad, int32_t bad_value,
-                     const int32_t *idx, const float *wts, int N, int K, int E)
-{
-    bt_grid_begin();
-    group_rows(offs, xrow, wt_g, rows, cnt, hit, n_hit_slots, bad, bad_value, idx, wts, N, K, E);
-}
-
 extern "C" bt_status_t bt_cuda_moe_group(int32_t *offs, int32_t *xrow, float *wt_g, int32_t *rows,
                                          int32_t *cnt, int32_t *hit, int n_hit_slots, int32_t *bad,
                                          int32_t bad_value, const int32_t *idx, const float *wts,
@@ -262,61 +244,6 @@ extern "C" bt_status_t bt_cuda_moe_group(int32_t *offs, int32_t *xrow, float *wt
     bt__launch(moe_group_kernel, 1, GROUP_THREADS, 0, stream, offs, xrow, wt_g, rows, cnt, hit,
                n_hit_slots, bad, bad_value, idx, wts, N, K, E);
     return bt__cuda_launched("moe_group");
-}
-
-/* ---- routing and grouping in one launch (a decode step) ----------------------------------
- * bt_cuda_moe_route's blocks (a token each, route_block) and then bt_cuda_moe_group's block:
- * each block routes its token, and the last to finish (a ticket on a counter, which that block
- * resets for the next launch: that launch waits for this grid to end) groups every token's
- * picks. One launch where there were two back to back on the decode's critical path, each
- * paying a grid's start after the one before had drained. The same code on the same values,
- * so the same bits as the two launches. */
-__global__ void __launch_bounds__(GROUP_THREADS)
-    moe_route_group_kernel(int32_t *idx, float *wts, const float *logits, const float *bias, int E,
-                           int K, float temp, int norm, float route_scale, int32_t *offs,
-                           int32_t *xrow, float *wt_g, int32_t *rows, int32_t *cnt, int32_t *hit,
-                           int n_hit_slots, int32_t *bad, int32_t bad_value, unsigned *counter)
-{
-    bt_grid_begin();
-    __shared__ unsigned ticket;
-    route_block(idx, wts, logits, bias, E, K, temp, norm, route_scale, (E + 31) / 32);
-    __threadfence(); /* (this block's picks before its ticket) */
-    __syncthreads();
-    if (threadIdx.x == 0) ticket = atomicAdd(counter, 1u);
-    __syncthreads();
-    if (ticket != gridDim.x - 1) return; /* (the whole block) */
-    if (threadIdx.x == 0) *counter = 0;
-    __threadfence();
-    group_rows(offs, xrow, wt_g, rows, cnt, hit, n_hit_slots, bad, bad_value, idx, wts,
-               (int)gridDim.x, K, E);
-}
-
-/* BT_CUDA_ROUTE_GROUP=0: bt_cuda_moe_route_group_fits says no (the two launches, for
- * comparisons), read once */
-extern "C" int bt_cuda_moe_route_group_fits(int T, int E, int K)
-{
-    static int once = -1;
-    return bt__env_switch("BT_CUDA_ROUTE_GROUP", &once) && T > 0 && T <= RT_BLOCK_TOKENS && E > 0 &&
-           E <= GROUP_THREADS && K > 0 && K <= RT_MAXK && K <= E && T * K <= GROUP_THREADS;
-}
-
-extern "C" bt_status_t bt_cuda_moe_route_group(int32_t *idx, float *wts, const float *logits,
-                                               const float *bias, int T, int E, int K, float temp,
-                                               int normalize, float route_scale, int32_t *offs,
-                                               int32_t *xrow, float *wt_g, int32_t *rows,
-                                               int32_t *cnt, int32_t *hit, int n_hit_slots,
-                                               int32_t *bad, int32_t bad_value, unsigned *counter,
-                                               cudaStream_t stream)
-{
-    BT_CUDA_REQUIRE(idx && wts && logits && offs && xrow && wt_g && rows && cnt && hit && bad &&
-                    counter && bad_value != 0 && temp > 0.0f);
-    BT_CUDA_REQUIRE(T > 0 && T <= RT_BLOCK_TOKENS && E > 0 && E <= GROUP_THREADS && K > 0 &&
-                    K <= RT_MAXK && K <= E && T * K <= GROUP_THREADS);
-    BT_CUDA_REQUIRE(n_hit_slots >= (E < T * K ? E : T * K));
-    bt__launch(moe_route_group_kernel, T, GROUP_THREADS, 0, stream, idx, wts, logits, bias, E, K,
-               temp, normalize, route_scale, offs, xrow, wt_g, rows, cnt, hit, n_hit_slots, bad,
-               bad_value, counter);
-    return bt__cuda_launched("moe_route_group");
 }
 
 /* ---- a decode step's router logits -----------------------------------------------------
@@ -523,6 +450,7 @@ extern "C" bt_status_t bt_cuda_moe_router_logits(float *logits, bt_cuda_dtype_t 
 }
 
 /* tokens up to which a block per token beats a warp per token */
+enum { RT_BLOCK_TOKENS = 64 };
 
 extern "C" bt_status_t bt_cuda_moe_route(int32_t *idx, float *wts, const float *logits,
                                          const float *bias, int T, int E, int k, float temp,

@@ -193,7 +193,6 @@ struct bt_model_cuda {
     float *router_ws;
     size_t router_ws_n;
     unsigned *router_ctr;
-    unsigned *group_ctr; /* bt_cuda_moe_route_group's counter (after the router's) */
     bool split_router;
     float *g_wt;
     int group_cap;
@@ -712,14 +711,12 @@ static void alloc_scratch(up_t *u)
             if (dn > cu->router_ws_n) cu->router_ws_n = dn;
         }
         cu->router_ws = scratch(u, cu->router_ws_n);
-        cu->router_ctr = (unsigned *)scratch(u, BT_CUDA_ROUTER_COUNTERS + 1);
-        cu->group_ctr = cu->router_ctr ? cu->router_ctr + BT_CUDA_ROUTER_COUNTERS : NULL;
+        cu->router_ctr = (unsigned *)scratch(u, BT_CUDA_ROUTER_COUNTERS);
         if (cu->router_ctr &&
-            cudaMemset(cu->router_ctr, 0, (BT_CUDA_ROUTER_COUNTERS + 1) * sizeof(unsigned)) !=
+            cudaMemset(cu->router_ctr, 0, BT_CUDA_ROUTER_COUNTERS * sizeof(unsigned)) !=
                 cudaSuccess) {
             cudaGetLastError();
-            snprintf(u->err, u->errlen, "GPU %d: clearing the routing's counters failed",
-                     u->c->gpu);
+            snprintf(u->err, u->errlen, "GPU %d: clearing the router's counters failed", u->c->gpu);
             u->rc = BT_ERR_DEVICE;
         }
         if (u->rc == BT_OK && cudaMallocHost((void **)&cu->group_bad_h, sizeof(int32_t)) != cudaSuccess) {
@@ -2018,31 +2015,18 @@ static bt_status_t moe(fwd_t *f, int l)
         CK(side_fork(f));
         CK(shared_expert(f, l, true));
     }
+    CK(bt_cuda_moe_route(cu->moe_idx, cu->moe_wts, cu->gate_logits, w->gate_bias, N, E, K,
+                         (float)c->gate_temp, c->norm_topk_prob, (float)c->route_scale, st));
     if (moe_on_device(f, l)) {
         /* grouped on the device: no wait for the host, so a decode step can be one graph. The
          * expert list has a slot per routed row at most (padding skipped by the GEMMs), and an
-         * expert holds each token once: N bounds its rows. Routing and grouping in one launch
-         * where the shape allows (the same outputs) */
+         * expert holds each token once: N bounds its rows */
         int total = N * K, slots = E < total ? E : total;
-        if (cu->group_ctr && bt_cuda_moe_route_group_fits(N, E, K)) {
-            CK(bt_cuda_moe_route_group(cu->moe_idx, cu->moe_wts, cu->gate_logits, w->gate_bias, N,
-                                       E, K, (float)c->gate_temp, c->norm_topk_prob,
-                                       (float)c->route_scale, cu->g_offs, cu->g_xrow, cu->g_wt,
-                                       cu->g_rows, cu->g_cnt, cu->g_hit, slots, cu->group_bad,
-                                       l + 1, cu->group_ctr, st));
-        } else {
-            CK(bt_cuda_moe_route(cu->moe_idx, cu->moe_wts, cu->gate_logits, w->gate_bias, N, E, K,
-                                 (float)c->gate_temp, c->norm_topk_prob, (float)c->route_scale,
-                                 st));
-            CK(bt_cuda_moe_group(cu->g_offs, cu->g_xrow, cu->g_wt, cu->g_rows, cu->g_cnt, cu->g_hit,
-                                 slots, cu->group_bad, l + 1, cu->moe_idx, cu->moe_wts, N, K, E,
-                                 st));
-        }
+        CK(bt_cuda_moe_group(cu->g_offs, cu->g_xrow, cu->g_wt, cu->g_rows, cu->g_cnt, cu->g_hit,
+                             slots, cu->group_bad, l + 1, cu->moe_idx, cu->moe_wts, N, K, E, st));
         CK(fp4_experts(f, l, cu->g_xrow, cu->g_offs, cu->g_hit, slots, N, cu->g_wt));
         return moe_finish(f, l, cu->g_rows, cu->g_cnt, two);
     }
-    CK(bt_cuda_moe_route(cu->moe_idx, cu->moe_wts, cu->gate_logits, w->gate_bias, N, E, K,
-                         (float)c->gate_temp, c->norm_topk_prob, (float)c->route_scale, st));
     /* the grouping by expert is planned on the host */
     CK_CUDA(cudaMemcpyAsync(cu->moe_idx_h, cu->moe_idx, (size_t)N * K * sizeof(int32_t), cudaMemcpyDeviceToHost, st));
     CK_CUDA(cudaMemcpyAsync(cu->moe_wts_h, cu->moe_wts, (size_t)N * K * sizeof(float), cudaMemcpyDeviceToHost, st));

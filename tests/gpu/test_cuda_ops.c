@@ -92,8 +92,6 @@ typedef enum {
                      * a relaunch */
     OP_HC_EC,       /* s: T hc D o-f32 no-norm: bt_cuda_hc_expand_collapse against the expand
                      * and the collapse launched apart, bit for bit */
-    OP_ROUTE_GROUP, /* s: T E K: bt_cuda_moe_route_group against bt_cuda_moe_route then
-                     * bt_cuda_moe_group, bit for bit, launched twice (its counter) */
     OP_FP4_SWIGLU,  /* s: E N K R T limit: bt_cuda_gemm_fp4_swiglu_list (I = N / 2) against
                      * bt_cuda_gemm_fp4_grouped_list then bt_cuda_swiglu, bit for bit */
     OP_EXPAND_MOE,  /* s: T hc D K shared: bt_cuda_hc_expand_moe against bt_cuda_moe_combine
@@ -115,8 +113,7 @@ static const char *op_names[] = {"gemm_bf16",  "gemm_fp8",     "gemm_fp4_grouped
                                  "attention_batch", "attention_tc_batch", "scatter_rows",
                                  "copy_ranges", "logit_adjust", "attention_flash", "fp4_frag",
                                  "logit_mask", "hc_mean", "add_rows", "act_quant",
-                                 "moe_router_logits", "hc_expand_collapse", "moe_route_group",
-                                 "gemm_fp4_swiglu", "hc_expand_moe", "gemm_fp8_qfinish"};
+                                 "moe_router_logits", "hc_expand_collapse", "gemm_fp4_swiglu", "hc_expand_moe", "gemm_fp8_qfinish"};
 
 typedef struct {
     op_t op;
@@ -414,12 +411,6 @@ static const case_t cases[] = {
     {OP_GEMM_FP4_LIST, F32, {12, 96, 320, 200, 30, 2}, 0}, /* padded list, tile kernel */
     {OP_GEMM_FP4_LIST, BF16, {48, 160, 1024, 60, 20, 2}, 0}, /* padded, 32-column tiles */
     {OP_GEMM_FP4_LIST, F32, {12, 96, 256, 400, 100, 2}, 0}, /* padded list, MMA tiles */
-    /* the decode's routing and grouping in one launch: a token, 16, odd sizes, the limits */
-    {OP_ROUTE_GROUP, F32, {1, 384, 6}, 0},
-    {OP_ROUTE_GROUP, F32, {16, 384, 6}, 0},
-    {OP_ROUTE_GROUP, F32, {7, 40, 3}, 0},
-    {OP_ROUTE_GROUP, F32, {64, 16, 16}, 0},
-    {OP_ROUTE_GROUP, F32, {3, 1024, 6}, 0},
     /* the experts' w13 with their SwiGLU: a token's 6 experts at the real widths, 16 tokens',
      * the demo model's K of one chunk (7 of 8 warps without one), 3 chunks, more than 8 rows
      * an expert (two passes), no limit, f32 out */
@@ -434,12 +425,12 @@ static const case_t cases[] = {
     {OP_EXPAND_MOE, F32, {3, 2, 100, 5, 0}, 0},
     {OP_EXPAND_MOE, F32, {5, 1, 77, 3, 1}, 0},
     /* the index queries' product with their RoPE and rounding: a decode step's at the real
-     * widths (32 heads of 128, the last 64 channels rotated, FP4), 16 rows (one pass of 16),
-     * 9, the demo model's heads of 32 (K one chunk), no RoPE, FP8 and FP4-e4m3 rounding, 3
-     * chunks */
+     * widths (32 heads of 128, the last 64 channels rotated, FP4), 8 rows, the whole head
+     * rotated, the demo model's heads of 32 (K one chunk), no RoPE, FP8 and FP4-e4m3 rounding,
+     * 3 chunks */
     {OP_FP8_QFINISH, F32, {1, 4096, 1280, 128, 32, 1}, 0},
-    {OP_FP8_QFINISH, F32, {16, 4096, 1280, 128, 32, 1}, 0},
-    {OP_FP8_QFINISH, F32, {9, 512, 1280, 128, 64, 1}, 0},
+    {OP_FP8_QFINISH, F32, {8, 4096, 1280, 128, 32, 1}, 0},
+    {OP_FP8_QFINISH, F32, {6, 512, 1280, 128, 64, 1}, 0},
     {OP_FP8_QFINISH, F32, {3, 128, 64, 32, 8, 1}, 0},
     {OP_FP8_QFINISH, F32, {5, 256, 192, 64, 0, 0}, 0},
     {OP_FP8_QFINISH, F32, {7, 384, 320, 96, 16, 2}, 0},
@@ -2825,72 +2816,6 @@ static void run_moe_group(const case_t *cs, result_t *r)
     free(g_offs), free(g_xrow), free(g_rows), free(g_cnt), free(g_hit), free(g_wt);
 }
 
-/* s = T E K: routing and grouping in one launch against the two launches, every output bit
- * for bit; then again with other logits (the last block leaves its counter zero for the next) */
-static void run_route_group(const case_t *cs, result_t *r)
-{
-    int T = cs->s[0], E = cs->s[1], K = cs->s[2], total = T * K;
-    int slots = E < total ? E : total, wrong = 0;
-    if (!bt_cuda_moe_route_group_fits(T, E, K)) {
-        r->exact_ok = 0;
-        snprintf(r->note, sizeof r->note, "the shape is not taken (bt_cuda_moe_route_group_fits)");
-        return;
-    }
-    float *bias = frandv((size_t)E, 0.5f);
-    const float *d_bias = dup(bias, (size_t)E * 4);
-    unsigned *ctr = dalloc(4);
-    CUDA_OK(cudaMemset(ctr, 0, 4));
-    /* [0]: apart, [1]: in one launch */
-    int32_t *d_idx[2], *d_offs[2], *d_xrow[2], *d_rows[2], *d_cnt[2], *d_hit[2], *d_bad[2];
-    float *d_wts[2], *d_wt[2];
-    for (int v = 0; v < 2; v++) {
-        d_idx[v] = dalloc((size_t)total * 4), d_wts[v] = dalloc((size_t)total * 4);
-        d_offs[v] = dalloc(((size_t)E + 1) * 4), d_xrow[v] = dalloc((size_t)total * 4);
-        d_rows[v] = dalloc((size_t)total * 4), d_cnt[v] = dalloc((size_t)T * 4);
-        d_hit[v] = dalloc((size_t)slots * 4), d_bad[v] = dalloc(4), d_wt[v] = dalloc((size_t)total * 4);
-    }
-    const size_t sz[9] = {(size_t)total * 4, (size_t)total * 4, ((size_t)E + 1) * 4, (size_t)total * 4,
-                          (size_t)total * 4, (size_t)T * 4, (size_t)slots * 4, 4, (size_t)total * 4};
-    for (int round = 0; round < 2; round++) {
-        float *logits = frandv((size_t)T * E, 3.0f);
-        const float *d_logits = dup(logits, (size_t)T * E * 4);
-        for (int v = 0; v < 2; v++) {
-            void *outs[9] = {d_idx[v], d_wts[v], d_offs[v], d_xrow[v], d_rows[v], d_cnt[v], d_hit[v], d_bad[v], d_wt[v]};
-            for (int i = 0; i < 9; i++) poison_int(outs[i], sz[i]);
-            CUDA_OK(cudaMemset(d_bad[v], 0, 4));
-        }
-        BT_OK_OR_DIE(bt_cuda_moe_route(d_idx[0], d_wts[0], d_logits, d_bias, T, E, K, 1.0f, 1, 2.5f, 0));
-        BT_OK_OR_DIE(bt_cuda_moe_group(d_offs[0], d_xrow[0], d_wt[0], d_rows[0], d_cnt[0], d_hit[0], slots,
-                                       d_bad[0], 9, d_idx[0], d_wts[0], T, K, E, 0));
-        BT_OK_OR_DIE(bt_cuda_moe_route_group(d_idx[1], d_wts[1], d_logits, d_bias, T, E, K, 1.0f, 1, 2.5f,
-                                             d_offs[1], d_xrow[1], d_wt[1], d_rows[1], d_cnt[1], d_hit[1],
-                                             slots, d_bad[1], 9, ctr, 0));
-        CUDA_OK(cudaDeviceSynchronize());
-        int32_t cnt[64];
-        get(cnt, d_cnt[0], (size_t)T * 4);
-        for (int i = 0; i < 9; i++) {
-            void *outs0[9] = {d_idx[0], d_wts[0], d_offs[0], d_xrow[0], d_rows[0], d_cnt[0], d_hit[0], d_bad[0], d_wt[0]};
-            void *outs1[9] = {d_idx[1], d_wts[1], d_offs[1], d_xrow[1], d_rows[1], d_cnt[1], d_hit[1], d_bad[1], d_wt[1]};
-            char *a = xmalloc(sz[i]), *b = xmalloc(sz[i]);
-            get(a, outs0[i], sz[i]), get(b, outs1[i], sz[i]);
-            if (i == 4) { /* rows: each token's first cnt entries only are written */
-                for (int t = 0; t < T; t++)
-                    wrong += memcmp(a + (size_t)t * K * 4, b + (size_t)t * K * 4, (size_t)cnt[t] * 4) != 0;
-            } else {
-                wrong += memcmp(a, b, sz[i]) != 0;
-            }
-            free(a), free(b);
-        }
-        unsigned left = 1;
-        get(&left, ctr, 4);
-        wrong += left != 0;
-        free(logits);
-    }
-    r->exact_ok = wrong == 0;
-    snprintf(r->note, sizeof r->note, "exact: %d differences over 2 launches (of 9 outputs + the counter)", wrong);
-    free(bias);
-}
-
 /* s = E N K R T limit: the experts' w13 with their SwiGLU in one launch (h [R, N/2], each row
  * its own routing weight) against the grouped product's f32 sums and bt_cuda_swiglu, bit for
  * bit; K and the list as run_gemm_fp4's (OP_GEMM_FP4_LIST), an expert at most 16 rows */
@@ -3129,7 +3054,6 @@ static void run_case(const case_t *cs, result_t *r)
     case OP_HEAD_FINISH: run_head_finish(cs, r); break;
     case OP_HC_MIX_COLLAPSE: run_hc_mix_collapse(cs, r); break;
     case OP_HC_EC: run_hc_expand_collapse(cs, r); break;
-    case OP_ROUTE_GROUP: run_route_group(cs, r); break;
     case OP_FP4_SWIGLU: run_fp4_swiglu(cs, r); break;
     case OP_EXPAND_MOE: run_expand_moe(cs, r); break;
     case OP_FP8_QFINISH: run_fp8_qfinish(cs, r); break;
@@ -3302,23 +3226,16 @@ static int check_refusals(void)
                                              bt_cuda_moe_router_ws_floats(2, 8, 64) - 1,
                                              (unsigned *)d, 0));
     bad += REFUSED(bt_cuda_compress_pool(d, d, d, 0, 4, 8, 0));
-    { /* routing and grouping in one launch: no counter; 65 tokens (past a block a token) */
-        int32_t *di = (int32_t *)d;
-        bad += REFUSED(bt_cuda_moe_route_group(di, d, d, NULL, 1, 8, 2, 1.0f, 1, 1.0f, di, di, d, di, di,
-                                               di, 8, di, 1, NULL, 0));
-        bad += REFUSED(bt_cuda_moe_route_group(di, d, d, NULL, 65, 8, 2, 1.0f, 1, 1.0f, di, di, d, di, di,
-                                               di, 8, di, 1, (unsigned *)d, 0));
-    }
     /* w13 with SwiGLU: I off 32; 17 rows an expert; the combine in an expand of hc 3 */
     bad += REFUSED(bt_cuda_gemm_fp4_swiglu_list(d, BT_CUDA_BF16, (uint16_t *)d, NULL, (int32_t *)d, (int32_t *)d,
                                                 1, 1, (uint8_t *)d, (uint8_t *)d, 48, 1024, NULL, 0.0f, 0));
     bad += REFUSED(bt_cuda_gemm_fp4_swiglu_list(d, BT_CUDA_BF16, (uint16_t *)d, NULL, (int32_t *)d, (int32_t *)d,
                                                 1, 17, (uint8_t *)d, (uint8_t *)d, 64, 1024, NULL, 0.0f, 0));
     bad += REFUSED(bt_cuda_hc_expand_moe(d, d, (int32_t *)d, (int32_t *)d, 2, NULL, d, d, 1, 3, 64, 0));
-    /* the queries' finish: heads of 48 (not whole rounding blocks); 17 rows; half past the head */
+    /* the queries' finish: heads of 48 (not whole rounding blocks); 9 rows; half past the head */
     bad += REFUSED(bt_cuda_gemm_fp8_qfinish(d, (uint16_t *)d, (uint8_t *)d, (uint8_t *)d, 1, 96, 64, 48, NULL,
                                             NULL, 0, BT_CUDA_FQ_FP4_UE8M0, 0));
-    bad += REFUSED(bt_cuda_gemm_fp8_qfinish(d, (uint16_t *)d, (uint8_t *)d, (uint8_t *)d, 17, 128, 64, 32, NULL,
+    bad += REFUSED(bt_cuda_gemm_fp8_qfinish(d, (uint16_t *)d, (uint8_t *)d, (uint8_t *)d, 9, 128, 64, 32, NULL,
                                             NULL, 0, BT_CUDA_FQ_FP4_UE8M0, 0));
     bad += REFUSED(bt_cuda_gemm_fp8_qfinish(d, (uint16_t *)d, (uint8_t *)d, (uint8_t *)d, 1, 128, 64, 32,
                                             (int64_t *)d, d, 17, BT_CUDA_FQ_FP4_UE8M0, 0));
