@@ -783,21 +783,17 @@ extern "C" bt_status_t bt_cuda_hc_mix_collapse_ws(
     return bt__cuda_launched("hc_mix_collapse");
 }
 
-template <int HC, typename OT>
-__global__ void hc_expand_kernel(float *x, const OT *o, const float *post, const float *comb,
-                                 int T, int D)
+/* token t's value d of the streams expanded with the sublayer's output value ov */
+template <int HC>
+__device__ __forceinline__ void hc_expand_at(float *x, const float *post, const float *comb,
+                                             size_t t, int d, int D, float ov)
 {
-    bt_grid_begin();
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)T * D) return;
-    size_t t = i / D;
-    int d = (int)(i % D);
     float *xt = x + t * HC * D;
     const float *ct = comb + t * HC * HC, *pt = post + t * HC;
     float res[HC];
 #pragma unroll
-    for (int j = 0; j < HC; j++) res[j] = xt[(size_t)j * D + d];
-    float ov = bt_ld(o, i);
+    for (int j = 0; j < HC; j++)
+        res[j] = xt[(size_t)j * D + d];
 #pragma unroll
     for (int k = 0; k < HC; k++) {
         float acc = 0.0f;
@@ -805,6 +801,16 @@ __global__ void hc_expand_kernel(float *x, const OT *o, const float *post, const
         for (int j = 0; j < HC; j++) acc += ct[j * HC + k] * res[j];
         xt[(size_t)k * D + d] = pt[k] * ov + acc;
     }
+}
+
+template <int HC, typename OT>
+__global__ void hc_expand_kernel(float *x, const OT *o, const float *post, const float *comb, int T,
+                                 int D)
+{
+    bt_grid_begin();
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)T * D) return;
+    hc_expand_at<HC>(x, post, comb, i / D, (int)(i % D), D, bt_ld(o, i));
 }
 
 extern "C" bt_status_t bt_cuda_hc_expand(float *x, const void *o, bt_cuda_dtype_t o_dtype,
@@ -829,8 +835,8 @@ extern "C" bt_status_t bt_cuda_hc_expand(float *x, const void *o, bt_cuda_dtype_
  * The FFN's output is the sum of a token's routed rows and the shared expert's (moe_combine);
  * here each value of it is summed where the expand reads it, so the decode's chain loses the
  * combine's launch and its round trip through memory. The sum is moe_combine_kernel's, in its
- * order (routed rows as listed, the shared row last), and the expand hc_expand_kernel's: the
- * streams are the two launches' bits. */
+ * order (routed rows as listed, the shared row last), and the expand hc_expand_kernel's
+ * (hc_expand_at): the streams are the two launches' bits. */
 template <int HC>
 __global__ void hc_expand_moe_kernel(float *x, const float *y, const int32_t *rows,
                                      const int32_t *n, int stride, const float *shared,
@@ -841,12 +847,6 @@ __global__ void hc_expand_moe_kernel(float *x, const float *y, const int32_t *ro
     if (i >= (size_t)T * D) return;
     size_t t = i / D;
     int d = (int)(i % D);
-    float *xt = x + t * HC * D;
-    const float *ct = comb + t * HC * HC, *pt = post + t * HC;
-    float res[HC];
-#pragma unroll
-    for (int j = 0; j < HC; j++)
-        res[j] = xt[(size_t)j * D + d];
     const int cnt = n[t];
     const int32_t *rl = rows + t * (size_t)stride;
     float ov = 0.0f;
@@ -860,14 +860,7 @@ __global__ void hc_expand_moe_kernel(float *x, const float *y, const int32_t *ro
             if (j0 + q < cnt) ov += v[q];
     }
     if (shared) ov = ov + shared[t * D + d];
-#pragma unroll
-    for (int k = 0; k < HC; k++) {
-        float acc = 0.0f;
-#pragma unroll
-        for (int j = 0; j < HC; j++)
-            acc += ct[j * HC + k] * res[j];
-        xt[(size_t)k * D + d] = pt[k] * ov + acc;
-    }
+    hc_expand_at<HC>(x, post, comb, t, d, D, ov);
 }
 
 extern "C" bt_status_t bt_cuda_hc_expand_moe(float *x, const float *y, const int32_t *rows,
