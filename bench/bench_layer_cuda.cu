@@ -1730,7 +1730,7 @@ static int usage(const char *argv0)
             "environment: BT_BENCH_EARLY_FORK=0|1|2, BT_BENCH_MIX_STREAM=0|1, "
             "BT_BENCH_SHARED_AT=0|1|2, BT_BENCH_PRIO=0..5, BT_BENCH_KV_MIX=0|1, "
             "BT_BENCH_QB_AFTER=0|1|2, "
-            "BT_BENCH_IW_SCALE_MAIN=0|1\n",
+            "BT_BENCH_IW_SCALE_MAIN=0|1, BT_BENCH_FUSE=0..4\n",
             argv0);
     return 2;
 }

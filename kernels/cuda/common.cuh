@@ -126,6 +126,26 @@ __device__ __forceinline__ float bt_swiglu(float g, float u, float limit)
     return g / (1.0f + expf(-g)) * u;
 }
 
+/* Value d of a token's MoE output (bt_cuda_moe_combine): its cnt routed rows of y (D wide,
+ * listed in rl) summed in the listed order, then its shared row's value (shared_t NULL: none).
+ * Four rows' loads in flight, added in order. One definition for the combine and the expand
+ * that sums it (hc_expand_moe_kernel), so the two give the same bits. */
+__device__ __forceinline__ float bt_moe_sum(const float *y, const int32_t *rl, int cnt,
+                                            const float *shared_t, int D, int d)
+{
+    float acc = 0.0f;
+    for (int j0 = 0; j0 < cnt; j0 += 4) {
+        float v[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+            if (j0 + q < cnt) v[q] = y[(size_t)rl[j0 + q] * D + d];
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+            if (j0 + q < cnt) acc += v[q];
+    }
+    return shared_t ? acc + shared_t[d] : acc;
+}
+
 __device__ __forceinline__ float bt_warp_sum(float v)
 {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -166,11 +166,9 @@ __global__ void moe_combine_kernel(float *out, const float *y, const int32_t *ro
     bt_grid_begin();
     int t = blockIdx.x, cnt = n[t];
     const int32_t *rl = rows + (size_t)t * stride;
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
-        float acc = 0.0f; /* routed experts first, in the listed (expert) order, as the CPU */
-        for (int j = 0; j < cnt; j++) acc += y[(size_t)rl[j] * D + d];
-        out[(size_t)t * D + d] = shared ? acc + shared[(size_t)t * D + d] : acc;
-    }
+    const float *sh = shared ? shared + (size_t)t * D : NULL;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) /* routed experts first, as the CPU */
+        out[(size_t)t * D + d] = bt_moe_sum(y, rl, cnt, sh, D, d);
 }
 
 /* The same, 4 columns a thread (D % 4 == 0, 16-byte aligned rows): a quarter of the loads,

@@ -1604,6 +1604,31 @@ static int wide_min_tiles(void)
     return bt__env_choice("BT_CUDA_WIDE_MIN", allowed, 5, 144, &once);
 }
 
+/* few_rows_launch's choices, which the fused forms' fits ask too (their sums must be the plain
+ * form's): 32-column tiles (wide), and the K slices of an FP8 or bf16 product over a cluster
+ * (1: not sliced; FP4 and grouped products never are) */
+static bool rows_wide(int N, int groups)
+{
+    return (long)bt__cdiv(N, 32) * groups >= wide_min_tiles();
+}
+static int rows_split(int fmt, int N, int K, int groups, bool grouped)
+{
+    return fmt != FMT_FP4 && !rows_wide(N, groups) && !grouped
+               ? mma16_ksplit(N, K, groups, fmt == FMT_FP8 ? 64 : 32, fmt == FMT_FP8)
+               : 1;
+}
+
+/* f(std::integral_constant<int, LH>()) for rows_lh's weight-load form lh */
+template <typename F> static void with_lh(int lh, F &&f)
+{
+    if (lh == 1)
+        f(std::integral_constant<int, 1>());
+    else if (lh == 2)
+        f(std::integral_constant<int, 2>());
+    else
+        f(std::integral_constant<int, 0>());
+}
+
 /* The few-row kernels' launch. FP4 and FP8 weights: gemm_rows, blocks of rows_tiles() tiles of
  * 32 columns when there are at least 144 of them, else 16 (FP8 products whose column tiles
  * fill less than a wave took gemm_mma16 with K in slices over a cluster until session 37; with
@@ -1615,10 +1640,8 @@ static bt_status_t few_rows_launch(void *y, bt_cuda_dtype_t yd, const __nv_bfloa
                                    const uint8_t *w, const uint8_t *ws, int M, int N, int K,
                                    const int32_t *elist, gemm_io io, cudaStream_t stream)
 {
-    const bool wide = (long)bt__cdiv(N, 32) * groups >= wide_min_tiles();
-    const int split = FMT != FMT_FP4 && !wide && !offs
-                          ? mma16_ksplit(N, K, groups, FMT == FMT_FP8 ? 64 : 32, FMT == FMT_FP8)
-                          : 1;
+    const bool wide = rows_wide(N, groups);
+    const int split = rows_split(FMT, N, K, groups, offs != NULL);
     if (FMT != FMT_BF16 && split == 1 && rows_on<FMT>()) {
         constexpr int F = FMT == FMT_FP4 ? FMT_FP4 : FMT_FP8; /* (no bf16 instance) */
 #define BT__ROWS_LH(MT, R16, LH)                                                                   \
@@ -1638,15 +1661,7 @@ static bt_status_t few_rows_launch(void *y, bt_cuda_dtype_t yd, const __nv_bfloa
                        rows_epi{});                                                                \
     } while (0)
 #define BT__ROWS(MT, R16)                                                                          \
-    do {                                                                                           \
-        const int lh = rows_lh(F, groups);                                                         \
-        if (lh == 1)                                                                               \
-            BT__ROWS_LH(MT, R16, 1);                                                               \
-        else if (lh == 2)                                                                          \
-            BT__ROWS_LH(MT, R16, 2);                                                               \
-        else                                                                                       \
-            BT__ROWS_LH(MT, R16, 0);                                                               \
-    } while (0)
+    with_lh(rows_lh(F, groups), [&](auto lh) { BT__ROWS_LH(MT, R16, decltype(lh)::value); })
         /* FP4 experts: 8 rows a pass (more are rare); FP8 products: all their rows in one */
         if (FMT == FMT_FP8 && !offs && M > 8) {
             if (wide) /* (F == FMT_FP8: no FP4 instances of these) */
@@ -1860,24 +1875,17 @@ bt_cuda_gemm_fp4_swiglu_list(void *h, bt_cuda_dtype_t h_dtype, const uint16_t *x
     rows_epi epi = {};
     epi.wt = wt;
     epi.limit = limit;
-#define BT__SW(LH)                                                                                 \
-    do {                                                                                           \
-        if (h_dtype == BT_CUDA_BF16)                                                               \
-            bt__launch(gemm_rows<FMT_FP4, 2, false, LH, __nv_bfloat16, ROWS_SWIGLU>, grid,         \
-                       MT_WARPS * 32, 0, stream, (__nv_bfloat16 *)h, xb, rows, offs, w, w_scale,   \
-                       0, N, K, experts, io, 2, MT_WARPS, epi);                                    \
-        else                                                                                       \
-            bt__launch(gemm_rows<FMT_FP4, 2, false, LH, float, ROWS_SWIGLU>, grid, MT_WARPS * 32,  \
-                       0, stream, (float *)h, xb, rows, offs, w, w_scale, 0, N, K, experts, io, 2, \
-                       MT_WARPS, epi);                                                             \
-    } while (0)
-    if (lh == 1)
-        BT__SW(1);
-    else if (lh == 2)
-        BT__SW(2);
-    else
-        BT__SW(0);
-#undef BT__SW
+    with_lh(lh, [&](auto l) {
+        constexpr int LH = decltype(l)::value;
+        if (h_dtype == BT_CUDA_BF16)
+            bt__launch(gemm_rows<FMT_FP4, 2, false, LH, __nv_bfloat16, ROWS_SWIGLU>, grid,
+                       MT_WARPS * 32, 0, stream, (__nv_bfloat16 *)h, xb, rows, offs, w, w_scale, 0,
+                       N, K, experts, io, 2, MT_WARPS, epi);
+        else
+            bt__launch(gemm_rows<FMT_FP4, 2, false, LH, float, ROWS_SWIGLU>, grid, MT_WARPS * 32, 0,
+                       stream, (float *)h, xb, rows, offs, w, w_scale, 0, N, K, experts, io, 2,
+                       MT_WARPS, epi);
+    });
     return bt__cuda_launched("gemm_fp4_swiglu");
 }
 
@@ -1894,8 +1902,7 @@ extern "C" int bt_cuda_gemm_fp8_qfinish_fits(int M, int N, int K, int dim)
     static int once = -1;
     return bt__env_switch("BT_CUDA_QFINISH", &once) && rows_on<FMT_FP8>() && M > 0 && M <= 8 &&
            dim > 0 && dim % 32 == 0 && N > 0 && N % dim == 0 && K > 0 && K % 64 == 0 &&
-           (long long)N * K < (1ll << 31) &&
-           ((long)(N / 32) >= wide_min_tiles() || mma16_ksplit(N, K, 1, 64, true) == 1);
+           (long long)N * K < (1ll << 31) && rows_split(FMT_FP8, N, K, 1, false) == 1;
 }
 
 extern "C" bt_status_t bt_cuda_gemm_fp8_qfinish(float *y, const uint16_t *x, const uint8_t *w,
@@ -1919,26 +1926,15 @@ extern "C" bt_status_t bt_cuda_gemm_fp8_qfinish(float *y, const uint16_t *x, con
     epi.dim = dim;
     epi.half = pos ? half : 0;
     epi.fq_kind = (int)fq_kind;
-#define BT__QF(R16, LH)                                                                            \
-    do {                                                                                           \
-        const int tpb =                                                                            \
-            bt__cdiv(rows_tiles(FMT_FP8, nt, 1, ROWS_MIN_BLOCKS(FMT_FP8, 2, R16)), ngr) * ngr;     \
-        bt__launch(gemm_rows<FMT_FP8, 2, R16, LH, float, ROWS_QFINISH>, bt__cdiv(nt, tpb),         \
-                   MT_WARPS * 32, 0, stream, y, xb, (const int32_t *)NULL, (const int32_t *)NULL,  \
-                   w, w_scale, M, N, K, (const int32_t *)NULL, io, tpb, ks, epi);                  \
-    } while (0)
-#define BT__QF_LH(R16)                                                                             \
-    do {                                                                                           \
-        if (lh == 1)                                                                               \
-            BT__QF(R16, 1);                                                                        \
-        else if (lh == 2)                                                                          \
-            BT__QF(R16, 2);                                                                        \
-        else                                                                                       \
-            BT__QF(R16, 0);                                                                        \
-    } while (0)
-    BT__QF_LH(false); /* (8 rows at most: one 8-row pass) */
-#undef BT__QF_LH
-#undef BT__QF
+    /* (8 rows at most: one 8-row pass) */
+    const int tpb =
+        bt__cdiv(rows_tiles(FMT_FP8, nt, 1, ROWS_MIN_BLOCKS(FMT_FP8, 2, false)), ngr) * ngr;
+    with_lh(lh, [&](auto l) {
+        bt__launch(gemm_rows<FMT_FP8, 2, false, decltype(l)::value, float, ROWS_QFINISH>,
+                   bt__cdiv(nt, tpb), MT_WARPS * 32, 0, stream, y, xb, (const int32_t *)NULL,
+                   (const int32_t *)NULL, w, w_scale, M, N, K, (const int32_t *)NULL, io, tpb, ks,
+                   epi);
+    });
     return bt__cuda_launched("gemm_fp8_qfinish");
 }
 

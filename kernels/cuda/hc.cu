@@ -834,8 +834,8 @@ extern "C" bt_status_t bt_cuda_hc_expand(float *x, const void *o, bt_cuda_dtype_
 /* ---- the MoE's combine in the expand (a decode step) ----------------------------------------
  * The FFN's output is the sum of a token's routed rows and the shared expert's (moe_combine);
  * here each value of it is summed where the expand reads it, so the decode's chain loses the
- * combine's launch and its round trip through memory. The sum is moe_combine_kernel's, in its
- * order (routed rows as listed, the shared row last), and the expand hc_expand_kernel's
+ * combine's launch and its round trip through memory. The sum is moe_combine's (bt_moe_sum:
+ * routed rows as listed, the shared row last), and the expand hc_expand_kernel's
  * (hc_expand_at): the streams are the two launches' bits. */
 template <int HC>
 __global__ void hc_expand_moe_kernel(float *x, const float *y, const int32_t *rows,
@@ -847,19 +847,8 @@ __global__ void hc_expand_moe_kernel(float *x, const float *y, const int32_t *ro
     if (i >= (size_t)T * D) return;
     size_t t = i / D;
     int d = (int)(i % D);
-    const int cnt = n[t];
-    const int32_t *rl = rows + t * (size_t)stride;
-    float ov = 0.0f;
-    for (int j0 = 0; j0 < cnt; j0 += 4) { /* (4 loads in flight, added in order) */
-        float v[4];
-#pragma unroll
-        for (int q = 0; q < 4; q++)
-            if (j0 + q < cnt) v[q] = y[(size_t)rl[j0 + q] * D + d];
-#pragma unroll
-        for (int q = 0; q < 4; q++)
-            if (j0 + q < cnt) ov += v[q];
-    }
-    if (shared) ov = ov + shared[t * D + d];
+    const float ov =
+        bt_moe_sum(y, rows + t * (size_t)stride, n[t], shared ? shared + t * D : NULL, D, d);
     hc_expand_at<HC>(x, post, comb, t, d, D, ov);
 }
 

@@ -1939,8 +1939,8 @@ static bt_status_t moe_finish(fwd_t *f, int l, const int32_t *rows_d, const int3
         CK(side_join(f));
     else if (shared)
         CK(shared_expert(f, l, false));
-    /* a decode step on one GPU: summed by the expand that follows (flush_expand), one launch
-     * fewer on the step's chain */
+    /* on one GPU, for fewer tokens than the one-pass expand takes (a decode step, a short
+     * chunk): summed by the expand that follows (flush_expand), one launch fewer on the chain */
     if (cu->tp == 1 && N < BT_CUDA_HC_EC_MIN_TOKENS && bt_cuda_hc_expand_moe_on()) {
         f->moe_pending = true;
         f->moe_rows = rows_d;
