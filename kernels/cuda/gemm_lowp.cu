@@ -1271,7 +1271,7 @@ static bool wgrs_on(void)
 template <int NT, int ST, typename OT>
 __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t *ws, int N, int K,
                                           int m0, int mr, int n0, unsigned char *smem,
-                                          const __nv_bfloat16 *const *arow, int diag)
+                                          const __nv_bfloat16 *const *arow)
 {
 #ifdef BT_WGMMA
     const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, c = lane & 3;
@@ -1308,14 +1308,10 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
 #pragma unroll
         for (int j = 0; j < XJ; j++) {
             const int r = (tid >> 3) + RJ * j;
-            /* EXPERIMENT (BT_CUDA_WGRS_DIAG): 1 zero-fills the upper half of the rows, 4 all
-             * of them, 2 half the weights: the copies issued, fewer bytes read */
-            const bool xon = !(diag & 4) && (!(diag & 1) || r < NT / 2);
             if (XU % THREADS == 0 || r < NT)
-                cp_async_sh<16>(sx + x_dst + 128 * RJ * j, x_src[j] + k0, r < mr && xon);
+                cp_async_sh<16>(sx + x_dst + 128 * RJ * j, x_src[j] + k0, r < mr);
         }
-        cp_async_sh<16>(sx + SG::X_BYTES + 16 * tid, w_src + k0 / 2,
-                        wn < N && !(diag & 32) && (!(diag & 2) || (tid & 1) == 0));
+        cp_async_sh<16>(sx + SG::X_BYTES + 16 * tid, w_src + k0 / 2, wn < N);
         if (decltype(first_c)::value && tid < COLS)
             cp_async_sh<4>(sx + SG::S_OFF + 4 * tid, s_src + k0 / 128 * 4, sn < N);
     };
@@ -1409,23 +1405,12 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
                 }
             }
         };
-        if (diag & 8) { /* EXPERIMENT: no conversion (A = 1.0) */
-#pragma unroll
-            for (int s = 0; s < RS_STEPS; s++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) A[s][i] = 0x3f803f80u;
-        } else if (fast) {
+        if (fast) {
             convert(std::true_type());
         } else {
             /* (kept from being computed ahead of the branch, for the fast path's registers) */
             asm volatile("" : "+r"(s_lo), "+r"(s_hi));
             convert(std::false_type());
-        }
-        if (diag & 16) { /* EXPERIMENT: no MMAs (the conversions kept) */
-#pragma unroll
-            for (int s = 0; s < RS_STEPS; s++)
-                asm volatile("" ::"r"(A[s][0]), "r"(A[s][1]), "r"(A[s][2]), "r"(A[s][3]));
-            return;
         }
         wgmma_fence();
         const uint64_t desc = wg_desc(sx); /* (a step's 32 bytes: 2 in the address field) */
@@ -1460,7 +1445,7 @@ template <typename OT>
 __global__ void __launch_bounds__(RS_THREADS, RS_BLOCKS_PER_SM)
     gemm_fp4_wgrs(OT *y, const __nv_bfloat16 *x, const int32_t *rows, const int32_t *offs,
                   const uint8_t *w, const uint8_t *ws, int N, int K, const int32_t *elist,
-                  bool deep, int diag)
+                  bool deep)
 {
 #ifdef BT_WGMMA
     bt_grid_begin();
@@ -1483,8 +1468,8 @@ __global__ void __launch_bounds__(RS_THREADS, RS_BLOCKS_PER_SM)
     /* N: the tile's rows rounded up to 16 */
     /* (deep: as many stages as fit, else 4, for comparisons) */
 #define BT__WGRS_TILE(NT)                                                                          \
-    (deep ? wgrs_tile<NT, rs_stage<NT>::DEEP>(y, w, ws, N, K, m0, mr, n0, smem, arow, diag)        \
-          : wgrs_tile<NT, 4>(y, w, ws, N, K, m0, mr, n0, smem, arow, diag))
+    (deep ? wgrs_tile<NT, rs_stage<NT>::DEEP>(y, w, ws, N, K, m0, mr, n0, smem, arow)              \
+          : wgrs_tile<NT, 4>(y, w, ws, N, K, m0, mr, n0, smem, arow))
     /* clang-format off */
     switch ((mr + 15) / 16) {
     case 1: BT__WGRS_TILE(16); break;
@@ -1520,15 +1505,12 @@ static void wgrs_launch(void *y, bt_cuda_dtype_t yd, const __nv_bfloat16 *xb, co
                         cudaStream_t stream)
 {
     dim3 grid(bt__cdiv(N, RS_COLS), bt__cdiv(max_rows, RS_ROWS), groups);
-    static int diag_once = -1;
-    static const int diag_allowed[] = {0, 1, 2, 4, 6, 8, 16, 32, 36, 44, 52};
-    const int diag = bt__env_choice("BT_CUDA_WGRS_DIAG", diag_allowed, 11, 0, &diag_once);
     if (yd == BT_CUDA_BF16)
         bt__launch(gemm_fp4_wgrs<__nv_bfloat16>, grid, RS_THREADS, RS_SMEM, stream,
-                   (__nv_bfloat16 *)y, xb, rows, offs, w, ws, N, K, elist, deep, diag);
+                   (__nv_bfloat16 *)y, xb, rows, offs, w, ws, N, K, elist, deep);
     else
         bt__launch(gemm_fp4_wgrs<float>, grid, RS_THREADS, RS_SMEM, stream, (float *)y, xb, rows,
-                   offs, w, ws, N, K, elist, deep, diag);
+                   offs, w, ws, N, K, elist, deep);
 }
 
 /* BT_CUDA_WGRS_STAGES=4 keeps gemm_fp4_wgrs at 4 stages whatever its tile's rows
