@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <type_traits>
+
 /* A shape or dtype the launcher refuses: nothing is launched. */
 #define BT_CUDA_REQUIRE(cond)                                                                      \
     do {                                                                                           \
@@ -288,6 +290,15 @@ __device__ __forceinline__ void bt_grid_begin(void)
 {
     bt_grid_wait();
     bt_grid_release();
+}
+
+/* f(std::integral_constant<int, V>()) for the V of VS equal to v, else for DFLT: a value chosen
+ * at run time made a template argument (kernels that keep it in registers or unroll by it) */
+template <int DFLT, int... VS, typename F> static inline void bt_with_int(int v, F &&f)
+{
+    bool hit = false;
+    ((!hit && v == VS ? (hit = true, f(std::integral_constant<int, VS>()), 0) : 0), ...);
+    if (!hit) f(std::integral_constant<int, DFLT>());
 }
 
 /* An on/off switch from the environment (BT_CUDA_PDL, BT_CUDA_WGRS, ...: off for comparisons):

@@ -1621,12 +1621,7 @@ static int rows_split(int fmt, int N, int K, int groups, bool grouped)
 /* f(std::integral_constant<int, LH>()) for rows_lh's weight-load form lh */
 template <typename F> static void with_lh(int lh, F &&f)
 {
-    if (lh == 1)
-        f(std::integral_constant<int, 1>());
-    else if (lh == 2)
-        f(std::integral_constant<int, 2>());
-    else
-        f(std::integral_constant<int, 0>());
+    bt_with_int<0, 1, 2>(lh, f);
 }
 
 /* The few-row kernels' launch. FP4 and FP8 weights: gemm_rows, blocks of rows_tiles() tiles of

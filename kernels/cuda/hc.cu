@@ -9,15 +9,9 @@ enum { MIX_THREADS = 256, FOLD_WARPS = 8 };
 
 /* f(std::integral_constant<int, H>()) for the stream count hc (1, 2 or 4, checked by the
  * callers): the kernels keep a token's streams in registers, so H is a template argument */
-template <typename F>
-static void with_hc(int hc, F &&f)
+template <typename F> static void with_hc(int hc, F &&f)
 {
-    if (hc == 4)
-        f(std::integral_constant<int, 4>());
-    else if (hc == 2)
-        f(std::integral_constant<int, 2>());
-    else
-        f(std::integral_constant<int, 1>());
+    bt_with_int<1, 4, 2>(hc, f);
 }
 
 /* f(p as float * or __nv_bfloat16 *) by its dtype */
