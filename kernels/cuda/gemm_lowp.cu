@@ -30,7 +30,6 @@
 
 #include <cooperative_groups.h>
 #include <cuda_fp8.h>
-#include <cudaTypedefs.h>
 #include <mma.h>
 
 #include <type_traits>
@@ -1272,7 +1271,7 @@ static bool wgrs_on(void)
 template <int NT, int ST, typename OT>
 __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t *ws, int N, int K,
                                           int m0, int mr, int n0, unsigned char *smem,
-                                          const __nv_bfloat16 *const *arow, int diag)
+                                          const __nv_bfloat16 *const *arow)
 {
 #ifdef BT_WGMMA
     const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, c = lane & 3;
@@ -1309,14 +1308,10 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
 #pragma unroll
         for (int j = 0; j < XJ; j++) {
             const int r = (tid >> 3) + RJ * j;
-            /* EXPERIMENT (BT_CUDA_WGRS_DIAG): 1 zero-fills the upper half of the rows, 4 all
-             * of them, 2 half the weights: the copies issued, fewer bytes read */
-            const bool xon = !(diag & 4) && (!(diag & 1) || r < NT / 2);
             if (XU % THREADS == 0 || r < NT)
-                cp_async_sh<16>(sx + x_dst + 128 * RJ * j, x_src[j] + k0, r < mr && xon);
+                cp_async_sh<16>(sx + x_dst + 128 * RJ * j, x_src[j] + k0, r < mr);
         }
-        cp_async_sh<16>(sx + SG::X_BYTES + 16 * tid, w_src + k0 / 2,
-                        wn < N && !(diag & 32) && (!(diag & 2) || (tid & 1) == 0));
+        cp_async_sh<16>(sx + SG::X_BYTES + 16 * tid, w_src + k0 / 2, wn < N);
         if (decltype(first_c)::value && tid < COLS)
             cp_async_sh<4>(sx + SG::S_OFF + 4 * tid, s_src + k0 / 128 * 4, sn < N);
     };
@@ -1350,9 +1345,9 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
          * warpgroup's products of chunk ch - 2 are done (the last step's wgmma_wait<1>), so
          * its stage takes chunk ch + ST - 2 (chunk ch - 1's may still be read) */
         asm volatile("cp.async.wait_group %0;\n" ::"n"(ST - 3));
-        if (!(diag & 128)) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        if (!(diag & 64)) __syncthreads(); /* EXPERIMENT: 64 skips the barrier */
-        if (!(diag & 256) && ch + ST - 2 < chunks) { /* chunk ch + ST - 2: the first of its 128 k if even */
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+        if (ch + ST - 2 < chunks) { /* chunk ch + ST - 2: the first of its 128 k if even */
             if (FIRST == (ST % 2 == 0))
                 load(ch + ST - 2, std::true_type());
             else
@@ -1410,23 +1405,12 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
                 }
             }
         };
-        if (diag & 8) { /* EXPERIMENT: no conversion (A = 1.0) */
-#pragma unroll
-            for (int s = 0; s < RS_STEPS; s++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) A[s][i] = 0x3f803f80u;
-        } else if (fast) {
+        if (fast) {
             convert(std::true_type());
         } else {
             /* (kept from being computed ahead of the branch, for the fast path's registers) */
             asm volatile("" : "+r"(s_lo), "+r"(s_hi));
             convert(std::false_type());
-        }
-        if (diag & 16) { /* EXPERIMENT: no MMAs (the conversions kept) */
-#pragma unroll
-            for (int s = 0; s < RS_STEPS; s++)
-                asm volatile("" ::"r"(A[s][0]), "r"(A[s][1]), "r"(A[s][2]), "r"(A[s][3]));
-            return;
         }
         wgmma_fence();
         const uint64_t desc = wg_desc(sx); /* (a step's 32 bytes: 2 in the address field) */
@@ -1461,7 +1445,7 @@ template <typename OT>
 __global__ void __launch_bounds__(RS_THREADS, RS_BLOCKS_PER_SM)
     gemm_fp4_wgrs(OT *y, const __nv_bfloat16 *x, const int32_t *rows, const int32_t *offs,
                   const uint8_t *w, const uint8_t *ws, int N, int K, const int32_t *elist,
-                  bool deep, int diag)
+                  bool deep)
 {
 #ifdef BT_WGMMA
     bt_grid_begin();
@@ -1484,8 +1468,8 @@ __global__ void __launch_bounds__(RS_THREADS, RS_BLOCKS_PER_SM)
     /* N: the tile's rows rounded up to 16 */
     /* (deep: as many stages as fit, else 4, for comparisons) */
 #define BT__WGRS_TILE(NT)                                                                          \
-    (deep ? wgrs_tile<NT, rs_stage<NT>::DEEP>(y, w, ws, N, K, m0, mr, n0, smem, arow, diag)        \
-          : wgrs_tile<NT, 4>(y, w, ws, N, K, m0, mr, n0, smem, arow, diag))
+    (deep ? wgrs_tile<NT, rs_stage<NT>::DEEP>(y, w, ws, N, K, m0, mr, n0, smem, arow)              \
+          : wgrs_tile<NT, 4>(y, w, ws, N, K, m0, mr, n0, smem, arow))
     /* clang-format off */
     switch ((mr + 15) / 16) {
     case 1: BT__WGRS_TILE(16); break;
@@ -1501,339 +1485,6 @@ __global__ void __launch_bounds__(RS_THREADS, RS_BLOCKS_PER_SM)
 #else
     __trap(); /* launched only where wgrs_ready() found the sm_90a image */
 #endif
-}
-
-/* ---- EXPERIMENT (BT_CUDA_WGRS_TMA=R): gemm_fp4_wgrs fed by the tensor memory accelerator ----
- * Session 40 timed gemm_fp4_wgrs with parts of its work dropped: with no bytes read, no
- * conversions and no MMAs its loop alone still took 2.46 of the routed GEMMs' 5.68 ms. Here
- * one thread a block asks the copy engine for a chunk (the rows in boxes of 16, the weights in
- * one box of 128 columns) and the warps wait on the stage's mbarrier: no per-thread copies,
- * no copy groups, no proxy fence. The scale words come from global memory into registers two
- * 128-k blocks ahead. x holds R rows where rows is NULL (the w2 product); where rows are given
- * (w13) they are gathered into R rows of scratch first. */
-__device__ __forceinline__ void tm_bar_init(uint32_t bar, unsigned n)
-{
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(n) : "memory");
-}
-__device__ __forceinline__ void tm_expect_tx(uint32_t bar, unsigned bytes)
-{
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
-                 : "memory");
-}
-__device__ __forceinline__ void tm_wait(uint32_t bar, unsigned parity)
-{
-    /* (a bounded spin: a phase that never completes traps rather than hangs; each try_wait
-     * itself suspends for a while. The loop is in the asm: a loop in C++ around it made ptxas
-     * wait for the products in flight at every wait.) */
-    asm volatile("{\n.reg .pred p;\n.reg .u32 n;\nmov.u32 n, 0;\n"
-                 "TM_WAIT_%=:\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-                 "@p bra TM_DONE_%=;\n"
-                 "add.u32 n, n, 1;\n"
-                 "setp.lt.u32 p, n, 67108864;\n"
-                 "@p bra TM_WAIT_%=;\n"
-                 "trap;\n"
-                 "TM_DONE_%=:\n}" ::"r"(bar),
-                 "r"(parity)
-                 : "memory");
-}
-__device__ __forceinline__ void tm_arrive(uint32_t bar)
-{
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void tm_load_2d(uint32_t dst, const CUtensorMap *map, int c0, int c1,
-                                           uint32_t bar)
-{
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-                 " [%0], [%1, {%2, %3}], [%4];" ::"r"(dst),
-                 "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar)
-                 : "memory");
-}
-
-/* PIPE (BT_CUDA_WGRS_TMA_PIPE=1): no barrier a chunk; each warp releases a stage on its
- * stage's second mbarrier (empties, 8 arrivals) once its products of that chunk are done, and
- * the issuing thread waits for that release before it refills the stage */
-template <int NT, int ST, bool PIPE, typename OT>
-__device__ __forceinline__ void wgtma_tile(OT *y, const uint8_t *ws, int N, int K, int m0, int mr,
-                                           int n0, int wrow0, unsigned char *smem,
-                                           const CUtensorMap *xmap, const CUtensorMap *wmap,
-                                           uint32_t bars, uint32_t empties)
-{
-#ifdef BT_WGMMA
-    const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, c = lane & 3;
-    const int f = 64 * (tid >> 7) + 16 * ((tid >> 5) & 3) + g; /* columns f and f + 8 */
-    using SG = rs_stage<NT>;
-    static_assert(ST >= 3 && ST <= SG::FIT, "stages: 2 chunks in flight at least, in RS_SMEM");
-    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(smem);
-    const int chunks = K / RS_CHUNK, blocks128 = K / 128;
-    /* one thread: chunk ch's copies into its stage, counted on the stage's mbarrier */
-    auto issue = [&](int ch) {
-        const int st = ch % ST;
-        const uint32_t sx = sbase + st * SG::BYTES, bar = bars + 8 * st;
-        tm_expect_tx(bar, NT * 128 + RS_W_BYTES);
-#pragma unroll
-        for (int i = 0; i < NT / 16; i++)
-            tm_load_2d(sx + 2048 * i, xmap, ch * RS_CHUNK, m0 + 16 * i, bar);
-        tm_load_2d(sx + SG::X_BYTES, wmap, ch * RS_CHUNK / 2, wrow0, bar);
-    };
-    if (tid == 0)
-        for (int ch = 0; ch < ST - 2 && ch < chunks; ch++)
-            issue(ch);
-    /* the scale words (4 bytes: 128 k) of columns f and f + 8, two blocks ahead */
-    const int nl = n0 + f, nh = nl + 8;
-    const int wl0 = wrow0 - n0; /* the expert's first weight row */
-    const uint32_t *sl_src = (const uint32_t *)(ws + (size_t)(wl0 + (nl < N ? nl : 0)) * (K / 32));
-    const uint32_t *sh_src = (const uint32_t *)(ws + (size_t)(wl0 + (nh < N ? nh : 0)) * (K / 32));
-    auto scale_word = [&](const uint32_t *src, int n, int b) -> uint32_t {
-        return n < N && b < blocks128 ? __ldg(src + b) : 0u;
-    };
-    uint32_t n1_lo = scale_word(sl_src, nl, 0), n1_hi = scale_word(sh_src, nh, 0);
-    uint32_t n2_lo = scale_word(sl_src, nl, 1), n2_hi = scale_word(sh_src, nh, 1);
-
-    float d[NT / 2];
-#pragma unroll
-    for (int i = 0; i < NT / 2; i++)
-        d[i] = 0.0f;
-    unsigned a[2][RS_STEPS][4];
-    bool fast = false;
-    uint32_t s_lo = 0, s_hi = 0;
-    auto step = [&](int ch, unsigned(*A)[4], auto first_c) {
-        constexpr bool FIRST = decltype(first_c)::value;
-        tm_wait(bars + 8 * (ch % ST), (unsigned)(ch / ST) & 1u);
-        if (!PIPE) {
-            /* every warp is past chunk ch - 1's step, so chunk ch - 2's products are done and
-             * its stage takes chunk ch + ST - 2 */
-            __syncthreads();
-            if (tid == 0 && ch + ST - 2 < chunks) issue(ch + ST - 2);
-        } else if (tid == 0 && ch + ST - 2 < chunks) {
-            /* stage (ch - 2) % ST once every warp released chunk ch - 2 (none before ch 2) */
-            if (ch >= 2) tm_wait(empties + 8 * ((ch - 2) % ST), (unsigned)((ch - 2) / ST) & 1u);
-            issue(ch + ST - 2);
-        }
-        const unsigned char *sx = smem + (ch % ST) * SG::BYTES;
-        const uint4 *sw = (const uint4 *)(sx + SG::X_BYTES);
-        if (FIRST) {
-            s_lo = n1_lo, s_hi = n1_hi, n1_lo = n2_lo, n1_hi = n2_hi;
-            n2_lo = scale_word(sl_src, nl, ch / 2 + 2);
-            n2_hi = scale_word(sh_src, nh, ch / 2 + 2);
-            fast = __all_sync(0xffffffffu,
-                              (fp4_scales_fast4(s_lo) & fp4_scales_fast4(s_hi)) == 0x80808080u);
-            if (fast) {
-                s_lo += 0x7e7e7e7eu;
-                s_hi += 0x7e7e7e7eu;
-            }
-        }
-        constexpr int UNITS = RS_CHUNK / 32;
-        constexpr int sb0 = FIRST ? 0 : UNITS;
-        auto convert = [&](auto fast_c) {
-            constexpr bool FAST = decltype(fast_c)::value;
-#pragma unroll
-            for (int q = 0; q < UNITS; q++) {
-                const unsigned wl = ((const uint32_t *)(sw + UNITS * f + q))[c];
-                const unsigned wh = ((const uint32_t *)(sw + UNITS * (f + 8) + q))[c];
-                __nv_bfloat162 s2l, s2h;
-                uint8_t sl = 0, sh = 0;
-                if (FAST) {
-                    const int b = sb0 + q;
-                    const unsigned el = (b ? s_lo >> (8 * b - 7) : s_lo << 7) & 0x7f80u,
-                                   eh = (b ? s_hi >> (8 * b - 7) : s_hi << 7) & 0x7f80u;
-                    s2l = __halves2bfloat162(__ushort_as_bfloat16((unsigned short)el),
-                                             __ushort_as_bfloat16((unsigned short)el));
-                    s2h = __halves2bfloat162(__ushort_as_bfloat16((unsigned short)eh),
-                                             __ushort_as_bfloat16((unsigned short)eh));
-                } else {
-                    sl = (uint8_t)(s_lo >> 8 * (sb0 + q));
-                    sh = (uint8_t)(s_hi >> 8 * (sb0 + q));
-                }
-#pragma unroll
-                for (int t = 0; t < 4; t++) {
-                    unsigned pl = bt_e2m1_spread_pair(wl, t);
-                    unsigned ph = bt_e2m1_spread_pair(wh, t);
-                    if (FAST) {
-                        pl = bf16x2_mul(pl, s2l);
-                        ph = bf16x2_mul(ph, s2h);
-                    } else {
-                        pl = fp4x2_scaled_slow(pl, sl);
-                        ph = fp4x2_scaled_slow(ph, sh);
-                    }
-                    A[2 * q + (t >> 1)][2 * (t & 1)] = pl;
-                    A[2 * q + (t >> 1)][2 * (t & 1) + 1] = ph;
-                }
-            }
-        };
-        if (fast) {
-            convert(std::true_type());
-        } else {
-            asm volatile("" : "+r"(s_lo), "+r"(s_hi));
-            convert(std::false_type());
-        }
-        wgmma_fence();
-        const uint64_t desc = wg_desc(sx);
-#pragma unroll
-        for (int s = 0; s < RS_STEPS; s++)
-            wgmma_rs<NT>(d, A[s], desc + s * 2);
-        wgmma_commit();
-        wgmma_wait<1>();
-        if (PIPE && ch >= 1) { /* this warp's products of chunk ch - 1 are done */
-            __syncwarp();
-            if (lane == 0) tm_arrive(empties + 8 * ((ch - 1) % ST));
-        }
-    };
-    for (int ch = 0; ch < chunks; ch += 2) {
-        step(ch, a[0], std::true_type());
-        if (ch + 1 < chunks) step(ch + 1, a[1], std::false_type());
-    }
-    wgmma_wait<0>();
-#pragma unroll
-    for (int i = 0; i < NT / 2; i++) {
-        asm volatile("" : "+f"(d[i])::"memory");
-    }
-#pragma unroll
-    for (int j = 0; j < NT / 8; j++)
-#pragma unroll
-        for (int t = 0; t < 4; t++) {
-            const int r = 8 * j + 2 * c + (t & 1), n = n0 + f + 8 * (t >> 1);
-            if (r < mr && n < N) bt_st(y, (size_t)(m0 + r) * N + n, d[4 * j + t]);
-        }
-#endif
-}
-
-template <typename OT>
-__global__ void __launch_bounds__(RS_THREADS, RS_BLOCKS_PER_SM)
-    gemm_fp4_wgtma(OT *y, const int32_t *offs, const uint8_t *ws, int N, int K,
-                   const int32_t *elist, const __grid_constant__ CUtensorMap xmap,
-                   const __grid_constant__ CUtensorMap wmap, bool pipe)
-{
-#ifdef BT_WGMMA
-    bt_grid_begin();
-    extern __shared__ __align__(128) unsigned char rs_smem[];
-    __shared__ __align__(8) uint64_t bar_mem[2 * RS_MAX_STAGES]; /* fulls, then empties */
-    const int tid = threadIdx.x, e = elist ? elist[blockIdx.z] : blockIdx.z;
-    if (e < 0) return;
-    const int r0 = offs[e], m0 = r0 + blockIdx.y * RS_ROWS, r1 = offs[e + 1];
-    if (m0 >= r1) return; /* the whole block */
-    const int mr = min(RS_ROWS, r1 - m0), n0 = blockIdx.x * RS_COLS;
-    const uint32_t bars = (uint32_t)__cvta_generic_to_shared(bar_mem);
-    if (tid == 0) {
-        for (int i = 0; i < RS_MAX_STAGES; i++) {
-            tm_bar_init(bars + 8 * i, 1);
-            tm_bar_init(bars + 8 * (RS_MAX_STAGES + i), RS_THREADS / 32);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    __syncthreads();
-    unsigned char *smem =
-        rs_smem + ((1024 - ((uint32_t)__cvta_generic_to_shared(rs_smem) & 1023)) & 1023);
-    const int wrow0 = e * N + n0;
-#define BT__WGTMA_TILE(NT)                                                                         \
-    (pipe ? wgtma_tile<NT, rs_stage<NT>::DEEP, true>(y, ws, N, K, m0, mr, n0, wrow0, smem, &xmap,  \
-                                                     &wmap, bars, bars + 8 * RS_MAX_STAGES)        \
-          : wgtma_tile<NT, rs_stage<NT>::DEEP, false>(y, ws, N, K, m0, mr, n0, wrow0, smem, &xmap, \
-                                                      &wmap, bars, bars + 8 * RS_MAX_STAGES))
-    /* clang-format off */
-    switch ((mr + 15) / 16) {
-    case 1: BT__WGTMA_TILE(16); break;
-    case 2: BT__WGTMA_TILE(32); break;
-    case 3: BT__WGTMA_TILE(48); break;
-    case 4: BT__WGTMA_TILE(64); break;
-    case 5: BT__WGTMA_TILE(80); break;
-    case 6: BT__WGTMA_TILE(96); break;
-    default: BT__WGTMA_TILE(RS_ROWS); break;
-    }
-    /* clang-format on */
-#undef BT__WGTMA_TILE
-#else
-    __trap();
-#endif
-}
-
-/* BT_CUDA_WGRS_TMA=R (the experiment): the rows x holds; 0 (unset) keeps gemm_fp4_wgrs */
-static long wgtma_rows(void)
-{
-    static long once = -1;
-    if (once < 0) {
-        const char *v = getenv("BT_CUDA_WGRS_TMA");
-        once = v ? atol(v) : 0;
-        if (once < 0) once = 0;
-    }
-    return once;
-}
-
-/* the experiment's w13: the rows gathered into a contiguous copy (Hopper's copy engine has no
- * row gather); rows past the experts' total are left as they were */
-__global__ void wgtma_gather_kernel(uint4 *out, const uint4 *x, const int32_t *rows,
-                                    const int32_t *offs, int groups, int units, int R)
-{
-    bt_grid_begin();
-    const long total = (long)R * units; /* (the experiment: rows holds R entries) */
-    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-         i += (long)gridDim.x * blockDim.x) {
-        const long r = i / units, u = i % units;
-        out[i] = x[(size_t)rows[r] * units + u];
-    }
-}
-
-/* gemm_fp4_wgtma for the prefill's products (rows NULL: x holds R rows; rows given: gathered
- * first into R rows of scratch); false where it does not apply (the caller goes on) */
-static bool wgtma_launch(void *y, bt_cuda_dtype_t yd, const __nv_bfloat16 *xb,
-                         const int32_t *rows, const int32_t *offs, int groups, int max_rows,
-                         const uint8_t *w, const uint8_t *ws, int N, int K, const int32_t *elist,
-                         cudaStream_t stream)
-{
-    const long x_rows = wgtma_rows();
-    if (x_rows <= 0 || yd != BT_CUDA_F32 || K % 128 || N % 16) return false;
-    if (rows && getenv("BT_CUDA_WGRS_TMA_W2ONLY")) return false; /* (the experiment: w2 alone) */
-    if (rows) { /* (scratch kept for the process: an experiment) */
-        static void *scratch = nullptr;
-        static size_t scratch_bytes = 0;
-        const size_t need = (size_t)x_rows * K * 2;
-        if (need > scratch_bytes) {
-            if (scratch) cudaFree(scratch);
-            scratch = nullptr, scratch_bytes = 0;
-            if (cudaMalloc(&scratch, need) != cudaSuccess) {
-                cudaGetLastError();
-                return false;
-            }
-            scratch_bytes = need;
-        }
-        bt__launch(wgtma_gather_kernel, dim3(132 * 8), 256, 0, stream, (uint4 *)scratch,
-                   (const uint4 *)xb, rows, offs, groups, K / 8, (int)x_rows);
-        xb = (const __nv_bfloat16 *)scratch;
-    }
-    static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
-    if (!encode) {
-        cudaDriverEntryPointQueryResult q;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void **)&encode, 12000,
-                                             cudaEnableDefault, &q) != cudaSuccess ||
-            q != cudaDriverEntryPointSuccess) {
-            cudaGetLastError();
-            encode = nullptr;
-            return false;
-        }
-        static signed char f32_out[BT__MAX_DEVICES];
-        if (!bt__smem_allowed_carveout((const void *)gemm_fp4_wgtma<float>, RS_SMEM, f32_out,
-                                       true))
-            return false;
-    }
-    CUtensorMap xmap, wmap;
-    const cuuint64_t xd[2] = {(cuuint64_t)K, (cuuint64_t)x_rows}, xs[1] = {(cuuint64_t)K * 2};
-    const cuuint32_t xbox[2] = {64, 16}, one[2] = {1, 1};
-    const cuuint64_t wd[2] = {(cuuint64_t)K / 2, (cuuint64_t)(elist ? 1 << 24 : groups * N)},
-                    wst[1] = {(cuuint64_t)K / 2};
-    const cuuint32_t wbox[2] = {RS_CHUNK / 2, RS_COLS};
-    if (encode(&xmap, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)xb, xd, xs, xbox, one,
-               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS ||
-        encode(&wmap, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, (void *)w, wd, wst, wbox, one,
-               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
-        fprintf(stderr, "cuda: gemm_fp4_wgtma: a tensor map refused\n");
-        return false;
-    }
-    dim3 grid(bt__cdiv(N, RS_COLS), bt__cdiv(max_rows, RS_ROWS), groups);
-    bt__launch(gemm_fp4_wgtma<float>, grid, RS_THREADS, RS_SMEM, stream, (float *)y, offs, ws, N,
-               K, elist, xmap, wmap, getenv("BT_CUDA_WGRS_TMA_PIPE") != nullptr);
-    return true;
 }
 
 /* gemm_fp4_wgrs runs here: a Hopper device, this binary's device code built for sm_90a, and
@@ -1854,15 +1505,12 @@ static void wgrs_launch(void *y, bt_cuda_dtype_t yd, const __nv_bfloat16 *xb, co
                         cudaStream_t stream)
 {
     dim3 grid(bt__cdiv(N, RS_COLS), bt__cdiv(max_rows, RS_ROWS), groups);
-    static int diag_once = -1;
-    static const int diag_allowed[] = {0, 60, 188, 316, 380, 444, 164, 292};
-    const int diag = bt__env_choice("BT_CUDA_WGRS_DIAG", diag_allowed, 8, 0, &diag_once);
     if (yd == BT_CUDA_BF16)
         bt__launch(gemm_fp4_wgrs<__nv_bfloat16>, grid, RS_THREADS, RS_SMEM, stream,
-                   (__nv_bfloat16 *)y, xb, rows, offs, w, ws, N, K, elist, deep, diag);
+                   (__nv_bfloat16 *)y, xb, rows, offs, w, ws, N, K, elist, deep);
     else
         bt__launch(gemm_fp4_wgrs<float>, grid, RS_THREADS, RS_SMEM, stream, (float *)y, xb, rows,
-                   offs, w, ws, N, K, elist, deep, diag);
+                   offs, w, ws, N, K, elist, deep);
 }
 
 /* BT_CUDA_WGRS_STAGES=4 keeps gemm_fp4_wgrs at 4 stages whatever its tile's rows
@@ -2089,9 +1737,6 @@ static bt_status_t launch(void *y, bt_cuda_dtype_t yd, const uint16_t *x, const 
         else
             bt__launch(gemm_skinny<FMT, float>, grid, SK_WARPS * 32, 0, stream, (float *)y, xb,
                        rows, offs, w, ws, M, N, K, elist, io);
-    } else if (FMT == FMT_FP4 && mma_ok && (uintptr_t)ws % 4 == 0 && wgrs_on() && wgrs_ready() &&
-               wgtma_launch(y, yd, xb, rows, offs, groups, max_rows, w, ws, N, K, elist, stream)) {
-        /* (the experiment took it) */
     } else if (FMT == FMT_FP4 && mma_ok && (uintptr_t)ws % 4 == 0 && wgrs_on() && wgrs_ready()) {
         wgrs_launch(y, yd, xb, rows, offs, groups, max_rows, w, ws, N, K, elist, wgrs_deep(),
                     stream);
