@@ -1441,11 +1441,10 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
 #endif
 }
 
-template <typename OT>
+template <typename OT, bool DEEP>
 __global__ void __launch_bounds__(RS_THREADS, RS_BLOCKS_PER_SM)
     gemm_fp4_wgrs(OT *y, const __nv_bfloat16 *x, const int32_t *rows, const int32_t *offs,
-                  const uint8_t *w, const uint8_t *ws, int N, int K, const int32_t *elist,
-                  bool deep)
+                  const uint8_t *w, const uint8_t *ws, int N, int K, const int32_t *elist)
 {
 #ifdef BT_WGMMA
     bt_grid_begin();
@@ -1466,10 +1465,11 @@ __global__ void __launch_bounds__(RS_THREADS, RS_BLOCKS_PER_SM)
     unsigned char *smem =
         rs_smem + ((1024 - ((uint32_t)__cvta_generic_to_shared(rs_smem) & 1023)) & 1023);
     /* N: the tile's rows rounded up to 16 */
-    /* (deep: as many stages as fit, else 4, for comparisons) */
+    /* (DEEP: as many stages as fit, else 4, for comparisons; a template argument rather than a
+     * runtime one: with both forms in one kernel ptxas gave it 128 registers and a spill, with
+     * one 122 and none, and session 41 saw a runtime switch cost this kernel ~6%) */
 #define BT__WGRS_TILE(NT)                                                                          \
-    (deep ? wgrs_tile<NT, rs_stage<NT>::DEEP>(y, w, ws, N, K, m0, mr, n0, smem, arow)              \
-          : wgrs_tile<NT, 4>(y, w, ws, N, K, m0, mr, n0, smem, arow))
+    wgrs_tile<NT, DEEP ? rs_stage<NT>::DEEP : 4>(y, w, ws, N, K, m0, mr, n0, smem, arow)
     /* clang-format off */
     switch ((mr + 15) / 16) {
     case 1: BT__WGRS_TILE(16); break;
@@ -1493,10 +1493,16 @@ __global__ void __launch_bounds__(RS_THREADS, RS_BLOCKS_PER_SM)
 static bool wgrs_ready(void)
 {
     static signed char built[BT__MAX_DEVICES], bf16_out[BT__MAX_DEVICES], f32_out[BT__MAX_DEVICES];
+    static signed char bf16_out4[BT__MAX_DEVICES], f32_out4[BT__MAX_DEVICES];
     return bt__wgmma_ready(wgrs_built, built) &&
-           bt__smem_allowed_carveout((const void *)gemm_fp4_wgrs<__nv_bfloat16>, RS_SMEM, bf16_out,
+           bt__smem_allowed_carveout((const void *)gemm_fp4_wgrs<__nv_bfloat16, true>, RS_SMEM,
+                                     bf16_out, true) &&
+           bt__smem_allowed_carveout((const void *)gemm_fp4_wgrs<float, true>, RS_SMEM, f32_out,
                                      true) &&
-           bt__smem_allowed_carveout((const void *)gemm_fp4_wgrs<float>, RS_SMEM, f32_out, true);
+           bt__smem_allowed_carveout((const void *)gemm_fp4_wgrs<__nv_bfloat16, false>, RS_SMEM,
+                                     bf16_out4, true) &&
+           bt__smem_allowed_carveout((const void *)gemm_fp4_wgrs<float, false>, RS_SMEM, f32_out4,
+                                     true);
 }
 
 static void wgrs_launch(void *y, bt_cuda_dtype_t yd, const __nv_bfloat16 *xb, const int32_t *rows,
@@ -1505,12 +1511,19 @@ static void wgrs_launch(void *y, bt_cuda_dtype_t yd, const __nv_bfloat16 *xb, co
                         cudaStream_t stream)
 {
     dim3 grid(bt__cdiv(N, RS_COLS), bt__cdiv(max_rows, RS_ROWS), groups);
-    if (yd == BT_CUDA_BF16)
-        bt__launch(gemm_fp4_wgrs<__nv_bfloat16>, grid, RS_THREADS, RS_SMEM, stream,
-                   (__nv_bfloat16 *)y, xb, rows, offs, w, ws, N, K, elist, deep);
+    auto run = [&](auto deep_c) {
+        constexpr bool DEEP = decltype(deep_c)::value;
+        if (yd == BT_CUDA_BF16)
+            bt__launch(gemm_fp4_wgrs<__nv_bfloat16, DEEP>, grid, RS_THREADS, RS_SMEM, stream,
+                       (__nv_bfloat16 *)y, xb, rows, offs, w, ws, N, K, elist);
+        else
+            bt__launch(gemm_fp4_wgrs<float, DEEP>, grid, RS_THREADS, RS_SMEM, stream, (float *)y,
+                       xb, rows, offs, w, ws, N, K, elist);
+    };
+    if (deep)
+        run(std::true_type());
     else
-        bt__launch(gemm_fp4_wgrs<float>, grid, RS_THREADS, RS_SMEM, stream, (float *)y, xb, rows,
-                   offs, w, ws, N, K, elist, deep);
+        run(std::false_type());
 }
 
 /* BT_CUDA_WGRS_STAGES=4 keeps gemm_fp4_wgrs at 4 stages whatever its tile's rows
