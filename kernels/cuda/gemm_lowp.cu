@@ -1467,7 +1467,7 @@ __global__ void __launch_bounds__(RS_THREADS, RS_BLOCKS_PER_SM)
     /* N: the tile's rows rounded up to 16 */
     /* (DEEP: as many stages as fit, else 4, for comparisons; a template argument rather than a
      * runtime one: with both forms in one kernel ptxas gave it 128 registers and a spill, with
-     * one 122 and none, and session 41 saw a runtime switch cost this kernel ~6%) */
+     * one 122 and none; a runtime switch cost this kernel ~6%, bench/RESULTS.md session 41) */
 #define BT__WGRS_TILE(NT)                                                                          \
     wgrs_tile<NT, DEEP ? rs_stage<NT>::DEEP : 4>(y, w, ws, N, K, m0, mr, n0, smem, arow)
     /* clang-format off */
@@ -1487,22 +1487,32 @@ __global__ void __launch_bounds__(RS_THREADS, RS_BLOCKS_PER_SM)
 #endif
 }
 
-/* gemm_fp4_wgrs runs here: a Hopper device, this binary's device code built for sm_90a, and
- * its shared memory allowed (with the SM's whole carveout asked for shared memory: two blocks
- * of RS_SMEM need it) */
-static bool wgrs_ready(void)
+/* BT_CUDA_WGRS_STAGES=4 keeps gemm_fp4_wgrs at 4 stages whatever its tile's rows
+ * (comparisons); 0, the default, as many as fit (8 for up to 64 rows, 5 for 112) */
+static bool wgrs_deep(void)
 {
-    static signed char built[BT__MAX_DEVICES], bf16_out[BT__MAX_DEVICES], f32_out[BT__MAX_DEVICES];
-    static signed char bf16_out4[BT__MAX_DEVICES], f32_out4[BT__MAX_DEVICES];
-    return bt__wgmma_ready(wgrs_built, built) &&
-           bt__smem_allowed_carveout((const void *)gemm_fp4_wgrs<__nv_bfloat16, true>, RS_SMEM,
-                                     bf16_out, true) &&
-           bt__smem_allowed_carveout((const void *)gemm_fp4_wgrs<float, true>, RS_SMEM, f32_out,
-                                     true) &&
-           bt__smem_allowed_carveout((const void *)gemm_fp4_wgrs<__nv_bfloat16, false>, RS_SMEM,
-                                     bf16_out4, true) &&
-           bt__smem_allowed_carveout((const void *)gemm_fp4_wgrs<float, false>, RS_SMEM, f32_out4,
-                                     true);
+    static int once = -1;
+    static const int allowed[] = {0, 4};
+    return bt__env_choice("BT_CUDA_WGRS_STAGES", allowed, 2, 0, &once) == 0;
+}
+
+/* gemm_fp4_wgrs runs here at the stage count deep chose: a Hopper device, this binary's device
+ * code built for sm_90a, and its shared memory allowed (with the SM's whole carveout asked for
+ * shared memory: two blocks of RS_SMEM need it) */
+static bool wgrs_ready(bool deep)
+{
+    static signed char built[BT__MAX_DEVICES], allowed[2][2][BT__MAX_DEVICES]; /* [deep][f32] */
+    signed char *bf16_state = allowed[deep][0], *f32_state = allowed[deep][1];
+    bool ok = bt__wgmma_ready(wgrs_built, built);
+    if (ok)
+        bt_with_int<0, 1>(deep, [&](auto deep_c) {
+            constexpr bool DEEP = decltype(deep_c)::value;
+            ok = bt__smem_allowed_carveout((const void *)gemm_fp4_wgrs<__nv_bfloat16, DEEP>,
+                                           RS_SMEM, bf16_state, true) &&
+                 bt__smem_allowed_carveout((const void *)gemm_fp4_wgrs<float, DEEP>, RS_SMEM,
+                                           f32_state, true);
+        });
+    return ok;
 }
 
 static void wgrs_launch(void *y, bt_cuda_dtype_t yd, const __nv_bfloat16 *xb, const int32_t *rows,
@@ -1511,7 +1521,7 @@ static void wgrs_launch(void *y, bt_cuda_dtype_t yd, const __nv_bfloat16 *xb, co
                         cudaStream_t stream)
 {
     dim3 grid(bt__cdiv(N, RS_COLS), bt__cdiv(max_rows, RS_ROWS), groups);
-    auto run = [&](auto deep_c) {
+    bt_with_int<0, 1>(deep, [&](auto deep_c) {
         constexpr bool DEEP = decltype(deep_c)::value;
         if (yd == BT_CUDA_BF16)
             bt__launch(gemm_fp4_wgrs<__nv_bfloat16, DEEP>, grid, RS_THREADS, RS_SMEM, stream,
@@ -1519,20 +1529,7 @@ static void wgrs_launch(void *y, bt_cuda_dtype_t yd, const __nv_bfloat16 *xb, co
         else
             bt__launch(gemm_fp4_wgrs<float, DEEP>, grid, RS_THREADS, RS_SMEM, stream, (float *)y,
                        xb, rows, offs, w, ws, N, K, elist);
-    };
-    if (deep)
-        run(std::true_type());
-    else
-        run(std::false_type());
-}
-
-/* BT_CUDA_WGRS_STAGES=4 keeps gemm_fp4_wgrs at 4 stages whatever its tile's rows
- * (comparisons); 0, the default, as many as fit (8 for up to 64 rows, 5 for 112) */
-static bool wgrs_deep(void)
-{
-    static int once = -1;
-    static const int allowed[] = {0, 4};
-    return bt__env_choice("BT_CUDA_WGRS_STAGES", allowed, 2, 0, &once) == 0;
+    });
 }
 
 /* BT_CUDA_FP4ROWS=0 / BT_CUDA_FP8ROWS=0 keep gemm_mma16 for few rows of FP4 / FP8 weights
@@ -1750,7 +1747,8 @@ static bt_status_t launch(void *y, bt_cuda_dtype_t yd, const uint16_t *x, const 
         else
             bt__launch(gemm_skinny<FMT, float>, grid, SK_WARPS * 32, 0, stream, (float *)y, xb,
                        rows, offs, w, ws, M, N, K, elist, io);
-    } else if (FMT == FMT_FP4 && mma_ok && (uintptr_t)ws % 4 == 0 && wgrs_on() && wgrs_ready()) {
+    } else if (FMT == FMT_FP4 && mma_ok && (uintptr_t)ws % 4 == 0 && wgrs_on() &&
+               wgrs_ready(wgrs_deep())) {
         wgrs_launch(y, yd, xb, rows, offs, groups, max_rows, w, ws, N, K, elist, wgrs_deep(),
                     stream);
     } else if (FMT == FMT_FP4 && mma_ok && (uintptr_t)ws % 4 == 0 && ft_smem_ready()) {
