@@ -659,7 +659,8 @@ static int g_qb_after = 0;
  * BT_BENCH_IW_SCALE_MAIN=1 on the main stream before the scores (the engine before). */
 static int g_iw_scale_main = 0;
 /* BT_BENCH_FUSE: the decode's launches merged as the engine merges them (session 39), 1
- * (default) all three: w13 with the SwiGLU (bt_cuda_gemm_fp4_swiglu_list), the combine in the
+ * (default) all three: w13 with the SwiGLU (bt_cuda_gemm_fp4_swiglu_list; the prefill's too
+ * since session 42), the combine in the
  * expand (bt_cuda_hc_expand_moe), the index queries' product with their finish
  * (bt_cuda_gemm_fp8_qfinish, for up to 8 tokens); 0 none; 2, 3, 4 only the first, second,
  * third (comparisons). (Routing with its grouping in one launch and the attention's splits
@@ -1415,13 +1416,22 @@ static bt_status_t time_empty_experts(const weights_t *W, case_t *c, cudaStream_
 
 /* The routed experts' two FP4 GEMMs alone (w13, then w2 on the swiglu's rows as the layer
  * left them), as layer_run launches them: the figure the tensor-core rate target is read
- * against (the experts part also holds the swiglu, the shared expert and the combine). */
+ * against (the experts part also holds the swiglu, the shared expert and the combine; where
+ * the layer takes w13 with its SwiGLU in one launch, that launch, the SwiGLU counted in). */
 static bt_status_t time_routed_gemms(const weights_t *W, case_t *c, cudaStream_t st,
                                      cudaEvent_t *ev, int reps, double *ms_p)
 {
     return time_launches(
         st, ev, reps, "routed-GEMM",
         [&]() {
+            if (c->elist && fused(0) && bt_cuda_gemm_fp4_swiglu_fits(MI, HID, c->max_rows)) {
+                BT_TRY(bt_cuda_gemm_fp4_swiglu_list(c->h, BF16, c->xin, c->rows, c->offs, c->elist,
+                                                    c->n_elist, c->max_rows, W->w13, W->w13_s, MI,
+                                                    HID, c->row_w, SWIGLU_LIMIT, st));
+                return bt_cuda_gemm_fp4_grouped_list(c->y2, F32, c->h, NULL, c->offs, c->elist,
+                                                     c->n_elist, c->max_rows, W->w2, W->w2_s, HID,
+                                                     MI, st);
+            }
             if (c->elist) {
                 BT_TRY(bt_cuda_gemm_fp4_grouped_list(c->gu, F32, c->xin, c->rows, c->offs, c->elist,
                                                      c->n_elist, c->max_rows, W->w13, W->w13_s,

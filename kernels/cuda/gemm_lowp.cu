@@ -1268,14 +1268,31 @@ static bool wgrs_on(void)
     return bt__env_switch("BT_CUDA_WGRS", &once);
 }
 
-template <int NT, int ST, typename OT>
+/* the SwiGLU form's epilogue (SW): h [rows, N / 2] = wt[row] * bt_swiglu(gate, up, limit) */
+struct wgrs_swiglu {
+    const float *wt;
+    float limit;
+};
+
+template <int NT, int ST, bool SW, typename OT>
 __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t *ws, int N, int K,
                                           int m0, int mr, int n0, unsigned char *smem,
-                                          const __nv_bfloat16 *const *arow)
+                                          const __nv_bfloat16 *const *arow, wgrs_swiglu epi)
 {
 #ifdef BT_WGMMA
     const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, c = lane & 3;
     const int f = 64 * (tid >> 7) + 16 * ((tid >> 5) & 3) + g; /* columns f and f + 8 */
+    /* SW (w13, N = 2I, gate rows then up rows): the block's 128 weight rows in shared memory
+     * are the gate rows of units n0 / 2 .. + 63, then the up rows of the same units; a thread's
+     * two fragment rows (its output columns f and f + 8) take the gate and the up row of one
+     * unit u, so its own sums pair up for the SwiGLU. The weights are A from registers,
+     * converted by the thread itself: which rows it converts is free. (Each sum is the plain
+     * form's: the same products in the same order.) */
+    const int u = 32 * (tid >> 7) + 8 * ((tid >> 5) & 3) + g;
+    const int fl = SW ? u : f, fh = SW ? 64 + u : f + 8; /* the shared rows of f, f + 8 */
+    /* the weight row shared row i holds, and whether it is one */
+    auto w_row = [&](int i) { return SW ? (i < 64 ? 0 : N / 2) + n0 / 2 + (i & 63) : n0 + i; };
+    auto w_row_ok = [&](int i) { return SW ? n0 / 2 + (i & 63) < N / 2 : n0 + i < N; };
     using SG = rs_stage<NT>;
     constexpr int COLS = RS_COLS, THREADS = RS_THREADS;
     static_assert(ST >= 3 && ST <= SG::FIT, "stages: 2 chunks in flight at least, in RS_SMEM");
@@ -1287,9 +1304,9 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
     constexpr int RJ = THREADS / 8; /* rows a round of the rows' copies */
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(smem);
     const uint32_t x_dst = wg_sw(tid >> 3, tid & 7); /* + 128 RJ j: row tid / 8 + RJ j */
-    const int wn = n0 + (tid >> 1), sn = n0 + tid;
-    const uint8_t *w_src = w + (size_t)(wn < N ? wn : 0) * (K / 2) + 16 * (tid & 1);
-    const uint8_t *s_src = ws + (size_t)(sn < N ? sn : 0) * (K / 32);
+    const bool wn_ok = w_row_ok(tid >> 1), sn_ok = w_row_ok(tid);
+    const uint8_t *w_src = w + (size_t)(wn_ok ? w_row(tid >> 1) : 0) * (K / 2) + 16 * (tid & 1);
+    const uint8_t *s_src = ws + (size_t)(sn_ok ? w_row(tid) : 0) * (K / 32);
     constexpr int XU = NT * RS_CHUNK / 8, XJ = (XU + THREADS - 1) / THREADS;
     /* the rows' sources in registers: read from shared memory at every chunk, each copy's
      * address waited on that load */
@@ -1311,9 +1328,9 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
             if (XU % THREADS == 0 || r < NT)
                 cp_async_sh<16>(sx + x_dst + 128 * RJ * j, x_src[j] + k0, r < mr);
         }
-        cp_async_sh<16>(sx + SG::X_BYTES + 16 * tid, w_src + k0 / 2, wn < N);
+        cp_async_sh<16>(sx + SG::X_BYTES + 16 * tid, w_src + k0 / 2, wn_ok);
         if (decltype(first_c)::value && tid < COLS)
-            cp_async_sh<4>(sx + SG::S_OFF + 4 * tid, s_src + k0 / 128 * 4, sn < N);
+            cp_async_sh<4>(sx + SG::S_OFF + 4 * tid, s_src + k0 / 128 * 4, sn_ok);
     };
     static_assert(RS_CHUNK * 2 == 128, "two chunks a 128-k scale word, read with the first");
 
@@ -1357,8 +1374,8 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
         const unsigned char *sx = stage(ch);
         const uint4 *sw = (const uint4 *)(sx + SG::X_BYTES);
         if (FIRST) {
-            s_lo = ((const uint32_t *)(sx + SG::S_OFF))[f];
-            s_hi = ((const uint32_t *)(sx + SG::S_OFF))[f + 8];
+            s_lo = ((const uint32_t *)(sx + SG::S_OFF))[fl];
+            s_hi = ((const uint32_t *)(sx + SG::S_OFF))[fh];
             fast = __all_sync(0xffffffffu,
                               (fp4_scales_fast4(s_lo) & fp4_scales_fast4(s_hi)) == 0x80808080u);
             if (fast) {
@@ -1373,8 +1390,8 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
 #pragma unroll
             for (int q = 0; q < UNITS; q++) { /* k 32q .. 32q + 31: steps 2q, 2q + 1 */
                 /* word c of the run: (fragment order) this lane's pairs, k 2c + 8t */
-                const unsigned wl = ((const uint32_t *)(sw + UNITS * f + q))[c];
-                const unsigned wh = ((const uint32_t *)(sw + UNITS * (f + 8) + q))[c];
+                const unsigned wl = ((const uint32_t *)(sw + UNITS * fl + q))[c];
+                const unsigned wh = ((const uint32_t *)(sw + UNITS * fh + q))[c];
                 __nv_bfloat162 s2l, s2h;
                 uint8_t sl = 0, sh = 0;
                 if (FAST) { /* bt_fp4_scale_bf16 of byte sb0 + q, the 126 added above */
@@ -1431,20 +1448,36 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
         asm volatile("" : "+f"(d[i])::"memory");
     }
     /* d[4j + t]: column f + 8 (t >> 1), row 8j + 2c + (t & 1) */
+    if constexpr (SW) { /* (bt_cuda_swiglu's arithmetic on the same sums) */
+        const int n = n0 / 2 + u;
 #pragma unroll
-    for (int j = 0; j < NT / 8; j++)
+        for (int j = 0; j < NT / 8; j++)
 #pragma unroll
-        for (int t = 0; t < 4; t++) {
-            const int r = 8 * j + 2 * c + (t & 1), n = n0 + f + 8 * (t >> 1);
-            if (r < mr && n < N) bt_st(y, (size_t)(m0 + r) * N + n, d[4 * j + t]);
-        }
+            for (int t = 0; t < 2; t++) {
+                const int r = 8 * j + 2 * c + t;
+                if (r < mr && n < N / 2) {
+                    const size_t row = (size_t)(m0 + r);
+                    const float h = bt_swiglu(d[4 * j + t], d[4 * j + 2 + t], epi.limit);
+                    bt_st(y, row * (size_t)(N / 2) + n, epi.wt ? epi.wt[row] * h : h);
+                }
+            }
+    } else {
+#pragma unroll
+        for (int j = 0; j < NT / 8; j++)
+#pragma unroll
+            for (int t = 0; t < 4; t++) {
+                const int r = 8 * j + 2 * c + (t & 1), n = n0 + f + 8 * (t >> 1);
+                if (r < mr && n < N) bt_st(y, (size_t)(m0 + r) * N + n, d[4 * j + t]);
+            }
+    }
 #endif
 }
 
-template <typename OT, bool DEEP>
+template <typename OT, bool DEEP, bool SW>
 __global__ void __launch_bounds__(RS_THREADS, RS_BLOCKS_PER_SM)
     gemm_fp4_wgrs(OT *y, const __nv_bfloat16 *x, const int32_t *rows, const int32_t *offs,
-                  const uint8_t *w, const uint8_t *ws, int N, int K, const int32_t *elist)
+                  const uint8_t *w, const uint8_t *ws, int N, int K, const int32_t *elist,
+                  wgrs_swiglu epi)
 {
 #ifdef BT_WGMMA
     bt_grid_begin();
@@ -1469,7 +1502,7 @@ __global__ void __launch_bounds__(RS_THREADS, RS_BLOCKS_PER_SM)
      * runtime one: with both forms in one kernel ptxas gave it 128 registers and a spill, with
      * one 122 and none; a runtime switch cost this kernel ~6%, bench/RESULTS.md session 41) */
 #define BT__WGRS_TILE(NT)                                                                          \
-    wgrs_tile<NT, DEEP ? rs_stage<NT>::DEEP : 4>(y, w, ws, N, K, m0, mr, n0, smem, arow)
+    wgrs_tile<NT, DEEP ? rs_stage<NT>::DEEP : 4, SW>(y, w, ws, N, K, m0, mr, n0, smem, arow, epi)
     /* clang-format off */
     switch ((mr + 15) / 16) {
     case 1: BT__WGRS_TILE(16); break;
@@ -1499,17 +1532,18 @@ static bool wgrs_deep(void)
 /* gemm_fp4_wgrs runs here at the stage count deep chose: a Hopper device, this binary's device
  * code built for sm_90a, and its shared memory allowed (with the SM's whole carveout asked for
  * shared memory: two blocks of RS_SMEM need it) */
-static bool wgrs_ready(bool deep)
+static bool wgrs_ready(bool deep, bool sw)
 {
-    static signed char built[BT__MAX_DEVICES], allowed[2][2][BT__MAX_DEVICES]; /* [deep][f32] */
-    signed char *bf16_state = allowed[deep][0], *f32_state = allowed[deep][1];
+    /* [sw][deep][f32] */
+    static signed char built[BT__MAX_DEVICES], allowed[2][2][2][BT__MAX_DEVICES];
+    signed char *bf16_state = allowed[sw][deep][0], *f32_state = allowed[sw][deep][1];
     bool ok = bt__wgmma_ready(wgrs_built, built);
     if (ok)
-        bt_with_int<0, 1>(deep, [&](auto deep_c) {
-            constexpr bool DEEP = decltype(deep_c)::value;
-            ok = bt__smem_allowed_carveout((const void *)gemm_fp4_wgrs<__nv_bfloat16, DEEP>,
+        bt_with_int<0, 1, 2, 3>(2 * sw + deep, [&](auto form_c) {
+            constexpr bool DEEP = decltype(form_c)::value & 1, SW = decltype(form_c)::value >> 1;
+            ok = bt__smem_allowed_carveout((const void *)gemm_fp4_wgrs<__nv_bfloat16, DEEP, SW>,
                                            RS_SMEM, bf16_state, true) &&
-                 bt__smem_allowed_carveout((const void *)gemm_fp4_wgrs<float, DEEP>, RS_SMEM,
+                 bt__smem_allowed_carveout((const void *)gemm_fp4_wgrs<float, DEEP, SW>, RS_SMEM,
                                            f32_state, true);
         });
     return ok;
@@ -1518,17 +1552,19 @@ static bool wgrs_ready(bool deep)
 static void wgrs_launch(void *y, bt_cuda_dtype_t yd, const __nv_bfloat16 *xb, const int32_t *rows,
                         const int32_t *offs, int groups, int max_rows, const uint8_t *w,
                         const uint8_t *ws, int N, int K, const int32_t *elist, bool deep,
-                        cudaStream_t stream)
+                        const wgrs_swiglu *sw, cudaStream_t stream)
 {
+    /* (SW: N = 2I, a block's 128 columns 64 units' gate and up) */
     dim3 grid(bt__cdiv(N, RS_COLS), bt__cdiv(max_rows, RS_ROWS), groups);
-    bt_with_int<0, 1>(deep, [&](auto deep_c) {
-        constexpr bool DEEP = decltype(deep_c)::value;
+    const wgrs_swiglu epi = sw ? *sw : wgrs_swiglu{};
+    bt_with_int<0, 1, 2, 3>(2 * (sw != nullptr) + deep, [&](auto form_c) {
+        constexpr bool DEEP = decltype(form_c)::value & 1, SW = decltype(form_c)::value >> 1;
         if (yd == BT_CUDA_BF16)
-            bt__launch(gemm_fp4_wgrs<__nv_bfloat16, DEEP>, grid, RS_THREADS, RS_SMEM, stream,
-                       (__nv_bfloat16 *)y, xb, rows, offs, w, ws, N, K, elist);
+            bt__launch(gemm_fp4_wgrs<__nv_bfloat16, DEEP, SW>, grid, RS_THREADS, RS_SMEM, stream,
+                       (__nv_bfloat16 *)y, xb, rows, offs, w, ws, N, K, elist, epi);
         else
-            bt__launch(gemm_fp4_wgrs<float, DEEP>, grid, RS_THREADS, RS_SMEM, stream, (float *)y,
-                       xb, rows, offs, w, ws, N, K, elist);
+            bt__launch(gemm_fp4_wgrs<float, DEEP, SW>, grid, RS_THREADS, RS_SMEM, stream,
+                       (float *)y, xb, rows, offs, w, ws, N, K, elist, epi);
     });
 }
 
@@ -1748,9 +1784,9 @@ static bt_status_t launch(void *y, bt_cuda_dtype_t yd, const uint16_t *x, const 
             bt__launch(gemm_skinny<FMT, float>, grid, SK_WARPS * 32, 0, stream, (float *)y, xb,
                        rows, offs, w, ws, M, N, K, elist, io);
     } else if (FMT == FMT_FP4 && mma_ok && (uintptr_t)ws % 4 == 0 && wgrs_on() &&
-               wgrs_ready(wgrs_deep())) {
+               wgrs_ready(wgrs_deep(), false)) {
         wgrs_launch(y, yd, xb, rows, offs, groups, max_rows, w, ws, N, K, elist, wgrs_deep(),
-                    stream);
+                    nullptr, stream);
     } else if (FMT == FMT_FP4 && mma_ok && (uintptr_t)ws % 4 == 0 && ft_smem_ready()) {
         /* (grouped only: rows K and N apart, as the plain layout) */
         dim3 grid(bt__cdiv(N, FT_COLS), bt__cdiv(max_rows, FT_ROWS), groups);
@@ -1850,18 +1886,25 @@ extern "C" bt_status_t bt_cuda_gemm_fp4_grouped_list(void *y, bt_cuda_dtype_t y_
                            experts, plain_io(N, K), stream);
 }
 
-/* The routed experts' w13 and their SwiGLU in one launch (gemm_rows' SW form): a decode
- * step's h without its gate and up sums going through memory, and without the activation's own
- * launch on the critical path between the two expert products. Taken where the plain form
- * would run gemm_rows with the whole block as one warp group (ks 8: K a multiple of 1024), so
- * every sum is the plain form's and h is bt_cuda_swiglu's, bit for bit. BT_CUDA_SWIGLU_FUSED=0:
- * never (comparisons), read once. */
+/* The routed experts' w13 and their SwiGLU in one launch: h without its gate and up sums
+ * going through memory, and without the activation's own launch. Two forms, each taken where
+ * the plain product would run the same kernel on the same sums, so every sum is the plain
+ * form's and h is bt_cuda_swiglu's, bit for bit:
+ * - a decode step's (up to 16 rows an expert): gemm_rows' SW form, where the plain form would
+ *   run gemm_rows with the whole block as one warp group (ks 8: K a multiple of 1024); off the
+ *   critical path between the two expert products goes the activation's launch;
+ * - a prefill's (more rows, on Hopper): gemm_fp4_wgrs' SW form; the [rows, 2I] f32 sums (0.45
+ *   GB at 4096 tokens) are neither written nor read back.
+ * BT_CUDA_SWIGLU_FUSED=0: never (comparisons), read once. */
 extern "C" int bt_cuda_gemm_fp4_swiglu_fits(int I, int K, int max_rows)
 {
     static int once = -1;
-    return bt__env_switch("BT_CUDA_SWIGLU_FUSED", &once) && rows_on<FMT_FP4>() && I > 0 &&
-           I % 32 == 0 && K > 0 && K % 128 == 0 && rows_ks(FMT_FP4, K) == MT_WARPS &&
-           max_rows > 0 && max_rows <= SKINNY_MAX_ROWS && (long long)2 * I * K < (1ll << 31);
+    if (!bt__env_switch("BT_CUDA_SWIGLU_FUSED", &once) || I <= 0 || K <= 0 || K % 128 != 0 ||
+        max_rows <= 0)
+        return 0;
+    if (max_rows > SKINNY_MAX_ROWS) return wgrs_on() && wgrs_ready(wgrs_deep(), true);
+    return rows_on<FMT_FP4>() && I % 32 == 0 && rows_ks(FMT_FP4, K) == MT_WARPS &&
+           (long long)2 * I * K < (1ll << 31);
 }
 
 extern "C" bt_status_t
@@ -1875,6 +1918,13 @@ bt_cuda_gemm_fp4_swiglu_list(void *h, bt_cuda_dtype_t h_dtype, const uint16_t *x
     BT_CUDA_REQUIRE(n_listed > 0 && n_listed <= 65535);
     BT_CUDA_REQUIRE(bt_cuda_gemm_fp4_swiglu_fits(I, K, max_rows));
     const __nv_bfloat16 *xb = (const __nv_bfloat16 *)x;
+    if (max_rows > SKINNY_MAX_ROWS) { /* (the plain form's gemm_fp4_wgrs conditions) */
+        BT_CUDA_REQUIRE((uintptr_t)w_scale % 4 == 0);
+        const wgrs_swiglu epi = {wt, limit};
+        wgrs_launch(h, h_dtype, xb, rows, offs, n_listed, max_rows, w, w_scale, 2 * I, K, experts,
+                    wgrs_deep(), &epi, stream);
+        return bt__cuda_launched("gemm_fp4_swiglu");
+    }
     const int N = 2 * I, groups = n_listed, lh = rows_lh(FMT_FP4, groups);
     const dim3 grid(I / 32, groups);
     const gemm_io io = plain_io(N, K);

@@ -50,7 +50,7 @@ index_scores,index_scores_sets,index_scores_tc,index_sets_tc,gemm_fp4_grouped,ge
 hc_mix,hc_mix_ws,hc_mix_collapse"
 # gemm_fp4_wgrs' other form: the 4-stage pipeline
 step test_cuda_ops_wgrs4st 120 env BT_CUDA_WGRS_STAGES=4 \
-  "$bundle/bin/test_cuda_ops" --only "gemm_fp4_grouped,gemm_fp4_listed"
+  "$bundle/bin/test_cuda_ops" --only "gemm_fp4_grouped,gemm_fp4_listed,gemm_fp4_swiglu"
 # gemm_rows' weight loads with the other cache hints (the defaults: FP8 2, FP4 1 or 2 by the
 # experts listed; the switches are for comparisons)
 step test_cuda_ops_rows_lh0 120 env BT_CUDA_ROWS_LH=0 BT_CUDA_FP4_LH=0 \
