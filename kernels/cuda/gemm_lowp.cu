@@ -1894,15 +1894,21 @@ extern "C" bt_status_t bt_cuda_gemm_fp4_grouped_list(void *y, bt_cuda_dtype_t y_
  *   run gemm_rows with the whole block as one warp group (ks 8: K a multiple of 1024); off the
  *   critical path between the two expert products goes the activation's launch;
  * - a prefill's (more rows, on Hopper): gemm_fp4_wgrs' SW form; the [rows, 2I] f32 sums (0.45
- *   GB at 4096 tokens) are neither written nor read back.
- * BT_CUDA_SWIGLU_FUSED=0: never (comparisons), read once. */
+ *   GB at 4096 tokens) are neither written nor read back. Only with BT_CUDA_WGRS_SWIGLU=1 until
+ *   it has been checked on a GPU (written in session 42, when no machine came for it:
+ *   bench/RESULTS.md); test_cuda_ops switches it on.
+ * BT_CUDA_SWIGLU_FUSED=0: neither (comparisons), read once. */
 extern "C" int bt_cuda_gemm_fp4_swiglu_fits(int I, int K, int max_rows)
 {
     static int once = -1;
     if (!bt__env_switch("BT_CUDA_SWIGLU_FUSED", &once) || I <= 0 || K <= 0 || K % 128 != 0 ||
         max_rows <= 0)
         return 0;
-    if (max_rows > SKINNY_MAX_ROWS) return wgrs_on() && wgrs_ready(wgrs_deep(), true);
+    static int wgrs_sw_once = -1;
+    static const int off_on[] = {0, 1};
+    if (max_rows > SKINNY_MAX_ROWS)
+        return bt__env_choice("BT_CUDA_WGRS_SWIGLU", off_on, 2, 0, &wgrs_sw_once) && wgrs_on() &&
+               wgrs_ready(wgrs_deep(), true);
     return rows_on<FMT_FP4>() && I % 32 == 0 && rows_ks(FMT_FP4, K) == MT_WARPS &&
            (long long)2 * I * K < (1ll << 31);
 }
