@@ -1352,7 +1352,8 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
         cp_async_commit();
     }
     bool fast = false;
-    /* the 128 k's scale words of columns f and f + 8, read with its first chunk; fast, each
+    /* the 128 k's scale words of columns f and f + 8 (shared rows fl, fh), read with its first
+     * chunk; fast, each
      * byte plus 126 (bt_fp4_scale_bf16's exponent, no carry between bytes 8..127) */
     uint32_t s_lo = 0, s_hi = 0;
     /* chunk ch: FIRST, the first of its 128 k (ch even) */
@@ -1906,8 +1907,9 @@ extern "C" int bt_cuda_gemm_fp4_swiglu_fits(int I, int K, int max_rows)
         return 0;
     static int wgrs_sw_once = -1;
     static const int off_on[] = {0, 1};
-    if (max_rows > SKINNY_MAX_ROWS)
+    if (max_rows > SKINNY_MAX_ROWS) /* (the plain product's bound, and its kernel ready too) */
         return bt__env_choice("BT_CUDA_WGRS_SWIGLU", off_on, 2, 0, &wgrs_sw_once) && wgrs_on() &&
+               max_rows <= 65535 * BM && wgrs_ready(wgrs_deep(), false) &&
                wgrs_ready(wgrs_deep(), true);
     return rows_on<FMT_FP4>() && I % 32 == 0 && rows_ks(FMT_FP4, K) == MT_WARPS &&
            (long long)2 * I * K < (1ll << 31);

@@ -1969,7 +1969,7 @@ static bt_status_t fp4_experts(fwd_t *f, int l, const int32_t *xrow_d, const int
     cudaStream_t st = cu->stream;
     int N = f->N, D = c->hidden, I = f->m->il, total = N * w->n_active;
     CK(product_rows(cu->xb, cu->xin, N, D, D, w->w13_aq, st));
-    if (bt_cuda_gemm_fp4_swiglu_fits(I, D, max_rows)) { /* (a decode step's: one launch) */
+    if (bt_cuda_gemm_fp4_swiglu_fits(I, D, max_rows)) { /* (one launch: see its header) */
         CK(bt_cuda_gemm_fp4_swiglu_list(cu->hb, BT_CUDA_BF16, cu->xb, xrow_d, offs_d, experts_d,
                                         n_listed, max_rows, w->w13_q, w->w13_s, I, D, wt_d,
                                         (float)c->swiglu_limit, st));
