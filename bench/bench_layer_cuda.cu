@@ -719,6 +719,35 @@ static bt_status_t mark(cudaEvent_t *ev, int i, cudaStream_t st, int capture)
 /* One layer on c->x in place. ev: N_SEGS + 1 events recorded at the segment boundaries
  * (NULL: none); capture: the stream is being captured into a graph. The expert GEMMs get
  * c->max_rows as their host-side bound. */
+/* The routed experts' products as the layer runs them: w13 (with its SwiGLU in one launch
+ * where bt_cuda_gemm_fp4_swiglu_fits takes it, else bt_cuda_swiglu after it, which `swiglu`
+ * false leaves out: the GEMMs alone), then w2 on the swiglu's rows h; over the experts hit
+ * (c->elist) once the warm-up has read them back, else over every expert. */
+static bt_status_t routed_experts(const weights_t *W, case_t *c, cudaStream_t st, bool swiglu)
+{
+    const int R = c->T * TOPK;
+    if (c->elist && fused(0) && bt_cuda_gemm_fp4_swiglu_fits(MI, HID, c->max_rows)) {
+        BT_TRY(bt_cuda_gemm_fp4_swiglu_list(c->h, BF16, c->xin, c->rows, c->offs, c->elist,
+                                            c->n_elist, c->max_rows, W->w13, W->w13_s, MI, HID,
+                                            c->row_w, SWIGLU_LIMIT, st));
+        return bt_cuda_gemm_fp4_grouped_list(c->y2, F32, c->h, NULL, c->offs, c->elist, c->n_elist,
+                                             c->max_rows, W->w2, W->w2_s, HID, MI, st);
+    }
+    if (c->elist) {
+        BT_TRY(bt_cuda_gemm_fp4_grouped_list(c->gu, F32, c->xin, c->rows, c->offs, c->elist,
+                                             c->n_elist, c->max_rows, W->w13, W->w13_s, 2 * MI, HID,
+                                             st));
+        if (swiglu) BT_TRY(bt_cuda_swiglu(c->h, BF16, c->gu, c->row_w, R, MI, SWIGLU_LIMIT, st));
+        return bt_cuda_gemm_fp4_grouped_list(c->y2, F32, c->h, NULL, c->offs, c->elist, c->n_elist,
+                                             c->max_rows, W->w2, W->w2_s, HID, MI, st);
+    }
+    BT_TRY(bt_cuda_gemm_fp4_grouped(c->gu, F32, c->xin, c->rows, c->offs, NE, c->max_rows, W->w13,
+                                    W->w13_s, 2 * MI, HID, st));
+    if (swiglu) BT_TRY(bt_cuda_swiglu(c->h, BF16, c->gu, c->row_w, R, MI, SWIGLU_LIMIT, st));
+    return bt_cuda_gemm_fp4_grouped(c->y2, F32, c->h, NULL, c->offs, NE, c->max_rows, W->w2,
+                                    W->w2_s, HID, MI, st);
+}
+
 static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c, cudaStream_t st,
                              cudaEvent_t *ev, int capture)
 {
@@ -938,25 +967,7 @@ static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c
 
     /* experts: routed (FP4, grouped over the experts hit once the warm-up read them back;
      * the routing weight before w2), shared (FP8) after them on one stream */
-    if (c->elist && fused(0) && bt_cuda_gemm_fp4_swiglu_fits(MI, HID, c->max_rows)) {
-        BT_TRY(bt_cuda_gemm_fp4_swiglu_list(c->h, BF16, c->xin, c->rows, c->offs, c->elist,
-                                            c->n_elist, c->max_rows, W->w13, W->w13_s, MI, HID,
-                                            c->row_w, SWIGLU_LIMIT, st));
-        BT_TRY(bt_cuda_gemm_fp4_grouped_list(c->y2, F32, c->h, NULL, c->offs, c->elist, c->n_elist,
-                                             c->max_rows, W->w2, W->w2_s, HID, MI, st));
-    } else if (c->elist) {
-        BT_TRY(bt_cuda_gemm_fp4_grouped_list(c->gu, F32, c->xin, c->rows, c->offs, c->elist, c->n_elist,
-                                             c->max_rows, W->w13, W->w13_s, 2 * MI, HID, st));
-        BT_TRY(bt_cuda_swiglu(c->h, BF16, c->gu, c->row_w, R, MI, SWIGLU_LIMIT, st));
-        BT_TRY(bt_cuda_gemm_fp4_grouped_list(c->y2, F32, c->h, NULL, c->offs, c->elist, c->n_elist,
-                                             c->max_rows, W->w2, W->w2_s, HID, MI, st));
-    } else {
-        BT_TRY(bt_cuda_gemm_fp4_grouped(c->gu, F32, c->xin, c->rows, c->offs, NE, c->max_rows,
-                                        W->w13, W->w13_s, 2 * MI, HID, st));
-        BT_TRY(bt_cuda_swiglu(c->h, BF16, c->gu, c->row_w, R, MI, SWIGLU_LIMIT, st));
-        BT_TRY(bt_cuda_gemm_fp4_grouped(c->y2, F32, c->h, NULL, c->offs, NE, c->max_rows, W->w2,
-                                        W->w2_s, HID, MI, st));
-    }
+    BT_TRY(routed_experts(W, c, st, true));
     if (two) {
         BT_TRY(join_side(st, 1));
         g_side = side_low;
@@ -1422,30 +1433,7 @@ static bt_status_t time_routed_gemms(const weights_t *W, case_t *c, cudaStream_t
                                      cudaEvent_t *ev, int reps, double *ms_p)
 {
     return time_launches(
-        st, ev, reps, "routed-GEMM",
-        [&]() {
-            if (c->elist && fused(0) && bt_cuda_gemm_fp4_swiglu_fits(MI, HID, c->max_rows)) {
-                BT_TRY(bt_cuda_gemm_fp4_swiglu_list(c->h, BF16, c->xin, c->rows, c->offs, c->elist,
-                                                    c->n_elist, c->max_rows, W->w13, W->w13_s, MI,
-                                                    HID, c->row_w, SWIGLU_LIMIT, st));
-                return bt_cuda_gemm_fp4_grouped_list(c->y2, F32, c->h, NULL, c->offs, c->elist,
-                                                     c->n_elist, c->max_rows, W->w2, W->w2_s, HID,
-                                                     MI, st);
-            }
-            if (c->elist) {
-                BT_TRY(bt_cuda_gemm_fp4_grouped_list(c->gu, F32, c->xin, c->rows, c->offs, c->elist,
-                                                     c->n_elist, c->max_rows, W->w13, W->w13_s,
-                                                     2 * MI, HID, st));
-                return bt_cuda_gemm_fp4_grouped_list(c->y2, F32, c->h, NULL, c->offs, c->elist,
-                                                     c->n_elist, c->max_rows, W->w2, W->w2_s, HID,
-                                                     MI, st);
-            }
-            BT_TRY(bt_cuda_gemm_fp4_grouped(c->gu, F32, c->xin, c->rows, c->offs, NE, c->max_rows,
-                                            W->w13, W->w13_s, 2 * MI, HID, st));
-            return bt_cuda_gemm_fp4_grouped(c->y2, F32, c->h, NULL, c->offs, NE, c->max_rows, W->w2,
-                                            W->w2_s, HID, MI, st);
-        },
-        ms_p);
+        st, ev, reps, "routed-GEMM", [&]() { return routed_experts(W, c, st, false); }, ms_p);
 }
 
 /* The layer's dense products alone, as layer_run launches them (each FP8 one of many rows

@@ -1353,8 +1353,8 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
     }
     bool fast = false;
     /* the 128 k's scale words of columns f and f + 8 (shared rows fl, fh), read with its first
-     * chunk; fast, each
-     * byte plus 126 (bt_fp4_scale_bf16's exponent, no carry between bytes 8..127) */
+     * chunk; fast, each byte plus 126 (bt_fp4_scale_bf16's exponent, no carry between bytes
+     * 8..127) */
     uint32_t s_lo = 0, s_hi = 0;
     /* chunk ch: FIRST, the first of its 128 k (ch even) */
     auto step = [&](int ch, unsigned(*A)[4], auto first_c) {
@@ -1519,6 +1519,15 @@ __global__ void __launch_bounds__(RS_THREADS, RS_BLOCKS_PER_SM)
 #else
     __trap(); /* launched only where wgrs_ready() found the sm_90a image */
 #endif
+}
+
+/* BT_CUDA_WGRS_SWIGLU=1 lets bt_cuda_gemm_fp4_swiglu_fits take gemm_fp4_wgrs' SW form (off
+ * until it has been checked on a GPU), read once */
+static bool wgrs_swiglu_on(void)
+{
+    static int once = -1;
+    static const int allowed[] = {0, 1};
+    return bt__env_choice("BT_CUDA_WGRS_SWIGLU", allowed, 2, 0, &once) == 1;
 }
 
 /* BT_CUDA_WGRS_STAGES=4 keeps gemm_fp4_wgrs at 4 stages whatever its tile's rows
@@ -1905,12 +1914,9 @@ extern "C" int bt_cuda_gemm_fp4_swiglu_fits(int I, int K, int max_rows)
     if (!bt__env_switch("BT_CUDA_SWIGLU_FUSED", &once) || I <= 0 || K <= 0 || K % 128 != 0 ||
         max_rows <= 0)
         return 0;
-    static int wgrs_sw_once = -1;
-    static const int off_on[] = {0, 1};
     if (max_rows > SKINNY_MAX_ROWS) /* (the plain product's bound, and its kernel ready too) */
-        return bt__env_choice("BT_CUDA_WGRS_SWIGLU", off_on, 2, 0, &wgrs_sw_once) && wgrs_on() &&
-               max_rows <= 65535 * BM && wgrs_ready(wgrs_deep(), false) &&
-               wgrs_ready(wgrs_deep(), true);
+        return wgrs_swiglu_on() && wgrs_on() && max_rows <= 65535 * BM &&
+               wgrs_ready(wgrs_deep(), false) && wgrs_ready(wgrs_deep(), true);
     return rows_on<FMT_FP4>() && I % 32 == 0 && rows_ks(FMT_FP4, K) == MT_WARPS &&
            (long long)2 * I * K < (1ll << 31);
 }
