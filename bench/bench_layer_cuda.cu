@@ -660,7 +660,7 @@ static int g_qb_after = 0;
 static int g_iw_scale_main = 0;
 /* BT_BENCH_FUSE: the decode's launches merged as the engine merges them (session 39), 1
  * (default) all three: w13 with the SwiGLU (bt_cuda_gemm_fp4_swiglu_list; the prefill's too
- * with BT_CUDA_WGRS_SWIGLU=1, session 42), the combine in the
+ * on Hopper since session 43, BT_CUDA_WGRS_SWIGLU=0 apart), the combine in the
  * expand (bt_cuda_hc_expand_moe), the index queries' product with their finish
  * (bt_cuda_gemm_fp8_qfinish, for up to 8 tokens); 0 none; 2, 3, 4 only the first, second,
  * third (comparisons). (Routing with its grouping in one launch and the attention's splits

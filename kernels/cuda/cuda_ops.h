@@ -108,8 +108,8 @@ bt_status_t bt_cuda_gemm_fp4_grouped_list(void *y, bt_cuda_dtype_t y_dtype, cons
  * bt_cuda_gemm_fp4_grouped_list (N = 2I, gate columns then up) and then bt_cuda_swiglu (wt,
  * limit) give, bit for bit, without the [rows, 2I] sums. For the shapes
  * bt_cuda_gemm_fp4_swiglu_fits takes: a decode step's (max_rows <= 16, I a multiple of 32, K of
- * 128 with the few-row kernel's whole block on each column tile) and, with
- * BT_CUDA_WGRS_SWIGLU=1, a prefill's on Hopper (more rows, K a multiple of 128; w_scale 4-byte
+ * 128 with the few-row kernel's whole block on each column tile) and, unless
+ * BT_CUDA_WGRS_SWIGLU=0, a prefill's on Hopper (more rows, K a multiple of 128; w_scale 4-byte
  * aligned); BT_CUDA_SWIGLU_FUSED=0: none. x and w 16-byte aligned. */
 int bt_cuda_gemm_fp4_swiglu_fits(int I, int K, int max_rows);
 bt_status_t bt_cuda_gemm_fp4_swiglu_list(void *h, bt_cuda_dtype_t h_dtype, const uint16_t *x,

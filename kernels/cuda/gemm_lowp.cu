@@ -1521,13 +1521,12 @@ __global__ void __launch_bounds__(RS_THREADS, RS_BLOCKS_PER_SM)
 #endif
 }
 
-/* BT_CUDA_WGRS_SWIGLU=1 lets bt_cuda_gemm_fp4_swiglu_fits take gemm_fp4_wgrs' SW form (off
- * until it has been checked on a GPU), read once */
+/* BT_CUDA_WGRS_SWIGLU=0 keeps bt_cuda_gemm_fp4_swiglu_fits from gemm_fp4_wgrs' SW form (the
+ * prefill's w13 and SwiGLU as two launches, for comparisons), read once */
 static bool wgrs_swiglu_on(void)
 {
     static int once = -1;
-    static const int allowed[] = {0, 1};
-    return bt__env_choice("BT_CUDA_WGRS_SWIGLU", allowed, 2, 0, &once) == 1;
+    return bt__env_switch("BT_CUDA_WGRS_SWIGLU", &once);
 }
 
 /* BT_CUDA_WGRS_STAGES=4 keeps gemm_fp4_wgrs at 4 stages whatever its tile's rows
@@ -1904,9 +1903,8 @@ extern "C" bt_status_t bt_cuda_gemm_fp4_grouped_list(void *y, bt_cuda_dtype_t y_
  *   run gemm_rows with the whole block as one warp group (ks 8: K a multiple of 1024); off the
  *   critical path between the two expert products goes the activation's launch;
  * - a prefill's (more rows, on Hopper): gemm_fp4_wgrs' SW form; the [rows, 2I] f32 sums (0.45
- *   GB at 4096 tokens) are neither written nor read back. Only with BT_CUDA_WGRS_SWIGLU=1 until
- *   it has been checked on a GPU (written in session 42, when no machine came for it:
- *   bench/RESULTS.md); test_cuda_ops switches it on.
+ *   GB at 4096 tokens) are neither written nor read back (BT_CUDA_WGRS_SWIGLU=0: apart; measured
+ *   in bench/RESULTS.md, session 43).
  * BT_CUDA_SWIGLU_FUSED=0: neither (comparisons), read once. */
 extern "C" int bt_cuda_gemm_fp4_swiglu_fits(int I, int K, int max_rows)
 {

@@ -3331,9 +3331,6 @@ int main(int argc, char **argv)
         }
     }
     g_rng = seed ? seed : 1;
-    /* the prefill's w13 with its SwiGLU (off by default until checked on a GPU): tested here
-     * unless the environment says otherwise */
-    setenv("BT_CUDA_WGRS_SWIGLU", "1", 0);
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
         fprintf(stderr, "test_cuda_ops: no CUDA device\n");
