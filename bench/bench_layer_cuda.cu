@@ -716,9 +716,6 @@ static bt_status_t mark(cudaEvent_t *ev, int i, cudaStream_t st, int capture)
     return BT_OK;
 }
 
-/* One layer on c->x in place. ev: N_SEGS + 1 events recorded at the segment boundaries
- * (NULL: none); capture: the stream is being captured into a graph. The expert GEMMs get
- * c->max_rows as their host-side bound. */
 /* The routed experts' products as the layer runs them: w13 (with its SwiGLU in one launch
  * where bt_cuda_gemm_fp4_swiglu_fits takes it, else bt_cuda_swiglu after it, which `swiglu`
  * false leaves out: the GEMMs alone), then w2 on the swiglu's rows h; over the experts hit
@@ -748,6 +745,9 @@ static bt_status_t routed_experts(const weights_t *W, case_t *c, cudaStream_t st
                                     W->w2_s, HID, MI, st);
 }
 
+/* One layer on c->x in place. ev: N_SEGS + 1 events recorded at the segment boundaries
+ * (NULL: none); capture: the stream is being captured into a graph. The expert GEMMs get
+ * c->max_rows as their host-side bound. */
 static bt_status_t layer_run(const weights_t *W, bt_cuda_blas_t *blas, case_t *c, cudaStream_t st,
                              cudaEvent_t *ev, int capture)
 {

@@ -729,7 +729,7 @@ static int rows_ks(int fmt, int K)
  * - ROWS_SWIGLU: the experts' w13 with their SwiGLU (bt_cuda_gemm_fp4_swiglu_list): block b
  *   walks gate columns 32b.. as tile 0 and the up columns N/2 + 32b.. as tile 1, one warp group
  *   (ks = 8), a thread one (row, column) of each tile's sums; it keeps tile 0's and stores
- *   epi.wt[row] * bt_swiglu(gate, up) to y [rows, N/2] with tile 1's, where the plain form
+ *   h (swiglu_store, epi.sw) to y [rows, N/2] with tile 1's, where the plain form
  *   stores both sums for bt_cuda_swiglu to read back.
  * - ROWS_QFINISH: the index queries' RoPE and rounding (bt_cuda_gemm_fp8_qfinish, heads of
  *   epi.dim, a multiple of 32): a warp stores a row's 32 columns of a tile, one a lane, which is
@@ -737,9 +737,24 @@ static int rows_ks(int fmt, int K)
  *   shuffles (epi.pos[row], the last 2 * epi.half channels) and round the block (epi.fq_kind)
  *   as bt_cuda_head_finish does after the plain form's store. */
 enum { ROWS_PLAIN, ROWS_SWIGLU, ROWS_QFINISH };
-struct rows_epi {
-    const float *wt; /* ROWS_SWIGLU */
+
+/* The merged w13 + SwiGLU forms' store (gemm_rows' ROWS_SWIGLU, gemm_fp4_wgrs' SW), with
+ * bt_cuda_swiglu's arithmetic: h [rows, I] at (row, n) = wt[row] * bt_swiglu(gate, up, limit),
+ * wt NULL: 1 */
+struct swiglu_epi {
+    const float *wt;
     float limit;
+};
+template <typename OT>
+__device__ __forceinline__ void swiglu_store(OT *h, const swiglu_epi &e, size_t row, int I, int n,
+                                             float gate, float up)
+{
+    const float v = bt_swiglu(gate, up, e.limit);
+    bt_st(h, row * (size_t)I + n, e.wt ? e.wt[row] * v : v);
+}
+
+struct rows_epi {
+    swiglu_epi sw;      /* ROWS_SWIGLU */
     const int64_t *pos; /* ROWS_QFINISH (NULL: no RoPE) */
     const float *inv_freq;
     int dim, half, fq_kind;
@@ -936,9 +951,7 @@ __global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
             if (t == 0) {
                 sw_gate = v;
             } else if (rb + r < mr) {
-                const size_t row = (size_t)(r0 + rb + r);
-                const float h = bt_swiglu(sw_gate, v, epi.limit);
-                bt_st(y, row * (size_t)(N / 2) + nb + col, epi.wt ? epi.wt[row] * h : h);
+                swiglu_store(y, epi.sw, (size_t)(r0 + rb + r), N / 2, nb + col, sw_gate, v);
             }
         } else if constexpr (QF) { /* (a warp a row: col is the lane) */
             for (int o = wi * 32 + lane; o < 8 * RP * COLS; o += ks * 32) {
@@ -1268,16 +1281,10 @@ static bool wgrs_on(void)
     return bt__env_switch("BT_CUDA_WGRS", &once);
 }
 
-/* the SwiGLU form's epilogue (SW): h [rows, N / 2] = wt[row] * bt_swiglu(gate, up, limit) */
-struct wgrs_swiglu {
-    const float *wt;
-    float limit;
-};
-
 template <int NT, int ST, bool SW, typename OT>
 __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t *ws, int N, int K,
                                           int m0, int mr, int n0, unsigned char *smem,
-                                          const __nv_bfloat16 *const *arow, wgrs_swiglu epi)
+                                          const __nv_bfloat16 *const *arow, swiglu_epi epi)
 {
 #ifdef BT_WGMMA
     const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, c = lane & 3;
@@ -1456,11 +1463,9 @@ __device__ __forceinline__ void wgrs_tile(OT *y, const uint8_t *w, const uint8_t
 #pragma unroll
             for (int t = 0; t < 2; t++) {
                 const int r = 8 * j + 2 * c + t;
-                if (r < mr && n < N / 2) {
-                    const size_t row = (size_t)(m0 + r);
-                    const float h = bt_swiglu(d[4 * j + t], d[4 * j + 2 + t], epi.limit);
-                    bt_st(y, row * (size_t)(N / 2) + n, epi.wt ? epi.wt[row] * h : h);
-                }
+                if (r < mr && n < N / 2)
+                    swiglu_store(y, epi, (size_t)(m0 + r), N / 2, n, d[4 * j + t],
+                                 d[4 * j + 2 + t]);
             }
     } else {
 #pragma unroll
@@ -1478,7 +1483,7 @@ template <typename OT, bool DEEP, bool SW>
 __global__ void __launch_bounds__(RS_THREADS, RS_BLOCKS_PER_SM)
     gemm_fp4_wgrs(OT *y, const __nv_bfloat16 *x, const int32_t *rows, const int32_t *offs,
                   const uint8_t *w, const uint8_t *ws, int N, int K, const int32_t *elist,
-                  wgrs_swiglu epi)
+                  swiglu_epi epi)
 {
 #ifdef BT_WGMMA
     bt_grid_begin();
@@ -1561,11 +1566,11 @@ static bool wgrs_ready(bool deep, bool sw)
 static void wgrs_launch(void *y, bt_cuda_dtype_t yd, const __nv_bfloat16 *xb, const int32_t *rows,
                         const int32_t *offs, int groups, int max_rows, const uint8_t *w,
                         const uint8_t *ws, int N, int K, const int32_t *elist, bool deep,
-                        const wgrs_swiglu *sw, cudaStream_t stream)
+                        const swiglu_epi *sw, cudaStream_t stream)
 {
     /* (SW: N = 2I, a block's 128 columns 64 units' gate and up) */
     dim3 grid(bt__cdiv(N, RS_COLS), bt__cdiv(max_rows, RS_ROWS), groups);
-    const wgrs_swiglu epi = sw ? *sw : wgrs_swiglu{};
+    const swiglu_epi epi = sw ? *sw : swiglu_epi{};
     bt_with_int<0, 1, 2, 3>(2 * (sw != nullptr) + deep, [&](auto form_c) {
         constexpr bool DEEP = decltype(form_c)::value & 1, SW = decltype(form_c)::value >> 1;
         if (yd == BT_CUDA_BF16)
@@ -1930,19 +1935,18 @@ bt_cuda_gemm_fp4_swiglu_list(void *h, bt_cuda_dtype_t h_dtype, const uint16_t *x
     BT_CUDA_REQUIRE(n_listed > 0 && n_listed <= 65535);
     BT_CUDA_REQUIRE(bt_cuda_gemm_fp4_swiglu_fits(I, K, max_rows));
     const __nv_bfloat16 *xb = (const __nv_bfloat16 *)x;
+    const swiglu_epi sw = {wt, limit};
     if (max_rows > SKINNY_MAX_ROWS) { /* (the plain form's gemm_fp4_wgrs conditions) */
         BT_CUDA_REQUIRE((uintptr_t)w_scale % 4 == 0);
-        const wgrs_swiglu epi = {wt, limit};
         wgrs_launch(h, h_dtype, xb, rows, offs, n_listed, max_rows, w, w_scale, 2 * I, K, experts,
-                    wgrs_deep(), &epi, stream);
+                    wgrs_deep(), &sw, stream);
         return bt__cuda_launched("gemm_fp4_swiglu");
     }
     const int N = 2 * I, groups = n_listed, lh = rows_lh(FMT_FP4, groups);
     const dim3 grid(I / 32, groups);
     const gemm_io io = plain_io(N, K);
     rows_epi epi = {};
-    epi.wt = wt;
-    epi.limit = limit;
+    epi.sw = sw;
     with_lh(lh, [&](auto l) {
         constexpr int LH = decltype(l)::value;
         if (h_dtype == BT_CUDA_BF16)
