@@ -34,14 +34,7 @@
 #include <string.h>
 #include <vector>
 
-#define CHECK(x)                                                                                   \
-    do {                                                                                           \
-        cudaError_t e_ = (x);                                                                      \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));            \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
+#include "standalone.cuh"
 
 enum { K = 8192, CONSUMERS = 8, THREADS = (CONSUMERS + 1) * 32, MAX_STAGES = 8 };
 enum { MODE_1D, MODE_2D, MODE_CP, MODE_SEQ };
@@ -102,17 +95,6 @@ __device__ __forceinline__ void box_2d(void *dst, const CUtensorMap *m, int x, i
                  "[%0], [%1, {%2, %3}], [%4];" ::"r"(smem_u32(dst)),
                  "l"((uint64_t)m), "r"(x), "r"(y), "r"(smem_u32(b))
                  : "memory");
-}
-
-/* programmatic dependent launch: the next kernel may start once every block got here; wait
- * for the one before (no-ops in a plain launch) */
-__device__ __forceinline__ void pdl_release()
-{
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-}
-__device__ __forceinline__ void pdl_wait()
-{
-    asm volatile("griddepcontrol.wait;" ::: "memory");
 }
 
 /* work item i of a block: tile i / (K / piece) (cols columns), k piece i % (K / piece) */

@@ -14,6 +14,8 @@
 #     check  tests/gpu/run_all.sh (operators, fallbacks, model, two clusters)
 #     bench  the layer against its floors and PyTorch (bench/run_layer_bench.sh)
 #     paths  bench/bench_read_paths: DRAM read paths at one product's size and at 1 GiB
+#     chain  bench/bench_chain: the decode's critical path as PDL kernels and as one persistent
+#            kernel
 #     trace  the layer's graphs as they run, each kernel's start and length (CUPTI)
 #     prof   Nsight Compute over the prefill's FP4 expert GEMM (gemm_fp4_wgrs): its sections and
 #            its SASS with each instruction's executions and stall samples (bench/ncu_layer.sh)
@@ -65,6 +67,8 @@ pack() {
   nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
   "$nvcc" -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a bench/bench_read_paths.cu \
     -o "$bundle/bench/bench_read_paths"
+  "$nvcc" -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a bench/bench_chain.cu \
+    -o "$bundle/bench/bench_chain"
   for cu in "${cus[@]}"; do
     "$nvcc" -cubin -O3 -std=c++17 -I. -gencode arch=compute_90a,code=sm_90a "$cu" \
       -o "$bundle/cubin/$(basename "$cu" .cu).cubin"
@@ -96,7 +100,7 @@ run() {
   while [ $# -gt 0 ]; do
     case $1 in
       --ab) configs+=("$2"); shift 2 ;;
-      sass | check | bench | ab | paths | trace | prof) steps+=("$1"); shift ;;
+      sass | check | bench | ab | paths | chain | trace | prof) steps+=("$1"); shift ;;
       *) echo "gpu-session.sh run: unknown argument $1" >&2; exit 2 ;;
     esac
   done
@@ -127,6 +131,10 @@ run() {
           timeout 150 "$bundle/bench/bench_read_paths" --mib $mib > "$r/read_paths-$mib.txt" 2>&1
           tail -12 "$r/read_paths-$mib.txt"
         done ;;
+      chain)
+        timeout 120 "$bundle/bench/bench_chain" --spin-us 0.5,2,4 --pf-kb 0,48,96 \
+          > "$r/chain.txt" 2>&1
+        cat "$r/chain.txt" ;;
       trace)
         timeout 240 "$bundle/bench/bench_layer_cuda" --reps 20 --trace "$r/trace" > "$r/trace.txt" 2>&1
         tail -8 "$r/trace.txt"
