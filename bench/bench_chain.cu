@@ -17,7 +17,8 @@
  *   persistent  one cooperative kernel whose blocks stay resident for the whole layer, the
  *               steps ordered by counters: a block done with its share of a step goes on to the
  *               next product and copies its first pieces (and the side products' blocks stream
- *               their weights) while a latency-bound step runs on one block.
+ *               their weights) while a latency-bound step runs on one block (the main chain's
+ *               on the first, which takes no share of the products; the side's on the last).
  * Products are int8 dot products (dp4a) over the layer's bytes (its FP4 and bf16 weights
  * counted as int8 weights of as many bytes), exact, and both forms' outputs are checked against
  * the host's for every step. Printed: each form's time, the floor (the products' bytes over a
@@ -213,14 +214,19 @@ __global__ void __launch_bounds__(THREADS) chain_persistent(const __grid_constan
         for (int d = 0; d < 2; d++)
             if (s.dep[d] >= 0) wait_counter(&c.counters[s.dep[d]], gridDim.x);
     };
+    /* the products' rows go to the blocks but the first, which runs the main chain's
+     * latency-bound steps: a share of a side product would hold the next of those back, and a
+     * share of the main chain's next product would start only when the step before it ends,
+     * its first pieces not copied ahead */
+    const int pgw = gw - WARPS, pnw = nw - WARPS;
     for (int i = 0; i < c.nsteps; i++) {
         const step_t &s = c.s[i];
-        if (s.kind == STEP_PRODUCT) {
-            product_prefetch(s, gw, nw, slots, c.slots);
+        if (s.kind == STEP_PRODUCT && blockIdx.x > 0) {
+            product_prefetch(s, pgw, pnw, slots, c.slots);
             wait_deps(s);
             stage_x(s, xs);
-            product_run(s, gw, nw, slots, c.slots, xs);
-        } else if (blockIdx.x == (s.side ? gridDim.x - 1 : 0)) {
+            product_run(s, pgw, pnw, slots, c.slots, xs);
+        } else if (s.kind == STEP_LATENCY && blockIdx.x == (s.side ? gridDim.x - 1 : 0)) {
             wait_deps(s);
             latency_run(s);
         }
