@@ -760,33 +760,11 @@ struct rows_epi {
     int dim, half, fq_kind;
 };
 
-/* gemm_rows' reduction buffer: a warp's sums of 8 (16 with R16) rows x a tile's columns */
-template <int MT, bool R16> using rows_red = float[MT_WARPS][8 * (R16 ? 2 : 1)][16 * MT + 1];
-
-/* the block's place in its grid where a kernel runs one step (a persistent one would pass its
- * own) */
-struct launch_block {
-    __device__ __forceinline__ unsigned x() const
-    {
-        return blockIdx.x;
-    }
-    __device__ __forceinline__ unsigned y() const
-    {
-        return blockIdx.y;
-    }
-};
-
-/* One block of gemm_rows: block (blk.x(), blk.y()) of its grid, red its reduction buffer,
- * wait() where it waits for the kernel before (bt_grid_begin in a launch of its own). Apart
- * from the kernel so that one kernel can run several steps' blocks in turn (a persistent
- * decode, bench/RESULTS.md session 44); the caller's block is MT_WARPS warps and lends it named
- * barriers 1..MT_WARPS. */
-template <int FMT, int MT, bool R16, int LH, typename OT, int EPI, typename Block, typename Wait>
-__device__ __forceinline__ void
-gemm_rows_block(Block blk, rows_red<MT, R16> &red, Wait wait, OT *y, const __nv_bfloat16 *x,
-                const int32_t *rows, const int32_t *offs, const uint8_t *w, const uint8_t *ws,
-                int M, int N, int K, const int32_t *elist, gemm_io io, int tiles, int ks,
-                rows_epi epi)
+template <int FMT, int MT, bool R16, int LH, typename OT, int EPI = ROWS_PLAIN>
+__global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
+    gemm_rows(OT *y, const __nv_bfloat16 *x, const int32_t *rows, const int32_t *offs,
+              const uint8_t *w, const uint8_t *ws, int M, int N, int K, const int32_t *elist,
+              gemm_io io, int tiles, int ks, rows_epi epi)
 {
     constexpr bool SW = EPI == ROWS_SWIGLU, QF = EPI == ROWS_QFINISH;
     static_assert(!SW || (FMT == FMT_FP4 && MT == 2 && !R16), "SwiGLU: FP4, 32-column tiles");
@@ -798,19 +776,20 @@ gemm_rows_block(Block blk, rows_red<MT, R16> &red, Wait wait, OT *y, const __nv_
     constexpr int NS = FP4 ? NC : 1;           /* a lane's scales a chunk */
     constexpr int XQ = F::KW / 8;              /* uint4 of a row a lane's chunk */
     constexpr int RP = R16 ? 2 : 1;            /* 8-row groups a pass */
+    __shared__ float red[MT_WARPS][8 * RP][COLS + 1];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
-    const int nb = blk.x() * (SW ? 1 : tiles) * COLS; /* the block's first column */
+    const int nb = blockIdx.x * (SW ? 1 : tiles) * COLS; /* the block's first column */
     if (!SW) tiles = min(tiles, (N - nb + COLS - 1) / COLS);
     /* tile t's first column */
     auto tile_n0 = [&](int t) { return SW ? nb + t * (N / 2) : nb + t * COLS; };
     /* weights known before the wait: a plain product's (no expert list, no offsets) */
     const bool known = !elist && !offs;
-    if (!known) wait();
-    const int e = elist ? elist[blk.y()] : blk.y();
+    if (!known) bt_grid_begin();
+    const int e = elist ? elist[blockIdx.y] : blockIdx.y;
     if (e < 0) return; /* a padded slot of the expert list (the whole block) */
     const int r0 = offs ? offs[e] : 0, r1 = offs ? offs[e + 1] : M, mr = r1 - r0;
     if (mr <= 0) {
-        if (known) wait();
+        if (known) bt_grid_begin();
         return;
     }
     expert_weights<FMT>(w, ws, e, N, K);
@@ -1012,7 +991,7 @@ gemm_rows_block(Block blk, rows_red<MT, R16> &red, Wait wait, OT *y, const __nv_
         t = grp;
         set_tile(t);
         if (nw > 0) load_w(wa, sa);
-        if (known && rb == 0) wait(); /* (the rows and row indices come after it) */
+        if (known && rb == 0) bt_grid_begin(); /* (the rows and row indices come after it) */
 #pragma unroll
         for (int r = 0; r < RP; r++) { /* rows past mr read the last real row (never stored) */
             const int gr = min(rb + 8 * r + g, mr - 1);
@@ -1046,18 +1025,6 @@ gemm_rows_block(Block blk, rows_red<MT, R16> &red, Wait wait, OT *y, const __nv_
             done();
         }
     }
-}
-
-template <int FMT, int MT, bool R16, int LH, typename OT, int EPI = ROWS_PLAIN>
-__global__ void __launch_bounds__(MT_WARPS * 32, ROWS_MIN_BLOCKS(FMT, MT, R16))
-    gemm_rows(OT *y, const __nv_bfloat16 *x, const int32_t *rows, const int32_t *offs,
-              const uint8_t *w, const uint8_t *ws, int M, int N, int K, const int32_t *elist,
-              gemm_io io, int tiles, int ks, rows_epi epi)
-{
-    __shared__ rows_red<MT, R16> red;
-    gemm_rows_block<FMT, MT, R16, LH, OT, EPI>(
-        launch_block(), red, [] { bt_grid_begin(); }, y, x, rows, offs, w, ws, M, N, K, elist, io,
-        tiles, ks, epi);
 }
 
 /* ---- many rows of FP4 experts on the tensor cores ------------------------------------------
