@@ -305,6 +305,7 @@ static const shape_t layer_chain[] = {
     {"expand+moe", STEP_LATENCY, 5120, 5120, 20, 19, 0},    /* 21 */
 };
 static const int n_layer_chain = sizeof layer_chain / sizeof layer_chain[0];
+static_assert(sizeof layer_chain / sizeof layer_chain[0] <= MAX_STEPS, "chain_t holds MAX_STEPS");
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 static uint32_t rng(void)
@@ -313,14 +314,17 @@ static uint32_t rng(void)
     return (uint32_t)(rng_state >> 32);
 }
 
+/* a list of up to max numbers >= 0, "a,b,..."; -1 when an item is not one or there are more */
 static int parse_list(const char *s, double *v, int max)
 {
     int n = 0;
-    for (char *end; *s && n < max; s = *end == ',' ? end + 1 : end) {
-        v[n++] = strtod(s, &end);
-        if (end == s) break;
+    for (char *end;; s = end + 1) {
+        if (n == max) return -1;
+        v[n] = strtod(s, &end);
+        if (end == s || v[n] < 0 || (*end && *end != ',')) return -1;
+        n++;
+        if (!*end) return n;
     }
-    return n;
 }
 
 static int cmp_float(const void *a, const void *b)
@@ -337,11 +341,18 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--reps") && i + 1 < argc)
             reps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--spin-us") && i + 1 < argc)
-            n_spin = parse_list(argv[++i], spins, 8);
-        else if (!strcmp(argv[i], "--pf-kb") && i + 1 < argc)
-            n_pf = parse_list(argv[++i], pfs, 8);
-        else if (!strcmp(argv[i], "--per-sm") && i + 1 < argc)
+        else if ((!strcmp(argv[i], "--spin-us") || !strcmp(argv[i], "--pf-kb")) && i + 1 < argc) {
+            const bool spin = !strcmp(argv[i], "--spin-us");
+            int n = parse_list(argv[i + 1], spin ? spins : pfs, 8);
+            if (n < 0) {
+                fprintf(stderr,
+                        "bench_chain: %s wants up to 8 numbers >= 0 split by commas, not '%s'\n",
+                        argv[i], argv[i + 1]);
+                return 2;
+            }
+            *(spin ? &n_spin : &n_pf) = n;
+            i++;
+        } else if (!strcmp(argv[i], "--per-sm") && i + 1 < argc)
             per_sm_max = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: bench_chain [--reps N] [--spin-us A,B..] [--pf-kb A,B..] "
@@ -349,9 +360,9 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (reps < 1 || reps > 10000 || n_spin < 1 || n_pf < 1 || per_sm_max < 1) {
-        fprintf(stderr,
-                "bench_chain: --reps 1..10000, --per-sm 1 on and non-empty lists, please\n");
+    if (reps < 1 || reps > 10000 || per_sm_max < 1) {
+        fprintf(stderr, "bench_chain: --reps wants 1..10000 and --per-sm 1 on (got %d, %d)\n", reps,
+                per_sm_max);
         return 2;
     }
     cudaDeviceProp prop;

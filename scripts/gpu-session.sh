@@ -14,8 +14,8 @@
 #     check  tests/gpu/run_all.sh (operators, fallbacks, model, two clusters)
 #     bench  the layer against its floors and PyTorch (bench/run_layer_bench.sh)
 #     paths  bench/bench_read_paths: DRAM read paths at one product's size and at 1 GiB
-#     chain  bench/bench_chain: the decode's critical path as PDL kernels and as one persistent
-#            kernel
+#     chain  bench/bench_chain: the decode layer's steps as PDL kernels on two streams and as
+#            one persistent kernel
 #     trace  the layer's graphs as they run, each kernel's start and length (CUPTI)
 #     prof   Nsight Compute over the prefill's FP4 expert GEMM (gemm_fp4_wgrs): its sections and
 #            its SASS with each instruction's executions and stall samples (bench/ncu_layer.sh)
